@@ -1,0 +1,252 @@
+#include "common/vector_ops.h"
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "common/half.h"
+
+namespace bitpush {
+namespace {
+
+// ---- scalar -------------------------------------------------------------------------------
+
+void HalfToFloatScalar(const uint16_t* s, float* d, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = HalfToFloat(s[i]);
+}
+void FloatToHalfScalar(const float* s, uint16_t* d, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = FloatToHalf(s[i]);
+}
+void Bf16ToFloatScalar(const uint16_t* s, float* d, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = Bf16ToFloat(s[i]);
+}
+void FloatToBf16Scalar(const float* s, uint16_t* d, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = FloatToBf16(s[i]);
+}
+void AddHalfScalar(const uint16_t* s, float* d, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] += HalfToFloat(s[i]);
+}
+void AddBf16Scalar(const uint16_t* s, float* d, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] += Bf16ToFloat(s[i]);
+}
+void AddFloatScalar(const float* s, float* d, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] += s[i];
+}
+
+// ---- AVX2 + F16C --------------------------------------------------------------------------
+
+BP_TARGET_AVX2 __m256i FloatToBf16x8(__m256 v) {
+  const __m256i x = _mm256_castps_si256(v);
+  const __m256i abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F800000));
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
+  return _mm256_blendv_epi8(rounded, quiet, is_nan);  // 8 x u32 holding u16 values
+}
+
+BP_TARGET_AVX2 void HalfToFloatAvx2(const uint16_t* s, float* d, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+  }
+  HalfToFloatScalar(s + i, d + i, n - i);
+}
+BP_TARGET_AVX2 void FloatToHalfAvx2(const float* s, uint16_t* d, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  FloatToHalfScalar(s + i, d + i, n - i);
+}
+BP_TARGET_AVX2 void Bf16ToFloatAvx2(const uint16_t* s, float* d, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+    _mm256_storeu_ps(d + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+  }
+  Bf16ToFloatScalar(s + i, d + i, n - i);
+}
+BP_TARGET_AVX2 void FloatToBf16Avx2(const float* s, uint16_t* d, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i lo = FloatToBf16x8(_mm256_loadu_ps(s + i));
+    const __m256i hi = FloatToBf16x8(_mm256_loadu_ps(s + i + 8));
+    // packus works per 128-bit lane: fix the order with a permute.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), packed);
+  }
+  FloatToBf16Scalar(s + i, d + i, n - i);
+}
+BP_TARGET_AVX2 void AddHalfAvx2(const uint16_t* s, float* d, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+    _mm256_storeu_ps(d + i, _mm256_add_ps(_mm256_loadu_ps(d + i), v));
+  }
+  AddHalfScalar(s + i, d + i, n - i);
+}
+BP_TARGET_AVX2 void AddBf16Avx2(const uint16_t* s, float* d, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+    const __m256 v = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    _mm256_storeu_ps(d + i, _mm256_add_ps(_mm256_loadu_ps(d + i), v));
+  }
+  AddBf16Scalar(s + i, d + i, n - i);
+}
+BP_TARGET_AVX2 void AddFloatAvx2(const float* s, float* d, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm256_storeu_ps(d + i, _mm256_add_ps(_mm256_loadu_ps(d + i), _mm256_loadu_ps(s + i)));
+    _mm256_storeu_ps(d + i + 8,
+                     _mm256_add_ps(_mm256_loadu_ps(d + i + 8), _mm256_loadu_ps(s + i + 8)));
+  }
+  AddFloatScalar(s + i, d + i, n - i);
+}
+
+// ---- AVX-512 ------------------------------------------------------------------------------
+
+BP_TARGET_AVX512 void HalfToFloatAvx512(const uint16_t* s, float* d, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))));
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(d + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s + i)));
+  }
+}
+BP_TARGET_AVX512 void FloatToHalfAvx512(const float* s, uint16_t* d, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm256_mask_storeu_epi16(d + i, m,
+                             _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, s + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+}
+BP_TARGET_AVX512 __m512 LoadBf16x16(const uint16_t* s, __mmask16 m) {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, s));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+BP_TARGET_AVX512 __m256i FloatToBf16x16(__m512 v) {
+  const __m512i x = _mm512_castps_si512(v);
+  const __m512i abs = _mm512_and_si512(x, _mm512_set1_epi32(0x7FFFFFFF));
+  const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7F800000));
+  const __m512i hi = _mm512_srli_epi32(x, 16);
+  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+  r = _mm512_mask_or_epi32(r, is_nan, hi, _mm512_set1_epi32(0x40));
+  return _mm512_maskz_cvtepi32_epi16(0xFFFF, r);
+}
+BP_TARGET_AVX512 void Bf16ToFloatAvx512(const uint16_t* s, float* d, size_t n) {
+  for (size_t i = 0; i < n; i += 16) {
+    const size_t left = n - i;
+    const __mmask16 m = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+    _mm512_mask_storeu_ps(d + i, m, LoadBf16x16(s + i, m));
+  }
+}
+BP_TARGET_AVX512 void FloatToBf16Avx512(const float* s, uint16_t* d, size_t n) {
+  for (size_t i = 0; i < n; i += 16) {
+    const size_t left = n - i;
+    const __mmask16 m = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+    _mm256_mask_storeu_epi16(d + i, m, FloatToBf16x16(_mm512_maskz_loadu_ps(m, s + i)));
+  }
+}
+BP_TARGET_AVX512 void AddHalfAvx512(const uint16_t* s, float* d, size_t n) {
+  for (size_t i = 0; i < n; i += 16) {
+    const size_t left = n - i;
+    const __mmask16 m = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+    const __m512 v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s + i));
+    _mm512_mask_storeu_ps(d + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + i), v));
+  }
+}
+BP_TARGET_AVX512 void AddBf16Avx512(const uint16_t* s, float* d, size_t n) {
+  for (size_t i = 0; i < n; i += 16) {
+    const size_t left = n - i;
+    const __mmask16 m = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+    _mm512_mask_storeu_ps(d + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + i), LoadBf16x16(s + i, m)));
+  }
+}
+BP_TARGET_AVX512 void AddFloatAvx512(const float* s, float* d, size_t n) {
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    _mm512_storeu_ps(d + i, _mm512_add_ps(_mm512_loadu_ps(d + i), _mm512_loadu_ps(s + i)));
+    _mm512_storeu_ps(d + i + 16,
+                     _mm512_add_ps(_mm512_loadu_ps(d + i + 16), _mm512_loadu_ps(s + i + 16)));
+  }
+  for (; i < n; i += 16) {
+    const size_t left = n - i;
+    const __mmask16 m = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+    _mm512_mask_storeu_ps(d + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + i), _mm512_maskz_loadu_ps(m, s + i)));
+  }
+}
+
+}  // namespace
+
+#define BP_DISPATCH(isa, name, ...)                              \
+  switch (isa) {                                                 \
+    case IsaLevel::kAvx512: return name##Avx512(__VA_ARGS__);    \
+    case IsaLevel::kAvx2: return name##Avx2(__VA_ARGS__);        \
+    case IsaLevel::kScalar: break;                               \
+  }                                                              \
+  return name##Scalar(__VA_ARGS__)
+
+void HalfToFloatArray(const uint16_t* s, float* d, size_t n, IsaLevel isa) {
+  BP_DISPATCH(isa, HalfToFloat, s, d, n);
+}
+void FloatToHalfArray(const float* s, uint16_t* d, size_t n, IsaLevel isa) {
+  BP_DISPATCH(isa, FloatToHalf, s, d, n);
+}
+void Bf16ToFloatArray(const uint16_t* s, float* d, size_t n, IsaLevel isa) {
+  BP_DISPATCH(isa, Bf16ToFloat, s, d, n);
+}
+void FloatToBf16Array(const float* s, uint16_t* d, size_t n, IsaLevel isa) {
+  BP_DISPATCH(isa, FloatToBf16, s, d, n);
+}
+void AddFloatArray(const float* s, float* d, size_t n, IsaLevel isa) {
+  BP_DISPATCH(isa, AddFloat, s, d, n);
+}
+static void AddHalfArray(const uint16_t* s, float* d, size_t n, IsaLevel isa) {
+  BP_DISPATCH(isa, AddHalf, s, d, n);
+}
+static void AddBf16Array(const uint16_t* s, float* d, size_t n, IsaLevel isa) {
+  BP_DISPATCH(isa, AddBf16, s, d, n);
+}
+#undef BP_DISPATCH
+
+void ConvertToFloat(ConstTensorView src, float* dst, IsaLevel isa) {
+  switch (src.dtype()) {
+    case DType::kFloat32:
+      if (src.count() && src.f32() != dst) std::memmove(dst, src.f32(), src.count() * 4);
+      return;
+    case DType::kFloat16: return HalfToFloatArray(src.u16(), dst, src.count(), isa);
+    case DType::kBFloat16: return Bf16ToFloatArray(src.u16(), dst, src.count(), isa);
+  }
+}
+
+void ConvertFromFloat(const float* src, TensorView dst, IsaLevel isa) {
+  switch (dst.dtype()) {
+    case DType::kFloat32:
+      if (dst.count() && dst.f32() != src) std::memmove(dst.f32(), src, dst.count() * 4);
+      return;
+    case DType::kFloat16: return FloatToHalfArray(src, dst.u16(), dst.count(), isa);
+    case DType::kBFloat16: return FloatToBf16Array(src, dst.u16(), dst.count(), isa);
+  }
+}
+
+void AddToFloat(ConstTensorView src, float* dst, IsaLevel isa) {
+  switch (src.dtype()) {
+    case DType::kFloat32: return AddFloatArray(src.f32(), dst, src.count(), isa);
+    case DType::kFloat16: return AddHalfArray(src.u16(), dst, src.count(), isa);
+    case DType::kBFloat16: return AddBf16Array(src.u16(), dst, src.count(), isa);
+  }
+}
+
+}  // namespace bitpush

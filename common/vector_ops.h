@@ -1,0 +1,33 @@
+// Array kernels shared by compressors and reducers: dtype conversion and fp32 accumulation,
+// each dispatched on an explicit IsaLevel (see common/cpu_features.h).
+//
+// All conversions are bit-exact across ISA levels (round-to-nearest-even, NaN quieted).
+// Accumulation of fp16/bf16 into fp32 converts exactly, then adds in fp32, so it is
+// bit-exact across levels too.
+//
+// Thread-safety: pure functions over caller-owned memory; ranges must not overlap unless noted.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/cpu_features.h"
+#include "common/tensor_view.h"
+
+namespace bitpush {
+
+void HalfToFloatArray(const uint16_t* src, float* dst, size_t n, IsaLevel isa);
+void FloatToHalfArray(const float* src, uint16_t* dst, size_t n, IsaLevel isa);
+void Bf16ToFloatArray(const uint16_t* src, float* dst, size_t n, IsaLevel isa);
+void FloatToBf16Array(const float* src, uint16_t* dst, size_t n, IsaLevel isa);
+
+// dst[i] = float(src[i]) for any source dtype (a copy for fp32).
+void ConvertToFloat(ConstTensorView src, float* dst, IsaLevel isa);
+// dst[i] = dtype(src[i]) for any destination dtype (a copy for fp32).
+void ConvertFromFloat(const float* src, TensorView dst, IsaLevel isa);
+// dst[i] += float(src[i]); src may be any dtype. dst may equal src only for fp32.
+void AddToFloat(ConstTensorView src, float* dst, IsaLevel isa);
+// dst[i] += src[i] (fp32).
+void AddFloatArray(const float* src, float* dst, size_t n, IsaLevel isa);
+
+}  // namespace bitpush

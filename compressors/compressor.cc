@@ -1,0 +1,113 @@
+#include "compressors/compressor.h"
+
+#include <string>
+
+#include "common/vector_ops.h"
+
+namespace bitpush::compressors {
+namespace {
+
+Status CheckCapacity(size_t need, MutableByteSpan out) {
+  if (out.size() < need) {
+    return InvalidArgumentError("output buffer of " + std::to_string(out.size()) +
+                                " bytes is smaller than the " + std::to_string(need) +
+                                " bytes the payload may need (MaxCompressedBytes)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<size_t> CompressorBase::Compress(ConstTensorView input, const CompressContext& ctx,
+                                          MutableByteSpan out) {
+  const size_t n = input.count();
+  if (n > kMaxPayloadElements) return InvalidArgumentError("tensor has more than 2^40 elements");
+  BP_RETURN_IF_ERROR(CheckCapacity(MaxCompressedBytes(n, input.dtype()), out));
+  const float* x = input.f32();
+  if (input.dtype() != DType::kFloat32) {
+    float* tmp = Scratch(n);
+    ConvertToFloat(input, tmp, isa_);
+    x = tmp;
+  }
+  const size_t body = EncodeBody(x, n, input.dtype(), ctx, out.data() + kPayloadHeaderBytes);
+  PayloadHeader h;
+  h.compressor_id = id_;
+  h.dtype = input.dtype();
+  h.body_bytes = static_cast<uint32_t>(body);
+  h.element_count = n;
+  WritePayloadHeader(h, out.data());
+  return kPayloadHeaderBytes + body;
+}
+
+StatusOr<size_t> CompressorBase::CompressWithFeedback(ConstTensorView input,
+                                                      Span<float> residual,
+                                                      const CompressContext& ctx,
+                                                      MutableByteSpan out) {
+  const size_t n = input.count();
+  if (n > kMaxPayloadElements) return InvalidArgumentError("tensor has more than 2^40 elements");
+  if (residual.size() != n) {
+    return InvalidArgumentError("residual has " + std::to_string(residual.size()) +
+                                " elements but the tensor has " + std::to_string(n));
+  }
+  BP_RETURN_IF_ERROR(CheckCapacity(MaxCompressedBytes(n, input.dtype()), out));
+  uint8_t* body_out = out.data() + kPayloadHeaderBytes;
+  size_t body;
+  if (input.dtype() == DType::kFloat32) {
+    body = EncodeBodyWithFeedbackF32(input.f32(), residual.data(), n, ctx, body_out);
+  } else {
+    AddToFloat(input, residual.data(), isa_);
+    body = EncodeBodyWithFeedback(residual.data(), n, input.dtype(), ctx, body_out);
+  }
+  PayloadHeader h;
+  h.compressor_id = id_;
+  h.dtype = input.dtype();
+  h.body_bytes = static_cast<uint32_t>(body);
+  h.element_count = n;
+  WritePayloadHeader(h, out.data());
+  return kPayloadHeaderBytes + body;
+}
+
+size_t CompressorBase::EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n,
+                                                 const CompressContext& ctx, uint8_t* body) {
+  AddFloatArray(g, e, n, isa_);
+  return EncodeBodyWithFeedback(e, n, DType::kFloat32, ctx, body);
+}
+
+StatusOr<PayloadHeader> CompressorBase::CheckPayload(ByteSpan payload,
+                                                     size_t expected_count) const {
+  BP_ASSIGN_OR_RETURN(PayloadHeader h, ParsePayloadHeader(payload));
+  if (h.compressor_id != id_) {
+    return DataLossError("payload was written by compressor " +
+                         v1::CompressorId_Name(h.compressor_id) + " but this decoder is " +
+                         v1::CompressorId_Name(id_));
+  }
+  if (h.element_count != expected_count) {
+    return DataLossError("payload holds " + std::to_string(h.element_count) +
+                         " elements but " + std::to_string(expected_count) + " were expected");
+  }
+  return h;
+}
+
+Status CompressorBase::Decompress(ByteSpan payload, TensorView out) {
+  BP_ASSIGN_OR_RETURN(PayloadHeader h, CheckPayload(payload, out.count()));
+  if (h.dtype != out.dtype()) {
+    return InvalidArgumentError("payload dtype is " + std::string(DTypeName(h.dtype)) +
+                                " but the output tensor is " +
+                                std::string(DTypeName(out.dtype())));
+  }
+  const ByteSpan body = payload.subspan(kPayloadHeaderBytes, h.body_bytes);
+  const size_t n = out.count();
+  if (out.dtype() == DType::kFloat32) return DecodeBody(body, n, h.dtype, out.f32(), false);
+  float* tmp = Scratch(n);
+  BP_RETURN_IF_ERROR(DecodeBody(body, n, h.dtype, tmp, false));
+  ConvertFromFloat(tmp, out, isa_);
+  return Status::Ok();
+}
+
+Status CompressorBase::DecompressAdd(ByteSpan payload, Span<float> accumulator) {
+  BP_ASSIGN_OR_RETURN(PayloadHeader h, CheckPayload(payload, accumulator.size()));
+  const ByteSpan body = payload.subspan(kPayloadHeaderBytes, h.body_bytes);
+  return DecodeBody(body, accumulator.size(), h.dtype, accumulator.data(), true);
+}
+
+}  // namespace bitpush::compressors

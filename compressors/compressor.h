@@ -1,0 +1,132 @@
+// Compressor: the interface every gradient compressor implements, and CompressorBase, the
+// shared implementation of headers, validation and dtype handling that concrete compressors
+// derive from.
+//
+// Operations (n elements, any DType; payload formats in docs/wire-format.md):
+//   MaxCompressedBytes(n, dtype)   upper bound on the payload, header included
+//   Compress                       payload = C(x)
+//   CompressWithFeedback           q = x + e; payload = C(q); e <- q - C(q)   (e is fp32)
+//   Decompress                     out = C(x), in the payload's dtype
+//   DecompressAdd                  acc += C(x), acc fp32 (the server's fused path)
+// C(q) is, by definition, exactly what Decompress returns, so error feedback telescopes:
+// sum_t C(q_t) + e_T = sum_t x_t up to fp32 rounding of the additions.
+//
+// Decoders never trust a payload: header, body length, indices and levels are all checked
+// against the buffer and the expected element count, and the destination is not modified
+// unless the call returns OK (a bad push cannot corrupt a server's accumulator).
+//
+// Ownership and thread-safety: a Compressor instance holds scratch buffers and is used by one
+// thread at a time (in bitpush: one instance per partition, owned by the partition's
+// pipeline stage or the key's server engine thread). Different instances are independent.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "common/aligned_buffer.h"
+#include "common/cpu_features.h"
+#include "common/span.h"
+#include "common/status.h"
+#include "common/tensor_view.h"
+#include "compressors/payload.h"
+#include "proto/bitpush/v1/compression.pb.h"
+
+namespace bitpush::compressors {
+
+// Identifies one compression call; randomized compressors derive their random stream from
+// (params.seed, key, round), so all workers compressing the same key and round agree.
+struct CompressContext {
+  uint64_t key = 0;
+  uint64_t round = 0;
+};
+
+struct CompressorOptions {
+  // SIMD level of the kernels. Default: the best this CPU supports. Creating a compressor with
+  // a level the CPU lacks fails with FailedPrecondition.
+  IsaLevel isa = BestIsaLevel();
+};
+
+class Compressor {
+ public:
+  virtual ~Compressor() = default;
+
+  virtual v1::CompressorId id() const = 0;
+  virtual IsaLevel isa() const = 0;
+
+  virtual size_t MaxCompressedBytes(size_t n, DType dtype) const = 0;
+
+  // Returns the number of bytes written to `out`. `out.size()` must be at least
+  // MaxCompressedBytes(input.count(), input.dtype()) (InvalidArgument otherwise).
+  virtual StatusOr<size_t> Compress(ConstTensorView input, const CompressContext& ctx,
+                                    MutableByteSpan out) = 0;
+
+  // residual.size() must equal input.count().
+  virtual StatusOr<size_t> CompressWithFeedback(ConstTensorView input, Span<float> residual,
+                                                const CompressContext& ctx,
+                                                MutableByteSpan out) = 0;
+
+  // out.count() must equal the payload's element count and out.dtype() its dtype.
+  virtual Status Decompress(ByteSpan payload, TensorView out) = 0;
+
+  // accumulator.size() must equal the payload's element count.
+  virtual Status DecompressAdd(ByteSpan payload, Span<float> accumulator) = 0;
+};
+
+// Shared machinery: concrete compressors implement the fp32 body hooks below.
+class CompressorBase : public Compressor {
+ public:
+  CompressorBase(v1::CompressorId id, IsaLevel isa) : id_(id), isa_(isa) {}
+
+  v1::CompressorId id() const final { return id_; }
+  IsaLevel isa() const final { return isa_; }
+  size_t MaxCompressedBytes(size_t n, DType dtype) const final {
+    return kPayloadHeaderBytes + MaxBodyBytes(n, dtype);
+  }
+  StatusOr<size_t> Compress(ConstTensorView input, const CompressContext& ctx,
+                            MutableByteSpan out) final;
+  StatusOr<size_t> CompressWithFeedback(ConstTensorView input, Span<float> residual,
+                                        const CompressContext& ctx, MutableByteSpan out) final;
+  Status Decompress(ByteSpan payload, TensorView out) final;
+  Status DecompressAdd(ByteSpan payload, Span<float> accumulator) final;
+
+ protected:
+  // Upper bound on the body (the bytes after the header) for n elements of dtype.
+  virtual size_t MaxBodyBytes(size_t n, DType dtype) const = 0;
+
+  // x: n fp32 values (converted exactly from `dtype`). Writes at most MaxBodyBytes(n, dtype)
+  // bytes to `body` and returns the count. n may be 0.
+  virtual size_t EncodeBody(const float* x, size_t n, DType dtype, const CompressContext& ctx,
+                            uint8_t* body) = 0;
+
+  // q: n fp32 values (= input + residual). Encodes C(q) and replaces q by q - C(q) in place,
+  // where C(q) is exactly what DecodeBody will produce (including the dtype rounding of any
+  // stored values).
+  virtual size_t EncodeBodyWithFeedback(float* q, size_t n, DType dtype,
+                                        const CompressContext& ctx, uint8_t* body) = 0;
+
+  // fp32 fast path of CompressWithFeedback: q = g + e is formed inside (fused where the
+  // compressor can), e ends as q - C(q). Default: e += g, then EncodeBodyWithFeedback(e).
+  virtual size_t EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n,
+                                           const CompressContext& ctx, uint8_t* body);
+
+  // Validates `body` completely for (n, dtype) — length, indices, levels, padding — and only
+  // then writes out[i] = C(x)[i] (add == false) or out[i] += C(x)[i] (add == true).
+  // Returns DataLoss naming the problem, leaving `out` untouched, if the body is bad.
+  virtual Status DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) = 0;
+
+  // An fp32 scratch buffer of at least n elements, owned by this instance.
+  float* Scratch(size_t n) {
+    scratch_.resize(n);
+    return scratch_.data();
+  }
+
+ private:
+  StatusOr<PayloadHeader> CheckPayload(ByteSpan payload, size_t expected_count) const;
+
+  v1::CompressorId id_;
+  IsaLevel isa_;
+  AlignedBuffer<float> scratch_;
+};
+
+}  // namespace bitpush::compressors

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs every Debian package bitpush needs to build, test and run, non-interactively,
+# and only what is missing. Idempotent: a second run installs nothing and says so.
+# This script is the one place in the project that knows Debian package names.
+set -euo pipefail
+
+PACKAGES=(
+  # toolchain
+  build-essential cmake ninja-build pkg-config git
+  clang lld libclang-rt-dev          # clang + libFuzzer/sanitizer runtimes for the fuzz targets
+  # libraries
+  libzmq3-dev cppzmq-dev             # transport (ZeroMQ)
+  libprotobuf-dev protobuf-compiler  # wire messages
+  libtbb-dev                         # task arenas
+  libyaml-cpp-dev                    # cluster YAML
+  libspdlog-dev libfmt-dev           # logging
+  libhwloc-dev libnuma-dev           # NUMA pinning
+  pybind11-dev python3-pybind11      # Python binding
+  python3-pytest                     # Python tests
+  libgtest-dev libgmock-dev googletest  # unit tests
+  libbenchmark-dev                   # micro-benchmarks
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages already installed; nothing to do"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+    echo "install-deps: need root (or sudo) to install: ${missing[*]}" >&2; exit 1
+  fi
+fi
+
+echo "install-deps: installing ${#missing[@]} package(s): ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "install-deps: installed: ${missing[*]}"
