@@ -1,0 +1,235 @@
+// bitpush-bench compressors: single-thread throughput of every compressor operation on fp32
+// buffers, each reported as GB/s of fp32 input and as a ratio to memcpy of the same bytes
+// measured in the same run.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "common/aligned_buffer.h"
+#include "common/cpu_features.h"
+#include "compressors/compressor.h"
+#include "compressors/registry.h"
+
+namespace bitpush::bench {
+namespace {
+
+using compressors::CompressContext;
+using compressors::Compressor;
+
+const char* const kDefaultSpecs[] = {
+    "none",
+    "fp16",
+    "bf16",
+    "onebit",
+    "onebit:scaled=false",
+    "topk:ratio=0.001",
+    "topk:ratio=0.01",
+    "randomk:ratio=0.03125",
+    "randomk:ratio=0.03125,unbiased=true,seed=7",
+    "dithering:levels=15,partition=linear,norm=max",
+    "dithering:levels=3,partition=natural,norm=max",
+    "dithering:levels=63,partition=linear,norm=max",
+};
+
+struct Options {
+  bool json = false;
+  IsaLevel isa = BestIsaLevel();
+  std::vector<size_t> sizes_mib = {4, 64};
+  double min_seconds = 0.3;
+  std::string only;  // substring filter on the spec
+};
+
+void PrintHelp() {
+  std::printf(
+      "usage: bitpush-bench compressors [--json] [--isa avx512|avx2|scalar] [--sizes-mib 4,64]\n"
+      "                                 [--min-time SECONDS] [--only SUBSTRING]\n"
+      "Measures memcpy, then compress, compress_ef, decompress and decompress_add of every\n"
+      "compressor on random normal fp32 data, one thread. gbps = fp32 input bytes / best time.\n");
+}
+
+int ParseArgs(int argc, char** argv, Options* o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&](const char* flag) -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bitpush-bench compressors: %s needs a value\n", flag);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--json") {
+      o->json = true;
+    } else if (a == "--isa") {
+      auto isa = ParseIsaLevel(next("--isa"));
+      if (!isa.ok()) {
+        std::fprintf(stderr, "bitpush-bench compressors: %s\n", isa.status().message().c_str());
+        return 2;
+      }
+      o->isa = *isa;
+    } else if (a == "--sizes-mib") {
+      o->sizes_mib.clear();
+      std::string list = next("--sizes-mib");
+      size_t pos = 0;
+      while (pos <= list.size()) {
+        const size_t comma = list.find(',', pos);
+        const std::string item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        const long v = std::strtol(item.c_str(), nullptr, 10);
+        if (v <= 0) {
+          std::fprintf(stderr, "bitpush-bench compressors: bad size '%s' in --sizes-mib\n", item.c_str());
+          return 2;
+        }
+        o->sizes_mib.push_back(static_cast<size_t>(v));
+        if (comma == std::string::npos) break;
+        pos = comma + 1;
+      }
+    } else if (a == "--min-time") {
+      o->min_seconds = std::atof(next("--min-time"));
+    } else if (a == "--only") {
+      o->only = next("--only");
+    } else if (a == "--help" || a == "-h") {
+      PrintHelp();
+      std::exit(0);
+    } else {
+      std::fprintf(stderr, "bitpush-bench compressors: unknown option '%s'\n", a.c_str());
+      PrintHelp();
+      return 2;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int RunCompressorsBench(int argc, char** argv) {
+  Options opt;
+  if (int rc = ParseArgs(argc, argv, &opt)) return rc;
+  const Status isa_ok = CheckIsaSupported(opt.isa);
+  if (!isa_ok.ok()) {
+    std::fprintf(stderr, "bitpush-bench compressors: %s\n", isa_ok.message().c_str());
+    return 2;
+  }
+  const std::string isa_name(IsaLevelName(opt.isa));
+  std::vector<JsonRecord> records;
+  if (!opt.json) {
+    std::printf("isa=%s  one thread  gbps = GB/s of fp32 input (best of repeated runs)\n",
+                isa_name.c_str());
+    std::printf("%-48s %-15s %6s %9s %8s %9s\n", "compressor", "op", "MiB", "GB/s", "x memcpy",
+                "ratio");
+  }
+
+  for (size_t mib : opt.sizes_mib) {
+    const size_t bytes = mib << 20;
+    const size_t n = bytes / 4;
+    AlignedBuffer<float> grad(n), residual(n), out(n), acc(n), copy_dst(n);
+    std::mt19937_64 rng(1234);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (size_t i = 0; i < n; ++i) grad[i] = dist(rng);
+    acc.zero();
+    // Repetitions scale with size so every measurement lasts about min_seconds.
+    const int min_reps = 5;
+
+    const Timing mem = TimeIt([&] { std::memcpy(copy_dst.data(), grad.data(), bytes); },
+                              opt.min_seconds, min_reps);
+    const double memcpy_gbps = bytes / mem.best_seconds / 1e9;
+    records.push_back(JsonRecord()
+                          .Add("name", "memcpy")
+                          .Add("spec", "memcpy")
+                          .Add("op", "memcpy")
+                          .Add("isa", isa_name)
+                          .Add("bytes", bytes)
+                          .Add("seconds", mem.best_seconds)
+                          .Add("median_seconds", mem.median_seconds)
+                          .Add("gbps", memcpy_gbps)
+                          .Add("ratio_to_memcpy", 1.0)
+                          .Add("compression_ratio", 1.0));
+    if (!opt.json) {
+      std::printf("%-48s %-15s %6zu %9.2f %8.2f %9s\n", "memcpy", "memcpy", mib, memcpy_gbps, 1.0,
+                  "1");
+    }
+
+    for (const char* spec : kDefaultSpecs) {
+      if (!opt.only.empty() && std::string(spec).find(opt.only) == std::string::npos) continue;
+      compressors::CompressorOptions copts;
+      copts.isa = opt.isa;
+      auto created = compressors::CreateCompressor(spec, copts);
+      if (!created.ok()) {
+        std::fprintf(stderr, "bitpush-bench compressors: %s: %s\n", spec,
+                     created.status().ToString().c_str());
+        return 1;
+      }
+      std::unique_ptr<Compressor> c = std::move(created).value();
+      const auto config = compressors::ParseCompressorSpec(spec);
+      const std::string name(compressors::CompressorName(config->id()));
+      std::vector<uint8_t> payload(c->MaxCompressedBytes(n, DType::kFloat32));
+      CompressContext ctx;
+      ctx.key = 1;
+      size_t payload_bytes = 0;
+      Status failure;
+
+      auto compress = [&] {
+        ++ctx.round;
+        auto r = c->Compress(ConstTensorView(grad.data(), n), ctx, {payload.data(), payload.size()});
+        if (!r.ok()) failure = r.status(); else payload_bytes = *r;
+      };
+      residual.zero();
+      auto compress_ef = [&] {
+        ++ctx.round;
+        auto r = c->CompressWithFeedback(ConstTensorView(grad.data(), n), residual.span(), ctx,
+                                         {payload.data(), payload.size()});
+        if (!r.ok()) failure = r.status(); else payload_bytes = *r;
+      };
+      auto decompress = [&] {
+        Status s = c->Decompress({payload.data(), payload_bytes}, TensorView(out.data(), n));
+        if (!s.ok()) failure = s;
+      };
+      auto decompress_add = [&] {
+        Status s = c->DecompressAdd({payload.data(), payload_bytes}, acc.span());
+        if (!s.ok()) failure = s;
+      };
+
+      struct Op {
+        const char* name;
+        std::function<void()> fn;
+      };
+      // decompress* run on the payload left by the last plain compress.
+      const Op ops[] = {{"compress_ef", compress_ef}, {"compress", compress},
+                        {"decompress", decompress}, {"decompress_add", decompress_add}};
+      for (const Op& op : ops) {
+        const Timing t = TimeIt(op.fn, opt.min_seconds, min_reps);
+        if (!failure.ok()) {
+          std::fprintf(stderr, "bitpush-bench compressors: %s %s failed: %s\n", spec, op.name,
+                       failure.ToString().c_str());
+          return 1;
+        }
+        const double gbps = bytes / t.best_seconds / 1e9;
+        const double ratio = static_cast<double>(bytes) /
+                             static_cast<double>(payload_bytes ? payload_bytes : 1);
+        records.push_back(JsonRecord()
+                              .Add("name", name)
+                              .Add("spec", spec)
+                              .Add("op", op.name)
+                              .Add("isa", isa_name)
+                              .Add("bytes", bytes)
+                              .Add("seconds", t.best_seconds)
+                              .Add("median_seconds", t.median_seconds)
+                              .Add("gbps", gbps)
+                              .Add("ratio_to_memcpy", gbps / memcpy_gbps)
+                              .Add("compression_ratio", ratio)
+                              .Add("payload_bytes", payload_bytes));
+        if (!opt.json) {
+          std::printf("%-48s %-15s %6zu %9.2f %8.2f %9.1f\n", spec, op.name, mib, gbps,
+                      gbps / memcpy_gbps, ratio);
+        }
+      }
+    }
+  }
+  if (opt.json) std::fputs(JsonArray(records).c_str(), stdout);
+  return 0;
+}
+
+}  // namespace bitpush::bench

@@ -1,0 +1,45 @@
+// bitpush-bench: benchmarks of bitpush components. Usage:
+//   bitpush-bench <benchmark> [options]      (bitpush-bench --help lists them)
+// Each benchmark prints a table, or with --json a JSON array of records on stdout.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace bitpush::bench {
+int RunCompressorsBench(int argc, char** argv);
+}  // namespace bitpush::bench
+
+namespace {
+
+struct Command {
+  const char* name;
+  const char* help;
+  int (*run)(int argc, char** argv);
+};
+
+const Command kCommands[] = {
+    {"compressors",
+     "compress / compress_ef / decompress / decompress_add throughput of every compressor "
+     "vs memcpy (one thread)",
+     bitpush::bench::RunCompressorsBench},
+};
+
+void Usage(FILE* out) {
+  std::fprintf(out, "usage: bitpush-bench <benchmark> [options]   (<benchmark> --help for options)\n\nbenchmarks:\n");
+  for (const Command& c : kCommands) std::fprintf(out, "  %-14s %s\n", c.name, c.help);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    Usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (const Command& c : kCommands) {
+    if (std::strcmp(argv[1], c.name) == 0) return c.run(argc - 1, argv + 1);
+  }
+  std::fprintf(stderr, "bitpush-bench: unknown benchmark '%s'\n", argv[1]);
+  Usage(stderr);
+  return 2;
+}

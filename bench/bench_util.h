@@ -1,0 +1,46 @@
+// Small timing and output helpers shared by bitpush-bench subcommands.
+//
+// Timing policy: every measurement runs the operation repeatedly for at least `min_seconds`
+// (and at least `min_reps` times) and reports the fastest repetition. The machine is shared
+// and noisy; the fastest run is the most repeatable statistic, and every figure that matters is
+// a ratio against memcpy measured the same way in the same run.
+//
+// Thread-safety: single-threaded helpers.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace bitpush::bench {
+
+struct Timing {
+  double best_seconds = 0;
+  double median_seconds = 0;
+  int reps = 0;
+};
+
+// Runs fn once to warm up, then repeatedly; returns best and median per-call seconds.
+Timing TimeIt(const std::function<void()>& fn, double min_seconds, int min_reps);
+
+// Minimal JSON value writer for flat records.
+class JsonRecord {
+ public:
+  JsonRecord& Add(const std::string& key, const std::string& value);
+  JsonRecord& Add(const std::string& key, const char* value) { return Add(key, std::string(value)); }
+  JsonRecord& Add(const std::string& key, double value);
+  JsonRecord& Add(const std::string& key, long long value);
+  JsonRecord& Add(const std::string& key, size_t value) { return Add(key, static_cast<long long>(value)); }
+  JsonRecord& Add(const std::string& key, int value) { return Add(key, static_cast<long long>(value)); }
+  std::string str() const { return "{" + body_ + "}"; }
+
+ private:
+  void Key(const std::string& key);
+  std::string body_;
+};
+
+std::string JsonArray(const std::vector<JsonRecord>& records);
+
+}  // namespace bitpush::bench
