@@ -1,5 +1,6 @@
 #include "compressors/cast/cast.h"
 
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -30,7 +31,10 @@ size_t CastCompressor::EncodeBodyWithFeedback(float* q, size_t n, DType dtype,
   // e = q - C(q): decode what was stored and subtract it.
   float* decoded = Scratch(n);
   ConvertToFloat(ConstTensorView(body, n, stored), decoded, isa());
-  for (size_t i = 0; i < n; ++i) q[i] -= decoded[i];
+  for (size_t i = 0; i < n; ++i) {
+    const float r = q[i] - decoded[i];
+    q[i] = std::isfinite(r) ? r : 0.0f;  // NaN/inf (or overflow to inf) leaves no residual
+  }
   return bytes;
 }
 

@@ -2,7 +2,8 @@
 // and `bf16` (bfloat16). Body: n values of the target type, little-endian, no padding.
 // Rounding is round-to-nearest-even; values beyond the fp16 range become ±inf and NaN stays
 // NaN (so AMP's overflow check still sees them). With error feedback the residual keeps the
-// rounding error, q - float(cast(q)).
+// rounding error, q - float(cast(q)); where that is not finite (a NaN/inf input, or an overflow
+// to inf) the residual element is 0.
 //
 // Thread-safety: see compressors/compressor.h (one thread per instance).
 #pragma once

@@ -270,11 +270,20 @@ void Decode(IsaLevel isa, const uint8_t* words, size_t n, float scale, float* ou
 }  // namespace
 
 float OnebitCompressor::ScaleFromSum(double sum, size_t n) const {
+  if (!std::isfinite(sum)) return std::numeric_limits<float>::quiet_NaN();
   if (!scaled_) return 1.0f;
   if (n == 0) return 0.0f;
   const float scale = static_cast<float>(sum / static_cast<double>(n));
   // A NaN input makes the sum NaN: store a canonical positive quiet NaN.
   return std::isnan(scale) ? std::numeric_limits<float>::quiet_NaN() : scale;
+}
+
+void OnebitCompressor::UpdateResidual(float* q, size_t n, const uint8_t* words, float scale) {
+  if (std::isnan(scale)) {  // non-finite input: the residual restarts from zero (docs/errors.md)
+    if (n) std::memset(q, 0, n * sizeof(float));
+    return;
+  }
+  Residual(isa(), q, nullptr, q, n, words, scale);
 }
 
 size_t OnebitCompressor::EncodeBody(const float* x, size_t n, DType, const CompressContext&,
@@ -290,7 +299,7 @@ size_t OnebitCompressor::EncodeBodyWithFeedback(float* q, size_t n, DType dtype,
   const size_t bytes = EncodeBody(q, n, dtype, ctx, body);
   float scale;
   std::memcpy(&scale, body, 4);
-  Residual(isa(), q, nullptr, q, n, body + 4, scale);
+  UpdateResidual(q, n, body + 4, scale);
   return bytes;
 }
 
@@ -301,7 +310,7 @@ size_t OnebitCompressor::EncodeBodyWithFeedbackF32(const float* g, float* e, siz
   const double sum = Signs(isa(), g, e, n, body + 4, e);
   const float scale = ScaleFromSum(sum, n);
   std::memcpy(body, &scale, 4);
-  Residual(isa(), e, nullptr, e, n, body + 4, scale);
+  UpdateResidual(e, n, body + 4, scale);
   return BodyBytes(n);
 }
 
@@ -313,9 +322,9 @@ Status OnebitCompressor::DecodeBody(ByteSpan body, size_t n, DType, float* out, 
   }
   float scale;
   std::memcpy(&scale, body.data(), 4);
-  if (!scaled_ && scale != 1.0f) {
+  if (!scaled_ && scale != 1.0f && !std::isnan(scale)) {
     return DataLossError("onebit (scaled=false) payload has scale " + std::to_string(scale) +
-                         "; expected 1");
+                         "; expected 1 (or NaN for a non-finite input)");
   }
   if (scale < 0.0f || std::signbit(scale)) {
     return DataLossError("onebit payload has a negative scale " + std::to_string(scale));

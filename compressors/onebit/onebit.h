@@ -13,8 +13,9 @@
 // lanes are summed in order: every ISA level computes the identical scale, so payloads are
 // bit-identical across scalar / AVX2 / AVX-512.
 //
-// Non-finite input: a NaN or inf makes the scale NaN or inf, so every decoded element is
-// non-finite and AMP's overflow check still fires. Nothing traps.
+// Non-finite input: any NaN or inf makes the stored scale NaN (in both modes), so every
+// decoded element is NaN and AMP's overflow check still fires; with error feedback the
+// residual is reset to zero instead of being poisoned. Nothing traps.
 //
 // Error feedback is fused: the residual is updated as e = q - (±scale) straight from the
 // sign bits; the decompressed tensor is never materialised. With fp32 input the sum g + e is
@@ -46,6 +47,8 @@ class OnebitCompressor final : public CompressorBase {
 
  private:
   float ScaleFromSum(double sum_abs, size_t n) const;
+  // e <- q - C(q) from the sign words (or zero when the scale is NaN).
+  void UpdateResidual(float* q, size_t n, const uint8_t* words, float scale);
 
   bool scaled_;
 };

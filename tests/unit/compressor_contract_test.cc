@@ -1,0 +1,360 @@
+// The contract every compressor keeps, checked for every registered compressor spec, dtype and
+// ISA level this CPU supports:
+//  - payload size is exactly what the format says, and never above MaxCompressedBytes;
+//  - decompress / decompress_add agree; lossless formats round-trip bit for bit;
+//  - error feedback telescopes: sum_t C(q_t) + e_T = sum_t g_t (to fp32 rounding);
+//  - payloads and residuals are bit-identical across ISA levels;
+//  - decoders reject every truncation, extension and bad header, random bytes never crash,
+//    and a rejected DecompressAdd leaves the accumulator untouched;
+//  - NaN/inf in the input reach the decompressed output (so AMP can skip the step).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/vector_ops.h"
+#include "compressors/registry.h"
+#include "tests/unit/test_util.h"
+
+namespace bitpush::compressors {
+namespace {
+
+using testing::RandomFloats;
+using testing::SupportedIsaLevels;
+
+const std::vector<std::string> kSpecs = {
+    "none",
+    "fp16",
+    "bf16",
+    "onebit",
+    "onebit:scaled=false",
+    "topk:ratio=0.01",
+    "topk:k=7",
+    "randomk:ratio=0.03125",
+    "randomk:ratio=0.25,unbiased=true,seed=7",
+    "dithering:levels=15,partition=linear,norm=max",
+    "dithering:levels=3,partition=natural,norm=max",
+    "dithering:levels=7,partition=linear,norm=l2",
+    "dithering:levels=255,partition=linear,norm=max",
+};
+
+const size_t kSizes[] = {0, 1, 31, 32, 33, 4097, size_t{1} << 20};
+
+// The exact payload size the documented format gives (docs/wire-format.md).
+size_t ExpectedPayloadBytes(const v1::CompressorConfig& c, size_t n, DType dtype) {
+  auto sparse_k = [n](auto& p) -> size_t {
+    if (n == 0) return 0;
+    if (p.has_ratio()) return std::max<size_t>(1, static_cast<size_t>(std::floor(p.ratio() * n)));
+    return std::min<size_t>(p.k(), n);
+  };
+  size_t body = 0;
+  switch (c.id()) {
+    case v1::COMPRESSOR_ID_NONE: body = n * DTypeSize(dtype); break;
+    case v1::COMPRESSOR_ID_FP16:
+    case v1::COMPRESSOR_ID_BF16: body = 2 * n; break;
+    case v1::COMPRESSOR_ID_ONEBIT: body = 4 + 8 * ((n + 63) / 64); break;
+    case v1::COMPRESSOR_ID_TOPK: body = 4 + sparse_k(c.topk()) * (4 + DTypeSize(dtype)); break;
+    case v1::COMPRESSOR_ID_RANDOMK:
+      body = 4 + sparse_k(c.randomk()) * (4 + DTypeSize(dtype));
+      break;
+    case v1::COMPRESSOR_ID_DITHERING: {
+      size_t b = 0;
+      while ((size_t{1} << b) < c.dithering().levels() + 1u) ++b;
+      body = 4 + (n + 63) / 64 * (b + 1) * 8;
+      break;
+    }
+    default: ADD_FAILURE() << "no expected size for " << c.id();
+  }
+  return kPayloadHeaderBytes + body;
+}
+
+// A tensor of `dtype` holding random values; `f32` receives the exact fp32 values.
+struct TestTensor {
+  DType dtype;
+  std::vector<float> f32;
+  std::vector<uint16_t> u16;
+  ConstTensorView view() const {
+    return dtype == DType::kFloat32 ? ConstTensorView(f32.data(), f32.size())
+                                    : ConstTensorView(u16.data(), u16.size(), dtype);
+  }
+};
+
+TestTensor MakeTensor(const std::vector<float>& values, DType dtype) {
+  TestTensor t{dtype, values, {}};
+  if (dtype != DType::kFloat32) {
+    t.u16.resize(values.size());
+    ConvertFromFloat(values.data(), TensorView(t.u16.data(), values.size(), dtype),
+                     IsaLevel::kScalar);
+    ConvertToFloat(t.view(), t.f32.data(), IsaLevel::kScalar);
+  }
+  return t;
+}
+
+using Param = std::tuple<std::string, DType, IsaLevel>;
+
+class CompressorContract : public ::testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    spec_ = std::get<0>(GetParam());
+    dtype_ = std::get<1>(GetParam());
+    isa_ = std::get<2>(GetParam());
+    auto cfg = ParseCompressorSpec(spec_);
+    ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+    config_ = *cfg;
+    c_ = Make(isa_);
+  }
+  std::unique_ptr<Compressor> Make(IsaLevel isa) {
+    CompressorOptions o;
+    o.isa = isa;
+    auto c = CreateCompressor(config_, o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return std::move(c).value();
+  }
+  std::vector<uint8_t> CompressOk(Compressor& c, ConstTensorView x, uint64_t round = 1) {
+    std::vector<uint8_t> out(c.MaxCompressedBytes(x.count(), x.dtype()));
+    CompressContext ctx{3, round};
+    auto r = c.Compress(x, ctx, {out.data(), out.size()});
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    out.resize(r.ok() ? *r : 0);
+    return out;
+  }
+  // Decompresses into fp32 (through the payload's dtype).
+  std::vector<float> DecompressToFloat(const std::vector<uint8_t>& p, size_t n) {
+    std::vector<float> f(n);
+    if (dtype_ == DType::kFloat32) {
+      EXPECT_TRUE(c_->Decompress({p.data(), p.size()}, TensorView(f.data(), n)).ok());
+    } else {
+      std::vector<uint16_t> h(n);
+      const Status s = c_->Decompress({p.data(), p.size()}, TensorView(h.data(), n, dtype_));
+      EXPECT_TRUE(s.ok()) << s.ToString();
+      ConvertToFloat(ConstTensorView(h.data(), n, dtype_), f.data(), IsaLevel::kScalar);
+    }
+    return f;
+  }
+  bool Lossless() const {
+    return config_.id() == v1::COMPRESSOR_ID_NONE ||
+           (config_.id() == v1::COMPRESSOR_ID_FP16 && dtype_ == DType::kFloat16) ||
+           (config_.id() == v1::COMPRESSOR_ID_BF16 && dtype_ == DType::kBFloat16);
+  }
+
+  std::string spec_;
+  DType dtype_;
+  IsaLevel isa_;
+  v1::CompressorConfig config_;
+  std::unique_ptr<Compressor> c_;
+};
+
+TEST_P(CompressorContract, SizesRoundTripAndDecompressAdd) {
+  for (size_t n : kSizes) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const TestTensor x = MakeTensor(RandomFloats(n, 100 + n), dtype_);
+    const std::vector<uint8_t> p = CompressOk(*c_, x.view());
+    EXPECT_EQ(p.size(), ExpectedPayloadBytes(config_, n, dtype_));
+    EXPECT_LE(p.size(), c_->MaxCompressedBytes(n, dtype_));
+    auto header = ParsePayloadHeader({p.data(), p.size()});
+    ASSERT_TRUE(header.ok()) << header.status().ToString();
+    EXPECT_EQ(header->compressor_id, config_.id());
+    EXPECT_EQ(header->dtype, dtype_);
+    EXPECT_EQ(header->element_count, n);
+
+    const std::vector<float> dec = DecompressToFloat(p, n);
+    if (Lossless()) {
+      EXPECT_EQ(0, std::memcmp(dec.data(), x.f32.data(), n * 4));
+    }
+    // decompress_add onto a random accumulator == accumulator + decompressed (fp32 payloads
+    // exactly; fp16/bf16 outputs are rounded to their dtype, the accumulator is not).
+    std::vector<float> acc = RandomFloats(n, 7);
+    std::vector<float> expect = acc;
+    const Status s = c_->DecompressAdd({p.data(), p.size()}, {acc.data(), acc.size()});
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    for (size_t i = 0; i < n; ++i) {
+      const float want = expect[i] + dec[i];
+      if (dtype_ == DType::kFloat32) {
+        ASSERT_TRUE(acc[i] == want || (std::isnan(acc[i]) && std::isnan(want))) << i;
+      } else {
+        ASSERT_NEAR(acc[i], want, 1e-2f * (std::fabs(dec[i]) + 1e-3f)) << i;
+      }
+    }
+  }
+}
+
+TEST_P(CompressorContract, ErrorFeedbackTelescopes) {
+  for (size_t n : {size_t{33}, size_t{4097}}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    std::vector<float> e(n, 0.0f), sum_g(n, 0.0), sum_c(n, 0.0f), sum_abs(n, 0.0f);
+    std::vector<uint8_t> out(c_->MaxCompressedBytes(n, dtype_));
+    for (uint64_t t = 0; t < 100; ++t) {
+      const TestTensor g = MakeTensor(RandomFloats(n, 1000 + t), dtype_);
+      auto r = c_->CompressWithFeedback(g.view(), {e.data(), n}, {5, t}, {out.data(), out.size()});
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      std::vector<float> dec(n, 0.0f);
+      ASSERT_TRUE(c_->DecompressAdd({out.data(), *r}, {dec.data(), n}).ok());
+      for (size_t i = 0; i < n; ++i) {
+        sum_g[i] += g.f32[i];
+        sum_c[i] += dec[i];
+        sum_abs[i] += std::fabs(g.f32[i]) + std::fabs(dec[i]) + std::fabs(e[i]);
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(sum_c[i] + e[i], sum_g[i], 1e-5f * sum_abs[i] + 1e-6f) << "element " << i;
+    }
+  }
+}
+
+TEST_P(CompressorContract, IsaLevelsAgreeBitForBit) {
+  if (isa_ == IsaLevel::kScalar) GTEST_SKIP() << "scalar is the reference";
+  auto ref = Make(IsaLevel::kScalar);
+  for (size_t n : {size_t{1}, size_t{33}, size_t{1000}, size_t{4097}, size_t{65536 + 5}}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const TestTensor x = MakeTensor(RandomFloats(n, 9 + n), dtype_);
+    EXPECT_EQ(CompressOk(*c_, x.view(), 4), CompressOk(*ref, x.view(), 4));
+    std::vector<float> e1 = RandomFloats(n, 77, 0.1f), e2 = e1;
+    std::vector<uint8_t> p1(c_->MaxCompressedBytes(n, dtype_)), p2(p1.size());
+    auto r1 = c_->CompressWithFeedback(x.view(), {e1.data(), n}, {1, 2}, {p1.data(), p1.size()});
+    auto r2 = ref->CompressWithFeedback(x.view(), {e2.data(), n}, {1, 2}, {p2.data(), p2.size()});
+    ASSERT_TRUE(r1.ok() && r2.ok());
+    p1.resize(*r1);
+    p2.resize(*r2);
+    EXPECT_EQ(p1, p2);
+    EXPECT_EQ(0, std::memcmp(e1.data(), e2.data(), n * 4));
+    std::vector<float> d1 = RandomFloats(n, 3), d2 = d1;
+    ASSERT_TRUE(c_->DecompressAdd({p1.data(), p1.size()}, {d1.data(), n}).ok());
+    ASSERT_TRUE(ref->DecompressAdd({p2.data(), p2.size()}, {d2.data(), n}).ok());
+    EXPECT_EQ(0, std::memcmp(d1.data(), d2.data(), n * 4));
+  }
+}
+
+TEST_P(CompressorContract, DecoderRejectsTruncationExtensionAndBadHeaders) {
+  for (size_t n : {size_t{1}, size_t{31}, size_t{33}, size_t{130}}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const TestTensor x = MakeTensor(RandomFloats(n, n), dtype_);
+    const std::vector<uint8_t> p = CompressOk(*c_, x.view());
+    const std::vector<float> acc0 = RandomFloats(n, 5);
+    auto expect_rejected = [&](const std::vector<uint8_t>& bad, const char* what) {
+      std::vector<float> acc = acc0;
+      const Status s = c_->DecompressAdd({bad.data(), bad.size()}, {acc.data(), n});
+      EXPECT_EQ(s.code(), StatusCode::kDataLoss) << what << ": " << s.ToString();
+      EXPECT_EQ(0, std::memcmp(acc.data(), acc0.data(), n * 4)) << what << ": acc modified";
+    };
+    for (size_t len = 0; len < p.size(); ++len) {
+      expect_rejected(std::vector<uint8_t>(p.begin(), p.begin() + len), "truncated");
+    }
+    std::vector<uint8_t> longer = p;
+    longer.push_back(0);
+    expect_rejected(longer, "one extra byte");
+    std::vector<uint8_t> bad = p;
+    bad[0] = 2;
+    expect_rejected(bad, "format version 2");
+    bad = p;
+    bad[1] = static_cast<uint8_t>(config_.id() == v1::COMPRESSOR_ID_NONE ? 2 : 1);
+    expect_rejected(bad, "another compressor's id");
+    bad[1] = 0;
+    expect_rejected(bad, "id 0");
+    bad[1] = 200;
+    expect_rejected(bad, "unknown id 200");
+    bad = p;
+    bad[2] = 3;
+    expect_rejected(bad, "dtype 3");
+    bad = p;
+    bad[3] = 1;
+    expect_rejected(bad, "flags 1");
+    bad = p;
+    bad[8] ^= 1;  // element count off by one
+    expect_rejected(bad, "element count");
+    bad = p;
+    bad[15] = 0x80;  // element count 2^63
+    expect_rejected(bad, "huge element count");
+    // A wrong output dtype is the caller's mistake, not corrupt data.
+    std::vector<float> out(n);
+    if (dtype_ != DType::kFloat32) {
+      EXPECT_EQ(c_->Decompress({p.data(), p.size()}, TensorView(out.data(), n)).code(),
+                StatusCode::kInvalidArgument);
+    }
+  }
+}
+
+TEST_P(CompressorContract, RandomBytesNeverCrash) {
+  std::mt19937 rng(11);
+  const TestTensor x = MakeTensor(RandomFloats(200, 1), dtype_);
+  const std::vector<uint8_t> valid = CompressOk(*c_, x.view());
+  std::vector<float> acc(200);
+  for (int iter = 0; iter < 3000; ++iter) {
+    std::vector<uint8_t> b;
+    if (iter % 2 == 0) {  // mutate a valid payload: header stays plausible
+      b = valid;
+      const int flips = 1 + rng() % 4;
+      for (int f = 0; f < flips; ++f) b[rng() % b.size()] = static_cast<uint8_t>(rng());
+    } else {
+      b.resize(rng() % 400);
+      for (auto& v : b) v = static_cast<uint8_t>(rng());
+    }
+    (void)c_->DecompressAdd({b.data(), b.size()}, {acc.data(), acc.size()});
+  }
+}
+
+TEST_P(CompressorContract, CallerErrorsAreInvalidArgument) {
+  const TestTensor x = MakeTensor(RandomFloats(100, 1), dtype_);
+  std::vector<uint8_t> small(c_->MaxCompressedBytes(100, dtype_) - 1);
+  EXPECT_EQ(c_->Compress(x.view(), {}, {small.data(), small.size()}).status().code(),
+            StatusCode::kInvalidArgument);
+  std::vector<uint8_t> out(c_->MaxCompressedBytes(100, dtype_));
+  std::vector<float> e(99);
+  EXPECT_EQ(c_->CompressWithFeedback(x.view(), {e.data(), e.size()}, {}, {out.data(), out.size()})
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST_P(CompressorContract, NonFiniteInputReachesOutput) {
+  for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+    std::vector<float> v = RandomFloats(4097, 3);
+    v[1234] = bad;
+    const TestTensor x = MakeTensor(v, dtype_);
+    const std::vector<uint8_t> p = CompressOk(*c_, x.view());
+    const std::vector<float> dec = DecompressToFloat(p, v.size());
+    size_t non_finite = 0;
+    for (float f : dec) non_finite += !std::isfinite(f);
+    EXPECT_GT(non_finite, 0u) << "input value " << bad;
+
+    // With error feedback: the output still carries the non-finite value, and the residual
+    // is left finite (reset), so later rounds are not poisoned.
+    std::vector<float> e = RandomFloats(v.size(), 8, 0.01f);
+    std::vector<uint8_t> out(c_->MaxCompressedBytes(v.size(), dtype_));
+    auto r = c_->CompressWithFeedback(x.view(), {e.data(), e.size()}, {1, 1},
+                                      {out.data(), out.size()});
+    ASSERT_TRUE(r.ok());
+    out.resize(*r);
+    const std::vector<float> dec_ef = DecompressToFloat(out, v.size());
+    non_finite = 0;
+    for (float f : dec_ef) non_finite += !std::isfinite(f);
+    EXPECT_GT(non_finite, 0u) << "EF, input value " << bad;
+    for (size_t i = 0; i < e.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(e[i])) << "residual " << i << " is " << e[i] << " after input " << bad;
+    }
+  }
+}
+
+std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
+  std::string s = std::get<0>(info.param) + "_" +
+                  std::string(DTypeName(std::get<1>(info.param))) + "_" +
+                  std::string(IsaLevelName(std::get<2>(info.param)));
+  for (char& ch : s) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return s;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllCompressors, CompressorContract,
+    ::testing::Combine(::testing::ValuesIn(kSpecs),
+                       ::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16),
+                       ::testing::ValuesIn(SupportedIsaLevels())),
+    ParamName);
+
+}  // namespace
+}  // namespace bitpush::compressors
