@@ -362,17 +362,21 @@ StatusOr<std::unique_ptr<Compressor>> CreateCompressor(const v1::CompressorConfi
   BP_RETURN_IF_ERROR(CheckIsaSupported(options.isa));
   BP_ASSIGN_OR_RETURN(const v1::CompressorConfig c, CanonicalizeCompressorConfig(config));
   const IsaLevel isa = options.isa;
+  std::unique_ptr<Compressor> made;
   switch (c.id()) {
-    case v1::COMPRESSOR_ID_NONE: return NewNoneCompressor(isa);
-    case v1::COMPRESSOR_ID_FP16: return NewFp16Compressor(isa);
-    case v1::COMPRESSOR_ID_BF16: return NewBf16Compressor(isa);
-    case v1::COMPRESSOR_ID_ONEBIT: return NewOnebitCompressor(c.onebit(), isa);
-    case v1::COMPRESSOR_ID_TOPK: return NewTopkCompressor(c.topk(), isa);
-    case v1::COMPRESSOR_ID_RANDOMK: return NewRandomkCompressor(c.randomk(), isa);
-    case v1::COMPRESSOR_ID_DITHERING: return NewDitheringCompressor(c.dithering(), isa);
+    case v1::COMPRESSOR_ID_NONE: made = NewNoneCompressor(isa); break;
+    case v1::COMPRESSOR_ID_FP16: made = NewFp16Compressor(isa); break;
+    case v1::COMPRESSOR_ID_BF16: made = NewBf16Compressor(isa); break;
+    case v1::COMPRESSOR_ID_ONEBIT: made = NewOnebitCompressor(c.onebit(), isa); break;
+    case v1::COMPRESSOR_ID_TOPK: made = NewTopkCompressor(c.topk(), isa); break;
+    case v1::COMPRESSOR_ID_RANDOMK: made = NewRandomkCompressor(c.randomk(), isa); break;
+    case v1::COMPRESSOR_ID_DITHERING: made = NewDitheringCompressor(c.dithering(), isa); break;
     default: break;
   }
-  return InternalError("compressor id " + std::to_string(c.id()) + " has no factory");
+  if (made == nullptr) {
+    return InternalError("compressor " + CompressorSpecString(c) + " has no factory");
+  }
+  return made;
 }
 
 StatusOr<std::unique_ptr<Compressor>> CreateCompressor(std::string_view spec,

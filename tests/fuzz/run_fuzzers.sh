@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs every libFuzzer target of a fuzz build for a few seconds each, starting from seed
+# corpora of valid payloads. Exits non-zero (and prints the reproducer path) on any crash.
+# usage: run_fuzzers.sh <fuzz-build-dir> <seconds-per-target>
+set -euo pipefail
+build=${1:?fuzz build dir}
+secs=${2:-4}
+corpus="$build/corpus"
+rm -rf "$corpus"
+mkdir -p "$corpus"
+"$build/bin/fuzz_make_seeds" "$corpus"
+mkdir -p "$corpus/spec"
+printf 'topk:ratio=0.001' > "$corpus/spec/a"
+printf 'dithering:levels=3,partition=natural,norm=l2,seed=9' > "$corpus/spec/b"
+printf 'randomk:k=5,unbiased=true' > "$corpus/spec/c"
+
+failed=0
+for bin in "$build"/bin/fuzz_decode_* "$build/bin/fuzz_spec"; do
+  name=$(basename "$bin")
+  dir="$corpus/${name#fuzz_decode_}"
+  [ "$name" = fuzz_spec ] && dir="$corpus/spec"
+  mkdir -p "$dir" "$build/artifacts"
+  if "$bin" -max_total_time="$secs" -rss_limit_mb=2048 -artifact_prefix="$build/artifacts/$name-" \
+      "$dir" > "$build/$name.log" 2>&1; then
+    runs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$build/$name.log" | awk '{print $2}')
+    [ -n "$runs" ] || runs=$(grep -oE '#[0-9]+' "$build/$name.log" | tail -1 | tr -d '#')
+    echo "fuzz: $name ok (${runs:-?} runs in ${secs}s)"
+  else
+    echo "fuzz: $name FAILED — log: $build/$name.log"; tail -30 "$build/$name.log"; failed=1
+  fi
+done
+exit $failed

@@ -1,0 +1,112 @@
+// Exact math of the scaled 1-bit compressor: sign bits, scale = mean |x|, fused error feedback.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "compressors/error_feedback.h"
+#include "compressors/registry.h"
+#include "tests/unit/test_util.h"
+
+namespace bitpush::compressors {
+namespace {
+
+using testing::RandomFloats;
+using testing::SupportedIsaLevels;
+
+std::unique_ptr<Compressor> Make(const char* spec, IsaLevel isa) {
+  CompressorOptions o;
+  o.isa = isa;
+  return std::move(CreateCompressor(spec, o)).value();
+}
+
+TEST(Onebit, BitsAndScaleAreExact) {
+  for (IsaLevel isa : SupportedIsaLevels()) {
+    auto c = Make("onebit", isa);
+    const std::vector<float> x = {1.5f, -2.0f, 0.0f, -0.0f, 3.0f, -0.25f, 7.0f, -1.0f, 0.5f};
+    std::vector<uint8_t> out(c->MaxCompressedBytes(x.size(), DType::kFloat32));
+    auto r = c->Compress(ConstTensorView(x.data(), x.size()), {}, {out.data(), out.size()});
+    ASSERT_TRUE(r.ok());
+    ASSERT_EQ(*r, 16u + 4u + 8u);
+    float scale;
+    std::memcpy(&scale, out.data() + 16, 4);
+    double sum = 0;
+    for (float v : x) sum += std::fabs(v);
+    EXPECT_EQ(scale, static_cast<float>(sum / x.size()));
+    uint64_t word;
+    std::memcpy(&word, out.data() + 20, 8);
+    // negatives at 1, 5, 7; -0.0 counts as positive
+    EXPECT_EQ(word, (1ull << 1) | (1ull << 5) | (1ull << 7)) << IsaLevelName(isa);
+    std::vector<float> dec(x.size());
+    ASSERT_TRUE(c->Decompress({out.data(), *r}, TensorView(dec.data(), dec.size())).ok());
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(dec[i], x[i] < 0 ? -scale : scale) << i;
+  }
+}
+
+TEST(Onebit, UnscaledIsPlainSign) {
+  auto c = Make("onebit:scaled=false", BestIsaLevel());
+  const std::vector<float> x = RandomFloats(1000, 4, 5.0f);
+  std::vector<uint8_t> out(c->MaxCompressedBytes(x.size(), DType::kFloat32));
+  auto r = c->Compress(ConstTensorView(x.data(), x.size()), {}, {out.data(), out.size()});
+  ASSERT_TRUE(r.ok());
+  std::vector<float> dec(x.size());
+  ASSERT_TRUE(c->Decompress({out.data(), *r}, TensorView(dec.data(), dec.size())).ok());
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(dec[i], x[i] < 0 ? -1.0f : 1.0f);
+}
+
+TEST(Onebit, FusedErrorFeedbackMatchesDefinition) {
+  for (IsaLevel isa : SupportedIsaLevels()) {
+    auto c = Make("onebit", isa);
+    const size_t n = 4097;
+    const std::vector<float> g = RandomFloats(n, 1);
+    std::vector<float> e = RandomFloats(n, 2, 0.3f);
+    std::vector<float> q(n);
+    for (size_t i = 0; i < n; ++i) q[i] = g[i] + e[i];
+    // Reference: compress q plainly, e_ref = q - decompress(C(q)).
+    std::vector<uint8_t> pq(c->MaxCompressedBytes(n, DType::kFloat32));
+    auto rq = c->Compress(ConstTensorView(q.data(), n), {}, {pq.data(), pq.size()});
+    ASSERT_TRUE(rq.ok());
+    std::vector<float> cq(n);
+    ASSERT_TRUE(c->Decompress({pq.data(), *rq}, TensorView(cq.data(), n)).ok());
+
+    ResidualState state(n);
+    ASSERT_TRUE(state.Restore({e.data(), n}).ok());
+    std::vector<uint8_t> pe(pq.size());
+    auto re = state.Compress(*c, ConstTensorView(g.data(), n), {}, {pe.data(), pe.size()});
+    ASSERT_TRUE(re.ok());
+    EXPECT_EQ(std::vector<uint8_t>(pe.begin(), pe.begin() + *re),
+              std::vector<uint8_t>(pq.begin(), pq.begin() + *rq));
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(state.residual()[i], q[i] - cq[i]) << i;
+  }
+}
+
+TEST(Onebit, RejectsBadBodies) {
+  auto c = Make("onebit", BestIsaLevel());
+  const std::vector<float> x = RandomFloats(10, 3);
+  std::vector<uint8_t> out(c->MaxCompressedBytes(10, DType::kFloat32));
+  auto r = c->Compress(ConstTensorView(x.data(), 10), {}, {out.data(), out.size()});
+  ASSERT_TRUE(r.ok());
+  out.resize(*r);
+  std::vector<float> acc(10);
+  auto bad = out;
+  bad[20 + 1] |= 0x80;  // bit 15: past element 9
+  EXPECT_EQ(c->DecompressAdd({bad.data(), bad.size()}, {acc.data(), 10}).code(),
+            StatusCode::kDataLoss);
+  bad = out;
+  const float neg = -1.0f;
+  std::memcpy(bad.data() + 16, &neg, 4);
+  EXPECT_NE(c->DecompressAdd({bad.data(), bad.size()}, {acc.data(), 10}).message().find("negative"),
+            std::string::npos);
+  for (float v : acc) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(ResidualState, RestoreChecksSize) {
+  ResidualState s(4);
+  std::vector<float> wrong(3);
+  EXPECT_EQ(s.Restore({wrong.data(), 3}).code(), StatusCode::kInvalidArgument);
+  for (float v : s.residual()) EXPECT_EQ(v, 0.0f);
+}
+
+}  // namespace
+}  // namespace bitpush::compressors
