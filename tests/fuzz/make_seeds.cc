@@ -38,7 +38,10 @@ int main(int argc, char** argv) {
         std::vector<float> x(n);
         for (float& v : x) v = dist(rng);
         std::vector<uint16_t> h(n);
-        bitpush::ConvertFromFloat(x.data(), bitpush::TensorView(h.data(), n, dt), bitpush::IsaLevel::kScalar);
+        if (dt != bitpush::DType::kFloat32) {
+          bitpush::ConvertFromFloat(x.data(), bitpush::TensorView(h.data(), n, dt),
+                                    bitpush::IsaLevel::kScalar);
+        }
         const bitpush::ConstTensorView view =
             dt == bitpush::DType::kFloat32 ? bitpush::ConstTensorView(x.data(), n)
                                            : bitpush::ConstTensorView(h.data(), n, dt);
