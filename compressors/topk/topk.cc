@@ -1,6 +1,214 @@
-// Placeholder: the real implementation follows shortly.
+#include "compressors/topk/topk.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "common/counter_rng.h"
+#include "common/logging.h"
 #include "compressors/factories.h"
+#include "compressors/registry.h"
+#include "compressors/topk/topk_kernels.h"
 
 namespace bitpush::compressors {
-std::unique_ptr<Compressor> NewTopkCompressor(const v1::TopkParams&, IsaLevel) { return nullptr; }
+namespace {
+
+// Tensors up to this size skip the sample: every element is a candidate.
+constexpr size_t kFullSelectMax = 2048;
+// Sample: kSampleBlocks blocks of kSampleBlockLen contiguous elements (one cache line), one
+// block at a fixed pseudo-random offset inside each of kSampleBlocks equal strata.
+constexpr size_t kSampleBlockLen = 16;
+constexpr size_t kMaxSampleBlocks = 256;  // 4096 sampled elements
+// The filter runs over chunks of this many elements, so the candidate buffer only has to
+// grow by a chunk at a time (it stays near the candidate count, not n).
+constexpr size_t kFilterChunk = 16384;
+constexpr uint64_t kSampleSalt = 0x746F706B53616D70ull;  // "topkSamp"
+// Radix step of the k-th key search: buckets by the top 13 of the 31 key bits (1/32 of an
+// octave of magnitude each).
+constexpr int kBucketShift = 18;
+constexpr size_t kBuckets = size_t{1} << (31 - kBucketShift);
+
+}  // namespace
+
+TopkCompressor::TopkCompressor(const v1::TopkParams& params, IsaLevel isa)
+    : CompressorBase(v1::COMPRESSOR_ID_TOPK, isa), size_(SparseSize::FromParams(params)) {}
+
+size_t TopkCompressor::MaxBodyBytes(size_t n, DType dtype) const {
+  return SparseBodyBytes(size_.KeepCount(n), dtype);
+}
+
+void TopkCompressor::SetSampleBlocks(size_t n) {
+  if (sample_n_ == n) return;
+  // n > kFullSelectMax, so every stratum holds at least 8 blocks' worth of elements.
+  const size_t blocks = std::min(kMaxSampleBlocks, n / (8 * kSampleBlockLen));
+  sample_blocks_.resize(blocks);
+  for (size_t j = 0; j < blocks; ++j) {
+    const uint64_t lo = static_cast<uint64_t>(j) * n / blocks;
+    const uint64_t hi = static_cast<uint64_t>(j + 1) * n / blocks;
+    const uint64_t span = hi - lo - kSampleBlockLen + 1;
+    sample_blocks_[j] = static_cast<uint32_t>(lo + UniformBelow(Mix64(kSampleSalt + j), span));
+  }
+  sample_.resize(blocks * kSampleBlockLen);
+  sample_n_ = n;
+}
+
+uint32_t TopkCompressor::FirstThreshold(const float* g, const float* data, size_t n, size_t k) {
+  if (n <= kFullSelectMax) return 0;
+  SetSampleBlocks(n);
+  const size_t m = sample_.size();
+  // Expected number of sampled elements at or above the k-th key: m * k / n. Aim above it by
+  // 25% plus four standard deviations so a second pass is rare, while the candidate count
+  // stays a small multiple of k.
+  const double mp = static_cast<double>(m) * static_cast<double>(k) / static_cast<double>(n);
+  const double r = std::ceil(1.25 * mp + 4.0 * std::sqrt(mp) + 4.0);
+  if (r >= static_cast<double>(m)) return 0;
+  uint32_t* s = sample_.data();
+  for (size_t b = 0; b < sample_blocks_.size(); ++b) {
+    const size_t p = sample_blocks_[b];
+    uint32_t* dst = s + b * kSampleBlockLen;
+    if (g == nullptr) {
+      for (size_t i = 0; i < kSampleBlockLen; ++i) dst[i] = TopkKey(data[p + i]);
+    } else {  // the same q = g + e that the fused pass forms
+      for (size_t i = 0; i < kSampleBlockLen; ++i) dst[i] = TopkKey(g[p + i] + data[p + i]);
+    }
+  }
+  sample_rank_ = static_cast<size_t>(r);
+  size_t above = 0;
+  return KthLargestKey(sample_.data(), m, sample_rank_, &above);
+}
+
+uint32_t TopkCompressor::LowerThreshold(uint32_t t) {
+  if (t == 0) return 0;
+  // A rank 4x deeper in the sample.
+  sample_rank_ = sample_rank_ * 4 + 16;
+  if (sample_rank_ >= sample_.size()) return 0;
+  size_t above = 0;
+  const uint32_t lower = KthLargestKey(sample_.data(), sample_.size(), sample_rank_, &above);
+  return lower < t ? lower : 0;  // no progress possible within the sample (ties): take all
+}
+
+size_t TopkCompressor::FilterPass(const float* g, float* data, size_t n, uint32_t t,
+                                  bool fused) {
+  size_t count = 0;
+  for (size_t begin = 0; begin < n; begin += kFilterChunk) {
+    const size_t end = std::min(n, begin + kFilterChunk);
+    const size_t need = count + (end - begin) + kTopkFilterSlack;
+    if (need > candidates_.size()) {
+      const size_t grown = std::max(need, 2 * candidates_.size());
+      candidates_.resize(grown);
+      candidate_keys_.resize(grown);
+    }
+    uint32_t* out_index = candidates_.data() + count;
+    uint32_t* out_key = candidate_keys_.data() + count;
+    count += fused ? TopkAddFilter(g, data, begin, end, t, out_index, out_key, isa())
+                   : TopkFilter(data, begin, end, t, out_index, out_key, isa());
+  }
+  return count;
+}
+
+uint32_t TopkCompressor::KthLargestKey(const uint32_t* keys, size_t count, size_t k,
+                                       size_t* above) {
+  // Radix step: histogram of the top key bits, then walk down from the largest bucket to the
+  // one holding the k-th largest key.
+  hist_.assign(kBuckets, 0);
+  for (size_t j = 0; j < count; ++j) ++hist_[keys[j] >> kBucketShift];
+  size_t higher = 0;  // keys in buckets above b
+  size_t b = kBuckets - 1;
+  while (higher + hist_[b] < k) higher += hist_[b--];  // terminates: the total is >= k
+  // The k-th largest is the (k - higher)-th largest inside bucket b: select among those only.
+  const size_t in_bucket = hist_[b];
+  work_.resize(in_bucket + 1);  // +1: the branch-free copy writes one past the last match
+  size_t w = 0;
+  for (size_t j = 0; j < count; ++j) {
+    work_[w] = keys[j];
+    w += (keys[j] >> kBucketShift) == b;
+  }
+  const size_t r = k - higher;
+  std::nth_element(work_.begin(), work_.begin() + (r - 1), work_.begin() + in_bucket,
+                   std::greater<uint32_t>());
+  const uint32_t kth = work_[r - 1];
+  // work_[0..r-1) >= kth and the rest of the bucket <= kth: larger keys are all in front.
+  *above = higher + static_cast<size_t>(std::count_if(
+                        work_.begin(), work_.begin() + (r - 1),
+                        [kth](uint32_t key) { return key > kth; }));
+  return kth;
+}
+
+const uint32_t* TopkCompressor::Select(const float* g, float* data, size_t n, size_t k) {
+  BP_CHECK(n <= kMaxSparseElements, "topk: {} elements exceed the int32 index range", n);
+  uint32_t t = FirstThreshold(g, data, n, k);
+  size_t count = FilterPass(g, data, n, t, g != nullptr);
+  last_filter_passes_ = 1;
+  while (count < k) {  // t = 0 passes every element, so this ends
+    t = LowerThreshold(t);
+    count = FilterPass(nullptr, data, n, t, false);  // data holds q after a fused pass
+    ++last_filter_passes_;
+  }
+  uint32_t* cand = candidates_.data();
+  if (count == k) return cand;
+
+  // The exact k-th largest key among the candidates; every element outside them has a key
+  // below t, so it is the k-th largest of the tensor.
+  const uint32_t* keys = candidate_keys_.data();
+  size_t above = 0;
+  const uint32_t kth = KthLargestKey(keys, count, k, &above);
+  // Keep, in index order, every key > kth and the first (k - above) keys == kth: ties go to
+  // the lowest indices. Compacts in place (out <= j).
+  size_t ties_left = k - above;
+  size_t out = 0;
+  for (size_t j = 0; j < count; ++j) {
+    const uint32_t key = keys[j];
+    const bool tie = key == kth && ties_left > 0;
+    ties_left -= tie;
+    cand[out] = cand[j];
+    out += (key > kth) | tie;
+  }
+  BP_DCHECK(out == k);
+  return cand;
+}
+
+size_t TopkCompressor::EncodeBody(const float* x, size_t n, DType dtype, const CompressContext&,
+                                  uint8_t* body) {
+  const size_t k = size_.KeepCount(n);
+  // Select never writes `data` unless fused (g != nullptr).
+  const uint32_t* idx = k ? Select(nullptr, const_cast<float*>(x), n, k) : nullptr;
+  uint8_t* values = WriteSparseHead(idx, k, body);
+  for (size_t j = 0; j < k; ++j) StoreSparseValue(x[idx[j]], dtype, j, values);
+  return SparseBodyBytes(k, dtype);
+}
+
+size_t TopkCompressor::EncodeBodyWithFeedback(float* q, size_t n, DType dtype,
+                                              const CompressContext&, uint8_t* body) {
+  const size_t k = size_.KeepCount(n);
+  const uint32_t* idx = k ? Select(nullptr, q, n, k) : nullptr;
+  uint8_t* values = WriteSparseHead(idx, k, body);
+  for (size_t j = 0; j < k; ++j) {
+    const float v = q[idx[j]];
+    const float decoded = StoreSparseValue(v, dtype, j, values);
+    q[idx[j]] = dtype == DType::kFloat32 ? 0.0f : v - decoded;
+  }
+  return SparseBodyBytes(k, dtype);
+}
+
+size_t TopkCompressor::EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n,
+                                                 const CompressContext&, uint8_t* body) {
+  const size_t k = size_.KeepCount(n);
+  if (k == 0) return static_cast<size_t>(WriteSparseHead(nullptr, 0, body) - body);
+  const uint32_t* idx = Select(g, e, n, k);  // e = g + e after this
+  uint8_t* values = WriteSparseHead(idx, k, body);
+  for (size_t j = 0; j < k; ++j) {
+    StoreSparseValue(e[idx[j]], DType::kFloat32, j, values);
+    e[idx[j]] = 0.0f;
+  }
+  return SparseBodyBytes(k, DType::kFloat32);
+}
+
+Status TopkCompressor::DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) {
+  return DecodeSparseBody("topk", body, n, dtype, out, add);
+}
+
+std::unique_ptr<Compressor> NewTopkCompressor(const v1::TopkParams& params, IsaLevel isa) {
+  return std::make_unique<TopkCompressor>(params, isa);
+}
+
 }  // namespace bitpush::compressors

@@ -1,0 +1,110 @@
+#include "compressors/sparse/sparse_format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace bitpush::compressors {
+namespace {
+
+inline uint32_t LoadU32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+Status Bad(std::string_view name, const std::string& what) {
+  return DataLossError(std::string(name) + ": " + what);
+}
+
+// Decodes value j of the values region.
+inline float LoadValue(const uint8_t* values, size_t j, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: {
+      float f;
+      std::memcpy(&f, values + 4 * j, 4);
+      return f;
+    }
+    case DType::kFloat16: {
+      uint16_t h;
+      std::memcpy(&h, values + 2 * j, 2);
+      return HalfToFloat(h);
+    }
+    case DType::kBFloat16: {
+      uint16_t b;
+      std::memcpy(&b, values + 2 * j, 2);
+      return Bf16ToFloat(b);
+    }
+  }
+  return 0.0f;
+}
+
+}  // namespace
+
+uint64_t SparseSize::KeepCount(uint64_t n) const {
+  if (n == 0) return 0;
+  if (!by_ratio) return std::min<uint64_t>(k, n);
+  // ratio is in (0, 1] (validated by the registry), so floor(ratio * n) <= n.
+  const double f = std::floor(ratio * static_cast<double>(n));
+  const uint64_t kf = f < 1.0 ? 1 : static_cast<uint64_t>(f);
+  return std::min<uint64_t>(kf, n);
+}
+
+uint8_t* WriteSparseHead(const uint32_t* indices, size_t k, uint8_t* body) {
+  const uint32_t k32 = static_cast<uint32_t>(k);
+  std::memcpy(body, &k32, 4);
+  if (k) std::memcpy(body + kSparseCountBytes, indices, k * kSparseIndexBytes);
+  return body + kSparseCountBytes + k * kSparseIndexBytes;
+}
+
+Status DecodeSparseBody(std::string_view name, ByteSpan body, size_t n, DType dtype, float* out,
+                        bool add) {
+  if (body.size() < kSparseCountBytes) {
+    return Bad(name, "body is " + std::to_string(body.size()) +
+                         " bytes, too short for its 4-byte element count");
+  }
+  const uint8_t* p = body.data();
+  const uint64_t k = LoadU32(p);
+  if (k > n) {
+    return Bad(name, "payload keeps " + std::to_string(k) + " elements but the tensor has only " +
+                         std::to_string(n));
+  }
+  const uint64_t vsize = DTypeSize(dtype);
+  const uint64_t want = kSparseCountBytes + k * (kSparseIndexBytes + vsize);  // k < 2^32
+  if (body.size() != want) {
+    return Bad(name, "body is " + std::to_string(body.size()) + " bytes but k=" +
+                         std::to_string(k) + " indices and " + std::string(DTypeName(dtype)) +
+                         " values need " + std::to_string(want));
+  }
+  const uint8_t* idx = p + kSparseCountBytes;
+  const uint8_t* values = idx + k * kSparseIndexBytes;
+
+  // Validate every index before touching `out`. Wire indices are int32: a value >= 2^31 is
+  // negative and out of range like any index >= n.
+  const uint64_t limit = std::min<uint64_t>(n, kMaxSparseElements + 1);
+  int64_t prev = -1;
+  for (uint64_t j = 0; j < k; ++j) {
+    const uint32_t raw = LoadU32(idx + 4 * j);
+    if (raw >= limit) {
+      return Bad(name, "index " + std::to_string(static_cast<int32_t>(raw)) + " at position " +
+                           std::to_string(j) + " is out of range for " + std::to_string(n) +
+                           " elements");
+    }
+    if (static_cast<int64_t>(raw) <= prev) {
+      return Bad(name, "index " + std::to_string(raw) + " at position " + std::to_string(j) +
+                           " does not follow index " + std::to_string(prev) +
+                           " (indices must be strictly increasing)");
+    }
+    prev = raw;
+  }
+
+  if (add) {
+    for (uint64_t j = 0; j < k; ++j) out[LoadU32(idx + 4 * j)] += LoadValue(values, j, dtype);
+  } else {
+    if (n) std::memset(out, 0, n * sizeof(float));
+    for (uint64_t j = 0; j < k; ++j) out[LoadU32(idx + 4 * j)] = LoadValue(values, j, dtype);
+  }
+  return Status::Ok();
+}
+
+}  // namespace bitpush::compressors

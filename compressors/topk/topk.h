@@ -1,0 +1,94 @@
+// topk: keeps the k elements of largest magnitude (exact top-k), drops the rest. Biased
+// (delta-approximate with delta = k/n); meant to be used with error feedback.
+//
+// Body: the sparse format of compressors/sparse/sparse_format.h —
+//   u32 k | k x int32 indices, strictly increasing | k x values in the payload dtype.
+// k: ratio=R -> max(1, floor(R * n)); k=K -> min(K, n); n == 0 -> k = 0.
+//
+// Selection: by key = float bits & 0x7FFFFFFF, an exact integer order of |x|.
+//  - Ties at the k-th key: the lowest indices win, so the result is a pure function of the
+//    input (identical on every ISA level and every run).
+//  - Non-finite values are kept: NaN keys rank above +inf, which ranks above every finite
+//    value, so every NaN and inf of the tensor (up to k of them) is selected and shows up in
+//    the decompressed tensor; AMP's overflow check on the pulled aggregate still fires.
+//  - -0.0 and 0.0 have the same key (0).
+//
+// Error feedback: e <- q - C(q). For fp32 payloads the selected residuals are set to 0 (the
+// paper's O(k) update: e <- q, then zero the k kept entries; for a kept inf or NaN this is 0
+// rather than the NaN that q - q would give). For fp16 / bf16 payloads the stored value is
+// round(q) and the residual keeps q - float(round(q)). The fp32 fast path forms q = g + e in
+// the same pass that filters it.
+//
+// Algorithm (no heap, no full sort): estimate a threshold key t from a fixed, deterministic
+// sample (256 blocks of 16 contiguous elements, one at a hashed offset in each of 256 equal
+// strata) so that about 1.25 k + 4 sigma elements pass; one SIMD pass collects (index, key)
+// of every element with key >= t, in index order; if fewer than k passed, lower t and repeat
+// (down to t = 0, which passes everything). The exact k-th key T comes from a radix
+// histogram of the candidate keys (top 13 bits) plus an nth_element inside T's bucket; one
+// ordered walk then keeps every candidate with key > T and the first (k - #{key > T}) with
+// key == T. The filter pass runs at about memory speed (AVX-512: compare into a mask,
+// VPCOMPRESSD indices and keys; AVX2: movemask + permutation table).
+//
+// Limits: at most kMaxSparseElements (2^31 - 1) elements (int32 wire indices).
+//
+// Thread-safety: see compressors/compressor.h (one thread per instance). Scratch buffers are
+// members and are reused across calls.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/aligned_buffer.h"
+#include "compressors/compressor.h"
+#include "compressors/sparse/sparse_format.h"
+
+namespace bitpush::compressors {
+
+class TopkCompressor final : public CompressorBase {
+ public:
+  TopkCompressor(const v1::TopkParams& params, IsaLevel isa);
+
+  // The k used for an n-element tensor.
+  uint64_t KeepCount(uint64_t n) const { return size_.KeepCount(n); }
+  // Filter passes the last selection made (1 unless the sampled threshold was too high).
+  // Diagnostics and tests.
+  int last_filter_passes() const { return last_filter_passes_; }
+
+  // The CompressorBase hooks, public so tests can drive each one directly (e.g. the generic
+  // EncodeBodyWithFeedback on fp32, which CompressorBase never picks for fp32 input).
+  size_t MaxBodyBytes(size_t n, DType dtype) const override;
+  size_t EncodeBody(const float* x, size_t n, DType dtype, const CompressContext& ctx,
+                    uint8_t* body) override;
+  size_t EncodeBodyWithFeedback(float* q, size_t n, DType dtype, const CompressContext& ctx,
+                                uint8_t* body) override;
+  size_t EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n,
+                                   const CompressContext& ctx, uint8_t* body) override;
+  Status DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) override;
+
+ private:
+  // Selects the top-k of q into candidates_[0..k), ascending. With g == nullptr, q is `data`;
+  // otherwise q = g + data, and data receives q (the fused error-feedback pass).
+  const uint32_t* Select(const float* g, float* data, size_t n, size_t k);
+  // Threshold key for the first filter pass, from the sample (0 = keep everything).
+  uint32_t FirstThreshold(const float* g, const float* data, size_t n, size_t k);
+  // A lower threshold after a pass that kept fewer than k (0 = keep everything).
+  uint32_t LowerThreshold(uint32_t t);
+  // One filter pass over [0, n) into candidates_ / candidate_keys_; returns the count.
+  size_t FilterPass(const float* g, float* data, size_t n, uint32_t t, bool fused);
+  // The k-th largest of keys[0..count), 1 <= k <= count; *above = how many keys exceed it.
+  uint32_t KthLargestKey(const uint32_t* keys, size_t count, size_t k, size_t* above);
+  void SetSampleBlocks(size_t n);
+
+  SparseSize size_;
+  AlignedBuffer<uint32_t> candidates_;      // candidate indices, then the selected ones
+  AlignedBuffer<uint32_t> candidate_keys_;  // their keys
+  std::vector<uint32_t> hist_;              // radix histogram of the candidate keys
+  std::vector<uint32_t> work_;              // keys of the k-th key's bucket, for nth_element
+  std::vector<uint32_t> sample_;        // sampled keys
+  std::vector<uint32_t> sample_blocks_;  // start of each sampled block, for sample_n_
+  size_t sample_n_ = 0;
+  size_t sample_rank_ = 0;  // 1-based rank in sample_ of the current threshold
+  int last_filter_passes_ = 0;
+};
+
+}  // namespace bitpush::compressors
