@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 
 #include "common/counter_rng.h"
@@ -27,6 +28,8 @@ constexpr uint64_t kSampleSalt = 0x746F706B53616D70ull;  // "topkSamp"
 // octave of magnitude each).
 constexpr int kBucketShift = 18;
 constexpr size_t kBuckets = size_t{1} << (31 - kBucketShift);
+// Keys at or above this are +-inf or NaN.
+constexpr uint32_t kNonFiniteKey = 0x7F800000u;
 
 }  // namespace
 
@@ -145,6 +148,7 @@ const uint32_t* TopkCompressor::Select(const float* g, float* data, size_t n, si
     ++last_filter_passes_;
   }
   uint32_t* cand = candidates_.data();
+  nonfinite_left_out_ = false;
   if (count == k) return cand;
 
   // The exact k-th largest key among the candidates; every element outside them has a key
@@ -152,6 +156,14 @@ const uint32_t* TopkCompressor::Select(const float* g, float* data, size_t n, si
   const uint32_t* keys = candidate_keys_.data();
   size_t above = 0;
   const uint32_t kth = KthLargestKey(keys, count, k, &above);
+  if (kth >= kNonFiniteKey) {
+    // Non-finite keys rank first and are all candidates (their keys exceed any t): some are
+    // left out iff more than k candidates are non-finite.
+    nonfinite_left_out_ =
+        static_cast<size_t>(std::count_if(keys, keys + count, [](uint32_t key) {
+          return key >= kNonFiniteKey;
+        })) > k;
+  }
   // Keep, in index order, every key > kth and the first (k - above) keys == kth: ties go to
   // the lowest indices. Compacts in place (out <= j).
   size_t ties_left = k - above;
@@ -185,8 +197,11 @@ size_t TopkCompressor::EncodeBodyWithFeedback(float* q, size_t n, DType dtype,
   for (size_t j = 0; j < k; ++j) {
     const float v = q[idx[j]];
     const float decoded = StoreSparseValue(v, dtype, j, values);
-    q[idx[j]] = dtype == DType::kFloat32 ? 0.0f : v - decoded;
+    // fp32: exact, nothing left. fp16 / bf16: the rounding error, unless the stored value is
+    // inf or NaN (kept non-finite, or fp16 overflow), which leaves no residual.
+    q[idx[j]] = dtype == DType::kFloat32 || !std::isfinite(decoded) ? 0.0f : v - decoded;
   }
+  if (k && nonfinite_left_out_) std::memset(q, 0, n * sizeof(float));
   return SparseBodyBytes(k, dtype);
 }
 
@@ -200,6 +215,7 @@ size_t TopkCompressor::EncodeBodyWithFeedbackF32(const float* g, float* e, size_
     StoreSparseValue(e[idx[j]], DType::kFloat32, j, values);
     e[idx[j]] = 0.0f;
   }
+  if (nonfinite_left_out_) std::memset(e, 0, n * sizeof(float));
   return SparseBodyBytes(k, DType::kFloat32);
 }
 

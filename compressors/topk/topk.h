@@ -14,10 +14,12 @@
 //  - -0.0 and 0.0 have the same key (0).
 //
 // Error feedback: e <- q - C(q). For fp32 payloads the selected residuals are set to 0 (the
-// paper's O(k) update: e <- q, then zero the k kept entries; for a kept inf or NaN this is 0
-// rather than the NaN that q - q would give). For fp16 / bf16 payloads the stored value is
-// round(q) and the residual keeps q - float(round(q)). The fp32 fast path forms q = g + e in
-// the same pass that filters it.
+// paper's O(k) update: e <- q, then zero the k kept entries). For fp16 / bf16 payloads the
+// stored value is round(q) and the residual keeps q - float(round(q)). The fp32 fast path
+// forms q = g + e in the same pass that filters it.
+// Non-finite values must not poison the residual (docs/errors.md): a kept element whose stored
+// value is inf or NaN leaves residual 0, and if non-finite elements were left out (more than k
+// of them) the whole residual is reset to 0 (AMP skips that step anyway).
 //
 // Algorithm (no heap, no full sort): estimate a threshold key t from a fixed, deterministic
 // sample (256 blocks of 16 contiguous elements, one at a hashed offset in each of 256 equal
@@ -89,6 +91,7 @@ class TopkCompressor final : public CompressorBase {
   size_t sample_n_ = 0;
   size_t sample_rank_ = 0;  // 1-based rank in sample_ of the current threshold
   int last_filter_passes_ = 0;
+  bool nonfinite_left_out_ = false;  // the last selection left out a NaN / inf element
 };
 
 }  // namespace bitpush::compressors

@@ -482,17 +482,55 @@ TEST(TopkErrorFeedback, TelescopesOver100Rounds) {
   CheckTelescoping(DType::kBFloat16, "topk:ratio=0.05");
 }
 
-TEST(TopkErrorFeedback, KeptInfLeavesZeroResidual) {
-  std::vector<float> g = RandomFloats(100, 5);
-  g[10] = kInf;
-  g[20] = kNaN;
-  std::vector<float> e(100, 0.0f);
-  auto c = MakeTopk("topk:k=3", BestIsaLevel());
-  const Sparse s = Parse(CompressEf(*c, ConstTensorView(g.data(), 100), e), DType::kFloat32);
-  EXPECT_TRUE(std::find(s.idx.begin(), s.idx.end(), 10u) != s.idx.end());
-  EXPECT_TRUE(std::find(s.idx.begin(), s.idx.end(), 20u) != s.idx.end());
-  EXPECT_EQ(e[10], 0.0f);
-  EXPECT_EQ(e[20], 0.0f);
+TEST(TopkErrorFeedback, NonFiniteDoesNotPoisonResidual) {
+  for (IsaLevel isa : SupportedIsaLevels()) {
+    // Kept inf / NaN: residual 0 there (fused fp32 path), the rest keeps q.
+    std::vector<float> g = RandomFloats(100, 5);
+    g[10] = kInf;
+    g[20] = kNaN;
+    std::vector<float> e(100, 0.25f);
+    auto c = MakeTopk("topk:k=3", isa);
+    const Sparse s = Parse(CompressEf(*c, ConstTensorView(g.data(), 100), e), DType::kFloat32);
+    EXPECT_TRUE(std::find(s.idx.begin(), s.idx.end(), 10u) != s.idx.end());
+    EXPECT_TRUE(std::find(s.idx.begin(), s.idx.end(), 20u) != s.idx.end());
+    EXPECT_EQ(e[10], 0.0f);
+    EXPECT_EQ(e[20], 0.0f);
+    size_t kept_q = 0;
+    for (size_t i = 0; i < 100; ++i) kept_q += e[i] == g[i] + 0.25f;
+    EXPECT_EQ(kept_q, 97u);
+
+    // More non-finite elements than k: some are left out, so the whole residual resets to 0.
+    for (size_t n : {size_t{100}, size_t{1} << 16}) {
+      std::vector<float> g2 = RandomFloats(n, 6);
+      for (size_t i = 7; i < n; i += n / 8) g2[i] = (i & 1) ? -kInf : kNaN;
+      std::vector<float> e2(n, 0.25f);
+      CompressEf(*c, ConstTensorView(g2.data(), n), e2);
+      EXPECT_EQ(e2, std::vector<float>(n, 0.0f)) << n;
+      // Generic path too.
+      std::vector<float> q(n);
+      for (size_t i = 0; i < n; ++i) q[i] = g2[i] + 0.25f;
+      std::vector<uint8_t> body(c->MaxCompressedBytes(n, DType::kFloat32));
+      c->EncodeBodyWithFeedback(q.data(), n, DType::kFloat32, {}, body.data());
+      EXPECT_EQ(q, std::vector<float>(n, 0.0f)) << n;
+    }
+
+    // fp16: a finite value that overflows fp16 is stored as inf and leaves residual 0.
+    std::vector<uint16_t> h(64);
+    for (size_t i = 0; i < 64; ++i) h[i] = FloatToHalf(static_cast<float>(i) * 0.01f);
+    h[30] = FloatToHalf(60000.0f);
+    std::vector<float> e3(64, 0.0f);
+    e3[30] = 8000.0f;  // q = 68000 > fp16 max
+    std::vector<uint8_t> out(c->MaxCompressedBytes(64, DType::kFloat16));
+    ASSERT_TRUE(c->CompressWithFeedback(ConstTensorView(h.data(), 64, DType::kFloat16),
+                                        Span<float>(e3.data(), 64), {},
+                                        MutableByteSpan(out.data(), out.size()))
+                    .ok());
+    const Sparse s3 = Parse(out, DType::kFloat16);
+    EXPECT_EQ(s3.idx, (std::vector<uint32_t>{30, 62, 63}));
+    EXPECT_EQ(s3.value_bits[0], 0x7C00u);  // +inf
+    EXPECT_EQ(e3[30], 0.0f);
+    for (float v : e3) EXPECT_TRUE(std::isfinite(v));
+  }
 }
 
 TEST(TopkDecompress, ExactAndAdd) {
