@@ -80,8 +80,10 @@ size_t DitheringCompressor::Encode(float* x, bool feedback, size_t n, float scal
   const size_t bytes = BodyBytes(n);
   if (!(scale > 0.0f)) {  // zero input, or the non-finite marker (NaN)
     std::memset(blocks, 0, bytes - sizeof(float));
-    if (feedback && std::isnan(scale)) {
-      for (size_t i = 0; i < n; ++i) x[i] -= scale;  // q - C(q) with C(q) = NaN
+    if (feedback && std::isnan(scale) && n) {
+      // Non-finite input: the residual restarts from zero instead of turning NaN forever
+      // (docs/errors.md).
+      std::memset(x, 0, n * sizeof(float));
     }
     // scale == 0: C(q) = +0 everywhere and q - 0 == q, so the residual is already right.
     return bytes;

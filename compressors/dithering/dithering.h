@@ -23,8 +23,8 @@
 //   - all-zero input: scale 0, every code 0 (decodes to +0).
 //   - non-finite input (some x_i is inf or NaN, so the norm is): scale is written as NaN and
 //     every code as 0; the whole partition decodes to NaN, so AMP's overflow check sees it.
-//     With error feedback the residual becomes q - NaN = NaN (the owner of the residual
-//     resets it after an overflow step, as for any compressor).
+//     With error feedback the residual is reset to zero rather than poisoned (the policy
+//     of every compressor, docs/errors.md).
 //   - norm=l2 of finite input above FLT_MAX: scale is clamped to FLT_MAX (still >= max|x_i|,
 //     so the result stays unbiased and finite).
 //   - the decoder validates everything before it writes: exact body size; scale finite and

@@ -188,7 +188,12 @@ TEST_P(CompressorContract, ErrorFeedbackTelescopes) {
     SCOPED_TRACE("n=" + std::to_string(n));
     std::vector<float> e(n, 0.0f), sum_g(n, 0.0), sum_c(n, 0.0f), sum_abs(n, 0.0f);
     std::vector<uint8_t> out(c_->MaxCompressedBytes(n, dtype_));
-    for (uint64_t t = 0; t < 100; ++t) {
+    // Unbiased random-k is an Algorithm 3 compressor: under error feedback its residual grows
+    // by (n/k - 1) each time an element is kept, and fp16 values overflow within 100 rounds.
+    // The identity still holds; check it over 10 rounds there.
+    const bool grows = config_.id() == v1::COMPRESSOR_ID_RANDOMK && config_.randomk().unbiased();
+    const uint64_t rounds = grows ? 10 : 100;
+    for (uint64_t t = 0; t < rounds; ++t) {
       const TestTensor g = MakeTensor(RandomFloats(n, 1000 + t), dtype_);
       auto r = c_->CompressWithFeedback(g.view(), {e.data(), n}, {5, t}, {out.data(), out.size()});
       ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -206,9 +211,12 @@ TEST_P(CompressorContract, ErrorFeedbackTelescopes) {
   }
 }
 
+// Every level matches a fresh scalar instance byte for byte (for the scalar level this checks
+// that results do not depend on an instance's history or reused scratch buffers).
 TEST_P(CompressorContract, IsaLevelsAgreeBitForBit) {
-  if (isa_ == IsaLevel::kScalar) GTEST_SKIP() << "scalar is the reference";
   auto ref = Make(IsaLevel::kScalar);
+  const TestTensor warm = MakeTensor(RandomFloats(5000, 1), dtype_);
+  (void)CompressOk(*c_, warm.view(), 9);
   for (size_t n : {size_t{1}, size_t{33}, size_t{1000}, size_t{4097}, size_t{65536 + 5}}) {
     SCOPED_TRACE("n=" + std::to_string(n));
     const TestTensor x = MakeTensor(RandomFloats(n, 9 + n), dtype_);
