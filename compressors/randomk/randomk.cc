@@ -191,7 +191,7 @@ size_t RandomkCompressor::Encode(float* q, size_t n, DType dtype, const Compress
     if (residual && n) std::memset(q, 0, n * sizeof(float));
     return SparseBodyBytes(k, dtype);
   }
-  const float scale = unbiased_ ? static_cast<float>(static_cast<double>(n) / k) : 1.0f;
+  const float scale = unbiased_ && k ? static_cast<float>(static_cast<double>(n) / k) : 1.0f;
   for (size_t j = 0; j < k; ++j) {
     const float x = q[idx[j]];
     const float decoded = StoreSparseValue(unbiased_ ? x * scale : x, dtype, j, values);

@@ -8,7 +8,6 @@
 #include "common/counter_rng.h"
 #include "common/logging.h"
 #include "compressors/factories.h"
-#include "compressors/registry.h"
 #include "compressors/topk/topk_kernels.h"
 
 namespace bitpush::compressors {
@@ -16,8 +15,8 @@ namespace {
 
 // Tensors up to this size skip the sample: every element is a candidate.
 constexpr size_t kFullSelectMax = 2048;
-// Sample: kSampleBlocks blocks of kSampleBlockLen contiguous elements (one cache line), one
-// block at a fixed pseudo-random offset inside each of kSampleBlocks equal strata.
+// Sample: up to kMaxSampleBlocks blocks of kSampleBlockLen contiguous elements (64 bytes),
+// one block at a fixed pseudo-random offset inside each of that many equal strata.
 constexpr size_t kSampleBlockLen = 16;
 constexpr size_t kMaxSampleBlocks = 256;  // 4096 sampled elements
 // The filter runs over chunks of this many elements, so the candidate buffer only has to
@@ -82,12 +81,15 @@ uint32_t TopkCompressor::FirstThreshold(const float* g, const float* data, size_
 
 uint32_t TopkCompressor::LowerThreshold(uint32_t t) {
   if (t == 0) return 0;
-  // A rank 4x deeper in the sample.
-  sample_rank_ = sample_rank_ * 4 + 16;
-  if (sample_rank_ >= sample_.size()) return 0;
-  size_t above = 0;
-  const uint32_t lower = KthLargestKey(sample_.data(), sample_.size(), sample_rank_, &above);
-  return lower < t ? lower : 0;  // no progress possible within the sample (ties): take all
+  // Ranks 4x deeper in the sample until the key drops below t (ties can hold it at t); past
+  // the end of the sample, keep everything.
+  while (true) {
+    sample_rank_ = sample_rank_ * 4 + 16;
+    if (sample_rank_ >= sample_.size()) return 0;
+    size_t above = 0;
+    const uint32_t lower = KthLargestKey(sample_.data(), sample_.size(), sample_rank_, &above);
+    if (lower < t) return lower;
+  }
 }
 
 size_t TopkCompressor::FilterPass(const float* g, float* data, size_t n, uint32_t t,
