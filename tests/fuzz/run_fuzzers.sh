@@ -22,8 +22,7 @@ for bin in "$build"/bin/fuzz_decode_* "$build/bin/fuzz_spec"; do
   mkdir -p "$dir" "$build/artifacts"
   if "$bin" -max_total_time="$secs" -rss_limit_mb=2048 -artifact_prefix="$build/artifacts/$name-" \
       "$dir" > "$build/$name.log" 2>&1; then
-    runs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$build/$name.log" | awk '{print $2}')
-    [ -n "$runs" ] || runs=$(grep -oE '#[0-9]+' "$build/$name.log" | tail -1 | tr -d '#')
+    runs=$(grep -oE '^Done [0-9]+ runs' "$build/$name.log" | awk '{print $2}' || true)
     echo "fuzz: $name ok (${runs:-?} runs in ${secs}s)"
   else
     echo "fuzz: $name FAILED — log: $build/$name.log"; tail -30 "$build/$name.log"; failed=1
