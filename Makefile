@@ -1,6 +1,6 @@
 # bitpush — top-level commands. `make test` on a fresh machine installs the Debian packages,
 # configures, builds and runs every test (unit tests via ctest, then each fuzz target briefly).
-.PHONY: all deps configure build test unit fuzz bench demo clean
+.PHONY: all deps configure build test unit asan asan-build fuzz bench demo clean
 
 BUILD      ?= build
 FUZZ_BUILD ?= build-fuzz
@@ -22,15 +22,21 @@ build: configure
 unit: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
-# libFuzzer targets (clang, ASan + UBSan): build, write seed corpora, run each for FUZZ_SECONDS.
-fuzz: deps
+# A second tree built by clang with ASan + UBSan: the unit tests again, and the libFuzzer
+# targets (one per decoder), each run for FUZZ_SECONDS from seed corpora of valid payloads.
+asan-build: deps
 	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -G Ninja -DBITPUSH_FUZZ=ON \
-	  -DBITPUSH_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	  -DBITPUSH_BUILD_BENCH=OFF -DBITPUSH_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	cmake --build $(FUZZ_BUILD) -j $(JOBS)
+
+asan: asan-build
+	ctest --test-dir $(FUZZ_BUILD) --output-on-failure -j $(JOBS)
+
+fuzz: asan-build
 	./tests/fuzz/run_fuzzers.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
-test: unit fuzz
-	@echo "make test: unit tests and fuzz targets passed"
+test: unit asan fuzz
+	@echo "make test: unit tests (release and ASan/UBSan) and fuzz targets passed"
 
 bench: build
 	./$(BUILD)/bin/bitpush-bench compressors

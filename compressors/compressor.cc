@@ -18,10 +18,18 @@ Status CheckCapacity(size_t need, MutableByteSpan out) {
 
 }  // namespace
 
+Status CompressorBase::CheckElementCount(size_t n) const {
+  if (n <= MaxElements()) return Status::Ok();
+  return InvalidArgumentError(std::string(v1::CompressorId_Name(id_)) + ": a tensor of " +
+                              std::to_string(n) + " elements exceeds the format's limit of " +
+                              std::to_string(MaxElements()) +
+                              " per payload; partition it (partition_bytes)");
+}
+
 StatusOr<size_t> CompressorBase::Compress(ConstTensorView input, const CompressContext& ctx,
                                           MutableByteSpan out) {
   const size_t n = input.count();
-  if (n > kMaxPayloadElements) return InvalidArgumentError("tensor has more than 2^40 elements");
+  BP_RETURN_IF_ERROR(CheckElementCount(n));
   BP_RETURN_IF_ERROR(CheckCapacity(MaxCompressedBytes(n, input.dtype()), out));
   const float* x = input.f32();
   if (input.dtype() != DType::kFloat32) {
@@ -44,7 +52,7 @@ StatusOr<size_t> CompressorBase::CompressWithFeedback(ConstTensorView input,
                                                       const CompressContext& ctx,
                                                       MutableByteSpan out) {
   const size_t n = input.count();
-  if (n > kMaxPayloadElements) return InvalidArgumentError("tensor has more than 2^40 elements");
+  BP_RETURN_IF_ERROR(CheckElementCount(n));
   if (residual.size() != n) {
     return InvalidArgumentError("residual has " + std::to_string(residual.size()) +
                                 " elements but the tensor has " + std::to_string(n));

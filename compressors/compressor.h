@@ -94,6 +94,10 @@ class CompressorBase : public Compressor {
   // Upper bound on the body (the bytes after the header) for n elements of dtype.
   virtual size_t MaxBodyBytes(size_t n, DType dtype) const = 0;
 
+  // Largest element count this format can encode (sparse formats use int32 indices).
+  // Compress / CompressWithFeedback return InvalidArgument above it.
+  virtual uint64_t MaxElements() const { return kMaxPayloadElements; }
+
   // x: n fp32 values (converted exactly from `dtype`). Writes at most MaxBodyBytes(n, dtype)
   // bytes to `body` and returns the count. n may be 0.
   virtual size_t EncodeBody(const float* x, size_t n, DType dtype, const CompressContext& ctx,
@@ -122,6 +126,7 @@ class CompressorBase : public Compressor {
   }
 
  private:
+  Status CheckElementCount(size_t n) const;
   StatusOr<PayloadHeader> CheckPayload(ByteSpan payload, size_t expected_count) const;
 
   v1::CompressorId id_;

@@ -26,7 +26,8 @@
 // fp32; q - (n/k) q rounded for unbiased; the rounding error for fp16 / bf16; 0 where the
 // stored value overflowed to inf). The update costs O(k) beyond the q = g + e pass.
 //
-// Limits: at most kMaxSparseElements (2^31 - 1) elements (int32 wire indices).
+// Limits: at most kMaxSparseElements (2^31 - 1) elements (int32 wire indices); larger
+// tensors are refused with InvalidArgument (MaxElements()).
 //
 // Thread-safety: see compressors/compressor.h (one thread per instance). The bitmap and index
 // buffers are members and are reused across calls.
@@ -50,6 +51,7 @@ class RandomkCompressor final : public CompressorBase {
   // The CompressorBase hooks, public so tests can drive each one directly (e.g. the generic
   // EncodeBodyWithFeedback on fp32, which CompressorBase never picks for fp32 input).
   size_t MaxBodyBytes(size_t n, DType dtype) const override;
+  uint64_t MaxElements() const override { return kMaxSparseElements; }
   size_t EncodeBody(const float* x, size_t n, DType dtype, const CompressContext& ctx,
                     uint8_t* body) override;
   size_t EncodeBodyWithFeedback(float* q, size_t n, DType dtype, const CompressContext& ctx,

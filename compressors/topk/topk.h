@@ -31,7 +31,8 @@
 // key == T. The filter pass runs at about memory speed (AVX-512: compare into a mask,
 // VPCOMPRESSD indices and keys; AVX2: movemask + permutation table).
 //
-// Limits: at most kMaxSparseElements (2^31 - 1) elements (int32 wire indices).
+// Limits: at most kMaxSparseElements (2^31 - 1) elements (int32 wire indices); larger
+// tensors are refused with InvalidArgument (MaxElements()).
 //
 // Thread-safety: see compressors/compressor.h (one thread per instance). Scratch buffers are
 // members and are reused across calls.
@@ -59,6 +60,7 @@ class TopkCompressor final : public CompressorBase {
   // The CompressorBase hooks, public so tests can drive each one directly (e.g. the generic
   // EncodeBodyWithFeedback on fp32, which CompressorBase never picks for fp32 input).
   size_t MaxBodyBytes(size_t n, DType dtype) const override;
+  uint64_t MaxElements() const override { return kMaxSparseElements; }
   size_t EncodeBody(const float* x, size_t n, DType dtype, const CompressContext& ctx,
                     uint8_t* body) override;
   size_t EncodeBodyWithFeedback(float* q, size_t n, DType dtype, const CompressContext& ctx,

@@ -318,6 +318,20 @@ TEST_P(CompressorContract, CallerErrorsAreInvalidArgument) {
             StatusCode::kInvalidArgument);
 }
 
+TEST_P(CompressorContract, OversizedTensorIsRefusedBeforeAnyRead) {
+  // The views point nowhere: the count alone must be refused, nothing read.
+  const uint64_t limit = config_.id() == v1::COMPRESSOR_ID_TOPK ||
+                                 config_.id() == v1::COMPRESSOR_ID_RANDOMK
+                             ? 0x7FFFFFFFull
+                             : kMaxPayloadElements;
+  const ConstTensorView huge(nullptr, limit + 1, dtype_);
+  const Status s = c_->Compress(huge, {}, {}).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find(std::to_string(limit)), std::string::npos) << s.message();
+  EXPECT_EQ(c_->CompressWithFeedback(huge, {}, {}, {}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST_P(CompressorContract, NonFiniteInputReachesOutput) {
   for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
     std::vector<float> v = RandomFloats(4097, 3);
