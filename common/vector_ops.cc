@@ -33,6 +33,31 @@ void AddFloatScalar(const float* s, float* d, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] += s[i];
 }
 
+void CastWithResidualScalar(const float* g, float* e, TensorView out) {
+  const size_t n = out.count();
+  for (size_t i = 0; i < n; ++i) {
+    const float q = g ? g[i] + e[i] : e[i];
+    float back = q;
+    switch (out.dtype()) {
+      case DType::kFloat32: out.f32()[i] = q; break;
+      case DType::kFloat16: {
+        const uint16_t h = FloatToHalf(q);
+        out.u16()[i] = h;
+        back = HalfToFloat(h);
+        break;
+      }
+      case DType::kBFloat16: {
+        const uint16_t b = FloatToBf16(q);
+        out.u16()[i] = b;
+        back = Bf16ToFloat(b);
+        break;
+      }
+    }
+    const float r = q - back;
+    e[i] = r - r == 0.0f ? r : 0.0f;  // r - r is NaN exactly when r is NaN or inf
+  }
+}
+
 // ---- AVX2 + F16C --------------------------------------------------------------------------
 
 BP_TARGET_AVX2 __m256i FloatToBf16x8(__m256 v) {
@@ -105,6 +130,35 @@ BP_TARGET_AVX2 void AddFloatAvx2(const float* s, float* d, size_t n) {
                      _mm256_add_ps(_mm256_loadu_ps(d + i + 8), _mm256_loadu_ps(s + i + 8)));
   }
   AddFloatScalar(s + i, d + i, n - i);
+}
+
+BP_TARGET_AVX2 void CastWithResidualAvx2(const float* g, float* e, TensorView out) {
+  const size_t n = out.count();
+  const DType dt = out.dtype();
+  const __m256 zero = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 q = _mm256_loadu_ps(e + i);
+    if (g) q = _mm256_add_ps(q, _mm256_loadu_ps(g + i));
+    __m256 back = q;
+    if (dt == DType::kFloat32) {
+      _mm256_storeu_ps(out.f32() + i, q);
+    } else if (dt == DType::kFloat16) {
+      const __m128i h = _mm256_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out.u16() + i), h);
+      back = _mm256_cvtph_ps(h);
+    } else {
+      const __m256i b = FloatToBf16x8(q);  // 8 x u32 holding u16 values
+      const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out.u16() + i), packed);
+      back = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
+    }
+    const __m256 r = _mm256_sub_ps(q, back);
+    const __m256 finite = _mm256_cmp_ps(_mm256_sub_ps(r, r), zero, _CMP_EQ_OQ);
+    _mm256_storeu_ps(e + i, _mm256_and_ps(r, finite));
+  }
+  CastWithResidualScalar(g ? g + i : nullptr, e + i,
+                         TensorView(static_cast<uint8_t*>(out.data()) + i * DTypeSize(dt), n - i, dt));
 }
 
 // ---- AVX-512 ------------------------------------------------------------------------------
@@ -188,6 +242,33 @@ BP_TARGET_AVX512 void AddFloatAvx512(const float* s, float* d, size_t n) {
   }
 }
 
+BP_TARGET_AVX512 void CastWithResidualAvx512(const float* g, float* e, TensorView out) {
+  const size_t n = out.count();
+  const DType dt = out.dtype();
+  for (size_t i = 0; i < n; i += 16) {
+    const size_t left = n - i;
+    const __mmask16 m = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+    __m512 q = _mm512_maskz_loadu_ps(m, e + i);
+    if (g) q = _mm512_add_ps(q, _mm512_maskz_loadu_ps(m, g + i));
+    __m512 back = q;
+    if (dt == DType::kFloat32) {
+      _mm512_mask_storeu_ps(out.f32() + i, m, q);
+    } else if (dt == DType::kFloat16) {
+      const __m256i h = _mm512_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT);
+      _mm256_mask_storeu_epi16(out.u16() + i, m, h);
+      back = _mm512_cvtph_ps(h);
+    } else {
+      const __m256i b = FloatToBf16x16(q);
+      _mm256_mask_storeu_epi16(out.u16() + i, m, b);
+      back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+    }
+    const __m512 r = _mm512_sub_ps(q, back);
+    // fpclass 0x99: QNaN | +inf | -inf | SNaN
+    const __mmask16 bad = _mm512_fpclass_ps_mask(r, 0x99);
+    _mm512_mask_storeu_ps(e + i, m, _mm512_maskz_mov_ps(static_cast<__mmask16>(~bad), r));
+  }
+}
+
 }  // namespace
 
 #define BP_DISPATCH(isa, name, ...)                              \
@@ -218,6 +299,9 @@ static void AddHalfArray(const uint16_t* s, float* d, size_t n, IsaLevel isa) {
 }
 static void AddBf16Array(const uint16_t* s, float* d, size_t n, IsaLevel isa) {
   BP_DISPATCH(isa, AddBf16, s, d, n);
+}
+void CastWithResidual(const float* g, float* e, TensorView out, IsaLevel isa) {
+  BP_DISPATCH(isa, CastWithResidual, g, e, out);
 }
 #undef BP_DISPATCH
 

@@ -30,4 +30,9 @@ void AddToFloat(ConstTensorView src, float* dst, IsaLevel isa);
 // dst[i] += src[i] (fp32).
 void AddFloatArray(const float* src, float* dst, size_t n, IsaLevel isa);
 
+// The fused cast with error feedback: q = g + e (q = e when g is null); out = cast(q) in the
+// dtype of `out`; e = q - float(cast(q)), and 0 wherever that is not finite (NaN/inf input,
+// or an fp16 overflow). out.count() elements; out must not overlap g or e.
+void CastWithResidual(const float* g, float* e, TensorView out, IsaLevel isa);
+
 }  // namespace bitpush

@@ -1,6 +1,5 @@
 #include "compressors/cast/cast.h"
 
-#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -21,27 +20,18 @@ size_t CastCompressor::EncodeBody(const float* x, size_t n, DType dtype, const C
 }
 
 size_t CastCompressor::EncodeBodyWithFeedback(float* q, size_t n, DType dtype,
-                                              const CompressContext& ctx, uint8_t* body) {
-  const size_t bytes = EncodeBody(q, n, dtype, ctx, body);
+                                              const CompressContext&, uint8_t* body) {
   const DType stored = Stored(dtype);
-  if (stored == DType::kFloat32) {  // exact: nothing left over
-    if (n) std::memset(q, 0, n * sizeof(float));
-    return bytes;
-  }
-  // e = q - C(q): decode what was stored and subtract it.
-  float* decoded = Scratch(n);
-  ConvertToFloat(ConstTensorView(body, n, stored), decoded, isa());
-  for (size_t i = 0; i < n; ++i) {
-    const float r = q[i] - decoded[i];
-    q[i] = std::isfinite(r) ? r : 0.0f;  // NaN/inf (or overflow to inf) leaves no residual
-  }
-  return bytes;
+  CastWithResidual(nullptr, q, TensorView(body, n, stored), isa());
+  return n * DTypeSize(stored);
 }
 
 size_t CastCompressor::EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n,
-                                                 const CompressContext& ctx, uint8_t* body) {
-  AddFloatArray(g, e, n, isa());
-  return EncodeBodyWithFeedback(e, n, DType::kFloat32, ctx, body);
+                                                 const CompressContext&, uint8_t* body) {
+  // One fused pass: q = g + e, store cast(q), e = q - float(cast(q)).
+  const DType stored = Stored(DType::kFloat32);
+  CastWithResidual(g, e, TensorView(body, n, stored), isa());
+  return n * DTypeSize(stored);
 }
 
 Status CastCompressor::DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) {
