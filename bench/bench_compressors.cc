@@ -77,10 +77,12 @@ int ParseArgs(int argc, char** argv, Options* o) {
       size_t pos = 0;
       while (pos <= list.size()) {
         const size_t comma = list.find(',', pos);
-        const std::string item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        const std::string item =
+            list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
         const long v = std::strtol(item.c_str(), nullptr, 10);
         if (v <= 0) {
-          std::fprintf(stderr, "bitpush-bench compressors: bad size '%s' in --sizes-mib\n", item.c_str());
+          std::fprintf(stderr, "bitpush-bench compressors: bad size '%s' in --sizes-mib\n",
+                       item.c_str());
           return 2;
         }
         o->sizes_mib.push_back(static_cast<size_t>(v));
@@ -173,15 +175,22 @@ int RunCompressorsBench(int argc, char** argv) {
 
       auto compress = [&] {
         ++ctx.round;
-        auto r = c->Compress(ConstTensorView(grad.data(), n), ctx, {payload.data(), payload.size()});
-        if (!r.ok()) failure = r.status(); else payload_bytes = *r;
+        auto r =
+            c->Compress(ConstTensorView(grad.data(), n), ctx, {payload.data(), payload.size()});
+        if (!r.ok())
+          failure = r.status();
+        else
+          payload_bytes = *r;
       };
       residual.zero();
       auto compress_ef = [&] {
         ++ctx.round;
         auto r = c->CompressWithFeedback(ConstTensorView(grad.data(), n), residual.span(), ctx,
                                          {payload.data(), payload.size()});
-        if (!r.ok()) failure = r.status(); else payload_bytes = *r;
+        if (!r.ok())
+          failure = r.status();
+        else
+          payload_bytes = *r;
       };
       auto decompress = [&] {
         Status s = c->Decompress({payload.data(), payload_bytes}, TensorView(out.data(), n));
@@ -197,8 +206,10 @@ int RunCompressorsBench(int argc, char** argv) {
         std::function<void()> fn;
       };
       // decompress* run on the payload left by the last plain compress.
-      const Op ops[] = {{"compress_ef", compress_ef}, {"compress", compress},
-                        {"decompress", decompress}, {"decompress_add", decompress_add}};
+      const Op ops[] = {{"compress_ef", compress_ef},
+                        {"compress", compress},
+                        {"decompress", decompress},
+                        {"decompress_add", decompress_add}};
       for (const Op& op : ops) {
         const Timing t = TimeIt(op.fn, opt.min_seconds, min_reps);
         if (!failure.ok()) {
@@ -207,8 +218,8 @@ int RunCompressorsBench(int argc, char** argv) {
           return 1;
         }
         const double gbps = bytes / t.best_seconds / 1e9;
-        const double ratio = static_cast<double>(bytes) /
-                             static_cast<double>(payload_bytes ? payload_bytes : 1);
+        const double ratio =
+            static_cast<double>(bytes) / static_cast<double>(payload_bytes ? payload_bytes : 1);
         records.push_back(JsonRecord()
                               .Add("name", name)
                               .Add("spec", spec)

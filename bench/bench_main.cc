@@ -25,7 +25,9 @@ const Command kCommands[] = {
 };
 
 void Usage(FILE* out) {
-  std::fprintf(out, "usage: bitpush-bench <benchmark> [options]   (<benchmark> --help for options)\n\nbenchmarks:\n");
+  std::fprintf(out,
+               "usage: bitpush-bench <benchmark> [options]   (<benchmark> --help for "
+               "options)\n\nbenchmarks:\n");
   for (const Command& c : kCommands) std::fprintf(out, "  %-14s %s\n", c.name, c.help);
 }
 

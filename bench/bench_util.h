@@ -29,11 +29,17 @@ Timing TimeIt(const std::function<void()>& fn, double min_seconds, int min_reps)
 class JsonRecord {
  public:
   JsonRecord& Add(const std::string& key, const std::string& value);
-  JsonRecord& Add(const std::string& key, const char* value) { return Add(key, std::string(value)); }
+  JsonRecord& Add(const std::string& key, const char* value) {
+    return Add(key, std::string(value));
+  }
   JsonRecord& Add(const std::string& key, double value);
   JsonRecord& Add(const std::string& key, long long value);
-  JsonRecord& Add(const std::string& key, size_t value) { return Add(key, static_cast<long long>(value)); }
-  JsonRecord& Add(const std::string& key, int value) { return Add(key, static_cast<long long>(value)); }
+  JsonRecord& Add(const std::string& key, size_t value) {
+    return Add(key, static_cast<long long>(value));
+  }
+  JsonRecord& Add(const std::string& key, int value) {
+    return Add(key, static_cast<long long>(value));
+  }
   std::string str() const { return "{" + body_ + "}"; }
 
  private:

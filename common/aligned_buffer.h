@@ -38,8 +38,8 @@ class AlignedBuffer {
   // elements are uninitialised.
   void resize(size_t n) {
     if (n > capacity_) {
-      const size_t bytes = ((n * sizeof(T) + kBufferAlignment - 1) / kBufferAlignment) *
-                           kBufferAlignment;
+      const size_t bytes =
+          ((n * sizeof(T) + kBufferAlignment - 1) / kBufferAlignment) * kBufferAlignment;
       T* p = static_cast<T*>(std::aligned_alloc(kBufferAlignment, bytes));
       if (p == nullptr) throw std::bad_alloc();
       if (size_ > 0) std::memcpy(p, data_, size_ * sizeof(T));

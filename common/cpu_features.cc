@@ -110,9 +110,9 @@ StatusOr<IsaLevel> ParseIsaLevel(std::string_view name) {
 
 Status CheckIsaSupported(IsaLevel level) {
   if (IsaSupported(level)) return Status::Ok();
-  return FailedPreconditionError("ISA level '" + std::string(IsaLevelName(level)) +
-                                 "' is not supported by this CPU/OS (detected: " +
-                                 DetectCpuFeatures().ToString() + ")");
+  return FailedPreconditionError(
+      "ISA level '" + std::string(IsaLevelName(level)) +
+      "' is not supported by this CPU/OS (detected: " + DetectCpuFeatures().ToString() + ")");
 }
 
 }  // namespace bitpush

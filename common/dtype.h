@@ -20,9 +20,13 @@ enum class DType : uint8_t {
 
 inline constexpr int kNumDTypes = 3;
 
-constexpr size_t DTypeSize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+constexpr size_t DTypeSize(DType t) {
+  return t == DType::kFloat32 ? 4 : 2;
+}
 
-constexpr bool IsValidDType(uint8_t raw) { return raw < kNumDTypes; }
+constexpr bool IsValidDType(uint8_t raw) {
+  return raw < kNumDTypes;
+}
 
 // "float32", "float16", "bfloat16".
 std::string_view DTypeName(DType t);

@@ -64,7 +64,9 @@ inline uint16_t FloatToHalf(float f) {
   return static_cast<uint16_t>(sign | (a >> 13));
 }
 
-inline float Bf16ToFloat(uint16_t b) { return BitsToFloat(static_cast<uint32_t>(b) << 16); }
+inline float Bf16ToFloat(uint16_t b) {
+  return BitsToFloat(static_cast<uint32_t>(b) << 16);
+}
 
 inline uint16_t FloatToBf16(float f) {
   const uint32_t x = FloatBits(f);

@@ -19,7 +19,9 @@ namespace internal {
 [[noreturn]] void CheckFailed(const char* file, int line, const char* condition,
                               const std::string& message);
 
-inline std::string CheckMessage() { return {}; }
+inline std::string CheckMessage() {
+  return {};
+}
 template <typename... Args>
 std::string CheckMessage(fmt::format_string<Args...> f, Args&&... args) {
   return fmt::format(f, std::forward<Args>(args)...);
@@ -40,21 +42,20 @@ bool SetLogLevel(const std::string& level);
 #define BP_LOG_ERROR(...) ::spdlog::error(__VA_ARGS__)
 
 // BP_CHECK(cond) or BP_CHECK(cond, "format {}", args...).
-#define BP_CHECK(cond, ...)                                                      \
-  do {                                                                           \
-    if (__builtin_expect(!(cond), 0)) {                                          \
-      ::bitpush::internal::CheckFailed(__FILE__, __LINE__, #cond,                \
+#define BP_CHECK(cond, ...)                                                             \
+  do {                                                                                  \
+    if (__builtin_expect(!(cond), 0)) {                                                 \
+      ::bitpush::internal::CheckFailed(__FILE__, __LINE__, #cond,                       \
                                        ::bitpush::internal::CheckMessage(__VA_ARGS__)); \
-    }                                                                            \
+    }                                                                                   \
   } while (0)
 
-#define BP_CHECK_OK(expr)                                                          \
-  do {                                                                             \
-    const ::bitpush::Status bp_check_status_ = (expr);                             \
-    if (!bp_check_status_.ok()) {                                                  \
-      ::bitpush::internal::CheckFailed(__FILE__, __LINE__, #expr,                  \
-                                       bp_check_status_.ToString());               \
-    }                                                                              \
+#define BP_CHECK_OK(expr)                                                                       \
+  do {                                                                                          \
+    const ::bitpush::Status bp_check_status_ = (expr);                                          \
+    if (!bp_check_status_.ok()) {                                                               \
+      ::bitpush::internal::CheckFailed(__FILE__, __LINE__, #expr, bp_check_status_.ToString()); \
+    }                                                                                           \
   } while (0)
 
 #ifdef NDEBUG

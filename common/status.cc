@@ -48,19 +48,39 @@ Status Status::WithContext(std::string_view context) const {
   return Status(code(), std::move(msg));
 }
 
-Status InvalidArgumentError(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
-Status NotFoundError(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
-Status OutOfRangeError(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
-Status TimeoutError(std::string m) { return {StatusCode::kTimeout, std::move(m)}; }
-Status UnavailableError(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
-Status RemoteError(std::string m) { return {StatusCode::kRemoteError, std::move(m)}; }
-Status CancelledError(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
-Status DataLossError(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
+Status InvalidArgumentError(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
+Status NotFoundError(std::string m) {
+  return {StatusCode::kNotFound, std::move(m)};
+}
+Status OutOfRangeError(std::string m) {
+  return {StatusCode::kOutOfRange, std::move(m)};
+}
+Status TimeoutError(std::string m) {
+  return {StatusCode::kTimeout, std::move(m)};
+}
+Status UnavailableError(std::string m) {
+  return {StatusCode::kUnavailable, std::move(m)};
+}
+Status RemoteError(std::string m) {
+  return {StatusCode::kRemoteError, std::move(m)};
+}
+Status CancelledError(std::string m) {
+  return {StatusCode::kCancelled, std::move(m)};
+}
+Status DataLossError(std::string m) {
+  return {StatusCode::kDataLoss, std::move(m)};
+}
 Status FailedPreconditionError(std::string m) {
   return {StatusCode::kFailedPrecondition, std::move(m)};
 }
-Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
-Status UnimplementedError(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
+Status InternalError(std::string m) {
+  return {StatusCode::kInternal, std::move(m)};
+}
+Status UnimplementedError(std::string m) {
+  return {StatusCode::kUnimplemented, std::move(m)};
+}
 
 namespace internal {
 void DieOnBadStatusAccess(const Status& status) {

@@ -124,10 +124,10 @@ void StatusOr<T>::CheckOk() const {
 #define BP_STATUS_CONCAT(a, b) BP_STATUS_CONCAT_INNER(a, b)
 
 // Returns from the enclosing function if `expr` (a Status) is not OK.
-#define BP_RETURN_IF_ERROR(expr)                          \
-  do {                                                    \
-    ::bitpush::Status bp_status_tmp_ = (expr);            \
-    if (!bp_status_tmp_.ok()) return bp_status_tmp_;      \
+#define BP_RETURN_IF_ERROR(expr)                     \
+  do {                                               \
+    ::bitpush::Status bp_status_tmp_ = (expr);       \
+    if (!bp_status_tmp_.ok()) return bp_status_tmp_; \
   } while (0)
 
 // `lhs = value of expr` where expr is a StatusOr; returns the error otherwise.

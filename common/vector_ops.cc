@@ -65,8 +65,8 @@ BP_TARGET_AVX2 __m256i FloatToBf16x8(__m256 v) {
   const __m256i abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFFFFFF));
   const __m256i is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F800000));
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(
-      _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), lsb), 16);
   const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
   return _mm256_blendv_epi8(rounded, quiet, is_nan);  // 8 x u32 holding u16 values
 }
@@ -74,7 +74,8 @@ BP_TARGET_AVX2 __m256i FloatToBf16x8(__m256 v) {
 BP_TARGET_AVX2 void HalfToFloatAvx2(const uint16_t* s, float* d, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+    _mm256_storeu_ps(d + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
   }
   HalfToFloatScalar(s + i, d + i, n - i);
 }
@@ -89,7 +90,8 @@ BP_TARGET_AVX2 void FloatToHalfAvx2(const float* s, uint16_t* d, size_t n) {
 BP_TARGET_AVX2 void Bf16ToFloatAvx2(const uint16_t* s, float* d, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+    const __m256i w =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
     _mm256_storeu_ps(d + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
   }
   Bf16ToFloatScalar(s + i, d + i, n - i);
@@ -116,7 +118,8 @@ BP_TARGET_AVX2 void AddHalfAvx2(const uint16_t* s, float* d, size_t n) {
 BP_TARGET_AVX2 void AddBf16Avx2(const uint16_t* s, float* d, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+    const __m256i w =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
     const __m256 v = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
     _mm256_storeu_ps(d + i, _mm256_add_ps(_mm256_loadu_ps(d + i), v));
   }
@@ -149,7 +152,8 @@ BP_TARGET_AVX2 void CastWithResidualAvx2(const float* g, float* e, TensorView ou
       back = _mm256_cvtph_ps(h);
     } else {
       const __m256i b = FloatToBf16x8(q);  // 8 x u32 holding u16 values
-      const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+      const __m128i packed =
+          _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out.u16() + i), packed);
       back = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
     }
@@ -157,8 +161,9 @@ BP_TARGET_AVX2 void CastWithResidualAvx2(const float* g, float* e, TensorView ou
     const __m256 finite = _mm256_cmp_ps(_mm256_sub_ps(r, r), zero, _CMP_EQ_OQ);
     _mm256_storeu_ps(e + i, _mm256_and_ps(r, finite));
   }
-  CastWithResidualScalar(g ? g + i : nullptr, e + i,
-                         TensorView(static_cast<uint8_t*>(out.data()) + i * DTypeSize(dt), n - i, dt));
+  CastWithResidualScalar(
+      g ? g + i : nullptr, e + i,
+      TensorView(static_cast<uint8_t*>(out.data()) + i * DTypeSize(dt), n - i, dt));
 }
 
 // ---- AVX-512 ------------------------------------------------------------------------------
@@ -166,7 +171,8 @@ BP_TARGET_AVX2 void CastWithResidualAvx2(const float* g, float* e, TensorView ou
 BP_TARGET_AVX512 void HalfToFloatAvx512(const uint16_t* s, float* d, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))));
+    _mm512_storeu_ps(d + i,
+                     _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))));
   }
   if (i < n) {
     const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
@@ -181,8 +187,8 @@ BP_TARGET_AVX512 void FloatToHalfAvx512(const float* s, uint16_t* d, size_t n) {
   }
   if (i < n) {
     const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    _mm256_mask_storeu_epi16(d + i, m,
-                             _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, s + i), _MM_FROUND_TO_NEAREST_INT));
+    _mm256_mask_storeu_epi16(
+        d + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, s + i), _MM_FROUND_TO_NEAREST_INT));
   }
 }
 BP_TARGET_AVX512 __m512 LoadBf16x16(const uint16_t* s, __mmask16 m) {
@@ -195,7 +201,8 @@ BP_TARGET_AVX512 __m256i FloatToBf16x16(__m512 v) {
   const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7F800000));
   const __m512i hi = _mm512_srli_epi32(x, 16);
   const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+  __m512i r =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF)), lsb), 16);
   r = _mm512_mask_or_epi32(r, is_nan, hi, _mm512_set1_epi32(0x40));
   return _mm512_maskz_cvtepi32_epi16(0xFFFF, r);
 }
@@ -225,7 +232,8 @@ BP_TARGET_AVX512 void AddBf16Avx512(const uint16_t* s, float* d, size_t n) {
   for (size_t i = 0; i < n; i += 16) {
     const size_t left = n - i;
     const __mmask16 m = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
-    _mm512_mask_storeu_ps(d + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + i), LoadBf16x16(s + i, m)));
+    _mm512_mask_storeu_ps(d + i, m,
+                          _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + i), LoadBf16x16(s + i, m)));
   }
 }
 BP_TARGET_AVX512 void AddFloatAvx512(const float* s, float* d, size_t n) {
@@ -238,7 +246,8 @@ BP_TARGET_AVX512 void AddFloatAvx512(const float* s, float* d, size_t n) {
   for (; i < n; i += 16) {
     const size_t left = n - i;
     const __mmask16 m = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
-    _mm512_mask_storeu_ps(d + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + i), _mm512_maskz_loadu_ps(m, s + i)));
+    _mm512_mask_storeu_ps(
+        d + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + i), _mm512_maskz_loadu_ps(m, s + i)));
   }
 }
 
@@ -271,12 +280,12 @@ BP_TARGET_AVX512 void CastWithResidualAvx512(const float* g, float* e, TensorVie
 
 }  // namespace
 
-#define BP_DISPATCH(isa, name, ...)                              \
-  switch (isa) {                                                 \
-    case IsaLevel::kAvx512: return name##Avx512(__VA_ARGS__);    \
-    case IsaLevel::kAvx2: return name##Avx2(__VA_ARGS__);        \
-    case IsaLevel::kScalar: break;                               \
-  }                                                              \
+#define BP_DISPATCH(isa, name, ...)                           \
+  switch (isa) {                                              \
+    case IsaLevel::kAvx512: return name##Avx512(__VA_ARGS__); \
+    case IsaLevel::kAvx2: return name##Avx2(__VA_ARGS__);     \
+    case IsaLevel::kScalar: break;                            \
+  }                                                           \
   return name##Scalar(__VA_ARGS__)
 
 void HalfToFloatArray(const uint16_t* s, float* d, size_t n, IsaLevel isa) {

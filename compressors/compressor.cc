@@ -47,8 +47,7 @@ StatusOr<size_t> CompressorBase::Compress(ConstTensorView input, const CompressC
   return kPayloadHeaderBytes + body;
 }
 
-StatusOr<size_t> CompressorBase::CompressWithFeedback(ConstTensorView input,
-                                                      Span<float> residual,
+StatusOr<size_t> CompressorBase::CompressWithFeedback(ConstTensorView input, Span<float> residual,
                                                       const CompressContext& ctx,
                                                       MutableByteSpan out) {
   const size_t n = input.count();
@@ -90,8 +89,8 @@ StatusOr<PayloadHeader> CompressorBase::CheckPayload(ByteSpan payload,
                          v1::CompressorId_Name(id_));
   }
   if (h.element_count != expected_count) {
-    return DataLossError("payload holds " + std::to_string(h.element_count) +
-                         " elements but " + std::to_string(expected_count) + " were expected");
+    return DataLossError("payload holds " + std::to_string(h.element_count) + " elements but " +
+                         std::to_string(expected_count) + " were expected");
   }
   return h;
 }
@@ -100,8 +99,7 @@ Status CompressorBase::Decompress(ByteSpan payload, TensorView out) {
   BP_ASSIGN_OR_RETURN(PayloadHeader h, CheckPayload(payload, out.count()));
   if (h.dtype != out.dtype()) {
     return InvalidArgumentError("payload dtype is " + std::string(DTypeName(h.dtype)) +
-                                " but the output tensor is " +
-                                std::string(DTypeName(out.dtype())));
+                                " but the output tensor is " + std::string(DTypeName(out.dtype())));
   }
   const ByteSpan body = payload.subspan(kPayloadHeaderBytes, h.body_bytes);
   const size_t n = out.count();

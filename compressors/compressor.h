@@ -106,8 +106,8 @@ class CompressorBase : public Compressor {
   // q: n fp32 values (= input + residual). Encodes C(q) and replaces q by q - C(q) in place,
   // where C(q) is exactly what DecodeBody will produce (including the dtype rounding of any
   // stored values).
-  virtual size_t EncodeBodyWithFeedback(float* q, size_t n, DType dtype,
-                                        const CompressContext& ctx, uint8_t* body) = 0;
+  virtual size_t EncodeBodyWithFeedback(float* q, size_t n, DType dtype, const CompressContext& ctx,
+                                        uint8_t* body) = 0;
 
   // fp32 fast path of CompressWithFeedback: q = g + e is formed inside (fused where the
   // compressor can), e ends as q - C(q). Default: e += g, then EncodeBodyWithFeedback(e).

@@ -35,8 +35,8 @@ class ResidualState {
   size_t size() const { return residual_.size(); }
 
   // Compresses x + e into `out` and leaves e = (x + e) - C(x + e). x.count() must equal size().
-  StatusOr<size_t> Compress(Compressor& compressor, ConstTensorView x,
-                            const CompressContext& ctx, MutableByteSpan out) {
+  StatusOr<size_t> Compress(Compressor& compressor, ConstTensorView x, const CompressContext& ctx,
+                            MutableByteSpan out) {
     return compressor.CompressWithFeedback(x, residual_.span(), ctx, out);
   }
 

@@ -20,7 +20,6 @@ std::unique_ptr<Compressor> NewBf16Compressor(IsaLevel isa);
 std::unique_ptr<Compressor> NewOnebitCompressor(const v1::OnebitParams& params, IsaLevel isa);
 std::unique_ptr<Compressor> NewTopkCompressor(const v1::TopkParams& params, IsaLevel isa);
 std::unique_ptr<Compressor> NewRandomkCompressor(const v1::RandomkParams& params, IsaLevel isa);
-std::unique_ptr<Compressor> NewDitheringCompressor(const v1::DitheringParams& params,
-                                                   IsaLevel isa);
+std::unique_ptr<Compressor> NewDitheringCompressor(const v1::DitheringParams& params, IsaLevel isa);
 
 }  // namespace bitpush::compressors

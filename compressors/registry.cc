@@ -97,8 +97,8 @@ StatusOr<uint64_t> ParseUint(const Entry& e, std::string_view p, std::string_vie
 
 Status UnknownParam(const Entry& e, std::string_view param) {
   std::string valid = *e.params ? e.params : "(none: this compressor takes no parameters)";
-  return InvalidArgumentError(std::string(e.name) + ": unknown parameter '" +
-                              std::string(param) + "'; valid parameters: " + valid);
+  return InvalidArgumentError(std::string(e.name) + ": unknown parameter '" + std::string(param) +
+                              "'; valid parameters: " + valid);
 }
 
 // Sets one parameter on `config`, whose id is e.id.
@@ -117,14 +117,18 @@ Status SetParam(const Entry& e, std::string_view p, std::string_view v,
       const bool topk = e.id == v1::COMPRESSOR_ID_TOPK;
       if (p == "ratio") {
         BP_ASSIGN_OR_RETURN(double d, ParseDouble(e, p, v));
-        if (topk) config->mutable_topk()->set_ratio(d);
-        else config->mutable_randomk()->set_ratio(d);
+        if (topk)
+          config->mutable_topk()->set_ratio(d);
+        else
+          config->mutable_randomk()->set_ratio(d);
         return Status::Ok();
       }
       if (p == "k") {
         BP_ASSIGN_OR_RETURN(uint64_t k, ParseUint(e, p, v));
-        if (topk) config->mutable_topk()->set_k(k);
-        else config->mutable_randomk()->set_k(k);
+        if (topk)
+          config->mutable_topk()->set_k(k);
+        else
+          config->mutable_randomk()->set_k(k);
         return Status::Ok();
       }
       if (!topk && p == "unbiased") {
@@ -148,15 +152,21 @@ Status SetParam(const Entry& e, std::string_view p, std::string_view v,
         return Status::Ok();
       }
       if (p == "partition") {
-        if (v == "linear") d->set_partition(v1::DITHERING_PARTITION_LINEAR);
-        else if (v == "natural") d->set_partition(v1::DITHERING_PARTITION_NATURAL);
-        else return BadValue(e, p, v, "linear or natural");
+        if (v == "linear")
+          d->set_partition(v1::DITHERING_PARTITION_LINEAR);
+        else if (v == "natural")
+          d->set_partition(v1::DITHERING_PARTITION_NATURAL);
+        else
+          return BadValue(e, p, v, "linear or natural");
         return Status::Ok();
       }
       if (p == "norm") {
-        if (v == "max") d->set_norm(v1::DITHERING_NORM_MAX);
-        else if (v == "l2") d->set_norm(v1::DITHERING_NORM_L2);
-        else return BadValue(e, p, v, "max or l2");
+        if (v == "max")
+          d->set_norm(v1::DITHERING_NORM_MAX);
+        else if (v == "l2")
+          d->set_norm(v1::DITHERING_NORM_L2);
+        else
+          return BadValue(e, p, v, "max or l2");
         return Status::Ok();
       }
       if (p == "seed") {
@@ -166,8 +176,7 @@ Status SetParam(const Entry& e, std::string_view p, std::string_view v,
       }
       break;
     }
-    default:
-      break;
+    default: break;
   }
   return UnknownParam(e, p);
 }
@@ -177,13 +186,34 @@ Status CheckParamsCase(const Entry& e, v1::CompressorConfig* c) {
   using PC = v1::CompressorConfig::ParamsCase;
   PC want = PC::PARAMS_NOT_SET;
   switch (e.id) {
-    case v1::COMPRESSOR_ID_NONE: want = PC::kNone; if (!c->has_none()) c->mutable_none(); break;
-    case v1::COMPRESSOR_ID_FP16: want = PC::kFp16; if (!c->has_fp16()) c->mutable_fp16(); break;
-    case v1::COMPRESSOR_ID_BF16: want = PC::kBf16; if (!c->has_bf16()) c->mutable_bf16(); break;
-    case v1::COMPRESSOR_ID_ONEBIT: want = PC::kOnebit; if (!c->has_onebit()) c->mutable_onebit(); break;
-    case v1::COMPRESSOR_ID_TOPK: want = PC::kTopk; if (!c->has_topk()) c->mutable_topk(); break;
-    case v1::COMPRESSOR_ID_RANDOMK: want = PC::kRandomk; if (!c->has_randomk()) c->mutable_randomk(); break;
-    case v1::COMPRESSOR_ID_DITHERING: want = PC::kDithering; if (!c->has_dithering()) c->mutable_dithering(); break;
+    case v1::COMPRESSOR_ID_NONE:
+      want = PC::kNone;
+      if (!c->has_none()) c->mutable_none();
+      break;
+    case v1::COMPRESSOR_ID_FP16:
+      want = PC::kFp16;
+      if (!c->has_fp16()) c->mutable_fp16();
+      break;
+    case v1::COMPRESSOR_ID_BF16:
+      want = PC::kBf16;
+      if (!c->has_bf16()) c->mutable_bf16();
+      break;
+    case v1::COMPRESSOR_ID_ONEBIT:
+      want = PC::kOnebit;
+      if (!c->has_onebit()) c->mutable_onebit();
+      break;
+    case v1::COMPRESSOR_ID_TOPK:
+      want = PC::kTopk;
+      if (!c->has_topk()) c->mutable_topk();
+      break;
+    case v1::COMPRESSOR_ID_RANDOMK:
+      want = PC::kRandomk;
+      if (!c->has_randomk()) c->mutable_randomk();
+      break;
+    case v1::COMPRESSOR_ID_DITHERING:
+      want = PC::kDithering;
+      if (!c->has_dithering()) c->mutable_dithering();
+      break;
     default: break;
   }
   if (c->params_case() != want) {
@@ -237,9 +267,7 @@ StatusOr<v1::CompressorConfig> CanonicalizeCompressorConfig(const v1::Compressor
     case v1::COMPRESSOR_ID_ONEBIT:
       if (!c.onebit().has_scaled()) c.mutable_onebit()->set_scaled(true);
       break;
-    case v1::COMPRESSOR_ID_TOPK:
-      BP_RETURN_IF_ERROR(CheckSize(*e, c.topk()));
-      break;
+    case v1::COMPRESSOR_ID_TOPK: BP_RETURN_IF_ERROR(CheckSize(*e, c.topk())); break;
     case v1::COMPRESSOR_ID_RANDOMK: {
       BP_RETURN_IF_ERROR(CheckSize(*e, c.randomk()));
       v1::RandomkParams* r = c.mutable_randomk();
@@ -263,16 +291,15 @@ StatusOr<v1::CompressorConfig> CanonicalizeCompressorConfig(const v1::Compressor
       const bool natural = d->partition() == v1::DITHERING_PARTITION_NATURAL;
       const uint32_t max_levels = natural ? kMaxNaturalLevels : kMaxLinearLevels;
       if (d->levels() < 1 || d->levels() > max_levels) {
-        return InvalidArgumentError("dithering: levels=" + std::to_string(d->levels()) +
-                                    " is out of range; valid for partition=" +
-                                    (natural ? "natural" : "linear") + ": 1.." +
-                                    std::to_string(max_levels));
+        return InvalidArgumentError(
+            "dithering: levels=" + std::to_string(d->levels()) +
+            " is out of range; valid for partition=" + (natural ? "natural" : "linear") + ": 1.." +
+            std::to_string(max_levels));
       }
       if (!d->has_seed()) d->set_seed(0);
       break;
     }
-    default:
-      break;
+    default: break;
   }
   return c;
 }
@@ -351,8 +378,7 @@ std::string CompressorSpecString(const v1::CompressorConfig& c) {
       s += ",seed=" + std::to_string(d.seed());
       break;
     }
-    default:
-      break;
+    default: break;
   }
   return s;
 }

@@ -20,7 +20,9 @@ using dithering::kBlockElements;
 constexpr float kTinyScale = 0x1p-64f;
 constexpr float kPrescale = 0x1p64f;
 
-size_t NumBlocks(size_t n) { return (n + kBlockElements - 1) / kBlockElements; }
+size_t NumBlocks(size_t n) {
+  return (n + kBlockElements - 1) / kBlockElements;
+}
 
 uint64_t LoadU64(const uint8_t* p) {
   uint64_t v;
@@ -92,8 +94,8 @@ size_t DitheringCompressor::Encode(float* x, bool feedback, size_t n, float scal
   dithering::QuantizeArgs args;
   args.levels = &table_;
   args.stream = StreamKey(seed_, ctx.key, ctx.round);
-  const float target = natural_ ? std::ldexp(1.0f, static_cast<int>(levels_) - 1)
-                                : static_cast<float>(levels_);
+  const float target =
+      natural_ ? std::ldexp(1.0f, static_cast<int>(levels_) - 1) : static_cast<float>(levels_);
   if (scale < kTinyScale) {
     args.prescale = kPrescale;
     args.factor = RoundedUpFactor(target, scale * kPrescale);
@@ -156,8 +158,7 @@ Status DitheringCompressor::ValidateBlocks(const uint8_t* blocks, size_t n, bool
       }
     }
     const uint64_t bad_sign = w[0] & ~nz;
-    const uint64_t pad =
-        (j + 1 == nb && rem != 0) ? (nz | w[0]) & ~((uint64_t{1} << rem) - 1) : 0;
+    const uint64_t pad = (j + 1 == nb && rem != 0) ? (nz | w[0]) & ~((uint64_t{1} << rem) - 1) : 0;
     const uint64_t nan_bad = nan_scale ? (nz | w[0]) : 0;
     if ((too_big | bad_sign | pad | nan_bad) == 0) continue;
     const auto element = [&](uint64_t mask) { return j * kBlockElements + __builtin_ctzll(mask); };
@@ -192,8 +193,7 @@ Status DitheringCompressor::DecodeBody(ByteSpan body, size_t n, DType, float* ou
   if (body.size() != want) {
     return DataLossError("dithering: body is " + std::to_string(body.size()) + " bytes; " +
                          std::to_string(n) + " elements at levels=" + std::to_string(levels_) +
-                         " (" + std::to_string(bits_) + "-bit codes) need " +
-                         std::to_string(want));
+                         " (" + std::to_string(bits_) + "-bit codes) need " + std::to_string(want));
   }
   float scale;
   std::memcpy(&scale, body.data(), sizeof scale);

@@ -14,7 +14,7 @@ namespace {
 
 constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
 constexpr uint32_t kSignMask = 0x80000000u;
-constexpr uint32_t kOneBits = 0x3F800000u;       // 1.0f
+constexpr uint32_t kOneBits = 0x3F800000u;  // 1.0f
 constexpr uint32_t kMantissaMask = 0x007FFFFFu;
 constexpr float kTwoM24 = 0x1p-24f;
 constexpr size_t kL2Lanes = 32;
@@ -35,9 +35,13 @@ inline uint64_t LoadU64(const uint8_t* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void StoreU64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, sizeof v); }
+inline void StoreU64(uint8_t* p, uint64_t v) {
+  std::memcpy(p, &v, sizeof v);
+}
 
-inline size_t BlockBytes(uint32_t bits) { return (bits + 1) * sizeof(uint64_t); }
+inline size_t BlockBytes(uint32_t bits) {
+  return (bits + 1) * sizeof(uint64_t);
+}
 
 double CombineLanes(const double* lanes) {
   double s = 0.0;
@@ -189,9 +193,11 @@ BP_TARGET_AVX2 BP_DITHER_INLINE __m256i SetupCounter256(uint64_t stream, size_t 
 template <bool kNatural>
 BP_TARGET_AVX2 BP_DITHER_INLINE __m256i Codes256(__m256 x, __m256i ctr, const Q256& q) {
   const __m256i r = Fmix256(_mm256_xor_si256(Fmix256(ctr), q.hi));
-  const __m256 ax = _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(kAbsMask))));
+  const __m256 ax =
+      _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(kAbsMask))));
   const __m256 t = _mm256_mul_ps(ax, q.factor);
-  const __m256 rf = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(r, 8)), _mm256_set1_ps(kTwoM24));
+  const __m256 rf =
+      _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(r, 8)), _mm256_set1_ps(kTwoM24));
   __m256i c;
   if constexpr (kNatural) {
     const __m256i tb = _mm256_castps_si256(t);
@@ -243,7 +249,8 @@ BP_TARGET_AVX2 BP_DITHER_INLINE __m256i Group256(const float* x, float* res, __m
 }
 
 // 32 codes (4 vectors of 8) -> 32 bytes in element order.
-BP_TARGET_AVX2 BP_DITHER_INLINE __m256i PackBytes256(__m256i c0, __m256i c1, __m256i c2, __m256i c3) {
+BP_TARGET_AVX2 BP_DITHER_INLINE __m256i PackBytes256(__m256i c0, __m256i c1, __m256i c2,
+                                                     __m256i c3) {
   const __m256i w01 = _mm256_packus_epi32(c0, c1);
   const __m256i w23 = _mm256_packus_epi32(c2, c3);
   const __m256i b = _mm256_packus_epi16(w01, w23);
@@ -257,12 +264,18 @@ BP_TARGET_AVX2 BP_DITHER_INLINE void Block256(const float* x, float* res, __m256
   uint64_t sign = 0;
   __m256i c[8];
   // Written out (no loop) so the vectors stay in registers.
-#define BP_DITHER_G(g)                                                                        \
-  c[g] = Group256<kNatural, kFeedback>(x + 8 * (g), kFeedback ? res + 8 * (g) : nullptr, *ctr, \
-                                       q, &sign, g);                                          \
+#define BP_DITHER_G(g)                                                                            \
+  c[g] = Group256<kNatural, kFeedback>(x + 8 * (g), kFeedback ? res + 8 * (g) : nullptr, *ctr, q, \
+                                       &sign, g);                                                 \
   *ctr = _mm256_add_epi32(*ctr, inc)
-  BP_DITHER_G(0); BP_DITHER_G(1); BP_DITHER_G(2); BP_DITHER_G(3);
-  BP_DITHER_G(4); BP_DITHER_G(5); BP_DITHER_G(6); BP_DITHER_G(7);
+  BP_DITHER_G(0);
+  BP_DITHER_G(1);
+  BP_DITHER_G(2);
+  BP_DITHER_G(3);
+  BP_DITHER_G(4);
+  BP_DITHER_G(5);
+  BP_DITHER_G(6);
+  BP_DITHER_G(7);
 #undef BP_DITHER_G
   const __m256i lo = PackBytes256(c[0], c[1], c[2], c[3]);
   const __m256i hi = PackBytes256(c[4], c[5], c[6], c[7]);
@@ -333,8 +346,8 @@ BP_TARGET_AVX2 BP_DITHER_INLINE void DecodeBlockAvx2(const uint8_t* blk, uint32_
     __m256i codes = _mm256_setzero_si256();
     for (uint32_t p = 0; p < bits; ++p) {
       const uint32_t m = static_cast<uint32_t>(LoadU64(blk + 8 * (1 + p)) >> (32 * h));
-      codes = _mm256_or_si256(codes, _mm256_and_si256(ExpandBits256(m),
-                                                      _mm256_set1_epi8(static_cast<char>(1u << p))));
+      codes = _mm256_or_si256(
+          codes, _mm256_and_si256(ExpandBits256(m), _mm256_set1_epi8(static_cast<char>(1u << p))));
     }
     const __m256i signs = ExpandBits256(static_cast<uint32_t>(sign >> (32 * h)));
     const __m128i clo = _mm256_castsi256_si128(codes);
@@ -381,8 +394,10 @@ BP_TARGET_AVX2 uint32_t MaxAbsBitsAvx2(const float* x, size_t n) {
   __m256i m0 = _mm256_setzero_si256(), m1 = _mm256_setzero_si256();
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    m0 = _mm256_max_epu32(m0, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs));
-    m1 = _mm256_max_epu32(m1, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 8)), abs));
+    m0 = _mm256_max_epu32(
+        m0, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs));
+    m1 = _mm256_max_epu32(
+        m1, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 8)), abs));
   }
   alignas(32) uint32_t lanes[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_max_epu32(m0, m1));
@@ -465,12 +480,14 @@ BP_TARGET_AVX512 BP_DITHER_INLINE __m512i Codes512(__m512 x, __m512i ctr, const 
   const __m512 ax = _mm512_castsi512_ps(
       _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(static_cast<int>(kAbsMask))));
   const __m512 t = _mm512_mul_ps(ax, q.factor);
-  const __m512 rf = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(r, 8)), _mm512_set1_ps(kTwoM24));
+  const __m512 rf =
+      _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(r, 8)), _mm512_set1_ps(kTwoM24));
   const __m512i one = _mm512_set1_epi32(1);
   __m512i c;
   if constexpr (kNatural) {
     const __m512i tb = _mm512_castps_si512(t);
-    const __mmask16 big = _mm512_cmpge_epu32_mask(tb, _mm512_set1_epi32(static_cast<int>(kOneBits)));
+    const __mmask16 big =
+        _mm512_cmpge_epu32_mask(tb, _mm512_set1_epi32(static_cast<int>(kOneBits)));
     const __m512i e1 = _mm512_sub_epi32(_mm512_srli_epi32(tb, 23), _mm512_set1_epi32(126));
     const __m512i m = _mm512_and_si512(tb, _mm512_set1_epi32(static_cast<int>(kMantissaMask)));
     const __mmask16 up_big = _mm512_cmplt_epu32_mask(_mm512_srli_epi32(r, 9), m);
@@ -503,11 +520,13 @@ BP_TARGET_AVX512 BP_DITHER_INLINE __m512i Group512(const float* x, float* res, _
                                                    const Q512& q, uint64_t* sign, int g) {
   const __m512 v = _mm512_loadu_ps(x);
   const __m512i c = Codes512<kNatural>(v, ctr, q);
-  const __mmask16 neg = _mm512_mask_test_epi32_mask(_mm512_movepi32_mask(_mm512_castps_si512(v)), c, c);
+  const __mmask16 neg =
+      _mm512_mask_test_epi32_mask(_mm512_movepi32_mask(_mm512_castps_si512(v)), c, c);
   *sign |= static_cast<uint64_t>(_cvtmask16_u32(neg)) << (16 * g);
   if constexpr (kFeedback) {
     const __m512i d = _mm512_castps_si512(Magnitude512<kTable>(c, q));
-    const __m512i sd = _mm512_mask_xor_epi32(d, neg, d, _mm512_set1_epi32(static_cast<int>(kSignMask)));
+    const __m512i sd =
+        _mm512_mask_xor_epi32(d, neg, d, _mm512_set1_epi32(static_cast<int>(kSignMask)));
     _mm512_storeu_ps(res, _mm512_sub_ps(v, _mm512_castsi512_ps(sd)));
   }
   return c;
@@ -560,9 +579,9 @@ BP_TARGET_AVX512 void QuantizeAvx512T(const float* x, float* res, size_t n, cons
   q.factor = _mm512_set1_ps(a.factor);
   q.hi = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(a.stream >> 32)));
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  __m512i ctr = _mm512_add_epi32(
-      _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(kGolden32))),
-      _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(a.stream))));
+  __m512i ctr =
+      _mm512_add_epi32(_mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(kGolden32))),
+                       _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(a.stream))));
   const size_t bb = BlockBytes(lv.bits);
   const size_t full = n / kBlockElements;
   for (size_t j = 0; j < full; ++j) {
@@ -648,12 +667,14 @@ BP_TARGET_AVX512 uint32_t MaxAbsBitsAvx512(const float* x, size_t n) {
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
     m0 = _mm512_mask_max_epu32(m0, 0xFFFF, m0, _mm512_and_si512(_mm512_loadu_si512(x + i), abs));
-    m1 = _mm512_mask_max_epu32(m1, 0xFFFF, m1, _mm512_and_si512(_mm512_loadu_si512(x + i + 16), abs));
+    m1 = _mm512_mask_max_epu32(m1, 0xFFFF, m1,
+                               _mm512_and_si512(_mm512_loadu_si512(x + i + 16), abs));
   }
   for (; i < n; i += 16) {
     const size_t left = n - i;
     const __mmask16 k = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
-    m0 = _mm512_mask_max_epu32(m0, 0xFFFF, m0, _mm512_and_si512(_mm512_maskz_loadu_epi32(k, x + i), abs));
+    m0 = _mm512_mask_max_epu32(m0, 0xFFFF, m0,
+                               _mm512_and_si512(_mm512_maskz_loadu_epi32(k, x + i), abs));
   }
   return HorizontalMax512(_mm512_mask_max_epu32(m0, 0xFFFF, m0, m1));
 }
@@ -673,7 +694,8 @@ BP_TARGET_AVX512 uint32_t AddMaxAbsBitsAvx512(const float* g, float* e, size_t n
   for (; i < n; i += 16) {
     const size_t left = n - i;
     const __mmask16 k = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
-    const __m512 a = _mm512_add_ps(_mm512_maskz_loadu_ps(k, e + i), _mm512_maskz_loadu_ps(k, g + i));
+    const __m512 a =
+        _mm512_add_ps(_mm512_maskz_loadu_ps(k, e + i), _mm512_maskz_loadu_ps(k, g + i));
     _mm512_mask_storeu_ps(e + i, k, a);
     m0 = _mm512_mask_max_epu32(m0, 0xFFFF, m0, _mm512_and_si512(_mm512_castps_si512(a), abs));
   }
@@ -733,8 +755,7 @@ void QuantizeDispatch(const float* x, float* res, size_t n, const QuantizeArgs& 
     case IsaLevel::kAvx2:
       if (lv.natural) return QuantizeAvx2T<true, kFeedback>(x, res, n, a, out);
       return QuantizeAvx2T<false, kFeedback>(x, res, n, a, out);
-    case IsaLevel::kScalar:
-      break;
+    case IsaLevel::kScalar: break;
   }
   QuantizeScalar(x, res, n, a, out);
 }
@@ -827,8 +848,7 @@ void DecodeBlocks(const uint8_t* blocks, size_t n, const Levels& lv, float* out,
       }
       return add ? DecodeAvx2T<false, true>(blocks, n, lv, out)
                  : DecodeAvx2T<false, false>(blocks, n, lv, out);
-    case IsaLevel::kScalar:
-      break;
+    case IsaLevel::kScalar: break;
   }
   DecodeScalar(blocks, n, lv, out, add);
 }

@@ -16,7 +16,9 @@ namespace {
 constexpr int kLanes = 16;
 
 // Words are written with memcpy: the body may sit at any alignment.
-inline void StoreWord(uint8_t* words, size_t j, uint64_t w) { std::memcpy(words + 8 * j, &w, 8); }
+inline void StoreWord(uint8_t* words, size_t j, uint64_t w) {
+  std::memcpy(words + 8 * j, &w, 8);
+}
 inline uint64_t LoadWord(const uint8_t* words, size_t j) {
   uint64_t w;
   std::memcpy(&w, words + 8 * j, 8);
@@ -124,8 +126,8 @@ BP_TARGET_AVX2 void ResidualAvx2(const float* a, const float* b, float* e, size_
     for (int c = 0; c < 8; ++c) {
       const size_t i = j * 64 + c * 8;
       const __m256i byte = _mm256_set1_epi32(static_cast<int>((w >> (c * 8)) & 0xFF));
-      const __m256 m = _mm256_castsi256_ps(
-          _mm256_cmpeq_epi32(_mm256_and_si256(byte, bit_sel), bit_sel));
+      const __m256 m =
+          _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(byte, bit_sel), bit_sel));
       __m256 q = _mm256_loadu_ps(a + i);
       if (b) q = _mm256_add_ps(q, _mm256_loadu_ps(b + i));
       _mm256_storeu_ps(e + i, _mm256_sub_ps(q, _mm256_blendv_ps(pos, neg, m)));
@@ -137,8 +139,7 @@ BP_TARGET_AVX2 void ResidualAvx2(const float* a, const float* b, float* e, size_
   }
 }
 
-BP_TARGET_AVX2 void DecodeAvx2(const uint8_t* words, size_t n, float scale, float* out,
-                               bool add) {
+BP_TARGET_AVX2 void DecodeAvx2(const uint8_t* words, size_t n, float scale, float* out, bool add) {
   const __m256 pos = _mm256_set1_ps(scale);
   const __m256 neg = _mm256_set1_ps(-scale);
   const __m256i bit_sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
@@ -148,8 +149,8 @@ BP_TARGET_AVX2 void DecodeAvx2(const uint8_t* words, size_t n, float scale, floa
     for (int c = 0; c < 8; ++c) {
       const size_t i = j * 64 + c * 8;
       const __m256i byte = _mm256_set1_epi32(static_cast<int>((w >> (c * 8)) & 0xFF));
-      const __m256 m = _mm256_castsi256_ps(
-          _mm256_cmpeq_epi32(_mm256_and_si256(byte, bit_sel), bit_sel));
+      const __m256 m =
+          _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(byte, bit_sel), bit_sel));
       __m256 v = _mm256_blendv_ps(pos, neg, m);
       if (add) v = _mm256_add_ps(_mm256_loadu_ps(out + i), v);
       _mm256_storeu_ps(out + i, v);
@@ -180,8 +181,8 @@ BP_TARGET_AVX512 double SignsAvx512(const float* a, const float* b, size_t n, ui
       w |= static_cast<uint64_t>(neg) << (c * 16);
       const __m512 aq = _mm512_abs_ps(q);
       acc0 = _mm512_add_pd(acc0, _mm512_cvtps_pd(_mm512_castps512_ps256(aq)));
-      acc1 = _mm512_add_pd(acc1, _mm512_cvtps_pd(
-                                     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(aq), 1))));
+      acc1 = _mm512_add_pd(
+          acc1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(aq), 1))));
     }
     StoreWord(words, j, w);
   }

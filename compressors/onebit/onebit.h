@@ -41,8 +41,8 @@ class OnebitCompressor final : public CompressorBase {
                     uint8_t* body) override;
   size_t EncodeBodyWithFeedback(float* q, size_t n, DType dtype, const CompressContext& ctx,
                                 uint8_t* body) override;
-  size_t EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n,
-                                   const CompressContext& ctx, uint8_t* body) override;
+  size_t EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n, const CompressContext& ctx,
+                                   uint8_t* body) override;
   Status DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) override;
 
  private:

@@ -48,8 +48,10 @@ BP_TARGET_AVX2 bool AllFiniteAvx2(const float* x, size_t n) {
   __m256i a1 = _mm256_setzero_si256();
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    a0 = _mm256_max_epu32(a0, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs));
-    a1 = _mm256_max_epu32(a1, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 8)), abs));
+    a0 = _mm256_max_epu32(
+        a0, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs));
+    a1 = _mm256_max_epu32(
+        a1, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 8)), abs));
   }
   return HorizontalMaxAvx2(_mm256_max_epu32(a0, a1)) < kInfBits && AllFiniteScalar(x + i, n - i);
 }
@@ -108,7 +110,8 @@ BP_TARGET_AVX512 bool AddAllFiniteAvx512(const float* g, float* e, size_t n) {
   for (; i < n; i += 16) {
     const size_t left = n - i;
     const __mmask16 m = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
-    const __m512 q = _mm512_add_ps(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, e + i));
+    const __m512 q =
+        _mm512_add_ps(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, e + i));
     _mm512_mask_storeu_ps(e + i, m, q);
     bad |= NonFiniteAvx512(m, _mm512_castps_si512(q));
   }
@@ -221,8 +224,7 @@ size_t RandomkCompressor::EncodeBodyWithFeedbackF32(const float* g, float* e, si
   return Encode(e, n, DType::kFloat32, ctx, finite, true, body);
 }
 
-Status RandomkCompressor::DecodeBody(ByteSpan body, size_t n, DType dtype, float* out,
-                                     bool add) {
+Status RandomkCompressor::DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) {
   return DecodeSparseBody("randomk", body, n, dtype, out, add);
 }
 

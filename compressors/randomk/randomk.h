@@ -56,8 +56,8 @@ class RandomkCompressor final : public CompressorBase {
                     uint8_t* body) override;
   size_t EncodeBodyWithFeedback(float* q, size_t n, DType dtype, const CompressContext& ctx,
                                 uint8_t* body) override;
-  size_t EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n,
-                                   const CompressContext& ctx, uint8_t* body) override;
+  size_t EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n, const CompressContext& ctx,
+                                   uint8_t* body) override;
   Status DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) override;
 
  private:
@@ -71,8 +71,8 @@ class RandomkCompressor final : public CompressorBase {
   SparseSize size_;
   bool unbiased_;
   uint64_t seed_;
-  AlignedBuffer<uint64_t> bitmap_;    // n bits, membership of the sample
-  AlignedBuffer<uint32_t> indices_;   // the k sampled indices, ascending
+  AlignedBuffer<uint64_t> bitmap_;   // n bits, membership of the sample
+  AlignedBuffer<uint32_t> indices_;  // the k sampled indices, ascending
 };
 
 // Kernels (exposed for tests): true iff no element is NaN or +-inf.

@@ -72,9 +72,9 @@ Status DecodeSparseBody(std::string_view name, ByteSpan body, size_t n, DType dt
   const uint64_t vsize = DTypeSize(dtype);
   const uint64_t want = kSparseCountBytes + k * (kSparseIndexBytes + vsize);  // k < 2^32
   if (body.size() != want) {
-    return Bad(name, "body is " + std::to_string(body.size()) + " bytes but k=" +
-                         std::to_string(k) + " indices and " + std::string(DTypeName(dtype)) +
-                         " values need " + std::to_string(want));
+    return Bad(name, "body is " + std::to_string(body.size()) +
+                         " bytes but k=" + std::to_string(k) + " indices and " +
+                         std::string(DTypeName(dtype)) + " values need " + std::to_string(want));
   }
   const uint8_t* idx = p + kSparseCountBytes;
   const uint8_t* values = idx + k * kSparseIndexBytes;

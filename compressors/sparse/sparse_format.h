@@ -67,9 +67,7 @@ uint8_t* WriteSparseHead(const uint32_t* indices, size_t k, uint8_t* body);
 // produce for it (the rounded value for fp16 / bf16; v itself for fp32).
 inline float StoreSparseValue(float v, DType dtype, size_t j, uint8_t* values) {
   switch (dtype) {
-    case DType::kFloat32:
-      std::memcpy(values + 4 * j, &v, 4);
-      return v;
+    case DType::kFloat32: std::memcpy(values + 4 * j, &v, 4); return v;
     case DType::kFloat16: {
       const uint16_t h = FloatToHalf(v);
       std::memcpy(values + 2 * j, &h, 2);

@@ -92,8 +92,7 @@ uint32_t TopkCompressor::LowerThreshold(uint32_t t) {
   }
 }
 
-size_t TopkCompressor::FilterPass(const float* g, float* data, size_t n, uint32_t t,
-                                  bool fused) {
+size_t TopkCompressor::FilterPass(const float* g, float* data, size_t n, uint32_t t, bool fused) {
   size_t count = 0;
   for (size_t begin = 0; begin < n; begin += kFilterChunk) {
     const size_t end = std::min(n, begin + kFilterChunk);
@@ -133,9 +132,8 @@ uint32_t TopkCompressor::KthLargestKey(const uint32_t* keys, size_t count, size_
                    std::greater<uint32_t>());
   const uint32_t kth = work_[r - 1];
   // work_[0..r-1) >= kth and the rest of the bucket <= kth: larger keys are all in front.
-  *above = higher + static_cast<size_t>(std::count_if(
-                        work_.begin(), work_.begin() + (r - 1),
-                        [kth](uint32_t key) { return key > kth; }));
+  *above = higher + static_cast<size_t>(std::count_if(work_.begin(), work_.begin() + (r - 1),
+                                                      [kth](uint32_t key) { return key > kth; }));
   return kth;
 }
 
@@ -161,10 +159,9 @@ const uint32_t* TopkCompressor::Select(const float* g, float* data, size_t n, si
   if (kth >= kNonFiniteKey) {
     // Non-finite keys rank first and are all candidates (their keys exceed any t): some are
     // left out iff more than k candidates are non-finite.
-    nonfinite_left_out_ =
-        static_cast<size_t>(std::count_if(keys, keys + count, [](uint32_t key) {
-          return key >= kNonFiniteKey;
-        })) > k;
+    nonfinite_left_out_ = static_cast<size_t>(std::count_if(keys, keys + count, [](uint32_t key) {
+                            return key >= kNonFiniteKey;
+                          })) > k;
   }
   // Keep, in index order, every key > kth and the first (k - above) keys == kth: ties go to
   // the lowest indices. Compacts in place (out <= j).

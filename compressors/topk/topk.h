@@ -65,8 +65,8 @@ class TopkCompressor final : public CompressorBase {
                     uint8_t* body) override;
   size_t EncodeBodyWithFeedback(float* q, size_t n, DType dtype, const CompressContext& ctx,
                                 uint8_t* body) override;
-  size_t EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n,
-                                   const CompressContext& ctx, uint8_t* body) override;
+  size_t EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n, const CompressContext& ctx,
+                                   uint8_t* body) override;
   Status DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) override;
 
  private:
@@ -88,8 +88,8 @@ class TopkCompressor final : public CompressorBase {
   AlignedBuffer<uint32_t> candidate_keys_;  // their keys
   std::vector<uint32_t> hist_;              // radix histogram of the candidate keys
   std::vector<uint32_t> work_;              // keys of the k-th key's bucket, for nth_element
-  std::vector<uint32_t> sample_;        // sampled keys
-  std::vector<uint32_t> sample_blocks_;  // start of each sampled block, for sample_n_
+  std::vector<uint32_t> sample_;            // sampled keys
+  std::vector<uint32_t> sample_blocks_;     // start of each sampled block, for sample_n_
   size_t sample_n_ = 0;
   size_t sample_rank_ = 0;  // 1-based rank in sample_ of the current threshold
   int last_filter_passes_ = 0;

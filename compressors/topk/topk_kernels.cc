@@ -81,15 +81,13 @@ BP_TARGET_AVX2 inline size_t PackAvx2(uint32_t mask, __m256i index, __m256i key,
   const __m256i perm = _mm256_cvtepu8_epi32(bytes);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_index),
                       _mm256_permutevar8x32_epi32(index, perm));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_key),
-                      _mm256_permutevar8x32_epi32(key, perm));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_key), _mm256_permutevar8x32_epi32(key, perm));
   return static_cast<size_t>(_mm_popcnt_u32(mask));
 }
 
 // Filters 32 keys starting at element i (4 vectors); returns the number appended.
-BP_TARGET_AVX2 inline size_t Filter32Avx2(size_t i, __m256i k0, __m256i k1, __m256i k2,
-                                          __m256i k3, __m256i thr, uint32_t* out_index,
-                                          uint32_t* out_key) {
+BP_TARGET_AVX2 inline size_t Filter32Avx2(size_t i, __m256i k0, __m256i k1, __m256i k2, __m256i k3,
+                                          __m256i thr, uint32_t* out_index, uint32_t* out_key) {
   const uint32_t m0 = PassMaskAvx2(k0, thr);
   const uint32_t m1 = PassMaskAvx2(k1, thr);
   const uint32_t m2 = PassMaskAvx2(k2, thr);
@@ -98,12 +96,9 @@ BP_TARGET_AVX2 inline size_t Filter32Avx2(size_t i, __m256i k0, __m256i k1, __m2
   const __m256i base = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(i)),
                                         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   size_t c = PackAvx2(m0, base, k0, out_index, out_key);
-  c += PackAvx2(m1, _mm256_add_epi32(base, _mm256_set1_epi32(8)), k1, out_index + c,
-                out_key + c);
-  c += PackAvx2(m2, _mm256_add_epi32(base, _mm256_set1_epi32(16)), k2, out_index + c,
-                out_key + c);
-  c += PackAvx2(m3, _mm256_add_epi32(base, _mm256_set1_epi32(24)), k3, out_index + c,
-                out_key + c);
+  c += PackAvx2(m1, _mm256_add_epi32(base, _mm256_set1_epi32(8)), k1, out_index + c, out_key + c);
+  c += PackAvx2(m2, _mm256_add_epi32(base, _mm256_set1_epi32(16)), k2, out_index + c, out_key + c);
+  c += PackAvx2(m3, _mm256_add_epi32(base, _mm256_set1_epi32(24)), k3, out_index + c, out_key + c);
   return c;
 }
 
@@ -114,14 +109,14 @@ BP_TARGET_AVX2 size_t FilterAvx2(const float* x, size_t begin, size_t end, uint3
   size_t i = begin;
   for (; i + 32 <= end; i += 32) {
     c += Filter32Avx2(i, KeyAvx2(_mm256_loadu_ps(x + i)), KeyAvx2(_mm256_loadu_ps(x + i + 8)),
-                      KeyAvx2(_mm256_loadu_ps(x + i + 16)),
-                      KeyAvx2(_mm256_loadu_ps(x + i + 24)), thr, out_index + c, out_key + c);
+                      KeyAvx2(_mm256_loadu_ps(x + i + 16)), KeyAvx2(_mm256_loadu_ps(x + i + 24)),
+                      thr, out_index + c, out_key + c);
   }
   return c + FilterScalar(x, i, end, t, out_index + c, out_key + c);
 }
 
-BP_TARGET_AVX2 size_t AddFilterAvx2(const float* g, float* e, size_t begin, size_t end,
-                                    uint32_t t, uint32_t* out_index, uint32_t* out_key) {
+BP_TARGET_AVX2 size_t AddFilterAvx2(const float* g, float* e, size_t begin, size_t end, uint32_t t,
+                                    uint32_t* out_index, uint32_t* out_key) {
   const __m256i thr = _mm256_set1_epi32(SignedThresholdMinus1(t));
   size_t c = 0;
   size_t i = begin;
@@ -134,8 +129,8 @@ BP_TARGET_AVX2 size_t AddFilterAvx2(const float* g, float* e, size_t begin, size
     _mm256_storeu_ps(e + i + 8, q1);
     _mm256_storeu_ps(e + i + 16, q2);
     _mm256_storeu_ps(e + i + 24, q3);
-    c += Filter32Avx2(i, KeyAvx2(q0), KeyAvx2(q1), KeyAvx2(q2), KeyAvx2(q3), thr,
-                      out_index + c, out_key + c);
+    c += Filter32Avx2(i, KeyAvx2(q0), KeyAvx2(q1), KeyAvx2(q2), KeyAvx2(q3), thr, out_index + c,
+                      out_key + c);
   }
   return c + AddFilterScalar(g, e, i, end, t, out_index + c, out_key + c);
 }
@@ -168,19 +163,18 @@ BP_TARGET_AVX512 inline size_t Filter64Avx512(size_t i, __m512i k0, __m512i k1, 
       _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(i)),
                        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   size_t c = PackAvx512(m0, base, k0, out_index, out_key);
-  c += PackAvx512(m1, _mm512_add_epi32(base, _mm512_set1_epi32(16)), k1, out_index + c,
-                  out_key + c);
-  c += PackAvx512(m2, _mm512_add_epi32(base, _mm512_set1_epi32(32)), k2, out_index + c,
-                  out_key + c);
-  c += PackAvx512(m3, _mm512_add_epi32(base, _mm512_set1_epi32(48)), k3, out_index + c,
-                  out_key + c);
+  c +=
+      PackAvx512(m1, _mm512_add_epi32(base, _mm512_set1_epi32(16)), k1, out_index + c, out_key + c);
+  c +=
+      PackAvx512(m2, _mm512_add_epi32(base, _mm512_set1_epi32(32)), k2, out_index + c, out_key + c);
+  c +=
+      PackAvx512(m3, _mm512_add_epi32(base, _mm512_set1_epi32(48)), k3, out_index + c, out_key + c);
   return c;
 }
 
 // Up to 16 elements at i, under a lane mask (the tail after the 64-element blocks).
-BP_TARGET_AVX512 inline size_t FilterTailAvx512(size_t i, __m512i key, __mmask16 lanes,
-                                                __m512i thr, uint32_t* out_index,
-                                                uint32_t* out_key) {
+BP_TARGET_AVX512 inline size_t FilterTailAvx512(size_t i, __m512i key, __mmask16 lanes, __m512i thr,
+                                                uint32_t* out_index, uint32_t* out_key) {
   const __mmask16 m = _mm512_mask_cmpge_epu32_mask(lanes, key, thr);
   const __m512i index =
       _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(i)),
@@ -198,11 +192,10 @@ BP_TARGET_AVX512 size_t FilterAvx512(const float* x, size_t begin, size_t end, u
   size_t c = 0;
   size_t i = begin;
   for (; i + 64 <= end; i += 64) {
-    c += Filter64Avx512(i, KeyAvx512(_mm512_loadu_ps(x + i)),
-                        KeyAvx512(_mm512_loadu_ps(x + i + 16)),
-                        KeyAvx512(_mm512_loadu_ps(x + i + 32)),
-                        KeyAvx512(_mm512_loadu_ps(x + i + 48)), thr, out_index + c,
-                        out_key + c);
+    c +=
+        Filter64Avx512(i, KeyAvx512(_mm512_loadu_ps(x + i)), KeyAvx512(_mm512_loadu_ps(x + i + 16)),
+                       KeyAvx512(_mm512_loadu_ps(x + i + 32)),
+                       KeyAvx512(_mm512_loadu_ps(x + i + 48)), thr, out_index + c, out_key + c);
   }
   for (; i < end; i += 16) {
     const __mmask16 lanes = TailLanes(end - i);
@@ -231,8 +224,8 @@ BP_TARGET_AVX512 size_t AddFilterAvx512(const float* g, float* e, size_t begin, 
   }
   for (; i < end; i += 16) {
     const __mmask16 lanes = TailLanes(end - i);
-    const __m512 q = _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, g + i),
-                                   _mm512_maskz_loadu_ps(lanes, e + i));
+    const __m512 q =
+        _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, g + i), _mm512_maskz_loadu_ps(lanes, e + i));
     _mm512_mask_storeu_ps(e + i, lanes, q);
     c += FilterTailAvx512(i, KeyAvx512(q), lanes, thr, out_index + c, out_key + c);
   }

@@ -16,7 +16,9 @@
 
 namespace bitpush::compressors {
 
-inline uint32_t TopkKey(float x) { return FloatBits(x) & 0x7FFFFFFFu; }
+inline uint32_t TopkKey(float x) {
+  return FloatBits(x) & 0x7FFFFFFFu;
+}
 
 // Extra entries past the real output that a filter kernel may scribble on (full-vector
 // stores of partially used lanes).

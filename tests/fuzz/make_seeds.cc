@@ -42,9 +42,9 @@ int main(int argc, char** argv) {
           bitpush::ConvertFromFloat(x.data(), bitpush::TensorView(h.data(), n, dt),
                                     bitpush::IsaLevel::kScalar);
         }
-        const bitpush::ConstTensorView view =
-            dt == bitpush::DType::kFloat32 ? bitpush::ConstTensorView(x.data(), n)
-                                           : bitpush::ConstTensorView(h.data(), n, dt);
+        const bitpush::ConstTensorView view = dt == bitpush::DType::kFloat32
+                                                  ? bitpush::ConstTensorView(x.data(), n)
+                                                  : bitpush::ConstTensorView(h.data(), n, dt);
         std::vector<uint8_t> out(c->MaxCompressedBytes(n, dt));
         auto r = c->Compress(view, {1, 1}, {out.data(), out.size()});
         if (!r.ok()) return 1;

@@ -157,7 +157,7 @@ TEST(VectorOps, ConvertAndAddAgreeAcrossIsa) {
     FloatToHalfArray(x.data(), h.data(), n, IsaLevel::kScalar);
     FloatToBf16Array(x.data(), b.data(), n, IsaLevel::kScalar);
     for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
-      const void* src = dt == DType::kFloat32 ? static_cast<const void*>(x.data())
+      const void* src = dt == DType::kFloat32   ? static_cast<const void*>(x.data())
                         : dt == DType::kFloat16 ? static_cast<const void*>(h.data())
                                                 : static_cast<const void*>(b.data());
       const ConstTensorView view(src, n, dt);

@@ -320,10 +320,10 @@ TEST_P(CompressorContract, CallerErrorsAreInvalidArgument) {
 
 TEST_P(CompressorContract, OversizedTensorIsRefusedBeforeAnyRead) {
   // The views point nowhere: the count alone must be refused, nothing read.
-  const uint64_t limit = config_.id() == v1::COMPRESSOR_ID_TOPK ||
-                                 config_.id() == v1::COMPRESSOR_ID_RANDOMK
-                             ? 0x7FFFFFFFull
-                             : kMaxPayloadElements;
+  const uint64_t limit =
+      config_.id() == v1::COMPRESSOR_ID_TOPK || config_.id() == v1::COMPRESSOR_ID_RANDOMK
+          ? 0x7FFFFFFFull
+          : kMaxPayloadElements;
   const ConstTensorView huge(nullptr, limit + 1, dtype_);
   const Status s = c_->Compress(huge, {}, {}).status();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
@@ -347,8 +347,8 @@ TEST_P(CompressorContract, NonFiniteInputReachesOutput) {
     // is left finite (reset), so later rounds are not poisoned.
     std::vector<float> e = RandomFloats(v.size(), 8, 0.01f);
     std::vector<uint8_t> out(c_->MaxCompressedBytes(v.size(), dtype_));
-    auto r = c_->CompressWithFeedback(x.view(), {e.data(), e.size()}, {1, 1},
-                                      {out.data(), out.size()});
+    auto r =
+        c_->CompressWithFeedback(x.view(), {e.data(), e.size()}, {1, 1}, {out.data(), out.size()});
     ASSERT_TRUE(r.ok());
     out.resize(*r);
     const std::vector<float> dec_ef = DecompressToFloat(out, v.size());
@@ -356,27 +356,27 @@ TEST_P(CompressorContract, NonFiniteInputReachesOutput) {
     for (float f : dec_ef) non_finite += !std::isfinite(f);
     EXPECT_GT(non_finite, 0u) << "EF, input value " << bad;
     for (size_t i = 0; i < e.size(); ++i) {
-      ASSERT_TRUE(std::isfinite(e[i])) << "residual " << i << " is " << e[i] << " after input " << bad;
+      ASSERT_TRUE(std::isfinite(e[i]))
+          << "residual " << i << " is " << e[i] << " after input " << bad;
     }
   }
 }
 
 std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
-  std::string s = std::get<0>(info.param) + "_" +
-                  std::string(DTypeName(std::get<1>(info.param))) + "_" +
-                  std::string(IsaLevelName(std::get<2>(info.param)));
+  std::string s = std::get<0>(info.param) + "_" + std::string(DTypeName(std::get<1>(info.param))) +
+                  "_" + std::string(IsaLevelName(std::get<2>(info.param)));
   for (char& ch : s) {
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   }
   return s;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllCompressors, CompressorContract,
-    ::testing::Combine(::testing::ValuesIn(kSpecs),
-                       ::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16),
-                       ::testing::ValuesIn(SupportedIsaLevels())),
-    ParamName);
+INSTANTIATE_TEST_SUITE_P(AllCompressors, CompressorContract,
+                         ::testing::Combine(::testing::ValuesIn(kSpecs),
+                                            ::testing::Values(DType::kFloat32, DType::kFloat16,
+                                                              DType::kBFloat16),
+                                            ::testing::ValuesIn(SupportedIsaLevels())),
+                         ParamName);
 
 }  // namespace
 }  // namespace bitpush::compressors

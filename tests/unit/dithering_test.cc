@@ -2,6 +2,8 @@
 // (golden vectors and an independent reference encoder), bit-identical payloads, residuals
 // and decoded values across ISA levels, exact level-grid math, unbiasedness (Monte-Carlo),
 // error-feedback telescoping, the fused fp32 EF path, and decoder validation.
+#include "compressors/dithering/dithering.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,7 +17,6 @@
 
 #include "common/counter_rng.h"
 #include "common/half.h"
-#include "compressors/dithering/dithering.h"
 #include "compressors/payload.h"
 #include "compressors/registry.h"
 #include "tests/unit/test_util.h"
@@ -37,7 +38,9 @@ std::string Spec(const Config& c, uint64_t seed) {
          ",partition=" + (c.natural ? "natural" : "linear") + ",norm=" + (c.l2 ? "l2" : "max") +
          ",seed=" + std::to_string(seed);
 }
-std::string Name(const Config& c) { return Spec(c, 7); }
+std::string Name(const Config& c) {
+  return Spec(c, 7);
+}
 
 std::vector<Config> AllConfigs() {
   std::vector<Config> out;
@@ -63,7 +66,9 @@ uint32_t CodeBits(uint32_t s) {
   while ((1u << b) <= s) ++b;
   return b;
 }
-size_t BodySize(size_t n, uint32_t s) { return 4 + (n + 63) / 64 * (CodeBits(s) + 1) * 8; }
+size_t BodySize(size_t n, uint32_t s) {
+  return 4 + (n + 63) / 64 * (CodeBits(s) + 1) * 8;
+}
 
 std::vector<uint8_t> Compress(Compressor& c, const std::vector<float>& x, uint64_t key = 3,
                               uint64_t round = 0) {
@@ -78,8 +83,9 @@ std::vector<uint8_t> Compress(Compressor& c, const std::vector<float>& x, uint64
 std::vector<uint8_t> CompressEf(Compressor& c, const std::vector<float>& x, std::vector<float>* e,
                                 uint64_t key = 3, uint64_t round = 0) {
   std::vector<uint8_t> out(c.MaxCompressedBytes(x.size(), DType::kFloat32));
-  auto r = c.CompressWithFeedback(ConstTensorView(x.data(), x.size()), Span<float>(*e),
-                                  CompressContext{key, round}, MutableByteSpan(out.data(), out.size()));
+  auto r =
+      c.CompressWithFeedback(ConstTensorView(x.data(), x.size()), Span<float>(*e),
+                             CompressContext{key, round}, MutableByteSpan(out.data(), out.size()));
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r.ok() ? *r : 0, out.size());
   return out;
@@ -87,7 +93,8 @@ std::vector<uint8_t> CompressEf(Compressor& c, const std::vector<float>& x, std:
 
 std::vector<float> Decompress(Compressor& c, const std::vector<uint8_t>& p, size_t n) {
   std::vector<float> out(n, 12345.0f);
-  const Status s = c.Decompress(ByteSpan(p.data(), p.size()), TensorView(out.data(), n, DType::kFloat32));
+  const Status s =
+      c.Decompress(ByteSpan(p.data(), p.size()), TensorView(out.data(), n, DType::kFloat32));
   EXPECT_TRUE(s.ok()) << s.ToString();
   return out;
 }
@@ -239,9 +246,9 @@ TEST(Dithering, GoldenBytes) {
     {
       auto c = Make({false, 1, false}, isa);
       const auto p = Compress(*c, {1.0f, -1.0f, 0.0f, -0.0f});
-      const std::vector<uint8_t> body = {0x00, 0x00, 0x80, 0x3F,  // scale 1.0f
-                                         2, 0, 0, 0, 0, 0, 0, 0,  // sign: element 1
-                                         3, 0, 0, 0, 0, 0, 0, 0};  // codes 1, 1, 0, 0
+      const std::vector<uint8_t> body = {0x00, 0x00, 0x80, 0x3F,               // scale 1.0f
+                                         2,    0,    0,    0,    0, 0, 0, 0,   // sign: element 1
+                                         3,    0,    0,    0,    0, 0, 0, 0};  // codes 1, 1, 0, 0
       EXPECT_EQ(std::vector<uint8_t>(p.begin() + 16, p.end()), body) << IsaLevelName(isa);
       EXPECT_EQ(p[1], v1::COMPRESSOR_ID_DITHERING);
     }
@@ -249,9 +256,9 @@ TEST(Dithering, GoldenBytes) {
       auto c = Make({true, 3, false}, isa);
       const auto p = Compress(*c, {-1.0f, -0.5f, 0.25f, 0.0f, 0.5f});
       // codes 3, 2, 1, 0, 2; negative nonzero: elements 0, 1
-      const std::vector<uint8_t> body = {0x00, 0x00, 0x80, 0x3F, 3, 0, 0, 0, 0, 0, 0, 0,
-                                         0b00101, 0, 0, 0, 0, 0, 0, 0,
-                                         0b10011, 0, 0, 0, 0, 0, 0, 0};
+      const std::vector<uint8_t> body = {0x00,    0x00, 0x80,    0x3F, 3, 0, 0, 0, 0, 0,
+                                         0,       0,    0b00101, 0,    0, 0, 0, 0, 0, 0,
+                                         0b10011, 0,    0,       0,    0, 0, 0, 0};
       EXPECT_EQ(std::vector<uint8_t>(p.begin() + 16, p.end()), body) << IsaLevelName(isa);
     }
   }
@@ -291,8 +298,8 @@ TEST(Dithering, BitIdenticalAcrossIsaLevels) {
           ref_p = p, ref_pe = pe, ref_d = d, ref_acc = acc, ref_e = e;
           continue;
         }
-        const std::string where = Name(cfg) + " n=" + std::to_string(n) + " " +
-                                  std::string(IsaLevelName(isa));
+        const std::string where =
+            Name(cfg) + " n=" + std::to_string(n) + " " + std::string(IsaLevelName(isa));
         EXPECT_EQ(p, ref_p) << where;
         EXPECT_EQ(pe, ref_pe) << where;
         EXPECT_TRUE(SameBits(d, ref_d)) << where;
@@ -363,11 +370,13 @@ TEST(Dithering, OnGridInputsAreExact) {
       for (size_t i = 0; i < x.size(); ++i) x[i] = float(i % (s + 1)) * (i % 3 ? 1.0f : -1.0f);
       x[7] = float(s);
       for (uint64_t round = 0; round < 3; ++round) {
-        EXPECT_TRUE(SameBits(Decompress(*c, Compress(*c, x, 1, round), x.size()), [&] {
-          std::vector<float> y = x;
-          for (float& v : y) v = v == 0 ? 0.0f : v;  // -0 decodes to +0
-          return y;
-        }())) << "linear s=" << s;
+        EXPECT_TRUE(SameBits(Decompress(*c, Compress(*c, x, 1, round), x.size()),
+                             [&] {
+                               std::vector<float> y = x;
+                               for (float& v : y) v = v == 0 ? 0.0f : v;  // -0 decodes to +0
+                               return y;
+                             }()))
+            << "linear s=" << s;
       }
     }
     // natural, max norm 1: powers of two down to 2^(1-s) and zero are exact.
@@ -481,7 +490,9 @@ TEST(Dithering, PayloadDoesNotDependOnDtype) {
     EXPECT_EQ(ph[2], uint8_t(DType::kFloat16));
     // Decompress into fp16 = the fp32 decode rounded to fp16.
     std::vector<uint16_t> out16(n);
-    ASSERT_TRUE(c->Decompress(ByteSpan(ph.data(), ph.size()), TensorView(out16.data(), n, DType::kFloat16)).ok());
+    ASSERT_TRUE(
+        c->Decompress(ByteSpan(ph.data(), ph.size()), TensorView(out16.data(), n, DType::kFloat16))
+            .ok());
     const auto d = Decompress(*c, pf, n);
     for (size_t i = 0; i < n; ++i) EXPECT_EQ(out16[i], FloatToHalf(d[i]));
     std::vector<uint8_t> pb(c->MaxCompressedBytes(n, DType::kBFloat16));
@@ -531,7 +542,8 @@ TEST(Dithering, ZerosTinyAndHugeInputs) {
 }
 
 TEST(Dithering, NonFiniteInputDecodesToNaN) {
-  for (const Config& cfg : {Config{false, 15, false}, Config{true, 3, true}, Config{false, 255, true}}) {
+  for (const Config& cfg :
+       {Config{false, 15, false}, Config{true, 3, true}, Config{false, 255, true}}) {
     for (IsaLevel isa : SupportedIsaLevels()) {
       auto c = Make(cfg, isa);
       for (float bad : {std::numeric_limits<float>::quiet_NaN(), INFINITY, -INFINITY}) {
@@ -556,7 +568,8 @@ TEST(Dithering, NonFiniteInputDecodesToNaN) {
 
 // Runs a corrupted payload through DecompressAdd and Decompress: both must fail with DataLoss
 // naming `what`, leaving the destination bit-for-bit unchanged.
-void ExpectRejected(Compressor& c, const std::vector<uint8_t>& p, size_t n, const std::string& what) {
+void ExpectRejected(Compressor& c, const std::vector<uint8_t>& p, size_t n,
+                    const std::string& what) {
   std::vector<float> acc(n);
   for (size_t i = 0; i < n; ++i) acc[i] = float(i) * 0.25f - 3;
   const std::vector<float> before = acc;
@@ -572,12 +585,15 @@ void ExpectRejected(Compressor& c, const std::vector<uint8_t>& p, size_t n, cons
 void SetBit(std::vector<uint8_t>* p, uint32_t s, size_t block, uint32_t word, size_t bit) {
   (*p)[16 + 4 + (block * (CodeBits(s) + 1) + word) * 8 + bit / 8] |= uint8_t(1u << (bit % 8));
 }
-void SetScale(std::vector<uint8_t>* p, float v) { std::memcpy(p->data() + 16, &v, 4); }
+void SetScale(std::vector<uint8_t>* p, float v) {
+  std::memcpy(p->data() + 16, &v, 4);
+}
 
 TEST(Dithering, DecoderRejectsBadPayloads) {
   for (IsaLevel isa : SupportedIsaLevels()) {
     // Truncations (and one extra byte), with the header left as is and with it patched to agree.
-    for (const Config& cfg : {Config{false, 15, false}, Config{true, 3, false}, Config{false, 255, true}}) {
+    for (const Config& cfg :
+         {Config{false, 15, false}, Config{true, 3, false}, Config{false, 255, true}}) {
       auto c = Make(cfg, isa);
       for (size_t n : {size_t{1}, size_t{65}, size_t{130}}) {
         const auto p = Compress(*c, TestData(n, 3));
@@ -594,8 +610,8 @@ TEST(Dithering, DecoderRejectsBadPayloads) {
       }
     }
     // Codes above s (possible when s + 1 is not a power of two).
-    for (const Config& cfg : {Config{false, 5, false}, Config{true, 8, false}, Config{false, 100, true},
-                              Config{true, 31 - 1, false}}) {
+    for (const Config& cfg : {Config{false, 5, false}, Config{true, 8, false},
+                              Config{false, 100, true}, Config{true, 31 - 1, false}}) {
       auto c = Make(cfg, isa);
       const auto p = Compress(*c, TestData(130, 4));
       std::vector<uint8_t> q = p;

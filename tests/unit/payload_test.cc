@@ -1,9 +1,9 @@
 // The payload header: layout byte by byte, and validation of every field.
+#include "compressors/payload.h"
+
 #include <gtest/gtest.h>
 
 #include <vector>
-
-#include "compressors/payload.h"
 
 namespace bitpush::compressors {
 namespace {
@@ -16,8 +16,8 @@ TEST(PayloadHeader, LayoutIsLittleEndianAndDocumented) {
   h.element_count = 0x0000000A0B0C0D0Eull;
   uint8_t b[16];
   WritePayloadHeader(h, b);
-  const std::vector<uint8_t> want = {1, 5, 1, 0, 0x04, 0x03, 0x02, 0x01,
-                                     0x0E, 0x0D, 0x0C, 0x0B, 0x0A, 0, 0, 0};
+  const std::vector<uint8_t> want = {1,    5,    1,    0,    0x04, 0x03, 0x02, 0x01,
+                                     0x0E, 0x0D, 0x0C, 0x0B, 0x0A, 0,    0,    0};
   EXPECT_EQ(std::vector<uint8_t>(b, b + 16), want);
 }
 
@@ -46,7 +46,8 @@ TEST(PayloadHeader, EveryBadFieldIsNamed) {
     EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
     return r.status().message();
   };
-  EXPECT_NE(msg(std::vector<uint8_t>(p.begin(), p.begin() + 15)).find("shorter"), std::string::npos);
+  EXPECT_NE(msg(std::vector<uint8_t>(p.begin(), p.begin() + 15)).find("shorter"),
+            std::string::npos);
   auto b = p;
   b[0] = 9;
   EXPECT_NE(msg(b).find("version 9"), std::string::npos);

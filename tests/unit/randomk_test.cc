@@ -3,6 +3,8 @@
 // sampled coordinates and subsets (chi-square bounds), unbiasedness of the n/k scaling
 // (Monte-Carlo with a variance-derived bound), exact stored values, error feedback (fused ==
 // generic, residual rule, telescoping), the non-finite policy, and the finiteness kernels.
+#include "compressors/randomk/randomk.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,7 +19,6 @@
 
 #include "common/counter_rng.h"
 #include "common/half.h"
-#include "compressors/randomk/randomk.h"
 #include "compressors/registry.h"
 #include "tests/unit/test_util.h"
 
@@ -98,9 +99,8 @@ TEST(Randomk, IndicesArePureFunctionOfSeedKeyRound) {
   const std::vector<IsaLevel> levels = SupportedIsaLevels();
   for (size_t n : {size_t{1}, size_t{33}, size_t{1000}, size_t{1} << 20}) {
     const std::vector<float> x = RandomFloats(n, n);
-    for (const std::string spec :
-         {"randomk:ratio=0.01", "randomk:k=5,seed=3", "randomk:ratio=0.5,unbiased=true",
-          "randomk:ratio=1,seed=9"}) {
+    for (const std::string spec : {"randomk:ratio=0.01", "randomk:k=5,seed=3",
+                                   "randomk:ratio=0.5,unbiased=true", "randomk:ratio=1,seed=9"}) {
       SCOPED_TRACE(spec + " n=" + std::to_string(n));
       const uint64_t seed = spec.find("seed=3") != std::string::npos   ? 3
                             : spec.find("seed=9") != std::string::npos ? 9
@@ -162,7 +162,8 @@ TEST(Randomk, EachIndexChosenWithFrequencyKOverN) {
   const std::vector<float> x(n, 1.0f);
   std::vector<double> count(n, 0.0);
   for (size_t r = 0; r < rounds; ++r) {
-    for (uint32_t i : Parse(Compress(*c, ConstTensorView(x.data(), n), {3, r}), DType::kFloat32).idx) {
+    for (uint32_t i :
+         Parse(Compress(*c, ConstTensorView(x.data(), n), {3, r}), DType::kFloat32).idx) {
       count[i] += 1;
     }
   }
@@ -207,8 +208,8 @@ TEST(Randomk, UnbiasedMeanConverges) {
   // of float(n/k), < 1e-7).
   for (const auto& [n, k] : {std::pair<size_t, size_t>{64, 8}, {60, 7}}) {
     const size_t rounds = 20000;
-    auto c = MakeRandomk("randomk:k=" + std::to_string(k) + ",unbiased=true,seed=5",
-                         BestIsaLevel());
+    auto c =
+        MakeRandomk("randomk:k=" + std::to_string(k) + ",unbiased=true,seed=5", BestIsaLevel());
     const std::vector<float> x = RandomFloats(n, 17);
     std::vector<double> sum(n, 0.0);
     std::vector<float> out(n);
@@ -280,7 +281,8 @@ TEST(Randomk, DecompressExactAndAdd) {
 
 TEST(Randomk, ZeroElements) {
   auto c = MakeRandomk("randomk:ratio=0.5", BestIsaLevel());
-  const std::vector<uint8_t> p = Compress(*c, ConstTensorView(static_cast<const float*>(nullptr), 0));
+  const std::vector<uint8_t> p =
+      Compress(*c, ConstTensorView(static_cast<const float*>(nullptr), 0));
   EXPECT_EQ(p.size(), kPayloadHeaderBytes + 4);
   std::vector<float> e;
   EXPECT_EQ(CompressEf(*c, ConstTensorView(static_cast<const float*>(nullptr), 0), e), p);
@@ -299,7 +301,8 @@ TEST(RandomkErrorFeedback, FusedEqualsGenericAndResidualRule) {
 
         auto c = MakeRandomk(spec, isa);
         std::vector<float> e_fused = e0;
-        const std::vector<uint8_t> fused = CompressEf(*c, ConstTensorView(g.data(), n), e_fused, ctx);
+        const std::vector<uint8_t> fused =
+            CompressEf(*c, ConstTensorView(g.data(), n), e_fused, ctx);
         std::vector<float> e_generic = q;
         std::vector<uint8_t> body(c->MaxCompressedBytes(n, DType::kFloat32));
         const size_t bytes =
@@ -310,7 +313,9 @@ TEST(RandomkErrorFeedback, FusedEqualsGenericAndResidualRule) {
         ASSERT_EQ(Compress(*c, ConstTensorView(q.data(), n), ctx), fused);
 
         std::vector<float> decoded(n);
-        ASSERT_TRUE(c->Decompress(ByteSpan(fused.data(), fused.size()), TensorView(decoded.data(), n)).ok());
+        ASSERT_TRUE(
+            c->Decompress(ByteSpan(fused.data(), fused.size()), TensorView(decoded.data(), n))
+                .ok());
         for (size_t i = 0; i < n; ++i) ASSERT_EQ(e_fused[i], q[i] - decoded[i]) << i;  // exact
       }
     }
@@ -372,7 +377,8 @@ TEST(RandomkNonFinite, AnyNonFiniteMakesEveryStoredValueNaN) {
         ASSERT_EQ(s.idx, picked);
         for (uint32_t bits : s.value_bits) ASSERT_TRUE(std::isnan(BitsToFloat(bits)));
         std::vector<float> acc(n, 0.0f);
-        ASSERT_TRUE(c->DecompressAdd(ByteSpan(p.data(), p.size()), Span<float>(acc.data(), n)).ok());
+        ASSERT_TRUE(
+            c->DecompressAdd(ByteSpan(p.data(), p.size()), Span<float>(acc.data(), n)).ok());
         for (size_t i = 0; i < n; ++i) {
           ASSERT_EQ(std::isnan(acc[i]), std::binary_search(picked.begin(), picked.end(), i));
         }
@@ -387,9 +393,11 @@ TEST(RandomkNonFinite, AnyNonFiniteMakesEveryStoredValueNaN) {
         std::vector<uint16_t> h(n);
         for (size_t i = 0; i < n; ++i) h[i] = FloatToHalf(x[i]);
         std::vector<float> eh(n, 0.5f);
-        const Sparse sh = Parse(CompressEf(*c, ConstTensorView(h.data(), n, DType::kFloat16), eh, ctx),
-                                DType::kFloat16);
-        for (uint32_t bits : sh.value_bits) ASSERT_TRUE(std::isnan(HalfToFloat(static_cast<uint16_t>(bits))));
+        const Sparse sh =
+            Parse(CompressEf(*c, ConstTensorView(h.data(), n, DType::kFloat16), eh, ctx),
+                  DType::kFloat16);
+        for (uint32_t bits : sh.value_bits)
+          ASSERT_TRUE(std::isnan(HalfToFloat(static_cast<uint16_t>(bits))));
         EXPECT_EQ(eh, std::vector<float>(n, 0.0f));
       }
       // All finite (including the largest float and denormals): values stay finite.

@@ -1,7 +1,7 @@
 // Spec strings: parsing, defaults, canonical form, and the error messages users see.
-#include <gtest/gtest.h>
-
 #include "compressors/registry.h"
+
+#include <gtest/gtest.h>
 
 namespace bitpush::compressors {
 namespace {

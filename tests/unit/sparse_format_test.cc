@@ -1,6 +1,8 @@
 // Tests of the sparse body format shared by topk and randomk: the keep-count rule, the body
 // writer and the validating decoder (every rejection path, `out` untouched on error,
 // unaligned bodies, fp32 / fp16 / bf16 values, NaN and inf values accepted).
+#include "compressors/sparse/sparse_format.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "common/half.h"
-#include "compressors/sparse/sparse_format.h"
 #include "proto/bitpush/v1/compression.pb.h"
 
 namespace bitpush::compressors {
@@ -62,9 +63,9 @@ v1::TopkParams K(uint64_t k) {
 TEST(SparseSize, KeepCount) {
   const SparseSize r001 = SparseSize::FromParams(Ratio(0.01));
   EXPECT_EQ(r001.KeepCount(0), 0u);
-  EXPECT_EQ(r001.KeepCount(1), 1u);     // max(1, floor(0.01))
+  EXPECT_EQ(r001.KeepCount(1), 1u);  // max(1, floor(0.01))
   EXPECT_EQ(r001.KeepCount(99), 1u);
-  EXPECT_EQ(r001.KeepCount(250), 2u);   // floor(2.5)
+  EXPECT_EQ(r001.KeepCount(250), 2u);  // floor(2.5)
   EXPECT_EQ(r001.KeepCount(1 << 20), 10485u);
   const SparseSize r1 = SparseSize::FromParams(Ratio(1.0));
   EXPECT_EQ(r1.KeepCount(7), 7u);

@@ -3,6 +3,8 @@
 // every ISA level, the filter kernels against scalar, ties, NaN / inf / -0.0, threshold
 // retries, error feedback (fused == generic, residual rule, telescoping), exact decompression
 // and rejection of malformed payloads without touching the destination.
+#include "compressors/topk/topk.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,7 +19,6 @@
 
 #include "common/half.h"
 #include "compressors/registry.h"
-#include "compressors/topk/topk.h"
 #include "compressors/topk/topk_kernels.h"
 #include "tests/unit/test_util.h"
 
@@ -107,7 +108,8 @@ std::vector<float> MakeData(size_t n, int kind, uint64_t seed) {
       for (float& v : x) v = std::round(v * 2.0f);
       break;
     case 2:  // magnitude growing with the index: the largest all at the end
-      for (size_t i = 0; i < n; ++i) x[i] = (rng() & 1 ? 1.0f : -1.0f) * static_cast<float>(i) * 1e-3f;
+      for (size_t i = 0; i < n; ++i)
+        x[i] = (rng() & 1 ? 1.0f : -1.0f) * static_cast<float>(i) * 1e-3f;
       break;
     case 3:  // heavy-tailed (Cauchy-like) with denormals sprinkled in
       for (float& v : x) {
@@ -135,12 +137,12 @@ TEST(TopkKernels, FilterMatchesScalarOnEveryLevel) {
     if (trial % 11 == 0) t = 0xFFFFFFFFu;  // passes nothing
     if (trial % 13 == 0) t = 0x7F800001u;  // only NaN passes
     std::vector<uint32_t> want_i(end - begin + kTopkFilterSlack), want_k(want_i.size());
-    const size_t want_n = TopkFilter(x.data(), begin, end, t, want_i.data(), want_k.data(),
-                                     IsaLevel::kScalar);
+    const size_t want_n =
+        TopkFilter(x.data(), begin, end, t, want_i.data(), want_k.data(), IsaLevel::kScalar);
     std::vector<float> e_want(x);
     std::vector<uint32_t> want_ai(want_i.size()), want_ak(want_i.size());
-    const size_t want_an = TopkAddFilter(g.data(), e_want.data(), begin, end, t,
-                                         want_ai.data(), want_ak.data(), IsaLevel::kScalar);
+    const size_t want_an = TopkAddFilter(g.data(), e_want.data(), begin, end, t, want_ai.data(),
+                                         want_ak.data(), IsaLevel::kScalar);
     for (IsaLevel isa : SupportedIsaLevels()) {
       std::vector<uint32_t> got_i(want_i.size()), got_k(want_i.size());
       const size_t got_n = TopkFilter(x.data(), begin, end, t, got_i.data(), got_k.data(), isa);
@@ -152,8 +154,8 @@ TEST(TopkKernels, FilterMatchesScalarOnEveryLevel) {
         ASSERT_GE(got_k[j], t);
       }
       std::vector<float> e(x);
-      const size_t got_an = TopkAddFilter(g.data(), e.data(), begin, end, t, got_i.data(),
-                                          got_k.data(), isa);
+      const size_t got_an =
+          TopkAddFilter(g.data(), e.data(), begin, end, t, got_i.data(), got_k.data(), isa);
       ASSERT_EQ(got_an, want_an) << IsaLevelName(isa);
       ASSERT_EQ(0, std::memcmp(e.data(), e_want.data(), e.size() * 4)) << IsaLevelName(isa);
       for (size_t j = 0; j < got_an; ++j) {
@@ -165,9 +167,8 @@ TEST(TopkKernels, FilterMatchesScalarOnEveryLevel) {
 }
 
 TEST(Topk, MatchesFullSortReferenceOnEveryLevel) {
-  const std::vector<std::string> specs = {"topk:ratio=0.001", "topk:ratio=0.01",
-                                          "topk:ratio=0.5",   "topk:ratio=1",
-                                          "topk:k=1",         "topk:k=5",
+  const std::vector<std::string> specs = {"topk:ratio=0.001", "topk:ratio=0.01", "topk:ratio=0.5",
+                                          "topk:ratio=1",     "topk:k=1",        "topk:k=5",
                                           "topk:k=100"};
   const std::vector<IsaLevel> levels = SupportedIsaLevels();
   for (size_t n : {size_t{1}, size_t{31}, size_t{32}, size_t{33}, size_t{4097}, size_t{1} << 20}) {
@@ -299,7 +300,8 @@ TEST(Topk, NonFiniteSelectedFirst) {
     }
     // The decompressed tensor carries them, so an overflow check on it fires.
     std::vector<float> out(n);
-    ASSERT_TRUE(c->Decompress(ByteSpan(payload.data(), payload.size()), TensorView(out.data(), n)).ok());
+    ASSERT_TRUE(
+        c->Decompress(ByteSpan(payload.data(), payload.size()), TensorView(out.data(), n)).ok());
     EXPECT_TRUE(std::isnan(out[5]));
     EXPECT_TRUE(std::isnan(out[900]));
     EXPECT_EQ(out[17], kInf);
@@ -362,7 +364,8 @@ TEST(Topk, ZeroElements) {
   for (IsaLevel isa : SupportedIsaLevels()) {
     auto c = MakeTopk("topk:ratio=0.5", isa);
     EXPECT_EQ(c->MaxCompressedBytes(0, DType::kFloat32), kPayloadHeaderBytes + 4);
-    const std::vector<uint8_t> p = Compress(*c, ConstTensorView(static_cast<const float*>(nullptr), 0));
+    const std::vector<uint8_t> p =
+        Compress(*c, ConstTensorView(static_cast<const float*>(nullptr), 0));
     EXPECT_EQ(p.size(), kPayloadHeaderBytes + 4);
     std::vector<float> e;
     EXPECT_EQ(CompressEf(*c, ConstTensorView(static_cast<const float*>(nullptr), 0), e), p);
@@ -393,8 +396,8 @@ TEST(TopkErrorFeedback, FusedEqualsGenericAndResidualRule) {
         // Generic hook on q = g + e.
         std::vector<float> e_generic = q;
         std::vector<uint8_t> body(c->MaxCompressedBytes(n, DType::kFloat32));
-        const size_t bytes = c->EncodeBodyWithFeedback(e_generic.data(), n, DType::kFloat32, {},
-                                                       body.data());
+        const size_t bytes =
+            c->EncodeBodyWithFeedback(e_generic.data(), n, DType::kFloat32, {}, body.data());
         ASSERT_EQ(bytes + kPayloadHeaderBytes, fused.size());
         ASSERT_EQ(0, std::memcmp(body.data(), fused.data() + kPayloadHeaderBytes, bytes));
         ASSERT_EQ(0, std::memcmp(e_generic.data(), e_fused.data(), n * 4));
@@ -421,21 +424,23 @@ TEST(TopkErrorFeedback, HalfResidualKeepsRoundingError) {
     auto c = MakeTopk("topk:ratio=0.01", BestIsaLevel());
     const std::vector<float> gf = RandomFloats(n, 21);
     std::vector<uint16_t> g(n);
-    for (size_t i = 0; i < n; ++i) g[i] = dtype == DType::kFloat16 ? FloatToHalf(gf[i]) : FloatToBf16(gf[i]);
+    for (size_t i = 0; i < n; ++i)
+      g[i] = dtype == DType::kFloat16 ? FloatToHalf(gf[i]) : FloatToBf16(gf[i]);
     const std::vector<float> e0 = RandomFloats(n, 22, 0.01f);
     std::vector<float> e = e0;
     std::vector<uint8_t> out(c->MaxCompressedBytes(n, dtype));
-    StatusOr<size_t> bytes = c->CompressWithFeedback(ConstTensorView(g.data(), n, dtype),
-                                                     Span<float>(e.data(), n), {},
-                                                     MutableByteSpan(out.data(), out.size()));
+    StatusOr<size_t> bytes =
+        c->CompressWithFeedback(ConstTensorView(g.data(), n, dtype), Span<float>(e.data(), n), {},
+                                MutableByteSpan(out.data(), out.size()));
     ASSERT_TRUE(bytes.ok());
     out.resize(*bytes);
     std::vector<float> decoded(n, 0.0f);
-    ASSERT_TRUE(c->DecompressAdd(ByteSpan(out.data(), out.size()), Span<float>(decoded.data(), n)).ok());
+    ASSERT_TRUE(
+        c->DecompressAdd(ByteSpan(out.data(), out.size()), Span<float>(decoded.data(), n)).ok());
     size_t inexact = 0;
     for (size_t i = 0; i < n; ++i) {
       const float gi = dtype == DType::kFloat16 ? HalfToFloat(g[i]) : Bf16ToFloat(g[i]);
-      const float q = e0[i] + gi;  // the order AddToFloat uses: dst += src
+      const float q = e0[i] + gi;            // the order AddToFloat uses: dst += src
       ASSERT_EQ(e[i], q - decoded[i]) << i;  // exact: e = q - C(q)
       inexact += decoded[i] != 0.0f && e[i] != 0.0f;
     }
