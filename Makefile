@@ -1,6 +1,6 @@
 # bitpush — top-level commands. `make test` on a fresh machine installs the Debian packages,
 # configures, builds and runs every test (unit tests via ctest, then each fuzz target briefly).
-.PHONY: all deps configure build test unit asan asan-build fuzz bench demo clean
+.PHONY: all deps configure build test unit asan asan-build fuzz bench demo lint clean
 
 BUILD      ?= build
 FUZZ_BUILD ?= build-fuzz
@@ -45,6 +45,11 @@ demo:
 	@echo "make demo (a local cluster training a model) arrives with the launcher issue;"
 	@echo "today: 'make test' builds and tests, 'make bench' measures the compressors."
 	@exit 1
+
+# Style: clang-format (no changes allowed) and clang-tidy (.clang-tidy) over the C++ sources.
+lint: configure
+	git ls-files '*.cc' '*.h' | xargs clang-format --dry-run -Werror
+	git ls-files 'common/*.cc' 'compressors/*.cc' 'bench/*.cc' | xargs clang-tidy -p $(BUILD) --quiet
 
 clean:
 	rm -rf $(BUILD) $(FUZZ_BUILD)
