@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Checks `bitpush-bench compressors --json` output against the issue's targets (4 MiB, one
+core, ratio_to_memcpy) and prints a Markdown table. Exit 1 if a target is missed.
+
+usage: compressor_targets.py AVX512.json [AVX2.json]
+  (the AVX2 run must reach at least half of each target)
+"""
+import json
+import sys
+
+TARGETS = {
+    "onebit": {"compress": 1.0, "compress_ef": 0.5, "decompress_add": 1.0},
+    "topk:ratio=0.001": {"compress": 0.25, "compress_ef": 0.2, "decompress_add": 1.0},
+    "topk:ratio=0.01": {"compress": 0.25, "compress_ef": 0.2, "decompress_add": 1.0},
+    "dithering:levels=15,partition=linear,norm=max":
+        {"compress": 0.15, "compress_ef": 0.1, "decompress_add": 0.3},
+    "dithering:levels=3,partition=natural,norm=max":
+        {"compress": 0.15, "compress_ef": 0.1, "decompress_add": 0.3},
+    "fp16": {"compress": 1.0, "decompress_add": 1.0},
+}
+SIZE = 4 << 20
+
+
+def load(path):
+    return {(r["spec"], r["op"], r["bytes"]): r for r in json.load(open(path))}
+
+
+runs = [load(p) for p in sys.argv[1:3]]
+if not runs:
+    sys.exit(__doc__)
+for run in runs:
+    m = run[("memcpy", "memcpy", SIZE)]
+    print(f"- {m['isa']}: memcpy of 4 MiB {m['gbps']:.2f} GB/s")
+head = "| compressor | op | target | " + " | ".join(
+    f"{run[('memcpy', 'memcpy', SIZE)]['isa']} ×memcpy" for run in runs) + " | compression ratio |"
+print("\n" + head)
+print("|---" * (4 + len(runs)) + "|")
+ok = True
+for spec, ops in TARGETS.items():
+    for op, target in ops.items():
+        cells = []
+        for i, run in enumerate(runs):
+            need = target if i == 0 else target / 2
+            got = run[(spec, op, SIZE)]["ratio_to_memcpy"]
+            ok &= got >= need
+            cells.append(f"{got:.2f} {'ok' if got >= need else 'MISSED'}")
+        ratio = runs[0][(spec, op, SIZE)]["compression_ratio"]
+        print(f"| {spec} | {op} | ≥ {target} | " + " | ".join(cells) + f" | {ratio:.1f} |")
+print("\nall targets met" if ok else "\nSOME TARGETS MISSED")
+sys.exit(0 if ok else 1)
