@@ -1,10 +1,13 @@
 # BITPUSH_WITH_CUDA = AUTO | ON | OFF
-#   AUTO: use CUDA if a toolkit is found (default location /usr/local/cuda).
+#   AUTO: use CUDA if a toolkit is found at BITPUSH_CUDA_ROOT (default /usr/local/cuda).
 #   ON:   CUDA is required; a missing toolkit is a configure error.
 #   OFF:  never use CUDA.
-# Sets BITPUSH_HAVE_CUDA / BITPUSH_HAVE_NCCL (0/1) for the generated config header.
+# Sets BITPUSH_HAVE_CUDA / BITPUSH_HAVE_NCCL (0/1) for the generated config header
+# (build/generated/bitpush/config.h). Only BITPUSH_CUDA_ROOT is searched, so the switch
+# behaves the same on every machine.
 set(BITPUSH_WITH_CUDA "AUTO" CACHE STRING "Build CUDA/NCCL code: AUTO, ON or OFF")
 set_property(CACHE BITPUSH_WITH_CUDA PROPERTY STRINGS AUTO ON OFF)
+set(BITPUSH_CUDA_ROOT "/usr/local/cuda" CACHE PATH "CUDA toolkit (with NCCL) to build against")
 string(TOUPPER "${BITPUSH_WITH_CUDA}" _bp_cuda)
 if(NOT _bp_cuda MATCHES "^(AUTO|ON|OFF)$")
   message(FATAL_ERROR "BITPUSH_WITH_CUDA must be AUTO, ON or OFF (got '${BITPUSH_WITH_CUDA}')")
@@ -13,21 +16,24 @@ endif()
 set(BITPUSH_HAVE_CUDA 0)
 set(BITPUSH_HAVE_NCCL 0)
 if(NOT _bp_cuda STREQUAL "OFF")
-  if(NOT DEFINED CUDAToolkit_ROOT AND EXISTS /usr/local/cuda)
-    set(CUDAToolkit_ROOT /usr/local/cuda)
+  if(EXISTS "${BITPUSH_CUDA_ROOT}/bin/nvcc")
+    set(CUDAToolkit_ROOT "${BITPUSH_CUDA_ROOT}")
+    find_package(CUDAToolkit QUIET)
   endif()
-  find_package(CUDAToolkit QUIET)
   if(CUDAToolkit_FOUND)
     set(BITPUSH_HAVE_CUDA 1)
-    find_path(BITPUSH_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
-    find_library(BITPUSH_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+    find_path(BITPUSH_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} NO_DEFAULT_PATH)
+    find_library(BITPUSH_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} NO_DEFAULT_PATH)
     if(BITPUSH_NCCL_INCLUDE AND BITPUSH_NCCL_LIBRARY)
       set(BITPUSH_HAVE_NCCL 1)
     endif()
     message(STATUS "bitpush: CUDA ${CUDAToolkit_VERSION} at ${CUDAToolkit_BIN_DIR}")
   elseif(_bp_cuda STREQUAL "ON")
-    message(FATAL_ERROR "BITPUSH_WITH_CUDA=ON but no CUDA toolkit was found "
-                        "(looked in CUDAToolkit_ROOT='${CUDAToolkit_ROOT}' and the PATH). "
-                        "Install CUDA or configure with -DBITPUSH_WITH_CUDA=OFF/AUTO.")
+    message(FATAL_ERROR "BITPUSH_WITH_CUDA=ON but no CUDA toolkit was found at "
+                        "BITPUSH_CUDA_ROOT='${BITPUSH_CUDA_ROOT}' (no bin/nvcc there). "
+                        "Install CUDA, point -DBITPUSH_CUDA_ROOT at it, or configure with "
+                        "-DBITPUSH_WITH_CUDA=AUTO or OFF.")
+  else()
+    message(STATUS "bitpush: no CUDA toolkit at '${BITPUSH_CUDA_ROOT}': building without CUDA")
   endif()
 endif()
