@@ -42,6 +42,13 @@ fi
 
 echo "install-deps: installing ${#missing[@]} package(s): ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+log=$(mktemp /tmp/bitpush-install-deps.XXXXXX.log)
+if ! { $SUDO apt-get update -qq && \
+       $SUDO apt-get install -y -qq -o Dpkg::Use-Pty=0 --no-install-recommends "${missing[@]}"; } \
+     > "$log" 2>&1; then
+  echo "install-deps: apt-get failed; the last lines of $log:" >&2
+  tail -20 "$log" >&2
+  exit 1
+fi
+rm -f "$log"
 echo "install-deps: installed: ${missing[*]}"
