@@ -18,6 +18,16 @@ Status CheckCapacity(size_t need, MutableByteSpan out) {
 
 }  // namespace
 
+size_t CompressorBase::FinishPayload(DType dtype, size_t n, size_t body_bytes, uint8_t* out) const {
+  PayloadHeader h;
+  h.compressor_id = id_;
+  h.dtype = dtype;
+  h.body_bytes = static_cast<uint32_t>(body_bytes);
+  h.element_count = n;
+  WritePayloadHeader(h, out);
+  return kPayloadHeaderBytes + body_bytes;
+}
+
 Status CompressorBase::CheckElementCount(size_t n) const {
   if (n <= MaxElements()) return Status::Ok();
   return InvalidArgumentError(std::string(v1::CompressorId_Name(id_)) + ": a tensor of " +
@@ -38,13 +48,7 @@ StatusOr<size_t> CompressorBase::Compress(ConstTensorView input, const CompressC
     x = tmp;
   }
   const size_t body = EncodeBody(x, n, input.dtype(), ctx, out.data() + kPayloadHeaderBytes);
-  PayloadHeader h;
-  h.compressor_id = id_;
-  h.dtype = input.dtype();
-  h.body_bytes = static_cast<uint32_t>(body);
-  h.element_count = n;
-  WritePayloadHeader(h, out.data());
-  return kPayloadHeaderBytes + body;
+  return FinishPayload(input.dtype(), n, body, out.data());
 }
 
 StatusOr<size_t> CompressorBase::CompressWithFeedback(ConstTensorView input, Span<float> residual,
@@ -65,13 +69,7 @@ StatusOr<size_t> CompressorBase::CompressWithFeedback(ConstTensorView input, Spa
     AddToFloat(input, residual.data(), isa_);
     body = EncodeBodyWithFeedback(residual.data(), n, input.dtype(), ctx, body_out);
   }
-  PayloadHeader h;
-  h.compressor_id = id_;
-  h.dtype = input.dtype();
-  h.body_bytes = static_cast<uint32_t>(body);
-  h.element_count = n;
-  WritePayloadHeader(h, out.data());
-  return kPayloadHeaderBytes + body;
+  return FinishPayload(input.dtype(), n, body, out.data());
 }
 
 size_t CompressorBase::EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n,

@@ -127,6 +127,8 @@ class CompressorBase : public Compressor {
 
  private:
   Status CheckElementCount(size_t n) const;
+  // Writes the header for a body just encoded; returns the payload size.
+  size_t FinishPayload(DType dtype, size_t n, size_t body_bytes, uint8_t* out) const;
   StatusOr<PayloadHeader> CheckPayload(ByteSpan payload, size_t expected_count) const;
 
   v1::CompressorId id_;

@@ -20,11 +20,16 @@
 #include "common/half.h"
 #include "compressors/registry.h"
 #include "compressors/topk/topk_kernels.h"
+#include "tests/unit/compressor_test_util.h"
 #include "tests/unit/test_util.h"
 
 namespace bitpush::compressors {
 namespace {
 
+using bitpush::testing::Compress;
+using bitpush::testing::CompressEf;
+using bitpush::testing::Parse;
+using bitpush::testing::Sparse;
 using bitpush::testing::RandomFloats;
 using bitpush::testing::SupportedIsaLevels;
 
@@ -35,45 +40,6 @@ std::unique_ptr<TopkCompressor> MakeTopk(const std::string& spec, IsaLevel isa) 
   StatusOr<v1::CompressorConfig> c = ParseCompressorSpec(spec);
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   return std::make_unique<TopkCompressor>(c->topk(), isa);
-}
-
-std::vector<uint8_t> Compress(Compressor& c, ConstTensorView x, CompressContext ctx = {}) {
-  std::vector<uint8_t> out(c.MaxCompressedBytes(x.count(), x.dtype()));
-  StatusOr<size_t> n = c.Compress(x, ctx, MutableByteSpan(out.data(), out.size()));
-  EXPECT_TRUE(n.ok()) << n.status().ToString();
-  out.resize(n.ok() ? *n : 0);
-  return out;
-}
-
-std::vector<uint8_t> CompressEf(Compressor& c, ConstTensorView g, std::vector<float>& e) {
-  std::vector<uint8_t> out(c.MaxCompressedBytes(g.count(), g.dtype()));
-  StatusOr<size_t> n = c.CompressWithFeedback(g, Span<float>(e.data(), e.size()), {},
-                                              MutableByteSpan(out.data(), out.size()));
-  EXPECT_TRUE(n.ok()) << n.status().ToString();
-  out.resize(n.ok() ? *n : 0);
-  return out;
-}
-
-struct Sparse {
-  std::vector<uint32_t> idx;
-  std::vector<uint32_t> value_bits;  // raw bits of each stored value (fp32 or 16-bit)
-};
-
-Sparse Parse(const std::vector<uint8_t>& payload, DType dtype) {
-  Sparse s;
-  const uint8_t* body = payload.data() + kPayloadHeaderBytes;
-  uint32_t k;
-  std::memcpy(&k, body, 4);
-  EXPECT_EQ(payload.size(), kPayloadHeaderBytes + SparseBodyBytes(k, dtype));
-  s.idx.resize(k);
-  if (k) std::memcpy(s.idx.data(), body + 4, 4 * k);
-  const uint8_t* values = body + 4 + 4 * size_t{k};
-  for (uint32_t j = 0; j < k; ++j) {
-    uint32_t bits = 0;
-    std::memcpy(&bits, values + j * DTypeSize(dtype), DTypeSize(dtype));
-    s.value_bits.push_back(bits);
-  }
-  return s;
 }
 
 // Indices of the whole tensor in selection order: key descending, then index ascending.

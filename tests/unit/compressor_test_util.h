@@ -1,0 +1,60 @@
+// Helpers shared by the compressor unit tests: compress into a right-sized vector, and parse the
+// sparse body (topk / randomk) back into indices and raw value bits.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "compressors/compressor.h"
+#include "compressors/sparse/sparse_format.h"
+
+namespace bitpush::testing {
+
+inline std::vector<uint8_t> Compress(compressors::Compressor& c, ConstTensorView x,
+                                     compressors::CompressContext ctx = {}) {
+  std::vector<uint8_t> out(c.MaxCompressedBytes(x.count(), x.dtype()));
+  StatusOr<size_t> n = c.Compress(x, ctx, MutableByteSpan(out.data(), out.size()));
+  EXPECT_TRUE(n.ok()) << n.status().ToString();
+  out.resize(n.ok() ? *n : 0);
+  return out;
+}
+
+inline std::vector<uint8_t> CompressEf(compressors::Compressor& c, ConstTensorView g,
+                                       std::vector<float>& e,
+                                       compressors::CompressContext ctx = {}) {
+  std::vector<uint8_t> out(c.MaxCompressedBytes(g.count(), g.dtype()));
+  StatusOr<size_t> n = c.CompressWithFeedback(g, Span<float>(e.data(), e.size()), ctx,
+                                              MutableByteSpan(out.data(), out.size()));
+  EXPECT_TRUE(n.ok()) << n.status().ToString();
+  out.resize(n.ok() ? *n : 0);
+  return out;
+}
+
+struct Sparse {
+  std::vector<uint32_t> idx;
+  std::vector<uint32_t> value_bits;  // raw bits of each stored value (fp32 or 16-bit)
+};
+
+// Parses a topk / randomk payload (which must have the exact size its k implies).
+inline Sparse Parse(const std::vector<uint8_t>& payload, DType dtype) {
+  Sparse s;
+  const uint8_t* body = payload.data() + compressors::kPayloadHeaderBytes;
+  uint32_t k;
+  std::memcpy(&k, body, 4);
+  EXPECT_EQ(payload.size(),
+            compressors::kPayloadHeaderBytes + compressors::SparseBodyBytes(k, dtype));
+  s.idx.resize(k);
+  if (k) std::memcpy(s.idx.data(), body + 4, 4 * k);
+  const uint8_t* values = body + 4 + 4 * size_t{k};
+  for (uint32_t j = 0; j < k; ++j) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, values + j * DTypeSize(dtype), DTypeSize(dtype));
+    s.value_bits.push_back(bits);
+  }
+  return s;
+}
+
+}  // namespace bitpush::testing
