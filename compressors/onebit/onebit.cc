@@ -115,22 +115,27 @@ BP_TARGET_AVX2 double SignsAvx2(const float* a, const float* b, size_t n, uint8_
   return ReduceLanes(lanes);
 }
 
+// The 8 values ±scale of elements 8c..8c+7 of a sign word (bit set: -scale).
+BP_TARGET_AVX2 inline __m256 SignedScaleAvx2(uint64_t w, int c, __m256 pos, __m256 neg) {
+  const __m256i bit_sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i byte = _mm256_set1_epi32(static_cast<int>((w >> (c * 8)) & 0xFF));
+  const __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(byte, bit_sel), bit_sel);
+  return _mm256_blendv_ps(pos, neg, _mm256_castsi256_ps(set));
+}
+
 BP_TARGET_AVX2 void ResidualAvx2(const float* a, const float* b, float* e, size_t n,
                                  const uint8_t* words, float scale) {
   const __m256 pos = _mm256_set1_ps(scale);
   const __m256 neg = _mm256_set1_ps(-scale);
-  const __m256i bit_sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   const size_t full = n / 64;
   for (size_t j = 0; j < full; ++j) {
     const uint64_t w = LoadWord(words, j);
     for (int c = 0; c < 8; ++c) {
       const size_t i = j * 64 + c * 8;
-      const __m256i byte = _mm256_set1_epi32(static_cast<int>((w >> (c * 8)) & 0xFF));
-      const __m256 m =
-          _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(byte, bit_sel), bit_sel));
+      const __m256 v = SignedScaleAvx2(w, c, pos, neg);
       __m256 q = _mm256_loadu_ps(a + i);
       if (b) q = _mm256_add_ps(q, _mm256_loadu_ps(b + i));
-      _mm256_storeu_ps(e + i, _mm256_sub_ps(q, _mm256_blendv_ps(pos, neg, m)));
+      _mm256_storeu_ps(e + i, _mm256_sub_ps(q, v));
     }
   }
   if (full * 64 < n) {
@@ -142,16 +147,12 @@ BP_TARGET_AVX2 void ResidualAvx2(const float* a, const float* b, float* e, size_
 BP_TARGET_AVX2 void DecodeAvx2(const uint8_t* words, size_t n, float scale, float* out, bool add) {
   const __m256 pos = _mm256_set1_ps(scale);
   const __m256 neg = _mm256_set1_ps(-scale);
-  const __m256i bit_sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   const size_t full = n / 64;
   for (size_t j = 0; j < full; ++j) {
     const uint64_t w = LoadWord(words, j);
     for (int c = 0; c < 8; ++c) {
       const size_t i = j * 64 + c * 8;
-      const __m256i byte = _mm256_set1_epi32(static_cast<int>((w >> (c * 8)) & 0xFF));
-      const __m256 m =
-          _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(byte, bit_sel), bit_sel));
-      __m256 v = _mm256_blendv_ps(pos, neg, m);
+      __m256 v = SignedScaleAvx2(w, c, pos, neg);
       if (add) v = _mm256_add_ps(_mm256_loadu_ps(out + i), v);
       _mm256_storeu_ps(out + i, v);
     }
