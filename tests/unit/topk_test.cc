@@ -528,7 +528,7 @@ TEST(TopkDecompress, ExactAndAdd) {
 // Payload helpers for the rejection tests: patch the body and keep the header consistent.
 void SetBody(std::vector<uint8_t>& p, const std::vector<uint8_t>& body) {
   p.resize(kPayloadHeaderBytes + body.size());
-  std::memcpy(p.data() + kPayloadHeaderBytes, body.data(), body.size());
+  if (!body.empty()) std::memcpy(p.data() + kPayloadHeaderBytes, body.data(), body.size());
   const uint32_t bytes = static_cast<uint32_t>(body.size());
   std::memcpy(p.data() + 4, &bytes, 4);  // header: body bytes at offset 4
 }
