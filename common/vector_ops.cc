@@ -10,27 +10,41 @@ namespace bitpush {
 namespace {
 
 // ---- scalar -------------------------------------------------------------------------------
+// Element access goes through memcpy: payload bodies arrive at any alignment (inside network
+// frames), and a typed load from a misaligned address is undefined behaviour. Compilers turn
+// these into plain moves.
+
+template <typename T>
+inline T Ld(const T* p, size_t i) {
+  T v;
+  std::memcpy(&v, p + i, sizeof(T));
+  return v;
+}
+template <typename T>
+inline void St(T* p, size_t i, T v) {
+  std::memcpy(p + i, &v, sizeof(T));
+}
 
 void HalfToFloatScalar(const uint16_t* s, float* d, size_t n) {
-  for (size_t i = 0; i < n; ++i) d[i] = HalfToFloat(s[i]);
+  for (size_t i = 0; i < n; ++i) St(d, i, HalfToFloat(Ld(s, i)));
 }
 void FloatToHalfScalar(const float* s, uint16_t* d, size_t n) {
-  for (size_t i = 0; i < n; ++i) d[i] = FloatToHalf(s[i]);
+  for (size_t i = 0; i < n; ++i) St(d, i, FloatToHalf(Ld(s, i)));
 }
 void Bf16ToFloatScalar(const uint16_t* s, float* d, size_t n) {
-  for (size_t i = 0; i < n; ++i) d[i] = Bf16ToFloat(s[i]);
+  for (size_t i = 0; i < n; ++i) St(d, i, Bf16ToFloat(Ld(s, i)));
 }
 void FloatToBf16Scalar(const float* s, uint16_t* d, size_t n) {
-  for (size_t i = 0; i < n; ++i) d[i] = FloatToBf16(s[i]);
+  for (size_t i = 0; i < n; ++i) St(d, i, FloatToBf16(Ld(s, i)));
 }
 void AddHalfScalar(const uint16_t* s, float* d, size_t n) {
-  for (size_t i = 0; i < n; ++i) d[i] += HalfToFloat(s[i]);
+  for (size_t i = 0; i < n; ++i) St(d, i, Ld(d, i) + HalfToFloat(Ld(s, i)));
 }
 void AddBf16Scalar(const uint16_t* s, float* d, size_t n) {
-  for (size_t i = 0; i < n; ++i) d[i] += Bf16ToFloat(s[i]);
+  for (size_t i = 0; i < n; ++i) St(d, i, Ld(d, i) + Bf16ToFloat(Ld(s, i)));
 }
 void AddFloatScalar(const float* s, float* d, size_t n) {
-  for (size_t i = 0; i < n; ++i) d[i] += s[i];
+  for (size_t i = 0; i < n; ++i) St(d, i, Ld(d, i) + Ld(s, i));
 }
 
 void CastWithResidualScalar(const float* g, float* e, TensorView out) {
@@ -39,16 +53,16 @@ void CastWithResidualScalar(const float* g, float* e, TensorView out) {
     const float q = g ? g[i] + e[i] : e[i];
     float back = q;
     switch (out.dtype()) {
-      case DType::kFloat32: out.f32()[i] = q; break;
+      case DType::kFloat32: St(out.f32(), i, q); break;
       case DType::kFloat16: {
         const uint16_t h = FloatToHalf(q);
-        out.u16()[i] = h;
+        St(out.u16(), i, h);
         back = HalfToFloat(h);
         break;
       }
       case DType::kBFloat16: {
         const uint16_t b = FloatToBf16(q);
-        out.u16()[i] = b;
+        St(out.u16(), i, b);
         back = Bf16ToFloat(b);
         break;
       }

@@ -286,6 +286,37 @@ TEST_P(CompressorContract, DecoderRejectsTruncationExtensionAndBadHeaders) {
   }
 }
 
+// Payloads arrive inside network frames at any offset: decoding from an odd address must give
+// the same result (and, under UBSan, no misaligned access).
+TEST_P(CompressorContract, PayloadAtAnyAlignmentDecodes) {
+  const size_t n = 1000;
+  const TestTensor x = MakeTensor(RandomFloats(n, 21), dtype_);
+  const std::vector<uint8_t> p = CompressOk(*c_, x.view());
+  std::vector<float> ref(n, 0.5f);
+  ASSERT_TRUE(c_->DecompressAdd({p.data(), p.size()}, {ref.data(), n}).ok());
+  for (size_t offset : {1, 2, 3, 5}) {
+    std::vector<uint8_t> shifted(p.size() + offset);
+    std::memcpy(shifted.data() + offset, p.data(), p.size());
+    std::vector<float> acc(n, 0.5f);
+    ASSERT_TRUE(c_->DecompressAdd({shifted.data() + offset, p.size()}, {acc.data(), n}).ok());
+    EXPECT_EQ(0, std::memcmp(acc.data(), ref.data(), n * 4)) << "offset " << offset;
+    // ... and encoding into a buffer at that offset writes the same bytes.
+    std::vector<uint8_t> out(c_->MaxCompressedBytes(n, dtype_) + offset);
+    auto r = c_->Compress(x.view(), {3, 1}, {out.data() + offset, out.size() - offset});
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(std::vector<uint8_t>(out.begin() + offset, out.begin() + offset + *r), p);
+    std::vector<float> e(n, 0.25f), e_ref(n, 0.25f);
+    std::vector<uint8_t> p_ef(c_->MaxCompressedBytes(n, dtype_));
+    auto r1 =
+        c_->CompressWithFeedback(x.view(), {e_ref.data(), n}, {3, 1}, {p_ef.data(), p_ef.size()});
+    auto r2 = c_->CompressWithFeedback(x.view(), {e.data(), n}, {3, 1},
+                                       {out.data() + offset, out.size() - offset});
+    ASSERT_TRUE(r1.ok() && r2.ok());
+    EXPECT_EQ(std::vector<uint8_t>(out.begin() + offset, out.begin() + offset + *r2),
+              std::vector<uint8_t>(p_ef.begin(), p_ef.begin() + *r1));
+  }
+}
+
 TEST_P(CompressorContract, RandomBytesNeverCrash) {
   std::mt19937 rng(11);
   const TestTensor x = MakeTensor(RandomFloats(200, 1), dtype_);
