@@ -1,0 +1,64 @@
+// Buffer and Message: what a transport carries.
+//
+// A Message is a small header (control plane: a serialized bitpush.v1.ControlMessage; data
+// plane: a serialized bitpush.v1.DataHeader) followed by zero or more payload frames. Frames are
+// Buffers: immutable, reference-counted byte ranges, so a payload can be handed to a transport
+// without copying (the zmq backend passes the bytes to zmq_msg_init_data and keeps the Buffer
+// alive until ZeroMQ releases it; the inproc backend moves the Buffer to the receiver).
+//
+// Thread-safety: a Buffer's bytes never change after construction; copies of a Buffer may be
+// used from different threads. A Message is a value type (one owner at a time).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/span.h"
+
+namespace bitpush::transport {
+
+class Buffer {
+ public:
+  Buffer() = default;
+
+  // Copies `size` bytes.
+  static Buffer Copy(const void* data, size_t size);
+  // Takes ownership of a vector's bytes (no copy).
+  static Buffer Take(std::vector<uint8_t>&& bytes);
+  static Buffer Take(std::string&& bytes);
+  // Refers to bytes kept alive by `owner` (no copy); the bytes must not change while any
+  // Buffer refers to them.
+  static Buffer Borrow(const void* data, size_t size, std::shared_ptr<const void> owner);
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  ByteSpan span() const { return {data_, size_}; }
+  // The object keeping the bytes alive (null for an empty buffer).
+  const std::shared_ptr<const void>& owner() const { return owner_; }
+
+ private:
+  Buffer(const uint8_t* data, size_t size, std::shared_ptr<const void> owner)
+      : data_(data), size_(size), owner_(std::move(owner)) {}
+
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  std::shared_ptr<const void> owner_;
+};
+
+struct Message {
+  std::string header;
+  std::vector<Buffer> frames;
+
+  size_t payload_bytes() const {
+    size_t n = 0;
+    for (const Buffer& f : frames) n += f.size();
+    return n;
+  }
+};
+
+}  // namespace bitpush::transport

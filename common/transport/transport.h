@@ -1,0 +1,116 @@
+// Transport: the one interface through which bitpush processes exchange messages, whatever the
+// backend (common/transport/<backend>/). Control plane and data plane use the same transport
+// type but different header messages (proto/bitpush/v1/control.proto).
+//
+// Model
+//  - Every endpoint has a name (its PeerId, e.g. "server:0") and listens on one address
+//    (`inproc://name`, `tcp://127.0.0.1:9000`, `tcp://127.0.0.1:0` for any free port,
+//    `ipc:///tmp/x.sock`). `address()` returns the resolved address to advertise.
+//  - Connect(peer, address) makes `peer` reachable by name; Send(peer, msg) queues `msg` and
+//    returns at once. Messages to one peer arrive in the order they were sent (per-peer FIFO);
+//    there is no order between different senders.
+//  - Receive(timeout) returns the next message from any peer, with the sender's name, or
+//    Timeout after `timeout` — every wait is bounded.
+//  - Errors reach the owner as Status: Send to an unknown or disconnected peer fails at once;
+//    failures discovered later (peer gone, send failed on the wire) are returned by the next
+//    Receive as a TransportEvent, naming the peer. Malformed traffic (bytes that are not a
+//    bitpush frame, a truncated message) is dropped and counted in stats(), never delivered.
+//
+// Backends: "inproc" (queues inside one process, through an InprocHub object that the
+// endpoints of one in-process cluster share — no process-wide singleton) and "zmq" (ZeroMQ
+// over tcp:// and ipc://, zero-copy sends of Buffer frames). Create them with CreateTransport.
+//
+// Thread-safety: all methods may be called from any thread concurrently. Each backend owns
+// its internal threads (see docs/threading.md); Receive may be called by one thread at a time.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <variant>
+
+#include "common/status.h"
+#include "common/transport/message.h"
+
+namespace bitpush::transport {
+
+using PeerId = std::string;
+
+// Something that happened to a peer, reported in order with the messages.
+struct TransportEvent {
+  enum class Kind { kPeerConnected, kPeerDisconnected, kSendFailed };
+  Kind kind;
+  PeerId peer;
+  Status status;  // why (for kPeerDisconnected / kSendFailed)
+};
+
+struct Received {
+  PeerId from;
+  // Either a message or an event about `from`.
+  std::variant<Message, TransportEvent> body;
+
+  bool is_message() const { return std::holds_alternative<Message>(body); }
+  Message& message() { return std::get<Message>(body); }
+  TransportEvent& event() { return std::get<TransportEvent>(body); }
+};
+
+struct TransportStats {
+  uint64_t messages_sent = 0;
+  uint64_t messages_received = 0;
+  uint64_t bytes_sent = 0;      // header + frames
+  uint64_t bytes_received = 0;
+  uint64_t malformed_dropped = 0;  // frames/connections that were not valid bitpush traffic
+};
+
+class InprocHub;
+
+struct TransportOptions {
+  // "inproc" or "zmq".
+  std::string backend = "zmq";
+  // This endpoint's name, unique in the cluster (e.g. "scheduler", "server:0", "worker:1").
+  PeerId name;
+  // Address to listen on. zmq: tcp://HOST:PORT (PORT 0 = any free port) or ipc://PATH;
+  // inproc: inproc://NAME.
+  std::string listen_address;
+  // inproc only: the hub shared by the endpoints of one in-process cluster (required).
+  std::shared_ptr<InprocHub> inproc_hub;
+  // Bound on messages queued for one peer before Send blocks (backpressure), and on how long
+  // it may block before failing with Unavailable.
+  size_t max_queued_per_peer = 1024;
+  std::chrono::milliseconds send_block_timeout{30000};
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual const PeerId& name() const = 0;
+  // The address others connect to (resolved: the real port when 0 was asked).
+  virtual std::string address() const = 0;
+
+  // Makes `peer` (listening at `address`) reachable by name. Idempotent for the same address.
+  virtual Status Connect(const PeerId& peer, const std::string& address) = 0;
+  // Forgets `peer`; later sends to it fail with NotFound.
+  virtual void Disconnect(const PeerId& peer) = 0;
+
+  // Queues `msg` for `peer`; returns once the transport owns it (frames are not copied).
+  virtual Status Send(const PeerId& peer, Message msg) = 0;
+
+  // The next message or event, or Timeout naming this endpoint after `timeout`.
+  virtual StatusOr<Received> Receive(std::chrono::milliseconds timeout) = 0;
+
+  // Stops the backend's threads; pending Receive calls return Cancelled. Idempotent.
+  virtual void Close() = 0;
+
+  virtual TransportStats stats() const = 0;
+};
+
+// Creates, binds and starts an endpoint. InvalidArgument for a bad address or unknown backend
+// ("unknown transport backend 'x'; valid: inproc, zmq"); Unavailable if the address is in use.
+StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& options);
+
+// Shared state of the inproc endpoints of one in-process cluster.
+std::shared_ptr<InprocHub> NewInprocHub();
+
+}  // namespace bitpush::transport
