@@ -2,6 +2,7 @@
 #include "common/transport/transport.h"
 
 #include "common/transport/inproc/transport.h"
+#include "common/transport/zmq/transport.h"
 #include "fmt/format.h"
 
 namespace bitpush::transport {
@@ -39,7 +40,7 @@ StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& opt
   }
   BP_RETURN_IF_ERROR(ValidateCommonOptions(options));
   if (options.backend == "inproc") return inproc::CreateInprocTransport(options);
-  return UnimplementedError("transport backend 'zmq' is not built yet");
+  return zmq_backend::CreateZmqTransport(options);
 }
 
 }  // namespace bitpush::transport

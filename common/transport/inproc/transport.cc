@@ -209,7 +209,14 @@ class InprocTransport final : public Transport {
                                                                    : "no endpoint listening",
                                                      address));
     }
-    if (resolved) target->AddWatcher(mailbox_, peer);
+    if (resolved) {
+      target->AddWatcher(mailbox_, peer);
+      // The peer was reported gone (its Close sent us kPeerDisconnected) and is back.
+      if (was_connected) {
+        mailbox_->PushEvent(Received{
+            peer, TransportEvent{TransportEvent::Kind::kPeerConnected, peer, Status::Ok()}});
+      }
+    }
     const uint64_t bytes = msg.header.size() + msg.payload_bytes();
     Status s = target->Push(options_.name, std::move(msg), options_.max_queued_per_peer,
                             options_.send_block_timeout);

@@ -1,0 +1,55 @@
+#include "common/transport/zmq/framing.h"
+
+#include <cstring>
+
+#include "fmt/format.h"
+
+namespace bitpush::transport::zmq_backend {
+
+namespace {
+
+void PutU32(uint8_t* p, uint32_t v) {
+  p[0] = static_cast<uint8_t>(v);
+  p[1] = static_cast<uint8_t>(v >> 8);
+  p[2] = static_cast<uint8_t>(v >> 16);
+  p[3] = static_cast<uint8_t>(v >> 24);
+}
+
+uint32_t GetU32(const uint8_t* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
+
+}  // namespace
+
+void EncodeEnvelope(const std::string& header, uint32_t frame_count, uint8_t* out) {
+  std::memcpy(out, kMagic, sizeof(kMagic));
+  PutU32(out + 4, frame_count);
+  PutU32(out + 8, static_cast<uint32_t>(header.size()));
+  if (!header.empty()) std::memcpy(out + kEnvelopeFixedBytes, header.data(), header.size());
+}
+
+Status ParseEnvelope(const uint8_t* data, size_t size, size_t frame_parts, const uint8_t** header,
+                     size_t* header_bytes) {
+  if (size < kEnvelopeFixedBytes) {
+    return DataLossError(
+        fmt::format("envelope of {} bytes, need at least {}", size, kEnvelopeFixedBytes));
+  }
+  if (std::memcmp(data, kMagic, sizeof(kMagic)) != 0) {
+    return DataLossError("envelope does not start with the magic 'BPT1'");
+  }
+  const uint32_t frames = GetU32(data + 4);
+  const uint32_t hbytes = GetU32(data + 8);
+  if (hbytes != size - kEnvelopeFixedBytes) {
+    return DataLossError(fmt::format("envelope announces a {}-byte header, carries {} bytes",
+                                     hbytes, size - kEnvelopeFixedBytes));
+  }
+  if (frames != frame_parts) {
+    return DataLossError(
+        fmt::format("envelope announces {} frames, {} parts follow", frames, frame_parts));
+  }
+  *header = data + kEnvelopeFixedBytes;
+  *header_bytes = hbytes;
+  return Status::Ok();
+}
+
+}  // namespace bitpush::transport::zmq_backend

@@ -1,0 +1,841 @@
+#include "common/transport/zmq/transport.h"
+
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/logging.h"
+#include "common/transport/zmq/framing.h"
+#include "fmt/format.h"
+
+namespace bitpush::transport::zmq_backend {
+namespace {
+
+// How long Close() lets ZeroMQ flush messages already handed to a connected peer.
+constexpr int kCloseLingerMs = 2000;
+// Frames below this size are copied into / out of ZeroMQ messages: cheaper than the
+// bookkeeping of a zero-copy hand-over.
+constexpr size_t kCopyBelowBytes = 4096;
+// Largest incoming ZeroMQ part accepted; a peer that sends more is disconnected by ZeroMQ
+// (protects the receiver from absurd lengths in garbage that passes the greeting).
+constexpr int64_t kMaxPartBytes = int64_t{1} << 32;
+// Messages taken from the ROUTER per wake-up before looking at other sockets.
+constexpr int kReceiveBatch = 256;
+constexpr int kMaxSockets = 4096;
+
+std::string ZmqError() {
+  return zmq_strerror(zmq_errno());
+}
+
+bool HasScheme(const std::string& address) {
+  return address.rfind("tcp://", 0) == 0 || address.rfind("ipc://", 0) == 0;
+}
+
+// Owns one zmq_msg_t; a received Buffer keeps it alive instead of copying its bytes.
+struct MsgHolder {
+  MsgHolder() { zmq_msg_init(&msg); }
+  ~MsgHolder() { zmq_msg_close(&msg); }
+  MsgHolder(const MsgHolder&) = delete;
+  MsgHolder& operator=(const MsgHolder&) = delete;
+  zmq_msg_t msg;
+};
+
+// ThreadSanitizer cannot see the synchronisation inside libzmq (not built with it); these mark
+// the hand-over of a zero-copy Buffer from the I/O thread to ZeroMQ's thread that releases it.
+#if defined(__SANITIZE_THREAD__)
+#define BP_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define BP_TSAN 1
+#endif
+#endif
+#ifdef BP_TSAN
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+void HandOver(void* p) {
+  __tsan_release(p);
+}
+void TakeOver(void* p) {
+  __tsan_acquire(p);
+}
+#else
+void HandOver(void*) {}
+void TakeOver(void*) {}
+#endif
+
+// ZeroMQ calls this (from its I/O thread) when it no longer needs a zero-copy part.
+void ReleaseBuffer(void* /*data*/, void* hint) {
+  TakeOver(hint);
+  delete static_cast<Buffer*>(hint);
+}
+
+void SetInt(void* socket, int option, int value) {
+  zmq_setsockopt(socket, option, &value, sizeof(value));
+}
+
+enum class PeerState { kConnecting, kConnected, kDisconnected };
+
+// What callers and the I/O thread share about one peer (guarded by ZmqTransport::mu_).
+struct PeerShared {
+  std::string address;
+  PeerState state = PeerState::kConnecting;
+  bool removed = false;        // Disconnect()ed or replaced by another Connect
+  std::deque<Message> outbox;  // accepted by Send, not yet taken by the I/O thread
+  size_t io_held = 0;          // taken by the I/O thread, not yet handed to ZeroMQ
+  Status last_error;           // why the peer is kDisconnected
+};
+
+// Hands a peer's sockets (created by the calling thread) to the I/O thread, or retires them.
+struct Command {
+  enum class Kind { kAdd, kRemove };
+  Kind kind;
+  PeerId peer;
+  std::shared_ptr<PeerShared> shared;
+  void* dealer = nullptr;
+  void* monitor = nullptr;
+};
+
+// The I/O thread's view of a peer.
+struct IoPeer {
+  std::shared_ptr<PeerShared> shared;
+  void* dealer = nullptr;
+  void* monitor = nullptr;
+  std::deque<Message> pending;
+};
+
+class ZmqTransport final : public Transport {
+ public:
+  explicit ZmqTransport(const TransportOptions& options) : options_(options) {}
+  ~ZmqTransport() override {
+    Close();
+    if (wake_fd_ >= 0) close(wake_fd_);  // only now: a racing Send may still Wake()
+  }
+
+  Status Start();
+
+  const PeerId& name() const override { return options_.name; }
+  std::string address() const override { return address_; }
+  Status Connect(const PeerId& peer, const std::string& address) override;
+  void Disconnect(const PeerId& peer) override;
+  Status Send(const PeerId& peer, Message msg) override;
+  StatusOr<Received> Receive(std::chrono::milliseconds timeout) override;
+  void Close() override;
+  TransportStats stats() const override;
+
+ private:
+  std::string Prefix() const {
+    return fmt::format("endpoint '{}' ({}): ", options_.name,
+                       address_.empty() ? options_.listen_address : address_);
+  }
+  Status OpenMonitor(void* socket, int events, void** monitor);
+  void Wake();
+
+  // I/O thread.
+  void IoLoop();
+  void ApplyCommands(std::deque<Command>* commands);
+  void CloseIoPeer(IoPeer* p);
+  void CollectOutboxes();
+  void FlushPending(const PeerId& name, IoPeer* p);
+  int SendMessage(void* dealer, const Message& m);
+  bool InboxHasRoom();
+  void ReadRouter();
+  void ReadRouterMonitor();
+  void ReadPeerMonitor(const PeerId& name, IoPeer* p);
+  void PushEvent(const PeerId& peer, TransportEvent::Kind kind, Status status);
+
+  const TransportOptions options_;
+  std::string address_;  // resolved; written by Start only
+  void* ctx_ = nullptr;
+  void* router_ = nullptr;
+  void* router_monitor_ = nullptr;
+  int wake_fd_ = -1;
+  std::thread io_thread_;
+  std::atomic<uint64_t> monitor_seq_{0};
+  std::mutex close_mu_;  // serialises Close
+  // Connect calls between their closed_ check and handing their sockets over; Close waits
+  // for them before terminating the context they use.
+  size_t connects_in_flight_ = 0;
+  std::condition_variable connects_done_;
+
+  // Callers <-> I/O thread.
+  std::mutex mu_;
+  std::condition_variable space_;  // an outbox shrank, or a peer changed state, or closed
+  size_t blocked_senders_ = 0;
+  bool closed_ = false;
+  bool outbox_dirty_ = false;  // an outbox grew since the I/O thread last looked
+  std::map<PeerId, std::shared_ptr<PeerShared>> peers_;
+  std::deque<Command> commands_;
+
+  // I/O thread -> Receive.
+  std::mutex in_mu_;
+  std::condition_variable in_cv_;
+  std::deque<Received> inbox_;
+  size_t inbox_messages_ = 0;   // messages (not events) in inbox_
+  bool reader_paused_ = false;  // the I/O thread stopped reading: inbox_ full
+  bool in_closed_ = false;
+
+  // I/O thread only.
+  std::map<PeerId, IoPeer> io_peers_;
+
+  std::atomic<uint64_t> messages_sent_{0};
+  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> messages_received_{0};
+  std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<uint64_t> malformed_dropped_{0};
+};
+
+// Refuses an ipc:// path that a live process listens on (ZeroMQ would silently unlink it and
+// steal the address); a stale socket file is fine.
+Status CheckIpcPathFree(const std::string& address) {
+  const std::string path = address.substr(6);
+  if (path.empty() || path[0] == '@') return Status::Ok();
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return Status::Ok();
+  sockaddr_un sa{};
+  if (path.size() >= sizeof(sa.sun_path)) return Status::Ok();  // ZeroMQ reports it
+  sa.sun_family = AF_UNIX;
+  std::memcpy(sa.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::Ok();
+  const bool live = connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0;
+  close(fd);
+  if (live) return UnavailableError(fmt::format("address {} is in use", address));
+  return Status::Ok();
+}
+
+Status ZmqTransport::Start() {
+  const std::string& listen = options_.listen_address;
+  if (!HasScheme(listen)) {
+    return InvalidArgumentError(Prefix() + fmt::format("listen address '{}' is not tcp://HOST:PORT "
+                                                       "or ipc://PATH",
+                                                       listen));
+  }
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) return InternalError(Prefix() + "eventfd: " + std::strerror(errno));
+  ctx_ = zmq_ctx_new();
+  if (!ctx_) return InternalError(Prefix() + "zmq_ctx_new: " + ZmqError());
+  zmq_ctx_set(ctx_, ZMQ_MAX_SOCKETS, kMaxSockets);
+
+  router_ = zmq_socket(ctx_, ZMQ_ROUTER);
+  if (!router_) return InternalError(Prefix() + "zmq_socket(ROUTER): " + ZmqError());
+  SetInt(router_, ZMQ_LINGER, 0);           // receive only
+  SetInt(router_, ZMQ_ROUTER_HANDOVER, 1);  // a restarted peer takes over its name
+  SetInt(router_, ZMQ_RCVHWM,
+         static_cast<int>(std::min<size_t>(options_.max_queued_per_peer, 1 << 30)));
+  const int64_t max_part = kMaxPartBytes;
+  zmq_setsockopt(router_, ZMQ_MAXMSGSIZE, &max_part, sizeof(max_part));
+  if (listen.find('[') != std::string::npos) SetInt(router_, ZMQ_IPV6, 1);
+  BP_RETURN_IF_ERROR(OpenMonitor(router_,
+                                 ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                                     ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                     ZMQ_EVENT_HANDSHAKE_FAILED_AUTH,
+                                 &router_monitor_));
+
+  std::string bind_address = listen;
+  if (listen.rfind("tcp://", 0) == 0 && bind_address.size() > 2 &&
+      bind_address.compare(bind_address.size() - 2, 2, ":0") == 0) {
+    bind_address.replace(bind_address.size() - 1, 1, "*");  // any free port
+  }
+  if (listen.rfind("ipc://", 0) == 0) {
+    Status s = CheckIpcPathFree(listen);
+    if (!s.ok()) return Status(s.code(), Prefix() + s.message());
+  }
+  if (zmq_bind(router_, bind_address.c_str()) != 0) {
+    const int err = zmq_errno();
+    if (err == EADDRINUSE) {
+      return UnavailableError(Prefix() + fmt::format("address {} is in use", listen));
+    }
+    return InvalidArgumentError(
+        Prefix() + fmt::format("cannot listen on '{}': {}", listen, zmq_strerror(err)));
+  }
+  char resolved[1024];
+  size_t resolved_len = sizeof(resolved);
+  if (zmq_getsockopt(router_, ZMQ_LAST_ENDPOINT, resolved, &resolved_len) != 0) {
+    return InternalError(Prefix() + "ZMQ_LAST_ENDPOINT: " + ZmqError());
+  }
+  address_ = resolved;
+  io_thread_ = std::thread([this] { IoLoop(); });
+  return Status::Ok();
+}
+
+Status ZmqTransport::OpenMonitor(void* socket, int events, void** monitor) {
+  const std::string addr = fmt::format("inproc://bitpush-monitor-{}", monitor_seq_.fetch_add(1));
+  if (zmq_socket_monitor(socket, addr.c_str(), events) != 0) {
+    return InternalError(Prefix() + "zmq_socket_monitor: " + ZmqError());
+  }
+  void* pair = zmq_socket(ctx_, ZMQ_PAIR);
+  if (!pair) return InternalError(Prefix() + "zmq_socket(PAIR): " + ZmqError());
+  SetInt(pair, ZMQ_LINGER, 0);
+  if (zmq_connect(pair, addr.c_str()) != 0) {
+    const std::string err = ZmqError();
+    zmq_close(pair);
+    return InternalError(Prefix() + "monitor connect: " + err);
+  }
+  *monitor = pair;
+  return Status::Ok();
+}
+
+void ZmqTransport::Wake() {
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+}
+
+Status ZmqTransport::Connect(const PeerId& peer, const std::string& address) {
+  if (peer.empty()) return InvalidArgumentError(Prefix() + "Connect: empty peer name");
+  if (!HasScheme(address)) {
+    return InvalidArgumentError(
+        Prefix() + fmt::format("Connect to '{}': address '{}' is not tcp://HOST:PORT or "
+                               "ipc://PATH",
+                               peer, address));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return CancelledError(Prefix() + fmt::format("Connect to '{}': closed", peer));
+    auto it = peers_.find(peer);
+    if (it != peers_.end() && it->second->address == address) return Status::Ok();
+    ++connects_in_flight_;
+  }
+  struct InFlight {
+    ZmqTransport* t;
+    ~InFlight() {
+      std::lock_guard<std::mutex> lock(t->mu_);
+      if (--t->connects_in_flight_ == 0) t->connects_done_.notify_all();
+    }
+  } in_flight{this};
+  // The sockets are created here, then handed to the I/O thread (the mutex hand-over is the
+  // full memory barrier ZeroMQ requires when a socket changes threads).
+  void* dealer = zmq_socket(ctx_, ZMQ_DEALER);
+  if (!dealer) {
+    return UnavailableError(Prefix() + fmt::format("Connect to '{}': {}", peer, ZmqError()));
+  }
+  zmq_setsockopt(dealer, ZMQ_ROUTING_ID, options_.name.data(), options_.name.size());
+  SetInt(dealer, ZMQ_LINGER, kCloseLingerMs);
+  SetInt(dealer, ZMQ_IMMEDIATE, 1);  // queue only on live connections: nothing stale on reconnect
+  SetInt(dealer, ZMQ_SNDHWM,
+         static_cast<int>(std::min<size_t>(options_.max_queued_per_peer, 1 << 30)));
+  SetInt(dealer, ZMQ_RECONNECT_IVL, 100);
+  SetInt(dealer, ZMQ_RECONNECT_IVL_MAX, 1000);
+  if (address.find('[') != std::string::npos) SetInt(dealer, ZMQ_IPV6, 1);
+  void* monitor = nullptr;
+  Status s = OpenMonitor(dealer, ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED, &monitor);
+  if (s.ok() && zmq_connect(dealer, address.c_str()) != 0) {
+    s = InvalidArgumentError(Prefix() +
+                             fmt::format("Connect to '{}' at '{}': {}", peer, address, ZmqError()));
+  }
+  if (!s.ok()) {
+    if (monitor) zmq_close(monitor);
+    SetInt(dealer, ZMQ_LINGER, 0);
+    zmq_close(dealer);
+    return s;
+  }
+  std::shared_ptr<PeerShared> old;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!closed_) {
+      auto shared = std::make_shared<PeerShared>();
+      shared->address = address;
+      std::shared_ptr<PeerShared>& slot = peers_[peer];
+      old = std::move(slot);
+      if (old) old->removed = true;
+      slot = shared;
+      commands_.push_back({Command::Kind::kAdd, peer, shared, dealer, monitor});
+      dealer = monitor = nullptr;
+      if (old) space_.notify_all();
+    }
+  }
+  if (dealer) {  // closed meanwhile
+    zmq_close(monitor);
+    SetInt(dealer, ZMQ_LINGER, 0);
+    zmq_close(dealer);
+    return CancelledError(Prefix() + fmt::format("Connect to '{}': closed", peer));
+  }
+  Wake();
+  return Status::Ok();
+}
+
+void ZmqTransport::Disconnect(const PeerId& peer) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) return;
+    it->second->removed = true;
+    commands_.push_back({Command::Kind::kRemove, peer, it->second});
+    peers_.erase(it);
+    space_.notify_all();
+  }
+  Wake();
+}
+
+Status ZmqTransport::Send(const PeerId& peer, Message msg) {
+  const uint64_t bytes = msg.header.size() + msg.payload_bytes();
+  if (msg.frames.size() > UINT32_MAX || msg.header.size() > UINT32_MAX) {
+    return InvalidArgumentError(Prefix() + fmt::format("send to '{}': {} frames, {}-byte header",
+                                                       peer, msg.frames.size(), msg.header.size()));
+  }
+  bool wake = false;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (closed_) return CancelledError(Prefix() + fmt::format("send to '{}': closed", peer));
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) {
+      return NotFoundError(Prefix() +
+                           fmt::format("send to unknown peer '{}' (not connected)", peer));
+    }
+    std::shared_ptr<PeerShared> p = it->second;
+    const size_t limit = options_.max_queued_per_peer;
+    auto blocked = [&] { return p->outbox.size() + p->io_held >= limit; };
+    if (p->state != PeerState::kDisconnected && blocked()) {
+      ++blocked_senders_;
+      space_.wait_for(lock, options_.send_block_timeout, [&] {
+        return closed_ || p->removed || p->state == PeerState::kDisconnected || !blocked();
+      });
+      --blocked_senders_;
+      if (closed_) return CancelledError(Prefix() + fmt::format("send to '{}': closed", peer));
+      if (p->removed) {
+        return NotFoundError(Prefix() +
+                             fmt::format("send to '{}': the peer was disconnected while the send "
+                                         "waited",
+                                         peer));
+      }
+      if (p->state != PeerState::kDisconnected && blocked()) {
+        return UnavailableError(
+            Prefix() + fmt::format("send to '{}' at {}: {} messages queued, none sent for {} ms",
+                                   peer, p->address, p->outbox.size() + p->io_held,
+                                   options_.send_block_timeout.count()));
+      }
+    }
+    if (p->state == PeerState::kDisconnected) {
+      return UnavailableError(Prefix() + fmt::format("send to '{}' at {}: {}", peer, p->address,
+                                                     p->last_error.message()));
+    }
+    p->outbox.push_back(std::move(msg));
+    wake = !outbox_dirty_;
+    outbox_dirty_ = true;
+  }
+  messages_sent_.fetch_add(1, std::memory_order_relaxed);
+  bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
+  if (wake) Wake();
+  return Status::Ok();
+}
+
+StatusOr<Received> ZmqTransport::Receive(std::chrono::milliseconds timeout) {
+  bool wake = false;
+  Received r;
+  {
+    std::unique_lock<std::mutex> lock(in_mu_);
+    if (!in_cv_.wait_for(lock, timeout, [&] { return in_closed_ || !inbox_.empty(); })) {
+      return TimeoutError(Prefix() + fmt::format("no message within {} ms", timeout.count()));
+    }
+    if (in_closed_) return CancelledError(Prefix() + "closed");
+    r = std::move(inbox_.front());
+    inbox_.pop_front();
+    if (r.is_message()) --inbox_messages_;
+    if (reader_paused_ && inbox_messages_ < options_.max_queued_per_peer) {
+      reader_paused_ = false;
+      wake = true;
+    }
+  }
+  if (wake) Wake();
+  return r;
+}
+
+void ZmqTransport::Close() {
+  std::lock_guard<std::mutex> close_lock(close_mu_);
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (closed_) return;
+    closed_ = true;
+    space_.notify_all();
+    connects_done_.wait(lock, [&] { return connects_in_flight_ == 0; });
+  }
+  {
+    std::lock_guard<std::mutex> lock(in_mu_);
+    in_closed_ = true;
+    in_cv_.notify_all();
+  }
+  if (io_thread_.joinable()) {
+    Wake();
+    io_thread_.join();
+  } else {  // Start failed part-way: close what it opened
+    if (router_monitor_) zmq_close(router_monitor_);
+    if (router_) zmq_close(router_);
+  }
+  router_ = router_monitor_ = nullptr;
+  if (ctx_) zmq_ctx_term(ctx_);  // waits at most kCloseLingerMs for messages to flush
+  ctx_ = nullptr;
+  std::deque<Received> dropped;
+  {
+    std::lock_guard<std::mutex> lock(in_mu_);
+    dropped.swap(inbox_);
+  }
+  std::map<PeerId, std::shared_ptr<PeerShared>> peers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peers.swap(peers_);
+    commands_.clear();
+  }
+}
+
+TransportStats ZmqTransport::stats() const {
+  TransportStats s;
+  s.messages_sent = messages_sent_.load(std::memory_order_relaxed);
+  s.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
+  s.messages_received = messages_received_.load(std::memory_order_relaxed);
+  s.bytes_received = bytes_received_.load(std::memory_order_relaxed);
+  s.malformed_dropped = malformed_dropped_.load(std::memory_order_relaxed);
+  return s;
+}
+
+// ---- I/O thread ----------------------------------------------------------------------------
+
+void ZmqTransport::IoLoop() {
+  std::vector<zmq_pollitem_t> items;
+  std::vector<std::pair<const PeerId*, IoPeer*>> item_peers;
+  while (true) {
+    std::deque<Command> commands;
+    bool closing;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      commands.swap(commands_);
+      closing = closed_;
+      outbox_dirty_ = false;
+    }
+    ApplyCommands(&commands);
+    CollectOutboxes();
+    for (auto& [name, p] : io_peers_) {
+      if (!p.pending.empty()) FlushPending(name, &p);
+    }
+    if (closing) break;
+
+    items.clear();
+    item_peers.clear();
+    items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
+    items.push_back({router_, 0, static_cast<short>(InboxHasRoom() ? ZMQ_POLLIN : 0), 0});
+    items.push_back({router_monitor_, 0, ZMQ_POLLIN, 0});
+    for (auto& [name, p] : io_peers_) {
+      items.push_back({p.monitor, 0, ZMQ_POLLIN, 0});
+      items.push_back({p.dealer, 0, static_cast<short>(p.pending.empty() ? 0 : ZMQ_POLLOUT), 0});
+      item_peers.emplace_back(&name, &p);
+    }
+    if (zmq_poll(items.data(), static_cast<int>(items.size()), -1) < 0) {
+      if (zmq_errno() == EINTR) continue;
+      BP_LOG_ERROR("{}zmq_poll: {}; the I/O thread stops", Prefix(), ZmqError());
+      break;
+    }
+    if (items[0].revents) {
+      uint64_t count;
+      (void)!read(wake_fd_, &count, sizeof(count));
+    }
+    if (items[1].revents & ZMQ_POLLIN) ReadRouter();
+    if (items[2].revents & ZMQ_POLLIN) ReadRouterMonitor();
+    for (size_t i = 0; i < item_peers.size(); ++i) {
+      if (items[3 + 2 * i].revents & ZMQ_POLLIN) {
+        ReadPeerMonitor(*item_peers[i].first, item_peers[i].second);
+      }
+      // POLLOUT on a dealer: its pending messages go out at the top of the loop.
+    }
+  }
+  for (auto& [name, p] : io_peers_) CloseIoPeer(&p);
+  io_peers_.clear();
+  zmq_close(router_monitor_);
+  zmq_close(router_);
+}
+
+void ZmqTransport::ApplyCommands(std::deque<Command>* commands) {
+  for (Command& c : *commands) {
+    auto it = io_peers_.find(c.peer);
+    if (c.kind == Command::Kind::kRemove) {
+      if (it != io_peers_.end() && it->second.shared == c.shared) {
+        CloseIoPeer(&it->second);
+        io_peers_.erase(it);
+      }
+      continue;
+    }
+    if (it != io_peers_.end()) {
+      CloseIoPeer(&it->second);
+      io_peers_.erase(it);
+    }
+    IoPeer& p = io_peers_[c.peer];
+    p.shared = std::move(c.shared);
+    p.dealer = c.dealer;
+    p.monitor = c.monitor;
+  }
+  commands->clear();
+}
+
+void ZmqTransport::CloseIoPeer(IoPeer* p) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    p->shared->io_held = 0;
+  }
+  p->pending.clear();
+  zmq_close(p->monitor);
+  zmq_close(p->dealer);  // lingers (in ZeroMQ's threads) up to kCloseLingerMs
+  p->monitor = p->dealer = nullptr;
+}
+
+void ZmqTransport::CollectOutboxes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [name, p] : io_peers_) {
+    std::deque<Message>& outbox = p.shared->outbox;
+    if (outbox.empty()) continue;
+    p.shared->io_held += outbox.size();
+    if (p.pending.empty()) {
+      p.pending.swap(outbox);
+    } else {
+      for (Message& m : outbox) p.pending.push_back(std::move(m));
+      outbox.clear();
+    }
+  }
+}
+
+void ZmqTransport::FlushPending(const PeerId& name, IoPeer* p) {
+  int events = 0;
+  size_t events_size = sizeof(events);
+  if (zmq_getsockopt(p->dealer, ZMQ_EVENTS, &events, &events_size) == 0 &&
+      !(events & ZMQ_POLLOUT)) {
+    return;  // not connected or at the high-water mark: poll for POLLOUT
+  }
+  size_t handed = 0;
+  while (!p->pending.empty()) {
+    const int err = SendMessage(p->dealer, p->pending.front());
+    if (err == EAGAIN) break;  // not connected or at the high-water mark: wait for POLLOUT
+    if (err != 0) {
+      PushEvent(name, TransportEvent::Kind::kSendFailed,
+                UnavailableError(Prefix() + fmt::format("send to '{}' at {} failed: {}", name,
+                                                        p->shared->address, zmq_strerror(err))));
+    }
+    p->pending.pop_front();
+    ++handed;
+  }
+  if (handed == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  p->shared->io_held -= handed;
+  if (blocked_senders_ > 0) space_.notify_all();
+}
+
+// 0 when sent, EAGAIN when ZeroMQ took nothing (retry later), another errno when the message
+// was lost part-way.
+int ZmqTransport::SendMessage(void* dealer, const Message& m) {
+  const size_t n = m.frames.size();
+  zmq_msg_t part;
+  zmq_msg_init_size(&part, kEnvelopeFixedBytes + m.header.size());
+  EncodeEnvelope(m.header, static_cast<uint32_t>(n), static_cast<uint8_t*>(zmq_msg_data(&part)));
+  if (zmq_msg_send(&part, dealer, ZMQ_DONTWAIT | (n ? ZMQ_SNDMORE : 0)) < 0) {
+    const int err = zmq_errno();
+    zmq_msg_close(&part);
+    return err;
+  }
+  // Once the first part is accepted the rest are too, unless the connection died meanwhile;
+  // then every remaining part must still be offered so that ZeroMQ drops the whole message.
+  int first_error = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const Buffer& f = m.frames[i];
+    if (f.empty()) {
+      zmq_msg_init(&part);
+    } else if (f.size() < kCopyBelowBytes) {
+      zmq_msg_init_size(&part, f.size());
+      std::memcpy(zmq_msg_data(&part), f.data(), f.size());
+    } else {
+      auto* owner = new Buffer(f);
+      HandOver(owner);
+      zmq_msg_init_data(&part, const_cast<uint8_t*>(f.data()), f.size(), ReleaseBuffer, owner);
+    }
+    if (zmq_msg_send(&part, dealer, ZMQ_DONTWAIT | (i + 1 < n ? ZMQ_SNDMORE : 0)) < 0) {
+      if (!first_error) first_error = zmq_errno();
+      zmq_msg_close(&part);
+    }
+  }
+  return first_error == EAGAIN ? EPIPE : first_error;
+}
+
+bool ZmqTransport::InboxHasRoom() {
+  std::lock_guard<std::mutex> lock(in_mu_);
+  reader_paused_ = inbox_messages_ >= options_.max_queued_per_peer;
+  return !reader_paused_;
+}
+
+// Whether a message received by the ROUTER is bitpush traffic (see framing.h).
+Status CheckMessage(const PeerId& from, std::deque<zmq_msg_t>& parts, const uint8_t** header,
+                    size_t* header_bytes) {
+  // ZeroMQ names peers that set no routing id "\0" + 4 bytes: not a bitpush endpoint.
+  if (from.empty() || from[0] == '\0') {
+    return DataLossError("the sender has no name (no ZMQ_ROUTING_ID)");
+  }
+  if (parts.empty()) return DataLossError("no envelope");
+  return ParseEnvelope(static_cast<const uint8_t*>(zmq_msg_data(&parts[0])),
+                       zmq_msg_size(&parts[0]), parts.size() - 1, header, header_bytes);
+}
+
+void ZmqTransport::ReadRouter() {
+  size_t room;
+  {
+    std::lock_guard<std::mutex> lock(in_mu_);
+    room = options_.max_queued_per_peer > inbox_messages_
+               ? options_.max_queued_per_peer - inbox_messages_
+               : 0;
+  }
+  std::vector<Received> batch;
+  std::deque<zmq_msg_t> parts;  // a deque: zmq_msg_t must not be moved by memcpy
+  while (batch.size() < room && batch.size() < static_cast<size_t>(kReceiveBatch)) {
+    zmq_msg_t id;
+    zmq_msg_init(&id);
+    if (zmq_msg_recv(&id, router_, ZMQ_DONTWAIT) < 0) {
+      const int err = zmq_errno();
+      zmq_msg_close(&id);
+      if (err != EAGAIN) BP_LOG_WARN("{}receive: {}", Prefix(), zmq_strerror(err));
+      break;
+    }
+    PeerId from(static_cast<const char*>(zmq_msg_data(&id)), zmq_msg_size(&id));
+    bool more = zmq_msg_more(&id);
+    zmq_msg_close(&id);
+    while (more) {
+      parts.emplace_back();
+      zmq_msg_init(&parts.back());
+      if (zmq_msg_recv(&parts.back(), router_, ZMQ_DONTWAIT) < 0) break;  // not for a ROUTER
+      more = zmq_msg_more(&parts.back());
+    }
+    const uint8_t* header = nullptr;
+    size_t header_bytes = 0;
+    Status parsed = CheckMessage(from, parts, &header, &header_bytes);
+    if (!parsed.ok()) {
+      malformed_dropped_.fetch_add(1, std::memory_order_relaxed);
+      BP_LOG_DEBUG("{}dropped a malformed message from '{}': {}", Prefix(), from, parsed.message());
+    } else {
+      Message m;
+      m.header.assign(reinterpret_cast<const char*>(header), header_bytes);
+      m.frames.reserve(parts.size() - 1);
+      uint64_t bytes = header_bytes;
+      for (size_t i = 1; i < parts.size(); ++i) {
+        const size_t size = zmq_msg_size(&parts[i]);
+        bytes += size;
+        if (size == 0) {
+          m.frames.emplace_back();
+        } else if (size < kCopyBelowBytes) {
+          m.frames.push_back(Buffer::Copy(zmq_msg_data(&parts[i]), size));
+        } else {
+          auto holder = std::make_shared<MsgHolder>();
+          zmq_msg_move(&holder->msg, &parts[i]);
+          const void* data = zmq_msg_data(&holder->msg);
+          m.frames.push_back(Buffer::Borrow(data, size, std::move(holder)));
+        }
+      }
+      messages_received_.fetch_add(1, std::memory_order_relaxed);
+      bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
+      batch.push_back(Received{std::move(from), std::move(m)});
+    }
+    for (zmq_msg_t& p : parts) zmq_msg_close(&p);
+    parts.clear();
+  }
+  if (batch.empty()) return;
+  std::lock_guard<std::mutex> lock(in_mu_);
+  for (Received& r : batch) inbox_.push_back(std::move(r));
+  inbox_messages_ += batch.size();
+  in_cv_.notify_one();
+}
+
+// A monitor event: a 6-byte part (u16 event, u32 value) and a part with the endpoint address.
+bool ReadMonitorEvent(void* monitor, uint16_t* event, std::string* endpoint) {
+  zmq_msg_t m;
+  zmq_msg_init(&m);
+  if (zmq_msg_recv(&m, monitor, ZMQ_DONTWAIT) < 0) {
+    zmq_msg_close(&m);
+    return false;
+  }
+  *event = 0;
+  if (zmq_msg_size(&m) >= 2) std::memcpy(event, zmq_msg_data(&m), sizeof(*event));
+  bool more = zmq_msg_more(&m);
+  endpoint->clear();
+  while (more) {
+    zmq_msg_close(&m);
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, monitor, ZMQ_DONTWAIT) < 0) break;
+    endpoint->assign(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+    more = zmq_msg_more(&m);
+  }
+  zmq_msg_close(&m);
+  return true;
+}
+
+void ZmqTransport::ReadRouterMonitor() {
+  uint16_t event;
+  std::string endpoint;
+  while (ReadMonitorEvent(router_monitor_, &event, &endpoint)) {
+    if (event & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                 ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)) {
+      malformed_dropped_.fetch_add(1, std::memory_order_relaxed);
+      BP_LOG_DEBUG("{}dropped a connection that failed the ZMTP handshake (event {:#x})", Prefix(),
+                   event);
+    }
+  }
+}
+
+void ZmqTransport::ReadPeerMonitor(const PeerId& name, IoPeer* p) {
+  uint16_t event;
+  std::string endpoint;
+  while (ReadMonitorEvent(p->monitor, &event, &endpoint)) {
+    if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+      bool reconnected;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        reconnected = p->shared->state == PeerState::kDisconnected;
+        p->shared->state = PeerState::kConnected;
+        p->shared->last_error = Status::Ok();
+      }
+      if (reconnected) PushEvent(name, TransportEvent::Kind::kPeerConnected, Status::Ok());
+    } else if (event == ZMQ_EVENT_DISCONNECTED) {
+      std::deque<Message> dropped;
+      Status why;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        // A connection that never completed the handshake is still "connecting".
+        if (p->shared->state != PeerState::kConnected) continue;
+        dropped.swap(p->shared->outbox);
+        const size_t n = dropped.size() + p->pending.size();
+        why = UnavailableError(
+            fmt::format("peer '{}' at {} disconnected{}", name, p->shared->address,
+                        n ? fmt::format(" ({} queued messages dropped)", n) : std::string()));
+        p->shared->state = PeerState::kDisconnected;
+        p->shared->last_error = why;
+        p->shared->io_held = 0;
+        space_.notify_all();
+      }
+      p->pending.clear();
+      dropped.clear();
+      PushEvent(name, TransportEvent::Kind::kPeerDisconnected, why);
+    }
+  }
+}
+
+void ZmqTransport::PushEvent(const PeerId& peer, TransportEvent::Kind kind, Status status) {
+  std::lock_guard<std::mutex> lock(in_mu_);
+  if (in_closed_) return;
+  inbox_.push_back(Received{peer, TransportEvent{kind, peer, std::move(status)}});
+  in_cv_.notify_one();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Transport>> CreateZmqTransport(const TransportOptions& options) {
+  auto t = std::make_unique<ZmqTransport>(options);
+  Status s = t->Start();
+  if (!s.ok()) return s;  // ~ZmqTransport closes what Start opened
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+}  // namespace bitpush::transport::zmq_backend
