@@ -7,6 +7,7 @@
 
 namespace bitpush::bench {
 int RunCompressorsBench(int argc, char** argv);
+int RunTransportBench(int argc, char** argv);
 }  // namespace bitpush::bench
 
 namespace {
@@ -22,6 +23,10 @@ const Command kCommands[] = {
      "compress / compress_ef / decompress / decompress_add throughput of every compressor "
      "vs memcpy (one thread)",
      bitpush::bench::RunCompressorsBench},
+    {"transport",
+     "zmq transport between two processes on loopback (throughput by message size, round-trip "
+     "latency) vs a plain TCP stream and memcpy",
+     bitpush::bench::RunTransportBench},
 };
 
 void Usage(FILE* out) {

@@ -1,0 +1,543 @@
+// bitpush-bench transport: the zmq transport between two processes on loopback, against a plain
+// TCP socket stream between the same two processes (the reference) and memcpy.
+//
+// The benchmark process (the driver) starts a second copy of itself (`transport --peer ...`,
+// not listed in --help) and sends to it:
+//   throughput  N messages of one payload frame of msg_bytes each (zero-copy Buffers), then an
+//               end marker; the peer counts them and acknowledges; time = first send to ack.
+//   rtt         a 64-byte message echoed back; the median of many round trips.
+// The raw TCP reference moves the same bytes through one blocking socket per direction (write
+// loop of msg_bytes chunks, read into a reused buffer, a 1-byte acknowledgement). Repetitions of
+// zmq and raw TCP are interleaved so both see the same machine; each reports its fastest
+// repetition (bench_util.h). ratio_to_raw_tcp: throughput / raw TCP throughput at the same size;
+// for rtt records, raw TCP rtt / this rtt (both: higher is better, 1 = as fast as raw TCP).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "common/status.h"
+#include "common/transport/transport.h"
+
+namespace bitpush::bench {
+namespace {
+
+using transport::Buffer;
+using transport::Message;
+using transport::Received;
+using transport::Transport;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::chrono::milliseconds kWait{30000};  // every wait in the benchmark is bounded
+constexpr size_t kRttBytes = 64;
+
+struct Options {
+  bool json = false;
+  std::vector<size_t> sizes_kib = {64, 1024, 4096};
+  size_t mib_per_rep = 256;
+  int reps = 5;
+  int rtt_count = 2000;
+  bool ipc = true;
+};
+
+void PrintHelp() {
+  std::printf(
+      "usage: bitpush-bench transport [--json] [--sizes-kib 64,1024,4096] [--mib-per-rep 256]\n"
+      "                               [--reps 5] [--rtt-count 2000] [--no-ipc]\n"
+      "Two processes on loopback: one-way throughput of the zmq transport (tcp and ipc) for\n"
+      "messages of each size, 64-byte round-trip latency, the same over a plain TCP socket\n"
+      "(the reference) and memcpy of each size. gbps = payload bytes / best time / 1e9.\n");
+}
+
+bool ParseList(const char* s, std::vector<size_t>* out) {
+  out->clear();
+  std::string list = s;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = list.find(',', pos);
+    const long v = std::strtol(list.substr(pos, comma - pos).c_str(), nullptr, 10);
+    if (v <= 0) return false;
+    out->push_back(static_cast<size_t>(v));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return !out->empty();
+}
+
+int Fail(const std::string& what) {
+  std::fprintf(stderr, "bitpush-bench transport: %s\n", what.c_str());
+  return 1;
+}
+
+// ---- raw TCP ------------------------------------------------------------------------------
+
+// Header of one raw TCP exchange: mode 1 = stream `count` chunks of `bytes` then ack,
+// mode 2 = `count` ping-pongs of `bytes`, mode 0 = quit.
+struct RawHeader {
+  uint64_t mode, count, bytes;
+};
+
+bool WriteAll(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    const ssize_t w = write(fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool ReadAll(int fd, void* p, size_t n) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    const ssize_t r = read(fd, c, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+void SetNoDelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// The peer side of the raw TCP reference. A stream has no message boundaries: reads take
+// whatever has arrived, up to 4 MiB at a time (fewer system calls than message-sized reads).
+void RawPeer(int fd) {
+  std::vector<uint8_t> buf(size_t{4} << 20);
+  RawHeader h;
+  while (ReadAll(fd, &h, sizeof(h)) && h.mode != 0) {
+    buf.resize(std::max<size_t>(buf.size(), h.bytes));
+    if (h.mode == 1) {
+      uint64_t left = h.count * h.bytes;
+      while (left > 0) {
+        const ssize_t r = read(fd, buf.data(), std::min<uint64_t>(left, buf.size()));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return;
+        left -= static_cast<uint64_t>(r);
+      }
+      const uint8_t ack = 1;
+      if (!WriteAll(fd, &ack, 1)) return;
+    } else {
+      for (uint64_t i = 0; i < h.count; ++i) {
+        if (!ReadAll(fd, buf.data(), h.bytes) || !WriteAll(fd, buf.data(), h.bytes)) return;
+      }
+    }
+  }
+}
+
+// Seconds to stream `count` chunks of `bytes` and get the acknowledgement.
+double RawStream(int fd, const std::vector<uint8_t>& src, uint64_t count) {
+  const RawHeader h{1, count, src.size()};
+  const auto t0 = Clock::now();
+  if (!WriteAll(fd, &h, sizeof(h))) return NAN;
+  for (uint64_t i = 0; i < count; ++i) {
+    if (!WriteAll(fd, src.data(), src.size())) return NAN;
+  }
+  uint8_t ack;
+  if (!ReadAll(fd, &ack, 1)) return NAN;
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Median round trip in microseconds.
+double RawRtt(int fd, int count) {
+  const RawHeader h{2, static_cast<uint64_t>(count), kRttBytes};
+  if (!WriteAll(fd, &h, sizeof(h))) return NAN;
+  std::vector<uint8_t> buf(kRttBytes, 1);
+  std::vector<double> us;
+  for (int i = 0; i < count; ++i) {
+    const auto t0 = Clock::now();
+    if (!WriteAll(fd, buf.data(), buf.size()) || !ReadAll(fd, buf.data(), buf.size())) return NAN;
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+// ---- zmq ----------------------------------------------------------------------------------
+
+Message Make(const std::string& header, std::vector<Buffer> frames = {}) {
+  Message m;
+  m.header = header;
+  m.frames = std::move(frames);
+  return m;
+}
+
+// The next message (events are logged and skipped).
+StatusOr<Received> Next(Transport* t) {
+  while (true) {
+    StatusOr<Received> r = t->Receive(kWait);
+    if (!r.ok() || r->is_message()) return r;
+    std::fprintf(stderr, "bitpush-bench transport: %s: event about '%s': %s\n", t->name().c_str(),
+                 r->from.c_str(), r->event().status.ToString().c_str());
+  }
+}
+
+// Seconds to send `count` messages of `frame` and get the peer's acknowledgement.
+StatusOr<double> ZmqStream(Transport* t, const std::string& peer, const Buffer& frame,
+                           uint64_t count) {
+  const auto t0 = Clock::now();
+  for (uint64_t i = 0; i < count; ++i) BP_RETURN_IF_ERROR(t->Send(peer, Make("d", {frame})));
+  BP_RETURN_IF_ERROR(t->Send(peer, Make("end:" + std::to_string(count))));
+  BP_ASSIGN_OR_RETURN(Received r, Next(t));
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (r.message().header != "ack:" + std::to_string(count)) {
+    return InternalError("peer acknowledged '" + r.message().header +
+                         "', expected ack:" + std::to_string(count));
+  }
+  return s;
+}
+
+StatusOr<double> ZmqRtt(Transport* t, const std::string& peer, int count) {
+  const Buffer ping = Buffer::Take(std::vector<uint8_t>(kRttBytes, 2));
+  std::vector<double> us;
+  for (int i = 0; i < count; ++i) {
+    const auto t0 = Clock::now();
+    BP_RETURN_IF_ERROR(t->Send(peer, Make("ping", {ping})));
+    BP_ASSIGN_OR_RETURN(Received r, Next(t));
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    if (r.message().header != "pong") return InternalError("expected pong");
+  }
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+// The peer side of one zmq endpoint: counts data messages, acknowledges end markers, echoes
+// pings, stops on "quit".
+Status ZmqPeer(Transport* t, const std::string& driver) {
+  uint64_t count = 0;
+  while (true) {
+    BP_ASSIGN_OR_RETURN(Received r, Next(t));
+    Message& m = r.message();
+    if (m.header == "d") {
+      ++count;
+    } else if (m.header.rfind("end:", 0) == 0) {
+      BP_RETURN_IF_ERROR(t->Send(driver, Make("ack:" + std::to_string(count))));
+      count = 0;
+    } else if (m.header == "ping") {
+      BP_RETURN_IF_ERROR(t->Send(driver, Make("pong", std::move(m.frames))));
+    } else if (m.header == "quit") {
+      return Status::Ok();
+    }
+  }
+}
+
+StatusOr<std::unique_ptr<Transport>> NewZmq(const std::string& name, const std::string& address) {
+  transport::TransportOptions o;
+  o.backend = "zmq";
+  o.name = name;
+  o.listen_address = address;
+  o.send_block_timeout = kWait;
+  return transport::CreateTransport(o);
+}
+
+// `transport --peer --tcp-port P --zmq ADDR [--zmq ADDR]`: the second process.
+int RunPeer(int argc, char** argv) {
+  int port = 0;
+  std::vector<std::string> drivers;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (!std::strcmp(argv[i], "--tcp-port")) port = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--zmq")) drivers.emplace_back(argv[++i]);
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    return Fail("peer: connect to raw TCP port " + std::to_string(port) + ": " +
+                std::strerror(errno));
+  }
+  SetNoDelay(fd);
+  std::thread raw([fd] { RawPeer(fd); });
+  std::vector<std::thread> threads;
+  std::vector<Status> results(drivers.size());
+  std::vector<std::unique_ptr<Transport>> endpoints;
+  for (size_t i = 0; i < drivers.size(); ++i) {
+    // Listen on the same kind of address as the driver.
+    const std::string& d = drivers[i];
+    const std::string listen = d.rfind("ipc://", 0) == 0 ? d + ".peer" : "tcp://127.0.0.1:0";
+    auto t = NewZmq("bench:peer", listen);
+    if (!t.ok()) return Fail("peer: " + t.status().ToString());
+    Status s = (*t)->Connect("bench:driver", d);
+    if (s.ok())
+      s = (*t)->Send("bench:driver",
+                     Make("hello", {Buffer::Copy((*t)->address().data(), (*t)->address().size())}));
+    if (!s.ok()) return Fail("peer: " + s.ToString());
+    endpoints.push_back(std::move(t).value());
+  }
+  for (size_t i = 0; i < drivers.size(); ++i) {
+    threads.emplace_back([&, i] { results[i] = ZmqPeer(endpoints[i].get(), "bench:driver"); });
+  }
+  for (std::thread& t : threads) t.join();
+  raw.join();
+  close(fd);
+  for (const Status& s : results) {
+    if (!s.ok()) return Fail("peer: " + s.ToString());
+  }
+  return 0;
+}
+
+// ---- driver -------------------------------------------------------------------------------
+
+struct ZmqLink {
+  std::string link;  // "tcp" or "ipc"
+  std::unique_ptr<Transport> t;
+};
+
+int RunDriver(const Options& opt) {
+  // Raw TCP listener.
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(sa);
+  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
+      listen(listener, 1) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    return Fail(std::string("raw TCP listener: ") + std::strerror(errno));
+  }
+  const int port = ntohs(sa.sin_port);
+
+  std::vector<ZmqLink> links;
+  std::string ipc_path;
+  {
+    auto t = NewZmq("bench:driver", "tcp://127.0.0.1:0");
+    if (!t.ok()) return Fail(t.status().ToString());
+    links.push_back({"tcp", std::move(t).value()});
+  }
+  if (opt.ipc) {
+    ipc_path = "/tmp/bitpush-bench-" + std::to_string(getpid()) + ".sock";
+    auto t = NewZmq("bench:driver", "ipc://" + ipc_path);
+    if (!t.ok()) return Fail(t.status().ToString());
+    links.push_back({"ipc", std::move(t).value()});
+  }
+
+  // Start the peer: this binary, hidden mode.
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return Fail("readlink /proc/self/exe failed");
+  exe[n] = '\0';
+  std::vector<std::string> args = {exe, "transport", "--peer", "--tcp-port", std::to_string(port)};
+  for (const ZmqLink& l : links) {
+    args.push_back("--zmq");
+    args.push_back(l.t->address());
+  }
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t child = fork();
+  if (child < 0) return Fail(std::string("fork: ") + std::strerror(errno));
+  if (child == 0) {
+    execv(exe, argv.data());
+    _exit(127);
+  }
+  auto cleanup = [&] {
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    if (!ipc_path.empty()) unlink((ipc_path + ".peer").c_str());
+  };
+
+  const int fd = accept(listener, nullptr, nullptr);
+  close(listener);
+  if (fd < 0) {
+    cleanup();
+    return Fail(std::string("accept: ") + std::strerror(errno));
+  }
+  SetNoDelay(fd);
+  for (ZmqLink& l : links) {
+    StatusOr<Received> hello = Next(l.t.get());
+    Status s = hello.status();
+    if (s.ok()) {
+      const Buffer& b = hello->message().frames.at(0);
+      s = l.t->Connect("bench:peer",
+                       std::string(reinterpret_cast<const char*>(b.data()), b.size()));
+    }
+    if (!s.ok()) {
+      cleanup();
+      return Fail("zmq " + l.link + ": " + s.ToString());
+    }
+  }
+
+  std::vector<JsonRecord> records;
+  if (!opt.json) {
+    std::printf("two processes on loopback; gbps = payload GB/s (best of %d reps of %zu MiB)\n",
+                opt.reps, opt.mib_per_rep);
+    std::printf("%-8s %-5s %-11s %10s %9s %10s %9s\n", "backend", "link", "mode", "msg_bytes",
+                "GB/s", "x raw_tcp", "rtt_us");
+  }
+  auto emit = [&](const char* backend, const std::string& link, const char* mode, size_t bytes,
+                  double gbps, double ratio, double rtt_us, double seconds, uint64_t messages) {
+    records.push_back(JsonRecord()
+                          .Add("backend", backend)
+                          .Add("link", link)
+                          .Add("mode", mode)
+                          .Add("msg_bytes", bytes)
+                          .Add("gbps", gbps)
+                          .Add("ratio_to_raw_tcp", ratio)
+                          .Add("rtt_us", rtt_us)
+                          .Add("seconds", seconds)
+                          .Add("messages", static_cast<long long>(messages))
+                          .Add("reps", opt.reps));
+    if (!opt.json) {
+      std::printf("%-8s %-5s %-11s %10zu %9.2f %10.2f %9.1f\n", backend, link.c_str(), mode, bytes,
+                  gbps, ratio, rtt_us);
+    }
+  };
+
+  int rc = 0;
+  for (size_t kib : opt.sizes_kib) {
+    const size_t bytes = kib << 10;
+    auto src = std::make_shared<std::vector<uint8_t>>(bytes);
+    for (size_t i = 0; i < bytes; ++i) (*src)[i] = static_cast<uint8_t>(i * 131 + (i >> 12));
+    const Buffer frame = Buffer::Borrow(src->data(), bytes, src);
+    const uint64_t count = std::max<uint64_t>(1, (opt.mib_per_rep << 20) / bytes);
+    double raw_best = INFINITY;
+    std::vector<double> zmq_best(links.size(), INFINITY);
+    // One warm-up repetition each (page faults, TCP window growth), then interleaved reps.
+    for (int rep = -1; rep < opt.reps && rc == 0; ++rep) {
+      const double raw = RawStream(fd, *src, count);
+      if (std::isnan(raw)) rc = Fail("raw TCP stream: the peer went away");
+      if (rep >= 0) raw_best = std::min(raw_best, raw);
+      for (size_t i = 0; i < links.size() && rc == 0; ++i) {
+        StatusOr<double> z = ZmqStream(links[i].t.get(), "bench:peer", frame, count);
+        if (!z.ok()) {
+          rc = Fail("zmq " + links[i].link + ": " + z.status().ToString());
+        } else if (rep >= 0) {
+          zmq_best[i] = std::min(zmq_best[i], *z);
+        }
+      }
+    }
+    if (rc) break;
+    const double payload = static_cast<double>(count * bytes);
+    const double raw_gbps = payload / raw_best / 1e9;
+    emit("raw_tcp", "tcp", "throughput", bytes, raw_gbps, 1.0, NAN, raw_best, count);
+    for (size_t i = 0; i < links.size(); ++i) {
+      const double g = payload / zmq_best[i] / 1e9;
+      emit("zmq", links[i].link, "throughput", bytes, g, g / raw_gbps, NAN, zmq_best[i], count);
+    }
+    std::vector<uint8_t> dst(bytes);
+    const Timing mem = TimeIt([&] { std::memcpy(dst.data(), src->data(), bytes); }, 0.05, 10);
+    const double mem_gbps = bytes / mem.best_seconds / 1e9;
+    emit("memcpy", "memory", "throughput", bytes, mem_gbps, mem_gbps / raw_gbps, NAN,
+         mem.best_seconds, 1);
+  }
+
+  if (rc == 0) {
+    const int warm = std::max(10, opt.rtt_count / 10);
+    double raw_rtt = RawRtt(fd, warm);
+    if (!std::isnan(raw_rtt)) raw_rtt = RawRtt(fd, opt.rtt_count);
+    if (std::isnan(raw_rtt)) rc = Fail("raw TCP ping-pong: the peer went away");
+    if (rc == 0) emit("raw_tcp", "tcp", "rtt", kRttBytes, NAN, 1.0, raw_rtt, raw_rtt * 1e-6, 0);
+    for (size_t i = 0; i < links.size() && rc == 0; ++i) {
+      StatusOr<double> z = ZmqRtt(links[i].t.get(), "bench:peer", warm);
+      if (z.ok()) z = ZmqRtt(links[i].t.get(), "bench:peer", opt.rtt_count);
+      if (!z.ok()) {
+        rc = Fail("zmq " + links[i].link + " ping-pong: " + z.status().ToString());
+      } else {
+        emit("zmq", links[i].link, "rtt", kRttBytes, NAN, raw_rtt / *z, *z, *z * 1e-6,
+             static_cast<uint64_t>(opt.rtt_count));
+      }
+    }
+  }
+
+  // Stop the peer.
+  const RawHeader quit{0, 0, 0};
+  (void)WriteAll(fd, &quit, sizeof(quit));
+  for (ZmqLink& l : links) (void)l.t->Send("bench:peer", Make("quit"));
+  int status = 0;
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  pid_t done = 0;
+  while ((done = waitpid(child, &status, WNOHANG)) == 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (done == 0) {
+    cleanup();
+    if (rc == 0) rc = Fail("the peer process did not exit");
+  } else if (rc == 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+    rc = Fail("the peer process failed");
+  }
+  close(fd);
+  for (ZmqLink& l : links) l.t->Close();
+  if (!ipc_path.empty()) unlink((ipc_path + ".peer").c_str());
+  if (rc == 0 && opt.json) std::fputs(JsonArray(records).c_str(), stdout);
+  return rc;
+}
+
+int ParseArgs(int argc, char** argv, Options* o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bitpush-bench transport: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    auto positive = [&](const char* v) {
+      const long x = std::strtol(v, nullptr, 10);
+      if (x <= 0) {
+        std::fprintf(stderr, "bitpush-bench transport: bad value '%s' for %s\n", v, a.c_str());
+        std::exit(2);
+      }
+      return x;
+    };
+    if (a == "--json") {
+      o->json = true;
+    } else if (a == "--sizes-kib") {
+      const char* v = next();
+      if (!ParseList(v, &o->sizes_kib)) {
+        std::fprintf(stderr, "bitpush-bench transport: bad --sizes-kib '%s'\n", v);
+        return 2;
+      }
+    } else if (a == "--mib-per-rep") {
+      o->mib_per_rep = static_cast<size_t>(positive(next()));
+    } else if (a == "--reps") {
+      o->reps = static_cast<int>(positive(next()));
+    } else if (a == "--rtt-count") {
+      o->rtt_count = static_cast<int>(positive(next()));
+    } else if (a == "--no-ipc") {
+      o->ipc = false;
+    } else if (a == "--help" || a == "-h") {
+      PrintHelp();
+      std::exit(0);
+    } else {
+      std::fprintf(stderr, "bitpush-bench transport: unknown option '%s'\n", a.c_str());
+      PrintHelp();
+      return 2;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int RunTransportBench(int argc, char** argv) {
+  signal(SIGPIPE, SIG_IGN);  // a peer that dies shows up as a failed write, not a signal
+  if (argc >= 2 && !std::strcmp(argv[1], "--peer")) return RunPeer(argc, argv);
+  Options opt;
+  if (int rc = ParseArgs(argc, argv, &opt)) return rc;
+  return RunDriver(opt);
+}
+
+}  // namespace bitpush::bench
