@@ -26,10 +26,12 @@ for rec in records:
 
 by_key = {(x["backend"], x["link"], x["mode"], x["msg_bytes"]): x for x in records}
 for size in (64 << 10, 1 << 20):
-    for key in (("raw_tcp", "tcp"), ("zmq", "tcp"), ("zmq", "ipc"), ("memcpy", "memory")):
+    for key in (("raw_tcp", "tcp"), ("raw_tcp_ceiling", "tcp"), ("zmq", "tcp"), ("zmq", "ipc"),
+                ("memcpy", "memory")):
         rec = by_key.get((*key, "throughput", size))
         assert rec, f"no throughput record for {key} at {size} bytes"
         assert rec["gbps"] > 0 and rec["ratio_to_raw_tcp"] > 0, rec
+        assert rec["ratio_to_raw_tcp_ceiling"] > 0, rec
         assert rec["rtt_us"] is None, rec
     assert by_key[("raw_tcp", "tcp", "throughput", size)]["ratio_to_raw_tcp"] == 1
     zmq = by_key[("zmq", "tcp", "throughput", size)]
