@@ -1,0 +1,615 @@
+#include "scheduler/cluster_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "compressors/registry.h"
+#include "fmt/format.h"
+
+namespace bitpush::scheduler {
+
+namespace {
+
+constexpr int64_t kMaxHeartbeatIntervalMs = 60000;
+constexpr int64_t kMaxHeartbeatTimeoutMs = 3600000;
+constexpr double kMaxStartupTimeoutS = 86400;
+
+// ---- rules shared by the YAML parser and ValidateClusterConfig (each returns "" if fine) ----
+
+std::string CheckHeartbeatInterval(int64_t ms) {
+  if (ms < 1 || ms > kMaxHeartbeatIntervalMs) {
+    return fmt::format("must be 1..{} (milliseconds), got {}", kMaxHeartbeatIntervalMs, ms);
+  }
+  return "";
+}
+
+std::string CheckHeartbeatTimeout(int64_t timeout_ms, int64_t interval_ms) {
+  if (timeout_ms < 1 || timeout_ms > kMaxHeartbeatTimeoutMs) {
+    return fmt::format("must be 1..{} (milliseconds), got {}", kMaxHeartbeatTimeoutMs, timeout_ms);
+  }
+  if (timeout_ms < 2 * interval_ms) {
+    return fmt::format(
+        "must be at least 2 x cluster.heartbeat_interval_ms ({} ms) so one late heartbeat is "
+        "not a death, got {}",
+        2 * interval_ms, timeout_ms);
+  }
+  return "";
+}
+
+std::string CheckStartupTimeoutMs(int64_t ms) {
+  if (ms < 1 || ms > static_cast<int64_t>(kMaxStartupTimeoutS * 1000)) {
+    return fmt::format("must be > 0 and <= {} (seconds), got {} ms", kMaxStartupTimeoutS, ms);
+  }
+  return "";
+}
+
+std::string CheckTransport(const std::string& t) {
+  if (t != "zmq" && t != "inproc") {
+    return fmt::format("unknown transport '{}'; valid: zmq, inproc", t);
+  }
+  return "";
+}
+
+std::string CheckPartitionBytes(uint64_t v) {
+  if (v == 0) return "must be > 0 (bytes)";
+  return "";
+}
+
+bool ParseUint(std::string_view text, uint64_t* out) {
+  if (text.empty()) return false;
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, *out);
+  return ec == std::errc() && p == end;
+}
+
+bool ParseDouble(const std::string& text, double* out) {
+  if (text.empty()) return false;
+  std::istringstream in(text);
+  in.imbue(std::locale::classic());
+  in >> *out;
+  return !in.fail() && in.peek() == std::char_traits<char>::eof() && std::isfinite(*out);
+}
+
+// ---- YAML walking ----
+
+// One parse: the source name for messages and the first error met.
+class Parser {
+ public:
+  explicit Parser(std::string source) : source_(std::move(source)) {}
+
+  StatusOr<ClusterConfig> Parse(std::string_view text);
+
+ private:
+  // "SOURCE:LINE: KEY: problem"; line from `node` (or `fallback` when `node` has no mark).
+  Status Error(const YAML::Node& node, const YAML::Mark& fallback, const std::string& key,
+               const std::string& problem) const {
+    // A null value (`key:` with nothing after it) carries the mark of whatever follows it.
+    YAML::Mark m = node.IsDefined() && !node.IsNull() ? node.Mark() : fallback;
+    if (m.is_null() || m.line < 0) m = fallback;
+    if (m.is_null() || m.line < 0) {
+      return InvalidArgumentError(fmt::format("{}: {}: {}", source_, key, problem));
+    }
+    return InvalidArgumentError(fmt::format("{}:{}: {}: {}", source_, m.line + 1, key, problem));
+  }
+
+  struct Entry {
+    YAML::Mark key_mark;
+    YAML::Node value;
+  };
+  // The entries of a mapping, rejecting non-scalar keys, duplicates and unknown names.
+  Status Entries(const YAML::Node& map, const YAML::Mark& map_mark, const std::string& prefix,
+                 const std::set<std::string>& known, std::map<std::string, Entry>* out);
+
+  Status Scalar(const Entry& e, const std::string& key, std::string* out) const;
+  Status Uint(const Entry& e, const std::string& key, uint64_t* out) const;
+  Status Address(const YAML::Node& node, const YAML::Mark& fallback, const std::string& key,
+                 const std::string& backend, std::string* out) const;
+
+  Status ParseCluster(const Entry& section, ClusterConfig* c);
+  Status ParseCompression(const Entry& section, ClusterConfig* c);
+  Status ReadTokenFile(const Entry& e, std::string* out) const;
+
+  const std::string source_;
+};
+
+Status Parser::Entries(const YAML::Node& map, const YAML::Mark& map_mark, const std::string& prefix,
+                       const std::set<std::string>& known, std::map<std::string, Entry>* out) {
+  const std::string where = prefix.empty() ? "top level" : prefix;
+  if (!map.IsMap()) {
+    return Error(map, map_mark, where,
+                 map.IsNull() ? "is empty; expected a mapping" : "expected a mapping");
+  }
+  std::string valid;
+  for (const std::string& k : known) valid += (valid.empty() ? "" : ", ") + k;
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    const YAML::Node k = it->first;  // a copy: `it->` is a proxy temporary
+    if (!k.IsScalar()) return Error(k, map_mark, where, "keys must be plain names");
+    const std::string name = k.Scalar();
+    const std::string full = prefix.empty() ? name : prefix + "." + name;
+    if (known.count(name) == 0) {
+      return Error(k, map_mark, full,
+                   fmt::format("unknown key; valid keys of {}: {}", where, valid));
+    }
+    if (out->count(name) != 0) {
+      return Error(k, map_mark, full,
+                   fmt::format("duplicate key (first at line {})", (*out)[name].key_mark.line + 1));
+    }
+    (*out)[name] = Entry{k.Mark(), it->second};
+  }
+  return Status::Ok();
+}
+
+Status Parser::Scalar(const Entry& e, const std::string& key, std::string* out) const {
+  if (!e.value.IsScalar()) {
+    return Error(e.value, e.key_mark, key,
+                 e.value.IsNull() ? "has no value" : "expected a single value");
+  }
+  *out = e.value.Scalar();
+  return Status::Ok();
+}
+
+Status Parser::Uint(const Entry& e, const std::string& key, uint64_t* out) const {
+  std::string text;
+  BP_RETURN_IF_ERROR(Scalar(e, key, &text));
+  if (!ParseUint(text, out)) {
+    return Error(e.value, e.key_mark, key,
+                 fmt::format("expected a non-negative integer, got '{}'", text));
+  }
+  return Status::Ok();
+}
+
+Status Parser::Address(const YAML::Node& node, const YAML::Mark& fallback, const std::string& key,
+                       const std::string& backend, std::string* out) const {
+  if (!node.IsScalar()) return Error(node, fallback, key, "expected an address (host:port or URL)");
+  StatusOr<std::string> a = NormalizeAddress(node.Scalar(), backend);
+  if (!a.ok()) return Error(node, fallback, key, a.status().message());
+  *out = *a;
+  return Status::Ok();
+}
+
+Status Parser::ReadTokenFile(const Entry& e, std::string* out) const {
+  std::string path;
+  BP_RETURN_IF_ERROR(Scalar(e, "cluster.token_file", &path));
+  if (path.empty()) return Error(e.value, e.key_mark, "cluster.token_file", "is empty");
+  if (path[0] != '/') {
+    const size_t slash = source_.rfind('/');
+    if (slash != std::string::npos) path = source_.substr(0, slash + 1) + path;
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Error(e.value, e.key_mark, "cluster.token_file", "cannot read " + path);
+  std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ' ||
+                            token.back() == '\t')) {
+    token.pop_back();
+  }
+  if (token.empty()) {
+    return Error(e.value, e.key_mark, "cluster.token_file", path + " holds an empty token");
+  }
+  *out = std::move(token);
+  return Status::Ok();
+}
+
+Status Parser::ParseCluster(const Entry& section, ClusterConfig* c) {
+  std::map<std::string, Entry> m;
+  BP_RETURN_IF_ERROR(Entries(section.value, section.key_mark, "cluster",
+                             {"scheduler", "transport", "token", "token_file", "servers", "workers",
+                              "heartbeat_interval_ms", "heartbeat_timeout_ms", "startup_timeout_s"},
+                             &m));
+  for (const char* required : {"scheduler", "servers", "workers"}) {
+    if (m.count(required) == 0) {
+      return Error(section.value, section.key_mark, std::string("cluster.") + required,
+                   "is required");
+    }
+  }
+  if (auto it = m.find("transport"); it != m.end()) {
+    BP_RETURN_IF_ERROR(Scalar(it->second, "cluster.transport", &c->transport));
+    if (std::string p = CheckTransport(c->transport); !p.empty()) {
+      return Error(it->second.value, it->second.key_mark, "cluster.transport", p);
+    }
+  }
+  if (m.count("token") && m.count("token_file")) {
+    return Error(m["token_file"].value, m["token_file"].key_mark, "cluster.token_file",
+                 "set either cluster.token or cluster.token_file, not both");
+  }
+  if (auto it = m.find("token"); it != m.end()) {
+    BP_RETURN_IF_ERROR(Scalar(it->second, "cluster.token", &c->token));
+    if (c->token.empty()) {
+      return Error(it->second.value, it->second.key_mark, "cluster.token", "is empty");
+    }
+  }
+  if (auto it = m.find("token_file"); it != m.end()) {
+    BP_RETURN_IF_ERROR(ReadTokenFile(it->second, &c->token));
+  }
+
+  // Addresses: normalised, and unique across the cluster (one listener per address).
+  std::map<std::string, std::string> owner;  // address -> key that uses it
+  const Entry& sched = m["scheduler"];
+  BP_RETURN_IF_ERROR(Address(sched.value, sched.key_mark, "cluster.scheduler", c->transport,
+                             &c->scheduler_address));
+  owner[c->scheduler_address] = "cluster.scheduler";
+  for (const char* role : {"servers", "workers"}) {
+    const Entry& e = m[role];
+    const std::string key = std::string("cluster.") + role;
+    if (!e.value.IsSequence()) {
+      return Error(e.value, e.key_mark, key, "expected a list of addresses ([host:port, ...])");
+    }
+    if (e.value.size() == 0) {
+      return Error(e.value, e.key_mark, key, "needs at least one address");
+    }
+    std::vector<std::string>& list = std::string(role) == "servers" ? c->servers : c->workers;
+    for (size_t i = 0; i < e.value.size(); ++i) {
+      const std::string item_key = fmt::format("{}[{}]", key, i);
+      std::string addr;
+      BP_RETURN_IF_ERROR(Address(e.value[i], e.key_mark, item_key, c->transport, &addr));
+      if (auto o = owner.find(addr); o != owner.end()) {
+        return Error(e.value[i], e.key_mark, item_key,
+                     fmt::format("address {} is already used by {}", addr, o->second));
+      }
+      owner[addr] = item_key;
+      list.push_back(addr);
+    }
+  }
+
+  uint64_t interval = c->heartbeat_interval.count();
+  if (auto it = m.find("heartbeat_interval_ms"); it != m.end()) {
+    BP_RETURN_IF_ERROR(Uint(it->second, "cluster.heartbeat_interval_ms", &interval));
+    if (std::string p =
+            CheckHeartbeatInterval(static_cast<int64_t>(std::min<uint64_t>(interval, INT64_MAX)));
+        !p.empty()) {
+      return Error(it->second.value, it->second.key_mark, "cluster.heartbeat_interval_ms", p);
+    }
+    c->heartbeat_interval = std::chrono::milliseconds(interval);
+  }
+  if (auto it = m.find("heartbeat_timeout_ms"); it != m.end()) {
+    uint64_t timeout = 0;
+    BP_RETURN_IF_ERROR(Uint(it->second, "cluster.heartbeat_timeout_ms", &timeout));
+    if (std::string p = CheckHeartbeatTimeout(
+            static_cast<int64_t>(std::min<uint64_t>(timeout, INT64_MAX)), interval);
+        !p.empty()) {
+      return Error(it->second.value, it->second.key_mark, "cluster.heartbeat_timeout_ms", p);
+    }
+    c->heartbeat_timeout = std::chrono::milliseconds(timeout);
+  } else if (std::string p = CheckHeartbeatTimeout(c->heartbeat_timeout.count(), interval);
+             !p.empty()) {
+    return Error(m["heartbeat_interval_ms"].value, m["heartbeat_interval_ms"].key_mark,
+                 "cluster.heartbeat_interval_ms",
+                 fmt::format("is too long for the default cluster.heartbeat_timeout_ms ({}): {}",
+                             c->heartbeat_timeout.count(), p));
+  }
+  if (auto it = m.find("startup_timeout_s"); it != m.end()) {
+    std::string text;
+    BP_RETURN_IF_ERROR(Scalar(it->second, "cluster.startup_timeout_s", &text));
+    double seconds = 0;
+    if (!ParseDouble(text, &seconds) || seconds <= 0 || seconds > kMaxStartupTimeoutS) {
+      return Error(it->second.value, it->second.key_mark, "cluster.startup_timeout_s",
+                   fmt::format("expected a number of seconds > 0 and <= {}, got '{}'",
+                               kMaxStartupTimeoutS, text));
+    }
+    c->startup_timeout =
+        std::chrono::milliseconds(std::max<int64_t>(1, std::llround(seconds * 1000)));
+  }
+  return Status::Ok();
+}
+
+Status Parser::ParseCompression(const Entry& section, ClusterConfig* c) {
+  std::map<std::string, Entry> m;
+  BP_RETURN_IF_ERROR(Entries(section.value, section.key_mark, "compression",
+                             {"spec", "error_feedback", "min_compress_bytes", "partition_bytes"},
+                             &m));
+  CompressionSettings& s = c->compression;
+  if (auto it = m.find("spec"); it != m.end()) {
+    std::string text;
+    BP_RETURN_IF_ERROR(Scalar(it->second, "compression.spec", &text));
+    StatusOr<v1::CompressorConfig> cfg = compressors::ParseCompressorSpec(text);
+    if (!cfg.ok()) {
+      return Error(it->second.value, it->second.key_mark, "compression.spec",
+                   cfg.status().message());
+    }
+    s.spec = compressors::CompressorSpecString(*cfg);
+  }
+  if (auto it = m.find("error_feedback"); it != m.end()) {
+    std::string text;
+    BP_RETURN_IF_ERROR(Scalar(it->second, "compression.error_feedback", &text));
+    StatusOr<v1::ErrorFeedbackPolicy> p = compressors::ParseErrorFeedbackPolicy(text);
+    if (!p.ok()) {
+      return Error(it->second.value, it->second.key_mark, "compression.error_feedback",
+                   p.status().message());
+    }
+    s.error_feedback = std::string(compressors::ErrorFeedbackPolicyName(*p));
+  }
+  if (auto it = m.find("min_compress_bytes"); it != m.end()) {
+    BP_RETURN_IF_ERROR(Uint(it->second, "compression.min_compress_bytes", &s.min_compress_bytes));
+  }
+  if (auto it = m.find("partition_bytes"); it != m.end()) {
+    BP_RETURN_IF_ERROR(Uint(it->second, "compression.partition_bytes", &s.partition_bytes));
+    if (std::string p = CheckPartitionBytes(s.partition_bytes); !p.empty()) {
+      return Error(it->second.value, it->second.key_mark, "compression.partition_bytes", p);
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<ClusterConfig> Parser::Parse(std::string_view text) {
+  ClusterConfig c;
+  c.source = source_;
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(text));
+  } catch (const YAML::Exception& e) {
+    if (e.mark.is_null()) {
+      return InvalidArgumentError(fmt::format("{}: YAML syntax error: {}", source_, e.msg));
+    }
+    return InvalidArgumentError(fmt::format("{}:{}:{}: YAML syntax error: {}", source_,
+                                            e.mark.line + 1, e.mark.column + 1, e.msg));
+  }
+  try {
+    if (!root.IsDefined() || root.IsNull()) {
+      return InvalidArgumentError(
+          fmt::format("{}: empty config: the cluster section is required", source_));
+    }
+    std::map<std::string, Entry> top;
+    BP_RETURN_IF_ERROR(Entries(root, root.Mark(), "", {"cluster", "compression"}, &top));
+    auto cl = top.find("cluster");
+    if (cl == top.end()) {
+      return Error(root, root.Mark(), "cluster", "is required (the cluster section)");
+    }
+    BP_RETURN_IF_ERROR(ParseCluster(cl->second, &c));
+    if (auto co = top.find("compression"); co != top.end()) {
+      BP_RETURN_IF_ERROR(ParseCompression(co->second, &c));
+    }
+  } catch (const YAML::Exception& e) {
+    // Not expected (the walk checks node types before access); never let it escape.
+    return InvalidArgumentError(fmt::format("{}:{}: {}", source_, e.mark.line + 1, e.msg));
+  }
+  BP_RETURN_IF_ERROR(ValidateClusterConfig(c));
+  return c;
+}
+
+void AppendHash(uint64_t* h, std::string_view bytes) {
+  for (unsigned char ch : bytes) {
+    *h ^= ch;
+    *h *= 0x100000001B3ull;
+  }
+}
+
+std::string Quote(const std::string& v) {
+  return "'" + v + "'";
+}
+
+}  // namespace
+
+std::string ClusterConfig::NodeAddress(v1::Role role, uint32_t rank) const {
+  const std::vector<std::string>* list = role == v1::ROLE_SERVER   ? &servers
+                                         : role == v1::ROLE_WORKER ? &workers
+                                                                   : nullptr;
+  if (list == nullptr || rank >= list->size()) return "";
+  return (*list)[rank];
+}
+
+StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFoundError(fmt::format("cannot read cluster config {}", path));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return ParseClusterConfig(text, path);
+}
+
+StatusOr<ClusterConfig> ParseClusterConfig(std::string_view yaml_text, const std::string& source) {
+  return Parser(source).Parse(yaml_text);
+}
+
+Status ValidateClusterConfig(const ClusterConfig& c) {
+  auto bad = [&](const std::string& key, const std::string& problem) {
+    return InvalidArgumentError(
+        fmt::format("{}{}: {}", c.source.empty() ? "" : c.source + ": ", key, problem));
+  };
+  if (std::string p = CheckTransport(c.transport); !p.empty()) return bad("cluster.transport", p);
+  std::set<std::string> seen;
+  auto check_address = [&](const std::string& key, const std::string& a) -> Status {
+    StatusOr<std::string> n = NormalizeAddress(a, c.transport);
+    if (!n.ok()) return bad(key, n.status().message());
+    if (*n != a) return bad(key, fmt::format("address '{}' is not normalised ({})", a, *n));
+    if (!seen.insert(a).second) return bad(key, fmt::format("address {} is used twice", a));
+    return Status::Ok();
+  };
+  BP_RETURN_IF_ERROR(check_address("cluster.scheduler", c.scheduler_address));
+  if (c.servers.empty()) return bad("cluster.servers", "needs at least one address");
+  if (c.workers.empty()) return bad("cluster.workers", "needs at least one address");
+  for (size_t i = 0; i < c.servers.size(); ++i) {
+    BP_RETURN_IF_ERROR(check_address(fmt::format("cluster.servers[{}]", i), c.servers[i]));
+  }
+  for (size_t i = 0; i < c.workers.size(); ++i) {
+    BP_RETURN_IF_ERROR(check_address(fmt::format("cluster.workers[{}]", i), c.workers[i]));
+  }
+  if (std::string p = CheckHeartbeatInterval(c.heartbeat_interval.count()); !p.empty()) {
+    return bad("cluster.heartbeat_interval_ms", p);
+  }
+  if (std::string p =
+          CheckHeartbeatTimeout(c.heartbeat_timeout.count(), c.heartbeat_interval.count());
+      !p.empty()) {
+    return bad("cluster.heartbeat_timeout_ms", p);
+  }
+  if (std::string p = CheckStartupTimeoutMs(c.startup_timeout.count()); !p.empty()) {
+    return bad("cluster.startup_timeout_s", p);
+  }
+  StatusOr<v1::CompressorConfig> spec = compressors::ParseCompressorSpec(c.compression.spec);
+  if (!spec.ok()) return bad("compression.spec", spec.status().message());
+  if (compressors::CompressorSpecString(*spec) != c.compression.spec) {
+    return bad("compression.spec", fmt::format("'{}' is not canonical ('{}')", c.compression.spec,
+                                               compressors::CompressorSpecString(*spec)));
+  }
+  StatusOr<v1::ErrorFeedbackPolicy> ef =
+      compressors::ParseErrorFeedbackPolicy(c.compression.error_feedback);
+  if (!ef.ok()) return bad("compression.error_feedback", ef.status().message());
+  if (std::string p = CheckPartitionBytes(c.compression.partition_bytes); !p.empty()) {
+    return bad("compression.partition_bytes", p);
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::string> NormalizeAddress(std::string_view address, std::string_view backend) {
+  const std::string a(address);
+  if (a.empty()) return InvalidArgumentError("empty address");
+  const size_t scheme_end = a.find("://");
+  const std::string scheme = scheme_end == std::string::npos ? "" : a.substr(0, scheme_end);
+  const std::string rest = scheme_end == std::string::npos ? a : a.substr(scheme_end + 3);
+  if (backend == "inproc") {
+    if (!scheme.empty() && scheme != "inproc") {
+      return InvalidArgumentError(fmt::format(
+          "address '{}': {}:// needs cluster.transport zmq (the transport is inproc)", a, scheme));
+    }
+    if (rest.empty()) return InvalidArgumentError(fmt::format("address '{}' has no name", a));
+    return "inproc://" + rest;
+  }
+  if (scheme == "inproc") {
+    return InvalidArgumentError(
+        fmt::format("address '{}': inproc:// needs cluster.transport inproc", a));
+  }
+  if (scheme == "ipc") {
+    if (rest.empty()) return InvalidArgumentError(fmt::format("address '{}' has no path", a));
+    return a;
+  }
+  if (!scheme.empty() && scheme != "tcp") {
+    return InvalidArgumentError(fmt::format(
+        "address '{}': unknown scheme '{}'; valid: tcp://, ipc:// or host:port", a, scheme));
+  }
+  // tcp: HOST:PORT or [V6]:PORT
+  size_t colon;
+  std::string host;
+  if (!rest.empty() && rest[0] == '[') {
+    const size_t close = rest.find(']');
+    if (close == std::string::npos || close + 1 >= rest.size() || rest[close + 1] != ':') {
+      return InvalidArgumentError(fmt::format("address '{}': expected [IPV6]:PORT", a));
+    }
+    host = rest.substr(0, close + 1);
+    colon = close + 1;
+  } else {
+    colon = rest.rfind(':');
+    if (colon == std::string::npos) {
+      return InvalidArgumentError(fmt::format("address '{}': expected host:port", a));
+    }
+    host = rest.substr(0, colon);
+  }
+  if (host.empty() || host == "*") {
+    return InvalidArgumentError(fmt::format("address '{}': needs a host others can connect to", a));
+  }
+  uint64_t port = 0;
+  if (!ParseUint(std::string_view(rest).substr(colon + 1), &port) || port < 1 || port > 65535) {
+    return InvalidArgumentError(
+        fmt::format("address '{}': port must be 1..65535 (every node must know it)", a));
+  }
+  return fmt::format("tcp://{}:{}", host, port);
+}
+
+std::vector<v1::ConfigField> ConfigFields(const ClusterConfig& c) {
+  std::vector<v1::ConfigField> out;
+  auto add = [&](const char* name, const std::string& value) {
+    v1::ConfigField f;
+    f.set_name(name);
+    f.set_value(value);
+    out.push_back(std::move(f));
+  };
+  add("compression.spec", c.compression.spec);
+  add("compression.error_feedback", c.compression.error_feedback);
+  add("compression.min_compress_bytes", std::to_string(c.compression.min_compress_bytes));
+  add("compression.partition_bytes", std::to_string(c.compression.partition_bytes));
+  return out;
+}
+
+uint64_t ConfigHash(const std::vector<v1::ConfigField>& fields) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (const v1::ConfigField& f : fields) {
+    AppendHash(&h, f.name());
+    AppendHash(&h, "=");
+    AppendHash(&h, f.value());
+    AppendHash(&h, "\n");
+  }
+  return h;
+}
+
+std::string DescribeConfigDifference(const std::vector<v1::ConfigField>& here,
+                                     const std::vector<v1::ConfigField>& scheduler) {
+  std::map<std::string, std::string> mine;
+  for (const v1::ConfigField& f : here) mine[f.name()] = f.value();
+  std::vector<std::string> diffs;
+  std::set<std::string> known;
+  for (const v1::ConfigField& f : scheduler) {
+    known.insert(f.name());
+    auto it = mine.find(f.name());
+    if (it == mine.end()) {
+      diffs.push_back(
+          fmt::format("{} is not set here but {} on the scheduler", f.name(), Quote(f.value())));
+    } else if (it->second != f.value()) {
+      diffs.push_back(fmt::format("{} is {} here but {} on the scheduler", f.name(),
+                                  Quote(it->second), Quote(f.value())));
+    }
+  }
+  for (const v1::ConfigField& f : here) {
+    if (known.count(f.name()) == 0) {
+      diffs.push_back(
+          fmt::format("{} is {} here but unknown to the scheduler", f.name(), Quote(f.value())));
+    }
+  }
+  if (diffs.empty()) return "";
+  std::string out = "config differs from the scheduler's: ";
+  for (size_t i = 0; i < diffs.size(); ++i) out += (i ? "; " : "") + diffs[i];
+  return out;
+}
+
+std::string DescribeClusterConfig(const ClusterConfig& c) {
+  auto list = [](const std::vector<std::string>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+    return s + "]";
+  };
+  const int64_t startup_ms = c.startup_timeout.count();
+  const std::string startup = startup_ms % 1000 == 0
+                                  ? std::to_string(startup_ms / 1000)
+                                  : fmt::format("{:.3f}", static_cast<double>(startup_ms) / 1000);
+  return fmt::format(
+      "cluster:                # from {}\n"
+      "  scheduler: {}\n"
+      "  transport: {}\n"
+      "  token: {}\n"
+      "  servers: {}\n"
+      "  workers: {}\n"
+      "  heartbeat_interval_ms: {}\n"
+      "  heartbeat_timeout_ms: {}\n"
+      "  startup_timeout_s: {}\n"
+      "compression:            # config hash {:016x}\n"
+      "  spec: {}\n"
+      "  error_feedback: {}\n"
+      "  min_compress_bytes: {}\n"
+      "  partition_bytes: {}",
+      c.source.empty() ? "code" : c.source, c.scheduler_address, c.transport,
+      c.token.empty() ? "<none>" : "<set>", list(c.servers), list(c.workers),
+      c.heartbeat_interval.count(), c.heartbeat_timeout.count(), startup,
+      ConfigHash(ConfigFields(c)), c.compression.spec, c.compression.error_feedback,
+      c.compression.min_compress_bytes, c.compression.partition_bytes);
+}
+
+std::string_view RoleName(v1::Role role) {
+  switch (role) {
+    case v1::ROLE_SCHEDULER: return "scheduler";
+    case v1::ROLE_SERVER: return "server";
+    case v1::ROLE_WORKER: return "worker";
+    default: return "unknown";
+  }
+}
+
+StatusOr<v1::Role> ParseNodeRole(std::string_view name) {
+  if (name == "server") return v1::ROLE_SERVER;
+  if (name == "worker") return v1::ROLE_WORKER;
+  return InvalidArgumentError(fmt::format("unknown role '{}'; valid: server, worker", name));
+}
+
+std::string NodePeerId(v1::Role role, uint32_t rank) {
+  return fmt::format("{}:{}", RoleName(role), rank);
+}
+
+}  // namespace bitpush::scheduler

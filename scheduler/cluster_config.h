@@ -1,0 +1,118 @@
+// ClusterConfig: the `cluster:` and `compression:` sections of a cluster YAML (docs/config.md),
+// parsed and validated once, with addresses normalised to transport URLs.
+//
+// Every process of a cluster reads the same YAML: the scheduler to know whom to expect, each
+// server and worker to find its own listen address (the entry at its rank), the scheduler's
+// address, the cluster token and the settings it must agree on (ConfigFields()). Errors name
+// the file, the line and the key ("cluster.yaml:7: cluster.heartbeat_timeout_ms: ...").
+//
+// Owned by the scheduler module; servers and workers use it through bitpush_scheduler.
+// Thread-safety: plain values and pure functions.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "proto/bitpush/v1/control.pb.h"
+
+namespace bitpush::scheduler {
+
+// The `compression:` section. Every field takes part in config agreement (ConfigFields()).
+struct CompressionSettings {
+  // compression.spec: compressor spec string (compressors/registry.h), stored canonical
+  // (CompressorSpecString), e.g. "onebit:scaled=true". Default "none".
+  std::string spec = "none";
+  // compression.error_feedback: none | worker | server | both. Default "none".
+  std::string error_feedback = "none";
+  // compression.min_compress_bytes: tensors smaller than this (bytes) are sent uncompressed.
+  // Default 1 MiB (paper 001).
+  uint64_t min_compress_bytes = 1048576;
+  // compression.partition_bytes: a tensor is cut into partitions (keys) of at most this many
+  // bytes. Default 4096000 (BytePS's default). Must be > 0.
+  uint64_t partition_bytes = 4096000;
+};
+
+// The `cluster:` section plus the compression settings: everything the control plane needs.
+struct ClusterConfig {
+  // Where the config came from (a file path, or a name given to ParseClusterConfig); used in
+  // messages only.
+  std::string source;
+  // cluster.scheduler: the scheduler's listen address as a transport URL (tcp://HOST:PORT,
+  // ipc://PATH or inproc://NAME). Required.
+  std::string scheduler_address;
+  // cluster.transport: transport backend, "zmq" (default) or "inproc" (in-process clusters).
+  std::string transport = "zmq";
+  // cluster.token / cluster.token_file: shared secret every node must present. Empty = none.
+  // Never printed.
+  std::string token;
+  // cluster.servers / cluster.workers: listen addresses (normalised URLs); rank = index.
+  // At least one of each.
+  std::vector<std::string> servers;
+  std::vector<std::string> workers;
+  // cluster.heartbeat_interval_ms: how often the scheduler and each node send heartbeats.
+  // Default 1000 ms; 1..60000.
+  std::chrono::milliseconds heartbeat_interval{1000};
+  // cluster.heartbeat_timeout_ms: silence after which a peer is declared dead. Default 5000 ms;
+  // at least 2 x heartbeat_interval, at most 3600000.
+  std::chrono::milliseconds heartbeat_timeout{5000};
+  // cluster.startup_timeout_s: how long the scheduler waits for every node to register, and
+  // how long a node retries an unanswering scheduler. Default 60 s; > 0, <= 86400; the YAML
+  // accepts fractions (0.5).
+  std::chrono::milliseconds startup_timeout{60000};
+  // The `compression:` section.
+  CompressionSettings compression;
+
+  // Number of nodes the scheduler waits for.
+  size_t num_nodes() const { return servers.size() + workers.size(); }
+  // The listen address of (role, rank); "" if there is no such entry.
+  std::string NodeAddress(v1::Role role, uint32_t rank) const;
+};
+
+// Reads and parses the file at `path`. Errors are InvalidArgument "PATH:LINE: KEY: problem"
+// (NotFound if the file cannot be read).
+StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path);
+
+// Parses YAML text; `source` names it in messages (and is the directory base for a relative
+// cluster.token_file: relative paths resolve against dirname(source)).
+StatusOr<ClusterConfig> ParseClusterConfig(std::string_view yaml_text, const std::string& source);
+
+// Checks the invariants of a config built in code (the harness and tests build them without
+// YAML): the same rules the parser applies, with messages naming the field.
+Status ValidateClusterConfig(const ClusterConfig& config);
+
+// "host:port" -> "tcp://host:port"; URLs with a scheme are checked and kept. With the inproc
+// backend a bare NAME becomes inproc://NAME. InvalidArgument naming the problem otherwise.
+StatusOr<std::string> NormalizeAddress(std::string_view address, std::string_view backend);
+
+// The settings every node must share with the scheduler, as (name, canonical value) in a
+// fixed order: compression.spec, compression.error_feedback, compression.min_compress_bytes,
+// compression.partition_bytes.
+std::vector<v1::ConfigField> ConfigFields(const ClusterConfig& config);
+
+// FNV-1a (64 bit) over "name=value\n" for each field, in order.
+uint64_t ConfigHash(const std::vector<v1::ConfigField>& fields);
+
+// Compares a node's fields ("here") with the scheduler's (the reference). Returns "" when
+// they agree, else "config differs from the scheduler's: compression.spec is 'x' here but
+// 'y' on the scheduler; ..." naming every differing, missing or unknown field.
+std::string DescribeConfigDifference(const std::vector<v1::ConfigField>& here,
+                                     const std::vector<v1::ConfigField>& scheduler);
+
+// The effective config as YAML-like text for the start-up log (the token shows as "<set>").
+std::string DescribeClusterConfig(const ClusterConfig& config);
+
+// "server", "worker", "scheduler" ("unknown" otherwise).
+std::string_view RoleName(v1::Role role);
+// "server" -> ROLE_SERVER, "worker" -> ROLE_WORKER; InvalidArgument otherwise.
+StatusOr<v1::Role> ParseNodeRole(std::string_view name);
+// The transport PeerId of a node: "server:0", "worker:3".
+std::string NodePeerId(v1::Role role, uint32_t rank);
+// The scheduler's PeerId.
+inline constexpr char kSchedulerPeerId[] = "scheduler";
+
+}  // namespace bitpush::scheduler

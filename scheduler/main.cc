@@ -1,0 +1,106 @@
+// bitpush-scheduler: the control-plane daemon of one cluster.
+//
+//   bitpush-scheduler --config cluster.yaml [--log-level info]
+//
+// Exit status: 0 clean shutdown (every worker said Done); 1 a failure (a node missing after
+// cluster.startup_timeout_s, a node declared dead, interrupted by SIGINT/SIGTERM, the listen
+// address unusable); 2 a usage or config error. See docs/config.md and docs/architecture.md.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "common/logging.h"
+#include "scheduler/cluster_config.h"
+#include "scheduler/scheduler.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: bitpush-scheduler --config CLUSTER.yaml [--log-level trace|debug|info|warn|error]\n"
+    "Runs the control plane of the cluster described by CLUSTER.yaml (docs/config.md).\n"
+    "Exit status: 0 clean shutdown, 1 failure, 2 usage or config error.\n";
+
+int Usage(const std::string& error) {
+  std::fprintf(stderr, "bitpush-scheduler: %s\n%s", error.c_str(), kUsage);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace bitpush;
+  std::string config_path;
+  std::string log_level = "info";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&](const char* flag) -> const char* {
+      if (i + 1 >= argc) return nullptr;
+      (void)flag;
+      return argv[++i];
+    };
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (arg == "--config") {
+      const char* v = value("--config");
+      if (v == nullptr) return Usage("--config needs a path");
+      config_path = v;
+    } else if (arg == "--log-level") {
+      const char* v = value("--log-level");
+      if (v == nullptr) return Usage("--log-level needs a level");
+      log_level = v;
+    } else {
+      return Usage("unknown argument '" + arg + "'");
+    }
+  }
+  if (config_path.empty()) return Usage("--config is required");
+  if (!SetLogLevel(log_level)) return Usage("unknown log level '" + log_level + "'");
+
+  StatusOr<scheduler::ClusterConfig> config = scheduler::LoadClusterConfig(config_path);
+  if (!config.ok()) {
+    std::fprintf(stderr, "bitpush-scheduler: config error: %s\n",
+                 config.status().message().c_str());
+    return 2;
+  }
+
+  // SIGINT/SIGTERM are handled by one thread (sigwait), never in a signal handler: block
+  // them before any other thread exists so every thread inherits the mask. SIGUSR1 only
+  // wakes that thread when Run() ends by itself.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  scheduler::SchedulerOptions options;
+  options.cluster = *config;
+  StatusOr<std::unique_ptr<scheduler::Scheduler>> sched =
+      scheduler::Scheduler::Create(std::move(options));
+  if (!sched.ok()) {
+    std::fprintf(stderr, "bitpush-scheduler: error: %s\n", sched.status().ToString().c_str());
+    return 1;
+  }
+  scheduler::Scheduler* s = sched->get();
+  std::thread signal_thread([&signals, s] {
+    int sig = 0;
+    if (sigwait(&signals, &sig) != 0 || sig == SIGUSR1) return;
+    BP_LOG_WARN("bitpush-scheduler: received {}; shutting the cluster down", strsignal(sig));
+    s->Stop();
+  });
+
+  const Status result = s->Run();
+  pthread_kill(signal_thread.native_handle(), SIGUSR1);
+  signal_thread.join();
+  sched->reset();
+  if (!result.ok()) {
+    std::fprintf(stderr, "bitpush-scheduler: error: %s\n", result.ToString().c_str());
+    return 1;
+  }
+  BP_LOG_INFO("bitpush-scheduler: every worker is done; clean shutdown");
+  return 0;
+}

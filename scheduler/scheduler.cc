@@ -1,0 +1,571 @@
+#include "scheduler/scheduler.h"
+
+#include <algorithm>
+
+#include "common/logging.h"
+#include "common/transport/protocol.h"
+#include "fmt/format.h"
+#include "scheduler/key_mapping.h"
+
+namespace bitpush::scheduler {
+
+namespace {
+
+using std::chrono::duration_cast;
+using std::chrono::milliseconds;
+
+// Longest single wait of the event loop: bounds how late Stop() is noticed.
+constexpr milliseconds kMaxLoopWait{50};
+
+// Refusals are answered through a private peer name: "refused:<name>#<incarnation>".
+constexpr char kRefusedAliasPrefix[] = "refused:";
+
+int64_t Ms(std::chrono::steady_clock::duration d) {
+  return duration_cast<milliseconds>(d).count();
+}
+
+// Compares without an early exit, so the time taken does not reveal how much of a guessed
+// token was right.
+bool TokensEqual(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+std::string_view GroupName(v1::Group g) {
+  switch (g) {
+    case v1::GROUP_WORKERS: return "workers";
+    case v1::GROUP_SERVERS: return "servers";
+    case v1::GROUP_ALL: return "all";
+    default: return "unknown";
+  }
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
+    SchedulerOptions options, std::unique_ptr<transport::Transport> transport) {
+  BP_RETURN_IF_ERROR(ValidateClusterConfig(options.cluster));
+  if (options.shutdown_ack_timeout.count() < 0) {
+    return InvalidArgumentError("SchedulerOptions::shutdown_ack_timeout is negative");
+  }
+  if (transport == nullptr) {
+    transport::TransportOptions t;
+    t.backend = options.cluster.transport;
+    t.name = kSchedulerPeerId;
+    t.listen_address = options.cluster.scheduler_address;
+    t.inproc_hub = options.inproc_hub;
+    StatusOr<std::unique_ptr<transport::Transport>> made = transport::CreateTransport(t);
+    if (!made.ok()) {
+      return made.status().WithContext(
+          fmt::format("scheduler: cannot listen at {}", options.cluster.scheduler_address));
+    }
+    transport = std::move(made).value();
+  } else if (transport->name() != kSchedulerPeerId) {
+    return InvalidArgumentError(
+        fmt::format("scheduler: the injected transport is named '{}', "
+                    "not '{}'",
+                    transport->name(), kSchedulerPeerId));
+  }
+  return std::unique_ptr<Scheduler>(new Scheduler(std::move(options), std::move(transport)));
+}
+
+Scheduler::Scheduler(SchedulerOptions options, std::unique_ptr<transport::Transport> transport)
+    : options_(std::move(options)), cluster_(options_.cluster), transport_(std::move(transport)) {
+  config_fields_ = ConfigFields(cluster_);
+  config_hash_ = ConfigHash(config_fields_);
+  for (v1::Role role : {v1::ROLE_SERVER, v1::ROLE_WORKER}) {
+    const auto& list = role == v1::ROLE_SERVER ? cluster_.servers : cluster_.workers;
+    for (uint32_t rank = 0; rank < list.size(); ++rank) {
+      Slot s;
+      s.role = role;
+      s.rank = rank;
+      s.name = NodePeerId(role, rank);
+      s.address = list[rank];
+      slot_by_name_[s.name] = slots_.size();
+      slots_.push_back(std::move(s));
+    }
+  }
+  for (v1::Group g : {v1::GROUP_WORKERS, v1::GROUP_SERVERS, v1::GROUP_ALL}) {
+    barriers_[g].arrived.assign(slots_.size(), false);
+  }
+}
+
+Scheduler::~Scheduler() {
+  if (transport_) transport_->Close();
+}
+
+std::string Scheduler::address() const {
+  return transport_->address();
+}
+
+void Scheduler::Stop() {
+  stop_requested_.store(true);
+}
+
+Status Scheduler::SendTo(const std::string& peer, const v1::ControlMessage& msg) {
+  transport::Message m;
+  if (!msg.SerializeToString(&m.header)) {
+    return InternalError("cannot serialize a control message");
+  }
+  return transport_->Send(peer, std::move(m));
+}
+
+Scheduler::Slot* Scheduler::FindSlot(const std::string& peer) {
+  auto it = slot_by_name_.find(peer);
+  return it == slot_by_name_.end() ? nullptr : &slots_[it->second];
+}
+
+v1::NodeInfo Scheduler::InfoOf(const Slot& slot) const {
+  v1::NodeInfo n;
+  n.set_role(slot.role);
+  n.set_rank(slot.rank);
+  n.set_address(slot.address);
+  n.set_name(slot.name);
+  return n;
+}
+
+bool Scheduler::IsMember(const Slot& slot, v1::Group group) const {
+  switch (group) {
+    case v1::GROUP_WORKERS: return slot.role == v1::ROLE_WORKER;
+    case v1::GROUP_SERVERS: return slot.role == v1::ROLE_SERVER;
+    case v1::GROUP_ALL: return true;
+    default: return false;
+  }
+}
+
+Status Scheduler::Run() {
+  BP_CHECK(!ran_, "Scheduler::Run called twice");
+  ran_ = true;
+  start_ = Clock::now();
+  BP_LOG_INFO("bitpush-scheduler {}.{} listening at {}; effective config:\n{}", kProtocolMajor,
+              kProtocolMinor, transport_->address(), DescribeClusterConfig(cluster_));
+  BP_LOG_INFO("waiting up to {} ms for {} servers and {} workers", cluster_.startup_timeout.count(),
+              cluster_.servers.size(), cluster_.workers.size());
+  Clock::time_point next_heartbeat = start_ + cluster_.heartbeat_interval;
+
+  while (!finished_) {
+    if (stop_requested_.load()) {
+      BP_LOG_WARN("scheduler interrupted: shutting the cluster down");
+      ShutdownNodes("scheduler interrupted");
+      return CancelledError("scheduler interrupted");
+    }
+    Clock::time_point now = Clock::now();
+    if (now >= next_heartbeat) {
+      SendHeartbeats();
+      next_heartbeat += cluster_.heartbeat_interval;
+      if (next_heartbeat <= now) next_heartbeat = now + cluster_.heartbeat_interval;
+    }
+    if (!assigned_ && now - start_ >= cluster_.startup_timeout) return StartupTimeout();
+    if (std::optional<Status> dead = CheckDeadNodes(now)) return *dead;
+
+    Clock::time_point wake = std::min(next_heartbeat, now + kMaxLoopWait);
+    if (!assigned_) wake = std::min(wake, start_ + cluster_.startup_timeout);
+    const milliseconds wait = std::max(
+        milliseconds(1),
+        duration_cast<milliseconds>(wake - now + milliseconds(1) - std::chrono::nanoseconds(1)));
+    StatusOr<transport::Received> r = transport_->Receive(wait);
+    if (!r.ok()) {
+      if (r.status().code() == StatusCode::kTimeout) continue;
+      // The endpoint itself is gone (closed under us): nothing can be sent any more.
+      BP_LOG_ERROR("scheduler: transport failed: {}", r.status().ToString());
+      return r.status().WithContext("scheduler transport");
+    }
+    Handle(*r);
+  }
+  if (finished_->ok()) {
+    BP_LOG_INFO("every worker is done: shutting the cluster down cleanly");
+    ShutdownNodes("");
+  }
+  return *finished_;
+}
+
+void Scheduler::Handle(transport::Received& r) {
+  if (!r.is_message()) {
+    const transport::TransportEvent& ev = r.event();
+    const char* what = ev.kind == transport::TransportEvent::Kind::kPeerConnected ? "connected"
+                       : ev.kind == transport::TransportEvent::Kind::kPeerDisconnected
+                           ? "disconnected"
+                           : "send failed";
+    // Verdicts come from heartbeats only (a transport may reconnect); events are logged.
+    BP_LOG_INFO("scheduler: transport event: {} {}{}", ev.peer, what,
+                ev.status.ok() ? "" : " (" + ev.status.message() + ")");
+    if (Slot* slot = FindSlot(ev.peer)) {
+      slot->disconnected = ev.kind == transport::TransportEvent::Kind::kPeerDisconnected;
+    } else if (ev.kind == transport::TransportEvent::Kind::kPeerDisconnected &&
+               ev.peer.rfind(kRefusedAliasPrefix, 0) == 0) {
+      transport_->Disconnect(ev.peer);  // the refused node is gone: forget its alias
+    }
+    return;
+  }
+  v1::ControlMessage msg;
+  if (!msg.ParseFromString(r.message().header)) {
+    BP_LOG_WARN("scheduler: dropped a malformed control message from '{}'", r.from);
+    return;
+  }
+  if (msg.body_case() == v1::ControlMessage::kRegisterRequest) {
+    HandleRegister(r.from, msg.register_request());
+    return;
+  }
+  Slot* slot = FindSlot(r.from);
+  if (slot == nullptr || !slot->registered || slot->dead) {
+    BP_LOG_DEBUG("scheduler: dropped a message from unregistered peer '{}'", r.from);
+    return;
+  }
+  slot->last_heard = Clock::now();
+  slot->disconnected = false;
+  switch (msg.body_case()) {
+    case v1::ControlMessage::kHeartbeat: break;
+    case v1::ControlMessage::kBarrierRequest: HandleBarrier(*slot, msg.barrier_request()); break;
+    case v1::ControlMessage::kDone: HandleDone(*slot); break;
+    case v1::ControlMessage::kShutdownAck: slot->shutdown_acked = true; break;
+    default:
+      BP_LOG_WARN("scheduler: unexpected control message (case {}) from {}",
+                  static_cast<int>(msg.body_case()), slot->name);
+  }
+}
+
+void Scheduler::Refuse(const std::string& from, const v1::RegisterRequest& req, Slot* slot,
+                       const std::string& error) {
+  BP_LOG_WARN("scheduler: refused registration from '{}' at {} ({}:{}): {}", from, req.address(),
+              req.host(), req.pid(), error);
+  if (slot != nullptr) slot->last_refusal = error;
+  v1::ControlMessage m;
+  m.mutable_register_refused()->set_error(error);
+  m.mutable_register_refused()->mutable_scheduler_version()->set_major(kProtocolMajor);
+  m.mutable_register_refused()->mutable_scheduler_version()->set_minor(kProtocolMinor);
+  // Answer through a private alias: the requester may claim a name (and slot) that belongs
+  // to a registered node, whose connection must stay untouched.
+  const std::string alias = fmt::format("{}{}#{:x}", kRefusedAliasPrefix, from, req.incarnation());
+  StatusOr<std::string> addr = NormalizeAddress(req.address(), cluster_.transport);
+  if (!addr.ok()) {
+    BP_LOG_WARN("scheduler: cannot answer '{}': {}", from, addr.status().message());
+    return;
+  }
+  Status s = transport_->Connect(alias, *addr);
+  if (s.ok()) s = SendTo(alias, m);
+  if (!s.ok()) BP_LOG_WARN("scheduler: cannot send the refusal to '{}': {}", from, s.ToString());
+}
+
+void Scheduler::HandleRegister(const std::string& from, const v1::RegisterRequest& req) {
+  // Order: version (nothing else can be trusted across majors), token (tell nothing more to
+  // an unauthenticated peer), identity, duplicate, config.
+  if (req.version().major() != kProtocolMajor) {
+    Refuse(
+        from, req, nullptr,
+        fmt::format("protocol version mismatch: this node speaks {}.{}, the scheduler speaks "
+                    "{}.{}",
+                    req.version().major(), req.version().minor(), kProtocolMajor, kProtocolMinor));
+    return;
+  }
+  if (!TokensEqual(req.cluster_token(), cluster_.token)) {
+    std::string detail = cluster_.token.empty() ? "the node sends a token, the scheduler has none"
+                         : req.cluster_token().empty()
+                             ? "the node sends no token, the scheduler requires one"
+                             : "the node's token differs from the scheduler's";
+    Refuse(from, req, nullptr,
+           fmt::format("cluster token mismatch ({}; check cluster.token / cluster.token_file)",
+                       detail));
+    return;
+  }
+  if (req.role() != v1::ROLE_SERVER && req.role() != v1::ROLE_WORKER) {
+    Refuse(from, req, nullptr,
+           fmt::format("unknown node: role {} (expected server or worker)",
+                       static_cast<int>(req.role())));
+    return;
+  }
+  const std::string role = std::string(RoleName(req.role()));
+  const std::string expected_address = cluster_.NodeAddress(req.role(), req.rank());
+  if (expected_address.empty()) {
+    Refuse(from, req, nullptr,
+           fmt::format(
+               "unknown node: {} rank {} at {} is not in the cluster (cluster.{}s has "
+               "{} entries)",
+               role, req.rank(), req.address(), role,
+               req.role() == v1::ROLE_SERVER ? cluster_.servers.size() : cluster_.workers.size()));
+    return;
+  }
+  Slot& slot = *FindSlot(NodePeerId(req.role(), req.rank()));
+  if (from != slot.name) {
+    Refuse(from, req, &slot,
+           fmt::format("node named '{}' registers as {} rank {} (whose name is '{}')", from, role,
+                       req.rank(), slot.name));
+    return;
+  }
+  StatusOr<std::string> addr = NormalizeAddress(req.address(), cluster_.transport);
+  if (!addr.ok() || *addr != slot.address) {
+    Refuse(from, req, &slot,
+           fmt::format("unknown node: {} {} registers from {} but the cluster YAML has {} at that "
+                       "rank",
+                       role, req.rank(), req.address(), slot.address));
+    return;
+  }
+  if (slot.registered && slot.incarnation != req.incarnation()) {
+    Refuse(from, req, nullptr,
+           fmt::format("duplicate registration for {} {} at {} (already registered by {}:{})", role,
+                       req.rank(), slot.address, slot.host, slot.pid));
+    return;
+  }
+  std::vector<v1::ConfigField> fields(req.config_fields().begin(), req.config_fields().end());
+  std::string diff = DescribeConfigDifference(fields, config_fields_);
+  if (diff.empty() && req.config_hash() != config_hash_) {
+    diff = fmt::format(
+        "config hash differs from the scheduler's ({:016x} here, {:016x} on the "
+        "scheduler) although every field agrees: the two builds hash differently",
+        req.config_hash(), config_hash_);
+  }
+  if (!diff.empty()) {
+    Refuse(from, req, &slot, diff);
+    return;
+  }
+
+  const bool retry = slot.registered;
+  if (!retry) {
+    Status c = transport_->Connect(slot.name, slot.address);
+    if (!c.ok()) {
+      // Nothing can be answered; the node retries and the startup timeout bounds it.
+      BP_LOG_WARN("scheduler: cannot connect to {} at {}: {}", slot.name, slot.address,
+                  c.ToString());
+      return;
+    }
+    slot.registered = true;
+    slot.incarnation = req.incarnation();
+    slot.host = req.host();
+    slot.pid = req.pid();
+    slot.last_refusal.clear();
+    ++registered_;
+    BP_LOG_INFO("scheduler: {} {} registered from {} ({}:{}) [{}/{}]", role, req.rank(),
+                slot.address, slot.host, slot.pid, registered_, slots_.size());
+  }
+  slot.last_heard = Clock::now();
+  v1::ControlMessage m;
+  v1::RegisterAccepted* a = m.mutable_register_accepted();
+  a->set_registered(static_cast<uint32_t>(registered_));
+  a->set_expected(static_cast<uint32_t>(slots_.size()));
+  a->set_heartbeat_interval_ms(static_cast<uint32_t>(cluster_.heartbeat_interval.count()));
+  a->set_heartbeat_timeout_ms(static_cast<uint32_t>(cluster_.heartbeat_timeout.count()));
+  const Clock::duration left = start_ + cluster_.startup_timeout - Clock::now();
+  a->set_startup_remaining_ms(assigned_ ? 0
+                                        : static_cast<uint32_t>(std::max<int64_t>(0, Ms(left))));
+  Status s = SendTo(slot.name, m);
+  if (!s.ok()) BP_LOG_WARN("scheduler: cannot answer {}: {}", slot.name, s.ToString());
+  if (assigned_) {
+    // A retry after the assignment went out (its answer was lost): send it again.
+    v1::ControlMessage am;
+    *am.mutable_assignment() = AssignmentFor(slot);
+    (void)SendTo(slot.name, am);
+  } else if (registered_ == slots_.size()) {
+    SendAssignments();
+  }
+}
+
+v1::Assignment Scheduler::AssignmentFor(const Slot& slot) const {
+  v1::Assignment a;
+  *a.mutable_self() = InfoOf(slot);
+  for (const Slot& s : slots_) {
+    *(s.role == v1::ROLE_SERVER ? a.add_servers() : a.add_workers()) = InfoOf(s);
+  }
+  *a.mutable_key_mapping() = MakeKeyMapping(static_cast<uint32_t>(cluster_.servers.size()));
+  a.set_heartbeat_interval_ms(static_cast<uint32_t>(cluster_.heartbeat_interval.count()));
+  a.set_heartbeat_timeout_ms(static_cast<uint32_t>(cluster_.heartbeat_timeout.count()));
+  return a;
+}
+
+void Scheduler::SendAssignments() {
+  assigned_ = true;
+  BP_LOG_INFO("scheduler: all {} nodes registered after {} ms; sending assignments", slots_.size(),
+              Ms(Clock::now() - start_));
+  for (const Slot& s : slots_) {
+    v1::ControlMessage m;
+    *m.mutable_assignment() = AssignmentFor(s);
+    Status st = SendTo(s.name, m);
+    if (!st.ok())
+      BP_LOG_WARN("scheduler: cannot send the assignment to {}: {}", s.name, st.ToString());
+  }
+}
+
+void Scheduler::HandleBarrier(Slot& slot, const v1::BarrierRequest& req) {
+  const v1::Group group = req.group();
+  if (!assigned_) {
+    BP_LOG_WARN("scheduler: {} asked for a barrier before the assignment; ignored", slot.name);
+    return;
+  }
+  if (!IsMember(slot, group)) {
+    BP_LOG_WARN("scheduler: {} asked for barrier {} of group {}, which it is not in; ignored",
+                slot.name, req.barrier_id(), GroupName(group));
+    return;
+  }
+  BarrierState& b = barriers_[group];
+  if (req.barrier_id() != b.next_id) {
+    BP_LOG_WARN(
+        "scheduler: {} asked for barrier {} of group {}, but that group is at barrier {}; "
+        "ignored",
+        slot.name, req.barrier_id(), GroupName(group), b.next_id);
+    return;
+  }
+  const size_t index = slot_by_name_[slot.name];
+  if (!b.arrived[index]) {
+    b.arrived[index] = true;
+    ++b.count;
+  }
+  size_t members = 0;
+  for (const Slot& s : slots_) members += IsMember(s, group) ? 1 : 0;
+  if (b.count < members) return;
+  BP_LOG_DEBUG("scheduler: releasing barrier {} of group {}", b.next_id, GroupName(group));
+  v1::ControlMessage m;
+  m.mutable_barrier_release()->set_group(group);
+  m.mutable_barrier_release()->set_barrier_id(b.next_id);
+  for (const Slot& s : slots_) {
+    if (!IsMember(s, group)) continue;
+    Status st = SendTo(s.name, m);
+    if (!st.ok()) BP_LOG_WARN("scheduler: cannot release {}: {}", s.name, st.ToString());
+  }
+  ++b.next_id;
+  b.count = 0;
+  std::fill(b.arrived.begin(), b.arrived.end(), false);
+}
+
+void Scheduler::HandleDone(Slot& slot) {
+  if (slot.role != v1::ROLE_WORKER) {
+    BP_LOG_WARN("scheduler: {} sent Done, but only workers do; ignored", slot.name);
+    return;
+  }
+  if (!assigned_) {
+    BP_LOG_WARN("scheduler: {} sent Done before the assignment; ignored", slot.name);
+    return;
+  }
+  if (slot.done) return;
+  slot.done = true;
+  ++workers_done_;
+  BP_LOG_INFO("scheduler: {} is done [{}/{} workers]", slot.name, workers_done_,
+              cluster_.workers.size());
+  if (workers_done_ == cluster_.workers.size()) finished_ = Status::Ok();
+}
+
+void Scheduler::SendHeartbeats() {
+  v1::ControlMessage m;
+  m.mutable_heartbeat()->set_seq(++heartbeat_seq_);
+  for (const Slot& s : slots_) {
+    if (!s.registered || s.dead) continue;
+    Status st = SendTo(s.name, m);
+    if (!st.ok()) BP_LOG_DEBUG("scheduler: heartbeat to {} failed: {}", s.name, st.ToString());
+  }
+}
+
+std::optional<Status> Scheduler::CheckDeadNodes(Clock::time_point now) {
+  std::vector<size_t> dead;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.registered && !s.dead && now - s.last_heard > cluster_.heartbeat_timeout) {
+      dead.push_back(i);
+    }
+  }
+  if (dead.empty()) return std::nullopt;
+  std::string error;
+  for (size_t i : dead) {
+    Slot& s = slots_[i];
+    s.dead = true;
+    const std::string reason =
+        fmt::format("no heartbeat for {} ms (heartbeat timeout {} ms)", Ms(now - s.last_heard),
+                    cluster_.heartbeat_timeout.count());
+    const std::string line =
+        fmt::format("{} {} at {} failed: {}", RoleName(s.role), s.rank, s.address, reason);
+    BP_LOG_ERROR("scheduler: {}", line);
+    error += (error.empty() ? "" : "; ") + line;
+    v1::ControlMessage m;
+    *m.mutable_node_failed()->mutable_node() = InfoOf(s);
+    m.mutable_node_failed()->set_reason(reason);
+    for (const Slot& other : slots_) {
+      if (!other.registered || other.dead) continue;
+      Status st = SendTo(other.name, m);
+      if (!st.ok()) BP_LOG_WARN("scheduler: cannot tell {}: {}", other.name, st.ToString());
+    }
+  }
+  ShutdownNodes(error);
+  return UnavailableError(error);
+}
+
+Status Scheduler::StartupTimeout() {
+  std::vector<std::string> missing;
+  for (const Slot& s : slots_) {
+    if (s.registered) continue;
+    std::string m = fmt::format("{} rank {} at {}", RoleName(s.role), s.rank, s.address);
+    if (!s.last_refusal.empty()) m += " (its registration was refused: " + s.last_refusal + ")";
+    missing.push_back(std::move(m));
+  }
+  std::string list;
+  for (size_t i = 0; i < missing.size(); ++i) list += (i ? "; " : "") + missing[i];
+  const std::string error =
+      fmt::format("startup timeout: {} of {} nodes did not register within {} ms: {}",
+                  missing.size(), slots_.size(), cluster_.startup_timeout.count(), list);
+  BP_LOG_ERROR("scheduler: {}", error);
+  ShutdownNodes(error);
+  return TimeoutError(error);
+}
+
+void Scheduler::ShutdownNodes(const std::string& error) {
+  v1::ControlMessage m;
+  m.mutable_shutdown()->set_error(error);
+  size_t waiting = 0;
+  for (Slot& s : slots_) {
+    if (!s.registered || s.dead) continue;
+    Status st = SendTo(s.name, m);
+    if (st.ok() && s.disconnected) {
+      s.shutdown_acked = true;  // sent in case it comes back, but its endpoint is gone
+    } else if (st.ok()) {
+      ++waiting;
+    } else {
+      BP_LOG_WARN("scheduler: cannot send Shutdown to {}: {}", s.name, st.ToString());
+      s.shutdown_acked = true;  // nothing to wait for
+    }
+  }
+  const milliseconds bound = options_.shutdown_ack_timeout.count() > 0
+                                 ? options_.shutdown_ack_timeout
+                                 : cluster_.heartbeat_timeout;
+  const Clock::time_point deadline = Clock::now() + bound;
+  auto unacked = [&] {
+    size_t n = 0;
+    for (const Slot& s : slots_) n += (s.registered && !s.dead && !s.shutdown_acked) ? 1 : 0;
+    return n;
+  };
+  while (waiting > 0 && unacked() > 0) {
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) {
+      std::string names;
+      for (const Slot& s : slots_) {
+        if (s.registered && !s.dead && !s.shutdown_acked)
+          names += (names.empty() ? "" : ", ") + s.name;
+      }
+      BP_LOG_WARN("scheduler: no shutdown acknowledgement within {} ms from {}", bound.count(),
+                  names);
+      return;
+    }
+    StatusOr<transport::Received> r = transport_->Receive(
+        std::min(kMaxLoopWait, duration_cast<milliseconds>(deadline - now) + milliseconds(1)));
+    if (!r.ok()) {
+      if (r.status().code() == StatusCode::kTimeout) continue;
+      return;
+    }
+    if (!r->is_message()) {
+      // A node whose endpoint is gone has nothing left to acknowledge.
+      if (r->event().kind == transport::TransportEvent::Kind::kPeerDisconnected) {
+        if (Slot* s = FindSlot(r->event().peer)) {
+          s->shutdown_acked = true;
+          s->disconnected = true;
+        }
+      }
+      continue;
+    }
+    v1::ControlMessage in;
+    if (!in.ParseFromString(r->message().header)) continue;
+    if (in.body_case() != v1::ControlMessage::kShutdownAck) continue;
+    if (Slot* s = FindSlot(r->from)) s->shutdown_acked = true;
+  }
+}
+
+}  // namespace bitpush::scheduler

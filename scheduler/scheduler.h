@@ -1,0 +1,145 @@
+// Scheduler: the control plane of one bitpush cluster (docs/architecture.md, "Scheduler and
+// control plane").
+//
+// It waits (bounded by cluster.startup_timeout) for every server and worker of the cluster
+// YAML to register, refusing wrong protocol versions, wrong cluster tokens, unknown or
+// duplicate nodes and nodes whose compression/partition config differs from its own; then it
+// sends every node its Assignment (ranks in YAML order, every node's address, the key
+// mapping). Afterwards it releases barriers per group, exchanges heartbeats with every node,
+// declares a node silent for heartbeat_timeout dead (tells every other node, then shuts the
+// cluster down with an error), and shuts the cluster down cleanly once every worker is Done.
+// It never touches gradient bytes.
+//
+// Objects, not singletons: built from SchedulerOptions and an optional injected Transport (so
+// tests wrap it for fault injection and several schedulers can live in one process).
+//
+// Thread-safety: Run() is called once, by one thread, which owns all scheduler state (a
+// single-threaded event loop over Transport::Receive). Stop() and address() may be called
+// from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/transport/transport.h"
+#include "proto/bitpush/v1/control.pb.h"
+#include "scheduler/cluster_config.h"
+
+namespace bitpush::scheduler {
+
+struct SchedulerOptions {
+  // The cluster (the scheduler's YAML is the reference for config agreement). Validated by
+  // Create (ValidateClusterConfig).
+  ClusterConfig cluster;
+  // inproc backend only: the hub shared by the endpoints of the in-process cluster.
+  std::shared_ptr<transport::InprocHub> inproc_hub;
+  // After sending Shutdown, how long to wait for every live node's ShutdownAck before
+  // returning (so the last messages are not lost with the socket). 0 = heartbeat_timeout.
+  std::chrono::milliseconds shutdown_ack_timeout{0};
+};
+
+class Scheduler {
+ public:
+  // Validates the options and binds the scheduler's endpoint (named kSchedulerPeerId at
+  // cluster.scheduler_address), unless `transport` is given: then that endpoint is used as is
+  // (its name must be kSchedulerPeerId).
+  static StatusOr<std::unique_ptr<Scheduler>> Create(
+      SchedulerOptions options, std::unique_ptr<transport::Transport> transport = nullptr);
+
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Runs the cluster to its end; call once. Returns
+  //  - OK when every worker sent Done (every node was told to shut down cleanly);
+  //  - Timeout naming role, rank and expected address of every node that did not register
+  //    within startup_timeout;
+  //  - Unavailable naming the node(s) declared dead (silent for heartbeat_timeout);
+  //  - Cancelled "scheduler interrupted" after Stop();
+  //  - the transport's error if the endpoint itself fails.
+  // Every non-OK end first sends Shutdown{error} to every live node.
+  Status Run();
+
+  // Asks Run() to end (it returns Cancelled within ~50 ms). Safe from any thread or from a
+  // signal-handling thread; idempotent.
+  void Stop();
+
+  // The scheduler's resolved listen address.
+  std::string address() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  struct Slot {
+    v1::Role role;
+    uint32_t rank;
+    std::string name;     // PeerId, "server:0"
+    std::string address;  // from the YAML
+    bool registered = false;
+    uint64_t incarnation = 0;
+    std::string host;
+    uint32_t pid = 0;
+    Clock::time_point last_heard;
+    bool dead = false;
+    bool done = false;  // workers: sent Done
+    bool shutdown_acked = false;
+    bool disconnected = false;  // the transport reported its endpoint gone (no verdict)
+    std::string last_refusal;   // why its last registration attempt was refused, if it was
+  };
+
+  struct BarrierState {
+    uint64_t next_id = 0;
+    std::vector<bool> arrived;  // by slot index
+    size_t count = 0;
+  };
+
+  Scheduler(SchedulerOptions options, std::unique_ptr<transport::Transport> transport);
+
+  void Handle(transport::Received& r);
+  void HandleRegister(const std::string& from, const v1::RegisterRequest& req);
+  void HandleBarrier(Slot& slot, const v1::BarrierRequest& req);
+  void HandleDone(Slot& slot);
+  void Refuse(const std::string& from, const v1::RegisterRequest& req, Slot* slot,
+              const std::string& error);
+  void SendAssignments();
+  v1::Assignment AssignmentFor(const Slot& slot) const;
+  v1::NodeInfo InfoOf(const Slot& slot) const;
+  bool IsMember(const Slot& slot, v1::Group group) const;
+
+  void SendHeartbeats();
+  // Status for nodes silent longer than heartbeat_timeout (marks them dead), else nullopt.
+  std::optional<Status> CheckDeadNodes(Clock::time_point now);
+  Status StartupTimeout();
+  // Sends Shutdown{error} to every live registered node, waits (bounded) for their acks.
+  void ShutdownNodes(const std::string& error);
+  Status SendTo(const std::string& peer, const v1::ControlMessage& msg);
+  Slot* FindSlot(const std::string& peer);
+
+  const SchedulerOptions options_;
+  const ClusterConfig& cluster_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::vector<v1::ConfigField> config_fields_;
+  uint64_t config_hash_ = 0;
+
+  std::atomic<bool> stop_requested_{false};
+  bool ran_ = false;
+
+  // Run()'s state (the Run thread only).
+  std::vector<Slot> slots_;  // servers in rank order, then workers in rank order
+  std::map<std::string, size_t> slot_by_name_;
+  size_t registered_ = 0;
+  size_t workers_done_ = 0;
+  bool assigned_ = false;
+  std::optional<Status> finished_;        // set when Run must end (OK = clean shutdown)
+  std::map<int, BarrierState> barriers_;  // by v1::Group
+  uint64_t heartbeat_seq_ = 0;
+  Clock::time_point start_;
+};
+
+}  // namespace bitpush::scheduler

@@ -1,0 +1,530 @@
+#include "scheduler/scheduler_client.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <random>
+
+#include "common/counter_rng.h"
+#include "common/logging.h"
+#include "fmt/format.h"
+#include "scheduler/key_mapping.h"
+
+namespace bitpush::scheduler {
+
+namespace {
+
+using std::chrono::duration_cast;
+using std::chrono::milliseconds;
+
+// Longest I/O-thread wait while no timer is due (Close() wakes it through the transport).
+constexpr milliseconds kIdleWait{1000};
+
+int64_t Ms(std::chrono::steady_clock::duration d) {
+  return duration_cast<milliseconds>(d).count();
+}
+
+uint64_t NewIncarnation() {
+  std::random_device rd;
+  const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  const uint64_t t =
+      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  return Mix64(r ^ Mix64(t) ^ (static_cast<uint64_t>(getpid()) << 40)) | 1;
+}
+
+std::string HostName() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
+  return buf;
+}
+
+std::string_view GroupName(v1::Group g) {
+  switch (g) {
+    case v1::GROUP_WORKERS: return "workers";
+    case v1::GROUP_SERVERS: return "servers";
+    case v1::GROUP_ALL: return "all";
+    default: return "unknown";
+  }
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(
+    SchedulerClientOptions options, std::unique_ptr<transport::Transport> transport) {
+  BP_RETURN_IF_ERROR(ValidateClusterConfig(options.cluster));
+  if (options.role != v1::ROLE_SERVER && options.role != v1::ROLE_WORKER) {
+    return InvalidArgumentError("SchedulerClientOptions::role must be ROLE_SERVER or ROLE_WORKER");
+  }
+  const std::string address = options.cluster.NodeAddress(options.role, options.rank);
+  if (address.empty()) {
+    const size_t n = options.role == v1::ROLE_SERVER ? options.cluster.servers.size()
+                                                     : options.cluster.workers.size();
+    return InvalidArgumentError(
+        fmt::format("{} rank {} is not in the cluster: cluster.{}s in {} "
+                    "has {} entries (ranks 0..{})",
+                    RoleName(options.role), options.rank, RoleName(options.role),
+                    options.cluster.source, n, n - 1));
+  }
+  if (options.initial_backoff.count() <= 0 || options.max_backoff < options.initial_backoff) {
+    return InvalidArgumentError("SchedulerClientOptions: need 0 < initial_backoff <= max_backoff");
+  }
+  if (options.barrier_timeout.count() <= 0) {
+    return InvalidArgumentError("SchedulerClientOptions::barrier_timeout must be > 0");
+  }
+  const std::string name = NodePeerId(options.role, options.rank);
+  if (transport == nullptr) {
+    transport::TransportOptions t;
+    t.backend = options.cluster.transport;
+    t.name = name;
+    t.listen_address = address;
+    t.inproc_hub = options.inproc_hub;
+    StatusOr<std::unique_ptr<transport::Transport>> made = transport::CreateTransport(t);
+    if (!made.ok()) {
+      return made.status().WithContext(
+          fmt::format("{} {}: cannot listen at {}", RoleName(options.role), options.rank, address));
+    }
+    transport = std::move(made).value();
+  } else if (transport->name() != name) {
+    return InvalidArgumentError(
+        fmt::format("the injected transport is named '{}', but this node's PeerId is '{}'",
+                    transport->name(), name));
+  }
+  return std::unique_ptr<SchedulerClient>(
+      new SchedulerClient(std::move(options), std::move(transport)));
+}
+
+SchedulerClient::SchedulerClient(SchedulerClientOptions options,
+                                 std::unique_ptr<transport::Transport> transport)
+    : options_(std::move(options)),
+      name_(NodePeerId(options_.role, options_.rank)),
+      address_(options_.cluster.NodeAddress(options_.role, options_.rank)),
+      label_(fmt::format("{} {}", RoleName(options_.role), options_.rank)),
+      incarnation_(NewIncarnation()),
+      transport_(std::move(transport)),
+      heartbeat_interval_(options_.cluster.heartbeat_interval),
+      heartbeat_timeout_(options_.cluster.heartbeat_timeout),
+      assignment_wait_(options_.cluster.startup_timeout + options_.cluster.heartbeat_timeout) {
+  io_thread_ = std::thread([this] { IoLoop(); });
+}
+
+SchedulerClient::~SchedulerClient() {
+  Close();
+}
+
+void SchedulerClient::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    closed_ = true;
+  }
+  cv_.notify_all();
+  transport_->Close();
+  if (io_thread_.joinable()) io_thread_.join();
+}
+
+std::optional<Status> SchedulerClient::StopReasonLocked() const {
+  if (!error_.ok()) return error_;
+  if (closed_) return CancelledError(label_ + ": the scheduler client is closed");
+  if (shutdown_) return CancelledError(label_ + ": the cluster has shut down");
+  return std::nullopt;
+}
+
+void SchedulerClient::Fail(const Status& error) {
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.ok() && !error_reported_) {
+      error_ = error;
+      error_reported_ = true;
+      first = true;
+    }
+  }
+  if (!first) return;
+  cv_.notify_all();
+  BP_LOG_ERROR("{}: {}", label_, error.ToString());
+  if (options_.on_error) options_.on_error(error);
+}
+
+Status SchedulerClient::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+bool SchedulerClient::shut_down() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return shutdown_;
+}
+
+const v1::Assignment& SchedulerClient::assignment() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  BP_CHECK(assigned_, "SchedulerClient::assignment() before Register() succeeded");
+  return assignment_;  // immutable once assigned_
+}
+
+uint32_t SchedulerClient::ServerForKey(uint64_t key) const {
+  return scheduler::ServerForKey(key, assignment().key_mapping());
+}
+
+Status SchedulerClient::SendToScheduler(const v1::ControlMessage& msg) {
+  transport::Message m;
+  if (!msg.SerializeToString(&m.header)) return InternalError("cannot serialize a control message");
+  return transport_->Send(kSchedulerPeerId, std::move(m));
+}
+
+v1::RegisterRequest SchedulerClient::MakeRequest() const {
+  v1::RegisterRequest r;
+  r.mutable_version()->set_major(options_.protocol_major);
+  r.mutable_version()->set_minor(options_.protocol_minor);
+  r.set_role(options_.role);
+  r.set_rank(options_.rank);
+  r.set_address(address_);
+  for (const std::string& c : options_.capabilities) r.add_capabilities(c);
+  const std::vector<v1::ConfigField> fields = ConfigFields(options_.cluster);
+  r.set_config_hash(ConfigHash(fields));
+  for (const v1::ConfigField& f : fields) *r.add_config_fields() = f;
+  r.set_cluster_token(options_.cluster.token);
+  r.set_host(HostName());
+  r.set_pid(static_cast<uint32_t>(getpid()));
+  r.set_incarnation(incarnation_);
+  return r;
+}
+
+Status SchedulerClient::Register() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_.ok()) return error_;
+    if (assigned_) return Status::Ok();
+    if (closed_) return CancelledError(label_ + ": the scheduler client is closed");
+  }
+  const std::string& sched = options_.cluster.scheduler_address;
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point deadline = start + options_.cluster.startup_timeout;
+  v1::ControlMessage request;
+  *request.mutable_register_request() = MakeRequest();
+  milliseconds backoff = options_.initial_backoff;
+  int attempts = 0;
+  std::string last_error;
+  BP_LOG_INFO("{}: registering with the scheduler at {} (listening at {})", label_, sched,
+              address_);
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!error_.ok()) return error_;
+      if (accepted_ || assigned_) break;
+      if (std::optional<Status> stop = StopReasonLocked()) return *stop;
+    }
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) {
+      const Status e = TimeoutError(fmt::format(
+          "{}: no answer from the scheduler at {} after {} registration attempts over {} ms{}; "
+          "is bitpush-scheduler running there?",
+          label_, sched, attempts, Ms(now - start),
+          last_error.empty() ? "" : " (last error: " + last_error + ")"));
+      Fail(e);
+      return e;
+    }
+    ++attempts;
+    Status s;
+    bool connected;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      connected = scheduler_connected_;
+    }
+    if (!connected) {
+      s = transport_->Connect(kSchedulerPeerId, sched);
+      if (s.ok()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        scheduler_connected_ = true;
+      }
+    }
+    if (s.ok()) s = SendToScheduler(request);
+    if (!s.ok()) {
+      last_error = s.message();
+      BP_LOG_DEBUG("{}: registration attempt {} failed: {}", label_, attempts, s.ToString());
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_until(lock, std::min(now + backoff, deadline),
+                   [&] { return accepted_ || assigned_ || StopReasonLocked().has_value(); });
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+
+  // Accepted: the Assignment follows once every node has registered. The wait is bounded by
+  // the scheduler's remaining startup time plus a heartbeat timeout, so the scheduler's own
+  // startup verdict (naming the missing nodes) arrives first.
+  std::unique_lock<std::mutex> lock(mu_);
+  const milliseconds assignment_wait = assignment_wait_;
+  const Clock::time_point assignment_deadline = Clock::now() + assignment_wait;
+  cv_.wait_until(lock, assignment_deadline,
+                 [&] { return assigned_ || StopReasonLocked().has_value(); });
+  if (!error_.ok()) return error_;
+  // Assigned counts even if a clean shutdown followed at once (a fast cluster).
+  if (assigned_) return Status::Ok();
+  if (std::optional<Status> stop = StopReasonLocked()) return *stop;
+  lock.unlock();
+  const Status e = TimeoutError(fmt::format(
+      "{}: registered with the scheduler at {}, but no assignment followed within {} ms (the "
+      "scheduler is still waiting for other nodes)",
+      label_, sched, assignment_wait.count()));
+  Fail(e);
+  return e;
+}
+
+Status SchedulerClient::Barrier(v1::Group group) {
+  return Barrier(group, options_.barrier_timeout);
+}
+
+Status SchedulerClient::Barrier(v1::Group group, milliseconds timeout) {
+  const bool member = group == v1::GROUP_ALL ||
+                      (group == v1::GROUP_WORKERS && options_.role == v1::ROLE_WORKER) ||
+                      (group == v1::GROUP_SERVERS && options_.role == v1::ROLE_SERVER);
+  if (!member) {
+    return InvalidArgumentError(fmt::format("{} is not in barrier group {} ({})", label_,
+                                            GroupName(group), static_cast<int>(group)));
+  }
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::optional<Status> stop = StopReasonLocked()) return *stop;
+    if (!assigned_) return FailedPreconditionError(label_ + ": Barrier() before Register()");
+    id = next_barrier_[group]++;
+  }
+  v1::ControlMessage m;
+  m.mutable_barrier_request()->set_group(group);
+  m.mutable_barrier_request()->set_barrier_id(id);
+  if (Status s = SendToScheduler(m); !s.ok()) {
+    const Status e = Status(s.code(), fmt::format("{}: barrier {} of group {}: {}", label_, id,
+                                                  GroupName(group), s.message()));
+    Fail(e);
+    return e;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool released = cv_.wait_for(
+      lock, timeout, [&] { return released_[group] > id || StopReasonLocked().has_value(); });
+  if (released_[group] > id) return Status::Ok();
+  if (std::optional<Status> stop = StopReasonLocked()) return *stop;
+  (void)released;
+  lock.unlock();
+  const Status e = TimeoutError(fmt::format(
+      "{}: barrier {} of group {} not released by the scheduler at {} within {} ms", label_, id,
+      GroupName(group), options_.cluster.scheduler_address, timeout.count()));
+  Fail(e);
+  return e;
+}
+
+Status SchedulerClient::Done() {
+  if (options_.role != v1::ROLE_WORKER) {
+    return InvalidArgumentError(fmt::format("{}: only workers send Done", label_));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::optional<Status> stop = StopReasonLocked()) return *stop;
+    if (!assigned_) return FailedPreconditionError(label_ + ": Done() before Register()");
+    if (done_sent_) return Status::Ok();
+    done_sent_ = true;
+  }
+  v1::ControlMessage m;
+  m.mutable_done();
+  if (Status s = SendToScheduler(m); !s.ok()) {
+    const Status e = Status(s.code(), fmt::format("{}: sending Done: {}", label_, s.message()));
+    Fail(e);
+    return e;
+  }
+  return Status::Ok();
+}
+
+Status SchedulerClient::WaitForShutdown(milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return shutdown_ || !error_.ok() || closed_; });
+  if (!error_.ok()) return error_;
+  if (shutdown_) return Status::Ok();
+  if (closed_) return CancelledError(label_ + ": the scheduler client is closed");
+  return TimeoutError(fmt::format("{}: no shutdown from the scheduler at {} within {} ms", label_,
+                                  options_.cluster.scheduler_address, timeout.count()));
+}
+
+void SchedulerClient::HandleFromScheduler(const v1::ControlMessage& msg) {
+  const std::string& sched = options_.cluster.scheduler_address;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_heard_ = Clock::now();
+  }
+  switch (msg.body_case()) {
+    case v1::ControlMessage::kHeartbeat: return;
+    case v1::ControlMessage::kRegisterAccepted: {
+      const v1::RegisterAccepted& a = msg.register_accepted();
+      bool first = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!accepted_) {
+          first = true;
+          accepted_ = true;
+          if (a.heartbeat_interval_ms() > 0 && a.heartbeat_timeout_ms() > 0) {
+            heartbeat_interval_ = milliseconds(a.heartbeat_interval_ms());
+            heartbeat_timeout_ = milliseconds(a.heartbeat_timeout_ms());
+          }
+          assignment_wait_ = milliseconds(a.startup_remaining_ms()) + heartbeat_timeout_;
+        }
+      }
+      if (first) {
+        cv_.notify_all();
+        BP_LOG_INFO("{}: registered with the scheduler at {} [{}/{} nodes]", label_, sched,
+                    a.registered(), a.expected());
+      }
+      return;
+    }
+    case v1::ControlMessage::kRegisterRefused: {
+      const v1::RegisterRefused& r = msg.register_refused();
+      Fail(RemoteError(fmt::format("the scheduler at {} (protocol {}.{}) refused {}: {}", sched,
+                                   r.scheduler_version().major(), r.scheduler_version().minor(),
+                                   label_, r.error())));
+      return;
+    }
+    case v1::ControlMessage::kAssignment: {
+      const v1::Assignment& a = msg.assignment();
+      Status valid = ValidateKeyMapping(a.key_mapping());
+      if (valid.ok() && (a.self().role() != options_.role || a.self().rank() != options_.rank)) {
+        valid = DataLossError(
+            fmt::format("the assignment is for {} {}", RoleName(a.self().role()), a.self().rank()));
+      }
+      if (valid.ok() && (a.heartbeat_interval_ms() == 0 || a.heartbeat_timeout_ms() == 0)) {
+        valid = DataLossError("the assignment has no heartbeat settings");
+      }
+      if (!valid.ok()) {
+        Fail(DataLossError(fmt::format("{}: bad assignment from the scheduler at {}: {}", label_,
+                                       sched, valid.message())));
+        return;
+      }
+      bool first = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!assigned_) {
+          first = true;
+          assignment_ = a;
+          assigned_ = true;
+          accepted_ = true;
+          heartbeat_interval_ = milliseconds(a.heartbeat_interval_ms());
+          heartbeat_timeout_ = milliseconds(a.heartbeat_timeout_ms());
+        }
+      }
+      if (first) {
+        cv_.notify_all();
+        BP_LOG_INFO("{}: assigned: {} servers, {} workers", label_, a.servers_size(),
+                    a.workers_size());
+      }
+      return;
+    }
+    case v1::ControlMessage::kBarrierRelease: {
+      const v1::BarrierRelease& b = msg.barrier_release();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        uint64_t& r = released_[b.group()];
+        r = std::max(r, b.barrier_id() + 1);
+      }
+      cv_.notify_all();
+      return;
+    }
+    case v1::ControlMessage::kNodeFailed: {
+      const v1::NodeFailed& f = msg.node_failed();
+      Fail(UnavailableError(fmt::format("{} {} at {} failed: {} (reported by the scheduler at {})",
+                                        RoleName(f.node().role()), f.node().rank(),
+                                        f.node().address(), f.reason(), sched)));
+      return;
+    }
+    case v1::ControlMessage::kShutdown: {
+      v1::ControlMessage ack;
+      ack.mutable_shutdown_ack();
+      (void)SendToScheduler(ack);
+      const std::string error = msg.shutdown().error();
+      if (!error.empty()) {
+        Fail(RemoteError(
+            fmt::format("the scheduler at {} shut the cluster down: {}", sched, error)));
+      } else {
+        BP_LOG_INFO("{}: clean shutdown from the scheduler", label_);
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        shutdown_ = true;
+      }
+      cv_.notify_all();
+      return;
+    }
+    default:
+      BP_LOG_WARN("{}: unexpected control message (case {}) from the scheduler", label_,
+                  static_cast<int>(msg.body_case()));
+  }
+}
+
+void SchedulerClient::IoLoop() {
+  uint64_t seq = 0;
+  Clock::time_point next_heartbeat = Clock::now();
+  for (;;) {
+    milliseconds wait = kIdleWait;
+    bool send_heartbeat = false;
+    std::optional<Status> silent;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return;
+      const Clock::time_point now = Clock::now();
+      if (accepted_ && !shutdown_ && error_.ok()) {
+        if (now - last_heard_ > heartbeat_timeout_) {
+          silent = UnavailableError(
+              fmt::format("{}: scheduler at {} silent for {} ms (heartbeat timeout {} ms)", label_,
+                          options_.cluster.scheduler_address, Ms(now - last_heard_),
+                          heartbeat_timeout_.count()));
+        } else {
+          if (now >= next_heartbeat) {
+            send_heartbeat = true;
+            next_heartbeat = now + heartbeat_interval_;
+          }
+          const Clock::time_point wake =
+              std::min(next_heartbeat, last_heard_ + heartbeat_timeout_ + milliseconds(1));
+          wait = std::max(milliseconds(1), duration_cast<milliseconds>(wake - now));
+        }
+      }
+    }
+    if (silent) {
+      Fail(*silent);
+      continue;
+    }
+    if (send_heartbeat) {
+      v1::ControlMessage hb;
+      hb.mutable_heartbeat()->set_seq(++seq);
+      if (Status s = SendToScheduler(hb); !s.ok()) {
+        BP_LOG_DEBUG("{}: heartbeat to the scheduler failed: {}", label_, s.ToString());
+      }
+    }
+    StatusOr<transport::Received> r = transport_->Receive(wait);
+    if (!r.ok()) {
+      if (r.status().code() == StatusCode::kTimeout) continue;
+      bool closing;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        closing = closed_;
+      }
+      if (!closing) Fail(r.status().WithContext(label_ + ": endpoint failed"));
+      return;
+    }
+    if (r->from == kSchedulerPeerId) {
+      if (!r->is_message()) {
+        const transport::TransportEvent& ev = r->event();
+        BP_LOG_DEBUG("{}: transport event about the scheduler: {}", label_,
+                     ev.status.ok() ? std::string("connected") : ev.status.message());
+        continue;
+      }
+      v1::ControlMessage msg;
+      if (!msg.ParseFromString(r->message().header)) {
+        BP_LOG_WARN("{}: dropped a malformed control message from the scheduler", label_);
+        continue;
+      }
+      HandleFromScheduler(msg);
+      continue;
+    }
+    if (options_.on_peer_message) {
+      options_.on_peer_message(std::move(*r));
+    } else {
+      BP_LOG_DEBUG("{}: dropped a message from '{}' (no data-plane handler)", label_, r->from);
+    }
+  }
+}
+
+}  // namespace bitpush::scheduler

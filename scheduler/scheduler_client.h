@@ -1,0 +1,171 @@
+// SchedulerClient: a server's or worker's side of the control plane — what every node
+// embeds to register with the scheduler, learn its assignment, join barriers, exchange
+// heartbeats and hear about failures and shutdown.
+//
+// Life of a client:
+//   Create()           binds the node's endpoint (its YAML address at its rank, PeerId
+//                      "server:0" / "worker:1") and starts the client's I/O thread.
+//   Register()         sends RegisterRequest, retrying with exponential back-off while the
+//                      scheduler does not answer (it may start later), at most
+//                      cluster.startup_timeout; then waits (bounded) for the Assignment.
+//   Barrier(group)     blocks until the scheduler releases the group's next barrier.
+//   Done()             (workers) this worker finished; once every worker is done the
+//                      scheduler shuts the cluster down cleanly.
+//   WaitForShutdown()  OK on a clean shutdown; the error otherwise.
+//
+// Failures are sticky: the first error (refused registration, a node declared dead, an
+// error shutdown, the scheduler silent for heartbeat_timeout, a barrier that timed out) is
+// kept, every later call returns it, and SchedulerClientOptions::on_error is called once.
+//
+// One endpoint per node carries the control plane and (later) the data plane: the client's
+// I/O thread is the endpoint's only Receive caller; messages and events from peers other
+// than the scheduler go to SchedulerClientOptions::on_peer_message.
+//
+// Thread-safety: every method may be called from any thread; Register, Barrier,
+// WaitForShutdown block the caller (bounded). Callbacks run on the I/O thread without the
+// client's lock held; they must not block for long and must not call Close().
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "common/transport/protocol.h"
+#include "common/transport/transport.h"
+#include "proto/bitpush/v1/control.pb.h"
+#include "scheduler/cluster_config.h"
+
+namespace bitpush::scheduler {
+
+struct SchedulerClientOptions {
+  // This node's view of the cluster (its copy of the YAML): its own address, the
+  // scheduler's, the token and the settings it must agree on.
+  ClusterConfig cluster;
+  // Who this node is: ROLE_SERVER or ROLE_WORKER and the index in that YAML list.
+  v1::Role role = v1::ROLE_UNSPECIFIED;
+  uint32_t rank = 0;
+  // inproc backend only: the hub shared by the in-process cluster's endpoints.
+  std::shared_ptr<transport::InprocHub> inproc_hub;
+  // The protocol version announced (tests change it to check the scheduler's refusal).
+  uint32_t protocol_major = kProtocolMajor;
+  uint32_t protocol_minor = kProtocolMinor;
+  // Sent in RegisterRequest (e.g. "transport:zmq", "isa:avx512"); informational today.
+  std::vector<std::string> capabilities;
+  // Pause after the first unanswered registration attempt; doubles up to max_backoff.
+  std::chrono::milliseconds initial_backoff{100};
+  std::chrono::milliseconds max_backoff{2000};
+  // Bound of Barrier(group) without an explicit timeout. Default 10 minutes.
+  std::chrono::milliseconds barrier_timeout{600000};
+  // Called once with the first (sticky) error, on the thread that detected it.
+  std::function<void(const Status&)> on_error;
+  // Messages and events from peers other than the scheduler (the data plane), on the I/O
+  // thread. Unset: dropped (logged at debug level).
+  std::function<void(transport::Received&&)> on_peer_message;
+};
+
+class SchedulerClient {
+ public:
+  // Validates the options (the role/rank must exist in the YAML), binds the node's endpoint
+  // (or uses `transport`, whose name must be the node's PeerId) and starts the I/O thread.
+  static StatusOr<std::unique_ptr<SchedulerClient>> Create(
+      SchedulerClientOptions options, std::unique_ptr<transport::Transport> transport = nullptr);
+
+  ~SchedulerClient();  // Close()
+  SchedulerClient(const SchedulerClient&) = delete;
+  SchedulerClient& operator=(const SchedulerClient&) = delete;
+
+  // Registers and waits for the Assignment. Errors: Timeout "no answer from the scheduler at
+  // ADDR after N registration attempts over T ms ..." when the scheduler never answers within
+  // cluster.startup_timeout; RemoteError "the scheduler at ADDR refused server 0: ..." (version,
+  // token, duplicate, config difference); Timeout when the Assignment does not follow within
+  // the scheduler's remaining startup time + heartbeat_timeout (normally the scheduler's own
+  // startup verdict, naming the missing nodes, arrives first as a RemoteError); or whatever
+  // error came first. Idempotent once it succeeded.
+  Status Register();
+
+  // Valid after Register() returned OK.
+  const v1::Assignment& assignment() const;
+  const v1::NodeInfo& self() const { return assignment().self(); }
+  // ServerForKey with the assigned key mapping (valid after Register()).
+  uint32_t ServerForKey(uint64_t key) const;
+
+  // Waits for every member of `group` (GROUP_WORKERS, GROUP_SERVERS, GROUP_ALL) to reach
+  // its next barrier. InvalidArgument if this node is not in `group`; Timeout (sticky: the
+  // barrier count can no longer be trusted) after `timeout`; Cancelled after a clean shutdown.
+  Status Barrier(v1::Group group);
+  Status Barrier(v1::Group group, std::chrono::milliseconds timeout);
+
+  // Workers: tells the scheduler this worker is done. Idempotent.
+  Status Done();
+
+  // OK once the scheduler shut the cluster down cleanly; the sticky error if any; Timeout
+  // "no shutdown from the scheduler at ADDR within N ms" otherwise.
+  Status WaitForShutdown(std::chrono::milliseconds timeout);
+
+  // The sticky error (OK if none so far).
+  Status status() const;
+  // True once a Shutdown (clean or not) arrived.
+  bool shut_down() const;
+
+  // Stops the I/O thread and closes the endpoint; blocked calls return Cancelled.
+  // Idempotent.
+  void Close();
+
+  // The node's endpoint, for the data plane: Connect/Send only (Receive belongs to the
+  // client's I/O thread).
+  transport::Transport& transport() { return *transport_; }
+  const std::string& scheduler_address() const { return options_.cluster.scheduler_address; }
+  // "server 0" / "worker 1".
+  const std::string& node_label() const { return label_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  SchedulerClient(SchedulerClientOptions options, std::unique_ptr<transport::Transport> transport);
+
+  void IoLoop();
+  void HandleFromScheduler(const v1::ControlMessage& msg);
+  // Records `error` as the sticky error if it is the first; notifies waiters; calls on_error.
+  void Fail(const Status& error);
+  Status SendToScheduler(const v1::ControlMessage& msg);
+  v1::RegisterRequest MakeRequest() const;
+  // The error a blocked call returns now, if any (caller holds mu_).
+  std::optional<Status> StopReasonLocked() const;
+
+  const SchedulerClientOptions options_;
+  const std::string name_;     // PeerId
+  const std::string address_;  // listen address (the YAML entry)
+  const std::string label_;
+  const uint64_t incarnation_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::thread io_thread_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Status error_;                                  // guarded by mu_; sticky
+  bool error_reported_ = false;                   // guarded by mu_
+  bool closed_ = false;                           // guarded by mu_
+  bool scheduler_connected_ = false;              // guarded by mu_
+  bool accepted_ = false;                         // guarded by mu_
+  bool assigned_ = false;                         // guarded by mu_
+  bool shutdown_ = false;                         // guarded by mu_
+  bool done_sent_ = false;                        // guarded by mu_
+  v1::Assignment assignment_;                     // guarded by mu_; immutable once assigned_
+  std::chrono::milliseconds heartbeat_interval_;  // guarded by mu_ (scheduler's once accepted)
+  std::chrono::milliseconds heartbeat_timeout_;   // guarded by mu_
+  // How long Register() waits for the Assignment once accepted (set by RegisterAccepted).
+  std::chrono::milliseconds assignment_wait_;  // guarded by mu_
+  Clock::time_point last_heard_;               // guarded by mu_: last message from the scheduler
+  std::map<int, uint64_t> next_barrier_;       // guarded by mu_: by group, the next id to request
+  std::map<int, uint64_t> released_;           // guarded by mu_: by group, ids released so far
+};
+
+}  // namespace bitpush::scheduler

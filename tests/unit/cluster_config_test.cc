@@ -1,0 +1,341 @@
+// The cluster YAML (docs/config.md): values, defaults, normalisation, and the error messages
+// users see — each naming the file, the line and the key.
+#include "scheduler/cluster_config.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+namespace bitpush::scheduler {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr char kFull[] = R"(# a full cluster
+cluster:
+  scheduler: 127.0.0.1:9000
+  transport: zmq
+  token: s3cret
+  servers: [127.0.0.1:9101, "tcp://127.0.0.1:9102"]
+  workers:
+    - 127.0.0.1:9201
+    - ipc:///tmp/bitpush-w1.sock
+  heartbeat_interval_ms: 200
+  heartbeat_timeout_ms: 1000
+  startup_timeout_s: 7
+compression:
+  spec: onebit
+  error_feedback: both
+  min_compress_bytes: 1024
+  partition_bytes: 4096
+)";
+
+constexpr char kMinimal[] = R"(cluster:
+  scheduler: localhost:9000
+  servers: [localhost:9101]
+  workers: [localhost:9201]
+)";
+
+ClusterConfig Parse(const std::string& yaml) {
+  StatusOr<ClusterConfig> c = ParseClusterConfig(yaml, "cluster.yaml");
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? *c : ClusterConfig{};
+}
+
+// The error message for `yaml`, which must be rejected.
+std::string Error(const std::string& yaml) {
+  StatusOr<ClusterConfig> c = ParseClusterConfig(yaml, "cluster.yaml");
+  EXPECT_FALSE(c.ok()) << "accepted:\n" << yaml;
+  if (c.ok()) return "";
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << c.status().ToString();
+  return c.status().message();
+}
+
+// kMinimal with `line` appended to the cluster section.
+std::string MinimalWith(const std::string& line) {
+  return std::string(kMinimal) + "  " + line + "\n";
+}
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+TEST(ClusterConfig, ParsesEveryKey) {
+  const ClusterConfig c = Parse(kFull);
+  EXPECT_EQ(c.source, "cluster.yaml");
+  EXPECT_EQ(c.scheduler_address, "tcp://127.0.0.1:9000");
+  EXPECT_EQ(c.transport, "zmq");
+  EXPECT_EQ(c.token, "s3cret");
+  EXPECT_EQ(c.servers, (std::vector<std::string>{"tcp://127.0.0.1:9101", "tcp://127.0.0.1:9102"}));
+  EXPECT_EQ(c.workers,
+            (std::vector<std::string>{"tcp://127.0.0.1:9201", "ipc:///tmp/bitpush-w1.sock"}));
+  EXPECT_EQ(c.heartbeat_interval, milliseconds(200));
+  EXPECT_EQ(c.heartbeat_timeout, milliseconds(1000));
+  EXPECT_EQ(c.startup_timeout, milliseconds(7000));
+  EXPECT_EQ(c.compression.spec, "onebit:scaled=true");  // canonical
+  EXPECT_EQ(c.compression.error_feedback, "both");
+  EXPECT_EQ(c.compression.min_compress_bytes, 1024u);
+  EXPECT_EQ(c.compression.partition_bytes, 4096u);
+  EXPECT_EQ(c.num_nodes(), 4u);
+  EXPECT_EQ(c.NodeAddress(v1::ROLE_SERVER, 1), "tcp://127.0.0.1:9102");
+  EXPECT_EQ(c.NodeAddress(v1::ROLE_WORKER, 2), "");
+  EXPECT_TRUE(ValidateClusterConfig(c).ok());
+}
+
+TEST(ClusterConfig, Defaults) {
+  const ClusterConfig c = Parse(kMinimal);
+  EXPECT_EQ(c.transport, "zmq");
+  EXPECT_EQ(c.token, "");
+  EXPECT_EQ(c.heartbeat_interval, milliseconds(1000));
+  EXPECT_EQ(c.heartbeat_timeout, milliseconds(5000));
+  EXPECT_EQ(c.startup_timeout, milliseconds(60000));
+  EXPECT_EQ(c.compression.spec, "none");
+  EXPECT_EQ(c.compression.error_feedback, "none");
+  EXPECT_EQ(c.compression.min_compress_bytes, 1048576u);
+  EXPECT_EQ(c.compression.partition_bytes, 4096000u);
+}
+
+TEST(ClusterConfig, FractionalStartupTimeout) {
+  EXPECT_EQ(Parse(MinimalWith("startup_timeout_s: 0.25")).startup_timeout, milliseconds(250));
+}
+
+TEST(ClusterConfig, InprocAddresses) {
+  const ClusterConfig c = Parse(R"(cluster:
+  transport: inproc
+  scheduler: sched
+  servers: [inproc://s0]
+  workers: [w0, w1]
+)");
+  EXPECT_EQ(c.scheduler_address, "inproc://sched");
+  EXPECT_EQ(c.servers[0], "inproc://s0");
+  EXPECT_EQ(c.workers[1], "inproc://w1");
+}
+
+TEST(ClusterConfig, UnknownKeyNamesKeyAndLine) {
+  std::string m = Error(MinimalWith("heartbeat_intervall_ms: 100"));
+  EXPECT_CONTAINS(m, "cluster.yaml:5: cluster.heartbeat_intervall_ms: unknown key");
+  EXPECT_CONTAINS(m, "heartbeat_interval_ms");  // lists the valid keys
+  m = Error(std::string(kMinimal) + "servers:\n  threads: 4\n");
+  EXPECT_CONTAINS(m, "cluster.yaml:5: servers: unknown key");
+  m = Error(std::string(kMinimal) + "compression:\n  spec: none\n  ratio: 3\n");
+  EXPECT_CONTAINS(m, "cluster.yaml:7: compression.ratio: unknown key");
+}
+
+TEST(ClusterConfig, BadValuesNameKeyAndLine) {
+  EXPECT_CONTAINS(Error(MinimalWith("heartbeat_interval_ms: fast")),
+                  "cluster.yaml:5: cluster.heartbeat_interval_ms: expected a non-negative "
+                  "integer, got 'fast'");
+  EXPECT_CONTAINS(Error(MinimalWith("heartbeat_interval_ms: 0")),
+                  "cluster.yaml:5: cluster.heartbeat_interval_ms: must be 1..60000");
+  EXPECT_CONTAINS(Error(MinimalWith("heartbeat_interval_ms: 100\n  heartbeat_timeout_ms: 150")),
+                  "cluster.yaml:6: cluster.heartbeat_timeout_ms: must be at least 2 x "
+                  "cluster.heartbeat_interval_ms (200 ms)");
+  EXPECT_CONTAINS(Error(MinimalWith("heartbeat_interval_ms: 4000")),
+                  "cluster.yaml:5: cluster.heartbeat_interval_ms: is too long for the default");
+  EXPECT_CONTAINS(Error(MinimalWith("startup_timeout_s: -1")),
+                  "cluster.yaml:5: cluster.startup_timeout_s: expected a number of seconds");
+  EXPECT_CONTAINS(Error(MinimalWith("transport: rdma")),
+                  "cluster.yaml:5: cluster.transport: unknown transport 'rdma'; valid: zmq, "
+                  "inproc");
+  EXPECT_CONTAINS(Error(MinimalWith("token:")), "cluster.yaml:5: cluster.token: has no value");
+  EXPECT_CONTAINS(Error(MinimalWith("heartbeat_interval_ms: [1, 2]")),
+                  "cluster.yaml:5: cluster.heartbeat_interval_ms: expected a single value");
+}
+
+TEST(ClusterConfig, BadCompressionNamesKeyAndLine) {
+  std::string m = Error(std::string(kMinimal) + "compression:\n  spec: twobit\n");
+  EXPECT_CONTAINS(m, "cluster.yaml:6: compression.spec: unknown compressor 'twobit'");
+  m = Error(std::string(kMinimal) + "compression:\n  error_feedback: always\n");
+  EXPECT_CONTAINS(m,
+                  "cluster.yaml:6: compression.error_feedback: unknown error-feedback policy "
+                  "'always'");
+  m = Error(std::string(kMinimal) + "compression:\n  partition_bytes: 0\n");
+  EXPECT_CONTAINS(m, "cluster.yaml:6: compression.partition_bytes: must be > 0");
+  m = Error(std::string(kMinimal) + "compression:\n  min_compress_bytes: -5\n");
+  EXPECT_CONTAINS(m, "cluster.yaml:6: compression.min_compress_bytes: expected a non-negative");
+}
+
+TEST(ClusterConfig, RequiredKeysAndLists) {
+  EXPECT_CONTAINS(Error("cluster:\n  scheduler: h:1\n  workers: [h:2]\n"),
+                  "cluster.yaml:2: cluster.servers: is required");
+  EXPECT_CONTAINS(Error("cluster:\n  scheduler: h:1\n  servers: []\n  workers: [h:2]\n"),
+                  "cluster.yaml:3: cluster.servers: needs at least one address");
+  EXPECT_CONTAINS(Error("cluster:\n  scheduler: h:1\n  servers: h:3\n  workers: [h:2]\n"),
+                  "cluster.yaml:3: cluster.servers: expected a list of addresses");
+  EXPECT_CONTAINS(Error("compression:\n  spec: none\n"), "cluster: is required");
+  EXPECT_CONTAINS(Error(""), "cluster.yaml: empty config");
+  EXPECT_CONTAINS(Error("cluster:\n"), "cluster.yaml:1: cluster: is empty; expected a mapping");
+}
+
+TEST(ClusterConfig, BadAddresses) {
+  auto with_server = [](const std::string& a) {
+    return "cluster:\n  scheduler: h:1\n  servers: [\"" + a + "\"]\n  workers: [h:2]\n";
+  };
+  EXPECT_CONTAINS(Error(with_server("127.0.0.1")),
+                  "cluster.yaml:3: cluster.servers[0]: address '127.0.0.1': expected host:port");
+  EXPECT_CONTAINS(Error(with_server("tcp://h:99999")), "port must be 1..65535");
+  EXPECT_CONTAINS(Error(with_server("h:0")), "port must be 1..65535");
+  EXPECT_CONTAINS(Error(with_server("udp://h:5")), "unknown scheme 'udp'");
+  EXPECT_CONTAINS(Error(with_server("*:5")), "needs a host others can connect to");
+  EXPECT_CONTAINS(Error(with_server("inproc://x")), "inproc:// needs cluster.transport inproc");
+  EXPECT_CONTAINS(Error(with_server("h:1")),
+                  "cluster.servers[0]: address tcp://h:1 is already used by cluster.scheduler");
+  EXPECT_CONTAINS(Error("cluster:\n  scheduler: h:1\n  servers: [h:2]\n  workers: [h:3, h:2]\n"),
+                  "cluster.yaml:4: cluster.workers[1]: address tcp://h:2 is already used by "
+                  "cluster.servers[0]");
+}
+
+TEST(ClusterConfig, NormalizeAddress) {
+  EXPECT_EQ(*NormalizeAddress("h:5", "zmq"), "tcp://h:5");
+  EXPECT_EQ(*NormalizeAddress("tcp://10.0.0.1:5", "zmq"), "tcp://10.0.0.1:5");
+  EXPECT_EQ(*NormalizeAddress("[::1]:5", "zmq"), "tcp://[::1]:5");
+  EXPECT_EQ(*NormalizeAddress("ipc:///tmp/x", "zmq"), "ipc:///tmp/x");
+  EXPECT_EQ(*NormalizeAddress("x", "inproc"), "inproc://x");
+  EXPECT_FALSE(NormalizeAddress("", "zmq").ok());
+  EXPECT_FALSE(NormalizeAddress("ipc://", "zmq").ok());
+  EXPECT_FALSE(NormalizeAddress("tcp://h:5", "inproc").ok());
+}
+
+TEST(ClusterConfig, SyntaxErrorAndDuplicateKeys) {
+  EXPECT_CONTAINS(Error("cluster:\n  scheduler: [h:1\n"), "cluster.yaml:");
+  EXPECT_CONTAINS(Error("cluster:\n  scheduler: [h:1\n"), "YAML syntax error");
+  EXPECT_CONTAINS(Error(MinimalWith("scheduler: h:7")),
+                  "cluster.yaml:5: cluster.scheduler: duplicate key (first at line 2)");
+  EXPECT_CONTAINS(Error("- a\n- b\n"), "top level: expected a mapping");
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/bitpush-config-test-XXXXXX";
+    path_ = mkdtemp(tmpl);
+  }
+  ~TempDir() { (void)!system(("rm -rf '" + path_ + "'").c_str()); }
+  const std::string& path() const { return path_; }
+  std::string Write(const std::string& name, const std::string& text) const {
+    const std::string p = path_ + "/" + name;
+    std::ofstream(p) << text;
+    return p;
+  }
+
+ private:
+  std::string path_;
+};
+
+TEST(ClusterConfig, TokenFileRelativeToTheConfig) {
+  TempDir dir;
+  dir.Write("token", "from-a-file\n");
+  const std::string path = dir.Write("c.yaml", MinimalWith("token_file: token"));
+  StatusOr<ClusterConfig> c = LoadClusterConfig(path);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->token, "from-a-file");
+  EXPECT_EQ(c->source, path);
+
+  dir.Write("empty", "\n");
+  c = LoadClusterConfig(dir.Write("e.yaml", MinimalWith("token_file: empty")));
+  ASSERT_FALSE(c.ok());
+  EXPECT_CONTAINS(c.status().message(), "e.yaml:5: cluster.token_file: ");
+  EXPECT_CONTAINS(c.status().message(), "holds an empty token");
+
+  c = LoadClusterConfig(dir.Write("m.yaml", MinimalWith("token_file: missing")));
+  ASSERT_FALSE(c.ok());
+  EXPECT_CONTAINS(c.status().message(), "cannot read " + dir.path() + "/missing");
+
+  EXPECT_CONTAINS(Error(MinimalWith("token: a\n  token_file: b")),
+                  "cluster.yaml:6: cluster.token_file: set either cluster.token or "
+                  "cluster.token_file, not both");
+}
+
+TEST(ClusterConfig, MissingFileIsNotFound) {
+  StatusOr<ClusterConfig> c = LoadClusterConfig("/nonexistent/cluster.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
+  EXPECT_CONTAINS(c.status().message(), "/nonexistent/cluster.yaml");
+}
+
+TEST(ClusterConfig, ConfigFieldsAndHash) {
+  const ClusterConfig c = Parse(kFull);
+  const std::vector<v1::ConfigField> f = ConfigFields(c);
+  ASSERT_EQ(f.size(), 4u);
+  EXPECT_EQ(f[0].name(), "compression.spec");
+  EXPECT_EQ(f[0].value(), "onebit:scaled=true");
+  EXPECT_EQ(f[1].name(), "compression.error_feedback");
+  EXPECT_EQ(f[1].value(), "both");
+  EXPECT_EQ(f[2].name(), "compression.min_compress_bytes");
+  EXPECT_EQ(f[2].value(), "1024");
+  EXPECT_EQ(f[3].name(), "compression.partition_bytes");
+  EXPECT_EQ(f[3].value(), "4096");
+  // FNV-1a 64 of "compression.spec=onebit:scaled=true\n...": pinned, every build must agree.
+  EXPECT_EQ(ConfigHash(f), ConfigHash(ConfigFields(Parse(kFull))));
+  ClusterConfig other = c;
+  other.compression.partition_bytes = 4097;
+  EXPECT_NE(ConfigHash(ConfigFields(other)), ConfigHash(f));
+  EXPECT_EQ(ConfigHash({}), 0xCBF29CE484222325ull);  // FNV-1a offset basis
+  v1::ConfigField a;
+  a.set_name("a");
+  a.set_value("b");
+  EXPECT_EQ(ConfigHash({a}), 0xEC8B8C82C37596FBull) << std::hex << ConfigHash({a});  // "a=b\n"
+}
+
+TEST(ClusterConfig, DescribeConfigDifferenceNamesEveryField) {
+  ClusterConfig sched = Parse(kFull);
+  ClusterConfig node = sched;
+  EXPECT_EQ(DescribeConfigDifference(ConfigFields(node), ConfigFields(sched)), "");
+  node.compression.spec = "topk:ratio=0.01";
+  node.compression.partition_bytes = 8192;
+  EXPECT_EQ(DescribeConfigDifference(ConfigFields(node), ConfigFields(sched)),
+            "config differs from the scheduler's: compression.spec is 'topk:ratio=0.01' here but "
+            "'onebit:scaled=true' on the scheduler; compression.partition_bytes is '8192' here "
+            "but '4096' on the scheduler");
+  std::vector<v1::ConfigField> fewer = ConfigFields(sched);
+  v1::ConfigField extra = fewer.back();
+  fewer.pop_back();
+  extra.set_name("compression.future_knob");
+  fewer.push_back(extra);
+  EXPECT_EQ(DescribeConfigDifference(fewer, ConfigFields(sched)),
+            "config differs from the scheduler's: compression.partition_bytes is not set here "
+            "but '4096' on the scheduler; compression.future_knob is '4096' here but unknown to "
+            "the scheduler");
+}
+
+TEST(ClusterConfig, DescribeNeverShowsTheToken) {
+  const std::string d = DescribeClusterConfig(Parse(kFull));
+  EXPECT_EQ(d.find("s3cret"), std::string::npos) << d;
+  EXPECT_CONTAINS(d, "token: <set>");
+  EXPECT_CONTAINS(d, "scheduler: tcp://127.0.0.1:9000");
+  EXPECT_CONTAINS(d, "spec: onebit:scaled=true");
+  EXPECT_CONTAINS(d, "startup_timeout_s: 7\n");
+}
+
+TEST(ClusterConfig, ValidateCodeBuiltConfig) {
+  ClusterConfig c = Parse(kFull);
+  c.source = "";
+  EXPECT_TRUE(ValidateClusterConfig(c).ok());
+  ClusterConfig bad = c;
+  bad.servers[0] = "127.0.0.1:9101";  // not normalised
+  EXPECT_CONTAINS(ValidateClusterConfig(bad).message(),
+                  "cluster.servers[0]: address "
+                  "'127.0.0.1:9101' is not normalised");
+  bad = c;
+  bad.heartbeat_timeout = milliseconds(300);
+  EXPECT_CONTAINS(ValidateClusterConfig(bad).message(), "cluster.heartbeat_timeout_ms");
+  bad = c;
+  bad.compression.spec = "onebit";
+  EXPECT_CONTAINS(ValidateClusterConfig(bad).message(), "is not canonical");
+  bad = c;
+  bad.workers.clear();
+  EXPECT_CONTAINS(ValidateClusterConfig(bad).message(), "cluster.workers: needs at least one");
+}
+
+TEST(ClusterConfig, Roles) {
+  EXPECT_EQ(*ParseNodeRole("server"), v1::ROLE_SERVER);
+  EXPECT_EQ(*ParseNodeRole("worker"), v1::ROLE_WORKER);
+  EXPECT_CONTAINS(ParseNodeRole("scheduler").status().message(), "valid: server, worker");
+  EXPECT_EQ(NodePeerId(v1::ROLE_WORKER, 3), "worker:3");
+  EXPECT_EQ(RoleName(v1::ROLE_SCHEDULER), "scheduler");
+}
+
+}  // namespace
+}  // namespace bitpush::scheduler
