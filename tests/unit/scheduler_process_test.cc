@@ -1,0 +1,412 @@
+// The control plane as real processes: build/bin/bitpush-scheduler and bitpush-test-node on
+// loopback (the scheduler on tcp://127.0.0.1, nodes on tcp or ipc:// in a temp dir), with
+// short heartbeats (100 ms interval, 1000 ms timeout). Checks start order, crash detection
+// within heartbeat_timeout + 1 s (measured from the SIGKILL to each survivor's exit), the
+// missing-node verdict, exit codes and messages. Every child is killed and reaped by the
+// test whatever happens (and dies with the test process: PR_SET_PDEATHSIG); every wait is
+// bounded.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/transport/transport.h"
+
+#ifndef BITPUSH_SCHEDULER_BIN
+#error "BITPUSH_SCHEDULER_BIN must be defined (tests/CMakeLists.txt)"
+#endif
+#ifndef BITPUSH_TEST_NODE_BIN
+#error "BITPUSH_TEST_NODE_BIN must be defined (tests/CMakeLists.txt)"
+#endif
+
+namespace bitpush::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr int kHeartbeatIntervalMs = 100;
+constexpr int kHeartbeatTimeoutMs = 1000;
+// The bound: a death is reported within heartbeat_timeout + 1 s.
+constexpr int kDetectionBoundMs = kHeartbeatTimeoutMs + 1000;
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+int64_t MsBetween(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration_cast<milliseconds>(b - a).count();
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/bp-proc-XXXXXX";  // short: ipc:// paths must fit sun_path
+    const char* p = mkdtemp(tmpl);
+    path_ = p ? p : "/tmp";
+  }
+  ~TempDir() { (void)!system(("rm -rf '" + path_ + "'").c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A free TCP port on 127.0.0.1 (bound once by the kernel's choice, then released).
+int FreeTcpPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// One child process with stdout+stderr in a log file. The destructor SIGKILLs and reaps it
+// if it still runs.
+class Child {
+ public:
+  Child(std::string label, const std::vector<std::string>& argv, std::string log)
+      : label_(std::move(label)), log_(std::move(log)) {
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    pid_ = fork();
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test
+      const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+      }
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    started_ = Clock::now();
+  }
+  ~Child() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      int status = 0;
+      waitpid(pid_, &status, 0);
+    }
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  const std::string& label() const { return label_; }
+  bool spawned() const { return pid_ > 0; }
+  bool exited() const { return exited_; }
+  Clock::time_point exited_at() const { return exited_at_; }
+  // The exit status, or 128 + signal.
+  int exit_code() const { return exit_code_; }
+  std::string output() const { return ReadFile(log_); }
+
+  void Signal(int sig) {
+    if (pid_ > 0 && !exited_) kill(pid_, sig);
+  }
+
+  // Reaps the child if it exited (non-blocking).
+  bool Poll() {
+    if (exited_ || pid_ <= 0) return exited_;
+    int status = 0;
+    const pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      exited_ = true;
+      exited_at_ = Clock::now();
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    return exited_;
+  }
+
+ private:
+  std::string label_;
+  std::string log_;
+  pid_t pid_ = -1;
+  Clock::time_point started_;
+  bool exited_ = false;
+  Clock::time_point exited_at_;
+  int exit_code_ = -1;
+};
+
+// Polls (every 5 ms) until every child exited or `deadline`; true if all exited.
+bool WaitAll(const std::vector<Child*>& children, Clock::time_point deadline) {
+  for (;;) {
+    bool all = true;
+    for (Child* c : children) all = c->Poll() && all;
+    if (all) return true;
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+}
+
+// Polls `child`'s output until it contains `text`, at most `timeout`.
+bool WaitForOutput(const Child& child, const std::string& text, milliseconds timeout) {
+  const Clock::time_point deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (child.output().find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return false;
+}
+
+class SchedulerProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // The processes talk over ZeroMQ: without that backend there is nothing to test.
+    transport::TransportOptions t;
+    t.backend = "zmq";
+    t.name = "probe";
+    t.listen_address = "tcp://127.0.0.1:0";
+    auto probe = transport::CreateTransport(t);
+    if (!probe.ok() && probe.status().code() == StatusCode::kUnimplemented) {
+      GTEST_SKIP() << "zmq transport not available: " << probe.status().ToString();
+    }
+    ASSERT_TRUE(probe.ok()) << probe.status().ToString();
+    (*probe)->Close();
+    port_ = FreeTcpPort();
+    ASSERT_GT(port_, 0);
+    scheduler_address_ = "tcp://127.0.0.1:" + std::to_string(port_);
+  }
+
+  void TearDown() override {
+    if (HasFailure()) {
+      for (const auto& c : children_) {
+        std::cerr << "---- " << c->label() << " (exit " << c->exit_code() << ") ----\n"
+                  << c->output();
+      }
+    }
+    children_.clear();  // kills and reaps what still runs
+  }
+
+  // Writes the cluster YAML; node addresses are ipc:// in the temp dir, or free tcp ports.
+  void WriteConfig(int servers, int workers, double startup_timeout_s, bool tcp_nodes = false) {
+    auto address = [&](const std::string& name) {
+      if (!tcp_nodes) return "ipc://" + dir_.path() + "/" + name + ".sock";
+      return "127.0.0.1:" + std::to_string(FreeTcpPort());
+    };
+    std::ostringstream y;
+    y << "cluster:\n"
+      << "  scheduler: " << scheduler_address_ << "\n"
+      << "  token: process-test-token\n"
+      << "  servers: [";
+    for (int i = 0; i < servers; ++i) {
+      server_addresses_.push_back(address("s" + std::to_string(i)));
+      y << (i ? ", " : "") << server_addresses_.back();
+    }
+    y << "]\n  workers: [";
+    for (int i = 0; i < workers; ++i) {
+      worker_addresses_.push_back(address("w" + std::to_string(i)));
+      y << (i ? ", " : "") << worker_addresses_.back();
+    }
+    y << "]\n"
+      << "  heartbeat_interval_ms: " << kHeartbeatIntervalMs << "\n"
+      << "  heartbeat_timeout_ms: " << kHeartbeatTimeoutMs << "\n"
+      << "  startup_timeout_s: " << startup_timeout_s << "\n"
+      << "compression:\n"
+      << "  spec: onebit\n"
+      << "  error_feedback: both\n";
+    config_ = dir_.path() + "/cluster.yaml";
+    std::ofstream(config_) << y.str();
+  }
+
+  Child* StartScheduler() {
+    return Add("scheduler", {BITPUSH_SCHEDULER_BIN, "--config", config_}, "scheduler.log");
+  }
+
+  Child* StartNode(const std::string& role, int rank, int run_ms, int barriers) {
+    const std::string label = role + " " + std::to_string(rank);
+    return Add(
+        label,
+        {BITPUSH_TEST_NODE_BIN, "--config", config_, "--role", role, "--rank", std::to_string(rank),
+         "--run-ms", std::to_string(run_ms), "--barriers", std::to_string(barriers)},
+        role + std::to_string(rank) + ".log");
+  }
+
+  Child* Add(const std::string& label, const std::vector<std::string>& argv,
+             const std::string& log) {
+    children_.push_back(std::make_unique<Child>(label, argv, dir_.path() + "/" + log));
+    EXPECT_TRUE(children_.back()->spawned()) << label;
+    return children_.back().get();
+  }
+
+  TempDir dir_;
+  int port_ = 0;
+  std::string scheduler_address_;
+  std::string config_;
+  std::vector<std::string> server_addresses_;
+  std::vector<std::string> worker_addresses_;
+  std::vector<std::unique_ptr<Child>> children_;
+};
+
+TEST_F(SchedulerProcessTest, SchedulerStartedLastStillFormsTheCluster) {
+  WriteConfig(2, 2, /*startup_timeout_s=*/10, /*tcp_nodes=*/true);
+  std::vector<Child*> all;
+  for (int i = 0; i < 2; ++i) all.push_back(StartNode("server", i, 300, 2));
+  for (int i = 0; i < 2; ++i) all.push_back(StartNode("worker", i, 300, 2));
+  std::this_thread::sleep_for(milliseconds(700));  // the nodes retry meanwhile
+  all.push_back(StartScheduler());
+  ASSERT_TRUE(WaitAll(all, Clock::now() + milliseconds(20000)));
+  for (Child* c : all) {
+    EXPECT_EQ(c->exit_code(), 0) << c->label() << ":\n" << c->output();
+  }
+  EXPECT_CONTAINS(all.back()->output(), "every worker is done");
+}
+
+TEST_F(SchedulerProcessTest, KilledServerIsReportedToEveryOtherNode) {
+  WriteConfig(2, 2, 10);
+  Child* sched = StartScheduler();
+  std::vector<Child*> nodes;
+  for (int i = 0; i < 2; ++i) nodes.push_back(StartNode("server", i, 60000, 1));
+  for (int i = 0; i < 2; ++i) nodes.push_back(StartNode("worker", i, 60000, 1));
+  ASSERT_TRUE(WaitForOutput(*sched, "sending assignments", milliseconds(10000)));
+  for (Child* n : nodes) ASSERT_TRUE(WaitForOutput(*n, "assigned:", milliseconds(5000)));
+  std::this_thread::sleep_for(milliseconds(300));  // a few heartbeats of steady state
+
+  Child* victim = nodes[0];
+  const Clock::time_point killed = Clock::now();
+  victim->Signal(SIGKILL);
+  std::vector<Child*> survivors = {sched, nodes[1], nodes[2], nodes[3]};
+  ASSERT_TRUE(WaitAll(survivors, killed + milliseconds(kDetectionBoundMs + 3000)));
+  ASSERT_TRUE(WaitAll({victim}, Clock::now() + milliseconds(1000)));
+  EXPECT_EQ(victim->exit_code(), 128 + SIGKILL);
+
+  const std::string dead = "server 0 at " + server_addresses_[0] + " failed";
+  for (Child* c : {nodes[1], nodes[2], nodes[3]}) {
+    const int64_t latency = MsBetween(killed, c->exited_at());
+    std::cout << "[latency] server 0 SIGKILLed -> " << c->label() << " exited after " << latency
+              << " ms (bound " << kDetectionBoundMs << " ms)\n";
+    EXPECT_NE(c->exit_code(), 0) << c->label();
+    EXPECT_LE(latency, kDetectionBoundMs) << c->label();
+    const std::string out = c->output();
+    EXPECT_CONTAINS(out, "bitpush-test-node " + c->label() + ": error:");
+    EXPECT_CONTAINS(out, dead);
+  }
+  std::cout << "[latency] server 0 SIGKILLed -> scheduler exited after "
+            << MsBetween(killed, sched->exited_at()) << " ms\n";
+  EXPECT_EQ(sched->exit_code(), 1);
+  EXPECT_CONTAINS(sched->output(), dead);
+}
+
+TEST_F(SchedulerProcessTest, KilledSchedulerMakesEveryNodeExitNonZero) {
+  WriteConfig(1, 2, 10);
+  Child* sched = StartScheduler();
+  std::vector<Child*> nodes;
+  nodes.push_back(StartNode("server", 0, 60000, 1));
+  for (int i = 0; i < 2; ++i) nodes.push_back(StartNode("worker", i, 60000, 1));
+  ASSERT_TRUE(WaitForOutput(*sched, "sending assignments", milliseconds(10000)));
+  for (Child* n : nodes) ASSERT_TRUE(WaitForOutput(*n, "assigned:", milliseconds(5000)));
+  std::this_thread::sleep_for(milliseconds(300));
+
+  const Clock::time_point killed = Clock::now();
+  sched->Signal(SIGKILL);
+  ASSERT_TRUE(WaitAll(nodes, killed + milliseconds(kDetectionBoundMs + 3000)));
+  for (Child* c : nodes) {
+    const int64_t latency = MsBetween(killed, c->exited_at());
+    std::cout << "[latency] scheduler SIGKILLed -> " << c->label() << " exited after " << latency
+              << " ms (bound " << kDetectionBoundMs << " ms)\n";
+    EXPECT_NE(c->exit_code(), 0) << c->label();
+    EXPECT_LE(latency, kDetectionBoundMs) << c->label();
+    EXPECT_CONTAINS(c->output(), "scheduler at " + scheduler_address_ + " silent for");
+  }
+}
+
+TEST_F(SchedulerProcessTest, MissingNodeMakesTheSchedulerExitNamingIt) {
+  WriteConfig(2, 2, /*startup_timeout_s=*/2);
+  Child* sched = StartScheduler();
+  std::vector<Child*> all = {sched};
+  all.push_back(StartNode("server", 0, 0, 0));
+  all.push_back(StartNode("server", 1, 0, 0));
+  all.push_back(StartNode("worker", 0, 0, 0));  // worker 1 never starts
+  const Clock::time_point start = Clock::now();
+  // Bound: the startup timeout plus at most one heartbeat timeout waiting for shutdown acks.
+  ASSERT_TRUE(WaitAll(all, start + milliseconds(2000 + kHeartbeatTimeoutMs + 2000)));
+  const int64_t took = MsBetween(start, sched->exited_at());
+  std::cout << "[latency] missing worker 1 -> scheduler exited after " << took
+            << " ms (startup timeout 2000 ms)\n";
+  EXPECT_EQ(sched->exit_code(), 1);
+  EXPECT_GE(took, 2000 - 200);
+  EXPECT_LE(took, 2000 + kHeartbeatTimeoutMs + 500);
+  const std::string out = sched->output();
+  EXPECT_CONTAINS(out,
+                  "bitpush-scheduler: error: Timeout: startup timeout: 1 of 4 nodes did not "
+                  "register within 2000 ms: worker rank 1 at " +
+                      worker_addresses_[1]);
+  for (size_t i = 1; i < all.size(); ++i) {
+    EXPECT_EQ(all[i]->exit_code(), 1) << all[i]->label();
+    EXPECT_CONTAINS(all[i]->output(), "worker rank 1 at " + worker_addresses_[1]);
+  }
+}
+
+TEST_F(SchedulerProcessTest, NodeGivesUpOnASchedulerThatNeverStarts) {
+  WriteConfig(1, 1, /*startup_timeout_s=*/1);
+  Child* node = StartNode("worker", 0, 0, 0);
+  ASSERT_TRUE(WaitAll({node}, Clock::now() + milliseconds(5000)));
+  EXPECT_EQ(node->exit_code(), 1);
+  EXPECT_CONTAINS(node->output(), "no answer from the scheduler at " + scheduler_address_);
+}
+
+TEST_F(SchedulerProcessTest, SigtermInterruptsTheCluster) {
+  WriteConfig(1, 1, 10);
+  Child* sched = StartScheduler();
+  Child* server = StartNode("server", 0, 60000, 0);
+  Child* worker = StartNode("worker", 0, 60000, 0);
+  ASSERT_TRUE(WaitForOutput(*sched, "sending assignments", milliseconds(10000)));
+  sched->Signal(SIGTERM);
+  ASSERT_TRUE(WaitAll({sched, server, worker}, Clock::now() + milliseconds(5000)));
+  EXPECT_EQ(sched->exit_code(), 1);
+  EXPECT_CONTAINS(sched->output(), "scheduler interrupted");
+  for (Child* c : {server, worker}) {
+    EXPECT_EQ(c->exit_code(), 1) << c->label();
+    EXPECT_CONTAINS(c->output(), "shut the cluster down: scheduler interrupted");
+  }
+}
+
+TEST_F(SchedulerProcessTest, ConfigAndUsageErrorsExitTwo) {
+  config_ = dir_.path() + "/bad.yaml";
+  std::ofstream(config_) << "cluster:\n  scheduler: 127.0.0.1:1\n  servers: [127.0.0.1:2]\n"
+                            "  workers: [127.0.0.1:3]\n  heartbeat_interval: 5\n";
+  Child* bad = StartScheduler();
+  Child* usage = Add("usage", {BITPUSH_SCHEDULER_BIN, "--bogus"}, "usage.log");
+  Child* node = Add("node usage", {BITPUSH_TEST_NODE_BIN, "--config", config_}, "node.log");
+  ASSERT_TRUE(WaitAll({bad, usage, node}, Clock::now() + milliseconds(5000)));
+  EXPECT_EQ(bad->exit_code(), 2);
+  EXPECT_CONTAINS(bad->output(), "bad.yaml:5: cluster.heartbeat_interval: unknown key");
+  EXPECT_EQ(usage->exit_code(), 2);
+  EXPECT_CONTAINS(usage->output(), "unknown argument '--bogus'");
+  EXPECT_EQ(node->exit_code(), 2);
+  EXPECT_CONTAINS(node->output(), "--role and --rank are required");
+}
+
+}  // namespace
+}  // namespace bitpush::testing
