@@ -359,6 +359,7 @@ int RunDriver(const Options& opt) {
     args.push_back(l.t->address());
   }
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   const pid_t child = fork();

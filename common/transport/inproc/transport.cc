@@ -28,10 +28,9 @@ class Mailbox {
   Mailbox(PeerId owner, std::string address)
       : owner_(std::move(owner)), address_(std::move(address)) {}
 
-  const PeerId& owner() const { return owner_; }
-  const std::string& address() const { return address_; }
+  const PeerId& Owner() const { return owner_; }
 
-  bool closed() const {
+  bool IsClosed() const {
     std::lock_guard<std::mutex> lock(mu_);
     return closed_;
   }
@@ -196,7 +195,7 @@ class InprocTransport final : public Transport {
       address = it->second.address;
       target = it->second.mailbox;
       was_connected = target != nullptr;
-      if (!target || target->closed()) {
+      if (!target || target->IsClosed()) {
         // Not there at Connect time, or gone: the address may have been (re)registered.
         target = hub_->Find(address);
         it->second.mailbox = target;
@@ -318,9 +317,9 @@ Status InprocHub::Register(const std::string& address,
                            const std::shared_ptr<inproc::Mailbox>& mailbox) {
   std::lock_guard<std::mutex> lock(mu_);
   std::weak_ptr<inproc::Mailbox>& slot = endpoints_[address];
-  if (std::shared_ptr<inproc::Mailbox> existing = slot.lock(); existing && !existing->closed()) {
+  if (std::shared_ptr<inproc::Mailbox> existing = slot.lock(); existing && !existing->IsClosed()) {
     return UnavailableError(
-        fmt::format("address {} is in use by endpoint '{}'", address, existing->owner()));
+        fmt::format("address {} is in use by endpoint '{}'", address, existing->Owner()));
   }
   slot = mailbox;
   return Status::Ok();
@@ -339,7 +338,7 @@ std::shared_ptr<inproc::Mailbox> InprocHub::Find(const std::string& address) con
   auto it = endpoints_.find(address);
   if (it == endpoints_.end()) return nullptr;
   std::shared_ptr<inproc::Mailbox> mb = it->second.lock();
-  if (mb && mb->closed()) return nullptr;
+  if (mb && mb->IsClosed()) return nullptr;
   return mb;
 }
 

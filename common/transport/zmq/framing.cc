@@ -1,6 +1,8 @@
 #include "common/transport/zmq/framing.h"
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "fmt/format.h"
 
@@ -22,10 +24,10 @@ uint32_t GetU32(const uint8_t* p) {
 }  // namespace
 
 void EncodeEnvelope(const std::string& header, uint32_t frame_count, uint8_t* out) {
-  std::memcpy(out, kMagic, sizeof(kMagic));
+  std::copy(std::begin(kMagic), std::end(kMagic), out);
   PutU32(out + 4, frame_count);
   PutU32(out + 8, static_cast<uint32_t>(header.size()));
-  if (!header.empty()) std::memcpy(out + kEnvelopeFixedBytes, header.data(), header.size());
+  std::copy(header.begin(), header.end(), out + kEnvelopeFixedBytes);
 }
 
 Status ParseEnvelope(const uint8_t* data, size_t size, size_t frame_parts, const uint8_t** header,
