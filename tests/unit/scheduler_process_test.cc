@@ -25,8 +25,6 @@
 #include <thread>
 #include <vector>
 
-#include "common/transport/transport.h"
-
 #ifndef BITPUSH_SCHEDULER_BIN
 #error "BITPUSH_SCHEDULER_BIN must be defined (tests/CMakeLists.txt)"
 #endif
@@ -183,17 +181,6 @@ bool WaitForOutput(const Child& child, const std::string& text, milliseconds tim
 class SchedulerProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    // The processes talk over ZeroMQ: without that backend there is nothing to test.
-    transport::TransportOptions t;
-    t.backend = "zmq";
-    t.name = "probe";
-    t.listen_address = "tcp://127.0.0.1:0";
-    auto probe = transport::CreateTransport(t);
-    if (!probe.ok() && probe.status().code() == StatusCode::kUnimplemented) {
-      GTEST_SKIP() << "zmq transport not available: " << probe.status().ToString();
-    }
-    ASSERT_TRUE(probe.ok()) << probe.status().ToString();
-    (*probe)->Close();
     port_ = FreeTcpPort();
     ASSERT_GT(port_, 0);
     scheduler_address_ = "tcp://127.0.0.1:" + std::to_string(port_);
