@@ -130,17 +130,21 @@ Status Parser::Entries(const YAML::Node& map, const YAML::Mark& map_mark, const 
   for (auto it = map.begin(); it != map.end(); ++it) {
     const YAML::Node k = it->first;  // a copy: `it->` is a proxy temporary
     if (!k.IsScalar()) return Error(k, map_mark, where, "keys must be plain names");
-    const std::string name = k.Scalar();
-    const std::string full = prefix.empty() ? name : prefix + "." + name;
+    const std::string& name = k.Scalar();
+    std::string full = prefix;
+    if (!full.empty()) full += ".";
+    full += name;
     if (known.count(name) == 0) {
       return Error(k, map_mark, full,
                    fmt::format("unknown key; valid keys of {}: {}", where, valid));
     }
     if (out->count(name) != 0) {
-      return Error(k, map_mark, full,
-                   fmt::format("duplicate key (first at line {})", (*out)[name].key_mark.line + 1));
+      return Error(
+          k, map_mark, full,
+          fmt::format("duplicate key (first at line {})", out->at(name).key_mark.line + 1));
     }
-    (*out)[name] = Entry{k.Mark(), it->second};
+    // emplace, not assignment: assigning to a YAML::Node writes through to the node it refers to.
+    out->emplace(name, Entry{k.Mark(), it->second});
   }
   return Status::Ok();
 }

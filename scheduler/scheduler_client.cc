@@ -215,7 +215,7 @@ Status SchedulerClient::Register() {
     }
     const Clock::time_point now = Clock::now();
     if (now >= deadline) {
-      const Status e = TimeoutError(fmt::format(
+      Status e = TimeoutError(fmt::format(
           "{}: no answer from the scheduler at {} after {} registration attempts over {} ms{}; "
           "is bitpush-scheduler running there?",
           label_, sched, attempts, Ms(now - start),
@@ -261,7 +261,7 @@ Status SchedulerClient::Register() {
   if (assigned_) return Status::Ok();
   if (std::optional<Status> stop = StopReasonLocked()) return *stop;
   lock.unlock();
-  const Status e = TimeoutError(fmt::format(
+  Status e = TimeoutError(fmt::format(
       "{}: registered with the scheduler at {}, but no assignment followed within {} ms (the "
       "scheduler is still waiting for other nodes)",
       label_, sched, assignment_wait.count()));
@@ -292,8 +292,8 @@ Status SchedulerClient::Barrier(v1::Group group, milliseconds timeout) {
   m.mutable_barrier_request()->set_group(group);
   m.mutable_barrier_request()->set_barrier_id(id);
   if (Status s = SendToScheduler(m); !s.ok()) {
-    const Status e = Status(s.code(), fmt::format("{}: barrier {} of group {}: {}", label_, id,
-                                                  GroupName(group), s.message()));
+    Status e = Status(s.code(), fmt::format("{}: barrier {} of group {}: {}", label_, id,
+                                            GroupName(group), s.message()));
     Fail(e);
     return e;
   }
@@ -304,7 +304,7 @@ Status SchedulerClient::Barrier(v1::Group group, milliseconds timeout) {
   if (std::optional<Status> stop = StopReasonLocked()) return *stop;
   (void)released;
   lock.unlock();
-  const Status e = TimeoutError(fmt::format(
+  Status e = TimeoutError(fmt::format(
       "{}: barrier {} of group {} not released by the scheduler at {} within {} ms", label_, id,
       GroupName(group), options_.cluster.scheduler_address, timeout.count()));
   Fail(e);
@@ -325,7 +325,7 @@ Status SchedulerClient::Done() {
   v1::ControlMessage m;
   m.mutable_done();
   if (Status s = SendToScheduler(m); !s.ok()) {
-    const Status e = Status(s.code(), fmt::format("{}: sending Done: {}", label_, s.message()));
+    Status e = Status(s.code(), fmt::format("{}: sending Done: {}", label_, s.message()));
     Fail(e);
     return e;
   }

@@ -131,7 +131,7 @@ void ClusterHarness::RunScheduler(Runner* runner) {
   Finish(runner, std::move(status));
 }
 
-void ClusterHarness::RunNode(Runner* runner, NodePlan plan) {
+void ClusterHarness::RunNode(Runner* runner, const NodePlan& plan) {
   if (!SleepUnlessAborted(plan.start_delay)) {
     Finish(runner, CancelledError("harness: stopped before " + runner->name + " started"));
     return;
@@ -197,8 +197,7 @@ Status ClusterHarness::Start() {
       r->name = id.name();
       Runner* raw = r.get();
       runners_.push_back(std::move(r));
-      raw->thread =
-          std::thread([this, raw, p = std::move(plan)]() mutable { RunNode(raw, std::move(p)); });
+      raw->thread = std::thread([this, raw, p = std::move(plan)] { RunNode(raw, p); });
     }
   }
   return Status::Ok();

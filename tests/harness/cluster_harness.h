@@ -130,7 +130,7 @@ class ClusterHarness {
   };
 
   void Finish(Runner* runner, Status status);
-  void RunNode(Runner* runner, NodePlan plan);
+  void RunNode(Runner* runner, const NodePlan& plan);
   void RunScheduler(Runner* runner);
   // Waits `delay` unless the harness is forcing a stop; false if it is.
   bool SleepUnlessAborted(std::chrono::milliseconds delay);
