@@ -224,7 +224,7 @@ TEST(Scheduler, MissingNodeIsNamedWithinTheStartupTimeout) {
   EXPECT_EQ(s.message().find("server rank 0"), std::string::npos) << s.message();
   EXPECT_GE(MsBetween(start, r.scheduler.finished_at), 400);
   // Shutdown is immediate; acks return at once (well under the 500 ms ack bound).
-  EXPECT_LT(MsBetween(start, r.scheduler.finished_at), 400 + 400);
+  EXPECT_LT(MsBetween(start, r.scheduler.finished_at), 400 + 600);
   // The registered nodes are told why.
   for (const char* n : {"server:0", "worker:1"}) {
     EXPECT_EQ(r.nodes.at(n).status.code(), StatusCode::kRemoteError) << n;
@@ -531,8 +531,8 @@ void ExpectNodeDeathReported(bool crash) {
     EXPECT_EQ(nr.status.code(), StatusCode::kUnavailable) << n << ": " << nr.status.ToString();
     EXPECT_CONTAINS(nr.status.message(), "server 1 at inproc://server:1 failed: no heartbeat for");
     const int64_t latency = MsBetween(fault, nr.finished_at);
-    EXPECT_GE(latency, 400 - 50 - 10) << n;
-    EXPECT_LE(latency, 400 + 300) << n;
+    EXPECT_GE(latency, 400 / 2) << n;  // not declared long before the timeout
+    EXPECT_LE(latency, 400 + 500) << n;
   }
   EXPECT_EQ(r.scheduler.status.code(), StatusCode::kUnavailable);
   EXPECT_CONTAINS(r.scheduler.status.message(), "server 1 at inproc://server:1 failed");
@@ -580,8 +580,8 @@ void ExpectSchedulerDeathDetected(bool crash) {
     EXPECT_EQ(nr.status.code(), StatusCode::kUnavailable) << n << ": " << nr.status.ToString();
     EXPECT_CONTAINS(nr.status.message(), "scheduler at inproc://scheduler silent for");
     const int64_t latency = MsBetween(fault, nr.finished_at);
-    EXPECT_GE(latency, 400 - 50 - 10) << n;
-    EXPECT_LE(latency, 400 + 300) << n;
+    EXPECT_GE(latency, 400 / 2) << n;  // not declared long before the timeout
+    EXPECT_LE(latency, 400 + 500) << n;
   }
   EXPECT_FALSE(r.scheduler.status.ok());
 }
