@@ -198,7 +198,9 @@ TEST(CpuFeatures, LevelsAndParsing) {
   const Status s = ParseIsaLevel("sse9").status();
   EXPECT_NE(s.message().find("sse9"), std::string::npos);
   EXPECT_NE(s.message().find("avx512"), std::string::npos);
-  if (IsaSupported(IsaLevel::kAvx512)) EXPECT_TRUE(IsaSupported(IsaLevel::kAvx2));
+  if (IsaSupported(IsaLevel::kAvx512)) {
+    EXPECT_TRUE(IsaSupported(IsaLevel::kAvx2));
+  }
   EXPECT_FALSE(DetectCpuFeatures().ToString().empty());
 }
 
