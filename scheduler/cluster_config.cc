@@ -606,6 +606,15 @@ std::string_view RoleName(v1::Role role) {
   }
 }
 
+std::string_view GroupName(v1::Group g) {
+  switch (g) {
+    case v1::GROUP_WORKERS: return "workers";
+    case v1::GROUP_SERVERS: return "servers";
+    case v1::GROUP_ALL: return "all";
+    default: return "unknown";
+  }
+}
+
 StatusOr<v1::Role> ParseNodeRole(std::string_view name) {
   if (name == "server") return v1::ROLE_SERVER;
   if (name == "worker") return v1::ROLE_WORKER;

@@ -108,6 +108,8 @@ std::string DescribeClusterConfig(const ClusterConfig& config);
 
 // "server", "worker", "scheduler" ("unknown" otherwise).
 std::string_view RoleName(v1::Role role);
+// "workers", "servers", "all" ("unknown" otherwise).
+std::string_view GroupName(v1::Group group);
 // "server" -> ROLE_SERVER, "worker" -> ROLE_WORKER; InvalidArgument otherwise.
 StatusOr<v1::Role> ParseNodeRole(std::string_view name);
 // The transport PeerId of a node: "server:0", "worker:3".

@@ -37,15 +37,6 @@ bool TokensEqual(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-std::string_view GroupName(v1::Group g) {
-  switch (g) {
-    case v1::GROUP_WORKERS: return "workers";
-    case v1::GROUP_SERVERS: return "servers";
-    case v1::GROUP_ALL: return "all";
-    default: return "unknown";
-  }
-}
-
 }  // namespace
 
 StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(

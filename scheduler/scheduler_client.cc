@@ -38,15 +38,6 @@ std::string HostName() {
   return buf;
 }
 
-std::string_view GroupName(v1::Group g) {
-  switch (g) {
-    case v1::GROUP_WORKERS: return "workers";
-    case v1::GROUP_SERVERS: return "servers";
-    case v1::GROUP_ALL: return "all";
-    default: return "unknown";
-  }
-}
-
 }  // namespace
 
 StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(
