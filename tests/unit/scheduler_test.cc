@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -40,6 +41,19 @@ void ExpectAllOk(const ClusterResult& r) {
   }
 }
 
+// Role bodies that call `record` on every node, then finish cleanly (workers say Done).
+void RecordThenFinish(ClusterHarnessOptions& o, std::function<void(SchedulerClient&)> record) {
+  o.server_body = [record](SchedulerClient& c) {
+    record(c);
+    return c.WaitForShutdown(milliseconds(10000));
+  };
+  o.worker_body = [record](SchedulerClient& c) {
+    record(c);
+    BP_RETURN_IF_ERROR(c.Done());
+    return c.WaitForShutdown(milliseconds(10000));
+  };
+}
+
 TEST(Scheduler, CleanShutdownWhenEveryWorkerIsDone) {
   ClusterHarnessOptions o;
   o.num_servers = 2;
@@ -67,15 +81,7 @@ TEST(Scheduler, RanksFollowTheYamlNotTheArrivalOrder) {
     std::lock_guard<std::mutex> lock(mu);
     seen[c.self().name()] = c.assignment();
   };
-  o.server_body = [&](SchedulerClient& c) {
-    record(c);
-    return c.WaitForShutdown(milliseconds(10000));
-  };
-  o.worker_body = [&](SchedulerClient& c) {
-    record(c);
-    BP_RETURN_IF_ERROR(c.Done());
-    return c.WaitForShutdown(milliseconds(10000));
-  };
+  RecordThenFinish(o, record);
   ClusterHarness h(o);
   ASSERT_TRUE(h.Start().ok());
   ExpectAllOk(h.Join(kJoin));
@@ -112,15 +118,7 @@ TEST(Scheduler, EveryNodeMapsKeysIdentically) {
     std::lock_guard<std::mutex> lock(mu);
     owners[c.self().name()] = std::move(v);
   };
-  o.server_body = [&](SchedulerClient& c) {
-    record(c);
-    return c.WaitForShutdown(milliseconds(10000));
-  };
-  o.worker_body = [&](SchedulerClient& c) {
-    record(c);
-    BP_RETURN_IF_ERROR(c.Done());
-    return c.WaitForShutdown(milliseconds(10000));
-  };
+  RecordThenFinish(o, record);
   ClusterHarness h(o);
   ASSERT_TRUE(h.Start().ok());
   ExpectAllOk(h.Join(kJoin));
