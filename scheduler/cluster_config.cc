@@ -450,6 +450,16 @@ Status ValidateClusterConfig(const ClusterConfig& c) {
   StatusOr<v1::ErrorFeedbackPolicy> ef =
       compressors::ParseErrorFeedbackPolicy(c.compression.error_feedback);
   if (!ef.ok()) return bad("compression.error_feedback", ef.status().message());
+  if (spec->id() == v1::COMPRESSOR_ID_RANDOMK && spec->randomk().unbiased() &&
+      *ef != v1::ERROR_FEEDBACK_NONE) {
+    // Scaled random-k under error feedback: a kept element's residual becomes -(n/k - 1) q,
+    // so residuals grow without bound (to inf within ~100 rounds at k/n = 1/32).
+    return bad("compression.error_feedback",
+               fmt::format("'{}' with '{}' is refused: unbiased random-k is meant for "
+                           "error_feedback: none (Algorithm 3); its residual would grow without "
+                           "bound. Use error_feedback: none, or unbiased=false with error feedback",
+                           c.compression.error_feedback, c.compression.spec));
+  }
   if (std::string p = CheckPartitionBytes(c.compression.partition_bytes); !p.empty()) {
     return bad("compression.partition_bytes", p);
   }

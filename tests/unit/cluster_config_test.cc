@@ -113,6 +113,18 @@ TEST(ClusterConfig, InprocAddresses) {
   EXPECT_EQ(c.workers[1], "inproc://w1");
 }
 
+TEST(ClusterConfig, UnbiasedRandomkWithErrorFeedbackIsRefused) {
+  const std::string base = std::string(kMinimal) + "compression:\n";
+  std::string m =
+      Error(base + "  spec: randomk:ratio=0.03125,unbiased=true\n  error_feedback: both\n");
+  EXPECT_CONTAINS(m, "compression.error_feedback");
+  EXPECT_CONTAINS(m, "unbiased random-k");
+  EXPECT_CONTAINS(m, "error_feedback: none");
+  // The combinations that make sense are accepted.
+  Parse(base + "  spec: randomk:ratio=0.03125,unbiased=true\n  error_feedback: none\n");
+  Parse(base + "  spec: randomk:ratio=0.03125,unbiased=false\n  error_feedback: both\n");
+}
+
 TEST(ClusterConfig, UnknownKeyNamesKeyAndLine) {
   std::string m = Error(MinimalWith("heartbeat_intervall_ms: 100"));
   EXPECT_CONTAINS(m, "cluster.yaml:5: cluster.heartbeat_intervall_ms: unknown key");
