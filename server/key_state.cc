@@ -1,0 +1,232 @@
+#include "server/key_state.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "common/logging.h"
+#include "compressors/payload.h"
+#include "compressors/registry.h"
+
+namespace bitpush::server {
+
+using compressors::CompressContext;
+
+StatusOr<std::unique_ptr<KeyState>> KeyState::Create(
+    const KeySpec& spec, const compressors::CompressorOptions& options) {
+  if (spec.num_workers < 1) return InvalidArgumentError("KeySpec::num_workers must be >= 1");
+  if (spec.max_rounds_in_flight < 2) {
+    return InvalidArgumentError("KeySpec::max_rounds_in_flight must be >= 2");
+  }
+  BP_ASSIGN_OR_RETURN(std::unique_ptr<compressors::Compressor> c,
+                      compressors::CreateCompressor(spec.compressor, options));
+  if (spec.elements > 0 && spec.elements > compressors::kMaxPayloadElements) {
+    return InvalidArgumentError(
+        fmt::format("key {}: {} elements is above the payload limit", spec.key, spec.elements));
+  }
+  return std::unique_ptr<KeyState>(new KeyState(spec, std::move(c)));
+}
+
+KeyState::KeyState(const KeySpec& spec, std::unique_ptr<compressors::Compressor> compressor)
+    : spec_(spec), compressor_(std::move(compressor)), next_round_(spec.num_workers, 0) {
+  if (spec_.server_residual) {
+    residual_ = std::make_unique<compressors::ResidualState>(spec_.elements);
+  }
+  slots_.resize(spec_.max_rounds_in_flight);
+  for (Round& r : slots_) {
+    r.pushed.assign(spec_.num_workers, 0);
+    r.pulled.assign(spec_.num_workers, 0);
+    r.accumulator.resize(spec_.elements);
+  }
+}
+
+KeyState::Round* KeyState::Find(uint64_t round) {
+  for (Round& r : slots_) {
+    if (r.active && r.round == round) return &r;
+  }
+  return nullptr;
+}
+
+const KeyState::Round* KeyState::Find(uint64_t round) const {
+  for (const Round& r : slots_) {
+    if (r.active && r.round == round) return &r;
+  }
+  return nullptr;
+}
+
+Status KeyState::Reject(Status s) {
+  ++stats_.pushes_rejected;
+  return s;
+}
+
+std::string KeyState::Missing(const std::vector<uint8_t>& flags) const {
+  std::string out;
+  for (uint32_t w = 0; w < spec_.num_workers; ++w) {
+    if (flags[w]) continue;
+    if (!out.empty()) out += ", ";
+    out += std::to_string(w);
+  }
+  return out;
+}
+
+Status KeyState::Push(uint32_t worker, uint64_t round, ByteSpan payload) {
+  const uint64_t key = spec_.key;
+  if (worker >= spec_.num_workers) {
+    return Reject(InvalidArgumentError(fmt::format(
+        "key {}: push from worker {} but the key has {} workers", key, worker, spec_.num_workers)));
+  }
+  if (round < next_round_[worker]) {
+    return Reject(InvalidArgumentError(
+        fmt::format("key {}: second push from worker {} in round {} (its next round is {})", key,
+                    worker, round, next_round_[worker])));
+  }
+  if (round > next_round_[worker]) {
+    return Reject(
+        FailedPreconditionError(fmt::format("key {}: worker {} pushed round {} before round {}",
+                                            key, worker, round, next_round_[worker])));
+  }
+  if (round >= oldest_round_ + spec_.max_rounds_in_flight) {
+    const Round* oldest = Find(oldest_round_);
+    return Reject(FailedPreconditionError(fmt::format(
+        "key {}: worker {} pushed round {} while round {} is still held (not yet pulled by "
+        "workers {}); at most {} rounds are kept",
+        key, worker, round, oldest_round_, oldest ? Missing(oldest->pulled) : "?",
+        spec_.max_rounds_in_flight)));
+  }
+  StatusOr<compressors::PayloadHeader> header = compressors::ParsePayloadHeader(payload);
+  if (!header.ok()) {
+    return Reject(header.status().WithContext(
+        fmt::format("key {}: push from worker {} in round {}", key, worker, round)));
+  }
+  if (header->compressor_id != spec_.compressor.id()) {
+    return Reject(InvalidArgumentError(
+        fmt::format("key {}: worker {} pushed a {} payload but the key uses {}", key, worker,
+                    compressors::CompressorName(header->compressor_id),
+                    compressors::CompressorSpecString(spec_.compressor))));
+  }
+  if (header->element_count != spec_.elements || header->dtype != spec_.dtype) {
+    return Reject(InvalidArgumentError(fmt::format(
+        "key {}: worker {} pushed {} elements of {} but the key holds {} elements of {}", key,
+        worker, header->element_count, DTypeName(header->dtype), spec_.elements,
+        DTypeName(spec_.dtype))));
+  }
+
+  Round* r = Find(round);
+  if (r == nullptr) {
+    for (Round& s : slots_) {
+      if (!s.active) {
+        r = &s;
+        break;
+      }
+    }
+    // The window check above guarantees a free slot.
+    BP_CHECK(r != nullptr, "key {}: no free round slot for round {}", key, round);
+    r->active = true;
+    r->round = round;
+    r->pushes = r->pulls = 0;
+    std::fill(r->pushed.begin(), r->pushed.end(), 0);
+    std::fill(r->pulled.begin(), r->pulled.end(), 0);
+    r->accumulator.zero();
+    r->published = transport::Buffer();
+    r->is_published = false;
+  }
+  // Validates the whole payload before touching the accumulator.
+  const Status added = compressor_->DecompressAdd(payload, r->accumulator.span());
+  if (!added.ok()) {
+    if (r->pushes == 0) r->active = false;  // nothing accumulated: give the slot back
+    return Reject(added.WithContext(
+        fmt::format("key {}: push from worker {} in round {}", key, worker, round)));
+  }
+  r->pushed[worker] = 1;
+  ++r->pushes;
+  ++next_round_[worker];
+  ++stats_.pushes_accepted;
+  stats_.bytes_pushed += payload.size();
+  if (r->pushes == spec_.num_workers) return Publish(*r);
+  return Status::Ok();
+}
+
+Status KeyState::Publish(Round& r) {
+  float* acc = r.accumulator.data();
+  const size_t n = spec_.elements;
+  if (spec_.average && spec_.num_workers > 1) {
+    const float inv = 1.0f / static_cast<float>(spec_.num_workers);
+    for (size_t i = 0; i < n; ++i) acc[i] *= inv;
+  }
+  std::vector<uint8_t> out(compressor_->MaxCompressedBytes(n, DType::kFloat32));
+  const CompressContext ctx{spec_.key, r.round};
+  const ConstTensorView aggregate(acc, n);
+  StatusOr<size_t> bytes =
+      residual_ ? residual_->Compress(*compressor_, aggregate, ctx, {out.data(), out.size()})
+                : compressor_->Compress(aggregate, ctx, {out.data(), out.size()});
+  if (!bytes.ok()) {
+    return bytes.status().WithContext(
+        fmt::format("key {}: compressing the aggregate of round {}", spec_.key, r.round));
+  }
+  out.resize(*bytes);
+  stats_.bytes_published += out.size();
+  ++stats_.rounds_published;
+  r.published = transport::Buffer::Take(std::move(out));
+  r.is_published = true;
+  return Status::Ok();
+}
+
+StatusOr<transport::Buffer> KeyState::Pull(uint32_t worker, uint64_t round) {
+  const uint64_t key = spec_.key;
+  if (worker >= spec_.num_workers) {
+    return InvalidArgumentError(fmt::format(
+        "key {}: pull from worker {} but the key has {} workers", key, worker, spec_.num_workers));
+  }
+  Round* r = Find(round);
+  if (r == nullptr) {
+    if (round < oldest_round_) {
+      return InvalidArgumentError(
+          fmt::format("key {}: worker {} pulled round {}, which every worker has already pulled",
+                      key, worker, round));
+    }
+    return UnavailableError(fmt::format("key {}: round {} has no pushes yet", key, round));
+  }
+  if (!r->is_published) {
+    return UnavailableError(fmt::format("key {}: round {} is waiting for pushes from workers {}",
+                                        key, round, Missing(r->pushed)));
+  }
+  if (r->pulled[worker]) {
+    return InvalidArgumentError(
+        fmt::format("key {}: second pull from worker {} in round {}", key, worker, round));
+  }
+  r->pulled[worker] = 1;
+  ++r->pulls;
+  ++stats_.pulls_served;
+  transport::Buffer result = r->published;
+  if (r->pulls == spec_.num_workers) {  // every worker has it: release the slot
+    r->active = false;
+    r->published = transport::Buffer();
+    while (Find(oldest_round_) == nullptr) {
+      bool everyone_past = true;
+      for (uint64_t next : next_round_) everyone_past &= next > oldest_round_;
+      if (!everyone_past) break;
+      ++oldest_round_;
+    }
+  }
+  return result;
+}
+
+bool KeyState::RoundPublished(uint64_t round) const {
+  const Round* r = Find(round);
+  return r != nullptr && r->is_published;
+}
+
+Span<const float> KeyState::server_residual() const {
+  return residual_ ? residual_->residual() : Span<const float>();
+}
+
+Status KeyState::RestoreServerResidual(Span<const float> saved) {
+  if (!residual_) {
+    return FailedPreconditionError(
+        fmt::format("key {}: no server residual (Algorithm 3 key)", spec_.key));
+  }
+  return residual_->Restore(saved);
+}
+
+}  // namespace bitpush::server

@@ -1,0 +1,128 @@
+// KeyState: the server's state for one key (one partition of one tensor) — the heart of the
+// aggregation of paper 001 Algorithms 3 and 4, without threads or networking.
+//
+// Per round r:
+//   Push(worker, r, payload)   fused decompress-and-accumulate of that worker's compressed push
+//                              into the round's fp32 accumulator (fp32 even for fp16 payloads);
+//   after the n-th push        the aggregate Δ = (1/n)·Σ δ_i (or the sum) is compressed once:
+//                              Algorithm 4 (server_residual): p = C(Δ + ẽ), ẽ ← Δ + ẽ − p;
+//                              Algorithm 3: p = C(Δ);
+//                              the payload p is published, shared by every worker's pull;
+//   Pull(worker, r)            returns p (the same bytes for all) or Unavailable while pushes
+//                              are missing (the caller queues the pull);
+//   after the n-th pull        the round's slot is released and reused.
+//
+// Rounds: each worker pushes its rounds in order (r, r+1, ...). A fast worker's push for r+1
+// lands in its own slot, never on round r that a slow worker has not pulled yet. At most
+// `max_rounds_in_flight` rounds are held (2 suffice for a synchronous worker: it pushes r+1
+// only after pulling r); a push beyond that window is refused (FailedPrecondition), so memory
+// stays bounded. Slots and accumulators are allocated once and reused.
+//
+// The published payload's dtype is float32 (the server aggregates in fp32); compressors keep
+// their own value width (fp16 casts stay 2 bytes per element). Randomized compressors use the
+// context {key, round}, the same one every worker uses, so e.g. random-k re-selects the indices
+// the workers chose.
+//
+// Validation: a push with a malformed payload, another compressor id, another element count
+// or dtype, an unknown worker, a second push from the same worker in a round, or a round out
+// of order is refused with a Status naming the problem; the round's accumulator is untouched
+// (decoders validate before writing) and the key keeps serving everyone else. Refusals are
+// counted in stats().
+//
+// Ownership and thread-safety: owned by the server engine thread the key sticks to; not
+// thread-safe (one thread at a time), by design — no lock on key data.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/aligned_buffer.h"
+#include "common/dtype.h"
+#include "common/status.h"
+#include "common/transport/message.h"
+#include "compressors/compressor.h"
+#include "compressors/error_feedback.h"
+#include "proto/bitpush/v1/compression.pb.h"
+
+namespace bitpush::server {
+
+struct KeySpec {
+  uint64_t key = 0;
+  // Elements of this partition.
+  size_t elements = 0;
+  // dtype the workers push (their payload header dtype).
+  DType dtype = DType::kFloat32;
+  // The key's compressor (the same on every worker and here).
+  v1::CompressorConfig compressor;
+  // Algorithm 4: keep the server residual ẽ. Algorithm 3 when false.
+  bool server_residual = false;
+  // Workers that push every round (n).
+  uint32_t num_workers = 1;
+  // Publish the average (true, the default) or the sum of the pushes.
+  bool average = true;
+  // Rounds held at once (>= 2).
+  uint32_t max_rounds_in_flight = 2;
+};
+
+struct KeyStats {
+  uint64_t pushes_accepted = 0;
+  uint64_t pushes_rejected = 0;
+  uint64_t pulls_served = 0;
+  uint64_t rounds_published = 0;
+  uint64_t bytes_pushed = 0;
+  uint64_t bytes_published = 0;
+};
+
+class KeyState {
+ public:
+  static StatusOr<std::unique_ptr<KeyState>> Create(
+      const KeySpec& spec, const compressors::CompressorOptions& options = {});
+
+  // Accumulates `payload` as worker `worker`'s push for `round`.
+  Status Push(uint32_t worker, uint64_t round, ByteSpan payload);
+
+  // The published aggregate of `round` for `worker`; Unavailable (naming the workers still
+  // missing) before the round is complete. Each worker pulls each round once.
+  StatusOr<transport::Buffer> Pull(uint32_t worker, uint64_t round);
+
+  bool RoundPublished(uint64_t round) const;
+  // The oldest round not yet pulled by every worker (rounds below it are released).
+  uint64_t oldest_round() const { return oldest_round_; }
+  const KeySpec& spec() const { return spec_; }
+  const KeyStats& stats() const { return stats_; }
+  // The server residual ẽ (empty without server_residual); for checkpoints and tests.
+  Span<const float> server_residual() const;
+  Status RestoreServerResidual(Span<const float> saved);
+
+ private:
+  struct Round {
+    bool active = false;
+    uint64_t round = 0;
+    uint32_t pushes = 0;
+    uint32_t pulls = 0;
+    std::vector<uint8_t> pushed;  // per worker
+    std::vector<uint8_t> pulled;  // per worker
+    AlignedBuffer<float> accumulator;
+    transport::Buffer published;
+    bool is_published = false;
+  };
+
+  KeyState(const KeySpec& spec, std::unique_ptr<compressors::Compressor> compressor);
+  Round* Find(uint64_t round);
+  const Round* Find(uint64_t round) const;
+  Status Reject(Status s);
+  Status Publish(Round& r);
+  std::string Missing(const std::vector<uint8_t>& flags) const;
+
+  KeySpec spec_;
+  std::unique_ptr<compressors::Compressor> compressor_;
+  std::unique_ptr<compressors::ResidualState> residual_;
+  std::vector<Round> slots_;
+  std::vector<uint64_t> next_round_;  // per worker: the round it must push next
+  uint64_t oldest_round_ = 0;
+  KeyStats stats_;
+};
+
+}  // namespace bitpush::server
