@@ -58,7 +58,7 @@ struct Received {
 struct TransportStats {
   uint64_t messages_sent = 0;
   uint64_t messages_received = 0;
-  uint64_t bytes_sent = 0;      // header + frames
+  uint64_t bytes_sent = 0;  // header + frames
   uint64_t bytes_received = 0;
   uint64_t malformed_dropped = 0;  // frames/connections that were not valid bitpush traffic
 };

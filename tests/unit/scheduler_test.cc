@@ -197,7 +197,7 @@ TEST(Scheduler, NodesGiveUpOnAMissingSchedulerNamingItsAddress) {
     EXPECT_EQ(n.status.code(), StatusCode::kTimeout) << n.status.ToString();
     EXPECT_CONTAINS(n.status.message(), "no answer from the scheduler at inproc://scheduler after");
     EXPECT_CONTAINS(n.status.message(), "registration attempts over");
-    EXPECT_LT(MsBetween(start, n.finished_at), 300 + 500);
+    EXPECT_LT(MsBetween(start, n.finished_at), 300 + 1000);
   }
 }
 
@@ -222,7 +222,7 @@ TEST(Scheduler, MissingNodeIsNamedWithinTheStartupTimeout) {
   EXPECT_EQ(s.message().find("server rank 0"), std::string::npos) << s.message();
   EXPECT_GE(MsBetween(start, r.scheduler.finished_at), 400);
   // Shutdown is immediate; acks return at once (well under the 500 ms ack bound).
-  EXPECT_LT(MsBetween(start, r.scheduler.finished_at), 400 + 600);
+  EXPECT_LT(MsBetween(start, r.scheduler.finished_at), 400 + 1000);
   // The registered nodes are told why.
   for (const char* n : {"server:0", "worker:1"}) {
     EXPECT_EQ(r.nodes.at(n).status.code(), StatusCode::kRemoteError) << n;
@@ -494,7 +494,7 @@ TEST(Scheduler, AnUnregisteredPeerIsIgnored) {
 }
 
 // A node that stops being heard (hung process, lost network): the scheduler declares it dead
-// and every other node hears who, within heartbeat_timeout + a margin.
+// and every other node hears who, within heartbeat_timeout + 1 s (the bound).
 void ExpectNodeDeathReported(bool crash) {
   ClusterHarnessOptions o;
   o.num_servers = 2;
@@ -530,7 +530,7 @@ void ExpectNodeDeathReported(bool crash) {
     EXPECT_CONTAINS(nr.status.message(), "server 1 at inproc://server:1 failed: no heartbeat for");
     const int64_t latency = MsBetween(fault, nr.finished_at);
     EXPECT_GE(latency, 400 / 2) << n;  // not declared long before the timeout
-    EXPECT_LE(latency, 400 + 500) << n;
+    EXPECT_LE(latency, 400 + 1000) << n;
   }
   EXPECT_EQ(r.scheduler.status.code(), StatusCode::kUnavailable);
   EXPECT_CONTAINS(r.scheduler.status.message(), "server 1 at inproc://server:1 failed");
@@ -579,7 +579,7 @@ void ExpectSchedulerDeathDetected(bool crash) {
     EXPECT_CONTAINS(nr.status.message(), "scheduler at inproc://scheduler silent for");
     const int64_t latency = MsBetween(fault, nr.finished_at);
     EXPECT_GE(latency, 400 / 2) << n;  // not declared long before the timeout
-    EXPECT_LE(latency, 400 + 500) << n;
+    EXPECT_LE(latency, 400 + 1000) << n;
   }
   EXPECT_FALSE(r.scheduler.status.ok());
 }

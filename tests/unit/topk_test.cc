@@ -29,8 +29,8 @@ namespace {
 using bitpush::testing::Compress;
 using bitpush::testing::CompressEf;
 using bitpush::testing::Parse;
-using bitpush::testing::Sparse;
 using bitpush::testing::RandomFloats;
+using bitpush::testing::Sparse;
 using bitpush::testing::SupportedIsaLevels;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
