@@ -308,9 +308,10 @@ Status SchedulerClient::Done() {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // Idempotent: a repeated Done() is OK even once the clean shutdown it caused has arrived.
+    if (done_sent_ && error_.ok()) return Status::Ok();
     if (std::optional<Status> stop = StopReasonLocked()) return *stop;
     if (!assigned_) return FailedPreconditionError(label_ + ": Done() before Register()");
-    if (done_sent_) return Status::Ok();
     done_sent_ = true;
   }
   v1::ControlMessage m;
