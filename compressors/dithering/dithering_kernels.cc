@@ -362,6 +362,19 @@ BP_TARGET_AVX2 BP_DITHER_INLINE void DecodeBlockAvx2(const uint8_t* blk, uint32_
   }
 }
 
+// The last, partial block is decoded into a full-block buffer; this writes (or adds) its
+// first `rem` values.
+template <bool kAdd>
+inline void StoreTail(const float* buf, float* out, size_t rem) {
+  for (size_t t = 0; t < rem; ++t) {
+    if (kAdd) {
+      out[t] += buf[t];
+    } else {
+      out[t] = buf[t];
+    }
+  }
+}
+
 template <bool kNatural, bool kAdd>
 BP_TARGET_AVX2 void DecodeAvx2T(const uint8_t* blocks, size_t n, const Levels& lv, float* out) {
   Q256 q;
@@ -378,14 +391,7 @@ BP_TARGET_AVX2 void DecodeAvx2T(const uint8_t* blocks, size_t n, const Levels& l
   if (rem) {
     alignas(64) float buf[kBlockElements];
     DecodeBlockAvx2<kNatural, false>(blocks + full * bb, lv.bits, q, buf);
-    float* o = out + full * kBlockElements;
-    for (size_t t = 0; t < rem; ++t) {
-      if (kAdd) {
-        o[t] += buf[t];
-      } else {
-        o[t] = buf[t];
-      }
-    }
+    StoreTail<kAdd>(buf, out + full * kBlockElements, rem);
   }
 }
 
@@ -642,14 +648,7 @@ BP_TARGET_AVX512 void DecodeAvx512T(const uint8_t* blocks, size_t n, const Level
   if (rem) {
     alignas(64) float buf[kBlockElements];
     DecodeBlockAvx512<kTable, false>(blocks + full * bb, lv.bits, q, buf);
-    float* o = out + full * kBlockElements;
-    for (size_t t = 0; t < rem; ++t) {
-      if (kAdd) {
-        o[t] += buf[t];
-      } else {
-        o[t] = buf[t];
-      }
-    }
+    StoreTail<kAdd>(buf, out + full * kBlockElements, rem);
   }
 }
 
