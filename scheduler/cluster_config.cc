@@ -113,6 +113,10 @@ class Parser {
 
   Status ParseCluster(const Entry& section, ClusterConfig* c);
   Status ParseCompression(const Entry& section, ClusterConfig* c);
+  Status ParseServer(const Entry& section, ClusterConfig* c);
+  Status ParseWorker(const Entry& section, ClusterConfig* c);
+  // "auto" -> 0, else an integer in [1, max].
+  Status AutoCount(const Entry& e, const std::string& key, uint32_t max, uint32_t* out) const;
   Status ReadTokenFile(const Entry& e, std::string* out) const;
 
   const std::string source_;
@@ -339,6 +343,71 @@ Status Parser::ParseCompression(const Entry& section, ClusterConfig* c) {
   return Status::Ok();
 }
 
+Status Parser::AutoCount(const Entry& e, const std::string& key, uint32_t max,
+                         uint32_t* out) const {
+  std::string text;
+  BP_RETURN_IF_ERROR(Scalar(e, key, &text));
+  if (text == "auto") {
+    *out = 0;
+    return Status::Ok();
+  }
+  uint64_t v = 0;
+  if (!ParseUint(text, &v) || v < 1 || v > max) {
+    return Error(e.value, e.key_mark, key,
+                 fmt::format("expected 'auto' or an integer from 1 to {}, got '{}'", max, text));
+  }
+  *out = static_cast<uint32_t>(v);
+  return Status::Ok();
+}
+
+Status Parser::ParseServer(const Entry& section, ClusterConfig* c) {
+  std::map<std::string, Entry> m;
+  BP_RETURN_IF_ERROR(
+      Entries(section.value, section.key_mark, "server", {"engine_threads", "numa"}, &m));
+  if (auto it = m.find("engine_threads"); it != m.end()) {
+    BP_RETURN_IF_ERROR(
+        AutoCount(it->second, "server.engine_threads", 256, &c->server.engine_threads));
+  }
+  if (auto it = m.find("numa"); it != m.end()) {
+    std::string text;
+    BP_RETURN_IF_ERROR(Scalar(it->second, "server.numa", &text));
+    if (text != "auto" && text != "on" && text != "off") {
+      return Error(it->second.value, it->second.key_mark, "server.numa",
+                   fmt::format("unknown value '{}'; valid: auto, on, off", text));
+    }
+    c->server.numa = text;
+  }
+  return Status::Ok();
+}
+
+Status Parser::ParseWorker(const Entry& section, ClusterConfig* c) {
+  std::map<std::string, Entry> m;
+  BP_RETURN_IF_ERROR(Entries(section.value, section.key_mark, "worker",
+                             {"compress_threads", "credit_bytes", "op_timeout_s"}, &m));
+  WorkerSettings& w = c->worker;
+  if (auto it = m.find("compress_threads"); it != m.end()) {
+    BP_RETURN_IF_ERROR(AutoCount(it->second, "worker.compress_threads", 256, &w.compress_threads));
+  }
+  if (auto it = m.find("credit_bytes"); it != m.end()) {
+    BP_RETURN_IF_ERROR(Uint(it->second, "worker.credit_bytes", &w.credit_bytes));
+    if (w.credit_bytes == 0) {
+      return Error(it->second.value, it->second.key_mark, "worker.credit_bytes", "must be > 0");
+    }
+  }
+  if (auto it = m.find("op_timeout_s"); it != m.end()) {
+    std::string text;
+    BP_RETURN_IF_ERROR(Scalar(it->second, "worker.op_timeout_s", &text));
+    double seconds = 0;
+    if (!ParseDouble(text, &seconds) || seconds <= 0 || seconds > kMaxStartupTimeoutS) {
+      return Error(it->second.value, it->second.key_mark, "worker.op_timeout_s",
+                   fmt::format("expected a number of seconds > 0 and <= {}, got '{}'",
+                               kMaxStartupTimeoutS, text));
+    }
+    w.op_timeout = std::chrono::milliseconds(std::max<int64_t>(1, std::llround(seconds * 1000)));
+  }
+  return Status::Ok();
+}
+
 StatusOr<ClusterConfig> Parser::Parse(std::string_view text) {
   ClusterConfig c;
   c.source = source_;
@@ -358,7 +427,8 @@ StatusOr<ClusterConfig> Parser::Parse(std::string_view text) {
           fmt::format("{}: empty config: the cluster section is required", source_));
     }
     std::map<std::string, Entry> top;
-    BP_RETURN_IF_ERROR(Entries(root, root.Mark(), "", {"cluster", "compression"}, &top));
+    BP_RETURN_IF_ERROR(Entries(root, root.Mark(), "", {"cluster", "compression", "server", "worker"},
+                               &top));
     auto cl = top.find("cluster");
     if (cl == top.end()) {
       return Error(root, root.Mark(), "cluster", "is required (the cluster section)");
@@ -366,6 +436,12 @@ StatusOr<ClusterConfig> Parser::Parse(std::string_view text) {
     BP_RETURN_IF_ERROR(ParseCluster(cl->second, &c));
     if (auto co = top.find("compression"); co != top.end()) {
       BP_RETURN_IF_ERROR(ParseCompression(co->second, &c));
+    }
+    if (auto se = top.find("server"); se != top.end()) {
+      BP_RETURN_IF_ERROR(ParseServer(se->second, &c));
+    }
+    if (auto wo = top.find("worker"); wo != top.end()) {
+      BP_RETURN_IF_ERROR(ParseWorker(wo->second, &c));
     }
   } catch (const YAML::Exception& e) {
     // Not expected (the walk checks node types before access); never let it escape.
@@ -599,12 +675,23 @@ std::string DescribeClusterConfig(const ClusterConfig& c) {
       "  spec: {}\n"
       "  error_feedback: {}\n"
       "  min_compress_bytes: {}\n"
-      "  partition_bytes: {}",
+      "  partition_bytes: {}\n"
+      "server:\n"
+      "  engine_threads: {}\n"
+      "  numa: {}\n"
+      "worker:\n"
+      "  compress_threads: {}\n"
+      "  credit_bytes: {}\n"
+      "  op_timeout_s: {:.3f}",
       c.source.empty() ? "code" : c.source, c.scheduler_address, c.transport,
       c.token.empty() ? "<none>" : "<set>", list(c.servers), list(c.workers),
       c.heartbeat_interval.count(), c.heartbeat_timeout.count(), startup,
       ConfigHash(ConfigFields(c)), c.compression.spec, c.compression.error_feedback,
-      c.compression.min_compress_bytes, c.compression.partition_bytes);
+      c.compression.min_compress_bytes, c.compression.partition_bytes,
+      c.server.engine_threads == 0 ? "auto" : std::to_string(c.server.engine_threads),
+      c.server.numa,
+      c.worker.compress_threads == 0 ? "auto" : std::to_string(c.worker.compress_threads),
+      c.worker.credit_bytes, static_cast<double>(c.worker.op_timeout.count()) / 1000);
 }
 
 std::string_view RoleName(v1::Role role) {

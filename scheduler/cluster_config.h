@@ -37,6 +37,33 @@ struct CompressionSettings {
   uint64_t partition_bytes = 4096000;
 };
 
+// The `server:` section: how each bitpush-server runs its engine. Local tuning: not part of
+// config agreement (servers on different machines may differ).
+struct ServerSettings {
+  // server.engine_threads: threads that aggregate and compress (each key sticks to one).
+  // 0 = auto: the CPUs this process may use minus one for the I/O thread, at least 1, at
+  // most 8.
+  uint32_t engine_threads = 0;
+  // server.numa: auto | on | off. auto and on pin each engine thread to one core (spread over
+  // NUMA nodes, memory bound to the thread's node); on fails start-up when the topology
+  // cannot be read; off pins nothing.
+  std::string numa = "auto";
+};
+
+// The `worker:` section: how each worker's engine runs. Local tuning, not agreed.
+struct WorkerSettings {
+  // worker.compress_threads: the (de)compression pool. 0 = auto: the CPUs this process may
+  // use, at least 1, at most 8.
+  uint32_t compress_threads = 0;
+  // worker.credit_bytes: uncompressed bytes of partitions in flight (compressing, on the
+  // wire, at the server, decompressing) at once; at least one partition always goes.
+  // Default 64 MiB.
+  uint64_t credit_bytes = 64ull << 20;
+  // worker.op_timeout_s: a push_pull not complete after this long fails with Timeout naming
+  // the partitions and servers it waited for. Default 300 s; the YAML accepts fractions.
+  std::chrono::milliseconds op_timeout{300000};
+};
+
 // The `cluster:` section plus the compression settings: everything the control plane needs.
 struct ClusterConfig {
   // Where the config came from (a file path, or a name given to ParseClusterConfig); used in
@@ -66,6 +93,9 @@ struct ClusterConfig {
   std::chrono::milliseconds startup_timeout{60000};
   // The `compression:` section.
   CompressionSettings compression;
+  // The `server:` and `worker:` sections (local tuning).
+  ServerSettings server;
+  WorkerSettings worker;
 
   // Number of nodes the scheduler waits for.
   size_t num_nodes() const { return servers.size() + workers.size(); }

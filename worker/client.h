@@ -1,0 +1,159 @@
+// Client: the C++ API of a bitpush worker — declare tensors, then push_pull them through the
+// worker engine (compression with worker error feedback, partitions, priorities, credit) to
+// the servers and back. One Client per node; no process-wide state, so two Clients in one
+// process (two nodes of the threads-as-nodes harness) work side by side.
+//
+//   ClientOptions o;  o.cluster = *LoadClusterConfig("cluster.yaml");  o.rank = 0;
+//   auto client = Client::Create(o);                  // binds, registers (bounded)
+//   auto t = (*client)->Declare("fc1.weight", n, DType::kFloat32, /*priority=*/0, "onebit");
+//   PushPullHandle h = (*client)->PushPull(*t, ConstTensorView(grad, n), TensorView(out, n));
+//   Status s = h.Wait();                               // never hangs: op_timeout bounds it
+//   (*client)->Shutdown(std::chrono::seconds(30));    // Done + wait for the clean shutdown
+//
+// Result semantics: `output` receives the average over the workers of their `input`s
+// (ReduceOp::kAverage, the default: (1/n)·Σ, computed in fp32 on the server), or the sum
+// (kSum), passed through the tensor's compressor both ways (paper 001 Algorithms 3 and 4: the
+// server's aggregate is compressed again, with the server residual when the cluster's
+// error_feedback is server/both). `output` may alias `input`.
+//
+// Declarations: every worker must declare the same tensors (name, elements, dtype, spec,
+// reduce op) in the same order. Declarations are checked across workers (through server 0)
+// before the first push of a tensor: a mismatch fails that PushPull (and CommitDeclarations)
+// with InvalidArgument naming the first differing tensor and what each worker declared.
+// Declaring after the first PushPull is allowed; the new tensors are checked at their first
+// PushPull.
+//
+// Errors: any failure — a server declared dead by the scheduler, a push the server rejected,
+// op_timeout — completes the handle with a Status naming the cause (the server, the tensor,
+// the partition); later calls return the sticky error when the cluster is gone.
+//
+// Thread-safety: every method may be called from any thread. One push_pull per tensor may
+// be in flight at a time (a second one fails with FailedPrecondition); push_pulls of
+// different tensors overlap.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/dtype.h"
+#include "common/status.h"
+#include "common/tensor_view.h"
+#include "common/transport/transport.h"
+#include "scheduler/cluster_config.h"
+
+namespace bitpush::worker {
+
+class Engine;
+struct OpState;
+
+enum class ReduceOp { kAverage, kSum };
+
+struct TensorOptions {
+  // Scheduling priority: lower goes first (use the layer index: front layers are needed
+  // first by the next forward pass). Ties: declaration order, then partition order.
+  int64_t priority = 0;
+  // Compressor spec (compressors/registry.h); "" = the cluster's compression.spec. Tensors
+  // below compression.min_compress_bytes go uncompressed whatever the spec.
+  std::string compression;
+  ReduceOp op = ReduceOp::kAverage;
+};
+
+// A declared tensor.
+struct TensorId {
+  uint32_t index = 0;
+};
+
+// The completion of one push_pull. Copyable (copies share the operation).
+class PushPullHandle {
+ public:
+  PushPullHandle() = default;
+  explicit PushPullHandle(std::shared_ptr<OpState> op) : op_(std::move(op)) {}
+
+  // Blocks until the operation completed (bounded by the client's op_timeout) and returns its
+  // status. A default-constructed handle returns FailedPrecondition.
+  Status Wait() const;
+  // As Wait, but returns Timeout "push_pull of tensor 'x' not complete after N ms" after
+  // `timeout` without failing the operation.
+  Status Wait(std::chrono::milliseconds timeout) const;
+  bool Ready() const;
+
+ private:
+  std::shared_ptr<OpState> op_;
+};
+
+struct ClientOptions {
+  // The cluster (the worker's copy of the YAML): addresses, compression, worker settings.
+  scheduler::ClusterConfig cluster;
+  // This worker's rank (index in cluster.workers).
+  uint32_t rank = 0;
+  // inproc backend only: the hub of the in-process cluster.
+  std::shared_ptr<transport::InprocHub> inproc_hub;
+};
+
+struct ClientStats {
+  uint64_t ops_completed = 0;
+  uint64_t ops_failed = 0;
+  uint64_t partitions_pushed = 0;
+  uint64_t bytes_pushed = 0;  // compressed payload bytes sent
+  uint64_t bytes_pulled = 0;  // compressed payload bytes received
+  // Cumulative time in each stage, over all partitions (ns; stages overlap across partitions).
+  uint64_t compress_ns = 0;
+  uint64_t network_ns = 0;  // push sent -> reply received (includes the server's time)
+  uint64_t decompress_ns = 0;
+  // Peak uncompressed bytes in flight (bounded by credit_bytes, or one partition).
+  uint64_t peak_bytes_in_flight = 0;
+};
+
+class Client {
+ public:
+  // Binds the worker's endpoint, registers with the scheduler and waits for the assignment
+  // (bounded by cluster.startup_timeout), starts the engine threads.
+  static StatusOr<std::unique_ptr<Client>> Create(ClientOptions options);
+
+  ~Client();  // Close()
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Declares a tensor. InvalidArgument for an empty or duplicate name, a bad spec, or a
+  // tensor too large to partition.
+  StatusOr<TensorId> Declare(const std::string& name, size_t elements, DType dtype,
+                             const TensorOptions& options = {});
+  StatusOr<TensorId> Declare(const std::string& name, size_t elements, DType dtype,
+                             int64_t priority, const std::string& compression);
+
+  // Checks the declarations made since the last check against every other worker's and
+  // announces the keys to their servers. Called by PushPull as needed; exposed for callers
+  // that want the check early. Bounded by cluster.startup_timeout.
+  Status CommitDeclarations();
+
+  // Starts a push_pull of `tensor`: `input` and `output` must have the tensor's element
+  // count and dtype (otherwise the handle completes at once with InvalidArgument). `input` is
+  // read and `output` written until the handle completes; they must stay alive until then.
+  PushPullHandle PushPull(TensorId tensor, ConstTensorView input, TensorView output);
+
+  // Waits for every worker (the scheduler's worker barrier).
+  Status Barrier();
+
+  // Tells the scheduler this worker is done and waits (bounded) for the clean shutdown of
+  // the cluster. Pending handles fail with Cancelled.
+  Status Shutdown(std::chrono::milliseconds timeout);
+
+  // Fails pending handles with Cancelled, stops the engine and closes the endpoint.
+  // Idempotent.
+  void Close();
+
+  uint32_t rank() const;
+  uint32_t num_workers() const;
+  uint32_t num_servers() const;
+  // The cluster's sticky error (OK while healthy).
+  Status status() const;
+  ClientStats stats() const;
+
+ private:
+  explicit Client(std::unique_ptr<Engine> engine);
+  std::unique_ptr<Engine> engine_;
+};
+
+}  // namespace bitpush::worker

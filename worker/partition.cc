@@ -1,0 +1,36 @@
+#include "worker/partition.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace bitpush::worker {
+
+size_t PartitionElements(DType dtype, uint64_t partition_bytes) {
+  return std::max<size_t>(1, static_cast<size_t>(partition_bytes / DTypeSize(dtype)));
+}
+
+StatusOr<std::vector<PartitionRange>> PartitionTensor(uint32_t tensor_index, size_t elements,
+                                                      DType dtype, uint64_t partition_bytes) {
+  const size_t per = PartitionElements(dtype, partition_bytes);
+  const size_t count = elements == 0 ? 0 : (elements - 1) / per + 1;
+  if (count > (uint64_t{1} << 32)) {
+    return InvalidArgumentError(fmt::format(
+        "a tensor of {} elements needs {} partitions of {} bytes; at most 2^32 are possible "
+        "(raise compression.partition_bytes)",
+        elements, count, partition_bytes));
+  }
+  std::vector<PartitionRange> out;
+  out.reserve(count);
+  for (size_t j = 0; j < count; ++j) {
+    PartitionRange r;
+    r.index = static_cast<uint32_t>(j);
+    r.offset = j * per;
+    r.elements = std::min(per, elements - r.offset);
+    r.key = PartitionKey(tensor_index, r.index);
+    out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace bitpush::worker

@@ -1,0 +1,49 @@
+// Partitioning: how a declared tensor is cut into keys (pure functions shared by the worker
+// engine, the tests' reference computations and the benchmark).
+//
+//  - A tensor of `elements` values of `dtype` is cut into partitions of
+//    max(1, partition_bytes / DTypeSize(dtype)) elements; the last one holds the rest. A tensor
+//    of 0 elements has no partition (its push_pull completes at once).
+//  - Partition j of the tensor declared i-th (from 0, over the client's life) is the key
+//    (i << 32) | j. Every worker declares the same tensors in the same order, so every worker
+//    computes the same keys; the scheduler's mapping (scheduler/key_mapping.h) gives the owner.
+//  - A tensor is compressed when its whole size in bytes is >= min_compress_bytes (paper 001
+//    §4.2.3; BytePS tests the whole tensor, not the partition) and its spec is not "none";
+//    otherwise every partition goes with the "none" compressor.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/status.h"
+
+namespace bitpush::worker {
+
+struct PartitionRange {
+  uint32_t index = 0;   // partition number within the tensor
+  size_t offset = 0;    // first element
+  size_t elements = 0;  // element count
+  uint64_t key = 0;
+};
+
+inline uint64_t PartitionKey(uint32_t tensor_index, uint32_t partition) {
+  return (static_cast<uint64_t>(tensor_index) << 32) | partition;
+}
+
+// Elements per partition for `dtype` (>= 1).
+size_t PartitionElements(DType dtype, uint64_t partition_bytes);
+
+// The partitions of a tensor; InvalidArgument if it would need more than 2^32 partitions.
+StatusOr<std::vector<PartitionRange>> PartitionTensor(uint32_t tensor_index, size_t elements,
+                                                      DType dtype, uint64_t partition_bytes);
+
+// Whether a tensor of this size goes compressed (before looking at the spec).
+inline bool AboveCompressThreshold(size_t elements, DType dtype, uint64_t min_compress_bytes) {
+  return static_cast<uint64_t>(elements) * DTypeSize(dtype) >= min_compress_bytes;
+}
+
+}  // namespace bitpush::worker
