@@ -37,6 +37,7 @@ KeyState::KeyState(const KeySpec& spec, std::unique_ptr<compressors::Compressor>
   for (Round& r : slots_) {
     r.pushed.assign(spec_.num_workers, 0);
     r.pulled.assign(spec_.num_workers, 0);
+    r.held.resize(spec_.num_workers);
     r.accumulator.resize(spec_.elements);
   }
 }
@@ -70,7 +71,8 @@ std::string KeyState::Missing(const std::vector<uint8_t>& flags) const {
   return out;
 }
 
-Status KeyState::Push(uint32_t worker, uint64_t round, ByteSpan payload) {
+Status KeyState::Push(uint32_t worker, uint64_t round, transport::Buffer buffer) {
+  const ByteSpan payload = buffer.span();
   const uint64_t key = spec_.key;
   if (worker >= spec_.num_workers) {
     return Reject(InvalidArgumentError(fmt::format(
@@ -124,12 +126,21 @@ Status KeyState::Push(uint32_t worker, uint64_t round, ByteSpan payload) {
     BP_CHECK(r != nullptr, "key {}: no free round slot for round {}", key, round);
     r->active = true;
     r->round = round;
-    r->pushes = r->pulls = 0;
+    r->pushes = r->pulls = r->next_to_add = 0;
     std::fill(r->pushed.begin(), r->pushed.end(), 0);
     std::fill(r->pulled.begin(), r->pulled.end(), 0);
     r->accumulator.zero();
     r->published = transport::Buffer();
     r->is_published = false;
+  }
+  if (worker != r->next_to_add) {  // not its turn yet: hold the payload
+    r->held[worker] = std::move(buffer);
+    r->pushed[worker] = 1;
+    ++r->pushes;
+    ++next_round_[worker];
+    ++stats_.pushes_accepted;
+    stats_.bytes_pushed += payload.size();
+    return Status::Ok();
   }
   // Validates the whole payload before touching the accumulator.
   const Status added = compressor_->DecompressAdd(payload, r->accumulator.span());
@@ -140,10 +151,35 @@ Status KeyState::Push(uint32_t worker, uint64_t round, ByteSpan payload) {
   }
   r->pushed[worker] = 1;
   ++r->pushes;
+  ++r->next_to_add;
   ++next_round_[worker];
   ++stats_.pushes_accepted;
   stats_.bytes_pushed += payload.size();
-  if (r->pushes == spec_.num_workers) return Publish(*r);
+  return AddInOrder(*r);
+}
+
+Status KeyState::AddInOrder(Round& r) {
+  while (r.next_to_add < spec_.num_workers && r.pushed[r.next_to_add]) {
+    const uint32_t w = r.next_to_add;
+    transport::Buffer held = std::move(r.held[w]);
+    r.held[w] = transport::Buffer();
+    const Status added = compressor_->DecompressAdd(held.span(), r.accumulator.span());
+    if (!added.ok()) {
+      // Refused late: the worker may push this round again.
+      r.pushed[w] = 0;
+      --r.pushes;
+      --next_round_[w];
+      --stats_.pushes_accepted;
+      ++stats_.pushes_rejected;
+      late_rejections_.push_back(
+          {w, r.round,
+           added.WithContext(
+               fmt::format("key {}: push from worker {} in round {}", spec_.key, w, r.round))});
+      return Status::Ok();
+    }
+    ++r.next_to_add;
+  }
+  if (r.next_to_add == spec_.num_workers) return Publish(r);
   return Status::Ok();
 }
 

@@ -3,7 +3,11 @@
 //
 // Per round r:
 //   Push(worker, r, payload)   fused decompress-and-accumulate of that worker's compressed push
-//                              into the round's fp32 accumulator (fp32 even for fp16 payloads);
+//                              into the round's fp32 accumulator (fp32 even for fp16 payloads),
+//                              in worker-rank order: a push that arrives before a lower rank's
+//                              is checked (header, sizes) and held (the received Buffer, no
+//                              copy) until its turn, so the sum is bit-identical whatever the
+//                              arrival order (reproducible results; bit-exact tests);
 //   after the n-th push        the aggregate Δ = (1/n)·Σ δ_i (or the sum) is compressed once:
 //                              Algorithm 4 (server_residual): p = C(Δ + ẽ), ẽ ← Δ + ẽ − p;
 //                              Algorithm 3: p = C(Δ);
@@ -27,7 +31,8 @@
 // or dtype, an unknown worker, a second push from the same worker in a round, or a round out
 // of order is refused with a Status naming the problem; the round's accumulator is untouched
 // (decoders validate before writing) and the key keeps serving everyone else. Refusals are
-// counted in stats().
+// counted in stats(). A held push whose body turns out malformed when its turn comes is
+// refused then: TakeLateRejections() returns it (the worker may push that round again).
 //
 // Ownership and thread-safety: owned by the server engine thread the key sticks to; not
 // thread-safe (one thread at a time), by design — no lock on key data.
@@ -80,8 +85,20 @@ class KeyState {
   static StatusOr<std::unique_ptr<KeyState>> Create(
       const KeySpec& spec, const compressors::CompressorOptions& options = {});
 
-  // Accumulates `payload` as worker `worker`'s push for `round`.
-  Status Push(uint32_t worker, uint64_t round, ByteSpan payload);
+  // Accumulates (or holds, see above) `payload` as worker `worker`'s push for `round`.
+  Status Push(uint32_t worker, uint64_t round, transport::Buffer payload);
+  // Same, copying the bytes (for callers that do not own a Buffer).
+  Status Push(uint32_t worker, uint64_t round, ByteSpan payload) {
+    return Push(worker, round, transport::Buffer::Copy(payload.data(), payload.size()));
+  }
+
+  struct LateRejection {
+    uint32_t worker;
+    uint64_t round;
+    Status status;
+  };
+  // Held pushes refused when their turn came, since the last call.
+  std::vector<LateRejection> TakeLateRejections() { return std::move(late_rejections_); }
 
   // The published aggregate of `round` for `worker`; Unavailable (naming the workers still
   // missing) before the round is complete. Each worker pulls each round once.
@@ -100,10 +117,12 @@ class KeyState {
   struct Round {
     bool active = false;
     uint64_t round = 0;
-    uint32_t pushes = 0;
+    uint32_t pushes = 0;       // accepted (added or held)
+    uint32_t next_to_add = 0;  // the rank whose push is added next
     uint32_t pulls = 0;
-    std::vector<uint8_t> pushed;  // per worker
-    std::vector<uint8_t> pulled;  // per worker
+    std::vector<uint8_t> pushed;          // per worker
+    std::vector<uint8_t> pulled;          // per worker
+    std::vector<transport::Buffer> held;  // per worker: pushes waiting for their turn
     AlignedBuffer<float> accumulator;
     transport::Buffer published;
     bool is_published = false;
@@ -114,6 +133,8 @@ class KeyState {
   const Round* Find(uint64_t round) const;
   Status Reject(Status s);
   Status Publish(Round& r);
+  // Adds held pushes from r.next_to_add on while they are present; publishes when all are in.
+  Status AddInOrder(Round& r);
   std::string Missing(const std::vector<uint8_t>& flags) const;
 
   KeySpec spec_;
@@ -121,6 +142,7 @@ class KeyState {
   std::unique_ptr<compressors::ResidualState> residual_;
   std::vector<Round> slots_;
   std::vector<uint64_t> next_round_;  // per worker: the round it must push next
+  std::vector<LateRejection> late_rejections_;
   uint64_t oldest_round_ = 0;
   KeyStats stats_;
 };

@@ -41,7 +41,7 @@ std::vector<uint8_t> Bytes(const transport::Buffer& b) {
   return std::vector<uint8_t>(b.data(), b.data() + b.size());
 }
 
-// Reference of one round: acc = Σ decompress(push_i) in push order, times 1/n, then
+// Reference of one round: acc = Σ decompress(push_i) in rank order, times 1/n, then
 // C(acc) (Algorithm 3) or C(acc + e) with e updated (Algorithm 4).
 std::vector<uint8_t> Reference(Compressor& c, const std::vector<std::vector<uint8_t>>& pushes,
                                size_t n, uint64_t round, std::vector<float>* residual) {
@@ -94,11 +94,14 @@ TEST_P(KeyStateAlgorithms, PublishedPayloadEqualsReference) {
   auto ref_codec = Codec(spec);
   std::vector<float> ref_residual(n, 0.0f);
   for (uint64_t round = 0; round < 20; ++round) {
-    std::vector<std::vector<uint8_t>> pushes;
-    for (uint32_t w : {2u, 0u, 1u}) {  // arrival order differs from rank order
+    std::vector<std::vector<uint8_t>> pushes(3);  // by rank
+    // Arrival order differs from rank order (and from round to round); the server adds in
+    // rank order, so the result is the same bits whatever the order.
+    const uint32_t orders[3][3] = {{2, 0, 1}, {1, 2, 0}, {0, 1, 2}};
+    for (uint32_t w : orders[round % 3]) {
       const auto g = RandomFloats(n, 100 * round + w);
-      pushes.push_back(Compress(*codec, ConstTensorView(g.data(), n), {42, round}));
-      ASSERT_TRUE(k->Push(w, round, {pushes.back().data(), pushes.back().size()}).ok());
+      pushes[w] = Compress(*codec, ConstTensorView(g.data(), n), {42, round});
+      ASSERT_TRUE(k->Push(w, round, {pushes[w].data(), pushes[w].size()}).ok());
     }
     const auto want = Reference(*ref_codec, pushes, n, round, ef ? &ref_residual : nullptr);
     for (uint32_t w = 0; w < 3; ++w) {
@@ -129,6 +132,40 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return s;
     });
+
+// A held push (it arrived before a lower rank's) with a malformed body is refused when its
+// turn comes; the round stays open, and the worker's second try completes it.
+TEST(KeyState, HeldPushWithABadBodyIsRefusedLateAndCanBeRetried) {
+  auto k = Make("topk:k=4", 2, false, 64);
+  auto codec = Codec("topk:k=4");
+  const auto g0 = RandomFloats(64, 1);
+  const auto g1 = RandomFloats(64, 2);
+  const auto p0 = Compress(*codec, ConstTensorView(g0.data(), 64), {42, 0});
+  const auto p1 = Compress(*codec, ConstTensorView(g1.data(), 64), {42, 0});
+  auto bad = p1;
+  // The header and the length are fine; the first index (body offset 4) is out of range.
+  const uint32_t index = 64;
+  std::memcpy(bad.data() + compressors::kPayloadHeaderBytes + 4, &index, 4);
+  ASSERT_TRUE(k->Push(1, 0, {bad.data(), bad.size()}).ok());  // held: rank 0 first
+  EXPECT_TRUE(k->TakeLateRejections().empty());
+  ASSERT_TRUE(k->Push(0, 0, {p0.data(), p0.size()}).ok());
+  auto late = k->TakeLateRejections();
+  ASSERT_EQ(late.size(), 1u);
+  EXPECT_EQ(late[0].worker, 1u);
+  EXPECT_EQ(late[0].round, 0u);
+  EXPECT_EQ(late[0].status.code(), StatusCode::kDataLoss) << late[0].status.ToString();
+  EXPECT_NE(late[0].status.message().find("worker 1"), std::string::npos);
+  EXPECT_FALSE(k->RoundPublished(0));
+  EXPECT_EQ(k->stats().pushes_rejected, 1u);
+  ASSERT_TRUE(k->Push(1, 0, {p1.data(), p1.size()}).ok());
+  ASSERT_TRUE(k->RoundPublished(0));
+  auto codec2 = Codec("topk:k=4");
+  std::vector<std::vector<uint8_t>> pushes = {p0, p1};
+  const auto want = Reference(*codec2, pushes, 64, 0, nullptr);
+  auto pulled = k->Pull(0, 0);
+  ASSERT_TRUE(pulled.ok());
+  EXPECT_EQ(Bytes(*pulled), want);
+}
 
 TEST(KeyState, FastWorkerNextRoundDoesNotTouchTheRoundASlowWorkerStillPulls) {
   auto k = Make("none", 2, false, 8);
