@@ -1,0 +1,155 @@
+// bitpush-server: one compression server of a cluster.
+//
+//   bitpush-server --config cluster.yaml --rank N [--stats-json PATH] [--log-level info]
+//
+// Registers with the scheduler as server N, aggregates the keys the scheduler's mapping gives
+// it (docs/data-plane.md) until the cluster shuts down. --stats-json writes the server's
+// counters (ServerStats, engine threads) as one JSON object at exit, for benchmarks.
+//
+// Exit status: 0 clean shutdown; 1 a failure (registration refused or timed out, a node
+// declared dead, interrupted by SIGINT/SIGTERM); 2 a usage or config error.
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "common/logging.h"
+#include "scheduler/cluster_config.h"
+#include "server/server.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: bitpush-server --config CLUSTER.yaml --rank N [--stats-json PATH]\n"
+    "                      [--log-level trace|debug|info|warn|error]\n"
+    "Runs server N of the cluster described by CLUSTER.yaml (docs/config.md).\n"
+    "Exit status: 0 clean shutdown, 1 failure, 2 usage or config error.\n";
+
+int Usage(const std::string& error) {
+  std::fprintf(stderr, "bitpush-server: %s\n%s", error.c_str(), kUsage);
+  return 2;
+}
+
+void WriteStats(const std::string& path, const bitpush::server::Server& server) {
+  const bitpush::server::ServerStats s = server.stats();
+  std::string threads;
+  for (const auto& t : server.engine_threads()) {
+    if (!threads.empty()) threads += ", ";
+    threads +=
+        "{\"cpu\": " + std::to_string(t.cpu) + ", \"numa_node\": " + std::to_string(t.numa_node) +
+        ", \"keys\": " + std::to_string(t.keys) + ", \"load\": " + std::to_string(t.load) + "}";
+  }
+  std::ofstream out(path);
+  out << "{\"rank\": " << server.rank() << ", \"keys\": " << s.keys
+      << ", \"pushes_accepted\": " << s.pushes_accepted
+      << ", \"pushes_rejected\": " << s.pushes_rejected << ", \"replies_sent\": " << s.replies_sent
+      << ", \"rounds_published\": " << s.rounds_published
+      << ", \"bytes_received\": " << s.bytes_received << ", \"bytes_sent\": " << s.bytes_sent
+      << ", \"engine_busy_ns\": " << s.engine_busy_ns << ", \"engine_threads\": [" << threads
+      << "]}\n";
+  if (!out) BP_LOG_WARN("bitpush-server: cannot write {}", path);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace bitpush;
+  std::string config_path;
+  std::string stats_path;
+  std::string log_level = "info";
+  long rank = -1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (arg == "--config" || arg == "--rank" || arg == "--stats-json" ||
+               arg == "--log-level") {
+      if (!has_value) return Usage(arg + " needs a value");
+      const std::string v = argv[++i];
+      if (arg == "--config") {
+        config_path = v;
+      } else if (arg == "--stats-json") {
+        stats_path = v;
+      } else if (arg == "--log-level") {
+        log_level = v;
+      } else {
+        char* end = nullptr;
+        rank = std::strtol(v.c_str(), &end, 10);
+        if (v.empty() || *end != '\0' || rank < 0) {
+          return Usage("--rank needs a non-negative integer, got '" + v + "'");
+        }
+      }
+    } else {
+      return Usage("unknown argument '" + arg + "'");
+    }
+  }
+  if (config_path.empty()) return Usage("--config is required");
+  if (rank < 0) return Usage("--rank is required");
+  if (!SetLogLevel(log_level)) return Usage("unknown log level '" + log_level + "'");
+
+  StatusOr<scheduler::ClusterConfig> config = scheduler::LoadClusterConfig(config_path);
+  if (!config.ok()) {
+    std::fprintf(stderr, "bitpush-server: config error: %s\n", config.status().message().c_str());
+    return 2;
+  }
+  if (static_cast<size_t>(rank) >= config->servers.size()) {
+    return Usage("--rank " + std::to_string(rank) + " but " + config_path + " lists " +
+                 std::to_string(config->servers.size()) + " server(s)");
+  }
+
+  // SIGINT/SIGTERM go to one thread (sigwait), never to a handler: blocked before any other
+  // thread exists. SIGUSR1 only wakes that thread at the end.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::atomic<server::Server*> running{nullptr};
+  std::atomic<bool> interrupted{false};
+  std::thread signal_thread([&] {
+    int sig = 0;
+    if (sigwait(&signals, &sig) != 0 || sig == SIGUSR1) return;
+    interrupted = true;
+    server::Server* s = running.load();
+    BP_LOG_WARN("bitpush-server: received {}; stopping", strsignal(sig));
+    if (s == nullptr) std::_Exit(1);  // still starting: nothing to lose
+    s->Close();
+  });
+
+  server::ServerOptions options;
+  options.cluster = *config;
+  options.rank = static_cast<uint32_t>(rank);
+  StatusOr<std::unique_ptr<server::Server>> srv = server::Server::Create(std::move(options));
+  if (!srv.ok()) {
+    pthread_kill(signal_thread.native_handle(), SIGUSR1);
+    signal_thread.join();
+    std::fprintf(stderr, "bitpush-server: error: %s\n", srv.status().ToString().c_str());
+    return 1;
+  }
+  running = srv->get();
+  // The cluster ends by the scheduler's Shutdown; the wait is bounded only by it (a dead
+  // scheduler is detected by the heartbeat timeout and ends the wait with an error).
+  Status result = (*srv)->Wait(std::chrono::hours(24 * 365));
+  running = nullptr;
+  if (!interrupted) pthread_kill(signal_thread.native_handle(), SIGUSR1);
+  signal_thread.join();
+  (*srv)->Close();
+  if (!stats_path.empty()) WriteStats(stats_path, **srv);
+  srv->reset();
+  if (interrupted) result = CancelledError("interrupted");
+  if (!result.ok()) {
+    std::fprintf(stderr, "bitpush-server: error: %s\n", result.ToString().c_str());
+    return 1;
+  }
+  BP_LOG_INFO("bitpush-server: clean shutdown");
+  return 0;
+}

@@ -1,0 +1,623 @@
+#include "server/server.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+
+#include "common/logging.h"
+#include "compressors/registry.h"
+#include "proto/bitpush/v1/control.pb.h"
+#include "scheduler/scheduler_client.h"
+#include "server/cpu_topology.h"
+#include "server/key_state.h"
+
+namespace bitpush::server {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using transport::Buffer;
+using transport::Message;
+using v1::DataHeader;
+
+// One data message for an engine thread.
+struct Task {
+  DataHeader header;
+  Message message;
+  uint32_t worker = 0;
+};
+
+std::optional<uint32_t> WorkerRank(const transport::PeerId& peer) {
+  static constexpr char kPrefix[] = "worker:";
+  constexpr size_t kLen = sizeof(kPrefix) - 1;
+  if (peer.size() <= kLen || peer.compare(0, kLen, kPrefix) != 0) return std::nullopt;
+  uint64_t v = 0;
+  for (size_t i = kLen; i < peer.size(); ++i) {
+    if (peer[i] < '0' || peer[i] > '9' || v > 0xffffffffull) return std::nullopt;
+    v = v * 10 + static_cast<uint64_t>(peer[i] - '0');
+  }
+  if (v > 0xffffffffull) return std::nullopt;
+  return static_cast<uint32_t>(v);
+}
+
+std::string DescribeDeclaration(const v1::TensorDeclaration& t) {
+  const std::string dtype = t.dtype() < static_cast<uint32_t>(kNumDTypes)
+                                ? std::string(DTypeName(static_cast<DType>(t.dtype())))
+                                : fmt::format("dtype#{}", t.dtype());
+  return fmt::format("'{}' ({} x {}, {}, {})", t.name(), t.elements(), dtype, t.compression(),
+                     t.sum() ? "sum" : "average");
+}
+
+bool SameDeclaration(const v1::TensorDeclaration& a, const v1::TensorDeclaration& b) {
+  return a.index() == b.index() && a.name() == b.name() && a.elements() == b.elements() &&
+         a.dtype() == b.dtype() && a.compression() == b.compression() && a.sum() == b.sum();
+}
+
+}  // namespace
+
+class Server::Impl {
+ public:
+  explicit Impl(ServerOptions options) : options_(std::move(options)) {}
+  ~Impl() { Close(); }
+
+  Status Start();
+  Status Wait(std::chrono::milliseconds timeout) { return client_->WaitForShutdown(timeout); }
+  void Close();
+
+  uint32_t rank() const { return options_.rank; }
+  ServerStats stats() const;
+  std::vector<EngineThreadInfo> engine_threads() const;
+
+ private:
+  struct KeyEntry {
+    std::unique_ptr<KeyState> state;
+    DataHeader init;  // the first OP_INIT_KEY (later ones must match it)
+    // Pushes accepted whose round is not published yet: (worker, round) to answer.
+    std::vector<std::pair<uint32_t, uint64_t>> waiting;
+  };
+
+  struct Engine {
+    std::thread thread;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Task> queue;  // guarded by mu
+    bool stop = false;       // guarded by mu
+    CpuSlot slot;
+    bool pin = false;
+    std::atomic<uint64_t> keys{0};
+    std::atomic<uint64_t> load{0};
+    // Owned by the engine thread alone (no lock on key data).
+    std::unordered_map<uint64_t, KeyEntry> key_states;
+  };
+
+  // A declaration epoch being collected (server 0, I/O thread).
+  struct DeclareEpoch {
+    std::vector<std::optional<v1::TensorManifest>> manifests;
+    uint32_t received = 0;
+  };
+
+  // I/O thread.
+  void OnPeerMessage(transport::Received&& received);
+  void Dispatch(transport::Received&& received);  // caller holds dispatch_mu_
+  void HandleDeclare(uint32_t worker, const DataHeader& header, const Message& message);
+
+  // Engine threads.
+  void EngineLoop(Engine& engine);
+  void HandleInit(Engine& engine, const Task& task);
+  void HandlePush(Engine& engine, Task& task);
+  void ServeWaiting(KeyEntry& entry);
+
+  // Any thread.
+  void SendError(uint32_t worker, uint64_t key, uint64_t round, const Status& status);
+  void SendToWorker(uint32_t worker, DataHeader header, std::vector<Buffer> frames);
+
+  const ServerOptions options_;
+  std::unique_ptr<scheduler::SchedulerClient> client_;
+  std::vector<std::unique_ptr<Engine>> engines_;
+  uint32_t num_workers_ = 0;  // set before ready_
+
+  std::mutex dispatch_mu_;
+  bool ready_ = false;                                // guarded by dispatch_mu_
+  std::vector<transport::Received> backlog_;          // guarded by dispatch_mu_
+  std::unordered_map<uint64_t, uint32_t> placement_;  // guarded by dispatch_mu_
+  std::map<uint64_t, DeclareEpoch> declare_epochs_;   // guarded by dispatch_mu_
+
+  std::atomic<uint64_t> pushes_accepted_{0};
+  std::atomic<uint64_t> pushes_rejected_{0};
+  std::atomic<uint64_t> replies_sent_{0};
+  std::atomic<uint64_t> rounds_published_{0};
+  std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> engine_busy_ns_{0};
+  std::atomic<uint64_t> keys_{0};
+  std::atomic<bool> closed_{false};
+};
+
+Status Server::Impl::Start() {
+  const scheduler::ClusterConfig& cluster = options_.cluster;
+  if (options_.rank >= cluster.servers.size()) {
+    return InvalidArgumentError(fmt::format("server rank {} is not in the config ({} servers)",
+                                            options_.rank, cluster.servers.size()));
+  }
+  const scheduler::ServerSettings& settings = cluster.server;
+  size_t threads = settings.engine_threads;
+  if (threads == 0) threads = std::clamp<size_t>(AllowedCpuCount() - 1, 1, 8);
+
+  std::vector<CpuSlot> plan;
+  if (settings.numa != "off") {
+    StatusOr<std::vector<CpuSlot>> cores = ProcessCores();
+    if (cores.ok()) {
+      plan = PlanEngineThreads(*cores, threads, options_.rank);
+    } else if (settings.numa == "on") {
+      return cores.status().WithContext("server.numa is on");
+    } else {
+      BP_LOG_WARN("server {}: engine threads not pinned: {}", options_.rank,
+                  cores.status().ToString());
+    }
+  }
+  for (size_t i = 0; i < threads; ++i) {
+    auto e = std::make_unique<Engine>();
+    if (!plan.empty()) {
+      e->slot = plan[i];
+      e->pin = true;
+    }
+    engines_.push_back(std::move(e));
+  }
+  for (auto& e : engines_) {
+    Engine* engine = e.get();
+    engine->thread = std::thread([this, engine] { EngineLoop(*engine); });
+  }
+
+  scheduler::SchedulerClientOptions co;
+  co.cluster = cluster;
+  co.role = v1::ROLE_SERVER;
+  co.rank = options_.rank;
+  co.inproc_hub = options_.inproc_hub;
+  co.capabilities = {"data:v1"};
+  co.on_peer_message = [this](transport::Received&& r) { OnPeerMessage(std::move(r)); };
+  co.on_error = [rank = options_.rank](const Status& s) {
+    BP_LOG_ERROR("server {}: {}", rank, s.ToString());
+  };
+  BP_ASSIGN_OR_RETURN(client_, scheduler::SchedulerClient::Create(std::move(co)));
+  BP_RETURN_IF_ERROR(client_->Register());
+
+  const v1::Assignment& a = client_->assignment();
+  std::vector<transport::Received> backlog;
+  {
+    std::lock_guard<std::mutex> lock(dispatch_mu_);
+    num_workers_ = static_cast<uint32_t>(a.workers_size());
+    for (int i = 0; i < a.workers_size(); ++i) {
+      const std::string peer = scheduler::NodePeerId(v1::ROLE_WORKER, static_cast<uint32_t>(i));
+      BP_RETURN_IF_ERROR(client_->transport().Connect(peer, a.workers(i).address()));
+    }
+    ready_ = true;
+    for (transport::Received& r : backlog_) Dispatch(std::move(r));
+    backlog_.clear();
+  }
+  BP_LOG_INFO("server {}: serving {} workers with {} engine threads{}", options_.rank, num_workers_,
+              engines_.size(),
+              plan.empty() ? " (not pinned)" : fmt::format(" pinned to CPUs {}", [&] {
+                std::string s;
+                for (const CpuSlot& c : plan) {
+                  s += (s.empty() ? "" : ",") + std::to_string(c.cpu);
+                }
+                return s;
+              }()));
+  return Status::Ok();
+}
+
+void Server::Impl::Close() {
+  if (closed_.exchange(true)) return;
+  if (client_) client_->Close();  // joins the I/O thread: nothing new is queued after this
+  for (auto& e : engines_) {
+    {
+      std::lock_guard<std::mutex> lock(e->mu);
+      e->stop = true;
+    }
+    e->cv.notify_all();
+  }
+  for (auto& e : engines_) {
+    if (e->thread.joinable()) e->thread.join();
+  }
+}
+
+ServerStats Server::Impl::stats() const {
+  ServerStats s;
+  s.keys = keys_.load();
+  s.pushes_accepted = pushes_accepted_.load();
+  s.pushes_rejected = pushes_rejected_.load();
+  s.replies_sent = replies_sent_.load();
+  s.rounds_published = rounds_published_.load();
+  s.bytes_received = bytes_received_.load();
+  s.bytes_sent = bytes_sent_.load();
+  s.engine_busy_ns = engine_busy_ns_.load();
+  return s;
+}
+
+std::vector<EngineThreadInfo> Server::Impl::engine_threads() const {
+  std::vector<EngineThreadInfo> out;
+  for (const auto& e : engines_) {
+    EngineThreadInfo info;
+    if (e->pin) {
+      info.cpu = e->slot.cpu;
+      info.numa_node = e->slot.numa_node;
+    }
+    info.keys = e->keys.load();
+    info.load = e->load.load();
+    out.push_back(info);
+  }
+  return out;
+}
+
+// ---- I/O thread ----
+
+void Server::Impl::OnPeerMessage(transport::Received&& received) {
+  std::lock_guard<std::mutex> lock(dispatch_mu_);
+  if (!ready_) {  // a worker's message overtook our own assignment: keep it, in order
+    backlog_.push_back(std::move(received));
+    return;
+  }
+  Dispatch(std::move(received));
+}
+
+void Server::Impl::Dispatch(transport::Received&& received) {
+  if (!received.is_message()) {
+    const transport::TransportEvent& ev = received.event();
+    if (ev.kind != transport::TransportEvent::Kind::kPeerConnected) {
+      BP_LOG_WARN("server {}: {}: {}", options_.rank, received.from, ev.status.ToString());
+    }
+    return;
+  }
+  const std::optional<uint32_t> worker = WorkerRank(received.from);
+  if (!worker || *worker >= num_workers_) {
+    ++pushes_rejected_;
+    BP_LOG_WARN("server {}: dropped a data message from '{}', which is not a worker of the cluster",
+                options_.rank, received.from);
+    return;
+  }
+  Message& msg = received.message();
+  DataHeader header;
+  if (!header.ParseFromString(msg.header)) {
+    SendError(
+        *worker, 0, 0,
+        DataLossError(fmt::format("server {}: malformed data header from worker {} ({} bytes)",
+                                  options_.rank, *worker, msg.header.size())));
+    return;
+  }
+  if (header.sender() != *worker) {
+    SendError(*worker, header.key(), header.round(),
+              InvalidArgumentError(fmt::format("message from worker {} claims to be from worker {}",
+                                               *worker, header.sender())));
+    return;
+  }
+  switch (header.op()) {
+    case DataHeader::OP_DECLARE: HandleDeclare(*worker, header, msg); return;
+    case DataHeader::OP_INIT_KEY: {
+      auto it = placement_.find(header.key());
+      if (it == placement_.end()) {
+        // Least weighted load wins; compressed keys weigh more (paper 001 §4.2.4).
+        uint32_t best = 0;
+        for (uint32_t i = 1; i < engines_.size(); ++i) {
+          if (engines_[i]->load.load() < engines_[best]->load.load()) best = i;
+        }
+        const bool compressed = header.compressor_config().id() != v1::COMPRESSOR_ID_NONE;
+        const uint64_t weight = std::max<uint64_t>(1, header.element_count() * 4) *
+                                (compressed ? kCompressedKeyWeight : 1);
+        engines_[best]->load += weight;
+        ++engines_[best]->keys;
+        ++keys_;
+        it = placement_.emplace(header.key(), best).first;
+      }
+      Engine& e = *engines_[it->second];
+      {
+        std::lock_guard<std::mutex> lock(e.mu);
+        e.queue.push_back(Task{std::move(header), std::move(msg), *worker});
+      }
+      e.cv.notify_one();
+      return;
+    }
+    case DataHeader::OP_PUSH: {
+      auto it = placement_.find(header.key());
+      if (it == placement_.end()) {
+        SendError(*worker, header.key(), header.round(),
+                  NotFoundError(fmt::format("key {} is unknown here: no OP_INIT_KEY declared it "
+                                            "(push from worker {}, round {})",
+                                            header.key(), *worker, header.round())));
+        return;
+      }
+      Engine& e = *engines_[it->second];
+      {
+        std::lock_guard<std::mutex> lock(e.mu);
+        e.queue.push_back(Task{std::move(header), std::move(msg), *worker});
+      }
+      e.cv.notify_one();
+      return;
+    }
+    default:
+      SendError(*worker, header.key(), header.round(),
+                InvalidArgumentError(fmt::format("unexpected data op {} from worker {}",
+                                                 DataHeader::Op_Name(header.op()), *worker)));
+      return;
+  }
+}
+
+void Server::Impl::HandleDeclare(uint32_t worker, const DataHeader& header,
+                                 const Message& message) {
+  if (options_.rank != 0) {
+    SendError(worker, 0, header.round(),
+              FailedPreconditionError(fmt::format(
+                  "tensor declarations go to server 0, but worker {} sent them to server {}",
+                  worker, options_.rank)));
+    return;
+  }
+  v1::TensorManifest manifest;
+  if (message.frames.size() != 1 ||
+      !manifest.ParseFromArray(message.frames[0].data(),
+                               static_cast<int>(message.frames[0].size()))) {
+    SendError(worker, 0, header.round(),
+              DataLossError(fmt::format("malformed tensor manifest from worker {} (epoch {})",
+                                        worker, header.round())));
+    return;
+  }
+  DeclareEpoch& epoch = declare_epochs_[header.round()];
+  if (epoch.manifests.empty()) epoch.manifests.resize(num_workers_);
+  if (epoch.manifests[worker]) {
+    SendError(worker, 0, header.round(),
+              InvalidArgumentError(
+                  fmt::format("worker {} declared epoch {} twice", worker, header.round())));
+    return;
+  }
+  epoch.manifests[worker] = std::move(manifest);
+  if (++epoch.received < num_workers_) return;
+
+  // Every worker's manifest is here: compare them tensor by tensor.
+  std::string difference;
+  const v1::TensorManifest& ref = *epoch.manifests[0];
+  int longest = 0;
+  for (const auto& m : epoch.manifests) longest = std::max(longest, m->tensors_size());
+  for (int i = 0; i < longest && difference.empty(); ++i) {
+    for (uint32_t w = 1; w < num_workers_ && difference.empty(); ++w) {
+      const v1::TensorManifest& other = *epoch.manifests[w];
+      const bool have_ref = i < ref.tensors_size();
+      const bool have_other = i < other.tensors_size();
+      if (have_ref && have_other && SameDeclaration(ref.tensors(i), other.tensors(i))) continue;
+      const uint32_t index = have_ref ? ref.tensors(i).index() : other.tensors(i).index();
+      difference = fmt::format(
+          "tensor declarations differ between workers: tensor #{}: worker 0 declared {} but "
+          "worker {} declared {}",
+          index, have_ref ? DescribeDeclaration(ref.tensors(i)) : "nothing", w,
+          have_other ? DescribeDeclaration(other.tensors(i)) : "nothing");
+    }
+  }
+  const uint64_t epoch_id = header.round();
+  declare_epochs_.erase(epoch_id);
+  for (uint32_t w = 0; w < num_workers_; ++w) {
+    if (!difference.empty()) {
+      SendError(w, 0, epoch_id, InvalidArgumentError(difference));
+      continue;
+    }
+    DataHeader reply;
+    reply.set_op(DataHeader::OP_DECLARE_REPLY);
+    reply.set_round(epoch_id);
+    SendToWorker(w, std::move(reply), {});
+  }
+  if (!difference.empty()) BP_LOG_ERROR("server 0: {}", difference);
+}
+
+// ---- engine threads ----
+
+void Server::Impl::EngineLoop(Engine& engine) {
+  if (engine.pin) {
+    const Status pinned = PinCurrentThread(engine.slot.cpu);
+    if (!pinned.ok()) {
+      BP_LOG_WARN("server {}: {}", options_.rank, pinned.ToString());
+      engine.pin = false;
+    }
+  }
+  std::unique_lock<std::mutex> lock(engine.mu);
+  for (;;) {
+    engine.cv.wait(lock, [&] { return engine.stop || !engine.queue.empty(); });
+    if (engine.stop) return;
+    Task task = std::move(engine.queue.front());
+    engine.queue.pop_front();
+    lock.unlock();
+    const Clock::time_point start = Clock::now();
+    if (task.header.op() == DataHeader::OP_INIT_KEY) {
+      HandleInit(engine, task);
+    } else {
+      HandlePush(engine, task);
+    }
+    engine_busy_ns_ += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+    lock.lock();
+  }
+}
+
+void Server::Impl::HandleInit(Engine& engine, const Task& task) {
+  const DataHeader& h = task.header;
+  auto it = engine.key_states.find(h.key());
+  if (it != engine.key_states.end()) {
+    const DataHeader& first = it->second.init;
+    if (first.element_count() != h.element_count() || first.dtype() != h.dtype() ||
+        first.compressor_config().SerializeAsString() !=
+            h.compressor_config().SerializeAsString() ||
+        first.server_residual() != h.server_residual() || first.sum() != h.sum()) {
+      SendError(task.worker, h.key(), 0,
+                InvalidArgumentError(fmt::format(
+                    "key {} (tensor '{}'): worker {} declared {} elements of dtype {} with {} "
+                    "but another worker declared {} elements of dtype {} with {}",
+                    h.key(), h.tensor(), task.worker, h.element_count(), h.dtype(),
+                    compressors::CompressorSpecString(h.compressor_config()), first.element_count(),
+                    first.dtype(), compressors::CompressorSpecString(first.compressor_config()))));
+    }
+    return;
+  }
+  if (h.dtype() >= static_cast<uint32_t>(kNumDTypes)) {
+    SendError(task.worker, h.key(), 0,
+              InvalidArgumentError(fmt::format("key {}: unknown dtype {}", h.key(), h.dtype())));
+    return;
+  }
+  KeySpec spec;
+  spec.key = h.key();
+  spec.elements = h.element_count();
+  spec.dtype = static_cast<DType>(h.dtype());
+  spec.compressor = h.compressor_config();
+  spec.server_residual = h.server_residual();
+  spec.num_workers = num_workers_;
+  spec.average = !h.sum();
+  // Created on this (pinned) thread: first touch puts the key's buffers on its NUMA node.
+  StatusOr<std::unique_ptr<KeyState>> state = KeyState::Create(spec);
+  if (!state.ok()) {
+    SendError(task.worker, h.key(), 0,
+              state.status().WithContext(fmt::format("key {} (tensor '{}')", h.key(), h.tensor())));
+    return;
+  }
+  KeyEntry entry;
+  entry.state = std::move(state).value();
+  entry.init = h;
+  engine.key_states.emplace(h.key(), std::move(entry));
+}
+
+void Server::Impl::HandlePush(Engine& engine, Task& task) {
+  const DataHeader& h = task.header;
+  auto it = engine.key_states.find(h.key());
+  if (it == engine.key_states.end()) {
+    SendError(task.worker, h.key(), h.round(),
+              NotFoundError(fmt::format("key {} is unknown here: its OP_INIT_KEY was refused "
+                                        "(push from worker {}, round {})",
+                                        h.key(), task.worker, h.round())));
+    return;
+  }
+  KeyEntry& entry = it->second;
+  const std::vector<Buffer>& frames = task.message.frames;
+  if (frames.size() != 1 || frames[0].size() != h.byte_count()) {
+    SendError(task.worker, h.key(), h.round(),
+              DataLossError(fmt::format(
+                  "key {}: push from worker {} in round {} has {} frame(s) of {} bytes, but its "
+                  "header announces one frame of {} bytes",
+                  h.key(), task.worker, h.round(), frames.size(),
+                  frames.empty() ? 0 : frames[0].size(), h.byte_count())));
+    return;
+  }
+  const v1::CompressorId key_compressor = entry.state->spec().compressor.id();
+  if (h.compressor() != key_compressor || h.element_count() != entry.state->spec().elements) {
+    SendError(task.worker, h.key(), h.round(),
+              InvalidArgumentError(fmt::format(
+                  "key {}: worker {} pushed {} elements compressed with {} but the key holds {} "
+                  "elements compressed with {}",
+                  h.key(), task.worker, h.element_count(),
+                  compressors::CompressorName(h.compressor()), entry.state->spec().elements,
+                  compressors::CompressorSpecString(entry.state->spec().compressor))));
+    return;
+  }
+  const uint64_t published_before = entry.state->stats().rounds_published;
+  const Status pushed = entry.state->Push(task.worker, h.round(), frames[0]);
+  if (!pushed.ok()) {
+    SendError(task.worker, h.key(), h.round(), pushed);
+    return;
+  }
+  ++pushes_accepted_;
+  bytes_received_ += frames[0].size();
+  entry.waiting.emplace_back(task.worker, h.round());
+  for (const KeyState::LateRejection& late : entry.state->TakeLateRejections()) {
+    --pushes_accepted_;
+    auto w = std::find(entry.waiting.begin(), entry.waiting.end(),
+                       std::make_pair(late.worker, late.round));
+    if (w != entry.waiting.end()) entry.waiting.erase(w);
+    SendError(late.worker, h.key(), late.round, late.status);
+  }
+  rounds_published_ += entry.state->stats().rounds_published - published_before;
+  ServeWaiting(entry);
+}
+
+void Server::Impl::ServeWaiting(KeyEntry& entry) {
+  KeyState& state = *entry.state;
+  for (size_t i = 0; i < entry.waiting.size();) {
+    const auto [worker, round] = entry.waiting[i];
+    if (!state.RoundPublished(round)) {
+      ++i;
+      continue;
+    }
+    StatusOr<Buffer> payload = state.Pull(worker, round);
+    entry.waiting.erase(entry.waiting.begin() + static_cast<std::ptrdiff_t>(i));
+    if (!payload.ok()) {
+      SendError(worker, state.spec().key, round, payload.status());
+      continue;
+    }
+    DataHeader reply;
+    reply.set_op(DataHeader::OP_PULL_REPLY);
+    reply.set_key(state.spec().key);
+    reply.set_round(round);
+    reply.set_compressor(state.spec().compressor.id());
+    reply.set_element_count(state.spec().elements);
+    reply.set_dtype(static_cast<uint32_t>(DType::kFloat32));
+    reply.set_byte_count(payload->size());
+    bytes_sent_ += payload->size();
+    ++replies_sent_;
+    SendToWorker(worker, std::move(reply), {std::move(payload).value()});
+  }
+}
+
+// ---- any thread ----
+
+void Server::Impl::SendError(uint32_t worker, uint64_t key, uint64_t round, const Status& status) {
+  ++pushes_rejected_;
+  BP_LOG_WARN("server {}: refused a request from worker {}: {}", options_.rank, worker,
+              status.ToString());
+  DataHeader h;
+  h.set_op(DataHeader::OP_ERROR);
+  h.set_key(key);
+  h.set_round(round);
+  h.set_error(status.message());
+  h.set_error_code(static_cast<uint32_t>(status.code()));
+  SendToWorker(worker, std::move(h), {});
+}
+
+void Server::Impl::SendToWorker(uint32_t worker, DataHeader header, std::vector<Buffer> frames) {
+  header.set_sender(options_.rank);
+  Message m;
+  m.header = header.SerializeAsString();
+  m.frames = std::move(frames);
+  const Status sent =
+      client_->transport().Send(scheduler::NodePeerId(v1::ROLE_WORKER, worker), std::move(m));
+  if (!sent.ok()) {
+    BP_LOG_WARN("server {}: cannot answer worker {}: {}", options_.rank, worker, sent.ToString());
+  }
+}
+
+// ---- Server ----
+
+StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  BP_RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Server::~Server() = default;
+Status Server::Wait(std::chrono::milliseconds timeout) {
+  return impl_->Wait(timeout);
+}
+void Server::Close() {
+  impl_->Close();
+}
+uint32_t Server::rank() const {
+  return impl_->rank();
+}
+ServerStats Server::stats() const {
+  return impl_->stats();
+}
+std::vector<EngineThreadInfo> Server::engine_threads() const {
+  return impl_->engine_threads();
+}
+
+}  // namespace bitpush::server

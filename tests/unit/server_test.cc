@@ -1,0 +1,469 @@
+// The server node over the inproc transport, driven by hand-built data messages from "raw"
+// workers (SchedulerClients registered as workers that send DataHeaders directly): replies
+// equal a reference, bad requests are refused with errors and counters while the server keeps
+// serving, declarations are compared across workers, keys are placed by weighted load, engine
+// threads are pinned unless server.numa is off.
+#include "server/server.h"
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "compressors/registry.h"
+#include "proto/bitpush/v1/control.pb.h"
+#include "scheduler/scheduler.h"
+#include "scheduler/scheduler_client.h"
+#include "tests/unit/compressor_test_util.h"
+#include "tests/unit/test_util.h"
+
+namespace bitpush::server {
+namespace {
+
+using namespace std::chrono_literals;
+using bitpush::testing::RandomFloats;
+using transport::Buffer;
+using transport::Message;
+using v1::DataHeader;
+
+struct Received {
+  DataHeader header;
+  Message message;
+};
+
+// A worker that speaks the data protocol by hand.
+class RawWorker {
+ public:
+  Status Start(const scheduler::ClusterConfig& cluster, uint32_t rank,
+               std::shared_ptr<transport::InprocHub> hub) {
+    rank_ = rank;
+    scheduler::SchedulerClientOptions o;
+    o.cluster = cluster;
+    o.role = v1::ROLE_WORKER;
+    o.rank = rank;
+    o.inproc_hub = std::move(hub);
+    o.on_peer_message = [this](transport::Received&& r) {
+      if (!r.is_message()) return;
+      Received got;
+      if (!got.header.ParseFromString(r.message().header)) return;
+      got.message = std::move(r.message());
+      std::lock_guard<std::mutex> lock(mu_);
+      inbox_.push_back(std::move(got));
+      cv_.notify_all();
+    };
+    BP_ASSIGN_OR_RETURN(client_, scheduler::SchedulerClient::Create(std::move(o)));
+    BP_RETURN_IF_ERROR(client_->Register());
+    const v1::Assignment& a = client_->assignment();
+    for (int i = 0; i < a.servers_size(); ++i) {
+      BP_RETURN_IF_ERROR(client_->transport().Connect(
+          scheduler::NodePeerId(v1::ROLE_SERVER, static_cast<uint32_t>(i)),
+          a.servers(i).address()));
+    }
+    return Status::Ok();
+  }
+
+  Status Send(uint32_t server, DataHeader h, std::vector<Buffer> frames = {},
+              bool fix_sender = true) {
+    if (fix_sender) h.set_sender(rank_);
+    Message m;
+    m.header = h.SerializeAsString();
+    m.frames = std::move(frames);
+    return client_->transport().Send(scheduler::NodePeerId(v1::ROLE_SERVER, server), std::move(m));
+  }
+  Status SendRaw(uint32_t server, std::string header) {
+    Message m;
+    m.header = std::move(header);
+    return client_->transport().Send(scheduler::NodePeerId(v1::ROLE_SERVER, server), std::move(m));
+  }
+
+  // The next data message (bounded).
+  std::optional<Received> Next(std::chrono::milliseconds timeout = 5s) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return !inbox_.empty(); })) return std::nullopt;
+    Received r = std::move(inbox_.front());
+    inbox_.pop_front();
+    return r;
+  }
+
+  scheduler::SchedulerClient& client() { return *client_; }
+
+ private:
+  uint32_t rank_ = 0;
+  std::unique_ptr<scheduler::SchedulerClient> client_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Received> inbox_;
+};
+
+// Scheduler thread + S servers + W raw workers over one InprocHub.
+class MiniCluster {
+ public:
+  MiniCluster(uint32_t servers, uint32_t workers, scheduler::ServerSettings settings = {}) {
+    config_.source = "server_test";
+    config_.transport = "inproc";
+    config_.scheduler_address = "inproc://scheduler";
+    for (uint32_t i = 0; i < servers; ++i) {
+      config_.servers.push_back("inproc://" + scheduler::NodePeerId(v1::ROLE_SERVER, i));
+    }
+    for (uint32_t i = 0; i < workers; ++i) {
+      config_.workers.push_back("inproc://" + scheduler::NodePeerId(v1::ROLE_WORKER, i));
+    }
+    config_.heartbeat_interval = 50ms;
+    config_.heartbeat_timeout = 1000ms;
+    config_.startup_timeout = 10000ms;
+    config_.server = settings;
+    workers_.resize(workers);
+    servers_.resize(servers);
+  }
+
+  ~MiniCluster() {
+    for (auto& w : workers_) {
+      if (w) w->client().Close();
+    }
+    for (auto& s : servers_) {
+      if (s) s->Close();
+    }
+    if (scheduler_) scheduler_->Stop();
+    if (scheduler_thread_.joinable()) scheduler_thread_.join();
+  }
+
+  Status Start() {
+    BP_ASSIGN_OR_RETURN(scheduler_, scheduler::Scheduler::Create({config_, hub_}));
+    scheduler_thread_ = std::thread([this] { scheduler_result_ = scheduler_->Run(); });
+    std::vector<std::future<Status>> starts;
+    for (uint32_t i = 0; i < servers_.size(); ++i) {
+      starts.push_back(std::async(std::launch::async, [this, i]() -> Status {
+        ServerOptions o;
+        o.cluster = config_;
+        o.rank = i;
+        o.inproc_hub = hub_;
+        BP_ASSIGN_OR_RETURN(servers_[i], Server::Create(std::move(o)));
+        return Status::Ok();
+      }));
+    }
+    for (uint32_t i = 0; i < workers_.size(); ++i) {
+      starts.push_back(std::async(std::launch::async, [this, i]() -> Status {
+        workers_[i] = std::make_unique<RawWorker>();
+        return workers_[i]->Start(config_, i, hub_);
+      }));
+    }
+    Status first;
+    for (auto& f : starts) {
+      Status s = f.get();
+      if (first.ok() && !s.ok()) first = s;
+    }
+    return first;
+  }
+
+  RawWorker& worker(uint32_t i) { return *workers_[i]; }
+  Server& server(uint32_t i) { return *servers_[i]; }
+  uint32_t OwnerOf(uint64_t key) { return workers_[0]->client().ServerForKey(key); }
+
+ private:
+  scheduler::ClusterConfig config_;
+  std::shared_ptr<transport::InprocHub> hub_ = transport::NewInprocHub();
+  std::unique_ptr<scheduler::Scheduler> scheduler_;
+  std::thread scheduler_thread_;
+  Status scheduler_result_;
+  std::vector<std::unique_ptr<Server>> servers_;
+  std::vector<std::unique_ptr<RawWorker>> workers_;
+};
+
+DataHeader Init(uint64_t key, size_t elements, const std::string& spec, bool server_ef = false) {
+  DataHeader h;
+  h.set_op(DataHeader::OP_INIT_KEY);
+  h.set_key(key);
+  h.set_element_count(elements);
+  h.set_dtype(static_cast<uint32_t>(DType::kFloat32));
+  *h.mutable_compressor_config() = *compressors::ParseCompressorSpec(spec);
+  h.set_server_residual(server_ef);
+  h.set_tensor("t" + std::to_string(key));
+  return h;
+}
+
+std::pair<DataHeader, std::vector<Buffer>> Push(uint64_t key, uint64_t round,
+                                                const std::vector<uint8_t>& payload,
+                                                v1::CompressorId id, size_t elements) {
+  DataHeader h;
+  h.set_op(DataHeader::OP_PUSH);
+  h.set_key(key);
+  h.set_round(round);
+  h.set_compressor(id);
+  h.set_element_count(elements);
+  h.set_dtype(static_cast<uint32_t>(DType::kFloat32));
+  h.set_byte_count(payload.size());
+  return {h, {Buffer::Copy(payload.data(), payload.size())}};
+}
+
+std::vector<uint8_t> CompressFloats(const std::string& spec, const std::vector<float>& g,
+                                    uint64_t key, uint64_t round) {
+  auto c = std::move(compressors::CreateCompressor(spec)).value();
+  return bitpush::testing::Compress(*c, ConstTensorView(g.data(), g.size()), {key, round});
+}
+
+// Pushes a good round of `none` from every worker of `c` and checks each gets the average.
+void ExpectGoodRound(MiniCluster& c, uint32_t workers, uint64_t key, uint64_t round, size_t n) {
+  const uint32_t owner = c.OwnerOf(key);
+  std::vector<std::vector<float>> g;
+  for (uint32_t w = 0; w < workers; ++w) {
+    g.push_back(RandomFloats(n, 1000 * round + w));
+    auto [h, frames] =
+        Push(key, round, CompressFloats("none", g[w], key, round), v1::COMPRESSOR_ID_NONE, n);
+    ASSERT_TRUE(c.worker(w).Send(owner, h, frames).ok());
+  }
+  for (uint32_t w = 0; w < workers; ++w) {
+    auto r = c.worker(w).Next();
+    ASSERT_TRUE(r.has_value()) << "worker " << w << " got no reply";
+    ASSERT_EQ(r->header.op(), DataHeader::OP_PULL_REPLY) << r->header.error();
+    EXPECT_EQ(r->header.key(), key);
+    EXPECT_EQ(r->header.round(), round);
+    ASSERT_EQ(r->message.frames.size(), 1u);
+    std::vector<float> out(n);
+    auto codec = std::move(compressors::CreateCompressor("none")).value();
+    ASSERT_TRUE(codec->Decompress(r->message.frames[0].span(), TensorView(out.data(), n)).ok());
+    for (size_t i = 0; i < n; ++i) {
+      float sum = 0.0f;
+      for (uint32_t k = 0; k < workers; ++k) sum += g[k][i];
+      const float want = workers > 1 ? sum * (1.0f / static_cast<float>(workers)) : sum;
+      ASSERT_EQ(out[i], want) << "element " << i;
+    }
+  }
+}
+
+TEST(Server, PushesAreAggregatedAndEveryWorkerGetsTheSameReply) {
+  MiniCluster c(2, 3);
+  ASSERT_TRUE(c.Start().ok());
+  for (uint64_t key : {7ull, 8ull, 9ull}) {
+    for (uint32_t w = 0; w < 3; ++w) {
+      ASSERT_TRUE(c.worker(w).Send(c.OwnerOf(key), Init(key, 100, "none")).ok());
+    }
+  }
+  for (uint64_t round = 0; round < 3; ++round) {
+    for (uint64_t key : {7ull, 8ull, 9ull}) ExpectGoodRound(c, 3, key, round, 100);
+  }
+  const ServerStats s = c.server(0).stats();
+  const ServerStats t = c.server(1).stats();
+  EXPECT_EQ(s.keys + t.keys, 3u);
+  EXPECT_EQ(s.pushes_accepted + t.pushes_accepted, 27u);
+  EXPECT_EQ(s.replies_sent + t.replies_sent, 27u);
+  EXPECT_EQ(s.rounds_published + t.rounds_published, 9u);
+  EXPECT_EQ(s.pushes_rejected + t.pushes_rejected, 0u);
+}
+
+// Algorithm 4 on the server: the reply equals the reference C(avg + ẽ) with ẽ carried over
+// rounds, for a biased compressor.
+TEST(Server, ServerResidualFollowsAlgorithm4) {
+  MiniCluster c(1, 2);
+  ASSERT_TRUE(c.Start().ok());
+  const size_t n = 300;
+  const std::string spec = "topk:ratio=0.05";
+  for (uint32_t w = 0; w < 2; ++w) ASSERT_TRUE(c.worker(w).Send(0, Init(5, n, spec, true)).ok());
+  auto codec = std::move(compressors::CreateCompressor(spec)).value();
+  std::vector<float> residual(n, 0.0f);
+  for (uint64_t round = 0; round < 5; ++round) {
+    std::vector<float> acc(n, 0.0f);
+    for (uint32_t w = 0; w < 2; ++w) {
+      const auto p = CompressFloats(spec, RandomFloats(n, 10 * round + w), 5, round);
+      ASSERT_TRUE(codec->DecompressAdd({p.data(), p.size()}, {acc.data(), n}).ok());
+      auto [h, frames] = Push(5, round, p, v1::COMPRESSOR_ID_TOPK, n);
+      ASSERT_TRUE(c.worker(w).Send(0, h, frames).ok());
+    }
+    for (float& v : acc) v *= 0.5f;
+    std::vector<uint8_t> want(codec->MaxCompressedBytes(n, DType::kFloat32));
+    auto bytes = codec->CompressWithFeedback(ConstTensorView(acc.data(), n), {residual.data(), n},
+                                             {5, round}, {want.data(), want.size()});
+    ASSERT_TRUE(bytes.ok());
+    want.resize(*bytes);
+    for (uint32_t w = 0; w < 2; ++w) {
+      auto r = c.worker(w).Next();
+      ASSERT_TRUE(r.has_value());
+      ASSERT_EQ(r->header.op(), DataHeader::OP_PULL_REPLY) << r->header.error();
+      const Buffer& f = r->message.frames.at(0);
+      ASSERT_EQ(std::vector<uint8_t>(f.data(), f.data() + f.size()), want) << "round " << round;
+    }
+  }
+}
+
+// Every kind of bad request gets an OP_ERROR naming the problem, is counted, and the server
+// goes on serving a good round of the same key afterwards.
+TEST(Server, BadPushesAreRefusedAndCountedAndTheServerKeepsServing) {
+  MiniCluster c(1, 2);
+  ASSERT_TRUE(c.Start().ok());
+  const size_t n = 64;
+  for (uint32_t w = 0; w < 2; ++w) ASSERT_TRUE(c.worker(w).Send(0, Init(1, n, "none")).ok());
+  RawWorker& bad = c.worker(1);
+  const auto good = CompressFloats("none", RandomFloats(n, 1), 1, 0);
+
+  auto expect_error = [&](StatusCode code, const std::string& needle) {
+    auto r = bad.Next();
+    ASSERT_TRUE(r.has_value()) << "no answer; expected an error with '" << needle << "'";
+    ASSERT_EQ(r->header.op(), DataHeader::OP_ERROR);
+    EXPECT_EQ(r->header.error_code(), static_cast<uint32_t>(code)) << r->header.error();
+    EXPECT_NE(r->header.error().find(needle), std::string::npos) << r->header.error();
+  };
+  uint64_t refusals = 0;
+
+  {  // unknown key
+    auto [h, f] = Push(99, 0, good, v1::COMPRESSOR_ID_NONE, n);
+    ASSERT_TRUE(bad.Send(0, h, f).ok());
+    expect_error(StatusCode::kNotFound, "key 99 is unknown");
+    ++refusals;
+  }
+  {  // wrong size: a payload of another element count
+    const auto small = CompressFloats("none", RandomFloats(n - 1, 2), 1, 0);
+    auto [h, f] = Push(1, 0, small, v1::COMPRESSOR_ID_NONE, n);
+    ASSERT_TRUE(bad.Send(0, h, f).ok());
+    expect_error(StatusCode::kInvalidArgument, "63 elements");
+    ++refusals;
+  }
+  {  // header says another element count
+    auto [h, f] = Push(1, 0, good, v1::COMPRESSOR_ID_NONE, n + 5);
+    ASSERT_TRUE(bad.Send(0, h, f).ok());
+    expect_error(StatusCode::kInvalidArgument, "69 elements");
+    ++refusals;
+  }
+  {  // wrong compressor id (header) and wrong compressor payload
+    auto [h, f] = Push(1, 0, good, v1::COMPRESSOR_ID_ONEBIT, n);
+    ASSERT_TRUE(bad.Send(0, h, f).ok());
+    expect_error(StatusCode::kInvalidArgument, "onebit");
+    ++refusals;
+    const auto onebit = CompressFloats("onebit", RandomFloats(n, 3), 1, 0);
+    auto [h2, f2] = Push(1, 0, onebit, v1::COMPRESSOR_ID_NONE, n);
+    ASSERT_TRUE(bad.Send(0, h2, f2).ok());
+    expect_error(StatusCode::kInvalidArgument, "onebit");
+    ++refusals;
+  }
+  {  // truncated payload: the frame is shorter than the header announces
+    auto [h, f] = Push(1, 0, good, v1::COMPRESSOR_ID_NONE, n);
+    h.set_byte_count(good.size() + 8);
+    ASSERT_TRUE(bad.Send(0, h, f).ok());
+    expect_error(StatusCode::kDataLoss, "announces one frame");
+    ++refusals;
+  }
+  {  // a sender field that is not the sending endpoint
+    auto [h, f] = Push(1, 0, good, v1::COMPRESSOR_ID_NONE, n);
+    h.set_sender(0);
+    ASSERT_TRUE(bad.Send(0, h, f, /*fix_sender=*/false).ok());
+    expect_error(StatusCode::kInvalidArgument, "claims to be from worker 0");
+    ++refusals;
+  }
+  {  // a header that is not a DataHeader
+    ASSERT_TRUE(bad.SendRaw(0, std::string("\xff\xff\xff\xff not protobuf", 18)).ok());
+    expect_error(StatusCode::kDataLoss, "malformed data header");
+    ++refusals;
+  }
+  {  // a good push, then the same round again: duplicate
+    auto [h, f] = Push(1, 0, good, v1::COMPRESSOR_ID_NONE, n);
+    ASSERT_TRUE(bad.Send(0, h, f).ok());
+    ASSERT_TRUE(bad.Send(0, h, f).ok());
+    expect_error(StatusCode::kInvalidArgument, "second push from worker 1 in round 0");
+    ++refusals;
+  }
+  EXPECT_EQ(c.server(0).stats().pushes_rejected, refusals);
+  // Worker 0 completes round 0: both get the reply (worker 1's good push was kept).
+  {
+    auto [h, f] = Push(1, 0, good, v1::COMPRESSOR_ID_NONE, n);
+    ASSERT_TRUE(c.worker(0).Send(0, h, f).ok());
+    for (uint32_t w = 0; w < 2; ++w) {
+      auto r = c.worker(w).Next();
+      ASSERT_TRUE(r.has_value());
+      EXPECT_EQ(r->header.op(), DataHeader::OP_PULL_REPLY) << r->header.error();
+    }
+  }
+  ExpectGoodRound(c, 2, 1, 1, n);  // and keeps serving
+  EXPECT_EQ(c.server(0).stats().pushes_rejected, refusals);
+}
+
+TEST(Server, DeclarationsAreComparedAcrossWorkers) {
+  MiniCluster c(2, 2);
+  ASSERT_TRUE(c.Start().ok());
+  auto manifest = [](std::vector<std::pair<std::string, uint64_t>> tensors) {
+    v1::TensorManifest m;
+    uint32_t i = 0;
+    for (auto& [name, n] : tensors) {
+      v1::TensorDeclaration* t = m.add_tensors();
+      t->set_index(i++);
+      t->set_name(name);
+      t->set_elements(n);
+      t->set_compression("none");
+    }
+    std::string bytes = m.SerializeAsString();
+    return std::vector<Buffer>{Buffer::Take(std::move(bytes))};
+  };
+  DataHeader h;
+  h.set_op(DataHeader::OP_DECLARE);
+  h.set_round(0);
+  ASSERT_TRUE(c.worker(0).Send(0, h, manifest({{"a", 10}, {"b", 20}})).ok());
+  ASSERT_TRUE(c.worker(1).Send(0, h, manifest({{"a", 10}, {"b", 20}})).ok());
+  for (uint32_t w = 0; w < 2; ++w) {
+    auto r = c.worker(w).Next();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->header.op(), DataHeader::OP_DECLARE_REPLY) << r->header.error();
+    EXPECT_EQ(r->header.round(), 0u);
+  }
+  h.set_round(1);
+  ASSERT_TRUE(c.worker(0).Send(0, h, manifest({{"c", 5}, {"d", 7}, {"e", 1}})).ok());
+  ASSERT_TRUE(c.worker(1).Send(0, h, manifest({{"c", 5}, {"d", 8}})).ok());
+  for (uint32_t w = 0; w < 2; ++w) {
+    auto r = c.worker(w).Next();
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->header.op(), DataHeader::OP_ERROR);
+    EXPECT_EQ(r->header.error_code(), static_cast<uint32_t>(StatusCode::kInvalidArgument));
+    EXPECT_NE(r->header.error().find("tensor #1: worker 0 declared 'd' (7 x float32, none, "
+                                     "average) but worker 1 declared 'd' (8 x float32"),
+              std::string::npos)
+        << r->header.error();
+  }
+  // Declarations go to server 0 only.
+  ASSERT_TRUE(c.worker(0).Send(1, h, manifest({{"x", 1}})).ok());
+  auto r = c.worker(0).Next();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->header.op(), DataHeader::OP_ERROR);
+  EXPECT_NE(r->header.error().find("go to server 0"), std::string::npos) << r->header.error();
+}
+
+// Keys go to the engine thread with the least weighted load; a compressed key weighs
+// kCompressedKeyWeight times its bytes.
+TEST(Server, KeysArePlacedByWeightedLoad) {
+  scheduler::ServerSettings settings;
+  settings.engine_threads = 2;
+  settings.numa = "off";
+  MiniCluster c(1, 1, settings);
+  ASSERT_TRUE(c.Start().ok());
+  RawWorker& w = c.worker(0);
+  ASSERT_TRUE(w.Send(0, Init(1, 1000, "onebit")).ok());  // thread 0: 4000 * 4
+  for (uint64_t key = 2; key <= 5; ++key) {              // 4000 each: all on thread 1
+    ASSERT_TRUE(w.Send(0, Init(key, 1000, "none")).ok());
+  }
+  ASSERT_TRUE(w.Send(0, Init(6, 1000, "none")).ok());  // 16000 vs 16000: thread 0
+  // Placement happens on the I/O thread as messages arrive; a reply proves they all did.
+  auto [h, f] =
+      Push(6, 0, CompressFloats("none", RandomFloats(1000, 1), 6, 0), v1::COMPRESSOR_ID_NONE, 1000);
+  ASSERT_TRUE(w.Send(0, h, f).ok());
+  ASSERT_TRUE(w.Next().has_value());
+  const auto threads = c.server(0).engine_threads();
+  ASSERT_EQ(threads.size(), 2u);
+  EXPECT_EQ(threads[0].keys, 2u);
+  EXPECT_EQ(threads[0].load, 4000u * kCompressedKeyWeight + 4000u);
+  EXPECT_EQ(threads[1].keys, 4u);
+  EXPECT_EQ(threads[1].load, 16000u);
+  EXPECT_EQ(threads[0].cpu, -1);  // numa: off pins nothing
+}
+
+TEST(Server, EngineThreadsArePinnedByDefault) {
+  scheduler::ServerSettings settings;
+  settings.engine_threads = 2;
+  MiniCluster c(1, 1, settings);
+  ASSERT_TRUE(c.Start().ok());
+  const auto threads = c.server(0).engine_threads();
+  ASSERT_EQ(threads.size(), 2u);
+  for (const auto& t : threads) EXPECT_GE(t.cpu, 0);
+}
+
+}  // namespace
+}  // namespace bitpush::server
