@@ -156,6 +156,38 @@ TEST(ClusterConfig, BadValuesNameKeyAndLine) {
                   "cluster.yaml:5: cluster.heartbeat_interval_ms: expected a single value");
 }
 
+TEST(ClusterConfig, ServerAndWorkerSections) {
+  const ClusterConfig d = Parse(kMinimal);
+  EXPECT_EQ(d.server.engine_threads, 0u);  // auto
+  EXPECT_EQ(d.server.numa, "auto");
+  EXPECT_EQ(d.worker.compress_threads, 0u);
+  EXPECT_EQ(d.worker.credit_bytes, 64ull << 20);
+  EXPECT_EQ(d.worker.op_timeout.count(), 300000);
+  const ClusterConfig c = Parse(std::string(kMinimal) +
+                                "server:\n  engine_threads: 3\n  numa: off\n"
+                                "worker:\n  compress_threads: auto\n  credit_bytes: 8192\n"
+                                "  op_timeout_s: 2.5\n");
+  EXPECT_EQ(c.server.engine_threads, 3u);
+  EXPECT_EQ(c.server.numa, "off");
+  EXPECT_EQ(c.worker.compress_threads, 0u);
+  EXPECT_EQ(c.worker.credit_bytes, 8192u);
+  EXPECT_EQ(c.worker.op_timeout.count(), 2500);
+  EXPECT_CONTAINS(Error(std::string(kMinimal) + "server:\n  engine_threads: 0\n"),
+                  "cluster.yaml:6: server.engine_threads: expected 'auto' or an integer from 1 "
+                  "to 256, got '0'");
+  EXPECT_CONTAINS(Error(std::string(kMinimal) + "server:\n  numa: yes\n"),
+                  "cluster.yaml:6: server.numa: unknown value 'yes'; valid: auto, on, off");
+  EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  credit_bytes: 0\n"),
+                  "cluster.yaml:6: worker.credit_bytes: must be > 0");
+  EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  op_timeout_s: never\n"),
+                  "cluster.yaml:6: worker.op_timeout_s: expected a number of seconds");
+  EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  threads: 2\n"),
+                  "worker.threads: unknown key; valid keys of worker: compress_threads, "
+                  "credit_bytes, op_timeout_s");
+  // Local tuning: not part of config agreement.
+  EXPECT_EQ(ConfigHash(ConfigFields(c)), ConfigHash(ConfigFields(d)));
+}
+
 TEST(ClusterConfig, BadCompressionNamesKeyAndLine) {
   std::string m = Error(std::string(kMinimal) + "compression:\n  spec: twobit\n");
   EXPECT_CONTAINS(m, "cluster.yaml:6: compression.spec: unknown compressor 'twobit'");
