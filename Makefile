@@ -49,7 +49,7 @@ demo:
 # Style: clang-format (no changes allowed) and clang-tidy (.clang-tidy) over the C++ sources.
 lint: configure
 	git ls-files '*.cc' '*.h' | xargs clang-format --dry-run -Werror
-	git ls-files 'common/*.cc' 'compressors/*.cc' 'scheduler/*.cc' 'server/*.cc' 'bench/*.cc' \
+	git ls-files 'common/*.cc' 'compressors/*.cc' 'scheduler/*.cc' 'server/*.cc' 'worker/*.cc' 'bench/*.cc' \
 	  'tests/harness/*.cc' \
 	  | xargs clang-tidy -p $(BUILD) --quiet
 

@@ -8,13 +8,15 @@
 namespace bitpush::bench {
 int RunCompressorsBench(int argc, char** argv);
 int RunTransportBench(int argc, char** argv);
+int RunPushPullBench(int argc, char** argv);
+int RunPushPullWorkerMode(int argc, char** argv);
 }  // namespace bitpush::bench
 
 namespace {
 
 struct Command {
   const char* name;
-  const char* help;
+  const char* help;  // nullptr: a hidden mode (a child process of a benchmark)
   int (*run)(int argc, char** argv);
 };
 
@@ -27,13 +29,20 @@ const Command kCommands[] = {
      "zmq transport between two processes on loopback (throughput by message size, round-trip "
      "latency) vs a plain TCP stream and memcpy",
      bitpush::bench::RunTransportBench},
+    {"pushpull",
+     "compressed push_pull end to end: scheduler, servers and workers as real processes on "
+     "loopback (goodput per worker, stage times, peak RSS) vs a raw TCP stream",
+     bitpush::bench::RunPushPullBench},
+    {"pushpull-worker", nullptr, bitpush::bench::RunPushPullWorkerMode},
 };
 
 void Usage(FILE* out) {
   std::fprintf(out,
                "usage: bitpush-bench <benchmark> [options]   (<benchmark> --help for "
                "options)\n\nbenchmarks:\n");
-  for (const Command& c : kCommands) std::fprintf(out, "  %-14s %s\n", c.name, c.help);
+  for (const Command& c : kCommands) {
+    if (c.help != nullptr) std::fprintf(out, "  %-14s %s\n", c.name, c.help);
+  }
 }
 
 }  // namespace

@@ -17,9 +17,6 @@
 // fastest repetition (bench_util.h). ratio_to_raw_tcp: throughput / raw_tcp throughput at the
 // same size; for rtt records, raw_tcp rtt / this rtt (both: higher is better, 1 = as fast as
 // raw TCP). Throughput records also carry ratio_to_raw_tcp_ceiling.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -37,6 +34,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/raw_tcp.h"
 #include "common/status.h"
 #include "common/transport/transport.h"
 
@@ -90,103 +88,6 @@ bool ParseList(const char* s, std::vector<size_t>* out) {
 int Fail(const std::string& what) {
   std::fprintf(stderr, "bitpush-bench transport: %s\n", what.c_str());
   return 1;
-}
-
-// ---- raw TCP ------------------------------------------------------------------------------
-
-// Header of one raw TCP exchange: mode 1 = stream `count` messages of `bytes`, each read whole
-// into a message-sized buffer, then ack; mode 3 = the same bytes read 64 KiB at a time and
-// dropped, then ack; mode 2 = `count` ping-pongs of `bytes`; mode 0 = quit.
-struct RawHeader {
-  uint64_t mode, count, bytes;
-};
-
-bool WriteAll(int fd, const void* p, size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    const ssize_t w = write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-bool ReadAll(int fd, void* p, size_t n) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    const ssize_t r = read(fd, c, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    c += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-void SetNoDelay(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-// The peer side of the raw TCP reference.
-void RawPeer(int fd) {
-  std::vector<uint8_t> buf;
-  std::vector<uint8_t> small(64 << 10);
-  RawHeader h;
-  while (ReadAll(fd, &h, sizeof(h)) && h.mode != 0) {
-    buf.resize(std::max<size_t>(buf.size(), h.bytes));
-    if (h.mode == 1) {
-      for (uint64_t i = 0; i < h.count; ++i) {
-        if (!ReadAll(fd, buf.data(), h.bytes)) return;
-      }
-      const uint8_t ack = 1;
-      if (!WriteAll(fd, &ack, 1)) return;
-    } else if (h.mode == 3) {
-      uint64_t left = h.count * h.bytes;
-      while (left > 0) {
-        const ssize_t r = read(fd, small.data(), std::min<uint64_t>(left, small.size()));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return;
-        left -= static_cast<uint64_t>(r);
-      }
-      const uint8_t ack = 1;
-      if (!WriteAll(fd, &ack, 1)) return;
-    } else {
-      for (uint64_t i = 0; i < h.count; ++i) {
-        if (!ReadAll(fd, buf.data(), h.bytes) || !WriteAll(fd, buf.data(), h.bytes)) return;
-      }
-    }
-  }
-}
-
-// Seconds to stream `count` messages of `src` (mode 1 or 3) and get the acknowledgement.
-double RawStream(int fd, uint64_t mode, const std::vector<uint8_t>& src, uint64_t count) {
-  const RawHeader h{mode, count, src.size()};
-  const auto t0 = Clock::now();
-  if (!WriteAll(fd, &h, sizeof(h))) return NAN;
-  for (uint64_t i = 0; i < count; ++i) {
-    if (!WriteAll(fd, src.data(), src.size())) return NAN;
-  }
-  uint8_t ack;
-  if (!ReadAll(fd, &ack, 1)) return NAN;
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// Median round trip in microseconds.
-double RawRtt(int fd, int count) {
-  const RawHeader h{2, static_cast<uint64_t>(count), kRttBytes};
-  if (!WriteAll(fd, &h, sizeof(h))) return NAN;
-  std::vector<uint8_t> buf(kRttBytes, 1);
-  std::vector<double> us;
-  for (int i = 0; i < count; ++i) {
-    const auto t0 = Clock::now();
-    if (!WriteAll(fd, buf.data(), buf.size()) || !ReadAll(fd, buf.data(), buf.size())) return NAN;
-    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-  }
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
 }
 
 // ---- zmq ----------------------------------------------------------------------------------
@@ -274,16 +175,9 @@ int RunPeer(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--tcp-port")) port = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--zmq")) drivers.emplace_back(argv[++i]);
   }
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(port));
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
-    return Fail("peer: connect to raw TCP port " + std::to_string(port) + ": " +
-                std::strerror(errno));
-  }
-  SetNoDelay(fd);
+  std::string error;
+  const int fd = ConnectLoopback(port, &error);
+  if (fd < 0) return Fail("peer: " + error);
   std::thread raw([fd] { RawPeer(fd); });
   std::vector<std::thread> threads;
   std::vector<Status> results(drivers.size());
@@ -322,17 +216,10 @@ struct ZmqLink {
 
 int RunDriver(const Options& opt) {
   // Raw TCP listener.
-  const int listener = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(sa);
-  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
-      listen(listener, 1) != 0 ||
-      getsockname(listener, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
-    return Fail(std::string("raw TCP listener: ") + std::strerror(errno));
-  }
-  const int port = ntohs(sa.sin_port);
+  int port = 0;
+  std::string error;
+  const int listener = ListenLoopback(&port, &error);
+  if (listener < 0) return Fail(error);
 
   std::vector<ZmqLink> links;
   std::string ipc_path;
@@ -435,8 +322,8 @@ int RunDriver(const Options& opt) {
     std::vector<double> zmq_best(links.size(), INFINITY);
     // One warm-up repetition each (page faults, TCP window growth), then interleaved reps.
     for (int rep = -1; rep < opt.reps && rc == 0; ++rep) {
-      const double raw = RawStream(fd, 1, *src, count);
-      const double ceiling = RawStream(fd, 3, *src, count);
+      const double raw = RawStream(fd, kRawStream, *src, count);
+      const double ceiling = RawStream(fd, kRawCeiling, *src, count);
       if (std::isnan(raw) || std::isnan(ceiling)) rc = Fail("raw TCP stream: the peer went away");
       if (rep >= 0) {
         raw_best = std::min(raw_best, raw);
@@ -473,8 +360,8 @@ int RunDriver(const Options& opt) {
 
   if (rc == 0) {
     const int warm = std::max(10, opt.rtt_count / 10);
-    double raw_rtt = RawRtt(fd, warm);
-    if (!std::isnan(raw_rtt)) raw_rtt = RawRtt(fd, opt.rtt_count);
+    double raw_rtt = RawRtt(fd, warm, kRttBytes);
+    if (!std::isnan(raw_rtt)) raw_rtt = RawRtt(fd, opt.rtt_count, kRttBytes);
     if (std::isnan(raw_rtt)) rc = Fail("raw TCP ping-pong: the peer went away");
     if (rc == 0) {
       emit("raw_tcp", "tcp", "rtt", kRttBytes, NAN, 1.0, raw_rtt, raw_rtt * 1e-6,
@@ -493,7 +380,7 @@ int RunDriver(const Options& opt) {
   }
 
   // Stop the peer.
-  const RawHeader quit{0, 0, 0};
+  const RawHeader quit{kRawQuit, 0, 0};
   (void)WriteAll(fd, &quit, sizeof(quit));
   for (ZmqLink& l : links) (void)l.t->Send("bench:peer", Make("quit"));
   int status = 0;

@@ -1,8 +1,10 @@
 #include "bench/bench_util.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 namespace bitpush::bench {
 
@@ -29,8 +31,20 @@ namespace {
 std::string Escape(const std::string& s) {
   std::string out;
   for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
   }
   return out;
 }
@@ -73,6 +87,77 @@ std::string JsonArray(const std::vector<JsonRecord>& records) {
   }
   out += "]\n";
   return out;
+}
+
+namespace {
+
+// Reads a JSON string starting at text[*pos] == '"'; advances past the closing quote.
+std::string ReadJsonString(const std::string& text, size_t* pos) {
+  std::string out;
+  size_t i = *pos + 1;
+  for (; i < text.size() && text[i] != '"'; ++i) {
+    if (text[i] == '\\' && i + 1 < text.size()) {
+      ++i;
+      switch (text[i]) {
+        case 'n': out += '\n'; break;
+        case 't': out += '\t'; break;
+        default: out += text[i]; break;  // \" \\ \/ (\uXXXX: not produced by our writers)
+      }
+    } else {
+      out += text[i];
+    }
+  }
+  *pos = i + 1;
+  return out;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> ReadFlatJson(const std::string& text) {
+  std::map<std::string, std::string> out;
+  int array_depth = 0;
+  size_t i = 0;
+  while (i < text.size()) {
+    const char c = text[i];
+    if (c == '[') {
+      ++array_depth;
+      ++i;
+    } else if (c == ']') {
+      --array_depth;
+      ++i;
+    } else if (c == '"') {
+      std::string key = ReadJsonString(text, &i);
+      size_t j = i;
+      while (j < text.size() && std::isspace(static_cast<unsigned char>(text[j]))) ++j;
+      if (array_depth > 0 || j >= text.size() || text[j] != ':') continue;  // a value, not a key
+      ++j;
+      while (j < text.size() && std::isspace(static_cast<unsigned char>(text[j]))) ++j;
+      if (j < text.size() && text[j] == '"') {
+        out[key] = ReadJsonString(text, &j);
+      } else if (j < text.size() && text[j] != '{' && text[j] != '[') {
+        const size_t end = text.find_first_of(",}]\n", j);
+        std::string value = text.substr(j, end == std::string::npos ? std::string::npos : end - j);
+        while (!value.empty() && std::isspace(static_cast<unsigned char>(value.back()))) {
+          value.pop_back();
+        }
+        out[key] = value;
+        j = end == std::string::npos ? text.size() : end;
+      }
+      i = j;
+    } else {
+      ++i;
+    }
+  }
+  return out;
+}
+
+double JsonNumber(const std::map<std::string, std::string>& m, const std::string& key,
+                  double fallback) {
+  auto it = m.find(key);
+  if (it == m.end()) return fallback;
+  char* end = nullptr;
+  const double v = std::strtod(it->second.c_str(), &end);
+  return end != it->second.c_str() && *end == '\0' ? v : fallback;
 }
 
 }  // namespace bitpush::bench

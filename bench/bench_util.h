@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -48,5 +49,15 @@ class JsonRecord {
 };
 
 std::string JsonArray(const std::vector<JsonRecord>& records);
+
+// Reads the "key": value pairs of a JSON object written by JsonRecord (or any JSON object whose
+// values of interest are numbers and strings): string values unescaped, numbers, true/false
+// and null as their text. Nested objects are flattened (their keys are read too, the last one
+// wins); arrays' elements are skipped. Lenient: meant for files our own programs wrote.
+std::map<std::string, std::string> ReadFlatJson(const std::string& text);
+
+// The number at `key` in a ReadFlatJson map; `fallback` if absent or not a number.
+double JsonNumber(const std::map<std::string, std::string>& m, const std::string& key,
+                  double fallback = 0);
 
 }  // namespace bitpush::bench

@@ -4,17 +4,9 @@
 // within heartbeat_timeout + 1 s (measured from the SIGKILL to each survivor's exit), the
 // missing-node verdict, exit codes and messages. Every child is killed and reaped by the
 // test whatever happens (and dies with the test process: PR_SET_PDEATHSIG); every wait is
-// bounded.
-#include <arpa/inet.h>
-#include <fcntl.h>
+// bounded (tests/harness/child_process.h).
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <stdlib.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
@@ -24,6 +16,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "tests/harness/child_process.h"
 
 #ifndef BITPUSH_SCHEDULER_BIN
 #error "BITPUSH_SCHEDULER_BIN must be defined (tests/CMakeLists.txt)"
@@ -45,138 +39,6 @@ constexpr int kDetectionBoundMs = kHeartbeatTimeoutMs + 1000;
 
 #define EXPECT_CONTAINS(haystack, needle) \
   EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
-
-int64_t MsBetween(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration_cast<milliseconds>(b - a).count();
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/bp-proc-XXXXXX";  // short: ipc:// paths must fit sun_path
-    const char* p = mkdtemp(tmpl);
-    path_ = p ? p : "/tmp";
-  }
-  ~TempDir() { (void)!system(("rm -rf '" + path_ + "'").c_str()); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-// A free TCP port on 127.0.0.1 (bound once by the kernel's choice, then released).
-int FreeTcpPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
-// One child process with stdout+stderr in a log file. The destructor SIGKILLs and reaps it
-// if it still runs.
-class Child {
- public:
-  Child(std::string label, const std::vector<std::string>& argv, std::string log)
-      : label_(std::move(label)), log_(std::move(log)) {
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    pid_ = fork();
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test
-      const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd >= 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-        close(fd);
-      }
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    started_ = Clock::now();
-  }
-  ~Child() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);
-      int status = 0;
-      waitpid(pid_, &status, 0);
-    }
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  const std::string& label() const { return label_; }
-  bool spawned() const { return pid_ > 0; }
-  bool exited() const { return exited_; }
-  Clock::time_point exited_at() const { return exited_at_; }
-  // The exit status, or 128 + signal.
-  int exit_code() const { return exit_code_; }
-  std::string output() const { return ReadFile(log_); }
-
-  void Signal(int sig) {
-    if (pid_ > 0 && !exited_) kill(pid_, sig);
-  }
-
-  // Reaps the child if it exited (non-blocking).
-  bool Poll() {
-    if (exited_ || pid_ <= 0) return exited_;
-    int status = 0;
-    const pid_t r = waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) {
-      exited_ = true;
-      exited_at_ = Clock::now();
-      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    return exited_;
-  }
-
- private:
-  std::string label_;
-  std::string log_;
-  pid_t pid_ = -1;
-  Clock::time_point started_;
-  bool exited_ = false;
-  Clock::time_point exited_at_;
-  int exit_code_ = -1;
-};
-
-// Polls (every 5 ms) until every child exited or `deadline`; true if all exited.
-bool WaitAll(const std::vector<Child*>& children, Clock::time_point deadline) {
-  for (;;) {
-    bool all = true;
-    for (Child* c : children) all = c->Poll() && all;
-    if (all) return true;
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(milliseconds(5));
-  }
-}
-
-// Polls `child`'s output until it contains `text`, at most `timeout`.
-bool WaitForOutput(const Child& child, const std::string& text, milliseconds timeout) {
-  const Clock::time_point deadline = Clock::now() + timeout;
-  while (Clock::now() < deadline) {
-    if (child.output().find(text) != std::string::npos) return true;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return false;
-}
 
 class SchedulerProcessTest : public ::testing::Test {
  protected:
