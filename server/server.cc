@@ -73,9 +73,9 @@ class Server::Impl {
   Status Wait(std::chrono::milliseconds timeout) { return client_->WaitForShutdown(timeout); }
   void Close();
 
-  uint32_t rank() const { return options_.rank; }
-  ServerStats stats() const;
-  std::vector<EngineThreadInfo> engine_threads() const;
+  uint32_t Rank() const { return options_.rank; }
+  ServerStats Stats() const;
+  std::vector<EngineThreadInfo> EngineThreads() const;
 
  private:
   struct KeyEntry {
@@ -230,7 +230,7 @@ void Server::Impl::Close() {
   }
 }
 
-ServerStats Server::Impl::stats() const {
+ServerStats Server::Impl::Stats() const {
   ServerStats s;
   s.keys = keys_.load();
   s.pushes_accepted = pushes_accepted_.load();
@@ -243,7 +243,7 @@ ServerStats Server::Impl::stats() const {
   return s;
 }
 
-std::vector<EngineThreadInfo> Server::Impl::engine_threads() const {
+std::vector<EngineThreadInfo> Server::Impl::EngineThreads() const {
   std::vector<EngineThreadInfo> out;
   for (const auto& e : engines_) {
     EngineThreadInfo info;
@@ -611,13 +611,13 @@ void Server::Close() {
   impl_->Close();
 }
 uint32_t Server::rank() const {
-  return impl_->rank();
+  return impl_->Rank();
 }
 ServerStats Server::stats() const {
-  return impl_->stats();
+  return impl_->Stats();
 }
 std::vector<EngineThreadInfo> Server::engine_threads() const {
-  return impl_->engine_threads();
+  return impl_->EngineThreads();
 }
 
 }  // namespace bitpush::server
