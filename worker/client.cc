@@ -1,0 +1,119 @@
+#include "worker/client.h"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "common/logging.h"
+#include "worker/engine.h"
+
+namespace bitpush::worker {
+
+namespace {
+
+// How long Wait() waits past an op's deadline before it gives up on the engine (which
+// completes every op by its deadline; reaching this would be an engine bug).
+constexpr std::chrono::seconds kWaitGrace{60};
+
+}  // namespace
+
+Status PushPullHandle::Wait() const {
+  if (!op_) return FailedPreconditionError("Wait on an empty PushPullHandle");
+  std::unique_lock<std::mutex> lock(op_->mu);
+  if (op_->deadline == EngineClock::time_point()) {
+    // Completed at creation (validation) or not started yet: PushPull completes such ops
+    // before returning.
+    op_->cv.wait(lock, [&] { return op_->done; });
+    return op_->status;
+  }
+  if (!op_->cv.wait_until(lock, op_->deadline + kWaitGrace, [&] { return op_->done; })) {
+    BP_LOG_ERROR("push_pull of tensor '{}' not complete {} s after its deadline", op_->tensor,
+                 kWaitGrace.count());
+    return InternalError(fmt::format(
+        "push_pull of tensor '{}' not complete {} s after its deadline (worker.op_timeout)",
+        op_->tensor, kWaitGrace.count()));
+  }
+  return op_->status;
+}
+
+Status PushPullHandle::Wait(std::chrono::milliseconds timeout) const {
+  if (!op_) return FailedPreconditionError("Wait on an empty PushPullHandle");
+  std::unique_lock<std::mutex> lock(op_->mu);
+  if (!op_->cv.wait_for(lock, timeout, [&] { return op_->done; })) {
+    return TimeoutError(fmt::format("push_pull of tensor '{}' not complete after {} ms",
+                                    op_->tensor, timeout.count()));
+  }
+  return op_->status;
+}
+
+bool PushPullHandle::Ready() const {
+  if (!op_) return false;
+  std::lock_guard<std::mutex> lock(op_->mu);
+  return op_->done;
+}
+
+StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
+  EngineOptions e;
+  e.cluster = std::move(options.cluster);
+  e.rank = options.rank;
+  e.inproc_hub = std::move(options.inproc_hub);
+  BP_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(std::move(e)));
+  return std::unique_ptr<Client>(new Client(std::move(engine)));
+}
+
+Client::Client(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
+
+Client::~Client() {
+  Close();
+}
+
+StatusOr<TensorId> Client::Declare(const std::string& name, size_t elements, DType dtype,
+                                   const TensorOptions& options) {
+  return engine_->Declare(name, elements, dtype, options);
+}
+
+StatusOr<TensorId> Client::Declare(const std::string& name, size_t elements, DType dtype,
+                                   int64_t priority, const std::string& compression) {
+  TensorOptions o;
+  o.priority = priority;
+  o.compression = compression;
+  return engine_->Declare(name, elements, dtype, o);
+}
+
+Status Client::CommitDeclarations() {
+  return engine_->CommitDeclarations();
+}
+
+PushPullHandle Client::PushPull(TensorId tensor, ConstTensorView input, TensorView output) {
+  return engine_->PushPull(tensor, input, output);
+}
+
+Status Client::Barrier() {
+  return engine_->Barrier();
+}
+
+Status Client::Shutdown(std::chrono::milliseconds timeout) {
+  return engine_->Shutdown(timeout);
+}
+
+void Client::Close() {
+  if (engine_) engine_->Close();
+}
+
+uint32_t Client::rank() const {
+  return engine_->rank();
+}
+uint32_t Client::num_workers() const {
+  return engine_->num_workers();
+}
+uint32_t Client::num_servers() const {
+  return engine_->num_servers();
+}
+Status Client::status() const {
+  return engine_->status();
+}
+ClientStats Client::stats() const {
+  return engine_->stats();
+}
+
+}  // namespace bitpush::worker

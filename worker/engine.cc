@@ -1,0 +1,882 @@
+#include "worker/engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "common/logging.h"
+#include "common/vector_ops.h"
+#include "compressors/registry.h"
+
+namespace bitpush::worker {
+
+namespace {
+
+using compressors::CompressContext;
+using std::chrono::milliseconds;
+using std::chrono::nanoseconds;
+
+constexpr char kServer0[] = "server:0";
+// Partitions listed by name in a timeout message; the rest are counted.
+constexpr size_t kListedPartitions = 8;
+
+uint64_t Ns(EngineClock::duration d) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<nanoseconds>(d).count());
+}
+
+// The Status a server's OP_ERROR carries (its code when it is a valid one).
+Status RemoteStatus(uint32_t code, std::string message) {
+  if (code == 0 || code > static_cast<uint32_t>(StatusCode::kUnimplemented)) {
+    return RemoteError(std::move(message));
+  }
+  return Status(static_cast<StatusCode>(code), std::move(message));
+}
+
+bool IsServerPeer(const std::string& peer) {
+  return peer.rfind("server:", 0) == 0;
+}
+
+std::string ServerLabel(const std::string& peer) {
+  return IsServerPeer(peer) ? "server " + peer.substr(7) : peer;
+}
+
+}  // namespace
+
+void OpState::Complete(Status s) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (done) return;
+    done = true;
+    status = std::move(s);
+  }
+  cv.notify_all();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Construction and shutdown
+
+StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
+  BP_RETURN_IF_ERROR(scheduler::ValidateClusterConfig(options.cluster));
+  if (options.rank >= options.cluster.workers.size()) {
+    return InvalidArgumentError(fmt::format("worker rank {} is not in the cluster ({} workers)",
+                                            options.rank, options.cluster.workers.size()));
+  }
+  BP_ASSIGN_OR_RETURN(
+      v1::ErrorFeedbackPolicy policy,
+      compressors::ParseErrorFeedbackPolicy(options.cluster.compression.error_feedback));
+  BP_RETURN_IF_ERROR(compressors::ParseCompressorSpec(options.cluster.compression.spec)
+                         .status()
+                         .WithContext("compression.spec"));
+  if (options.cluster.worker.credit_bytes == 0) {
+    return InvalidArgumentError("worker.credit_bytes must be > 0");
+  }
+  if (options.cluster.worker.op_timeout <= milliseconds(0)) {
+    return InvalidArgumentError("worker.op_timeout_s must be > 0");
+  }
+  std::unique_ptr<Engine> engine(new Engine(options, policy));
+  BP_RETURN_IF_ERROR(engine->Start(options));
+  return engine;
+}
+
+Engine::Engine(EngineOptions& options, v1::ErrorFeedbackPolicy policy)
+    : label_(fmt::format("worker {}", options.rank)),
+      rank_(options.rank),
+      cluster_(options.cluster),
+      policy_(policy),
+      isa_(BestIsaLevel()) {}
+
+Status Engine::Start(EngineOptions& options) {
+  pool_ = std::make_unique<TaskPool>(ResolveCompressThreads(cluster_.worker.compress_threads),
+                                     "bp-wpool");
+  dispatcher_ = std::thread([this] { DispatchLoop(); });
+
+  scheduler::SchedulerClientOptions so;
+  so.cluster = cluster_;
+  so.role = v1::ROLE_WORKER;
+  so.rank = rank_;
+  so.inproc_hub = options.inproc_hub;
+  so.initial_backoff = options.initial_backoff;
+  so.max_backoff = options.max_backoff;
+  so.on_error = [this](const Status& s) { OnClusterError(s); };
+  so.on_peer_message = [this](transport::Received&& r) { OnPeerMessage(std::move(r)); };
+  BP_ASSIGN_OR_RETURN(
+      client_, scheduler::SchedulerClient::Create(std::move(so), std::move(options.transport)));
+  BP_RETURN_IF_ERROR(client_->Register());
+  const v1::Assignment& a = client_->assignment();
+  num_workers_ = static_cast<uint32_t>(a.workers_size());
+  num_servers_ = static_cast<uint32_t>(a.servers_size());
+  for (const v1::NodeInfo& s : a.servers()) {
+    const std::string peer = scheduler::NodePeerId(v1::ROLE_SERVER, s.rank());
+    BP_RETURN_IF_ERROR(client_->transport()
+                           .Connect(peer, s.address())
+                           .WithContext(fmt::format("{}: connecting to server {} at {}", label_,
+                                                    s.rank(), s.address())));
+  }
+  BP_LOG_INFO("{}: engine started ({} compression threads, credit {} bytes, op timeout {} ms)",
+              label_, pool_->size(), cluster_.worker.credit_bytes,
+              cluster_.worker.op_timeout.count());
+  return Status::Ok();
+}
+
+Engine::~Engine() {
+  Close();
+}
+
+void Engine::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    closed_ = true;
+    FailAllLocked(CancelledError(label_ + ": the client was closed"));
+  }
+  decl_cv_.notify_all();
+  // No more messages (no more decompress jobs) once the I/O thread is joined.
+  if (client_) client_->Close();
+  // Runs what is queued: every job sees its op failed and only cleans up.
+  if (pool_) pool_->Shutdown();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_dispatcher_ = true;
+  }
+  dispatch_cv_.notify_all();
+  if (dispatcher_.joinable()) dispatcher_.join();
+}
+
+Status Engine::Shutdown(milliseconds timeout) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return CancelledError(label_ + ": the client was closed");
+    shutting_down_ = true;
+    FailAllLocked(CancelledError(label_ + ": the client is shutting down"));
+  }
+  decl_cv_.notify_all();
+  BP_RETURN_IF_ERROR(client_->Done());
+  return client_->WaitForShutdown(timeout);
+}
+
+Status Engine::Barrier() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return CancelledError(label_ + ": the client was closed");
+  }
+  return client_->Barrier(v1::GROUP_WORKERS);
+}
+
+Status Engine::status() const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!cluster_error_.ok()) return cluster_error_;
+  }
+  return client_ ? client_->status() : Status::Ok();
+}
+
+ClientStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+std::optional<Status> Engine::StoppedLocked() const {
+  if (!cluster_error_.ok()) return cluster_error_;
+  if (closed_) return CancelledError(label_ + ": the client was closed");
+  if (shutting_down_) return CancelledError(label_ + ": the client is shutting down");
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Declarations
+
+StatusOr<TensorId> Engine::Declare(const std::string& name, size_t elements, DType dtype,
+                                   const TensorOptions& options) {
+  std::lock_guard<std::mutex> declare_lock(declare_mu_);
+  const std::string what = fmt::format("{}: Declare('{}')", label_, name);
+  if (name.empty()) return InvalidArgumentError(label_ + ": Declare: the tensor name is empty");
+  uint32_t index;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::optional<Status> stopped = StoppedLocked()) return *stopped;
+    if (names_.count(name) != 0) {
+      return InvalidArgumentError(
+          fmt::format("{}: tensor '{}' is already declared (#{})", what, name, names_.at(name)));
+    }
+    if (tensors_.size() >= (uint64_t{1} << 32) - 1) {
+      return InvalidArgumentError(what + ": too many tensors (2^32)");
+    }
+    index = static_cast<uint32_t>(tensors_.size());
+  }
+  const std::string spec =
+      options.compression.empty() ? cluster_.compression.spec : options.compression;
+  StatusOr<v1::CompressorConfig> config = compressors::ParseCompressorSpec(spec);
+  if (!config.ok()) return config.status().WithContext(what + ": compression");
+
+  auto t = std::make_unique<Tensor>();
+  t->index = index;
+  t->name = name;
+  t->elements = elements;
+  t->dtype = dtype;
+  t->options = options;
+  t->compressed = config->id() != v1::COMPRESSOR_ID_NONE &&
+                  AboveCompressThreshold(elements, dtype, cluster_.compression.min_compress_bytes);
+  if (t->compressed) {
+    t->config = *config;
+  } else {
+    BP_ASSIGN_OR_RETURN(t->config, compressors::ParseCompressorSpec("none"));
+  }
+  t->spec = compressors::CompressorSpecString(t->config);
+
+  StatusOr<std::vector<PartitionRange>> ranges =
+      PartitionTensor(index, elements, dtype, cluster_.compression.partition_bytes);
+  if (!ranges.ok()) return ranges.status().WithContext(what);
+  const bool worker_residual = t->compressed && compressors::WorkerKeepsResidual(policy_);
+  compressors::CompressorOptions copts;
+  copts.isa = isa_;
+  t->partitions.resize(ranges->size());
+  for (size_t j = 0; j < ranges->size(); ++j) {
+    Partition& p = t->partitions[j];
+    p.range = (*ranges)[j];
+    p.server = client_->ServerForKey(p.range.key);
+    p.peer = scheduler::NodePeerId(v1::ROLE_SERVER, p.server);
+    p.bytes = static_cast<uint64_t>(p.range.elements) * DTypeSize(dtype);
+    StatusOr<std::unique_ptr<compressors::Compressor>> c =
+        compressors::CreateCompressor(t->config, copts);
+    if (!c.ok()) return c.status().WithContext(what);
+    p.compressor = std::move(c).value();
+    if (worker_residual)
+      p.residual = std::make_unique<compressors::ResidualState>(p.range.elements);
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  names_[name] = index;
+  tensors_.push_back(std::move(t));
+  return TensorId{index};
+}
+
+Status Engine::CommitDeclarations() {
+  std::lock_guard<std::mutex> decl_lock(decl_mu_);
+  std::vector<uint32_t> fresh;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::optional<Status> stopped = StoppedLocked()) return *stopped;
+    for (const auto& t : tensors_) {
+      if (!t->committed && t->error.ok()) fresh.push_back(t->index);
+    }
+  }
+  if (fresh.empty()) return Status::Ok();
+  const uint64_t epoch = next_epoch_++;
+  Status s = CheckDeclarations(epoch, fresh);
+  if (s.ok()) s = AnnounceKeys(fresh);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uint32_t i : fresh) {
+    Tensor& t = *tensors_[i];
+    if (s.ok()) {
+      t.committed = true;
+    } else if (t.error.ok() && cluster_error_.ok() && !closed_ && !shutting_down_) {
+      // A verdict on these declarations: sticky for them.
+      t.error = s;
+    }
+  }
+  return s;
+}
+
+Status Engine::CheckDeclarations(uint64_t epoch, const std::vector<uint32_t>& tensors) {
+  v1::TensorManifest manifest;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint32_t i : tensors) {
+      const Tensor& t = *tensors_[i];
+      v1::TensorDeclaration* d = manifest.add_tensors();
+      d->set_index(t.index);
+      d->set_name(t.name);
+      d->set_elements(t.elements);
+      d->set_dtype(static_cast<uint32_t>(t.dtype));
+      d->set_compression(t.spec);
+      d->set_sum(t.options.op == ReduceOp::kSum);
+    }
+    pending_epoch_ = epoch;
+    declare_verdict_.reset();
+  }
+  v1::DataHeader h;
+  h.set_op(v1::DataHeader::OP_DECLARE);
+  h.set_round(epoch);
+  h.set_sender(rank_);
+  transport::Message msg;
+  h.SerializeToString(&msg.header);
+  std::string body;
+  manifest.SerializeToString(&body);
+  msg.frames.push_back(transport::Buffer::Take(std::move(body)));
+  Status sent = client_->transport().Send(kServer0, std::move(msg));
+
+  std::unique_lock<std::mutex> lock(mu_);
+  Status result;
+  if (!sent.ok()) {
+    result = sent.WithContext(
+        fmt::format("{}: sending the tensor declarations of epoch {} to server 0", label_, epoch));
+  } else {
+    const EngineClock::time_point deadline = EngineClock::now() + cluster_.startup_timeout;
+    decl_cv_.wait_until(lock, deadline,
+                        [&] { return declare_verdict_.has_value() || StoppedLocked(); });
+    if (declare_verdict_) {
+      result = *declare_verdict_;
+    } else if (std::optional<Status> stopped = StoppedLocked()) {
+      result = *stopped;
+    } else {
+      result = TimeoutError(fmt::format(
+          "{}: no answer from server 0 to the tensor declarations of epoch {} within {} ms "
+          "(cluster.startup_timeout; every worker must declare and push_pull the same tensors)",
+          label_, epoch, cluster_.startup_timeout.count()));
+    }
+  }
+  pending_epoch_.reset();
+  declare_verdict_.reset();
+  return result;
+}
+
+Status Engine::AnnounceKeys(const std::vector<uint32_t>& tensors) {
+  for (uint32_t i : tensors) {
+    const Tensor* t;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      t = tensors_[i].get();
+    }
+    // Partitions' keys, owners and configs are immutable after Declare.
+    for (const Partition& p : t->partitions) {
+      v1::DataHeader h;
+      h.set_op(v1::DataHeader::OP_INIT_KEY);
+      h.set_key(p.range.key);
+      h.set_sender(rank_);
+      h.set_element_count(p.range.elements);
+      h.set_dtype(static_cast<uint32_t>(t->dtype));
+      *h.mutable_compressor_config() = t->config;
+      h.set_compressor(t->config.id());
+      h.set_tensor(t->name);
+      h.set_server_residual(t->compressed && compressors::ServerKeepsResidual(policy_));
+      h.set_sum(t->options.op == ReduceOp::kSum);
+      transport::Message msg;
+      h.SerializeToString(&msg.header);
+      BP_RETURN_IF_ERROR(client_->transport()
+                             .Send(p.peer, std::move(msg))
+                             .WithContext(fmt::format(
+                                 "{}: announcing key {} (tensor '{}' partition {}) to server {}",
+                                 label_, p.range.key, t->name, p.range.index, p.server)));
+    }
+  }
+  return Status::Ok();
+}
+
+void Engine::OnDeclareVerdict(uint64_t epoch, Status verdict) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!pending_epoch_ || *pending_epoch_ != epoch) {
+      BP_LOG_WARN("{}: dropped a declaration verdict for epoch {} (none pending)", label_, epoch);
+      return;
+    }
+    declare_verdict_ = std::move(verdict);
+  }
+  decl_cv_.notify_all();
+}
+
+// ---------------------------------------------------------------------------------------------
+// push_pull
+
+PushPullHandle Engine::PushPull(TensorId id, ConstTensorView input, TensorView output) {
+  auto op = std::make_shared<OpState>();
+  PushPullHandle handle(op);
+  auto fail = [&](Status s) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.ops_failed;
+    }
+    op->Complete(std::move(s));
+    return handle;
+  };
+  Tensor* t = nullptr;
+  bool needs_commit = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (id.index >= tensors_.size()) {
+      ++stats_.ops_failed;
+      op->Complete(InvalidArgumentError(
+          fmt::format("{}: push_pull of tensor #{}: no such tensor ({} declared)", label_, id.index,
+                      tensors_.size())));
+      return handle;
+    }
+    t = tensors_[id.index].get();
+    needs_commit = !t->committed;
+  }
+  op->tensor = t->name;
+  op->tensor_index = t->index;
+  op->input = input;
+  op->output = output;
+  const std::string what = fmt::format("{}: push_pull of tensor '{}'", label_, t->name);
+  if (input.count() != t->elements || input.dtype() != t->dtype) {
+    return fail(InvalidArgumentError(fmt::format(
+        "{}: the input has {} elements of {} but the tensor was declared with {} elements of {}",
+        what, input.count(), DTypeName(input.dtype()), t->elements, DTypeName(t->dtype))));
+  }
+  if (output.count() != t->elements || output.dtype() != t->dtype) {
+    return fail(InvalidArgumentError(fmt::format(
+        "{}: the output has {} elements of {} but the tensor was declared with {} elements of {}",
+        what, output.count(), DTypeName(output.dtype()), t->elements, DTypeName(t->dtype))));
+  }
+  if (t->elements > 0 && (input.data() == nullptr || output.data() == nullptr)) {
+    return fail(InvalidArgumentError(what + ": null input or output data"));
+  }
+  if (needs_commit) {
+    // Checks the declarations across workers (bounded by cluster.startup_timeout). Its error,
+    // if any, is recorded on the tensor and picked up below.
+    Status committed = CommitDeclarations();
+    if (!committed.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!t->committed && t->error.ok()) {
+        ++stats_.ops_failed;
+        op->Complete(committed);
+        return handle;
+      }
+    }
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  Status error;
+  if (std::optional<Status> stopped = StoppedLocked()) {
+    error = *stopped;
+  } else if (!t->error.ok()) {
+    error = t->error;
+  } else if (t->op) {
+    error = FailedPreconditionError(
+        what + ": a push_pull of this tensor is already in flight; wait for its handle first");
+  } else if (!t->committed) {
+    error = InternalError(what + ": the tensor's declaration is not committed");
+  }
+  if (!error.ok()) {
+    ++stats_.ops_failed;
+    op->Complete(error);
+    return handle;
+  }
+  if (t->partitions.empty()) {
+    ++stats_.ops_completed;
+    op->Complete(Status::Ok());
+    return handle;
+  }
+  op->deadline = EngineClock::now() + cluster_.worker.op_timeout;
+  op->remaining = t->partitions.size();
+  t->op = op;
+  deadlines_.insert({op->deadline, t->index});
+  for (Partition& p : t->partitions) {
+    p.stage = Stage::kQueued;
+    ready_.push(Ready{t->options.priority, t->index, p.range.index});
+  }
+  dispatch_cv_.notify_one();
+  return handle;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatcher
+
+void Engine::DispatchLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t credit = cluster_.worker.credit_bytes;
+  while (!stop_dispatcher_) {
+    while (!ready_.empty()) {
+      const Ready top = ready_.top();
+      Tensor& t = *tensors_[top.tensor];
+      Partition& p = t.partitions[top.partition];
+      if (!t.op || t.op->failed || p.stage != Stage::kQueued) {
+        ready_.pop();  // left by an op that failed
+        continue;
+      }
+      if (in_flight_bytes_ > 0 && in_flight_bytes_ + p.bytes > credit) break;
+      ready_.pop();
+      in_flight_bytes_ += p.bytes;
+      stats_.peak_bytes_in_flight = std::max(stats_.peak_bytes_in_flight, in_flight_bytes_);
+      p.stage = Stage::kCompressing;
+      p.round = p.next_round++;
+      std::shared_ptr<OpState> op = t.op;
+      ++op->active_jobs;
+      Tensor* tp = &t;
+      const uint32_t j = top.partition;
+      const uint64_t round = p.round;
+      if (!pool_->Post([this, tp, j, op, round] { CompressAndPush(tp, j, op, round); })) {
+        SetIdleLocked(p);
+        FailOpLocked(t, op, CancelledError(label_ + ": the engine is stopping"));
+        JobDoneLocked(t, op);
+      }
+    }
+    const EngineClock::time_point now = EngineClock::now();
+    while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+      const uint32_t ti = deadlines_.begin()->second;
+      deadlines_.erase(deadlines_.begin());
+      Tensor& t = *tensors_[ti];
+      if (t.op && !t.op->failed) {
+        std::shared_ptr<OpState> op = t.op;
+        FailOpLocked(t, op, TimeoutStatusLocked(t, *op));
+        MaybeFinishLocked(t, op);
+      }
+    }
+    if (stop_dispatcher_) break;
+    if (deadlines_.empty()) {
+      dispatch_cv_.wait(lock);
+    } else {
+      dispatch_cv_.wait_until(lock, deadlines_.begin()->first);
+    }
+  }
+}
+
+Status Engine::TimeoutStatusLocked(const Tensor& t, const OpState& op) const {
+  std::set<uint32_t> servers;
+  std::string listed;
+  size_t missing = 0;
+  for (const Partition& p : t.partitions) {
+    if (p.stage == Stage::kIdle) continue;  // complete
+    ++missing;
+    servers.insert(p.server);
+    if (missing > kListedPartitions) continue;
+    std::string state;
+    switch (p.stage) {
+      case Stage::kQueued: state = "not started (waiting for credit)"; break;
+      case Stage::kCompressing: state = fmt::format("compressing round {}", p.round); break;
+      case Stage::kOnWire: state = fmt::format("pushed round {}, no reply", p.round); break;
+      case Stage::kDecompressing: state = fmt::format("decompressing round {}", p.round); break;
+      case Stage::kIdle: break;
+    }
+    listed += fmt::format("{}partition {} (key {}) on server {}: {}", listed.empty() ? "" : "; ",
+                          p.range.index, p.range.key, p.server, state);
+  }
+  if (missing > kListedPartitions) {
+    listed += fmt::format("; and {} more", missing - kListedPartitions);
+  }
+  std::string server_list;
+  for (uint32_t s : servers) server_list += (server_list.empty() ? "" : ", ") + std::to_string(s);
+  return TimeoutError(fmt::format(
+      "{}: push_pull of tensor '{}' timed out after {} ms (worker.op_timeout): {} of {} "
+      "partitions incomplete, waiting for server(s) {}: {}",
+      label_, t.name, cluster_.worker.op_timeout.count(), missing, t.partitions.size(), server_list,
+      listed));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pool jobs
+
+void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpState>& op,
+                             uint64_t round) {
+  Partition& p = t->partitions[j];
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (op->failed) {
+      SetIdleLocked(p);
+      JobDoneLocked(*t, op);
+      return;
+    }
+  }
+  const size_t esz = DTypeSize(t->dtype);
+  const ConstTensorView in(static_cast<const uint8_t*>(op->input.data()) + p.range.offset * esz,
+                           p.range.elements, t->dtype);
+  const size_t max_bytes = p.compressor->MaxCompressedBytes(p.range.elements, t->dtype);
+  // The previous payload is reused once the transport (and the server) let go of it.
+  if (!p.payload || p.payload.use_count() > 1) {
+    p.payload = std::make_shared<std::vector<uint8_t>>(max_bytes);
+  } else if (p.payload->size() < max_bytes) {
+    p.payload->resize(max_bytes);
+  }
+  const CompressContext ctx{p.range.key, round};
+  const EngineClock::time_point t0 = EngineClock::now();
+  MutableByteSpan out(p.payload->data(), p.payload->size());
+  StatusOr<size_t> bytes = p.residual ? p.residual->Compress(*p.compressor, in, ctx, out)
+                                      : p.compressor->Compress(in, ctx, out);
+  const EngineClock::time_point t1 = EngineClock::now();
+
+  transport::Message msg;
+  if (bytes.ok()) {
+    v1::DataHeader h;
+    h.set_op(v1::DataHeader::OP_PUSH);
+    h.set_key(p.range.key);
+    h.set_round(round);
+    h.set_sender(rank_);
+    h.set_compressor(p.compressor->id());
+    h.set_element_count(p.range.elements);
+    h.set_dtype(static_cast<uint32_t>(t->dtype));
+    h.set_byte_count(*bytes);
+    h.SerializeToString(&msg.header);
+    msg.frames.push_back(transport::Buffer::Borrow(p.payload->data(), *bytes, p.payload));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.compress_ns += Ns(t1 - t0);
+    if (op->failed || !bytes.ok()) {
+      if (!op->failed) {
+        FailOpLocked(*t, op,
+                     bytes.status().WithContext(
+                         fmt::format("{}: compressing tensor '{}' partition {} (key {}, round {})",
+                                     label_, t->name, j, p.range.key, round)));
+      }
+      SetIdleLocked(p);
+      JobDoneLocked(*t, op);
+      return;
+    }
+    p.stage = Stage::kOnWire;
+    p.pushed_at = EngineClock::now();
+    ++stats_.partitions_pushed;
+    stats_.bytes_pushed += *bytes;
+  }
+  const Status sent = client_->transport().Send(p.peer, std::move(msg));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!sent.ok()) {
+    if (p.stage == Stage::kOnWire && p.round == round) SetIdleLocked(p);
+    FailOpLocked(*t, op,
+                 sent.WithContext(fmt::format("{}: pushing tensor '{}' partition {} (key {}, "
+                                              "round {}) to server {}",
+                                              label_, t->name, j, p.range.key, round, p.server)));
+  }
+  JobDoneLocked(*t, op);
+}
+
+void Engine::DecompressAndComplete(Tensor* t, uint32_t j, const std::shared_ptr<OpState>& op,
+                                   const transport::Buffer& payload) {
+  Partition& p = t->partitions[j];
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (op->failed) {
+      SetIdleLocked(p);
+      JobDoneLocked(*t, op);
+      return;
+    }
+  }
+  const size_t n = p.range.elements;
+  void* dst = static_cast<uint8_t*>(op->output.data()) + p.range.offset * DTypeSize(t->dtype);
+  const EngineClock::time_point t0 = EngineClock::now();
+  Status s;
+  if (t->dtype == DType::kFloat32) {
+    s = p.compressor->Decompress(payload.span(), TensorView(static_cast<float*>(dst), n));
+  } else {
+    // The aggregate is float32 (the server sums in fp32): decode, then round once to the
+    // tensor's dtype.
+    p.scratch.resize(n);
+    s = p.compressor->Decompress(payload.span(), TensorView(p.scratch.data(), n));
+    if (s.ok()) ConvertFromFloat(p.scratch.data(), TensorView(dst, n, t->dtype), isa_);
+  }
+  const EngineClock::time_point t1 = EngineClock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.decompress_ns += Ns(t1 - t0);
+  if (!op->failed) {
+    if (s.ok()) {
+      --op->remaining;
+    } else {
+      FailOpLocked(*t, op,
+                   s.WithContext(fmt::format("{}: the aggregate of tensor '{}' partition {} (key "
+                                             "{}, round {}) from server {}",
+                                             label_, t->name, j, p.range.key, p.round, p.server)));
+    }
+  }
+  SetIdleLocked(p);
+  JobDoneLocked(*t, op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// I/O thread
+
+void Engine::OnPeerMessage(transport::Received&& r) {
+  if (!r.is_message()) {
+    const transport::TransportEvent& ev = r.event();
+    if (ev.kind == transport::TransportEvent::Kind::kSendFailed && IsServerPeer(r.from)) {
+      // A push that never left: fail the ops waiting on that server.
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& tp : tensors_) {
+        Tensor& t = *tp;
+        if (!t.op || t.op->failed) continue;
+        bool affected = false;
+        for (Partition& p : t.partitions) {
+          if (p.stage == Stage::kOnWire && p.peer == r.from) affected = true;
+        }
+        if (affected) {
+          std::shared_ptr<OpState> op = t.op;
+          FailOpLocked(t, op,
+                       UnavailableError(fmt::format("{}: push_pull of tensor '{}': sending to {} "
+                                                    "failed: {}",
+                                                    label_, t.name, ServerLabel(r.from),
+                                                    ev.status.message())));
+          MaybeFinishLocked(t, op);
+        }
+      }
+      return;
+    }
+    // A lost connection is not a verdict: the scheduler's heartbeats decide (and op_timeout
+    // bounds every op meanwhile).
+    BP_LOG_DEBUG("{}: transport event about {}: {}", label_, r.from,
+                 ev.status.ok() ? std::string("connected") : ev.status.ToString());
+    return;
+  }
+  transport::Message& msg = r.message();
+  v1::DataHeader h;
+  if (!h.ParseFromString(msg.header)) {
+    BP_LOG_WARN("{}: dropped a malformed data message from '{}'", label_, r.from);
+    return;
+  }
+  switch (h.op()) {
+    case v1::DataHeader::OP_PULL_REPLY: OnReply(r.from, h, msg); return;
+    case v1::DataHeader::OP_ERROR: OnError(r.from, h); return;
+    case v1::DataHeader::OP_DECLARE_REPLY:
+      if (r.from == kServer0) {
+        OnDeclareVerdict(h.round(), Status::Ok());
+      } else {
+        BP_LOG_WARN("{}: dropped a declaration reply from '{}' (only server 0 checks)", label_,
+                    r.from);
+      }
+      return;
+    default:
+      BP_LOG_WARN("{}: dropped an unexpected data message (op {}) from '{}'", label_,
+                  static_cast<int>(h.op()), r.from);
+  }
+}
+
+Engine::Tensor* Engine::FindTensorLocked(uint64_t key, uint32_t* partition) {
+  const uint64_t index = key >> 32;
+  if (index >= tensors_.size()) return nullptr;
+  Tensor* t = tensors_[index].get();
+  const uint64_t j = key & 0xffffffffu;
+  if (j >= t->partitions.size()) return nullptr;
+  *partition = static_cast<uint32_t>(j);
+  return t;
+}
+
+void Engine::OnReply(const std::string& from, const v1::DataHeader& h, transport::Message& msg) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint32_t j = 0;
+  Tensor* t = FindTensorLocked(h.key(), &j);
+  if (t == nullptr) {
+    BP_LOG_WARN("{}: dropped a reply from '{}' for unknown key {}", label_, from, h.key());
+    return;
+  }
+  Partition& p = t->partitions[j];
+  std::shared_ptr<OpState> op = t->op;
+  if (!op || op->failed || p.stage != Stage::kOnWire || p.round != h.round() || p.peer != from) {
+    // E.g. the reply to a push whose op already failed (timeout).
+    BP_LOG_DEBUG("{}: dropped a stale reply from '{}' for key {} round {}", label_, from, h.key(),
+                 h.round());
+    return;
+  }
+  stats_.network_ns += Ns(EngineClock::now() - p.pushed_at);
+  if (msg.frames.empty()) {
+    SetIdleLocked(p);
+    FailOpLocked(
+        *t, op,
+        DataLossError(fmt::format("{}: {} replied to key {} (tensor '{}' partition {}, "
+                                  "round {}) without a payload",
+                                  label_, ServerLabel(from), h.key(), t->name, j, h.round())));
+    MaybeFinishLocked(*t, op);
+    return;
+  }
+  transport::Buffer payload = std::move(msg.frames[0]);
+  stats_.bytes_pulled += payload.size();
+  p.stage = Stage::kDecompressing;
+  ++op->active_jobs;
+  if (!pool_->Post([this, t, j, op,
+                    payload = std::move(payload)] { DecompressAndComplete(t, j, op, payload); },
+                   /*urgent=*/true)) {
+    SetIdleLocked(p);
+    FailOpLocked(*t, op, CancelledError(label_ + ": the engine is stopping"));
+    JobDoneLocked(*t, op);
+  }
+}
+
+void Engine::OnError(const std::string& from, const v1::DataHeader& h) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint32_t j = 0;
+  Tensor* t = FindTensorLocked(h.key(), &j);
+  const bool push_match = t != nullptr && t->op && !t->op->failed &&
+                          t->partitions[j].stage == Stage::kOnWire &&
+                          t->partitions[j].round == h.round() && t->partitions[j].peer == from;
+  // OP_ERROR names the refused request by (key, round) only; a refused declaration has key 0
+  // and its epoch as the round. A push of key 0 in flight in that very round wins.
+  if (!push_match && from == kServer0 && h.key() == 0 && pending_epoch_ &&
+      *pending_epoch_ == h.round()) {
+    declare_verdict_ = RemoteStatus(
+        h.error_code(), fmt::format("{}: declaration check of epoch {} at server 0: {}", label_,
+                                    h.round(), h.error()));
+    decl_cv_.notify_all();
+    return;
+  }
+  if (!push_match) {
+    BP_LOG_WARN("{}: {} reported an error for key {} round {} with no such push in flight: {}",
+                label_, ServerLabel(from), h.key(), h.round(), h.error());
+    return;
+  }
+  Partition& p = t->partitions[j];
+  std::shared_ptr<OpState> op = t->op;
+  SetIdleLocked(p);
+  FailOpLocked(*t, op,
+               RemoteStatus(h.error_code(),
+                            fmt::format("{}: {} refused key {} (tensor '{}' partition {}, round "
+                                        "{}): {}",
+                                        label_, ServerLabel(from), h.key(), t->name, j, h.round(),
+                                        h.error())));
+  MaybeFinishLocked(*t, op);
+}
+
+void Engine::OnClusterError(const Status& error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cluster_error_.ok()) cluster_error_ = error;
+    FailAllLocked(error);
+  }
+  decl_cv_.notify_all();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bookkeeping (mu_ held)
+
+void Engine::SetIdleLocked(Partition& p) {
+  if (p.stage == Stage::kCompressing || p.stage == Stage::kOnWire ||
+      p.stage == Stage::kDecompressing) {
+    BP_CHECK(in_flight_bytes_ >= p.bytes, "credit accounting underflow");
+    in_flight_bytes_ -= p.bytes;
+    dispatch_cv_.notify_one();
+  }
+  p.stage = Stage::kIdle;
+}
+
+void Engine::FailOpLocked(Tensor& t, const std::shared_ptr<OpState>& op, const Status& error) {
+  if (op->failed || op->finished) return;
+  op->failed = true;
+  op->error = error;
+  // The tensor's rounds are now out of step with the servers' (sticky).
+  if (t.error.ok()) t.error = error;
+  deadlines_.erase({op->deadline, t.index});
+  for (Partition& p : t.partitions) {
+    // Queued partitions never started; pushed ones no longer wait for their reply (a late
+    // reply is dropped). Compressing/decompressing ones belong to their job, which cleans up.
+    if (p.stage == Stage::kQueued || p.stage == Stage::kOnWire) SetIdleLocked(p);
+  }
+  dispatch_cv_.notify_one();
+}
+
+void Engine::FailAllLocked(const Status& error) {
+  for (const auto& tp : tensors_) {
+    Tensor& t = *tp;
+    if (!t.op || t.op->failed) continue;
+    std::shared_ptr<OpState> op = t.op;
+    FailOpLocked(t, op,
+                 error.WithContext(fmt::format("{}: push_pull of tensor '{}'", label_, t.name)));
+    MaybeFinishLocked(t, op);
+  }
+}
+
+void Engine::JobDoneLocked(Tensor& t, const std::shared_ptr<OpState>& op) {
+  BP_CHECK(op->active_jobs > 0, "job accounting underflow");
+  --op->active_jobs;
+  MaybeFinishLocked(t, op);
+}
+
+void Engine::MaybeFinishLocked(Tensor& t, const std::shared_ptr<OpState>& op) {
+  if (op->finished || op->active_jobs > 0) return;
+  if (!op->failed && op->remaining > 0) return;
+  op->finished = true;
+  if (t.op == op) t.op.reset();
+  deadlines_.erase({op->deadline, t.index});
+  if (op->failed) {
+    ++stats_.ops_failed;
+  } else {
+    ++stats_.ops_completed;
+  }
+  op->Complete(op->failed ? op->error : Status::Ok());
+}
+
+}  // namespace bitpush::worker

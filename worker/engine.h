@@ -1,0 +1,252 @@
+// Engine: the worker engine — everything a worker node does between a training step's
+// gradients and their aggregate: tensor declarations and their cross-worker check, the
+// partition pipeline (compress with worker error feedback -> push -> pull -> decompress ->
+// complete), priorities, the credit that bounds memory, op deadlines and failures
+// (docs/data-plane.md, paper 001 Algorithms 3 and 4). The embedded `Client` (client.h) is a
+// thin wrapper; the multi-process daemon of the next issue shares this engine.
+//
+// Ownership: the Engine owns the node's SchedulerClient (and through it the endpoint), one
+// Tensor record per declaration (each partition's compressor instance, worker residual,
+// round counter and reusable payload buffer), the compression pool and the dispatcher.
+// Handles (PushPullHandle) share only the OpState: they may outlive the engine.
+//
+// Threads (docs/threading.md, "worker"):
+//  - the SchedulerClient's I/O thread receives every message; data messages go to
+//    OnPeerMessage, which parses the DataHeader, matches a reply to the partition's in-flight
+//    round and queues the decompress job (it never decompresses itself);
+//  - the compression pool (worker.compress_threads; auto = CPUs this process may use, 1..8)
+//    runs compress+push jobs and decompress+complete jobs (the latter first: they return
+//    credit);
+//  - one dispatcher thread owns the queue of ready partitions, ordered by (priority, tensor
+//    index, partition index), and starts one only while the uncompressed bytes in flight plus
+//    its own stay <= worker.credit_bytes (at least one partition is always in flight). It also
+//    enforces worker.op_timeout, sleeping until the next deadline (no polling);
+//  - caller threads: Declare, CommitDeclarations (serialised by decl_mu_; waits for server
+//    0's verdict), PushPull (never blocks on the network, except for a pending declaration
+//    check), Wait on handles.
+//
+// Partition ownership: a partition's stage (queued, compressing, on the wire, decompressing,
+// idle) changes under mu_, and whoever moved it into compressing/decompressing — one pool job
+// — owns its compressor, residual and buffers until it moves it out. So the per-partition
+// compressor state needs no lock and at most one job touches it at a time.
+//
+// Failures: a server's OP_ERROR, a failed Send, op_timeout, the cluster's sticky error
+// (SchedulerClient::on_error, e.g. a server declared dead), Shutdown and Close all complete
+// the affected handles with a Status naming the cause; never a hang. An op's handle is
+// signalled only once no job touches its input/output any more, so the caller may free them
+// as soon as Wait returns. A tensor whose push_pull failed after it started has rounds out of
+// step with the servers: later push_pulls of it fail with that error (sticky per tensor).
+//
+// Thread-safety: every public method may be called from any thread.
+// Locks, outermost first: declare_mu_ / decl_mu_ -> mu_ -> {TaskPool's lock, an OpState's mu}.
+// Nothing sends on the transport or calls the SchedulerClient while holding mu_.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <queue>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/aligned_buffer.h"
+#include "common/cpu_features.h"
+#include "common/status.h"
+#include "compressors/compressor.h"
+#include "compressors/error_feedback.h"
+#include "proto/bitpush/v1/control.pb.h"
+#include "scheduler/scheduler_client.h"
+#include "worker/client.h"
+#include "worker/partition.h"
+#include "worker/task_pool.h"
+
+namespace bitpush::worker {
+
+using EngineClock = std::chrono::steady_clock;
+
+// The shared state of one push_pull, referenced by the engine and by every copy of its
+// handle.
+struct OpState {
+  // Set at creation, then read-only.
+  std::string tensor;  // name, for messages
+  uint32_t tensor_index = 0;
+  ConstTensorView input;
+  TensorView output;
+  EngineClock::time_point deadline;
+
+  // Progress: guarded by the engine's mu_.
+  size_t remaining = 0;      // partitions not yet complete
+  uint32_t active_jobs = 0;  // pool jobs that may touch input/output
+  bool failed = false;
+  bool finished = false;  // completion signalled (or about to be)
+  Status error;
+
+  // Completion: guarded by mu.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+
+  // Completes the op now (for ops that never reach the engine's queues).
+  void Complete(Status s);
+};
+
+struct EngineOptions {
+  scheduler::ClusterConfig cluster;
+  uint32_t rank = 0;
+  std::shared_ptr<transport::InprocHub> inproc_hub;
+  // Tests: an endpoint to use instead of binding one (e.g. a FaultyTransport); its name must
+  // be the worker's PeerId.
+  std::unique_ptr<transport::Transport> transport;
+  // Tests: registration back-off (SchedulerClientOptions); defaults are the client's.
+  std::chrono::milliseconds initial_backoff{100};
+  std::chrono::milliseconds max_backoff{2000};
+};
+
+class Engine {
+ public:
+  // Validates the options, starts the pool and the dispatcher, binds the endpoint, registers
+  // (bounded by cluster.startup_timeout) and connects to every server.
+  static StatusOr<std::unique_ptr<Engine>> Create(EngineOptions options);
+
+  ~Engine();  // Close()
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  StatusOr<TensorId> Declare(const std::string& name, size_t elements, DType dtype,
+                             const TensorOptions& options);
+  Status CommitDeclarations();
+  PushPullHandle PushPull(TensorId tensor, ConstTensorView input, TensorView output);
+  Status Barrier();
+  Status Shutdown(std::chrono::milliseconds timeout);
+  void Close();
+
+  uint32_t rank() const { return rank_; }
+  uint32_t num_workers() const { return num_workers_; }
+  uint32_t num_servers() const { return num_servers_; }
+  Status status() const;
+  ClientStats stats() const;
+  uint32_t compress_threads() const { return pool_ ? pool_->size() : 0; }
+
+ private:
+  enum class Stage : uint8_t { kIdle, kQueued, kCompressing, kOnWire, kDecompressing };
+
+  struct Partition {
+    PartitionRange range;
+    uint32_t server = 0;
+    std::string peer;  // "server:N"
+    // Owned by the job that holds the partition (stage kCompressing / kDecompressing).
+    std::unique_ptr<compressors::Compressor> compressor;
+    std::unique_ptr<compressors::ResidualState> residual;  // worker error feedback
+    std::shared_ptr<std::vector<uint8_t>> payload;         // reused when nobody else refers to it
+    AlignedBuffer<float> scratch;                          // fp32 aggregate for fp16/bf16 outputs
+    // Guarded by mu_.
+    Stage stage = Stage::kIdle;
+    uint64_t next_round = 0;  // the round of the next push
+    uint64_t round = 0;       // the round in flight (stage kOnWire / kDecompressing)
+    EngineClock::time_point pushed_at;
+    uint64_t bytes = 0;  // uncompressed bytes (what the credit counts)
+  };
+
+  struct Tensor {
+    uint32_t index = 0;
+    std::string name;
+    size_t elements = 0;
+    DType dtype = DType::kFloat32;
+    TensorOptions options;
+    v1::CompressorConfig config;  // canonical; "none" when the tensor goes uncompressed
+    std::string spec;             // CompressorSpecString(config)
+    bool compressed = false;
+    std::vector<Partition> partitions;
+    // Guarded by mu_.
+    bool committed = false;       // declaration checked and keys announced
+    Status error;                 // sticky: failed declaration, or a push_pull failed mid-way
+    std::shared_ptr<OpState> op;  // the push_pull in flight
+  };
+
+  struct Ready {
+    int64_t priority;
+    uint32_t tensor;
+    uint32_t partition;
+    bool operator>(const Ready& o) const {
+      if (priority != o.priority) return priority > o.priority;
+      if (tensor != o.tensor) return tensor > o.tensor;
+      return partition > o.partition;
+    }
+  };
+
+  Engine(EngineOptions& options, v1::ErrorFeedbackPolicy policy);
+  Status Start(EngineOptions& options);
+
+  // I/O thread.
+  void OnPeerMessage(transport::Received&& r);
+  void OnReply(const std::string& from, const v1::DataHeader& h, transport::Message& msg);
+  void OnError(const std::string& from, const v1::DataHeader& h);
+  void OnDeclareVerdict(uint64_t epoch, Status verdict);
+  void OnClusterError(const Status& error);
+
+  // Pool jobs. `t` stays valid (tensors are never removed); the job owns partition `j`.
+  void CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpState>& op, uint64_t round);
+  void DecompressAndComplete(Tensor* t, uint32_t j, const std::shared_ptr<OpState>& op,
+                             const transport::Buffer& payload);
+
+  // Dispatcher thread.
+  void DispatchLoop();
+  Status TimeoutStatusLocked(const Tensor& t, const OpState& op) const;
+
+  // Declarations: sends the manifest of `tensors` for `epoch` to server 0 and waits.
+  Status CheckDeclarations(uint64_t epoch, const std::vector<uint32_t>& tensors);
+  Status AnnounceKeys(const std::vector<uint32_t>& tensors);
+
+  // Helpers (caller holds mu_).
+  void FailOpLocked(Tensor& t, const std::shared_ptr<OpState>& op, const Status& error);
+  // Moves `p` to kIdle, returning its credit if it held some.
+  void SetIdleLocked(Partition& p);
+  void JobDoneLocked(Tensor& t, const std::shared_ptr<OpState>& op);
+  void MaybeFinishLocked(Tensor& t, const std::shared_ptr<OpState>& op);
+  void FailAllLocked(const Status& error);
+  // The error new push_pulls get (cluster error, shutdown, closed), if any.
+  std::optional<Status> StoppedLocked() const;
+  Tensor* FindTensorLocked(uint64_t key, uint32_t* partition);
+
+  std::string label_;  // "worker 0"
+  uint32_t rank_ = 0;
+  uint32_t num_workers_ = 0;
+  uint32_t num_servers_ = 0;
+  scheduler::ClusterConfig cluster_;
+  v1::ErrorFeedbackPolicy policy_;
+  IsaLevel isa_;
+  std::unique_ptr<scheduler::SchedulerClient> client_;
+  std::unique_ptr<TaskPool> pool_;
+  std::thread dispatcher_;
+
+  std::mutex declare_mu_;    // serialises Declare (tensor indices are assigned in order)
+  std::mutex decl_mu_;       // serialises CommitDeclarations
+  uint64_t next_epoch_ = 0;  // guarded by decl_mu_
+
+  mutable std::mutex mu_;
+  std::condition_variable dispatch_cv_;  // wakes the dispatcher
+  std::condition_variable decl_cv_;      // wakes CheckDeclarations
+  // Tensors: appended under mu_, never removed; unique_ptr so references stay valid.
+  std::vector<std::unique_ptr<Tensor>> tensors_;                               // guarded by mu_
+  std::map<std::string, uint32_t> names_;                                      // guarded by mu_
+  std::priority_queue<Ready, std::vector<Ready>, std::greater<Ready>> ready_;  // guarded by mu_
+  std::set<std::pair<EngineClock::time_point, uint32_t>> deadlines_;           // (deadline, tensor)
+  uint64_t in_flight_bytes_ = 0;                                               // guarded by mu_
+  std::optional<uint64_t> pending_epoch_;  // guarded by mu_: declaration awaited
+  std::optional<Status> declare_verdict_;  // guarded by mu_
+  Status cluster_error_;                   // guarded by mu_: sticky
+  bool shutting_down_ = false;             // guarded by mu_
+  bool closed_ = false;                    // guarded by mu_
+  bool stop_dispatcher_ = false;           // guarded by mu_
+  ClientStats stats_;                      // guarded by mu_
+};
+
+}  // namespace bitpush::worker
