@@ -1,0 +1,287 @@
+#include "bench/pushpull_worker.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "common/counter_rng.h"
+#include "common/logging.h"
+#include "scheduler/cluster_config.h"
+#include "worker/client.h"
+
+namespace bitpush::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr char kUsage[] =
+    "usage: %s --config CLUSTER.yaml --rank N [--tensor-mb X] [--tensors K] [--iters N]\n"
+    "       [--warmup W] [--pause-ms M] [--compression SPEC] [--results PATH] [--quiet]\n"
+    "       [--shutdown-timeout-ms T] [--log-level trace|debug|info|warn|error]\n"
+    "Declares K float32 tensors of X MiB (default 1 x 1 MiB), runs W warm-up and N timed\n"
+    "(default 10) PushPull+Wait iterations, sleeping M ms before each, then shuts down.\n"
+    "Exit: 0 ok, 1 start-up/declare/shutdown failure, 2 usage, 3 a push_pull failed.\n";
+
+struct Options {
+  std::string config_path;
+  long long rank = -1;
+  double tensor_mb = 1;
+  long long tensors = 1;
+  long long iters = 10;
+  long long warmup = 0;
+  long long pause_ms = 0;
+  long long shutdown_timeout_ms = -1;
+  std::string compression;
+  std::string results_path;
+  std::string log_level = "warn";
+  bool quiet = false;
+};
+
+double Ms(Clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
+double Seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+// Approximately normal(0, 1) values (Irwin-Hall of four uniforms), deterministic per seed:
+// cheap enough for hundreds of MiB, and realistic enough for top-k and scaled 1-bit.
+void FillGradient(std::vector<float>* v, uint64_t seed) {
+  const uint64_t stream = StreamKey(seed, 0x6772616400000000ull, 0);
+  for (size_t i = 0; i < v->size(); ++i) {
+    const uint64_t r = CounterRandom64(stream, i);
+    const float u = static_cast<float>(r & 0xffff) + static_cast<float>((r >> 16) & 0xffff) +
+                    static_cast<float>((r >> 32) & 0xffff) + static_cast<float>(r >> 48);
+    (*v)[i] = (u / 65536.0f - 2.0f) * 1.7320508f;  // variance of each uniform: 1/12
+  }
+}
+
+class Worker {
+ public:
+  Worker(std::string program, Options opt) : program_(std::move(program)), opt_(std::move(opt)) {
+    label_ = "worker " + std::to_string(opt_.rank);
+  }
+
+  int Run() {
+    StatusOr<scheduler::ClusterConfig> config = scheduler::LoadClusterConfig(opt_.config_path);
+    if (!config.ok()) {
+      std::fprintf(stderr, "%s: config error: %s\n", program_.c_str(),
+                   config.status().message().c_str());
+      return 2;
+    }
+    if (opt_.rank >= static_cast<long long>(config->workers.size())) {
+      std::fprintf(stderr, "%s: --rank %lld but the cluster has %zu workers\n", program_.c_str(),
+                   opt_.rank, config->workers.size());
+      return 2;
+    }
+    const milliseconds shutdown_timeout =
+        opt_.shutdown_timeout_ms >= 0 ? milliseconds(opt_.shutdown_timeout_ms)
+                                      : 2 * (config->startup_timeout + config->heartbeat_timeout);
+
+    const auto t_start = Clock::now();
+    worker::ClientOptions co;
+    co.cluster = *config;
+    co.rank = static_cast<uint32_t>(opt_.rank);
+    StatusOr<std::unique_ptr<worker::Client>> made = worker::Client::Create(std::move(co));
+    if (!made.ok()) return Fail(1, "start-up", made.status());
+    client_ = std::move(made).value();
+    record_.Add("startup_seconds", Seconds(Clock::now() - t_start));
+
+    const size_t elements =
+        static_cast<size_t>(std::llround(opt_.tensor_mb * static_cast<double>(1 << 20) / 4));
+    inputs_.resize(static_cast<size_t>(opt_.tensors));
+    outputs_.resize(inputs_.size());
+    for (size_t i = 0; i < inputs_.size(); ++i) {
+      StatusOr<worker::TensorId> id =
+          client_->Declare("t" + std::to_string(i), elements, DType::kFloat32,
+                           static_cast<int64_t>(i), opt_.compression);
+      if (!id.ok()) return Fail(1, "declare", id.status());
+      ids_.push_back(*id);
+      inputs_[i].resize(elements);
+      outputs_[i].assign(elements, 0.0f);
+      FillGradient(&inputs_[i], static_cast<uint64_t>(opt_.rank) * 1000 + i);
+    }
+    const auto t_commit = Clock::now();
+    if (Status s = client_->CommitDeclarations(); !s.ok()) return Fail(1, "declare", s);
+    record_.Add("commit_seconds", Seconds(Clock::now() - t_commit));
+    last_success_ = Clock::now();
+
+    for (long long i = 0; i < opt_.warmup; ++i) {
+      if (int rc = Iteration("warm-up iteration", i)) return rc;
+    }
+    if (Status s = client_->Barrier(); !s.ok()) return Fail(1, "barrier", s);
+    const worker::ClientStats before = client_->stats();
+    std::vector<double> iter_seconds;
+    const auto t_loop = Clock::now();
+    for (long long i = 0; i < opt_.iters; ++i) {
+      const auto t0 = Clock::now();
+      if (int rc = Iteration("iteration", i)) return rc;
+      iter_seconds.push_back(Seconds(Clock::now() - t0));
+    }
+    const double loop_seconds = Seconds(Clock::now() - t_loop);
+    const worker::ClientStats after = client_->stats();
+
+    const auto t_shutdown = Clock::now();
+    const Status shutdown = client_->Shutdown(shutdown_timeout);
+    record_.Add("shutdown_seconds", Seconds(Clock::now() - t_shutdown));
+
+    std::sort(iter_seconds.begin(), iter_seconds.end());
+    const double pause_seconds = static_cast<double>(opt_.pause_ms * opt_.iters) / 1000.0;
+    record_.Add("tensor_bytes", elements * 4)
+        .Add("iters", static_cast<long long>(iter_seconds.size()))
+        .Add("loop_seconds", loop_seconds)
+        .Add("pause_seconds", pause_seconds)
+        .Add("best_iter_seconds", iter_seconds.empty() ? NAN : iter_seconds.front())
+        .Add("median_iter_seconds",
+             iter_seconds.empty() ? NAN : iter_seconds[iter_seconds.size() / 2])
+        .Add("ops_completed", static_cast<long long>(after.ops_completed - before.ops_completed))
+        .Add("ops_failed", static_cast<long long>(after.ops_failed - before.ops_failed))
+        .Add("partitions_pushed",
+             static_cast<long long>(after.partitions_pushed - before.partitions_pushed))
+        .Add("bytes_pushed", static_cast<long long>(after.bytes_pushed - before.bytes_pushed))
+        .Add("bytes_pulled", static_cast<long long>(after.bytes_pulled - before.bytes_pulled))
+        .Add("compress_ns", static_cast<long long>(after.compress_ns - before.compress_ns))
+        .Add("network_ns", static_cast<long long>(after.network_ns - before.network_ns))
+        .Add("decompress_ns", static_cast<long long>(after.decompress_ns - before.decompress_ns))
+        .Add("peak_bytes_in_flight", static_cast<long long>(after.peak_bytes_in_flight));
+    if (!shutdown.ok()) return Fail(1, "shutdown", shutdown);
+    record_.Add("status", "OK");
+    WriteResults();
+    if (!opt_.quiet) Print("%s: clean shutdown\n", label_.c_str());
+    return 0;
+  }
+
+ private:
+  // One round over every tensor; on failure prints the error and returns 3.
+  int Iteration(const char* what, long long i) {
+    if (opt_.pause_ms > 0) std::this_thread::sleep_for(milliseconds(opt_.pause_ms));
+    const auto t0 = Clock::now();
+    std::vector<worker::PushPullHandle> handles;
+    for (size_t t = 0; t < ids_.size(); ++t) {
+      handles.push_back(client_->PushPull(ids_[t],
+                                          ConstTensorView(inputs_[t].data(), inputs_[t].size()),
+                                          TensorView(outputs_[t].data(), outputs_[t].size())));
+    }
+    Status first;
+    for (const worker::PushPullHandle& h : handles) {
+      Status s = h.Wait();
+      if (first.ok() && !s.ok()) first = s;
+    }
+    const auto t1 = Clock::now();
+    if (!first.ok()) {
+      record_.Add("failed_wait_ms", Ms(t1 - t0))
+          .Add("ms_after_last_success", Ms(t1 - last_success_));
+      char context[160];
+      std::snprintf(context, sizeof(context),
+                    "%s %lld failed: wait returned after %.0f ms, %.0f ms after the last success",
+                    what, i, Ms(t1 - t0), Ms(t1 - last_success_));
+      return Fail(3, context, first);
+    }
+    last_success_ = t1;
+    if (!opt_.quiet) Print("%s: %s %lld ok %.2f ms\n", label_.c_str(), what, i, Ms(t1 - t0));
+    return 0;
+  }
+
+  template <typename... Args>
+  void Print(const char* format, Args... args) {
+    std::printf(format, args...);
+    std::fflush(stdout);
+  }
+
+  int Fail(int rc, const std::string& context, const Status& s) {
+    std::fprintf(stderr, "%s %s: error: %s: %s\n", program_.c_str(), label_.c_str(),
+                 context.c_str(), s.ToString().c_str());
+    std::fflush(stderr);
+    record_.Add("status", context + ": " + s.ToString());
+    WriteResults();
+    return rc;
+  }
+
+  void WriteResults() {
+    if (opt_.results_path.empty()) return;
+    record_.Add("rank", static_cast<long long>(opt_.rank));
+    std::ofstream out(opt_.results_path);
+    out << record_.str() << "\n";
+  }
+
+  std::string program_;
+  Options opt_;
+  std::string label_;
+  std::unique_ptr<worker::Client> client_;
+  std::vector<worker::TensorId> ids_;
+  std::vector<std::vector<float>> inputs_, outputs_;
+  Clock::time_point last_success_;
+  JsonRecord record_;
+};
+
+bool ParseInt(const char* text, long long* out) {
+  char* end = nullptr;
+  *out = std::strtoll(text, &end, 10);
+  return end != text && *end == '\0' && *out >= 0;
+}
+
+}  // namespace
+
+int RunPushPullWorker(const char* program, int argc, char** argv) {
+  auto usage = [&](const std::string& error) {
+    std::fprintf(stderr, "%s: %s\n", program, error.c_str());
+    std::fprintf(stderr, kUsage, program);
+    return 2;
+  };
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::printf(kUsage, program);
+      return 0;
+    }
+    if (arg == "--quiet") {
+      opt.quiet = true;
+      continue;
+    }
+    if (i + 1 >= argc) return usage(arg + " needs a value (or is unknown)");
+    const char* v = argv[++i];
+    long long n = 0;
+    if (arg == "--config") {
+      opt.config_path = v;
+    } else if (arg == "--compression") {
+      opt.compression = v;
+    } else if (arg == "--results") {
+      opt.results_path = v;
+    } else if (arg == "--log-level") {
+      opt.log_level = v;
+    } else if (arg == "--tensor-mb") {
+      char* end = nullptr;
+      opt.tensor_mb = std::strtod(v, &end);
+      if (end == v || *end != '\0' || !(opt.tensor_mb >= 0)) {
+        return usage("--tensor-mb needs a number >= 0, got '" + std::string(v) + "'");
+      }
+    } else if (arg == "--rank" || arg == "--tensors" || arg == "--iters" || arg == "--warmup" ||
+               arg == "--pause-ms" || arg == "--shutdown-timeout-ms") {
+      if (!ParseInt(v, &n)) return usage(arg + " needs a non-negative integer, got '" + v + "'");
+      (arg == "--rank"       ? opt.rank
+       : arg == "--tensors"  ? opt.tensors
+       : arg == "--iters"    ? opt.iters
+       : arg == "--warmup"   ? opt.warmup
+       : arg == "--pause-ms" ? opt.pause_ms
+                             : opt.shutdown_timeout_ms) = n;
+    } else {
+      return usage("unknown argument '" + arg + "'");
+    }
+  }
+  if (opt.config_path.empty() || opt.rank < 0) return usage("--config and --rank are required");
+  if (opt.tensors < 1) return usage("--tensors must be at least 1");
+  if (!SetLogLevel(opt.log_level)) return usage("unknown log level '" + opt.log_level + "'");
+  return Worker(program, std::move(opt)).Run();
+}
+
+}  // namespace bitpush::bench

@@ -1,0 +1,234 @@
+// The data plane as real processes: bitpush-scheduler, bitpush-server and bitpush-test-worker
+// (bench/pushpull_worker.h) on loopback tcp with short heartbeats (100 ms interval, 1000 ms
+// timeout). Checks a clean run (every process exits 0 after every iteration completed) and
+// the crash scenario: a server SIGKILLed while workers are in the middle of rounds
+// → every worker's pending handle fails, naming the server, and every worker exits within
+// heartbeat_timeout + 1 s of the kill. Every child is killed and reaped whatever happens
+// (tests/harness/child_process.h); every wait is bounded.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "scheduler/key_mapping.h"
+#include "tests/harness/child_process.h"
+#include "worker/partition.h"
+
+#ifndef BITPUSH_SCHEDULER_BIN
+#error "BITPUSH_SCHEDULER_BIN must be defined (tests/CMakeLists.txt)"
+#endif
+#ifndef BITPUSH_SERVER_BIN
+#error "BITPUSH_SERVER_BIN must be defined (tests/CMakeLists.txt)"
+#endif
+#ifndef BITPUSH_TEST_WORKER_BIN
+#error "BITPUSH_TEST_WORKER_BIN must be defined (tests/CMakeLists.txt)"
+#endif
+
+namespace bitpush::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr int kHeartbeatIntervalMs = 100;
+constexpr int kHeartbeatTimeoutMs = 1000;
+// The bound: a dead server fails every pending handle within heartbeat_timeout + 1 s.
+constexpr int kDetectionBoundMs = kHeartbeatTimeoutMs + 1000;
+constexpr uint64_t kPartitionBytes = 1 << 20;
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+size_t CountOccurrences(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t pos = text.find(needle); pos != std::string::npos; pos = text.find(needle, pos + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+class PushPullProcessTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    if (HasFailure()) {
+      for (const auto& c : children_) {
+        std::cerr << "---- " << c->label() << " (" << c->ExitDescription() << ") ----\n"
+                  << c->output();
+      }
+    }
+    children_.clear();  // kills and reaps what still runs
+  }
+
+  // Writes the cluster YAML: every node on a free tcp port of 127.0.0.1, onebit with error
+  // feedback on both sides, 1 MiB partitions.
+  void WriteConfig(int servers, int workers) {
+    std::set<int> used;
+    auto address = [&] {
+      int p = FreeTcpPort();
+      while (p > 0 && !used.insert(p).second) p = FreeTcpPort();
+      return "127.0.0.1:" + std::to_string(p);
+    };
+    std::ostringstream y;
+    y << "cluster:\n"
+      << "  scheduler: " << address() << "\n"
+      << "  servers: [";
+    for (int i = 0; i < servers; ++i) y << (i ? ", " : "") << address();
+    y << "]\n  workers: [";
+    for (int i = 0; i < workers; ++i) y << (i ? ", " : "") << address();
+    y << "]\n"
+      << "  heartbeat_interval_ms: " << kHeartbeatIntervalMs << "\n"
+      << "  heartbeat_timeout_ms: " << kHeartbeatTimeoutMs << "\n"
+      << "  startup_timeout_s: 10\n"
+      << "compression:\n"
+      << "  spec: onebit\n"
+      << "  error_feedback: both\n"
+      << "  partition_bytes: " << kPartitionBytes << "\n"
+      << "worker:\n"
+      << "  op_timeout_s: 20\n";
+    config_ = dir_.path() + "/cluster.yaml";
+    std::ofstream(config_) << y.str();
+  }
+
+  Child* StartScheduler() {
+    return Add("scheduler", {BITPUSH_SCHEDULER_BIN, "--config", config_}, "scheduler.log");
+  }
+
+  Child* StartServer(int rank) {
+    const std::string r = std::to_string(rank);
+    return Add("server " + r, {BITPUSH_SERVER_BIN, "--config", config_, "--rank", r},
+               "server" + r + ".log");
+  }
+
+  Child* StartWorker(int rank, double tensor_mb, int iters, int pause_ms) {
+    const std::string r = std::to_string(rank);
+    return Add("worker " + r,
+               {BITPUSH_TEST_WORKER_BIN, "--config", config_, "--rank", r, "--tensor-mb",
+                std::to_string(tensor_mb), "--iters", std::to_string(iters), "--pause-ms",
+                std::to_string(pause_ms)},
+               "worker" + r + ".log");
+  }
+
+  Child* Add(const std::string& label, const std::vector<std::string>& argv,
+             const std::string& log) {
+    children_.push_back(std::make_unique<Child>(label, argv, dir_.path() + "/" + log));
+    EXPECT_TRUE(children_.back()->spawned()) << label;
+    return children_.back().get();
+  }
+
+  // Servers that own at least one partition of the single tensor of `tensor_mb` MiB.
+  static std::set<uint32_t> OwnersOfTensor(double tensor_mb, uint32_t servers) {
+    const size_t elements = static_cast<size_t>(tensor_mb * (1 << 20) / 4);
+    StatusOr<std::vector<worker::PartitionRange>> parts =
+        worker::PartitionTensor(0, elements, DType::kFloat32, kPartitionBytes);
+    std::set<uint32_t> owners;
+    const v1::KeyMapping mapping = scheduler::MakeKeyMapping(servers);
+    for (const worker::PartitionRange& p : *parts) {
+      owners.insert(scheduler::ServerForKey(p.key, mapping));
+    }
+    return owners;
+  }
+
+  // 2 servers, 3 workers looping over an 8 MiB tensor; worker 2 sleeps 50 ms before each
+  // iteration, so workers 0 and 1 always have a round pushed and waiting for it at both
+  // servers: they are mid-round when `victim` is SIGKILLed (once everyone completed a few
+  // iterations); worker 2's next push goes to a dead server.
+  void KillServerMidRound(int victim) {
+    constexpr double kTensorMb = 8;
+    ASSERT_EQ(OwnersOfTensor(kTensorMb, 2).count(victim), 1u)
+        << "server " << victim << " owns no partition: the test would not be mid-round";
+    WriteConfig(2, 3);
+    Child* sched = StartScheduler();
+    std::vector<Child*> servers = {StartServer(0), StartServer(1)};
+    std::vector<Child*> workers = {StartWorker(0, kTensorMb, 1000000, 0),
+                                   StartWorker(1, kTensorMb, 1000000, 0),
+                                   StartWorker(2, kTensorMb, 1000000, 50)};
+    for (Child* w : workers) {
+      ASSERT_TRUE(WaitForOutput(*w, "iteration 3 ok", milliseconds(15000))) << w->label();
+    }
+
+    Child* dead = servers[victim];
+    const Clock::time_point killed = Clock::now();
+    dead->Signal(SIGKILL);
+    ASSERT_TRUE(WaitAll(workers, killed + milliseconds(kDetectionBoundMs + 3000)));
+    const std::string name = "server " + std::to_string(victim);
+    for (Child* w : workers) {
+      const int64_t latency = MsBetween(killed, w->exited_at());
+      std::cout << "[latency] " << name << " SIGKILLed -> " << w->label() << " failed and exited"
+                << " after " << latency << " ms (bound " << kDetectionBoundMs << " ms)\n";
+      EXPECT_EQ(w->exit_code(), 3) << w->label();
+      EXPECT_LE(latency, kDetectionBoundMs) << w->label();
+      const std::string out = w->output();
+      const size_t error = out.find("bitpush-test-worker " + w->label() + ": error: iteration ");
+      if (error != std::string::npos) {
+        std::cout << "[error] " << out.substr(error, out.find('\n', error) - error) << "\n";
+      }
+      EXPECT_NE(error, std::string::npos) << out;
+      if (w != workers.back() && error != std::string::npos) {
+        // Workers 0 and 1 were waiting when the server died: their failing Wait began before
+        // the kill (it lasted about as long as kill -> exit; exiting takes a little more).
+        const size_t at = out.find("wait returned after ", error);
+        ASSERT_NE(at, std::string::npos) << out;
+        const long waited_ms = std::strtol(out.c_str() + at + 20, nullptr, 10);
+        EXPECT_GE(waited_ms + 250, latency) << w->label() << " was not mid-round:\n" << out;
+      }
+      EXPECT_CONTAINS(out, " after the last success: ");
+      EXPECT_CONTAINS(out, name);
+    }
+    // The rest of the cluster ends too (the scheduler's verdict), within the same bound plus
+    // slack; none of it cleanly.
+    std::vector<Child*> rest = {sched, servers[1 - victim]};
+    ASSERT_TRUE(WaitAll(rest, killed + milliseconds(kDetectionBoundMs + 3000)));
+    for (Child* c : rest) EXPECT_NE(c->exit_code(), 0) << c->label();
+    EXPECT_CONTAINS(sched->output(), name);
+    ASSERT_TRUE(WaitAll({dead}, Clock::now() + milliseconds(1000)));
+    EXPECT_EQ(dead->exit_code(), 128 + SIGKILL);
+  }
+
+  TempDir dir_;
+  std::string config_;
+  std::vector<std::unique_ptr<Child>> children_;
+};
+
+TEST_F(PushPullProcessTest, CleanRunEveryProcessExitsZero) {
+  WriteConfig(2, 2);
+  std::vector<Child*> all = {StartScheduler(), StartServer(0), StartServer(1)};
+  for (int w = 0; w < 2; ++w) all.push_back(StartWorker(w, 3, 5, 0));
+  ASSERT_TRUE(WaitAll(all, Clock::now() + milliseconds(20000)));
+  for (Child* c : all) EXPECT_EQ(c->exit_code(), 0) << c->label() << ":\n" << c->output();
+  for (size_t w = 3; w < all.size(); ++w) {
+    const std::string out = all[w]->output();
+    EXPECT_EQ(CountOccurrences(out, all[w]->label() + ": iteration "), 5u) << out;
+    EXPECT_CONTAINS(out, "iteration 4 ok");
+    EXPECT_CONTAINS(out, all[w]->label() + ": clean shutdown");
+  }
+}
+
+TEST_F(PushPullProcessTest, KilledServerOneFailsEveryWorkersPendingHandle) {
+  KillServerMidRound(1);
+}
+
+TEST_F(PushPullProcessTest, KilledServerZeroFailsEveryWorkersPendingHandle) {
+  KillServerMidRound(0);
+}
+
+TEST_F(PushPullProcessTest, UsageErrorsExitTwo) {
+  Child* none = Add("no args", {BITPUSH_TEST_WORKER_BIN}, "noargs.log");
+  Child* bogus = Add("bogus", {BITPUSH_TEST_WORKER_BIN, "--bogus", "1"}, "bogus.log");
+  ASSERT_TRUE(WaitAll({none, bogus}, Clock::now() + milliseconds(5000)));
+  EXPECT_EQ(none->exit_code(), 2);
+  EXPECT_CONTAINS(none->output(), "--config and --rank are required");
+  EXPECT_EQ(bogus->exit_code(), 2);
+  EXPECT_CONTAINS(bogus->output(), "unknown argument '--bogus'");
+}
+
+}  // namespace
+}  // namespace bitpush::testing
