@@ -41,6 +41,7 @@
 #include <fstream>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -322,36 +323,22 @@ class ClusterRun {
     BP_ASSIGN_OR_RETURN(std::string scheduler, port());
     BP_ASSIGN_OR_RETURN(std::string servers, list(opt_.servers));
     BP_ASSIGN_OR_RETURN(std::string workers, list(opt_.workers));
-    const std::string yaml =
-        "cluster:\n"
-        "  scheduler: " +
-        scheduler +
-        "\n"
-        "  servers: " +
-        servers +
-        "\n"
-        "  workers: " +
-        workers +
-        "\n"
-        "  heartbeat_interval_ms: 500\n"
-        "  heartbeat_timeout_ms: 5000\n"
-        "  startup_timeout_s: 30\n"
-        "compression:\n"
-        "  spec: \"" +
-        result_.spec +
-        "\"\n"
-        "  error_feedback: " +
-        result_.error_feedback +
-        "\n"
-        "  min_compress_bytes: " +
-        std::to_string(opt_.min_compress_bytes) +
-        "\n"
-        "  partition_bytes: " +
-        std::to_string(opt_.partition_kb * 1024) +
-        "\n"
-        "worker:\n"
-        "  op_timeout_s: " +
-        std::to_string(opt_.timeout_s) + "\n";
+    std::ostringstream y;
+    y << "cluster:\n"
+      << "  scheduler: " << scheduler << "\n"
+      << "  servers: " << servers << "\n"
+      << "  workers: " << workers << "\n"
+      << "  heartbeat_interval_ms: 500\n"
+      << "  heartbeat_timeout_ms: 5000\n"
+      << "  startup_timeout_s: 30\n"
+      << "compression:\n"
+      << "  spec: \"" << result_.spec << "\"\n"
+      << "  error_feedback: " << result_.error_feedback << "\n"
+      << "  min_compress_bytes: " << opt_.min_compress_bytes << "\n"
+      << "  partition_bytes: " << opt_.partition_kb * 1024 << "\n"
+      << "worker:\n"
+      << "  op_timeout_s: " << opt_.timeout_s << "\n";
+    const std::string yaml = y.str();
     config_path_ = dir_.path() + "/cluster.yaml";
     std::ofstream(config_path_) << yaml;
     StatusOr<scheduler::ClusterConfig> c = scheduler::ParseClusterConfig(yaml, config_path_);

@@ -25,7 +25,8 @@ using std::chrono::milliseconds;
 
 constexpr char kUsage[] =
     "usage: %s --config CLUSTER.yaml --rank N [--tensor-mb X] [--tensors K] [--iters N]\n"
-    "       [--warmup W] [--pause-ms M] [--compression SPEC] [--results PATH] [--quiet]\n"
+    "       [--warmup W] [--pause-ms M] [--linger-ms L] [--compression SPEC]\n"
+    "       [--results PATH] [--quiet]\n"
     "       [--shutdown-timeout-ms T] [--log-level trace|debug|info|warn|error]\n"
     "Declares K float32 tensors of X MiB (default 1 x 1 MiB), runs W warm-up and N timed\n"
     "(default 10) PushPull+Wait iterations, sleeping M ms before each, then shuts down.\n"
@@ -39,6 +40,7 @@ struct Options {
   long long iters = 10;
   long long warmup = 0;
   long long pause_ms = 0;
+  long long linger_ms = 0;
   long long shutdown_timeout_ms = -1;
   std::string compression;
   std::string results_path;
@@ -184,7 +186,11 @@ class Worker {
       std::snprintf(context, sizeof(context),
                     "%s %lld failed: wait returned after %.0f ms, %.0f ms after the last success",
                     what, i, Ms(t1 - t0), Ms(t1 - last_success_));
-      return Fail(3, context, first);
+      const int rc = Fail(3, context, first);
+      // Stay registered (heartbeating) a while, so the scheduler's verdict is about what
+      // failed, not about this worker exiting because of it.
+      if (opt_.linger_ms > 0) std::this_thread::sleep_for(milliseconds(opt_.linger_ms));
+      return rc;
     }
     last_success_ = t1;
     if (!opt_.quiet) Print("%s: %s %lld ok %.2f ms\n", label_.c_str(), what, i, Ms(t1 - t0));
@@ -266,14 +272,15 @@ int RunPushPullWorker(const char* program, int argc, char** argv) {
         return usage("--tensor-mb needs a number >= 0, got '" + std::string(v) + "'");
       }
     } else if (arg == "--rank" || arg == "--tensors" || arg == "--iters" || arg == "--warmup" ||
-               arg == "--pause-ms" || arg == "--shutdown-timeout-ms") {
+               arg == "--pause-ms" || arg == "--linger-ms" || arg == "--shutdown-timeout-ms") {
       if (!ParseInt(v, &n)) return usage(arg + " needs a non-negative integer, got '" + v + "'");
-      (arg == "--rank"       ? opt.rank
-       : arg == "--tensors"  ? opt.tensors
-       : arg == "--iters"    ? opt.iters
-       : arg == "--warmup"   ? opt.warmup
-       : arg == "--pause-ms" ? opt.pause_ms
-                             : opt.shutdown_timeout_ms) = n;
+      (arg == "--rank"        ? opt.rank
+       : arg == "--tensors"   ? opt.tensors
+       : arg == "--iters"     ? opt.iters
+       : arg == "--warmup"    ? opt.warmup
+       : arg == "--pause-ms"  ? opt.pause_ms
+       : arg == "--linger-ms" ? opt.linger_ms
+                              : opt.shutdown_timeout_ms) = n;
     } else {
       return usage("unknown argument '" + arg + "'");
     }

@@ -6,7 +6,7 @@
 //     tests (tests/unit/pushpull_process_test.cc).
 //
 //   --config CLUSTER.yaml --rank N [--tensor-mb X] [--tensors K] [--iters N] [--warmup W]
-//   [--pause-ms M] [--compression SPEC] [--results PATH] [--quiet]
+//   [--pause-ms M] [--linger-ms L] [--compression SPEC] [--results PATH] [--quiet]
 //   [--shutdown-timeout-ms T] [--log-level L]
 //
 // It declares K tensors of X MiB of float32 each ("t0", "t1", ..., priority = index), checks
@@ -18,7 +18,9 @@
 //
 // Exit status: 0 clean; 2 usage or config error; 1 start-up, declaration or shutdown failure;
 // 3 a push_pull failed: it prints "PROGRAM worker R: error: iteration I failed: wait returned
-// after A ms, B ms after the last success: STATUS".
+// after A ms, B ms after the last success: STATUS" at once, then (with --linger-ms) stays
+// alive and registered L ms before exiting — so that in a crash test the scheduler's verdict
+// names the crashed node, not a worker that exited because of it first.
 //
 // Thread-safety: a whole program; call once per process.
 #pragma once
