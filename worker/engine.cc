@@ -461,8 +461,11 @@ PushPullHandle Engine::PushPull(TensorId id, ConstTensorView input, TensorView o
   op->remaining = t->partitions.size();
   t->op = op;
   deadlines_.insert({op->deadline, t->index});
+  const uint64_t seq = next_op_seq_++;
   for (Partition& p : t->partitions) {
     p.stage = Stage::kQueued;
+    p.seq = seq;
+    active_.insert({seq, t->index, p.range.index});
     ready_.push(Ready{t->options.priority, t->index, p.range.index});
   }
   dispatch_cv_.notify_one();
@@ -486,20 +489,13 @@ void Engine::DispatchLoop() {
       }
       if (in_flight_bytes_ > 0 && in_flight_bytes_ + p.bytes > credit) break;
       ready_.pop();
-      in_flight_bytes_ += p.bytes;
-      stats_.peak_bytes_in_flight = std::max(stats_.peak_bytes_in_flight, in_flight_bytes_);
-      p.stage = Stage::kCompressing;
-      p.round = p.next_round++;
-      std::shared_ptr<OpState> op = t.op;
-      ++op->active_jobs;
-      Tensor* tp = &t;
-      const uint32_t j = top.partition;
-      const uint64_t round = p.round;
-      if (!pool_->Post([this, tp, j, op, round] { CompressAndPush(tp, j, op, round); })) {
-        SetIdleLocked(p);
-        FailOpLocked(t, op, CancelledError(label_ + ": the engine is stopping"));
-        JobDoneLocked(t, op);
-      }
+      StartLocked(t, top.partition);
+    }
+    // The first partition in posting order always goes (see "Credit without deadlock").
+    if (!active_.empty()) {
+      const auto [seq, ti, j] = *active_.begin();
+      Tensor& t = *tensors_[ti];
+      if (t.partitions[j].stage == Stage::kQueued && t.op && !t.op->failed) StartLocked(t, j);
     }
     const EngineClock::time_point now = EngineClock::now();
     while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
@@ -562,7 +558,7 @@ void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpStat
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (op->failed) {
-      SetIdleLocked(p);
+      SetIdleLocked(*t, p);
       JobDoneLocked(*t, op);
       return;
     }
@@ -608,7 +604,7 @@ void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpStat
                          fmt::format("{}: compressing tensor '{}' partition {} (key {}, round {})",
                                      label_, t->name, j, p.range.key, round)));
       }
-      SetIdleLocked(p);
+      SetIdleLocked(*t, p);
       JobDoneLocked(*t, op);
       return;
     }
@@ -620,7 +616,7 @@ void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpStat
   const Status sent = client_->transport().Send(p.peer, std::move(msg));
   std::lock_guard<std::mutex> lock(mu_);
   if (!sent.ok()) {
-    if (p.stage == Stage::kOnWire && p.round == round) SetIdleLocked(p);
+    if (p.stage == Stage::kOnWire && p.round == round) SetIdleLocked(*t, p);
     FailOpLocked(*t, op,
                  sent.WithContext(fmt::format("{}: pushing tensor '{}' partition {} (key {}, "
                                               "round {}) to server {}",
@@ -635,7 +631,7 @@ void Engine::DecompressAndComplete(Tensor* t, uint32_t j, const std::shared_ptr<
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (op->failed) {
-      SetIdleLocked(p);
+      SetIdleLocked(*t, p);
       JobDoneLocked(*t, op);
       return;
     }
@@ -666,7 +662,7 @@ void Engine::DecompressAndComplete(Tensor* t, uint32_t j, const std::shared_ptr<
                                              label_, t->name, j, p.range.key, p.round, p.server)));
     }
   }
-  SetIdleLocked(p);
+  SetIdleLocked(*t, p);
   JobDoneLocked(*t, op);
 }
 
@@ -755,7 +751,7 @@ void Engine::OnReply(const std::string& from, const v1::DataHeader& h, transport
   }
   stats_.network_ns += Ns(EngineClock::now() - p.pushed_at);
   if (msg.frames.empty()) {
-    SetIdleLocked(p);
+    SetIdleLocked(*t, p);
     FailOpLocked(
         *t, op,
         DataLossError(fmt::format("{}: {} replied to key {} (tensor '{}' partition {}, "
@@ -771,7 +767,7 @@ void Engine::OnReply(const std::string& from, const v1::DataHeader& h, transport
   if (!pool_->Post([this, t, j, op,
                     payload = std::move(payload)] { DecompressAndComplete(t, j, op, payload); },
                    /*urgent=*/true)) {
-    SetIdleLocked(p);
+    SetIdleLocked(*t, p);
     FailOpLocked(*t, op, CancelledError(label_ + ": the engine is stopping"));
     JobDoneLocked(*t, op);
   }
@@ -801,7 +797,7 @@ void Engine::OnError(const std::string& from, const v1::DataHeader& h) {
   }
   Partition& p = t->partitions[j];
   std::shared_ptr<OpState> op = t->op;
-  SetIdleLocked(p);
+  SetIdleLocked(*t, p);
   FailOpLocked(*t, op,
                RemoteStatus(h.error_code(),
                             fmt::format("{}: {} refused key {} (tensor '{}' partition {}, round "
@@ -823,14 +819,32 @@ void Engine::OnClusterError(const Status& error) {
 // ---------------------------------------------------------------------------------------------
 // Bookkeeping (mu_ held)
 
-void Engine::SetIdleLocked(Partition& p) {
-  if (p.stage == Stage::kCompressing || p.stage == Stage::kOnWire ||
-      p.stage == Stage::kDecompressing) {
+void Engine::SetIdleLocked(Tensor& t, Partition& p) {
+  if (p.stage == Stage::kIdle) return;
+  if (p.stage != Stage::kQueued) {
     BP_CHECK(in_flight_bytes_ >= p.bytes, "credit accounting underflow");
     in_flight_bytes_ -= p.bytes;
-    dispatch_cv_.notify_one();
   }
+  active_.erase({p.seq, t.index, p.range.index});
+  dispatch_cv_.notify_one();
   p.stage = Stage::kIdle;
+}
+
+void Engine::StartLocked(Tensor& t, uint32_t j) {
+  Partition& p = t.partitions[j];
+  in_flight_bytes_ += p.bytes;
+  stats_.peak_bytes_in_flight = std::max(stats_.peak_bytes_in_flight, in_flight_bytes_);
+  p.stage = Stage::kCompressing;
+  p.round = p.next_round++;
+  std::shared_ptr<OpState> op = t.op;
+  ++op->active_jobs;
+  Tensor* tp = &t;
+  const uint64_t round = p.round;
+  if (!pool_->Post([this, tp, j, op, round] { CompressAndPush(tp, j, op, round); })) {
+    SetIdleLocked(t, p);
+    FailOpLocked(t, op, CancelledError(label_ + ": the engine is stopping"));
+    JobDoneLocked(t, op);
+  }
 }
 
 void Engine::FailOpLocked(Tensor& t, const std::shared_ptr<OpState>& op, const Status& error) {
@@ -843,7 +857,7 @@ void Engine::FailOpLocked(Tensor& t, const std::shared_ptr<OpState>& op, const S
   for (Partition& p : t.partitions) {
     // Queued partitions never started; pushed ones no longer wait for their reply (a late
     // reply is dropped). Compressing/decompressing ones belong to their job, which cleans up.
-    if (p.stage == Stage::kQueued || p.stage == Stage::kOnWire) SetIdleLocked(p);
+    if (p.stage == Stage::kQueued || p.stage == Stage::kOnWire) SetIdleLocked(t, p);
   }
   dispatch_cv_.notify_one();
 }

@@ -21,6 +21,17 @@
 //    index, partition index), and starts one only while the uncompressed bytes in flight plus
 //    its own stay <= worker.credit_bytes (at least one partition is always in flight). It also
 //    enforces worker.op_timeout, sleeping until the next deadline (no polling);
+//
+// Credit without deadlock: a partition holds its credit until the server's reply, and the
+// server replies only once every worker pushed. If two workers started different partitions
+// (their push_pulls arrived at different moments, so priority picked differently), each could
+// hold the credit for partitions the other has not pushed and wait forever. Rule: the
+// partition first in posting order — (op sequence number, partition), the op sequence being
+// the order of this worker's PushPull calls — among those queued or in flight always goes,
+// even over the credit. When every worker posts its push_pulls in the same order (the same
+// training loop), the globally earliest incomplete partition is therefore always moving on
+// every worker, so the cluster always progresses; the credit is exceeded by at most that one
+// partition. (Workers posting in different orders can still stall; op_timeout reports it.)
 //  - caller threads: Declare, CommitDeclarations (serialised by decl_mu_; waits for server
 //    0's verdict), PushPull (never blocks on the network, except for a pending declaration
 //    check), Wait on handles.
@@ -53,6 +64,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -151,6 +163,7 @@ class Engine {
     Stage stage = Stage::kIdle;
     uint64_t next_round = 0;  // the round of the next push
     uint64_t round = 0;       // the round in flight (stage kOnWire / kDecompressing)
+    uint64_t seq = 0;         // the posting sequence number of its op (queued or in flight)
     EngineClock::time_point pushed_at;
     uint64_t bytes = 0;  // uncompressed bytes (what the credit counts)
   };
@@ -207,8 +220,10 @@ class Engine {
 
   // Helpers (caller holds mu_).
   void FailOpLocked(Tensor& t, const std::shared_ptr<OpState>& op, const Status& error);
-  // Moves `p` to kIdle, returning its credit if it held some.
-  void SetIdleLocked(Partition& p);
+  // Moves `p` (partition of tensor `t`) to kIdle, returning its credit if it held some.
+  void SetIdleLocked(Tensor& t, Partition& p);
+  // Takes the credit for queued partition `j` of `t` and posts its compress job.
+  void StartLocked(Tensor& t, uint32_t j);
   void JobDoneLocked(Tensor& t, const std::shared_ptr<OpState>& op);
   void MaybeFinishLocked(Tensor& t, const std::shared_ptr<OpState>& op);
   void FailAllLocked(const Status& error);
@@ -240,6 +255,10 @@ class Engine {
   std::priority_queue<Ready, std::vector<Ready>, std::greater<Ready>> ready_;  // guarded by mu_
   std::set<std::pair<EngineClock::time_point, uint32_t>> deadlines_;           // (deadline, tensor)
   uint64_t in_flight_bytes_ = 0;                                               // guarded by mu_
+  uint64_t next_op_seq_ = 0;                                                   // guarded by mu_
+  // Partitions queued or in flight, by (op sequence, tensor, partition): the first one always
+  // goes (see "Credit without deadlock"). Guarded by mu_.
+  std::set<std::tuple<uint64_t, uint32_t, uint32_t>> active_;
   std::optional<uint64_t> pending_epoch_;  // guarded by mu_: declaration awaited
   std::optional<Status> declare_verdict_;  // guarded by mu_
   Status cluster_error_;                   // guarded by mu_: sticky

@@ -1,0 +1,841 @@
+// push_pull end to end with threads as nodes: a Scheduler thread, S server::Server objects and
+// W worker::Client objects in one process over the inproc transport (one InprocHub per test
+// cluster). The pulled results are compared BIT-EXACTLY with a reference computed here from the
+// same compressor functions (paper 001 Algorithms 3 and 4):
+//   per partition (key = tensor << 32 | j) and round r, with CompressContext{key, r}:
+//     push_w    = C_w(x_w)  (CompressWithFeedback with the worker residual when the tensor is
+//                            compressed and error_feedback is worker/both)
+//     Δ         = (Σ_{w=0..n-1} DecompressAdd(push_w)) · (1/n)   fp32, rank order; no scaling
+//                            for the sum op or n = 1
+//     aggregate = C_s(Δ)    (with the server residual when error_feedback is server/both)
+//     output    = Decompress(aggregate), rounded to the tensor's dtype.
+// Also: mixed sizes (0 elements, below/above min_compress_bytes, partial partitions), fp16 and
+// bf16 tensors, priorities under a small credit, the sum op, 200 rounds with stable memory,
+// declaration checks, validation, op_timeout, a dead server, Close.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/cpu_features.h"
+#include "common/vector_ops.h"
+#include "compressors/error_feedback.h"
+#include "compressors/registry.h"
+#include "scheduler/scheduler.h"
+#include "server/server.h"
+#include "tests/unit/test_util.h"
+#include "worker/client.h"
+#include "worker/partition.h"
+
+namespace bitpush::worker {
+namespace {
+
+using compressors::CompressContext;
+using compressors::Compressor;
+using compressors::ResidualState;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAsan = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAsan = true;
+#else
+constexpr bool kAsan = false;
+#endif
+#else
+constexpr bool kAsan = false;
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// A threads-as-nodes cluster of real Servers and Clients.
+
+struct ClusterOptions {
+  uint32_t workers = 1;
+  uint32_t servers = 1;
+  std::string spec = "none";
+  std::string error_feedback = "none";
+  uint64_t min_compress_bytes = 2048;
+  uint64_t partition_bytes = 4096;
+  uint64_t credit_bytes = 64ull << 20;
+  milliseconds op_timeout{20000};
+  uint32_t compress_threads = 1;
+};
+
+class TestCluster {
+ public:
+  explicit TestCluster(const ClusterOptions& o) : options_(o), hub_(transport::NewInprocHub()) {
+    config_.source = "pushpull_e2e_test";
+    config_.transport = "inproc";
+    config_.scheduler_address = "inproc://scheduler";
+    for (uint32_t i = 0; i < o.servers; ++i) {
+      config_.servers.push_back("inproc://" + scheduler::NodePeerId(v1::ROLE_SERVER, i));
+    }
+    for (uint32_t i = 0; i < o.workers; ++i) {
+      config_.workers.push_back("inproc://" + scheduler::NodePeerId(v1::ROLE_WORKER, i));
+    }
+    config_.heartbeat_interval = milliseconds(50);
+    config_.heartbeat_timeout = milliseconds(500);
+    config_.startup_timeout = milliseconds(5000);
+    config_.compression.spec =
+        compressors::CompressorSpecString(compressors::ParseCompressorSpec(o.spec).value());
+    config_.compression.error_feedback = o.error_feedback;
+    config_.compression.min_compress_bytes = o.min_compress_bytes;
+    config_.compression.partition_bytes = o.partition_bytes;
+    config_.server.engine_threads = 1;
+    config_.server.numa = "off";
+    config_.worker.compress_threads = o.compress_threads;
+    config_.worker.credit_bytes = o.credit_bytes;
+    config_.worker.op_timeout = o.op_timeout;
+  }
+
+  ~TestCluster() { Close(); }
+
+  Status Start() {
+    scheduler::SchedulerOptions so;
+    so.cluster = config_;
+    so.inproc_hub = hub_;
+    BP_ASSIGN_OR_RETURN(scheduler_, scheduler::Scheduler::Create(so));
+    scheduler_thread_ = std::thread([this] { scheduler_status_ = scheduler_->Run(); });
+    servers_.resize(options_.servers);
+    workers_.resize(options_.workers);
+    std::vector<Status> status(options_.servers + options_.workers);
+    std::vector<std::thread> threads;
+    // Create blocks until every node registered: one thread per node.
+    for (uint32_t s = 0; s < options_.servers; ++s) {
+      threads.emplace_back([this, s, &status] {
+        server::ServerOptions o;
+        o.cluster = config_;
+        o.rank = s;
+        o.inproc_hub = hub_;
+        auto made = server::Server::Create(o);
+        if (made.ok()) {
+          servers_[s] = std::move(made).value();
+        } else {
+          status[s] = made.status();
+        }
+      });
+    }
+    for (uint32_t w = 0; w < options_.workers; ++w) {
+      threads.emplace_back([this, w, &status] {
+        ClientOptions o;
+        o.cluster = config_;
+        o.rank = w;
+        o.inproc_hub = hub_;
+        auto made = Client::Create(o);
+        if (made.ok()) {
+          workers_[w] = std::move(made).value();
+        } else {
+          status[options_.servers + w] = made.status();
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const Status& s : status) BP_RETURN_IF_ERROR(s);
+    return Status::Ok();
+  }
+
+  // Clean end: every worker Shutdown (Done + wait), every server and the scheduler end OK.
+  Status Shutdown() {
+    std::vector<Status> status(options_.workers);
+    std::vector<std::thread> threads;
+    for (uint32_t w = 0; w < options_.workers; ++w) {
+      threads.emplace_back(
+          [this, w, &status] { status[w] = workers_[w]->Shutdown(milliseconds(10000)); });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const Status& s : status) BP_RETURN_IF_ERROR(s);
+    for (auto& s : servers_) BP_RETURN_IF_ERROR(s->Wait(milliseconds(10000)));
+    scheduler_thread_.join();
+    return scheduler_status_;
+  }
+
+  void Close() {
+    for (auto& w : workers_) {
+      if (w) w->Close();
+    }
+    for (auto& s : servers_) {
+      if (s) s->Close();
+    }
+    if (scheduler_thread_.joinable()) {
+      scheduler_->Stop();
+      scheduler_thread_.join();
+    }
+  }
+
+  Client& worker(uint32_t w) { return *workers_[w]; }
+  server::Server& server(uint32_t s) { return *servers_[s]; }
+  const ClusterOptions& options() const { return options_; }
+
+ private:
+  const ClusterOptions options_;
+  const std::shared_ptr<transport::InprocHub> hub_;
+  scheduler::ClusterConfig config_;
+  std::unique_ptr<scheduler::Scheduler> scheduler_;
+  std::thread scheduler_thread_;
+  Status scheduler_status_;
+  std::vector<std::unique_ptr<server::Server>> servers_;
+  std::vector<std::unique_ptr<Client>> workers_;
+};
+
+// Runs fn(w) on one thread per worker and joins them.
+void OnEveryWorker(uint32_t workers, const std::function<void(uint32_t)>& fn) {
+  std::vector<std::thread> threads;
+  for (uint32_t w = 0; w < workers; ++w) threads.emplace_back(fn, w);
+  for (std::thread& t : threads) t.join();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The reference: the same compressor functions, applied here.
+
+struct TensorDecl {
+  std::string name;
+  size_t elements = 0;
+  DType dtype = DType::kFloat32;
+  std::string spec;  // "" = the cluster's
+  int64_t priority = 0;
+  ReduceOp op = ReduceOp::kAverage;
+};
+
+class ReferenceTensor {
+ public:
+  ReferenceTensor(const TensorDecl& d, uint32_t index, const ClusterOptions& o)
+      : decl_(d), workers_(o.workers) {
+    v1::CompressorConfig config =
+        compressors::ParseCompressorSpec(d.spec.empty() ? o.spec : d.spec).value();
+    compressed_ = config.id() != v1::COMPRESSOR_ID_NONE &&
+                  AboveCompressThreshold(d.elements, d.dtype, o.min_compress_bytes);
+    if (!compressed_) config = compressors::ParseCompressorSpec("none").value();
+    const v1::ErrorFeedbackPolicy policy =
+        compressors::ParseErrorFeedbackPolicy(o.error_feedback).value();
+    const std::vector<PartitionRange> ranges =
+        PartitionTensor(index, d.elements, d.dtype, o.partition_bytes).value();
+    for (const PartitionRange& r : ranges) {
+      Part p;
+      p.range = r;
+      for (uint32_t w = 0; w < o.workers; ++w) {
+        p.worker.push_back(compressors::CreateCompressor(config).value());
+        p.worker_residual.push_back(compressed_ && compressors::WorkerKeepsResidual(policy)
+                                        ? std::make_unique<ResidualState>(r.elements)
+                                        : nullptr);
+      }
+      p.server = compressors::CreateCompressor(config).value();
+      if (compressed_ && compressors::ServerKeepsResidual(policy)) {
+        p.server_residual = std::make_unique<ResidualState>(r.elements);
+      }
+      parts_.push_back(std::move(p));
+    }
+  }
+
+  bool compressed() const { return compressed_; }
+  size_t partitions() const { return parts_.size(); }
+
+  // The output every worker must get for this round's inputs (raw bytes of the dtype).
+  std::vector<uint8_t> Round(const std::vector<std::vector<uint8_t>>& inputs) {
+    const size_t esz = DTypeSize(decl_.dtype);
+    std::vector<uint8_t> out(decl_.elements * esz);
+    for (Part& p : parts_) {
+      const size_t n = p.range.elements;
+      const CompressContext ctx{p.range.key, round_};
+      std::vector<float> acc(n, 0.0f);
+      for (uint32_t w = 0; w < workers_; ++w) {
+        std::vector<uint8_t> push(p.worker[w]->MaxCompressedBytes(n, decl_.dtype));
+        const ConstTensorView in(inputs[w].data() + p.range.offset * esz, n, decl_.dtype);
+        StatusOr<size_t> bytes = p.worker_residual[w]
+                                     ? p.worker_residual[w]->Compress(*p.worker[w], in, ctx, push)
+                                     : p.worker[w]->Compress(in, ctx, push);
+        EXPECT_TRUE(bytes.ok()) << bytes.status().ToString();
+        push.resize(*bytes);
+        EXPECT_TRUE(p.server->DecompressAdd(push, Span<float>(acc.data(), n)).ok());
+      }
+      if (decl_.op == ReduceOp::kAverage && workers_ > 1) {
+        const float inv = 1.0f / static_cast<float>(workers_);
+        for (float& v : acc) v *= inv;
+      }
+      std::vector<uint8_t> agg(p.server->MaxCompressedBytes(n, DType::kFloat32));
+      const ConstTensorView delta(acc.data(), n);
+      StatusOr<size_t> bytes = p.server_residual
+                                   ? p.server_residual->Compress(*p.server, delta, ctx, agg)
+                                   : p.server->Compress(delta, ctx, agg);
+      EXPECT_TRUE(bytes.ok()) << bytes.status().ToString();
+      agg.resize(*bytes);
+      std::vector<float> decoded(n);
+      EXPECT_TRUE(p.server->Decompress(agg, TensorView(decoded.data(), n)).ok());
+      uint8_t* dst = out.data() + p.range.offset * esz;
+      if (decl_.dtype == DType::kFloat32) {
+        std::memcpy(dst, decoded.data(), n * sizeof(float));
+      } else {
+        ConvertFromFloat(decoded.data(), TensorView(dst, n, decl_.dtype), BestIsaLevel());
+      }
+    }
+    ++round_;
+    return out;
+  }
+
+ private:
+  struct Part {
+    PartitionRange range;
+    std::vector<std::unique_ptr<Compressor>> worker;
+    std::vector<std::unique_ptr<ResidualState>> worker_residual;
+    std::unique_ptr<Compressor> server;
+    std::unique_ptr<ResidualState> server_residual;
+  };
+  TensorDecl decl_;
+  uint32_t workers_;
+  bool compressed_ = false;
+  uint64_t round_ = 0;
+  std::vector<Part> parts_;
+};
+
+// Deterministic input of worker w, tensor t, round r, as raw bytes of the dtype.
+std::vector<uint8_t> MakeInput(const TensorDecl& d, uint32_t w, size_t t, uint64_t r) {
+  const std::vector<float> f =
+      testing::RandomFloats(d.elements, 1000003 * (w + 1) + 7919 * t + 104729 * r);
+  std::vector<uint8_t> out(d.elements * DTypeSize(d.dtype));
+  if (d.dtype == DType::kFloat32) {
+    if (!f.empty()) std::memcpy(out.data(), f.data(), out.size());
+  } else {
+    ConvertFromFloat(f.data(), TensorView(out.data(), d.elements, d.dtype), IsaLevel::kScalar);
+  }
+  return out;
+}
+
+// Declares `decls` on every worker (in order), runs `rounds` push_pulls of all of them on every
+// worker at once and checks every output bit-exactly against the reference.
+void RunAndCompare(TestCluster& c, const std::vector<TensorDecl>& decls, int rounds,
+                   const std::function<void(int)>& after_round = nullptr) {
+  const ClusterOptions& o = c.options();
+  std::vector<ReferenceTensor> ref;
+  for (size_t t = 0; t < decls.size(); ++t) {
+    ref.emplace_back(decls[t], static_cast<uint32_t>(t), o);
+  }
+  std::vector<std::vector<TensorId>> ids(o.workers);
+  for (uint32_t w = 0; w < o.workers; ++w) {
+    for (const TensorDecl& d : decls) {
+      TensorOptions to;
+      to.priority = d.priority;
+      to.compression = d.spec;
+      to.op = d.op;
+      StatusOr<TensorId> id = c.worker(w).Declare(d.name, d.elements, d.dtype, to);
+      ASSERT_TRUE(id.ok()) << id.status().ToString();
+      ids[w].push_back(*id);
+    }
+  }
+  // outputs[w][t], reused across rounds.
+  std::vector<std::vector<std::vector<uint8_t>>> outputs(o.workers);
+  for (uint32_t w = 0; w < o.workers; ++w) {
+    for (const TensorDecl& d : decls) outputs[w].emplace_back(d.elements * DTypeSize(d.dtype));
+  }
+  for (int r = 0; r < rounds; ++r) {
+    std::vector<std::vector<std::vector<uint8_t>>> inputs(o.workers);  // [w][t]
+    std::vector<std::vector<uint8_t>> expected;
+    for (uint32_t w = 0; w < o.workers; ++w) {
+      for (size_t t = 0; t < decls.size(); ++t) inputs[w].push_back(MakeInput(decls[t], w, t, r));
+    }
+    for (size_t t = 0; t < decls.size(); ++t) {
+      std::vector<std::vector<uint8_t>> per_worker;
+      for (uint32_t w = 0; w < o.workers; ++w) per_worker.push_back(inputs[w][t]);
+      expected.push_back(ref[t].Round(per_worker));
+    }
+    std::vector<std::string> errors(o.workers);
+    OnEveryWorker(o.workers, [&](uint32_t w) {
+      std::vector<PushPullHandle> handles;
+      for (size_t t = 0; t < decls.size(); ++t) {
+        const TensorDecl& d = decls[t];
+        handles.push_back(c.worker(w).PushPull(
+            ids[w][t], ConstTensorView(inputs[w][t].data(), d.elements, d.dtype),
+            TensorView(outputs[w][t].data(), d.elements, d.dtype)));
+      }
+      for (size_t t = 0; t < handles.size(); ++t) {
+        const Status s = handles[t].Wait();
+        if (!s.ok() && errors[w].empty()) errors[w] = decls[t].name + ": " + s.ToString();
+      }
+    });
+    for (uint32_t w = 0; w < o.workers; ++w) {
+      ASSERT_TRUE(errors[w].empty()) << "worker " << w << " round " << r << ": " << errors[w];
+      for (size_t t = 0; t < decls.size(); ++t) {
+        ASSERT_EQ(outputs[w][t].size(), expected[t].size());
+        ASSERT_TRUE(expected[t].empty() ||
+                    std::memcmp(outputs[w][t].data(), expected[t].data(), expected[t].size()) == 0)
+            << "worker " << w << " tensor '" << decls[t].name << "' (" << decls[t].spec
+            << ") round " << r << " differs from the reference";
+      }
+    }
+    if (after_round) after_round(r);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every compressor, W x S, Algorithms 3 and 4.
+
+struct E2eParam {
+  uint32_t workers;
+  uint32_t servers;
+  std::string error_feedback;  // "none" = Algorithm 3, "both" = Algorithm 4
+};
+
+class EveryCompressor : public ::testing::TestWithParam<E2eParam> {};
+
+std::vector<std::string> SpecsFor(const std::string& error_feedback) {
+  std::vector<std::string> specs = {"none",
+                                    "fp16",
+                                    "bf16",
+                                    "onebit",
+                                    "onebit:scaled=false",
+                                    "topk:ratio=0.01",
+                                    "topk:k=7",
+                                    "dithering:levels=15,partition=linear,norm=max",
+                                    "dithering:levels=7,partition=natural,norm=l2,seed=3"};
+  // random-k: unscaled with error feedback, unbiased (scaled) without.
+  specs.push_back(error_feedback == "none" ? "randomk:ratio=0.03125,unbiased=true,seed=7"
+                                           : "randomk:ratio=0.03125,seed=7");
+  return specs;
+}
+
+TEST_P(EveryCompressor, PulledResultIsTheReferenceBitForBit) {
+  const E2eParam& p = GetParam();
+  ClusterOptions o;
+  o.workers = p.workers;
+  o.servers = p.servers;
+  o.error_feedback = p.error_feedback;
+  TestCluster c(o);
+  {
+    const Status started = c.Start();
+    ASSERT_TRUE(started.ok()) << started.ToString();
+  }
+  std::vector<TensorDecl> decls;
+  for (const std::string& spec : SpecsFor(p.error_feedback)) {
+    // 2500 fp32 = 10000 bytes >= min_compress_bytes: 3 partitions (1024, 1024, 452).
+    decls.push_back(TensorDecl{"t." + spec, 2500, DType::kFloat32, spec});
+  }
+  RunAndCompare(c, decls, 4);
+  EXPECT_TRUE(c.Shutdown().ok());
+  const ClientStats s = c.worker(0).stats();
+  EXPECT_EQ(s.ops_completed, 4 * decls.size());
+  EXPECT_EQ(s.ops_failed, 0u);
+  EXPECT_EQ(s.partitions_pushed, 4 * 3 * decls.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(WorkersServersAlgorithms, EveryCompressor,
+                         ::testing::Values(E2eParam{1, 1, "none"}, E2eParam{1, 1, "both"},
+                                           E2eParam{1, 2, "none"}, E2eParam{1, 2, "both"},
+                                           E2eParam{2, 1, "none"}, E2eParam{2, 1, "both"},
+                                           E2eParam{2, 2, "none"}, E2eParam{2, 2, "both"},
+                                           E2eParam{4, 1, "none"}, E2eParam{4, 1, "both"},
+                                           E2eParam{4, 2, "none"}, E2eParam{4, 2, "both"},
+                                           // Worker-only and server-only error feedback, once each.
+                                           E2eParam{2, 2, "worker"}, E2eParam{2, 2, "server"}),
+                         [](const ::testing::TestParamInfo<E2eParam>& info) {
+                           return "W" + std::to_string(info.param.workers) + "_S" +
+                                  std::to_string(info.param.servers) + "_ef_" +
+                                  info.param.error_feedback;
+                         });
+
+TEST(PushPullE2e, NoneGivesTheExactAverage) {
+  ClusterOptions o;
+  o.workers = 4;
+  o.servers = 2;
+  TestCluster c(o);
+  {
+    const Status started = c.Start();
+    ASSERT_TRUE(started.ok()) << started.ToString();
+  }
+  const size_t n = 3000;
+  std::vector<std::vector<float>> in(4), out(4, std::vector<float>(n));
+  for (uint32_t w = 0; w < 4; ++w) in[w] = testing::RandomFloats(n, 11 + w);
+  std::vector<TensorId> ids(4);
+  for (uint32_t w = 0; w < 4; ++w) ids[w] = c.worker(w).Declare("g", n, DType::kFloat32).value();
+  std::vector<Status> st(4);
+  OnEveryWorker(4, [&](uint32_t w) {
+    st[w] = c.worker(w)
+                .PushPull(ids[w], ConstTensorView(in[w].data(), n), TensorView(out[w].data(), n))
+                .Wait();
+  });
+  for (uint32_t w = 0; w < 4; ++w) {
+    ASSERT_TRUE(st[w].ok()) << st[w].ToString();
+    for (size_t i = 0; i < n; ++i) {
+      const float avg = (((0.0f + in[0][i]) + in[1][i]) + in[2][i] + in[3][i]) * 0.25f;
+      ASSERT_EQ(out[w][i], avg) << "worker " << w << " element " << i;
+    }
+  }
+  EXPECT_TRUE(c.Shutdown().ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mixed sizes, dtypes, priorities, credit, sum.
+
+TEST(PushPullE2e, MixedSizesDtypesPrioritiesUnderASmallCredit) {
+  ClusterOptions o;
+  o.workers = 2;
+  o.servers = 2;
+  o.spec = "onebit";
+  o.error_feedback = "both";
+  o.credit_bytes = 8192;  // two fp32 partitions at most
+  o.compress_threads = 2;
+  TestCluster c(o);
+  {
+    const Status started = c.Start();
+    ASSERT_TRUE(started.ok()) << started.ToString();
+  }
+  const std::vector<TensorDecl> decls = {
+      {"empty", 0, DType::kFloat32, "", 0},
+      {"tiny.below_threshold", 100, DType::kFloat32, "", 3},        // uncompressed
+      {"just_below", 511, DType::kFloat32, "topk:ratio=0.1", 1},    // 2044 bytes < 2048
+      {"at_threshold", 512, DType::kFloat32, "topk:ratio=0.1", 1},  // 2048 bytes: compressed
+      {"big.partial", 5000, DType::kFloat32, "", 5},  // 5 partitions, last 904 elements
+      {"half.onebit", 3001, DType::kFloat16, "", 2},  // fp16: 2048 per partition
+      {"half.below", 700, DType::kFloat16, "", 0},    // 1400 bytes: uncompressed fp16
+      {"bf16.dither", 4100, DType::kBFloat16, "dithering:levels=3", 4},
+      {"half.fp16cast", 2049, DType::kFloat16, "fp16", -1},
+      {"later_priority_first", 1500, DType::kFloat32, "randomk:k=100", -5},
+  };
+  RunAndCompare(c, decls, 5);
+  for (uint32_t w = 0; w < 2; ++w) {
+    const ClientStats s = c.worker(w).stats();
+    // The credit bounds the bytes in flight, exceeded by at most one partition (the first in
+    // posting order always goes, so workers never deadlock on credit).
+    EXPECT_LE(s.peak_bytes_in_flight, o.credit_bytes + 4096);
+    EXPECT_GT(s.peak_bytes_in_flight, 0u);
+    EXPECT_GT(s.bytes_pushed, 0u);
+    EXPECT_GT(s.bytes_pulled, 0u);
+    EXPECT_GT(s.compress_ns, 0u);
+    EXPECT_GT(s.network_ns, 0u);
+    EXPECT_GT(s.decompress_ns, 0u);
+  }
+  EXPECT_TRUE(c.Shutdown().ok());
+}
+
+// Regression: with the credit held until the reply, two workers that started different
+// partitions (their push_pulls arrived at different moments, so priority picked differently)
+// each held the credit for partitions the other had not pushed, and stalled until op_timeout.
+TEST(PushPullE2e, CreditNeverDeadlocksWhenPrioritiesReverseThePostingOrder) {
+  ClusterOptions o;
+  o.workers = 4;
+  o.servers = 2;
+  o.spec = "onebit";
+  o.credit_bytes = 4096;  // one partition
+  o.compress_threads = 2;
+  o.op_timeout = milliseconds(10000);
+  TestCluster c(o);
+  {
+    const Status started = c.Start();
+    ASSERT_TRUE(started.ok()) << started.ToString();
+  }
+  std::vector<TensorDecl> decls;
+  for (int i = 0; i < 8; ++i) {
+    decls.push_back({"layer" + std::to_string(i), 3000, DType::kFloat32, "", -i});
+  }
+  RunAndCompare(c, decls, 10);
+  EXPECT_TRUE(c.Shutdown().ok());
+}
+
+TEST(PushPullE2e, CreditSmallerThanAPartitionStillMovesOneAtATime) {
+  ClusterOptions o;
+  o.workers = 2;
+  o.servers = 1;
+  o.credit_bytes = 1;
+  o.compress_threads = 2;
+  TestCluster c(o);
+  {
+    const Status started = c.Start();
+    ASSERT_TRUE(started.ok()) << started.ToString();
+  }
+  RunAndCompare(c, {{"a", 3000, DType::kFloat32, "onebit"}, {"b", 2000, DType::kFloat32}}, 2);
+  EXPECT_EQ(c.worker(0).stats().peak_bytes_in_flight, 4096u);  // one full partition
+  EXPECT_TRUE(c.Shutdown().ok());
+}
+
+TEST(PushPullE2e, SumReduceOp) {
+  ClusterOptions o;
+  o.workers = 2;
+  o.servers = 2;
+  o.error_feedback = "both";
+  TestCluster c(o);
+  {
+    const Status started = c.Start();
+    ASSERT_TRUE(started.ok()) << started.ToString();
+  }
+  TensorDecl none{"sum.none", 2100, DType::kFloat32, "none"};
+  none.op = ReduceOp::kSum;
+  TensorDecl onebit{"sum.onebit", 2100, DType::kFloat32, "onebit"};
+  onebit.op = ReduceOp::kSum;
+  RunAndCompare(c, {none, onebit}, 3);
+  EXPECT_TRUE(c.Shutdown().ok());
+}
+
+// 200 rounds; resident memory must not grow after warm-up (ASan's quarantine keeps freed
+// memory resident, so there only the results are checked).
+TEST(PushPullE2e, TwoHundredRoundsMemoryStable) {
+  ClusterOptions o;
+  o.workers = 2;
+  o.servers = 2;
+  o.spec = "onebit";
+  o.error_feedback = "both";
+  o.compress_threads = 2;
+  TestCluster c(o);
+  {
+    const Status started = c.Start();
+    ASSERT_TRUE(started.ok()) << started.ToString();
+  }
+  auto rss_bytes = [] {
+    std::ifstream f("/proc/self/statm");
+    uint64_t size = 0, resident = 0;
+    f >> size >> resident;
+    return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  };
+  uint64_t warm = 0, peak = 0;
+  RunAndCompare(c,
+                {{"w1", 6000, DType::kFloat32, "", 1},
+                 {"w2", 3000, DType::kFloat32, "topk:ratio=0.05", 0},
+                 {"b", 300, DType::kFloat32, "", 2}},
+                200, [&](int r) {
+                  if (r == 20) warm = rss_bytes();
+                  if (r > 20) peak = std::max(peak, rss_bytes());
+                });
+  if (!kAsan) {
+    EXPECT_LE(peak, warm + (4u << 20)) << "RSS grew from " << warm << " to " << peak;
+  }
+  EXPECT_EQ(c.worker(0).stats().ops_completed, 600u);
+  EXPECT_TRUE(c.Shutdown().ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Declarations and validation.
+
+TEST(PushPullE2e, DeclarationMismatchNamesTheFirstDifferingTensor) {
+  ClusterOptions o;
+  o.workers = 2;
+  o.servers = 2;
+  TestCluster c(o);
+  {
+    const Status started = c.Start();
+    ASSERT_TRUE(started.ok()) << started.ToString();
+  }
+  std::vector<float> buf(100);
+  std::vector<Status> st(2);
+  OnEveryWorker(2, [&](uint32_t w) {
+    Client& cl = c.worker(w);
+    TensorId a = cl.Declare("layer0", 100, DType::kFloat32).value();
+    (void)cl.Declare(w == 0 ? "fc.weight" : "fc.bias", w == 0 ? 4096 : 10, DType::kFloat32).value();
+    (void)cl.Declare("layer2", 100, DType::kFloat32).value();
+    std::vector<float> out(100);
+    st[w] = cl.PushPull(a, ConstTensorView(buf.data(), 100), TensorView(out.data(), 100)).Wait();
+  });
+  for (uint32_t w = 0; w < 2; ++w) {
+    EXPECT_EQ(st[w].code(), StatusCode::kInvalidArgument) << st[w].ToString();
+    EXPECT_CONTAINS(st[w].message(), "tensor #1");
+    EXPECT_CONTAINS(st[w].message(), "fc.weight");
+    EXPECT_CONTAINS(st[w].message(), "fc.bias");
+    // Sticky for those tensors.
+    std::vector<float> out(100);
+    const Status again =
+        c.worker(w)
+            .PushPull(TensorId{0}, ConstTensorView(buf.data(), 100), TensorView(out.data(), 100))
+            .Wait();
+    EXPECT_EQ(again.code(), StatusCode::kInvalidArgument);
+  }
+  EXPECT_TRUE(c.Shutdown().ok());
+}
+
+TEST(PushPullE2e, DeclareAndPushPullValidation) {
+  ClusterOptions o;
+  TestCluster c(o);
+  {
+    const Status started = c.Start();
+    ASSERT_TRUE(started.ok()) << started.ToString();
+  }
+  Client& cl = c.worker(0);
+  EXPECT_EQ(cl.rank(), 0u);
+  EXPECT_EQ(cl.num_workers(), 1u);
+  EXPECT_EQ(cl.num_servers(), 1u);
+  EXPECT_EQ(cl.Declare("", 10, DType::kFloat32).status().code(), StatusCode::kInvalidArgument);
+  const TensorId t = cl.Declare("x", 10, DType::kFloat32).value();
+  const Status dup = cl.Declare("x", 10, DType::kFloat32).status();
+  EXPECT_EQ(dup.code(), StatusCode::kInvalidArgument);
+  EXPECT_CONTAINS(dup.message(), "already declared");
+  const Status bad = cl.Declare("y", 10, DType::kFloat32, 0, "onebit:scaled=maybe").status();
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_CONTAINS(bad.message(), "'y'");
+
+  std::vector<float> in(10, 1.0f), out(10);
+  std::vector<uint16_t> half(10);
+  Status s = cl.PushPull(t, ConstTensorView(in.data(), 9), TensorView(out.data(), 10)).Wait();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_CONTAINS(s.message(), "input has 9 elements");
+  s = cl.PushPull(t, ConstTensorView(in.data(), 10), TensorView(half.data(), 10, DType::kFloat16))
+          .Wait();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_CONTAINS(s.message(), "output has 10 elements of float16");
+  s = cl.PushPull(TensorId{99}, ConstTensorView(in.data(), 10), TensorView(out.data(), 10)).Wait();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(PushPullHandle().Wait().code(), StatusCode::kFailedPrecondition);
+
+  // 0 elements: OK at once; then a real one works.
+  const TensorId z = cl.Declare("zero", 0, DType::kFloat32).value();
+  EXPECT_TRUE(cl.PushPull(z, ConstTensorView(nullptr, 0), TensorView(nullptr, 0)).Wait().ok());
+  EXPECT_TRUE(cl.CommitDeclarations().ok());
+  EXPECT_TRUE(
+      cl.PushPull(t, ConstTensorView(in.data(), 10), TensorView(out.data(), 10)).Wait().ok());
+  EXPECT_EQ(out, in);  // one worker: the average is the input
+  // Declaring after the first push_pull works (a new epoch).
+  const TensorId late = cl.Declare("late", 2000, DType::kFloat32, 0, "fp16").value();
+  std::vector<float> lin(2000, 0.5f), lout(2000);
+  EXPECT_TRUE(cl.PushPull(late, ConstTensorView(lin.data(), 2000), TensorView(lout.data(), 2000))
+                  .Wait()
+                  .ok());
+  EXPECT_EQ(lout, lin);
+  EXPECT_TRUE(c.Shutdown().ok());
+  // After shutdown: Cancelled.
+  EXPECT_EQ(
+      cl.PushPull(t, ConstTensorView(in.data(), 10), TensorView(out.data(), 10)).Wait().code(),
+      StatusCode::kCancelled);
+}
+
+TEST(PushPullE2e, SecondPushPullOfATensorInFlightIsRefused) {
+  ClusterOptions o;
+  o.workers = 2;
+  TestCluster c(o);
+  {
+    const Status started = c.Start();
+    ASSERT_TRUE(started.ok()) << started.ToString();
+  }
+  const size_t n = 1000;
+  std::vector<std::vector<float>> in(2, std::vector<float>(n, 2.0f)), out(2, std::vector<float>(n));
+  std::vector<TensorId> ids(2);
+  OnEveryWorker(2, [&](uint32_t w) {
+    ids[w] = c.worker(w).Declare("g", n, DType::kFloat32).value();
+    EXPECT_TRUE(c.worker(w).CommitDeclarations().ok());
+  });
+  // Worker 0 alone: its push_pull waits for worker 1's push.
+  PushPullHandle first =
+      c.worker(0).PushPull(ids[0], ConstTensorView(in[0].data(), n), TensorView(out[0].data(), n));
+  const Status second =
+      c.worker(0)
+          .PushPull(ids[0], ConstTensorView(in[0].data(), n), TensorView(out[0].data(), n))
+          .Wait();
+  EXPECT_EQ(second.code(), StatusCode::kFailedPrecondition) << second.ToString();
+  EXPECT_CONTAINS(second.message(), "already in flight");
+  EXPECT_FALSE(first.Ready());
+  EXPECT_EQ(first.Wait(milliseconds(20)).code(), StatusCode::kTimeout);
+  EXPECT_TRUE(c.worker(1)
+                  .PushPull(ids[1], ConstTensorView(in[1].data(), n), TensorView(out[1].data(), n))
+                  .Wait()
+                  .ok());
+  EXPECT_TRUE(first.Wait().ok());
+  EXPECT_EQ(out[0], in[0]);
+  EXPECT_TRUE(c.Shutdown().ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failures: never a hang, always the cause.
+
+TEST(PushPullE2e, OpTimeoutNamesTheTensorPartitionsAndServers) {
+  ClusterOptions o;
+  o.workers = 2;
+  o.servers = 2;
+  o.op_timeout = milliseconds(300);
+  TestCluster c(o);
+  {
+    const Status started = c.Start();
+    ASSERT_TRUE(started.ok()) << started.ToString();
+  }
+  const size_t n = 5000;  // 5 partitions over both servers
+  std::vector<float> in(n, 1.0f), out(n);
+  std::vector<TensorId> ids(2);
+  OnEveryWorker(2, [&](uint32_t w) {
+    ids[w] = c.worker(w).Declare("stuck", n, DType::kFloat32).value();
+    EXPECT_TRUE(c.worker(w).CommitDeclarations().ok());
+  });
+  const Clock::time_point start = Clock::now();
+  const Status s =
+      c.worker(0).PushPull(ids[0], ConstTensorView(in.data(), n), TensorView(out.data(), n)).Wait();
+  const auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
+  EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.ToString();
+  EXPECT_CONTAINS(s.message(), "tensor 'stuck'");
+  EXPECT_CONTAINS(s.message(), "5 of 5 partitions");
+  EXPECT_CONTAINS(s.message(), "server(s) 0, 1");
+  EXPECT_CONTAINS(s.message(), "pushed round 0, no reply");
+  EXPECT_GE(ms, 300);
+  EXPECT_LT(ms, 300 + 1000);
+  // The tensor is out of step now: later push_pulls fail with the same error.
+  EXPECT_EQ(c.worker(0)
+                .PushPull(ids[0], ConstTensorView(in.data(), n), TensorView(out.data(), n))
+                .Wait()
+                .code(),
+            StatusCode::kTimeout);
+  EXPECT_EQ(c.worker(0).stats().ops_failed, 2u);
+}
+
+TEST(PushPullE2e, DeadServerFailsPendingHandlesNamingIt) {
+  ClusterOptions o;
+  o.workers = 2;
+  o.servers = 2;
+  TestCluster c(o);
+  {
+    const Status started = c.Start();
+    ASSERT_TRUE(started.ok()) << started.ToString();
+  }
+  const size_t n = 5000;
+  std::vector<float> in(n, 1.0f), out(n);
+  std::vector<TensorId> ids(2);
+  OnEveryWorker(2, [&](uint32_t w) {
+    ids[w] = c.worker(w).Declare("g", n, DType::kFloat32).value();
+    EXPECT_TRUE(c.worker(w).CommitDeclarations().ok());
+  });
+  PushPullHandle h =
+      c.worker(0).PushPull(ids[0], ConstTensorView(in.data(), n), TensorView(out.data(), n));
+  EXPECT_EQ(h.Wait(milliseconds(50)).code(), StatusCode::kTimeout);  // waits for worker 1
+  const Clock::time_point killed = Clock::now();
+  c.server(1).Close();
+  const Status s = h.Wait();
+  const auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - killed).count();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_CONTAINS(s.message(), "server 1");
+  EXPECT_CONTAINS(s.message(), "tensor 'g'");
+  EXPECT_LT(ms, 500 + 1000);  // heartbeat_timeout + 1 s
+  // Sticky: later calls fail with the cluster's error.
+  EXPECT_EQ(c.worker(0)
+                .PushPull(ids[0], ConstTensorView(in.data(), n), TensorView(out.data(), n))
+                .Wait()
+                .code(),
+            StatusCode::kUnavailable);
+  EXPECT_FALSE(c.worker(0).status().ok());
+}
+
+TEST(PushPullE2e, CloseFailsPendingHandlesWithCancelled) {
+  ClusterOptions o;
+  o.workers = 2;
+  TestCluster c(o);
+  {
+    const Status started = c.Start();
+    ASSERT_TRUE(started.ok()) << started.ToString();
+  }
+  const size_t n = 3000;
+  std::vector<float> in(n, 1.0f), out(n);
+  std::vector<TensorId> ids(2);
+  OnEveryWorker(2, [&](uint32_t w) {
+    ids[w] = c.worker(w).Declare("g", n, DType::kFloat32, 0, "onebit").value();
+    EXPECT_TRUE(c.worker(w).CommitDeclarations().ok());
+  });
+  PushPullHandle h =
+      c.worker(0).PushPull(ids[0], ConstTensorView(in.data(), n), TensorView(out.data(), n));
+  c.worker(0).Close();
+  const Status s = h.Wait();
+  EXPECT_EQ(s.code(), StatusCode::kCancelled) << s.ToString();
+  EXPECT_CONTAINS(s.message(), "closed");
+  c.worker(0).Close();  // idempotent
+}
+
+}  // namespace
+}  // namespace bitpush::worker
