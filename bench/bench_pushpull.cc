@@ -490,6 +490,17 @@ int RunDriver(const Options& opt) {
   for (const std::string& spec : opt.compressors) {
     StatusOr<std::string> ef = ErrorFeedbackFor(spec, opt.error_feedback);
     if (!ef.ok()) return Fail("--compressor '" + spec + "': " + ef.status().message());
+    // The config validator's verdict before anything starts (e.g. unbiased random-k with
+    // error feedback is refused): a usage error.
+    const std::string yaml =
+        "cluster:\n  scheduler: 127.0.0.1:1\n  servers: [127.0.0.1:2]\n"
+        "  workers: [127.0.0.1:3]\ncompression:\n  spec: \"" +
+        spec + "\"\n  error_feedback: " + *ef + "\n";
+    if (StatusOr<scheduler::ClusterConfig> c = scheduler::ParseClusterConfig(yaml, "--compressor");
+        !c.ok()) {
+      std::fprintf(stderr, "%s: %s\n", kName, c.status().message().c_str());
+      return 2;
+    }
     runs.emplace_back(spec, *ef);
   }
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Smoke test of `bitpush-bench compressors --json`: the command, flags and JSON fields are a
-contract other tools rely on. Runs a tiny configuration at every ISA level this CPU has and
-checks the records (not the speed: speed targets live in the benchmark, not in tests)."""
+"""Smoke test of `bitpush-bench compressors --json` and `bitpush-bench pushpull --json`: the
+commands, flags and JSON fields are a contract other tools rely on. Runs tiny configurations
+(compressors: at every ISA level this CPU has; pushpull: a 2-worker, 2-server cluster of
+1 MiB) and checks the records (not the speed: speed targets live in the benchmark, not in
+tests)."""
 import json
 import subprocess
 import sys
@@ -52,10 +54,49 @@ for isa in ("scalar", "avx2", "avx512"):
         assert abs(got - ratio) < 1e-3 * ratio, (spec, got, ratio)
 
 assert "scalar" in ok_isas
+
+# `bitpush-bench pushpull --json`: a whole cluster per compressor (scheduler, servers, workers
+# as real processes on loopback; needs bitpush-scheduler and bitpush-server next to the bench).
+PUSHPULL_REQUIRED = {
+    "compressor", "workers", "servers", "goodput_gbps", "raw_tcp_gbps", "server_peak_rss_mb",
+    "worker_peak_rss_mb", "ratio_to_raw_tcp", "mb", "partition_kb", "iters", "error_feedback",
+    "compress_ms", "network_ms", "server_ms", "decompress_ms", "iter_ms", "server_owned_mb",
+    "rss_target_mb", "ratio_to_none", "wire_compression_ratio"}
+r = run("pushpull", "--json", "--mb", "1", "--partition-kb", "256", "--iters", "2", "--warmup",
+        "1", "--workers", "2", "--servers", "2", "--compressor", "none,onebit", "--raw-reps", "1",
+        "--timeout-s", "60")
+assert r.returncode == 0, r.stderr
+records = json.loads(r.stdout)
+assert [x["compressor"] for x in records] == ["none", "onebit"], records
+for rec in records:
+    missing = PUSHPULL_REQUIRED - rec.keys()
+    assert not missing, f"pushpull record {rec} lacks {missing}"
+    assert rec["workers"] == 2 and rec["servers"] == 2 and rec["iters"] == 2, rec
+    assert rec["mb"] == 1 and rec["partition_kb"] == 256, rec
+    for key in ("goodput_gbps", "raw_tcp_gbps", "server_peak_rss_mb", "worker_peak_rss_mb",
+                "iter_ms", "network_ms", "server_owned_mb"):
+        assert rec[key] > 0, (key, rec)
+    assert abs(rec["ratio_to_raw_tcp"] - rec["goodput_gbps"] / rec["raw_tcp_gbps"]) < 1e-3 * \
+        rec["ratio_to_raw_tcp"], rec
+    assert abs(rec["rss_target_mb"] - (4 * rec["server_owned_mb"] + 64)) < 1e-6, rec
+    assert rec["pushes_rejected"] == 0, rec
+assert records[0]["raw_tcp_gbps"] == records[1]["raw_tcp_gbps"], "one raw TCP reference per run"
+assert records[0]["error_feedback"] == "none" and records[1]["error_feedback"] == "both", records
+assert records[0]["ratio_to_none"] == 1, records[0]
+assert records[1]["wire_compression_ratio"] > 10, records[1]  # 1 bit per value, plus headers
+r = run("pushpull", "--compressor", "randomk:ratio=0.01,unbiased=true", "--error-feedback",
+        "both")
+assert r.returncode == 2 and "unbiased random-k" in r.stderr, r.stderr
+r = run("pushpull", "--compressor", "twobit")
+assert r.returncode == 2 and "twobit" in r.stderr, r.stderr
+# Every wait is bounded: a run longer than --timeout-s is killed, naming what still ran.
+r = run("pushpull", "--mb", "32", "--iters", "100000", "--timeout-s", "1", "--raw-reps", "1")
+assert r.returncode == 1 and "timed out after 1 s" in r.stderr and "worker 0" in r.stderr, \
+    r.stderr
 r = run("compressors", "--isa", "sse9")
 assert r.returncode == 2 and "sse9" in r.stderr, r.stderr
 r = run("compressors", "--bogus")
 assert r.returncode == 2 and "--bogus" in r.stderr, r.stderr
 r = run("nosuchbench")
 assert r.returncode == 2 and "nosuchbench" in r.stderr, r.stderr
-print(f"bench JSON contract ok for ISA levels: {', '.join(ok_isas)}")
+print(f"bench JSON contract ok for ISA levels: {', '.join(ok_isas)}; pushpull ok")

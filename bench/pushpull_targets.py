@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Checks `bitpush-bench pushpull --json` output against issue 4's targets (1 worker, 1 server,
+100 MiB in partitions of 4000 KiB; every figure a ratio within one run) and prints a Markdown
+table. Exit 1 if a target is missed.
+
+usage: pushpull_targets.py RESULT.json
+       pushpull_targets.py --run [BENCH]   (runs BENCH, default build/bin/bitpush-bench, as
+                                            below, prints its JSON, then checks it)
+
+  BENCH pushpull --json --workers 1 --servers 1 --mb 100 --partition-kb 4000 \\
+        --compressor none,onebit --iters 10
+
+Targets:
+  none                      goodput_gbps >= 0.6 x raw_tcp_gbps of the same run
+  onebit (error feedback)   goodput_gbps >= 2 x the none goodput of the same run
+  every record              server_peak_rss_mb <= 4 x server_owned_mb + 64 (rss_target_mb)
+"""
+import json
+import subprocess
+import sys
+
+RUN_ARGS = ["pushpull", "--json", "--workers", "1", "--servers", "1", "--mb", "100",
+            "--partition-kb", "4000", "--compressor", "none,onebit", "--iters", "10"]
+
+
+def load():
+    if len(sys.argv) >= 2 and sys.argv[1] == "--run":
+        bench = sys.argv[2] if len(sys.argv) >= 3 else "build/bin/bitpush-bench"
+        print("$ " + " ".join([bench] + RUN_ARGS))
+        r = subprocess.run([bench] + RUN_ARGS, capture_output=True, text=True, timeout=900)
+        if r.returncode != 0:
+            sys.exit(f"benchmark failed ({r.returncode}):\n{r.stderr}")
+        print(r.stdout)
+        return json.loads(r.stdout)
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    return json.load(open(sys.argv[1]))
+
+
+records = load()
+by_spec = {r["compressor"].split(":")[0]: r for r in records}
+for need in ("none", "onebit"):
+    if need not in by_spec:
+        sys.exit(f"no '{need}' record: run with --compressor none,onebit")
+none, onebit = by_spec["none"], by_spec["onebit"]
+if onebit["error_feedback"] == "none":
+    sys.exit("the onebit record ran without error feedback; the target is onebit with it")
+for r in records:
+    if (r["workers"], r["servers"], r["partition_kb"]) != (1, 1, 4000) or r["mb"] < 100:
+        print(f"note: {r['compressor']} ran with {r['workers']} worker(s), {r['servers']} "
+              f"server(s), {r['mb']} MiB, {r['partition_kb']} KiB partitions: the targets are "
+              "for 1 x 1, 100 MiB, 4000 KiB")
+
+print(f"raw TCP reference: {none['raw_tcp_gbps']:.2f} GB/s; goodput in GB/s per worker per "
+      "direction\n")
+print("| target | measured | required | |")
+print("|---|---|---|---|")
+ok = True
+
+
+def row(name, got, need, text):
+    global ok
+    met = got >= need
+    ok &= met
+    print(f"| {name} | {text} | ≥ {need:g} | {'ok' if met else 'MISSED'} |")
+
+
+row("none goodput / raw TCP", none["ratio_to_raw_tcp"], 0.6,
+    f"{none['goodput_gbps']:.3f} / {none['raw_tcp_gbps']:.3f} = "
+    f"{none['ratio_to_raw_tcp']:.2f}")
+ratio = onebit["goodput_gbps"] / none["goodput_gbps"]
+row(f"onebit (ef {onebit['error_feedback']}) goodput / none", ratio, 2.0,
+    f"{onebit['goodput_gbps']:.3f} / {none['goodput_gbps']:.3f} = {ratio:.2f}")
+for r in records:
+    headroom = r["rss_target_mb"] / r["server_peak_rss_mb"]
+    row(f"{r['compressor']}: server RSS within 4 x owned + 64 MB", headroom, 1.0,
+        f"{r['server_peak_rss_mb']:.0f} MB of {r['rss_target_mb']:.0f} MB "
+        f"({r['server_owned_mb']:.0f} MB owned)")
+print("\nall targets met" if ok else "\nSOME TARGETS MISSED")
+sys.exit(0 if ok else 1)
