@@ -8,7 +8,7 @@ usage: pushpull_targets.py RESULT.json
                                             below, prints its JSON, then checks it)
 
   BENCH pushpull --json --workers 1 --servers 1 --mb 100 --partition-kb 4000 \\
-        --compressor none,onebit --iters 10
+        --compressor none,onebit --iters 20
 
 Targets:
   none                      goodput_gbps >= 0.6 x raw_tcp_gbps of the same run
@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 RUN_ARGS = ["pushpull", "--json", "--workers", "1", "--servers", "1", "--mb", "100",
-            "--partition-kb", "4000", "--compressor", "none,onebit", "--iters", "10"]
+            "--partition-kb", "4000", "--compressor", "none,onebit", "--iters", "20"]
 
 
 def load():
