@@ -512,7 +512,9 @@ void Engine::DispatchLoop() {
     if (deadlines_.empty()) {
       dispatch_cv_.wait(lock);
     } else {
-      dispatch_cv_.wait_until(lock, deadlines_.begin()->first);
+      // A copy: the set's element may be erased while the lock is released.
+      const EngineClock::time_point next = deadlines_.begin()->first;
+      dispatch_cv_.wait_until(lock, next);
     }
   }
 }

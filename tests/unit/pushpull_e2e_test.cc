@@ -551,7 +551,7 @@ TEST(PushPullE2e, CreditSmallerThanAPartitionStillMovesOneAtATime) {
     const Status started = c.Start();
     ASSERT_TRUE(started.ok()) << started.ToString();
   }
-  RunAndCompare(c, {{"a", 3000, DType::kFloat32, "onebit"}, {"b", 2000, DType::kFloat32}}, 2);
+  RunAndCompare(c, {{"a", 3000, DType::kFloat32, "onebit"}, {"b", 2000, DType::kFloat32, ""}}, 2);
   EXPECT_EQ(c.worker(0).stats().peak_bytes_in_flight, 4096u);  // one full partition
   EXPECT_TRUE(c.Shutdown().ok());
 }
