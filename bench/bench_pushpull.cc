@@ -209,8 +209,8 @@ class RawReference {
     return Status::Ok();
   }
 
-  double best_gbps() const { return best_gbps_; }
-  double median_gbps() const {
+  double BestGbps() const { return best_gbps_; }
+  double MedianGbps() const {
     std::vector<double> v = all_;
     std::sort(v.begin(), v.end());
     return v.empty() ? NAN : v[v.size() / 2];
@@ -528,7 +528,7 @@ int RunDriver(const Options& opt) {
     return Fail(s.ToString());
   }
   raw.Stop();
-  const double raw_gbps = raw.best_gbps();
+  const double raw_gbps = raw.BestGbps();
 
   std::vector<JsonRecord> records;
   if (!opt.json) {
@@ -537,7 +537,7 @@ int RunDriver(const Options& opt) {
         "of %lld KiB, %d timed iterations; GB/s per worker per direction\n",
         opt.workers, opt.servers, opt.mb, opt.tensors, opt.partition_kb, opt.iters);
     std::printf("raw TCP reference: %.2f GB/s (best), %.2f GB/s (median)\n", raw_gbps,
-                raw.median_gbps());
+                raw.MedianGbps());
     std::printf("%-28s %-5s %8s %8s %9s %9s %9s %9s %9s %9s %10s\n", "compressor", "ef", "goodput",
                 "x raw", "iter_ms", "compress", "network", "server", "decomp", "srv_rss",
                 "rss_target");
@@ -557,7 +557,7 @@ int RunDriver(const Options& opt) {
         .Add("goodput_gbps", r.goodput_gbps)
         .Add("best_iter_gbps", r.best_iter_gbps)
         .Add("raw_tcp_gbps", raw_gbps)
-        .Add("raw_tcp_median_gbps", raw.median_gbps())
+        .Add("raw_tcp_median_gbps", raw.MedianGbps())
         .Add("ratio_to_raw_tcp", r.goodput_gbps / raw_gbps)
         .Add("ratio_to_none", r.goodput_gbps / none_gbps)
         .Add("iter_ms", r.iter_ms)
