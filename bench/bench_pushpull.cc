@@ -388,6 +388,14 @@ class ClusterRun {
         }
       }
       std::string message = Describe(*failed);
+      std::string others;
+      for (Child* c : all) {
+        if (c != failed && c->exit_code() != 0 && killed.find(c->label()) == std::string::npos) {
+          others += "\n" + c->label() + " (" + c->ExitDescription() + "), last lines:\n" +
+                    testing::TailLines(c->output(), 3);
+        }
+      }
+      if (!others.empty()) message += "\nthen also failed:" + others;
       if (!killed.empty()) message += "\n(then killed, still running: " + killed + ")";
       return InternalError(message);
     }
