@@ -29,6 +29,7 @@
 #include "compressors/error_feedback.h"
 #include "compressors/registry.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/scheduler_client.h"
 #include "server/server.h"
 #include "tests/unit/test_util.h"
 #include "worker/client.h"
@@ -71,6 +72,8 @@ struct ClusterOptions {
   uint64_t credit_bytes = 64ull << 20;
   milliseconds op_timeout{20000};
   uint32_t compress_threads = 1;
+  // false: the test brings its own server endpoints (FakeServer).
+  bool start_servers = true;
 };
 
 class TestCluster {
@@ -113,7 +116,7 @@ class TestCluster {
     std::vector<Status> status(options_.servers + options_.workers);
     std::vector<std::thread> threads;
     // Create blocks until every node registered: one thread per node.
-    for (uint32_t s = 0; s < options_.servers; ++s) {
+    for (uint32_t s = 0; s < options_.servers && options_.start_servers; ++s) {
       threads.emplace_back([this, s, &status] {
         server::ServerOptions o;
         o.cluster = config_;
@@ -156,7 +159,9 @@ class TestCluster {
     }
     for (std::thread& t : threads) t.join();
     for (const Status& s : status) BP_RETURN_IF_ERROR(s);
-    for (auto& s : servers_) BP_RETURN_IF_ERROR(s->Wait(milliseconds(10000)));
+    for (auto& s : servers_) {
+      if (s) BP_RETURN_IF_ERROR(s->Wait(milliseconds(10000)));
+    }
     scheduler_thread_.join();
     return scheduler_status_;
   }
@@ -175,6 +180,8 @@ class TestCluster {
   }
 
   Client& worker(uint32_t w) { return *workers_[w]; }
+  const scheduler::ClusterConfig& config() const { return config_; }
+  const std::shared_ptr<transport::InprocHub>& hub() const { return hub_; }
   server::Server& server(uint32_t s) { return *servers_[s]; }
   const ClusterOptions& options() const { return options_; }
 
@@ -836,6 +843,111 @@ TEST(PushPullE2e, CloseFailsPendingHandlesWithCancelled) {
   EXPECT_CONTAINS(s.message(), "closed");
   c.worker(0).Close();  // idempotent
 }
+
+// A server endpoint that misbehaves on purpose: it accepts the declarations and keys like a
+// server, but answers every push as `mode` says — to check what the worker makes of refusals
+// and bad replies.
+class FakeServer {
+ public:
+  enum class Mode { kRefuse, kEmptyReply, kGarbageReply };
+
+  FakeServer(const TestCluster& c, Mode mode) : mode_(mode) {
+    scheduler::SchedulerClientOptions o;
+    o.cluster = c.config();
+    o.role = v1::ROLE_SERVER;
+    o.rank = 0;
+    o.inproc_hub = c.hub();
+    o.on_peer_message = [this](transport::Received&& r) { OnMessage(std::move(r)); };
+    client_ = scheduler::SchedulerClient::Create(o).value();
+  }
+
+  // Registers (blocks until every node registered) and connects to the workers.
+  Status Register() {
+    BP_RETURN_IF_ERROR(client_->Register());
+    for (const v1::NodeInfo& w : client_->assignment().workers()) {
+      BP_RETURN_IF_ERROR(client_->transport().Connect(
+          scheduler::NodePeerId(v1::ROLE_WORKER, w.rank()), w.address()));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  void OnMessage(transport::Received&& r) {
+    if (!r.is_message()) return;
+    v1::DataHeader in;
+    if (!in.ParseFromString(r.message().header)) return;
+    v1::DataHeader out;
+    out.set_key(in.key());
+    out.set_round(in.round());
+    transport::Message msg;
+    if (in.op() == v1::DataHeader::OP_DECLARE) {
+      out.set_op(v1::DataHeader::OP_DECLARE_REPLY);
+    } else if (in.op() == v1::DataHeader::OP_PUSH) {
+      switch (mode_) {
+        case Mode::kRefuse:
+          out.set_op(v1::DataHeader::OP_ERROR);
+          out.set_error("bad push");
+          out.set_error_code(static_cast<uint32_t>(StatusCode::kInvalidArgument));
+          break;
+        case Mode::kEmptyReply: out.set_op(v1::DataHeader::OP_PULL_REPLY); break;
+        case Mode::kGarbageReply:
+          out.set_op(v1::DataHeader::OP_PULL_REPLY);
+          msg.frames.push_back(transport::Buffer::Take(std::string("not a payload")));
+          break;
+      }
+    } else {
+      return;  // OP_INIT_KEY: accepted silently
+    }
+    out.SerializeToString(&msg.header);
+    (void)client_->transport().Send(r.from, std::move(msg));
+  }
+
+  const Mode mode_;
+  std::unique_ptr<scheduler::SchedulerClient> client_;
+};
+
+class BadServer : public ::testing::TestWithParam<FakeServer::Mode> {};
+
+TEST_P(BadServer, RefusalsAndBadRepliesFailTheHandleNamingServerTensorAndPartition) {
+  ClusterOptions o;
+  o.start_servers = false;
+  TestCluster c(o);
+  FakeServer fake(c, GetParam());
+  Status registered;
+  std::thread server([&] { registered = fake.Register(); });
+  const Status started = c.Start();
+  server.join();
+  ASSERT_TRUE(started.ok()) << started.ToString();
+  ASSERT_TRUE(registered.ok()) << registered.ToString();
+
+  const size_t n = 3000;
+  std::vector<float> in(n, 1.0f), out(n);
+  const TensorId id = c.worker(0).Declare("g", n, DType::kFloat32, 0, "onebit").value();
+  const Status s =
+      c.worker(0).PushPull(id, ConstTensorView(in.data(), n), TensorView(out.data(), n)).Wait();
+  switch (GetParam()) {
+    case FakeServer::Mode::kRefuse:
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+      EXPECT_CONTAINS(s.message(),
+                      "server 0 refused key 0 (tensor 'g' partition 0, round 0): bad push");
+      break;
+    case FakeServer::Mode::kEmptyReply:
+      EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+      EXPECT_CONTAINS(s.message(), "without a payload");
+      EXPECT_CONTAINS(s.message(), "tensor 'g'");
+      break;
+    case FakeServer::Mode::kGarbageReply:
+      EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+      EXPECT_CONTAINS(s.message(), "from server 0");
+      EXPECT_CONTAINS(s.message(), "tensor 'g'");
+      break;
+  }
+  EXPECT_EQ(c.worker(0).stats().ops_failed, 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, BadServer,
+                         ::testing::Values(FakeServer::Mode::kRefuse, FakeServer::Mode::kEmptyReply,
+                                           FakeServer::Mode::kGarbageReply));
 
 }  // namespace
 }  // namespace bitpush::worker
