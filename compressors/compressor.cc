@@ -114,4 +114,10 @@ Status CompressorBase::DecompressAdd(ByteSpan payload, Span<float> accumulator) 
   return DecodeBody(body, accumulator.size(), h.dtype, accumulator.data(), true);
 }
 
+Status CompressorBase::DecompressToFloat(ByteSpan payload, Span<float> out) {
+  BP_ASSIGN_OR_RETURN(PayloadHeader h, CheckPayload(payload, out.size()));
+  const ByteSpan body = payload.subspan(kPayloadHeaderBytes, h.body_bytes);
+  return DecodeBody(body, out.size(), h.dtype, out.data(), false);
+}
+
 }  // namespace bitpush::compressors

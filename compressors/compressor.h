@@ -8,6 +8,7 @@
 //   CompressWithFeedback           q = x + e; payload = C(q); e <- q - C(q)   (e is fp32)
 //   Decompress                     out = C(x), in the payload's dtype
 //   DecompressAdd                  acc += C(x), acc fp32 (the server's fused path)
+//   DecompressToFloat              out = C(x) as fp32 (the server's first push of a round)
 // C(q) is, by definition, exactly what Decompress returns, so error feedback telescopes:
 // sum_t C(q_t) + e_T = sum_t x_t up to fp32 rounding of the additions.
 //
@@ -71,6 +72,11 @@ class Compressor {
 
   // accumulator.size() must equal the payload's element count.
   virtual Status DecompressAdd(ByteSpan payload, Span<float> accumulator) = 0;
+
+  // out = C(x) as fp32, whatever the payload's dtype (the server's "copy first" of a round:
+  // no zeroing pass). out.size() must equal the payload's element count. Same values as
+  // DecompressAdd into zeros, except that a -0.0 stays -0.0.
+  virtual Status DecompressToFloat(ByteSpan payload, Span<float> out) = 0;
 };
 
 // Shared machinery: concrete compressors implement the fp32 body hooks below.
@@ -89,6 +95,7 @@ class CompressorBase : public Compressor {
                                         const CompressContext& ctx, MutableByteSpan out) final;
   Status Decompress(ByteSpan payload, TensorView out) final;
   Status DecompressAdd(ByteSpan payload, Span<float> accumulator) final;
+  Status DecompressToFloat(ByteSpan payload, Span<float> out) final;
 
  protected:
   // Upper bound on the body (the bytes after the header) for n elements of dtype.

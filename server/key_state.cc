@@ -129,7 +129,6 @@ Status KeyState::Push(uint32_t worker, uint64_t round, transport::Buffer buffer)
     r->pushes = r->pulls = r->next_to_add = 0;
     std::fill(r->pushed.begin(), r->pushed.end(), 0);
     std::fill(r->pulled.begin(), r->pulled.end(), 0);
-    r->accumulator.zero();
     r->published = transport::Buffer();
     r->is_published = false;
   }
@@ -142,8 +141,11 @@ Status KeyState::Push(uint32_t worker, uint64_t round, transport::Buffer buffer)
     stats_.bytes_pushed += payload.size();
     return Status::Ok();
   }
-  // Validates the whole payload before touching the accumulator.
-  const Status added = compressor_->DecompressAdd(payload, r->accumulator.span());
+  // Validates the whole payload before touching the accumulator. The first push of a round
+  // is decoded straight into it (no zeroing pass).
+  const Status added = r->next_to_add == 0
+                           ? compressor_->DecompressToFloat(payload, r->accumulator.span())
+                           : compressor_->DecompressAdd(payload, r->accumulator.span());
   if (!added.ok()) {
     if (r->pushes == 0) r->active = false;  // nothing accumulated: give the slot back
     return Reject(added.WithContext(
@@ -163,7 +165,8 @@ Status KeyState::AddInOrder(Round& r) {
     const uint32_t w = r.next_to_add;
     transport::Buffer held = std::move(r.held[w]);
     r.held[w] = transport::Buffer();
-    const Status added = compressor_->DecompressAdd(held.span(), r.accumulator.span());
+    const Status added = w == 0 ? compressor_->DecompressToFloat(held.span(), r.accumulator.span())
+                                : compressor_->DecompressAdd(held.span(), r.accumulator.span());
     if (!added.ok()) {
       // Refused late: the worker may push this round again.
       r.pushed[w] = 0;
@@ -190,7 +193,13 @@ Status KeyState::Publish(Round& r) {
     const float inv = 1.0f / static_cast<float>(spec_.num_workers);
     for (size_t i = 0; i < n; ++i) acc[i] *= inv;
   }
-  std::vector<uint8_t> out(compressor_->MaxCompressedBytes(n, DType::kFloat32));
+  // The slot's payload buffer is reused once the transport has let go of the last round's
+  // (no other owner left); otherwise a new one is made.
+  std::shared_ptr<std::vector<uint8_t>>& storage = r.payload_storage;
+  if (!storage || storage.use_count() != 1) storage = std::make_shared<std::vector<uint8_t>>();
+  std::vector<uint8_t>& out = *storage;
+  const size_t max_bytes = compressor_->MaxCompressedBytes(n, DType::kFloat32);
+  if (out.size() < max_bytes) out.resize(max_bytes);
   const CompressContext ctx{spec_.key, r.round};
   const ConstTensorView aggregate(acc, n);
   StatusOr<size_t> bytes =
@@ -200,10 +209,9 @@ Status KeyState::Publish(Round& r) {
     return bytes.status().WithContext(
         fmt::format("key {}: compressing the aggregate of round {}", spec_.key, r.round));
   }
-  out.resize(*bytes);
-  stats_.bytes_published += out.size();
+  stats_.bytes_published += *bytes;
   ++stats_.rounds_published;
-  r.published = transport::Buffer::Take(std::move(out));
+  r.published = transport::Buffer::Borrow(out.data(), *bytes, storage);
   r.is_published = true;
   return Status::Ok();
 }

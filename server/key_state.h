@@ -126,6 +126,9 @@ class KeyState {
     AlignedBuffer<float> accumulator;
     transport::Buffer published;
     bool is_published = false;
+    // Bytes behind `published`, reused by the next round in this slot when nobody else holds
+    // them any more.
+    std::shared_ptr<std::vector<uint8_t>> payload_storage;
   };
 
   KeyState(const KeySpec& spec, std::unique_ptr<compressors::Compressor> compressor);

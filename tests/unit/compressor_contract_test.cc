@@ -180,6 +180,14 @@ TEST_P(CompressorContract, SizesRoundTripAndDecompressAdd) {
         ASSERT_NEAR(acc[i], want, 1e-2f * (std::fabs(dec[i]) + 1e-3f)) << i;
       }
     }
+    // DecompressToFloat == DecompressAdd onto zeros (the server's first push of a round).
+    std::vector<float> zeros(n, 0.0f);
+    ASSERT_TRUE(c_->DecompressAdd({p.data(), p.size()}, {zeros.data(), n}).ok());
+    std::vector<float> direct = RandomFloats(n, 9);
+    ASSERT_TRUE(c_->DecompressToFloat({p.data(), p.size()}, {direct.data(), n}).ok());
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(direct[i] == zeros[i] || (std::isnan(direct[i]) && std::isnan(zeros[i]))) << i;
+    }
   }
 }
 
@@ -248,6 +256,9 @@ TEST_P(CompressorContract, DecoderRejectsTruncationExtensionAndBadHeaders) {
       const Status s = c_->DecompressAdd({bad.data(), bad.size()}, {acc.data(), n});
       EXPECT_EQ(s.code(), StatusCode::kDataLoss) << what << ": " << s.ToString();
       EXPECT_EQ(0, std::memcmp(acc.data(), acc0.data(), n * 4)) << what << ": acc modified";
+      const Status t = c_->DecompressToFloat({bad.data(), bad.size()}, {acc.data(), n});
+      EXPECT_EQ(t.code(), StatusCode::kDataLoss) << what << ": " << t.ToString();
+      EXPECT_EQ(0, std::memcmp(acc.data(), acc0.data(), n * 4)) << what << ": out modified";
     };
     for (size_t len = 0; len < p.size(); ++len) {
       expect_rejected(std::vector<uint8_t>(p.begin(), p.begin() + len), "truncated");
