@@ -117,7 +117,8 @@ class Server::Impl {
   void ServeWaiting(KeyEntry& entry);
 
   // Any thread.
-  void SendError(uint32_t worker, uint64_t key, uint64_t round, const Status& status);
+  void SendError(uint32_t worker, DataHeader::Op refused, uint64_t key, uint64_t round,
+                 const Status& status);
   void SendToWorker(uint32_t worker, DataHeader header, std::vector<Buffer> frames);
 
   const ServerOptions options_;
@@ -288,13 +289,13 @@ void Server::Impl::Dispatch(transport::Received&& received) {
   DataHeader header;
   if (!header.ParseFromString(msg.header)) {
     SendError(
-        *worker, 0, 0,
+        *worker, DataHeader::OP_UNSPECIFIED, 0, 0,
         DataLossError(fmt::format("server {}: malformed data header from worker {} ({} bytes)",
                                   options_.rank, *worker, msg.header.size())));
     return;
   }
   if (header.sender() != *worker) {
-    SendError(*worker, header.key(), header.round(),
+    SendError(*worker, header.op(), header.key(), header.round(),
               InvalidArgumentError(fmt::format("message from worker {} claims to be from worker {}",
                                                *worker, header.sender())));
     return;
@@ -328,7 +329,7 @@ void Server::Impl::Dispatch(transport::Received&& received) {
     case DataHeader::OP_PUSH: {
       auto it = placement_.find(header.key());
       if (it == placement_.end()) {
-        SendError(*worker, header.key(), header.round(),
+        SendError(*worker, header.op(), header.key(), header.round(),
                   NotFoundError(fmt::format("key {} is unknown here: no OP_INIT_KEY declared it "
                                             "(push from worker {}, round {})",
                                             header.key(), *worker, header.round())));
@@ -343,7 +344,7 @@ void Server::Impl::Dispatch(transport::Received&& received) {
       return;
     }
     default:
-      SendError(*worker, header.key(), header.round(),
+      SendError(*worker, header.op(), header.key(), header.round(),
                 InvalidArgumentError(fmt::format("unexpected data op {} from worker {}",
                                                  DataHeader::Op_Name(header.op()), *worker)));
       return;
@@ -353,7 +354,7 @@ void Server::Impl::Dispatch(transport::Received&& received) {
 void Server::Impl::HandleDeclare(uint32_t worker, const DataHeader& header,
                                  const Message& message) {
   if (options_.rank != 0) {
-    SendError(worker, 0, header.round(),
+    SendError(worker, DataHeader::OP_DECLARE, 0, header.round(),
               FailedPreconditionError(fmt::format(
                   "tensor declarations go to server 0, but worker {} sent them to server {}",
                   worker, options_.rank)));
@@ -363,7 +364,7 @@ void Server::Impl::HandleDeclare(uint32_t worker, const DataHeader& header,
   if (message.frames.size() != 1 ||
       !manifest.ParseFromArray(message.frames[0].data(),
                                static_cast<int>(message.frames[0].size()))) {
-    SendError(worker, 0, header.round(),
+    SendError(worker, DataHeader::OP_DECLARE, 0, header.round(),
               DataLossError(fmt::format("malformed tensor manifest from worker {} (epoch {})",
                                         worker, header.round())));
     return;
@@ -371,7 +372,7 @@ void Server::Impl::HandleDeclare(uint32_t worker, const DataHeader& header,
   DeclareEpoch& epoch = declare_epochs_[header.round()];
   if (epoch.manifests.empty()) epoch.manifests.resize(num_workers_);
   if (epoch.manifests[worker]) {
-    SendError(worker, 0, header.round(),
+    SendError(worker, DataHeader::OP_DECLARE, 0, header.round(),
               InvalidArgumentError(
                   fmt::format("worker {} declared epoch {} twice", worker, header.round())));
     return;
@@ -402,7 +403,7 @@ void Server::Impl::HandleDeclare(uint32_t worker, const DataHeader& header,
   declare_epochs_.erase(epoch_id);
   for (uint32_t w = 0; w < num_workers_; ++w) {
     if (!difference.empty()) {
-      SendError(w, 0, epoch_id, InvalidArgumentError(difference));
+      SendError(w, DataHeader::OP_DECLARE, 0, epoch_id, InvalidArgumentError(difference));
       continue;
     }
     DataHeader reply;
@@ -451,7 +452,7 @@ void Server::Impl::HandleInit(Engine& engine, const Task& task) {
         first.compressor_config().SerializeAsString() !=
             h.compressor_config().SerializeAsString() ||
         first.server_residual() != h.server_residual() || first.sum() != h.sum()) {
-      SendError(task.worker, h.key(), 0,
+      SendError(task.worker, DataHeader::OP_INIT_KEY, h.key(), 0,
                 InvalidArgumentError(fmt::format(
                     "key {} (tensor '{}'): worker {} declared {} elements of dtype {} with {} "
                     "but another worker declared {} elements of dtype {} with {}",
@@ -462,7 +463,7 @@ void Server::Impl::HandleInit(Engine& engine, const Task& task) {
     return;
   }
   if (h.dtype() >= static_cast<uint32_t>(kNumDTypes)) {
-    SendError(task.worker, h.key(), 0,
+    SendError(task.worker, DataHeader::OP_INIT_KEY, h.key(), 0,
               InvalidArgumentError(fmt::format("key {}: unknown dtype {}", h.key(), h.dtype())));
     return;
   }
@@ -477,7 +478,7 @@ void Server::Impl::HandleInit(Engine& engine, const Task& task) {
   // Created on this (pinned) thread: first touch puts the key's buffers on its NUMA node.
   StatusOr<std::unique_ptr<KeyState>> state = KeyState::Create(spec);
   if (!state.ok()) {
-    SendError(task.worker, h.key(), 0,
+    SendError(task.worker, DataHeader::OP_INIT_KEY, h.key(), 0,
               state.status().WithContext(fmt::format("key {} (tensor '{}')", h.key(), h.tensor())));
     return;
   }
@@ -491,7 +492,7 @@ void Server::Impl::HandlePush(Engine& engine, Task& task) {
   const DataHeader& h = task.header;
   auto it = engine.key_states.find(h.key());
   if (it == engine.key_states.end()) {
-    SendError(task.worker, h.key(), h.round(),
+    SendError(task.worker, DataHeader::OP_PUSH, h.key(), h.round(),
               NotFoundError(fmt::format("key {} is unknown here: its OP_INIT_KEY was refused "
                                         "(push from worker {}, round {})",
                                         h.key(), task.worker, h.round())));
@@ -500,7 +501,7 @@ void Server::Impl::HandlePush(Engine& engine, Task& task) {
   KeyEntry& entry = it->second;
   const std::vector<Buffer>& frames = task.message.frames;
   if (frames.size() != 1 || frames[0].size() != h.byte_count()) {
-    SendError(task.worker, h.key(), h.round(),
+    SendError(task.worker, DataHeader::OP_PUSH, h.key(), h.round(),
               DataLossError(fmt::format(
                   "key {}: push from worker {} in round {} has {} frame(s) of {} bytes, but its "
                   "header announces one frame of {} bytes",
@@ -510,7 +511,7 @@ void Server::Impl::HandlePush(Engine& engine, Task& task) {
   }
   const v1::CompressorId key_compressor = entry.state->spec().compressor.id();
   if (h.compressor() != key_compressor || h.element_count() != entry.state->spec().elements) {
-    SendError(task.worker, h.key(), h.round(),
+    SendError(task.worker, DataHeader::OP_PUSH, h.key(), h.round(),
               InvalidArgumentError(fmt::format(
                   "key {}: worker {} pushed {} elements compressed with {} but the key holds {} "
                   "elements compressed with {}",
@@ -522,7 +523,7 @@ void Server::Impl::HandlePush(Engine& engine, Task& task) {
   const uint64_t published_before = entry.state->stats().rounds_published;
   const Status pushed = entry.state->Push(task.worker, h.round(), frames[0]);
   if (!pushed.ok()) {
-    SendError(task.worker, h.key(), h.round(), pushed);
+    SendError(task.worker, DataHeader::OP_PUSH, h.key(), h.round(), pushed);
     return;
   }
   ++pushes_accepted_;
@@ -533,7 +534,7 @@ void Server::Impl::HandlePush(Engine& engine, Task& task) {
     auto w = std::find(entry.waiting.begin(), entry.waiting.end(),
                        std::make_pair(late.worker, late.round));
     if (w != entry.waiting.end()) entry.waiting.erase(w);
-    SendError(late.worker, h.key(), late.round, late.status);
+    SendError(late.worker, DataHeader::OP_PUSH, h.key(), late.round, late.status);
   }
   rounds_published_ += entry.state->stats().rounds_published - published_before;
   ServeWaiting(entry);
@@ -550,7 +551,7 @@ void Server::Impl::ServeWaiting(KeyEntry& entry) {
     StatusOr<Buffer> payload = state.Pull(worker, round);
     entry.waiting.erase(entry.waiting.begin() + static_cast<std::ptrdiff_t>(i));
     if (!payload.ok()) {
-      SendError(worker, state.spec().key, round, payload.status());
+      SendError(worker, DataHeader::OP_PUSH, state.spec().key, round, payload.status());
       continue;
     }
     DataHeader reply;
@@ -569,7 +570,8 @@ void Server::Impl::ServeWaiting(KeyEntry& entry) {
 
 // ---- any thread ----
 
-void Server::Impl::SendError(uint32_t worker, uint64_t key, uint64_t round, const Status& status) {
+void Server::Impl::SendError(uint32_t worker, DataHeader::Op refused, uint64_t key, uint64_t round,
+                             const Status& status) {
   ++pushes_rejected_;
   BP_LOG_WARN("server {}: refused a request from worker {}: {}", options_.rank, worker,
               status.ToString());
@@ -579,6 +581,7 @@ void Server::Impl::SendError(uint32_t worker, uint64_t key, uint64_t round, cons
   h.set_round(round);
   h.set_error(status.message());
   h.set_error_code(static_cast<uint32_t>(status.code()));
+  h.set_refused_op(refused);
   SendToWorker(worker, std::move(h), {});
 }
 

@@ -782,9 +782,9 @@ void Engine::OnError(const std::string& from, const v1::DataHeader& h) {
   const bool push_match = t != nullptr && t->op && !t->op->failed &&
                           t->partitions[j].stage == Stage::kOnWire &&
                           t->partitions[j].round == h.round() && t->partitions[j].peer == from;
-  // OP_ERROR names the refused request by (key, round) only; a refused declaration has key 0
-  // and its epoch as the round. A push of key 0 in flight in that very round wins.
-  if (!push_match && from == kServer0 && h.key() == 0 && pending_epoch_ &&
+  // OP_ERROR names the refused request by its op (refused_op) and (key, round); a refused
+  // declaration has its epoch as the round.
+  if (h.refused_op() == v1::DataHeader::OP_DECLARE && from == kServer0 && pending_epoch_ &&
       *pending_epoch_ == h.round()) {
     declare_verdict_ = RemoteStatus(
         h.error_code(), fmt::format("{}: declaration check of epoch {} at server 0: {}", label_,

@@ -888,6 +888,7 @@ class FakeServer {
           out.set_op(v1::DataHeader::OP_ERROR);
           out.set_error("bad push");
           out.set_error_code(static_cast<uint32_t>(StatusCode::kInvalidArgument));
+          out.set_refused_op(v1::DataHeader::OP_PUSH);
           break;
         case Mode::kEmptyReply: out.set_op(v1::DataHeader::OP_PULL_REPLY); break;
         case Mode::kGarbageReply:

@@ -299,10 +299,12 @@ TEST(Server, BadPushesAreRefusedAndCountedAndTheServerKeepsServing) {
   RawWorker& bad = c.worker(1);
   const auto good = CompressFloats("none", RandomFloats(n, 1), 1, 0);
 
-  auto expect_error = [&](StatusCode code, const std::string& needle) {
+  auto expect_error = [&](StatusCode code, const std::string& needle,
+                          DataHeader::Op refused = DataHeader::OP_PUSH) {
     auto r = bad.Next();
     ASSERT_TRUE(r.has_value()) << "no answer; expected an error with '" << needle << "'";
     ASSERT_EQ(r->header.op(), DataHeader::OP_ERROR);
+    EXPECT_EQ(r->header.refused_op(), refused);
     EXPECT_EQ(r->header.error_code(), static_cast<uint32_t>(code)) << r->header.error();
     EXPECT_NE(r->header.error().find(needle), std::string::npos) << r->header.error();
   };
@@ -354,7 +356,7 @@ TEST(Server, BadPushesAreRefusedAndCountedAndTheServerKeepsServing) {
   }
   {  // a header that is not a DataHeader
     ASSERT_TRUE(bad.SendRaw(0, std::string("\xff\xff\xff\xff not protobuf", 18)).ok());
-    expect_error(StatusCode::kDataLoss, "malformed data header");
+    expect_error(StatusCode::kDataLoss, "malformed data header", DataHeader::OP_UNSPECIFIED);
     ++refusals;
   }
   {  // a good push, then the same round again: duplicate
@@ -413,6 +415,7 @@ TEST(Server, DeclarationsAreComparedAcrossWorkers) {
     auto r = c.worker(w).Next();
     ASSERT_TRUE(r.has_value());
     ASSERT_EQ(r->header.op(), DataHeader::OP_ERROR);
+    EXPECT_EQ(r->header.refused_op(), DataHeader::OP_DECLARE);
     EXPECT_EQ(r->header.error_code(), static_cast<uint32_t>(StatusCode::kInvalidArgument));
     EXPECT_NE(r->header.error().find("tensor #1: worker 0 declared 'd' (7 x float32, none, "
                                      "average) but worker 1 declared 'd' (8 x float32"),
