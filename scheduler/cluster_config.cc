@@ -427,8 +427,8 @@ StatusOr<ClusterConfig> Parser::Parse(std::string_view text) {
           fmt::format("{}: empty config: the cluster section is required", source_));
     }
     std::map<std::string, Entry> top;
-    BP_RETURN_IF_ERROR(Entries(root, root.Mark(), "", {"cluster", "compression", "server", "worker"},
-                               &top));
+    BP_RETURN_IF_ERROR(
+        Entries(root, root.Mark(), "", {"cluster", "compression", "server", "worker"}, &top));
     auto cl = top.find("cluster");
     if (cl == top.end()) {
       return Error(root, root.Mark(), "cluster", "is required (the cluster section)");
