@@ -554,17 +554,18 @@ Status Engine::TimeoutStatusLocked(const Tensor& t, const OpState& op) const {
 // ---------------------------------------------------------------------------------------------
 // Pool jobs
 
+bool Engine::DropJobIfFailed(Tensor& t, Partition& p, const std::shared_ptr<OpState>& op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!op->failed) return false;
+  SetIdleLocked(t, p);
+  JobDoneLocked(t, op);
+  return true;
+}
+
 void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpState>& op,
                              uint64_t round) {
   Partition& p = t->partitions[j];
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (op->failed) {
-      SetIdleLocked(*t, p);
-      JobDoneLocked(*t, op);
-      return;
-    }
-  }
+  if (DropJobIfFailed(*t, p, op)) return;
   const size_t esz = DTypeSize(t->dtype);
   const ConstTensorView in(static_cast<const uint8_t*>(op->input.data()) + p.range.offset * esz,
                            p.range.elements, t->dtype);
@@ -630,14 +631,7 @@ void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpStat
 void Engine::DecompressAndComplete(Tensor* t, uint32_t j, const std::shared_ptr<OpState>& op,
                                    const transport::Buffer& payload) {
   Partition& p = t->partitions[j];
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (op->failed) {
-      SetIdleLocked(*t, p);
-      JobDoneLocked(*t, op);
-      return;
-    }
-  }
+  if (DropJobIfFailed(*t, p, op)) return;
   const size_t n = p.range.elements;
   void* dst = static_cast<uint8_t*>(op->output.data()) + p.range.offset * DTypeSize(t->dtype);
   const EngineClock::time_point t0 = EngineClock::now();

@@ -205,6 +205,9 @@ class Engine {
   void OnDeclareVerdict(uint64_t epoch, Status verdict);
   void OnClusterError(const Status& error);
 
+  // A pool job's first step: if its op already failed, give the partition back and end the
+  // job (true).
+  bool DropJobIfFailed(Tensor& t, Partition& p, const std::shared_ptr<OpState>& op);
   // Pool jobs. `t` stays valid (tensors are never removed); the job owns partition `j`.
   void CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpState>& op, uint64_t round);
   void DecompressAndComplete(Tensor* t, uint32_t j, const std::shared_ptr<OpState>& op,

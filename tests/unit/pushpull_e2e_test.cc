@@ -383,6 +383,13 @@ void RunAndCompare(TestCluster& c, const std::vector<TensorDecl>& decls, int rou
   }
 }
 
+// Starts a TestCluster or fails the test with the reason.
+#define ASSERT_STARTED(cluster)                        \
+  do {                                                 \
+    const Status started_ = (cluster).Start();         \
+    ASSERT_TRUE(started_.ok()) << started_.ToString(); \
+  } while (0)
+
 // ---------------------------------------------------------------------------------------------
 // Every compressor, W x S, Algorithms 3 and 4.
 
@@ -417,10 +424,7 @@ TEST_P(EveryCompressor, PulledResultIsTheReferenceBitForBit) {
   o.servers = p.servers;
   o.error_feedback = p.error_feedback;
   TestCluster c(o);
-  {
-    const Status started = c.Start();
-    ASSERT_TRUE(started.ok()) << started.ToString();
-  }
+  ASSERT_STARTED(c);
   std::vector<TensorDecl> decls;
   for (const std::string& spec : SpecsFor(p.error_feedback)) {
     // 2500 fp32 = 10000 bytes >= min_compress_bytes: 3 partitions (1024, 1024, 452).
@@ -454,10 +458,7 @@ TEST(PushPullE2e, NoneGivesTheExactAverage) {
   o.workers = 4;
   o.servers = 2;
   TestCluster c(o);
-  {
-    const Status started = c.Start();
-    ASSERT_TRUE(started.ok()) << started.ToString();
-  }
+  ASSERT_STARTED(c);
   const size_t n = 3000;
   std::vector<std::vector<float>> in(4), out(4, std::vector<float>(n));
   for (uint32_t w = 0; w < 4; ++w) in[w] = testing::RandomFloats(n, 11 + w);
@@ -491,10 +492,7 @@ TEST(PushPullE2e, MixedSizesDtypesPrioritiesUnderASmallCredit) {
   o.credit_bytes = 8192;  // two fp32 partitions at most
   o.compress_threads = 2;
   TestCluster c(o);
-  {
-    const Status started = c.Start();
-    ASSERT_TRUE(started.ok()) << started.ToString();
-  }
+  ASSERT_STARTED(c);
   const std::vector<TensorDecl> decls = {
       {"empty", 0, DType::kFloat32, "", 0},
       {"tiny.below_threshold", 100, DType::kFloat32, "", 3},        // uncompressed
@@ -535,10 +533,7 @@ TEST(PushPullE2e, CreditNeverDeadlocksWhenPrioritiesReverseThePostingOrder) {
   o.compress_threads = 2;
   o.op_timeout = milliseconds(10000);
   TestCluster c(o);
-  {
-    const Status started = c.Start();
-    ASSERT_TRUE(started.ok()) << started.ToString();
-  }
+  ASSERT_STARTED(c);
   std::vector<TensorDecl> decls;
   for (int i = 0; i < 8; ++i) {
     decls.push_back({"layer" + std::to_string(i), 3000, DType::kFloat32, "", -i});
@@ -554,10 +549,7 @@ TEST(PushPullE2e, CreditSmallerThanAPartitionStillMovesOneAtATime) {
   o.credit_bytes = 1;
   o.compress_threads = 2;
   TestCluster c(o);
-  {
-    const Status started = c.Start();
-    ASSERT_TRUE(started.ok()) << started.ToString();
-  }
+  ASSERT_STARTED(c);
   RunAndCompare(c, {{"a", 3000, DType::kFloat32, "onebit"}, {"b", 2000, DType::kFloat32, ""}}, 2);
   EXPECT_EQ(c.worker(0).stats().peak_bytes_in_flight, 4096u);  // one full partition
   EXPECT_TRUE(c.Shutdown().ok());
@@ -569,10 +561,7 @@ TEST(PushPullE2e, SumReduceOp) {
   o.servers = 2;
   o.error_feedback = "both";
   TestCluster c(o);
-  {
-    const Status started = c.Start();
-    ASSERT_TRUE(started.ok()) << started.ToString();
-  }
+  ASSERT_STARTED(c);
   TensorDecl none{"sum.none", 2100, DType::kFloat32, "none"};
   none.op = ReduceOp::kSum;
   TensorDecl onebit{"sum.onebit", 2100, DType::kFloat32, "onebit"};
@@ -591,10 +580,7 @@ TEST(PushPullE2e, TwoHundredRoundsMemoryStable) {
   o.error_feedback = "both";
   o.compress_threads = 2;
   TestCluster c(o);
-  {
-    const Status started = c.Start();
-    ASSERT_TRUE(started.ok()) << started.ToString();
-  }
+  ASSERT_STARTED(c);
   auto rss_bytes = [] {
     std::ifstream f("/proc/self/statm");
     uint64_t size = 0, resident = 0;
@@ -625,10 +611,7 @@ TEST(PushPullE2e, DeclarationMismatchNamesTheFirstDifferingTensor) {
   o.workers = 2;
   o.servers = 2;
   TestCluster c(o);
-  {
-    const Status started = c.Start();
-    ASSERT_TRUE(started.ok()) << started.ToString();
-  }
+  ASSERT_STARTED(c);
   std::vector<float> buf(100);
   std::vector<Status> st(2);
   OnEveryWorker(2, [&](uint32_t w) {
@@ -658,10 +641,7 @@ TEST(PushPullE2e, DeclarationMismatchNamesTheFirstDifferingTensor) {
 TEST(PushPullE2e, DeclareAndPushPullValidation) {
   ClusterOptions o;
   TestCluster c(o);
-  {
-    const Status started = c.Start();
-    ASSERT_TRUE(started.ok()) << started.ToString();
-  }
+  ASSERT_STARTED(c);
   Client& cl = c.worker(0);
   EXPECT_EQ(cl.rank(), 0u);
   EXPECT_EQ(cl.num_workers(), 1u);
@@ -713,10 +693,7 @@ TEST(PushPullE2e, SecondPushPullOfATensorInFlightIsRefused) {
   ClusterOptions o;
   o.workers = 2;
   TestCluster c(o);
-  {
-    const Status started = c.Start();
-    ASSERT_TRUE(started.ok()) << started.ToString();
-  }
+  ASSERT_STARTED(c);
   const size_t n = 1000;
   std::vector<std::vector<float>> in(2, std::vector<float>(n, 2.0f)), out(2, std::vector<float>(n));
   std::vector<TensorId> ids(2);
@@ -753,10 +730,7 @@ TEST(PushPullE2e, OpTimeoutNamesTheTensorPartitionsAndServers) {
   o.servers = 2;
   o.op_timeout = milliseconds(300);
   TestCluster c(o);
-  {
-    const Status started = c.Start();
-    ASSERT_TRUE(started.ok()) << started.ToString();
-  }
+  ASSERT_STARTED(c);
   const size_t n = 5000;  // 5 partitions over both servers
   std::vector<float> in(n, 1.0f), out(n);
   std::vector<TensorId> ids(2);
@@ -789,10 +763,7 @@ TEST(PushPullE2e, DeadServerFailsPendingHandlesNamingIt) {
   o.workers = 2;
   o.servers = 2;
   TestCluster c(o);
-  {
-    const Status started = c.Start();
-    ASSERT_TRUE(started.ok()) << started.ToString();
-  }
+  ASSERT_STARTED(c);
   const size_t n = 5000;
   std::vector<float> in(n, 1.0f), out(n);
   std::vector<TensorId> ids(2);
@@ -824,10 +795,7 @@ TEST(PushPullE2e, CloseFailsPendingHandlesWithCancelled) {
   ClusterOptions o;
   o.workers = 2;
   TestCluster c(o);
-  {
-    const Status started = c.Start();
-    ASSERT_TRUE(started.ok()) << started.ToString();
-  }
+  ASSERT_STARTED(c);
   const size_t n = 3000;
   std::vector<float> in(n, 1.0f), out(n);
   std::vector<TensorId> ids(2);
