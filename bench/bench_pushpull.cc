@@ -16,17 +16,29 @@
 // bytes (one iteration's worth, in messages of one partition) streamed one way between two
 // processes over one loopback TCP socket, each message read whole into a buffer of its size
 // (bench/raw_tcp.h); the fastest of --raw-reps repetitions before and as many after the
-// cluster runs. Stage times are per timed iteration, averaged over the workers, each summed
-// over the partitions (partitions overlap, so they do not add up to iter_ms): compress_ms,
-// network_ms (push sent -> reply received, includes the server's work), decompress_ms from
-// ClientStats; server_ms = the servers' engine_busy_ns / (warm-up + timed iterations).
-// Peak RSS in MiB (ru_maxrss); server_owned_mb = the bytes of the keys a server owns (the
-// scheduler's key mapping), rss_target_mb = 4 x that + 64 (issue 4).
+// cluster runs. raw_tcp_duplex_gbps: the per-direction throughput of the same socket carrying
+// the same bytes both ways at once (each end sends one iteration's bytes while it receives the
+// other's: bytes of one direction / wall time), measured with the same policy — the fair
+// reference for a push_pull, which moves the bytes both ways at once, where both directions
+// share the same CPUs (loopback); ratio_to_raw_tcp_duplex = goodput / it.
+//
+// --link-gbit R: the servers (and the raw TCP peer) run in a network namespace of their own,
+// behind a veth pair shaped to R Gbit/s each way (tc tbf), 10.251.X.1 (root namespace:
+// scheduler, workers, driver) <-> 10.251.X.2 (servers); the namespace and the veth pair are
+// removed on every exit path (also on SIGINT/SIGTERM/SIGHUP). Needs root, ip and tc. Stage times
+// are per timed iteration, averaged over the workers, each summed over the partitions (partitions
+// overlap, so they do not add up to iter_ms): compress_ms, network_ms (push sent -> reply received,
+// includes the server's work), decompress_ms from ClientStats; server_ms = the servers'
+// engine_busy_ns / (warm-up + timed iterations). Peak RSS in MiB (ru_maxrss); server_owned_mb = the
+// bytes of the keys a server owns (the scheduler's key mapping), rss_target_mb = 4 x that + 64
+// (issue 4).
 //
 // Every wait is bounded (--timeout-s per cluster): on a failing process the others get the
 // heartbeat bound to exit, then everything left is killed; the failure names the process and
 // shows its output's tail; exit status 1.
+#include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -81,6 +93,15 @@ struct Options {
   int raw_reps = 5;
   int timeout_s = 300;
   bool keep_dir = false;
+  double link_gbit = 0;  // 0: loopback; > 0: servers behind an emulated link of R Gbit/s
+};
+
+// Where the processes listen: loopback, or the two ends of the emulated link.
+struct NetPlan {
+  std::string root_ip = "127.0.0.1";    // scheduler, workers, the driver's raw TCP end
+  std::string server_ip = "127.0.0.1";  // servers, the raw TCP peer
+  std::string netns;                    // non-empty: the servers' network namespace (ip netns name)
+  std::string ip_tool;                  // path of `ip` (runs the servers: ip netns exec NS ...)
 };
 
 void PrintHelp() {
@@ -89,13 +110,17 @@ void PrintHelp() {
       "         [--partition-kb 4000] [--compressor SPEC[,SPEC...]] [--iters 10] [--warmup 2]\n"
       "         [--tensors 1] [--error-feedback auto|none|worker|server|both]\n"
       "         [--min-compress-bytes 1048576] [--raw-reps 5] [--timeout-s 300] [--keep-dir]\n"
+      "         [--link-gbit R]\n"
       "Runs a real cluster on loopback per compressor (bitpush-scheduler, S bitpush-server,\n"
       "W workers) and times N PushPull+Wait iterations of MB MiB of fp32 per worker (in K equal\n"
       "tensors), in partitions of partition-kb x 1024 bytes. --compressor takes a list (one\n"
       "JSON record each; default none); the flag may repeat. --error-feedback auto = both for\n"
       "the biased compressors (onebit, topk, randomk with unbiased=false), none otherwise.\n"
       "goodput_gbps = fp32 GB/s (1e9 B/s) per worker per direction, vs raw_tcp_gbps: the same\n"
-      "bytes streamed one way over one loopback TCP socket in the same run.\n");
+      "bytes streamed one way over one loopback TCP socket in the same run, and\n"
+      "raw_tcp_duplex_gbps: per direction, the same bytes sent both ways at once.\n"
+      "--link-gbit R (root, needs ip and tc): the servers run in a network namespace behind a\n"
+      "veth pair shaped to R Gbit/s each way (tc tbf); the raw TCP references cross it too.\n");
 }
 
 int Fail(const std::string& what) {
@@ -156,15 +181,16 @@ std::string Fmt(double v, const char* format = "%.6g") {
 
 // ---- the raw TCP reference ------------------------------------------------------------------
 
-// A forked peer process serving RawPeer on one loopback connection.
+// A forked peer process serving RawPeer on one TCP connection: loopback, or across the
+// emulated link (the peer joins the servers' namespace and connects to the root end).
 class RawReference {
  public:
   ~RawReference() { Stop(); }
 
-  Status Start() {
+  Status Start(const NetPlan& net) {
     int port = 0;
     std::string error;
-    const int listener = ListenLoopback(&port, &error);
+    const int listener = ListenTcp(net.root_ip, &port, &error);
     if (listener < 0) return UnavailableError(error);
     pid_ = fork();
     if (pid_ < 0) {
@@ -173,7 +199,17 @@ class RawReference {
     }
     if (pid_ == 0) {
       close(listener);
-      const int fd = ConnectLoopback(port, &error);
+      if (!net.netns.empty()) {
+        const std::string path = "/var/run/netns/" + net.netns;
+        const int ns = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (ns < 0 || setns(ns, CLONE_NEWNET) != 0) {
+          std::fprintf(stderr, "%s: raw TCP peer: cannot enter %s: %s\n", kName, path.c_str(),
+                       std::strerror(errno));
+          _exit(1);
+        }
+        close(ns);
+      }
+      const int fd = ConnectTcp(net.root_ip, port, &error);
       if (fd >= 0) RawPeer(fd);
       _exit(fd >= 0 ? 0 : 1);
     }
@@ -189,32 +225,47 @@ class RawReference {
     return Status::Ok();
   }
 
-  // Streams `total` bytes in messages of `message` bytes `reps` times; keeps the fastest
-  // (unless `warmup`: then only the side effects count: page faults, TCP window growth).
-  Status Measure(uint64_t total, uint64_t message, int reps, bool warmup = false) {
+  // Streams `total` bytes in messages of `message` bytes `reps` times, one way (kRawStream)
+  // or both ways at once (kRawDuplex: `total` bytes each way; the throughput is one
+  // direction's bytes / the exchange's wall time); keeps the fastest (unless `warmup`: then
+  // only the side effects count: page faults, TCP window growth).
+  Status Measure(uint64_t total, uint64_t message, int reps, bool warmup = false,
+                 RawMode mode = kRawStream) {
     message = std::max<uint64_t>(1, std::min(message, total));
     if (src_.size() != message) {
       src_.resize(message);
       for (size_t i = 0; i < message; ++i) src_[i] = static_cast<uint8_t>(i * 131 + (i >> 12));
     }
     const uint64_t count = (total + message - 1) / message;
+    Series& series = mode == kRawDuplex ? duplex_ : stream_;
     for (int rep = 0; rep < reps; ++rep) {
-      const double s = RawStream(fd_, kRawStream, src_, count);
-      if (std::isnan(s)) return UnavailableError("raw TCP stream: the peer went away");
+      const double s = mode == kRawDuplex ? RawDuplex(fd_, src_, count, &scratch_)
+                                          : RawStream(fd_, kRawStream, src_, count);
+      if (std::isnan(s)) {
+        return UnavailableError(
+            std::string(mode == kRawDuplex ? "raw TCP duplex exchange" : "raw TCP stream") +
+            ": the peer went away");
+      }
       const double gbps = static_cast<double>(count * message) / s / 1e9;
       if (warmup) continue;
-      best_gbps_ = std::max(best_gbps_, gbps);
-      all_.push_back(gbps);
+      series.best = std::max(series.best, gbps);
+      series.all.push_back(gbps);
+    }
+    return Status::Ok();
+  }
+  // Both references, each with one warm-up first when `warmup`.
+  Status MeasureBoth(uint64_t total, uint64_t message, int reps, bool warmup) {
+    for (RawMode mode : {kRawStream, kRawDuplex}) {
+      if (warmup) BP_RETURN_IF_ERROR(Measure(total, message, 1, /*warmup=*/true, mode));
+      BP_RETURN_IF_ERROR(Measure(total, message, reps, /*warmup=*/false, mode));
     }
     return Status::Ok();
   }
 
-  double BestGbps() const { return best_gbps_; }
-  double MedianGbps() const {
-    std::vector<double> v = all_;
-    std::sort(v.begin(), v.end());
-    return v.empty() ? NAN : v[v.size() / 2];
-  }
+  double BestGbps() const { return stream_.best; }
+  double MedianGbps() const { return stream_.Median(); }
+  double DuplexBestGbps() const { return duplex_.best; }
+  double DuplexMedianGbps() const { return duplex_.Median(); }
 
   void Stop() {
     if (fd_ >= 0) {
@@ -238,11 +289,175 @@ class RawReference {
   }
 
  private:
+  struct Series {
+    double best = 0;
+    std::vector<double> all;
+    double Median() const {
+      std::vector<double> v = all;
+      std::sort(v.begin(), v.end());
+      return v.empty() ? NAN : v[v.size() / 2];
+    }
+  };
   pid_t pid_ = -1;
   int fd_ = -1;
-  std::vector<uint8_t> src_;
-  double best_gbps_ = 0;
-  std::vector<double> all_;
+  std::vector<uint8_t> src_, scratch_;
+  Series stream_, duplex_;
+};
+
+// ---- --link-gbit: the emulated link ---------------------------------------------------------
+
+// For the signal handler: what to remove if the run is interrupted (async-signal-safe: fork,
+// execv, waitpid only).
+char g_ip_tool[512];
+char g_netns[64];
+char g_veth[32];
+
+void RemoveLinkOnSignal(int sig) {
+  const char* const lists[2][5] = {{g_ip_tool, "link", "del", g_veth, nullptr},
+                                   {g_ip_tool, "netns", "del", g_netns, nullptr}};
+  for (const auto& argv : lists) {
+    const pid_t p = fork();
+    if (p == 0) {
+      const int devnull = open("/dev/null", O_WRONLY);
+      if (devnull >= 0) {
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+      }
+      execv(g_ip_tool, const_cast<char* const*>(argv));
+      _exit(127);
+    }
+    if (p > 0) waitpid(p, nullptr, 0);
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+std::string FindTool(const std::string& name) {
+  std::string path = getenv("PATH") != nullptr ? getenv("PATH") : "";
+  path += ":/usr/sbin:/sbin:/usr/bin:/bin";
+  size_t pos = 0;
+  while (pos <= path.size()) {
+    const size_t colon = path.find(':', pos);
+    const std::string dir = path.substr(pos, colon == std::string::npos ? colon : colon - pos);
+    if (!dir.empty() && access((dir + "/" + name).c_str(), X_OK) == 0) return dir + "/" + name;
+    if (colon == std::string::npos) break;
+    pos = colon + 1;
+  }
+  return "";
+}
+
+// Runs a command line of our own making (no user text in it); its exit status, output in *out.
+int Shell(const std::string& command, std::string* out = nullptr) {
+  FILE* f = popen((command + " 2>&1").c_str(), "r");
+  if (f == nullptr) return -1;
+  std::string text;
+  char buf[512];
+  while (std::fgets(buf, sizeof(buf), f) != nullptr) text += buf;
+  const int status = pclose(f);
+  if (out != nullptr) *out = text;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// A network namespace bp-bench-<pid> and a veth pair bpb<pid>a (root namespace, 10.251.X.1/30)
+// <-> bpb<pid>b (in the namespace, 10.251.X.2/30), each end's egress shaped by tc tbf to
+// R Gbit/s, so each direction of the link carries R Gbit/s. Removed by Remove() / the
+// destructor, and by a signal handler if the run is interrupted.
+class EmulatedLink {
+ public:
+  ~EmulatedLink() { Remove(); }
+
+  Status Create(double gbit, NetPlan* net) {
+    if (geteuid() != 0) {
+      return FailedPreconditionError("--link-gbit needs root (network namespaces, veth, tc)");
+    }
+    ip_ = FindTool("ip");
+    tc_ = FindTool("tc");
+    if (ip_.empty() || tc_.empty()) {
+      return FailedPreconditionError(std::string("--link-gbit needs the iproute2 tools: ") +
+                                     (ip_.empty() ? "ip " : "") + (tc_.empty() ? "tc " : "") +
+                                     "not found in PATH, /usr/sbin or /sbin");
+    }
+    RemoveStale();
+    const long pid = static_cast<long>(getpid());
+    netns_ = "bp-bench-" + std::to_string(pid);
+    veth_root_ = "bpb" + std::to_string(pid) + "a";
+    veth_ns_ = "bpb" + std::to_string(pid) + "b";
+    // A /30 in 10.251.0.0/16 that no interface here has yet.
+    std::string addrs;
+    Shell(ip_ + " -4 -o addr show", &addrs);
+    int x = static_cast<int>(pid % 254) + 1;
+    for (int tries = 0; addrs.find("10.251." + std::to_string(x) + ".") != std::string::npos;
+         x = x % 254 + 1) {
+      if (++tries > 254) return UnavailableError("no free 10.251.X.0/30 subnet for --link-gbit");
+    }
+    const std::string prefix = "10.251." + std::to_string(x) + ".";
+    net->root_ip = prefix + "1";
+    net->server_ip = prefix + "2";
+    net->netns = netns_;
+    net->ip_tool = ip_;
+
+    std::snprintf(g_ip_tool, sizeof(g_ip_tool), "%s", ip_.c_str());
+    std::snprintf(g_netns, sizeof(g_netns), "%s", netns_.c_str());
+    std::snprintf(g_veth, sizeof(g_veth), "%s", veth_root_.c_str());
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, RemoveLinkOnSignal);
+    created_ = true;
+
+    // tbf: rate R, a bucket of 1 ms at that rate (at least 256 KiB: GSO packets of 64 KiB
+    // pass whole), queueing up to 10 ms before dropping.
+    const double bytes_per_s = gbit * 1e9 / 8;
+    const long long burst = std::max<long long>(256 << 10, std::llround(bytes_per_s / 1000));
+    const std::string tbf = " root tbf rate " + Fmt(gbit * 1000, "%.6g") + "mbit burst " +
+                            std::to_string(burst) + " latency 10ms";
+    const std::string in_ns = ip_ + " netns exec " + netns_ + " ";
+    const std::vector<std::string> steps = {
+        ip_ + " netns add " + netns_,
+        ip_ + " link add " + veth_root_ + " type veth peer name " + veth_ns_,
+        ip_ + " link set " + veth_ns_ + " netns " + netns_,
+        ip_ + " addr add " + net->root_ip + "/30 dev " + veth_root_,
+        ip_ + " link set " + veth_root_ + " up",
+        in_ns + ip_ + " addr add " + net->server_ip + "/30 dev " + veth_ns_,
+        in_ns + ip_ + " link set " + veth_ns_ + " up",
+        in_ns + ip_ + " link set lo up",
+        tc_ + " qdisc add dev " + veth_root_ + tbf,
+        in_ns + tc_ + " qdisc add dev " + veth_ns_ + tbf,
+    };
+    for (const std::string& step : steps) {
+      std::string out;
+      if (Shell(step, &out) != 0) {
+        return InternalError("--link-gbit: '" + step + "' failed: " + out);
+      }
+    }
+    return Status::Ok();
+  }
+
+  void Remove() {
+    if (!created_) return;
+    Shell(ip_ + " link del " + veth_root_);  // both ends of the pair
+    Shell(ip_ + " netns del " + netns_);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, SIG_DFL);
+    created_ = false;
+  }
+
+ private:
+  // Namespaces bp-bench-<pid> left by a run that was SIGKILLed (its pid no longer exists).
+  void RemoveStale() {
+    std::string list;
+    if (Shell(ip_ + " netns list", &list) != 0) return;
+    std::istringstream lines(list);
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.rfind("bp-bench-", 0) != 0) continue;
+      const std::string digits = line.substr(9, line.find_first_not_of("0123456789", 9) - 9);
+      if (digits.empty()) continue;
+      const long pid = std::stol(digits);
+      if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+      Shell(ip_ + " link del bpb" + digits + "a");
+      Shell(ip_ + " netns del bp-bench-" + digits);
+    }
+  }
+
+  bool created_ = false;
+  std::string ip_, tc_, netns_, veth_root_, veth_ns_;
 };
 
 // ---- one cluster ----------------------------------------------------------------------------
@@ -263,8 +478,9 @@ struct ClusterResult {
 
 class ClusterRun {
  public:
-  ClusterRun(const Options& opt, std::string spec, std::string ef, std::string bin_dir)
-      : opt_(opt), dir_("bp-bench"), bin_dir_(std::move(bin_dir)) {
+  ClusterRun(const Options& opt, const NetPlan& net, std::string spec, std::string ef,
+             std::string bin_dir)
+      : opt_(opt), net_(net), dir_("bp-bench"), bin_dir_(std::move(bin_dir)) {
     result_.spec = std::move(spec);
     result_.error_feedback = std::move(ef);
   }
@@ -281,10 +497,19 @@ class ClusterRun {
     scheduler_ = Spawn("scheduler", {bin_dir_ + "/bitpush-scheduler", "--config", config_path_});
     for (int s = 0; s < opt_.servers; ++s) {
       const std::string r = std::to_string(s);
-      servers_.push_back(
-          Spawn("server " + r,
-                {bin_dir_ + "/bitpush-server", "--config", config_path_, "--rank", r,
-                 "--stats-json", dir_.path() + "/server" + r + ".json", "--log-level", "warn"}));
+      std::vector<std::string> argv = {bin_dir_ + "/bitpush-server",
+                                       "--config",
+                                       config_path_,
+                                       "--rank",
+                                       r,
+                                       "--stats-json",
+                                       dir_.path() + "/server" + r + ".json",
+                                       "--log-level",
+                                       "warn"};
+      if (!net_.netns.empty()) {
+        argv.insert(argv.begin(), {net_.ip_tool, "netns", "exec", net_.netns});
+      }
+      servers_.push_back(Spawn("server " + r, argv));
     }
     const std::string tensor_mb = Fmt(opt_.mb / opt_.tensors, "%.17g");
     for (int w = 0; w < opt_.workers; ++w) {
@@ -305,24 +530,25 @@ class ClusterRun {
  private:
   StatusOr<scheduler::ClusterConfig> WriteConfig() {
     std::set<int> used;
-    auto port = [&]() -> StatusOr<std::string> {
+    // Ports free on loopback; the servers' namespace (if any) is fresh: all free there.
+    auto port = [&](const std::string& ip) -> StatusOr<std::string> {
       for (int attempt = 0; attempt < 100; ++attempt) {
         const int p = testing::FreeTcpPort();
-        if (p > 0 && used.insert(p).second) return "127.0.0.1:" + std::to_string(p);
+        if (p > 0 && used.insert(p).second) return ip + ":" + std::to_string(p);
       }
       return UnavailableError("no free TCP port on 127.0.0.1");
     };
-    auto list = [&](int n) -> StatusOr<std::string> {
+    auto list = [&](int n, const std::string& ip) -> StatusOr<std::string> {
       std::string s = "[";
       for (int i = 0; i < n; ++i) {
-        BP_ASSIGN_OR_RETURN(std::string a, port());
+        BP_ASSIGN_OR_RETURN(std::string a, port(ip));
         s += (i ? ", " : "") + a;
       }
       return s + "]";
     };
-    BP_ASSIGN_OR_RETURN(std::string scheduler, port());
-    BP_ASSIGN_OR_RETURN(std::string servers, list(opt_.servers));
-    BP_ASSIGN_OR_RETURN(std::string workers, list(opt_.workers));
+    BP_ASSIGN_OR_RETURN(std::string scheduler, port(net_.root_ip));
+    BP_ASSIGN_OR_RETURN(std::string servers, list(opt_.servers, net_.server_ip));
+    BP_ASSIGN_OR_RETURN(std::string workers, list(opt_.workers, net_.root_ip));
     std::ostringstream y;
     y << "cluster:\n"
       << "  scheduler: " << scheduler << "\n"
@@ -473,6 +699,7 @@ class ClusterRun {
   }
 
   const Options& opt_;
+  const NetPlan& net_;
   testing::TempDir dir_;
   std::string bin_dir_;
   std::string config_path_;
@@ -515,28 +742,33 @@ int RunDriver(const Options& opt) {
   const uint64_t tensor_bytes =
       static_cast<uint64_t>(std::llround(opt.mb / opt.tensors * kMiB / 4)) * 4 * opt.tensors;
   const uint64_t message = static_cast<uint64_t>(opt.partition_kb) * 1024;
-  RawReference raw;
-  if (Status s = raw.Start(); !s.ok()) return Fail(s.ToString());
-  // One warm-up stream (page faults, TCP window growth), then the measured repetitions.
-  if (Status s = raw.Measure(tensor_bytes, message, 1, /*warmup=*/true); !s.ok()) {
-    return Fail(s.ToString());
+  NetPlan net;
+  EmulatedLink link;  // declared before everything that runs across it: removed last
+  if (opt.link_gbit > 0) {
+    if (Status s = link.Create(opt.link_gbit, &net); !s.ok()) return Fail(s.ToString());
   }
-  if (Status s = raw.Measure(tensor_bytes, message, opt.raw_reps); !s.ok()) {
+  RawReference raw;
+  if (Status s = raw.Start(net); !s.ok()) return Fail(s.ToString());
+  // Per reference (one way, both ways) one warm-up (page faults, TCP window growth), then the
+  // measured repetitions; as many again after the clusters.
+  if (Status s = raw.MeasureBoth(tensor_bytes, message, opt.raw_reps, /*warmup=*/true); !s.ok()) {
     return Fail(s.ToString());
   }
 
   std::vector<ClusterResult> results;
   for (const auto& [spec, ef] : runs) {
-    ClusterRun run(opt, spec, ef, bin_dir);
+    ClusterRun run(opt, net, spec, ef, bin_dir);
     StatusOr<ClusterResult> r = run.Run();
     if (!r.ok()) return Fail(spec + ": " + r.status().ToString());
     results.push_back(*r);
   }
-  if (Status s = raw.Measure(tensor_bytes, message, opt.raw_reps); !s.ok()) {
+  if (Status s = raw.MeasureBoth(tensor_bytes, message, opt.raw_reps, /*warmup=*/false); !s.ok()) {
     return Fail(s.ToString());
   }
   raw.Stop();
+  link.Remove();
   const double raw_gbps = raw.BestGbps();
+  const double duplex_gbps = raw.DuplexBestGbps();
 
   std::vector<JsonRecord> records;
   if (!opt.json) {
@@ -544,11 +776,17 @@ int RunDriver(const Options& opt) {
         "%d worker(s), %d server(s), %g MiB fp32 per worker in %d tensor(s), partitions "
         "of %lld KiB, %d timed iterations; GB/s per worker per direction\n",
         opt.workers, opt.servers, opt.mb, opt.tensors, opt.partition_kb, opt.iters);
+    if (opt.link_gbit > 0) {
+      std::printf("servers behind an emulated link of %g Gbit/s each way (%s <-> %s)\n",
+                  opt.link_gbit, net.root_ip.c_str(), net.server_ip.c_str());
+    }
     std::printf("raw TCP reference: %.2f GB/s (best), %.2f GB/s (median)\n", raw_gbps,
                 raw.MedianGbps());
-    std::printf("%-28s %-5s %8s %8s %9s %9s %9s %9s %9s %9s %10s\n", "compressor", "ef", "goodput",
-                "x raw", "iter_ms", "compress", "network", "server", "decomp", "srv_rss",
-                "rss_target");
+    std::printf("raw TCP both ways at once, per direction: %.2f GB/s (best), %.2f GB/s (median)\n",
+                duplex_gbps, raw.DuplexMedianGbps());
+    std::printf("%-28s %-5s %8s %8s %8s %9s %9s %9s %9s %9s %9s %10s\n", "compressor", "ef",
+                "goodput", "x raw", "x duplex", "iter_ms", "compress", "network", "server",
+                "decomp", "srv_rss", "rss_target");
   }
   for (const ClusterResult& r : results) {
     const double none_gbps = results.front().spec == "none" ? results.front().goodput_gbps : NAN;
@@ -567,6 +805,10 @@ int RunDriver(const Options& opt) {
         .Add("raw_tcp_gbps", raw_gbps)
         .Add("raw_tcp_median_gbps", raw.MedianGbps())
         .Add("ratio_to_raw_tcp", r.goodput_gbps / raw_gbps)
+        .Add("raw_tcp_duplex_gbps", duplex_gbps)
+        .Add("raw_tcp_duplex_median_gbps", raw.DuplexMedianGbps())
+        .Add("ratio_to_raw_tcp_duplex", r.goodput_gbps / duplex_gbps)
+        .Add("link_gbit", opt.link_gbit)
         .Add("ratio_to_none", r.goodput_gbps / none_gbps)
         .Add("iter_ms", r.iter_ms)
         .Add("compress_ms", r.compress_ms)
@@ -587,10 +829,11 @@ int RunDriver(const Options& opt) {
         .Add("wall_seconds", r.wall_seconds);
     records.push_back(rec);
     if (!opt.json) {
-      std::printf("%-28s %-5s %8.3f %8.2f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f\n",
+      std::printf("%-28s %-5s %8.3f %8.2f %8.2f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f\n",
                   r.spec.c_str(), r.error_feedback.c_str(), r.goodput_gbps,
-                  r.goodput_gbps / raw_gbps, r.iter_ms, r.compress_ms, r.network_ms, r.server_ms,
-                  r.decompress_ms, r.server_peak_rss_mb, 4 * r.server_owned_mb + 64);
+                  r.goodput_gbps / raw_gbps, r.goodput_gbps / duplex_gbps, r.iter_ms, r.compress_ms,
+                  r.network_ms, r.server_ms, r.decompress_ms, r.server_peak_rss_mb,
+                  4 * r.server_owned_mb + 64);
     }
   }
   if (opt.json) std::fputs(JsonArray(records).c_str(), stdout);
@@ -654,6 +897,11 @@ int ParseArgs(int argc, char** argv, Options* o) {
       o->raw_reps = static_cast<int>(integer(1));
     } else if (a == "--timeout-s") {
       o->timeout_s = static_cast<int>(integer(1));
+    } else if (a == "--link-gbit") {
+      const char* v = next();
+      char* end = nullptr;
+      o->link_gbit = std::strtod(v, &end);
+      if (end == v || *end != '\0' || !(o->link_gbit >= 0) || o->link_gbit > 1e4) bad(v);
     } else if (a == "--help" || a == "-h") {
       PrintHelp();
       std::exit(0);

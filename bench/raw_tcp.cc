@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 namespace bitpush::bench {
 
@@ -45,15 +46,27 @@ void SetNoDelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-int ListenLoopback(int* port, std::string* error) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+namespace {
+
+bool ParseIpv4(const std::string& ipv4, in_addr* out, std::string* error) {
+  if (inet_pton(AF_INET, ipv4.c_str(), out) != 1) {
+    *error = "not an IPv4 address: '" + ipv4 + "'";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int ListenTcp(const std::string& ipv4, int* port, std::string* error) {
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (!ParseIpv4(ipv4, &sa.sin_addr, error)) return -1;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
   socklen_t len = sizeof(sa);
   if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || listen(fd, 1) != 0 ||
       getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
-    *error = std::string("raw TCP listener: ") + std::strerror(errno);
+    *error = "raw TCP listener on " + ipv4 + ": " + std::strerror(errno);
     if (fd >= 0) close(fd);
     return -1;
   }
@@ -61,14 +74,15 @@ int ListenLoopback(int* port, std::string* error) {
   return fd;
 }
 
-int ConnectLoopback(int port, std::string* error) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+int ConnectTcp(const std::string& ipv4, int port, std::string* error) {
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<uint16_t>(port));
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (!ParseIpv4(ipv4, &sa.sin_addr, error)) return -1;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
-    *error = "connect to raw TCP port " + std::to_string(port) + ": " + std::strerror(errno);
+    *error = "connect to raw TCP port " + ipv4 + ":" + std::to_string(port) + ": " +
+             std::strerror(errno);
     if (fd >= 0) close(fd);
     return -1;
   }
@@ -76,8 +90,17 @@ int ConnectLoopback(int port, std::string* error) {
   return fd;
 }
 
+int ListenLoopback(int* port, std::string* error) {
+  return ListenTcp("127.0.0.1", port, error);
+}
+
+int ConnectLoopback(int port, std::string* error) {
+  return ConnectTcp("127.0.0.1", port, error);
+}
+
 void RawPeer(int fd) {
   std::vector<uint8_t> buf;
+  std::vector<uint8_t> out;  // kRawDuplex: what the peer sends
   std::vector<uint8_t> small(64 << 10);
   RawHeader h;
   while (ReadAll(fd, &h, sizeof(h)) && h.mode != kRawQuit) {
@@ -98,6 +121,23 @@ void RawPeer(int fd) {
       }
       const uint8_t ack = 1;
       if (!WriteAll(fd, &ack, 1)) return;
+    } else if (h.mode == kRawDuplex) {
+      if (out.size() != h.bytes) {
+        out.resize(h.bytes);
+        for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(i * 151 + (i >> 11));
+      }
+      bool sent = true;
+      std::thread sender([&] {
+        for (uint64_t i = 0; i < h.count && sent; ++i) sent = WriteAll(fd, out.data(), h.bytes);
+      });
+      bool received = true;
+      for (uint64_t i = 0; i < h.count && received; ++i) {
+        received = ReadAll(fd, buf.data(), h.bytes);
+      }
+      if (!received) shutdown(fd, SHUT_RDWR);  // unblocks the sender
+      sender.join();
+      const uint8_t ack = 1;
+      if (!received || !sent || !WriteAll(fd, &ack, 1)) return;
     } else {
       for (uint64_t i = 0; i < h.count; ++i) {
         if (!ReadAll(fd, buf.data(), h.bytes) || !WriteAll(fd, buf.data(), h.bytes)) return;
@@ -116,6 +156,28 @@ double RawStream(int fd, uint64_t mode, const std::vector<uint8_t>& src, uint64_
   uint8_t ack;
   if (!ReadAll(fd, &ack, 1)) return NAN;
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double RawDuplex(int fd, const std::vector<uint8_t>& src, uint64_t count,
+                 std::vector<uint8_t>* scratch) {
+  const RawHeader h{kRawDuplex, count, src.size()};
+  if (scratch->size() != src.size()) scratch->assign(src.size(), 0);
+  std::vector<uint8_t>& in = *scratch;
+  const auto t0 = Clock::now();
+  if (!WriteAll(fd, &h, sizeof(h))) return NAN;
+  bool received = true;
+  std::thread receiver([&] {
+    for (uint64_t i = 0; i < count && received; ++i) received = ReadAll(fd, in.data(), in.size());
+    uint8_t ack = 0;
+    received = received && ReadAll(fd, &ack, 1);
+  });
+  bool sent = true;
+  for (uint64_t i = 0; i < count && sent; ++i) sent = WriteAll(fd, src.data(), src.size());
+  if (!sent) shutdown(fd, SHUT_RDWR);  // unblocks the receiver
+  receiver.join();
+  const auto t1 = Clock::now();
+  if (!sent || !received) return NAN;
+  return std::chrono::duration<double>(t1 - t0).count();
 }
 
 double RawRtt(int fd, int count, size_t bytes) {

@@ -61,7 +61,8 @@ PUSHPULL_REQUIRED = {
     "compressor", "workers", "servers", "goodput_gbps", "raw_tcp_gbps", "server_peak_rss_mb",
     "worker_peak_rss_mb", "ratio_to_raw_tcp", "mb", "partition_kb", "iters", "error_feedback",
     "compress_ms", "network_ms", "server_ms", "decompress_ms", "iter_ms", "server_owned_mb",
-    "rss_target_mb", "ratio_to_none", "wire_compression_ratio"}
+    "rss_target_mb", "ratio_to_none", "wire_compression_ratio", "raw_tcp_median_gbps",
+    "raw_tcp_duplex_gbps", "raw_tcp_duplex_median_gbps", "ratio_to_raw_tcp_duplex", "link_gbit"}
 r = run("pushpull", "--json", "--mb", "1", "--partition-kb", "256", "--iters", "2", "--warmup",
         "1", "--workers", "2", "--servers", "2", "--compressor", "none,onebit", "--raw-reps", "1",
         "--timeout-s", "60")
@@ -73,20 +74,30 @@ for rec in records:
     assert not missing, f"pushpull record {rec} lacks {missing}"
     assert rec["workers"] == 2 and rec["servers"] == 2 and rec["iters"] == 2, rec
     assert rec["mb"] == 1 and rec["partition_kb"] == 256, rec
-    for key in ("goodput_gbps", "raw_tcp_gbps", "server_peak_rss_mb", "worker_peak_rss_mb",
+    for key in ("goodput_gbps", "raw_tcp_gbps", "raw_tcp_duplex_gbps",
+                "raw_tcp_duplex_median_gbps", "server_peak_rss_mb", "worker_peak_rss_mb",
                 "iter_ms", "network_ms", "server_owned_mb"):
         assert rec[key] > 0, (key, rec)
     assert abs(rec["ratio_to_raw_tcp"] - rec["goodput_gbps"] / rec["raw_tcp_gbps"]) < 1e-3 * \
         rec["ratio_to_raw_tcp"], rec
+    assert abs(rec["ratio_to_raw_tcp_duplex"] - rec["goodput_gbps"] / rec["raw_tcp_duplex_gbps"]) \
+        < 1e-3 * rec["ratio_to_raw_tcp_duplex"], rec
+    assert rec["raw_tcp_duplex_median_gbps"] <= rec["raw_tcp_duplex_gbps"], rec  # best >= median
+    assert rec["link_gbit"] == 0, rec  # loopback unless --link-gbit
     assert abs(rec["rss_target_mb"] - (4 * rec["server_owned_mb"] + 64)) < 1e-6, rec
     assert rec["pushes_rejected"] == 0, rec
 assert records[0]["raw_tcp_gbps"] == records[1]["raw_tcp_gbps"], "one raw TCP reference per run"
+assert records[0]["raw_tcp_duplex_gbps"] == records[1]["raw_tcp_duplex_gbps"], \
+    "one duplex raw TCP reference per run"
 assert records[0]["error_feedback"] == "none" and records[1]["error_feedback"] == "both", records
 assert records[0]["ratio_to_none"] == 1, records[0]
 assert records[1]["wire_compression_ratio"] > 10, records[1]  # 1 bit per value, plus headers
 r = run("pushpull", "--compressor", "randomk:ratio=0.01,unbiased=true", "--error-feedback",
         "both")
 assert r.returncode == 2 and "unbiased random-k" in r.stderr, r.stderr
+for bad in ("-1", "fast"):  # usage errors before anything starts (the link mode needs root)
+    r = run("pushpull", "--link-gbit", bad)
+    assert r.returncode == 2 and "--link-gbit" in r.stderr, r.stderr
 r = run("pushpull", "--compressor", "twobit")
 assert r.returncode == 2 and "twobit" in r.stderr, r.stderr
 # Every wait is bounded: a run longer than --timeout-s is killed, naming what still ran.
