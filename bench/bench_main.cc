@@ -8,6 +8,7 @@
 namespace bitpush::bench {
 int RunCompressorsBench(int argc, char** argv);
 int RunTransportBench(int argc, char** argv);
+int RunLocalReduceBench(int argc, char** argv);
 int RunPushPullBench(int argc, char** argv);
 int RunPushPullWorkerMode(int argc, char** argv);
 }  // namespace bitpush::bench
@@ -33,6 +34,10 @@ const Command kCommands[] = {
      "compressed push_pull end to end: scheduler, servers and workers as real processes on "
      "loopback (goodput per worker, stage times, peak RSS) vs a raw TCP stream",
      bitpush::bench::RunPushPullBench},
+    {"localreduce",
+     "intra-node reduce of P processes' tensors in POSIX shared memory (the worker daemon's "
+     "SIMD sum) vs memcpy",
+     bitpush::bench::RunLocalReduceBench},
     {"pushpull-worker", nullptr, bitpush::bench::RunPushPullWorkerMode},
 };
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Smoke test of `bitpush-bench compressors --json` and `bitpush-bench pushpull --json`: the
-commands, flags and JSON fields are a contract other tools rely on. Runs tiny configurations
-(compressors: at every ISA level this CPU has; pushpull: a 2-worker, 2-server cluster of
-1 MiB) and checks the records (not the speed: speed targets live in the benchmark, not in
+"""Smoke test of `bitpush-bench compressors --json`, `bitpush-bench localreduce --json` and
+`bitpush-bench pushpull --json`: the commands, flags and JSON fields are a contract other tools
+rely on. Runs tiny configurations (compressors: at every ISA level this CPU has; localreduce:
+1 MiB per process; pushpull: a 2-worker, 2-server cluster of 1 MiB) and checks the records (not the speed: speed targets live in the benchmark, not in
 tests)."""
 import json
 import subprocess
@@ -54,6 +54,33 @@ for isa in ("scalar", "avx2", "avx512"):
         assert abs(got - ratio) < 1e-3 * ratio, (spec, got, ratio)
 
 assert "scalar" in ok_isas
+
+# `bitpush-bench localreduce --json`: the intra-node reduce (issue 5) vs memcpy in one run.
+LOCALREDUCE_REQUIRED = {"procs", "mb", "dtype", "threads", "gbps", "memcpy_gbps",
+                        "ratio_to_memcpy", "bytes", "elements", "isa", "non_temporal"}
+for args, procs, threads, dtype in (
+        ((), [2, 4], 1, "float32"),
+        (("--procs", "3", "--threads", "2", "--dtype", "float16", "--no-nt"), [3], 2, "float16")):
+    r = run("localreduce", "--json", "--mb", "1", "--min-time", "0.005", *args)
+    assert r.returncode == 0, r.stderr
+    records = json.loads(r.stdout)
+    assert [x["procs"] for x in records] == procs, records
+    for rec in records:
+        missing = LOCALREDUCE_REQUIRED - rec.keys()
+        assert not missing, f"localreduce record {rec} lacks {missing}"
+        assert rec["mb"] == 1 and rec["bytes"] == 1 << 20, rec
+        assert rec["threads"] == threads and rec["dtype"] == dtype, rec
+        assert rec["elements"] == (1 << 20) // (4 if dtype == "float32" else 2), rec
+        assert rec["gbps"] > 0 and rec["memcpy_gbps"] > 0, rec
+        assert abs(rec["ratio_to_memcpy"] - rec["gbps"] / rec["memcpy_gbps"]) < \
+            1e-3 * rec["ratio_to_memcpy"], rec
+        assert rec["memcpy_gbps"] == records[0]["memcpy_gbps"], "one memcpy reference per run"
+    if "--no-nt" in args:
+        assert all(rec["non_temporal"] == 0 for rec in records), records
+for bad in (("--procs", "0"), ("--dtype", "int8"), ("--mb", "-3"), ("--isa", "sse9"),
+            ("--bogus",)):
+    r = run("localreduce", *bad)
+    assert r.returncode == 2 and bad[-1] in r.stderr, (bad, r.stderr)
 
 # `bitpush-bench pushpull --json`: a whole cluster per compressor (scheduler, servers, workers
 # as real processes on loopback; needs bitpush-scheduler and bitpush-server next to the bench).
@@ -110,4 +137,5 @@ r = run("compressors", "--bogus")
 assert r.returncode == 2 and "--bogus" in r.stderr, r.stderr
 r = run("nosuchbench")
 assert r.returncode == 2 and "nosuchbench" in r.stderr, r.stderr
-print(f"bench JSON contract ok for ISA levels: {', '.join(ok_isas)}; pushpull ok")
+print(f"bench JSON contract ok for ISA levels: {', '.join(ok_isas)}; localreduce ok; "
+      "pushpull ok")
