@@ -37,6 +37,7 @@
 // heartbeat bound to exit, then everything left is killed; the failure names the process and
 // shows its output's tail; exit status 1.
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -339,7 +340,15 @@ std::string FindTool(const std::string& name) {
   while (pos <= path.size()) {
     const size_t colon = path.find(':', pos);
     const std::string dir = path.substr(pos, colon == std::string::npos ? colon : colon - pos);
-    if (!dir.empty() && access((dir + "/" + name).c_str(), X_OK) == 0) return dir + "/" + name;
+    if (dir.empty()) {
+      if (colon == std::string::npos) break;
+      pos = colon + 1;
+      continue;
+    }
+    std::string candidate = dir;
+    candidate += "/";
+    candidate += name;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
     if (colon == std::string::npos) break;
     pos = colon + 1;
   }
@@ -424,7 +433,7 @@ class EmulatedLink {
     for (const std::string& step : steps) {
       std::string out;
       if (Shell(step, &out) != 0) {
-        return InternalError("--link-gbit: '" + step + "' failed: " + out);
+        return InternalError(fmt::format("--link-gbit: '{}' failed: {}", step, out));
       }
     }
     return Status::Ok();
