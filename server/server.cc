@@ -305,6 +305,15 @@ void Server::Impl::Dispatch(transport::Received&& received) {
     case DataHeader::OP_INIT_KEY: {
       auto it = placement_.find(header.key());
       if (it == placement_.end()) {
+        const uint32_t owner = client_->ServerForKey(header.key());
+        if (owner != options_.rank) {
+          SendError(*worker, header.op(), header.key(), 0,
+                    InvalidArgumentError(fmt::format(
+                        "key {} belongs to server {} under the cluster's key mapping, but worker "
+                        "{} declared it to server {}",
+                        header.key(), owner, *worker, options_.rank)));
+          return;
+        }
         // Least weighted load wins; compressed keys weigh more (paper 001 §4.2.4).
         uint32_t best = 0;
         for (uint32_t i = 1; i < engines_.size(); ++i) {

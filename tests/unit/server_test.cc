@@ -5,6 +5,7 @@
 // threads are pinned unless server.numa is off.
 #include "server/server.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -379,6 +380,30 @@ TEST(Server, BadPushesAreRefusedAndCountedAndTheServerKeepsServing) {
   }
   ExpectGoodRound(c, 2, 1, 1, n);  // and keeps serving
   EXPECT_EQ(c.server(0).stats().pushes_rejected, refusals);
+}
+
+// A key declared to a server that does not own it under the scheduler's mapping is refused;
+// its owner accepts it.
+TEST(Server, KeysAreAcceptedOnlyByTheirOwner) {
+  MiniCluster c(2, 1);
+  ASSERT_TRUE(c.Start().ok());
+  uint64_t key = 1000;
+  while (c.OwnerOf(key) != 1) ++key;
+  ASSERT_TRUE(c.worker(0).Send(0, Init(key, 16, "none")).ok());
+  auto r = c.worker(0).Next();
+  ASSERT_TRUE(r.has_value());
+  ASSERT_EQ(r->header.op(), DataHeader::OP_ERROR);
+  EXPECT_EQ(r->header.refused_op(), DataHeader::OP_INIT_KEY);
+  EXPECT_NE(r->header.error().find(fmt::format(
+                "key {} belongs to server 1 under the cluster's key mapping, but worker 0 "
+                "declared it to server 0",
+                key)),
+            std::string::npos)
+      << r->header.error();
+  EXPECT_EQ(c.server(0).stats().keys, 0u);
+  ASSERT_TRUE(c.worker(0).Send(1, Init(key, 16, "none")).ok());
+  ExpectGoodRound(c, 1, key, 0, 16);
+  EXPECT_EQ(c.server(1).stats().keys, 1u);
 }
 
 TEST(Server, DeclarationsAreComparedAcrossWorkers) {
