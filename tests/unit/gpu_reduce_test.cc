@@ -29,34 +29,6 @@
 namespace bitpush::worker::gpu {
 namespace {
 
-// Floats that exercise every rounding case of fp32 -> fp16: specials, the boundaries of the
-// subnormal and overflow ranges, every fp16 value, the exact midpoints between adjacent fp16
-// values (ties to even) and their fp32 neighbours, plus a stride through all fp32 bit
-// patterns (NaN payloads included).
-std::vector<float> CastSweep() {
-  std::vector<float> v;
-  for (uint32_t h = 0; h < 0x10000u; ++h) {
-    const float f = HalfToFloat(static_cast<uint16_t>(h));
-    v.push_back(f);
-    if (std::isnan(f)) continue;
-    const uint16_t next = static_cast<uint16_t>(h + 1);
-    const float g = HalfToFloat(next);
-    if ((h & 0x7FFFu) == 0x7FFFu || std::isnan(g) || std::isinf(f)) continue;
-    const float mid = static_cast<float>((static_cast<double>(f) + g) / 2);  // exact in fp32
-    v.push_back(mid);
-    v.push_back(std::nextafter(mid, 0.0f));
-    v.push_back(std::nextafter(mid, mid * 2));
-  }
-  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 4099) v.push_back(BitsToFloat(uint32_t(u)));
-  for (uint32_t u : {0x477FEFFFu, 0x477FF000u, 0x477FF001u, 0x38800000u, 0x387FFFFFu, 0x33000000u,
-                     0x33000001u, 0x32FFFFFFu, 0x7F800000u, 0x7F800001u, 0x7FC00000u, 0x7FFFFFFFu,
-                     0xFFC00001u, 0x80000000u}) {
-    v.push_back(BitsToFloat(u));
-    v.push_back(BitsToFloat(u | 0x80000000u));
-  }
-  return v;
-}
-
 TEST(GpuReduceTest, OptionsAreValidated) {
   LocalGpuGroupOptions o;
   EXPECT_TRUE(o.Validate().ok());
@@ -97,6 +69,34 @@ TEST(GpuReduceStubTest, EveryEntryPointIsUnimplementedNamingWhy) {
 }
 
 #else  // the CUDA + NCCL build
+
+// Floats that exercise every rounding case of fp32 -> fp16: specials, the boundaries of the
+// subnormal and overflow ranges, every fp16 value, the exact midpoints between adjacent fp16
+// values (ties to even) and their fp32 neighbours, plus a stride through all fp32 bit
+// patterns (NaN payloads included).
+std::vector<float> CastSweep() {
+  std::vector<float> v;
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    const float f = HalfToFloat(static_cast<uint16_t>(h));
+    v.push_back(f);
+    if (std::isnan(f)) continue;
+    const uint16_t next = static_cast<uint16_t>(h + 1);
+    const float g = HalfToFloat(next);
+    if ((h & 0x7FFFu) == 0x7FFFu || std::isnan(g) || std::isinf(f)) continue;
+    const float mid = static_cast<float>((static_cast<double>(f) + g) / 2);  // exact in fp32
+    v.push_back(mid);
+    v.push_back(std::nextafter(mid, 0.0f));
+    v.push_back(std::nextafter(mid, mid * 2));
+  }
+  for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 4099) v.push_back(BitsToFloat(uint32_t(u)));
+  for (uint32_t u : {0x477FEFFFu, 0x477FF000u, 0x477FF001u, 0x38800000u, 0x387FFFFFu, 0x33000000u,
+                     0x33000001u, 0x32FFFFFFu, 0x7F800000u, 0x7F800001u, 0x7FC00000u, 0x7FFFFFFFu,
+                     0xFFC00001u, 0x80000000u}) {
+    v.push_back(BitsToFloat(u));
+    v.push_back(BitsToFloat(u | 0x80000000u));
+  }
+  return v;
+}
 
 // The kernels' per-element code, compiled for the host: runs without a GPU.
 TEST(GpuReduceTest, KernelElementConversionsMatchHalfHOnTheHost) {
