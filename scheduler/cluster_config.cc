@@ -19,6 +19,9 @@ namespace {
 constexpr int64_t kMaxHeartbeatIntervalMs = 60000;
 constexpr int64_t kMaxHeartbeatTimeoutMs = 3600000;
 constexpr double kMaxStartupTimeoutS = 86400;
+constexpr uint64_t kMaxLocalSize = 1024;
+// sun_path holds 108 bytes including the terminating NUL.
+constexpr size_t kMaxSocketPath = 107;
 
 // ---- rules shared by the YAML parser and ValidateClusterConfig (each returns "" if fine) ----
 
@@ -382,8 +385,9 @@ Status Parser::ParseServer(const Entry& section, ClusterConfig* c) {
 
 Status Parser::ParseWorker(const Entry& section, ClusterConfig* c) {
   std::map<std::string, Entry> m;
-  BP_RETURN_IF_ERROR(Entries(section.value, section.key_mark, "worker",
-                             {"compress_threads", "credit_bytes", "op_timeout_s"}, &m));
+  BP_RETURN_IF_ERROR(
+      Entries(section.value, section.key_mark, "worker",
+              {"compress_threads", "credit_bytes", "local_size", "op_timeout_s", "socket"}, &m));
   WorkerSettings& w = c->worker;
   if (auto it = m.find("compress_threads"); it != m.end()) {
     BP_RETURN_IF_ERROR(AutoCount(it->second, "worker.compress_threads", 256, &w.compress_threads));
@@ -404,6 +408,23 @@ Status Parser::ParseWorker(const Entry& section, ClusterConfig* c) {
                                kMaxStartupTimeoutS, text));
     }
     w.op_timeout = std::chrono::milliseconds(std::max<int64_t>(1, std::llround(seconds * 1000)));
+  }
+  if (auto it = m.find("local_size"); it != m.end()) {
+    uint64_t v = 0;
+    BP_RETURN_IF_ERROR(Uint(it->second, "worker.local_size", &v));
+    if (v < 1 || v > kMaxLocalSize) {
+      return Error(it->second.value, it->second.key_mark, "worker.local_size",
+                   fmt::format("expected 1..{} training processes, got {}", kMaxLocalSize, v));
+    }
+    w.local_size = static_cast<uint32_t>(v);
+  }
+  if (auto it = m.find("socket"); it != m.end()) {
+    BP_RETURN_IF_ERROR(Scalar(it->second, "worker.socket", &w.socket));
+    if (w.socket.empty() || w.socket.size() > kMaxSocketPath) {
+      return Error(
+          it->second.value, it->second.key_mark, "worker.socket",
+          fmt::format("expected a path of 1..{} bytes, got '{}'", kMaxSocketPath, w.socket));
+    }
   }
   return Status::Ok();
 }
@@ -682,7 +703,9 @@ std::string DescribeClusterConfig(const ClusterConfig& c) {
       "worker:\n"
       "  compress_threads: {}\n"
       "  credit_bytes: {}\n"
-      "  op_timeout_s: {:.3f}",
+      "  op_timeout_s: {:.3f}\n"
+      "  local_size: {}\n"
+      "  socket: {}",
       c.source.empty() ? "code" : c.source, c.scheduler_address, c.transport,
       c.token.empty() ? "<none>" : "<set>", list(c.servers), list(c.workers),
       c.heartbeat_interval.count(), c.heartbeat_timeout.count(), startup,
@@ -691,7 +714,9 @@ std::string DescribeClusterConfig(const ClusterConfig& c) {
       c.server.engine_threads == 0 ? "auto" : std::to_string(c.server.engine_threads),
       c.server.numa,
       c.worker.compress_threads == 0 ? "auto" : std::to_string(c.worker.compress_threads),
-      c.worker.credit_bytes, static_cast<double>(c.worker.op_timeout.count()) / 1000);
+      c.worker.credit_bytes, static_cast<double>(c.worker.op_timeout.count()) / 1000,
+      c.worker.local_size == 0 ? "auto" : std::to_string(c.worker.local_size),
+      c.worker.socket.empty() ? "default" : c.worker.socket);
 }
 
 std::string_view RoleName(v1::Role role) {

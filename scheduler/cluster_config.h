@@ -62,6 +62,14 @@ struct WorkerSettings {
   // worker.op_timeout_s: a push_pull not complete after this long fails with Timeout naming
   // the partitions and servers it waited for. Default 300 s; the YAML accepts fractions.
   std::chrono::milliseconds op_timeout{300000};
+  // worker.local_size: training processes on this node served by its bitpush-worker daemon
+  // (worker/daemon.h). 0 = not set: the daemon takes it from the first accepted Hello
+  // (--local-size overrides). 1..1024.
+  uint32_t local_size = 0;
+  // worker.socket: the Unix socket path of the node's bitpush-worker daemon. "" = the default
+  // DefaultDaemonSocketPath(rank) (worker/daemon.h: /tmp/bitpush-<uid>-worker-<rank>.sock);
+  // --socket overrides. At most 107 bytes (sun_path).
+  std::string socket;
 };
 
 // The `cluster:` section plus the compression settings: everything the control plane needs.

@@ -183,7 +183,24 @@ TEST(ClusterConfig, ServerAndWorkerSections) {
                   "cluster.yaml:6: worker.op_timeout_s: expected a number of seconds");
   EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  threads: 2\n"),
                   "worker.threads: unknown key; valid keys of worker: compress_threads, "
-                  "credit_bytes, op_timeout_s");
+                  "credit_bytes, local_size, op_timeout_s, socket");
+  // Local tuning: not part of config agreement.
+  EXPECT_EQ(ConfigHash(ConfigFields(c)), ConfigHash(ConfigFields(d)));
+}
+
+TEST(ClusterConfig, WorkerDaemonKeys) {
+  const ClusterConfig d = Parse(kMinimal);
+  EXPECT_EQ(d.worker.local_size, 0u);  // from the first Hello
+  EXPECT_EQ(d.worker.socket, "");      // the default path
+  const ClusterConfig c =
+      Parse(std::string(kMinimal) + "worker:\n  local_size: 3\n  socket: /tmp/bp-node.sock\n");
+  EXPECT_EQ(c.worker.local_size, 3u);
+  EXPECT_EQ(c.worker.socket, "/tmp/bp-node.sock");
+  EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  local_size: 0\n"),
+                  "cluster.yaml:6: worker.local_size: expected 1..1024 training processes, got 0");
+  EXPECT_CONTAINS(
+      Error(std::string(kMinimal) + "worker:\n  socket: /" + std::string(120, 'x') + "\n"),
+      "cluster.yaml:6: worker.socket: expected a path of 1..107 bytes");
   // Local tuning: not part of config agreement.
   EXPECT_EQ(ConfigHash(ConfigFields(c)), ConfigHash(ConfigFields(d)));
 }
