@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "worker/daemon_client.h"
 #include "worker/engine.h"
 
 namespace bitpush::worker {
@@ -53,6 +54,18 @@ bool PushPullHandle::Ready() const {
 }
 
 StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
+  if (options.mode == ClientMode::kDaemon) {
+    DaemonClientOptions d;
+    d.socket_path = !options.daemon_socket.empty() ? options.daemon_socket
+                    : !options.cluster.worker.socket.empty()
+                        ? options.cluster.worker.socket
+                        : DefaultDaemonSocketPath(options.rank);
+    d.local_rank = options.local_rank;
+    d.local_size = options.local_size;
+    d.startup_timeout = options.cluster.startup_timeout;
+    BP_ASSIGN_OR_RETURN(std::unique_ptr<DaemonClient> daemon, DaemonClient::Connect(d));
+    return std::unique_ptr<Client>(new Client(std::move(daemon)));
+  }
   EngineOptions e;
   e.cluster = std::move(options.cluster);
   e.rank = options.rank;
@@ -62,6 +75,7 @@ StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
 }
 
 Client::Client(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
+Client::Client(std::unique_ptr<DaemonClient> daemon) : daemon_(std::move(daemon)) {}
 
 Client::~Client() {
   Close();
@@ -69,6 +83,7 @@ Client::~Client() {
 
 StatusOr<TensorId> Client::Declare(const std::string& name, size_t elements, DType dtype,
                                    const TensorOptions& options) {
+  if (daemon_) return daemon_->Declare(name, elements, dtype, options);
   return engine_->Declare(name, elements, dtype, options);
 }
 
@@ -77,43 +92,48 @@ StatusOr<TensorId> Client::Declare(const std::string& name, size_t elements, DTy
   TensorOptions o;
   o.priority = priority;
   o.compression = compression;
-  return engine_->Declare(name, elements, dtype, o);
+  return Declare(name, elements, dtype, o);
 }
 
 Status Client::CommitDeclarations() {
+  if (daemon_) return daemon_->CommitDeclarations();
   return engine_->CommitDeclarations();
 }
 
 PushPullHandle Client::PushPull(TensorId tensor, ConstTensorView input, TensorView output) {
+  if (daemon_) return daemon_->PushPull(tensor, input, output);
   return engine_->PushPull(tensor, input, output);
 }
 
 Status Client::Barrier() {
+  if (daemon_) return UnimplementedError("Barrier is not available in daemon mode yet");
   return engine_->Barrier();
 }
 
 Status Client::Shutdown(std::chrono::milliseconds timeout) {
+  if (daemon_) return daemon_->Shutdown();
   return engine_->Shutdown(timeout);
 }
 
 void Client::Close() {
   if (engine_) engine_->Close();
+  if (daemon_) daemon_->Close();
 }
 
 uint32_t Client::rank() const {
-  return engine_->rank();
+  return daemon_ ? daemon_->node_rank() : engine_->rank();
 }
 uint32_t Client::num_workers() const {
-  return engine_->num_workers();
+  return daemon_ ? daemon_->num_nodes() : engine_->num_workers();
 }
 uint32_t Client::num_servers() const {
-  return engine_->num_servers();
+  return daemon_ ? 0 : engine_->num_servers();
 }
 Status Client::status() const {
-  return engine_->status();
+  return daemon_ ? daemon_->status() : engine_->status();
 }
 ClientStats Client::stats() const {
-  return engine_->stats();
+  return daemon_ ? daemon_->stats() : engine_->stats();
 }
 
 }  // namespace bitpush::worker

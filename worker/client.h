@@ -27,6 +27,17 @@
 // op_timeout — completes the handle with a Status naming the cause (the server, the tensor,
 // the partition); later calls return the sticky error when the cluster is gone.
 //
+// Modes (ClientOptions::mode): kEmbedded (the default) runs the worker engine inside this
+// process — one Client is one worker node of the cluster YAML. kDaemon connects to the node's
+// `bitpush-worker` daemon (worker/daemon.h, docs/local-ipc.md) as local rank `local_rank` of
+// `local_size` training processes: the daemon sums the node's processes locally and runs one
+// engine for the node, so `output` receives the average (or sum) over ALL processes of all
+// nodes. Same API; in daemon mode Barrier is Unimplemented, num_servers() is 0 (unknown to a
+// training process), rank()/num_workers() are the node's rank and the number of nodes, a dead
+// daemon fails every pending and later call with Unavailable naming it, and every wait is
+// bounded (startup_timeout for Hello and declarations, the daemon's op_timeout + 2 s for a
+// push_pull).
+//
 // Thread-safety: every method may be called from any thread. One push_pull per tensor may
 // be in flight at a time (a second one fails with FailedPrecondition); push_pulls of
 // different tensors overlap.
@@ -46,6 +57,7 @@
 namespace bitpush::worker {
 
 class Engine;
+class DaemonClient;
 struct OpState;
 
 enum class ReduceOp { kAverage, kSum };
@@ -83,13 +95,31 @@ class PushPullHandle {
   std::shared_ptr<OpState> op_;
 };
 
+enum class ClientMode {
+  kEmbedded,  // this process is the worker node (its own engine); the default
+  kDaemon,    // one of the node's training processes, served by its bitpush-worker daemon
+};
+
 struct ClientOptions {
-  // The cluster (the worker's copy of the YAML): addresses, compression, worker settings.
+  // The cluster (the worker's copy of the YAML): addresses, compression, worker settings. In
+  // daemon mode only startup_timeout and worker.socket are used.
   scheduler::ClusterConfig cluster;
-  // This worker's rank (index in cluster.workers).
+  // This worker's rank (index in cluster.workers): in daemon mode, the node whose daemon to
+  // use (for the default socket path).
   uint32_t rank = 0;
   // inproc backend only: the hub of the in-process cluster.
   std::shared_ptr<transport::InprocHub> inproc_hub;
+
+  // Embedded (default) or daemon mode (see the file comment).
+  ClientMode mode = ClientMode::kEmbedded;
+  // Daemon mode: the daemon's Unix socket; "" = cluster.worker.socket, or when that is empty
+  // DefaultDaemonSocketPath(rank) (/tmp/bitpush-<uid>-worker-<rank>.sock).
+  std::string daemon_socket;
+  // Daemon mode: this process's local rank (0..local_size-1, unique on the node) and the
+  // number of training processes on the node (every one must say the same; the daemon refuses
+  // a mismatch).
+  uint32_t local_rank = 0;
+  uint32_t local_size = 1;
 };
 
 struct ClientStats {
@@ -153,7 +183,9 @@ class Client {
 
  private:
   explicit Client(std::unique_ptr<Engine> engine);
-  std::unique_ptr<Engine> engine_;
+  explicit Client(std::unique_ptr<DaemonClient> daemon);
+  std::unique_ptr<Engine> engine_;        // embedded mode
+  std::unique_ptr<DaemonClient> daemon_;  // daemon mode
 };
 
 }  // namespace bitpush::worker

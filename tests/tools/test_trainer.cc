@@ -1,0 +1,292 @@
+// bitpush-test-trainer: one training process of a node, a worker::Client in daemon mode
+// talking to the node's bitpush-worker (tests/unit/daemon_test.cc):
+//
+//   bitpush-test-trainer --config cluster.yaml --node N --local-rank R --local-size P
+//                        --socket PATH --iters K [--pause-ms M] [--elements-delta D]
+//                        [--hello-major V]
+//
+// Declares two fp32 tensors ("grad.big", kBigElements, the cluster's compressor; "grad.small",
+// below any sensible min_compress_bytes), then for K iterations push_pulls both with
+// deterministic inputs (process (N, R), tensor t, round r) and compares every output BIT FOR
+// BIT with a reference computed here from the same functions the system uses, in the same
+// order: per node, the daemon's local reduce (LocalReduceKernel over the node's P inputs in
+// local-rank order, scale 1/P); then per partition (key, round) the worker compressor with the
+// worker residual of that node, the server's fp32 DecompressAdd in node-rank order, x 1/W, the
+// server compressor with the server residual, decompress (paper 001 Algorithms 3 and 4; the
+// same order as pushpull_e2e_test's reference).
+//
+// --elements-delta D declares grad.big with D more elements (a declaration difference);
+// --hello-major V only connects, sends a Hello of protocol version V.0 and prints the verdict.
+// Output lines (prefix "trainer N.R: "): "iteration K ok", "error: iteration K: <status>"
+// (exit 3), "MISMATCH ..." (exit 4), "refused: <status>" (exit 5), "done" (exit 0).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "compressors/error_feedback.h"
+#include "compressors/registry.h"
+#include "scheduler/cluster_config.h"
+#include "tests/unit/test_util.h"
+#include "worker/client.h"
+#include "worker/ipc/local_protocol.h"
+#include "worker/local_reduce.h"
+#include "worker/partition.h"
+
+namespace {
+
+using namespace bitpush;
+
+constexpr size_t kBigElements = 30000;
+constexpr size_t kSmallElements = 200;
+
+std::string g_prefix;
+
+void Say(const std::string& line) {
+  std::printf("%s%s\n", g_prefix.c_str(), line.c_str());
+  std::fflush(stdout);
+}
+
+std::vector<float> Input(uint32_t node, uint32_t local_rank, size_t t, uint64_t r, size_t n) {
+  return testing::RandomFloats(n,
+                               1000003ull * (node * 16 + local_rank + 1) + 7919 * t + 104729 * r);
+}
+
+// The reference of one tensor across all nodes (see the file comment).
+class Reference {
+ public:
+  Reference(const scheduler::ClusterConfig& c, uint32_t index, size_t elements, uint32_t nodes,
+            uint32_t local_size)
+      : elements_(elements), nodes_(nodes), local_size_(local_size) {
+    v1::CompressorConfig config = compressors::ParseCompressorSpec(c.compression.spec).value();
+    const bool compressed =
+        config.id() != v1::COMPRESSOR_ID_NONE &&
+        worker::AboveCompressThreshold(elements, DType::kFloat32, c.compression.min_compress_bytes);
+    if (!compressed) config = compressors::ParseCompressorSpec("none").value();
+    const v1::ErrorFeedbackPolicy policy =
+        compressors::ParseErrorFeedbackPolicy(c.compression.error_feedback).value();
+    const std::vector<worker::PartitionRange> ranges =
+        worker::PartitionTensor(index, elements, DType::kFloat32, c.compression.partition_bytes)
+            .value();
+    for (const worker::PartitionRange& r : ranges) {
+      Part p;
+      p.range = r;
+      for (uint32_t w = 0; w < nodes; ++w) {
+        p.worker.push_back(compressors::CreateCompressor(config).value());
+        p.worker_residual.push_back(compressed && compressors::WorkerKeepsResidual(policy)
+                                        ? std::make_unique<compressors::ResidualState>(r.elements)
+                                        : nullptr);
+      }
+      p.server = compressors::CreateCompressor(config).value();
+      if (compressed && compressors::ServerKeepsResidual(policy)) {
+        p.server_residual = std::make_unique<compressors::ResidualState>(r.elements);
+      }
+      parts_.push_back(std::move(p));
+    }
+  }
+
+  // inputs[w][p]: the inputs of every process of every node for this round.
+  std::vector<float> Round(const std::vector<std::vector<std::vector<float>>>& inputs) {
+    std::vector<std::vector<float>> node(nodes_, std::vector<float>(elements_));
+    const float scale = local_size_ == 1 ? 1.0f : 1.0f / static_cast<float>(local_size_);
+    for (uint32_t w = 0; w < nodes_; ++w) {
+      std::vector<const void*> srcs;
+      for (uint32_t p = 0; p < local_size_; ++p) srcs.push_back(inputs[w][p].data());
+      worker::LocalReduceKernel(DType::kFloat32, srcs.data(), srcs.size(), node[w].data(),
+                                elements_, scale, BestIsaLevel());
+    }
+    std::vector<float> out(elements_);
+    for (Part& p : parts_) {
+      const size_t n = p.range.elements;
+      const compressors::CompressContext ctx{p.range.key, round_};
+      std::vector<float> acc(n, 0.0f);
+      for (uint32_t w = 0; w < nodes_; ++w) {
+        std::vector<uint8_t> push(p.worker[w]->MaxCompressedBytes(n, DType::kFloat32));
+        const ConstTensorView in(node[w].data() + p.range.offset, n);
+        StatusOr<size_t> bytes = p.worker_residual[w]
+                                     ? p.worker_residual[w]->Compress(*p.worker[w], in, ctx, push)
+                                     : p.worker[w]->Compress(in, ctx, push);
+        push.resize(*bytes);
+        (void)p.server->DecompressAdd(push, Span<float>(acc.data(), n));
+      }
+      if (nodes_ > 1) {
+        const float inv = 1.0f / static_cast<float>(nodes_);
+        for (float& v : acc) v *= inv;
+      }
+      std::vector<uint8_t> agg(p.server->MaxCompressedBytes(n, DType::kFloat32));
+      const ConstTensorView delta(acc.data(), n);
+      StatusOr<size_t> bytes = p.server_residual
+                                   ? p.server_residual->Compress(*p.server, delta, ctx, agg)
+                                   : p.server->Compress(delta, ctx, agg);
+      agg.resize(*bytes);
+      (void)p.server->Decompress(agg, TensorView(out.data() + p.range.offset, n));
+    }
+    ++round_;
+    return out;
+  }
+
+ private:
+  struct Part {
+    worker::PartitionRange range;
+    std::vector<std::unique_ptr<compressors::Compressor>> worker;
+    std::vector<std::unique_ptr<compressors::ResidualState>> worker_residual;
+    std::unique_ptr<compressors::Compressor> server;
+    std::unique_ptr<compressors::ResidualState> server_residual;
+  };
+  size_t elements_;
+  uint32_t nodes_;
+  uint32_t local_size_;
+  uint64_t round_ = 0;
+  std::vector<Part> parts_;
+};
+
+int HelloOnly(const std::string& socket, uint32_t major, uint32_t local_rank, uint32_t local_size) {
+  auto ch = worker::ipc::Channel::Connect(socket, std::chrono::seconds(10));
+  if (!ch.ok()) {
+    Say("error: " + ch.status().ToString());
+    return 3;
+  }
+  v1::LocalMessage m;
+  *m.mutable_hello() = worker::ipc::MakeHello(local_rank, local_size);
+  m.mutable_hello()->mutable_version()->set_major(major);
+  Status s = worker::ipc::SendLocalMessage(**ch, m);
+  if (s.ok()) {
+    auto reply = worker::ipc::ReceiveLocalMessage(**ch, std::chrono::seconds(10));
+    s = reply.ok() ? worker::ipc::HelloReplyStatus(reply->hello_reply(), local_rank)
+                   : reply.status();
+  }
+  Say(s.ok() ? "accepted" : "refused: " + s.ToString());
+  return s.ok() ? 0 : 5;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string config_path;
+  std::string socket;
+  long node = 0, local_rank = 0, local_size = 1, iters = 1, pause_ms = 0, delta = 0;
+  long hello_major = -1;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    const std::string v = argv[i + 1];
+    if (a == "--config") {
+      config_path = v;
+    } else if (a == "--socket") {
+      socket = v;
+    } else {
+      const long x = std::strtol(v.c_str(), nullptr, 10);
+      if (a == "--node")
+        node = x;
+      else if (a == "--local-rank")
+        local_rank = x;
+      else if (a == "--local-size")
+        local_size = x;
+      else if (a == "--iters")
+        iters = x;
+      else if (a == "--pause-ms")
+        pause_ms = x;
+      else if (a == "--elements-delta")
+        delta = x;
+      else if (a == "--hello-major")
+        hello_major = x;
+      else {
+        std::fprintf(stderr, "bitpush-test-trainer: unknown argument %s\n", a.c_str());
+        return 2;
+      }
+    }
+  }
+  g_prefix = "trainer " + std::to_string(node) + "." + std::to_string(local_rank) + ": ";
+  if (hello_major >= 0) {
+    return HelloOnly(socket, static_cast<uint32_t>(hello_major), static_cast<uint32_t>(local_rank),
+                     static_cast<uint32_t>(local_size));
+  }
+  StatusOr<scheduler::ClusterConfig> config = scheduler::LoadClusterConfig(config_path);
+  if (!config.ok()) {
+    Say("error: " + config.status().ToString());
+    return 2;
+  }
+  worker::ClientOptions o;
+  o.cluster = *config;
+  o.rank = static_cast<uint32_t>(node);
+  o.mode = worker::ClientMode::kDaemon;
+  o.daemon_socket = socket;
+  o.local_rank = static_cast<uint32_t>(local_rank);
+  o.local_size = static_cast<uint32_t>(local_size);
+  auto client = worker::Client::Create(o);
+  if (!client.ok()) {
+    Say("refused: " + client.status().ToString());
+    return 5;
+  }
+  const uint32_t nodes = static_cast<uint32_t>(config->workers.size());
+  const std::vector<size_t> sizes = {kBigElements + static_cast<size_t>(delta), kSmallElements};
+  std::vector<worker::TensorId> ids;
+  std::vector<Reference> refs;
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    auto id = (*client)->Declare(t == 0 ? "grad.big" : "grad.small", sizes[t], DType::kFloat32,
+                                 worker::TensorOptions{});
+    if (!id.ok()) {
+      Say("error: declare: " + id.status().ToString());
+      return 3;
+    }
+    ids.push_back(*id);
+    refs.emplace_back(*config, static_cast<uint32_t>(t), sizes[t], nodes,
+                      static_cast<uint32_t>(local_size));
+  }
+  const Status committed = (*client)->CommitDeclarations();
+  if (!committed.ok()) {
+    Say("error: iteration 0: " + committed.ToString());
+    return 3;
+  }
+  for (long it = 0; it < iters; ++it) {
+    if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+    std::vector<std::vector<float>> in(sizes.size()), out(sizes.size());
+    std::vector<worker::PushPullHandle> handles;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      in[t] =
+          Input(static_cast<uint32_t>(node), static_cast<uint32_t>(local_rank), t, it, sizes[t]);
+      out[t].assign(sizes[t], 0.0f);
+      handles.push_back((*client)->PushPull(ids[t], ConstTensorView(in[t].data(), sizes[t]),
+                                            TensorView(out[t].data(), sizes[t])));
+    }
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      const Status s = handles[t].Wait();
+      if (!s.ok()) {
+        Say("error: iteration " + std::to_string(it) + ": " + s.ToString());
+        return 3;
+      }
+    }
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      std::vector<std::vector<std::vector<float>>> all(nodes);
+      for (uint32_t w = 0; w < nodes; ++w) {
+        for (uint32_t p = 0; p < static_cast<uint32_t>(local_size); ++p) {
+          all[w].push_back(Input(w, p, t, it, sizes[t]));
+        }
+      }
+      const std::vector<float> want = refs[t].Round(all);
+      for (size_t i = 0; i < sizes[t]; ++i) {
+        if (std::memcmp(&want[i], &out[t][i], sizeof(float)) != 0) {
+          char buf[256];
+          std::snprintf(buf, sizeof(buf),
+                        "MISMATCH tensor %zu round %ld element %zu: got %.9g want %.9g", t, it, i,
+                        out[t][i], want[i]);
+          Say(buf);
+          return 4;
+        }
+      }
+    }
+    Say("iteration " + std::to_string(it) + " ok");
+  }
+  const Status s = (*client)->Shutdown(std::chrono::seconds(30));
+  if (!s.ok()) {
+    Say("error: shutdown: " + s.ToString());
+    return 3;
+  }
+  Say("done");
+  return 0;
+}

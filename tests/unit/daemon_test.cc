@@ -1,0 +1,307 @@
+// The worker daemon as real processes on loopback (issue 5): bitpush-scheduler, 2
+// bitpush-server, 2 bitpush-worker daemons x 3 bitpush-test-trainer processes each
+// (tests/tools/test_trainer.cc: worker::Client in daemon mode). Checks:
+//  - pulled results equal the reference BIT FOR BIT (each trainer computes the average over all
+//    6 processes through the configured compressor, in the order the system computes it) for
+//    `none`, `onebit` with error feedback on both sides, and `topk` with error feedback; every
+//    process exits 0, the daemons shut the cluster down cleanly, their sockets are gone;
+//  - a SIGKILLed training process: its node's other processes fail naming it (local rank and
+//    pid) within a bounded time, its daemon exits 1 naming it, nothing of it is left in
+//    /dev/shm;
+//  - a SIGKILLed daemon: its training processes fail naming the daemon within a bounded time;
+//    SIGTERM to the other daemon: exit 0, socket file removed;
+//  - another protocol version and a different declaration are refused naming the difference.
+// Every child is killed and reaped whatever happens (tests/harness/child_process.h).
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/harness/child_process.h"
+
+#ifndef BITPUSH_DAEMON_BIN
+#error "BITPUSH_DAEMON_BIN must be defined (tests/CMakeLists.txt)"
+#endif
+
+namespace bitpush::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr int kNodes = 2;
+constexpr int kLocal = 3;
+// A failure must reach the other processes within this bound (the kernel reports a dead peer
+// at once; the rest is the daemon's poll loop and the trainers' output).
+constexpr int kFailureBoundMs = 3000;
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+bool PathExists(const std::string& p) {
+  struct stat st {};
+  return stat(p.c_str(), &st) == 0;
+}
+
+// /dev/shm entries created by any of `pids` (names bitpush-<uid>-<pid>-<n>).
+std::vector<std::string> SegmentsOf(const std::vector<pid_t>& pids) {
+  std::vector<std::string> found;
+  DIR* d = opendir("/dev/shm");
+  if (d == nullptr) return found;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    for (pid_t pid : pids) {
+      if (name.rfind("bitpush-" + std::to_string(getuid()) + "-" + std::to_string(pid) + "-", 0) ==
+          0) {
+        found.push_back(name);
+      }
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+class DaemonTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    if (HasFailure()) {
+      for (const auto& c : children_) {
+        std::cerr << "---- " << c->label() << " (" << c->ExitDescription() << ") ----\n"
+                  << TailLines(c->output(), 30);
+      }
+    }
+    children_.clear();
+  }
+
+  void WriteConfig(const std::string& spec, const std::string& error_feedback) {
+    std::set<int> used;
+    auto address = [&] {
+      int p = FreeTcpPort();
+      while (p > 0 && !used.insert(p).second) p = FreeTcpPort();
+      return "127.0.0.1:" + std::to_string(p);
+    };
+    std::ostringstream y;
+    y << "cluster:\n  scheduler: " << address() << "\n  servers: [" << address() << ", "
+      << address() << "]\n  workers: [" << address() << ", " << address() << "]\n"
+      << "  heartbeat_interval_ms: 100\n  heartbeat_timeout_ms: 1000\n  startup_timeout_s: 10\n"
+      << "compression:\n  spec: " << spec << "\n  error_feedback: " << error_feedback << "\n"
+      << "  min_compress_bytes: 4096\n  partition_bytes: 32768\n"
+      << "server:\n  engine_threads: 1\n  numa: off\n"
+      << "worker:\n  compress_threads: 1\n  op_timeout_s: 10\n  local_size: " << kLocal << "\n";
+    config_ = dir_.path() + "/cluster.yaml";
+    std::ofstream(config_) << y.str();
+  }
+
+  std::string Socket(int node) const {
+    return dir_.path() + "/node" + std::to_string(node) + ".sock";
+  }
+
+  void StartCluster() {
+    Add("scheduler", {BITPUSH_SCHEDULER_BIN, "--config", config_}, "scheduler.log");
+    for (int s = 0; s < 2; ++s) {
+      servers_.push_back(Add("server " + std::to_string(s),
+                             {BITPUSH_SERVER_BIN, "--config", config_, "--rank", std::to_string(s)},
+                             "server" + std::to_string(s) + ".log"));
+    }
+    for (int n = 0; n < kNodes; ++n) {
+      daemons_.push_back(Add("daemon " + std::to_string(n),
+                             {BITPUSH_DAEMON_BIN, "--config", config_, "--rank", std::to_string(n),
+                              "--socket", Socket(n)},
+                             "daemon" + std::to_string(n) + ".log"));
+    }
+  }
+
+  Child* StartTrainer(int node, int local_rank, int iters, int pause_ms = 0,
+                      const std::vector<std::string>& extra = {}) {
+    const std::string label = "trainer " + std::to_string(node) + "." + std::to_string(local_rank);
+    std::vector<std::string> argv = {BITPUSH_TEST_TRAINER_BIN,
+                                     "--config",
+                                     config_,
+                                     "--node",
+                                     std::to_string(node),
+                                     "--local-rank",
+                                     std::to_string(local_rank),
+                                     "--local-size",
+                                     std::to_string(kLocal),
+                                     "--socket",
+                                     Socket(node),
+                                     "--iters",
+                                     std::to_string(iters),
+                                     "--pause-ms",
+                                     std::to_string(pause_ms)};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    Child* c = Add(label, argv,
+                   "trainer" + std::to_string(node) + std::to_string(local_rank) + "-" +
+                       std::to_string(children_.size()) + ".log");
+    trainers_.push_back(c);
+    return c;
+  }
+
+  Child* Add(const std::string& label, const std::vector<std::string>& argv,
+             const std::string& log) {
+    children_.push_back(std::make_unique<Child>(label, argv, dir_.path() + "/" + log));
+    EXPECT_TRUE(children_.back()->spawned()) << label;
+    return children_.back().get();
+  }
+
+  std::vector<pid_t> AllPids() const {
+    std::vector<pid_t> pids;
+    for (const auto& c : children_) pids.push_back(c->pid());
+    return pids;
+  }
+
+  TempDir dir_{"bp-daemon"};
+  std::string config_;
+  std::vector<std::unique_ptr<Child>> children_;
+  std::vector<Child*> servers_;
+  std::vector<Child*> daemons_;
+  std::vector<Child*> trainers_;
+};
+
+struct SpecParam {
+  const char* spec;
+  const char* error_feedback;
+};
+
+class DaemonResult : public DaemonTest, public ::testing::WithParamInterface<SpecParam> {};
+
+TEST_P(DaemonResult, EveryProcessPullsTheAverageOfAllSixBitForBit) {
+  WriteConfig(GetParam().spec, GetParam().error_feedback);
+  StartCluster();
+  constexpr int kIters = 4;
+  for (int n = 0; n < kNodes; ++n) {
+    for (int p = 0; p < kLocal; ++p) StartTrainer(n, p, kIters);
+  }
+  std::vector<Child*> all;
+  for (const auto& c : children_) all.push_back(c.get());
+  ASSERT_TRUE(WaitAll(all, Clock::now() + milliseconds(25000))) << "the cluster did not finish";
+  for (Child* t : trainers_) {
+    EXPECT_EQ(t->exit_code(), 0) << t->label() << ":\n" << t->output();
+    EXPECT_CONTAINS(t->output(), "iteration " + std::to_string(kIters - 1) + " ok");
+  }
+  for (const auto& c : children_)
+    EXPECT_EQ(c->exit_code(), 0) << c->label() << ":\n" << c->output();
+  for (int n = 0; n < kNodes; ++n) EXPECT_FALSE(PathExists(Socket(n))) << Socket(n);
+  EXPECT_TRUE(SegmentsOf(AllPids()).empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Specs, DaemonResult,
+                         ::testing::Values(SpecParam{"none", "none"}, SpecParam{"onebit", "both"},
+                                           SpecParam{"topk:ratio=0.05", "both"}),
+                         [](const ::testing::TestParamInfo<SpecParam>& i) {
+                           const std::string s = i.param.spec;
+                           return s.substr(0, s.find(':'));
+                         });
+
+// Polls until `child` printed `text` or exited; the time it was seen.
+Clock::time_point WaitFor(Child& child, const std::string& text, milliseconds bound) {
+  const Clock::time_point deadline = Clock::now() + bound;
+  while (Clock::now() < deadline) {
+    if (child.output().find(text) != std::string::npos) return Clock::now();
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  return Clock::time_point::max();
+}
+
+TEST_F(DaemonTest, KilledTrainingProcessFailsItsSiblingsNamingItAndLeavesNoSegments) {
+  WriteConfig("onebit", "both");
+  StartCluster();
+  for (int n = 0; n < kNodes; ++n) {
+    // Local rank 2 of each node pauses before every round: ranks 0 and 1 are usually waiting
+    // in a gathered round when the victim dies.
+    for (int p = 0; p < kLocal; ++p) StartTrainer(n, p, 100000, p == 2 ? 30 : 0);
+  }
+  for (Child* t : trainers_) {
+    ASSERT_NE(WaitFor(*t, "iteration 2 ok", milliseconds(15000)), Clock::time_point::max())
+        << t->label();
+  }
+  Child* victim = trainers_[1];  // node 0, local rank 1
+  const std::string name = "local rank 1 (pid " + std::to_string(victim->pid()) + ")";
+  const Clock::time_point killed = Clock::now();
+  victim->Kill();
+  for (int p : {0, 2}) {
+    Child* t = trainers_[p];
+    const Clock::time_point seen = WaitFor(*t, ": error: ", milliseconds(kFailureBoundMs + 2000));
+    ASSERT_NE(seen, Clock::time_point::max()) << t->label() << ":\n" << t->output();
+    EXPECT_LE(MsBetween(killed, seen), kFailureBoundMs) << t->label();
+    EXPECT_CONTAINS(t->output(), name);
+    EXPECT_TRUE(WaitAll({t}, Clock::now() + milliseconds(5000)));
+    EXPECT_EQ(t->exit_code(), 3) << t->output();
+  }
+  ASSERT_TRUE(WaitAll({daemons_[0]}, Clock::now() + milliseconds(10000))) << daemons_[0]->output();
+  EXPECT_EQ(daemons_[0]->exit_code(), 1);
+  EXPECT_CONTAINS(daemons_[0]->output(), name);
+  EXPECT_FALSE(PathExists(Socket(0)));
+  // Node 1 learns from the cluster (worker 0 gone): its processes fail too, bounded.
+  for (int p = 0; p < kLocal; ++p) {
+    EXPECT_TRUE(WaitAll({trainers_[kLocal + p]}, Clock::now() + milliseconds(10000)))
+        << trainers_[kLocal + p]->label();
+  }
+  EXPECT_TRUE(SegmentsOf({victim->pid(), trainers_[0]->pid(), trainers_[2]->pid()}).empty());
+}
+
+TEST_F(DaemonTest, KilledDaemonFailsItsProcessesAndSigtermEndsTheOtherCleanly) {
+  WriteConfig("none", "none");
+  StartCluster();
+  for (int n = 0; n < kNodes; ++n) {
+    for (int p = 0; p < kLocal; ++p) StartTrainer(n, p, 100000, p == 2 ? 30 : 0);
+  }
+  for (Child* t : trainers_) {
+    ASSERT_NE(WaitFor(*t, "iteration 2 ok", milliseconds(15000)), Clock::time_point::max())
+        << t->label();
+  }
+  const Clock::time_point killed = Clock::now();
+  daemons_[0]->Kill();
+  for (int p = 0; p < kLocal; ++p) {
+    Child* t = trainers_[p];
+    const Clock::time_point seen = WaitFor(*t, ": error: ", milliseconds(kFailureBoundMs + 2000));
+    ASSERT_NE(seen, Clock::time_point::max()) << t->label() << ":\n" << t->output();
+    EXPECT_LE(MsBetween(killed, seen), kFailureBoundMs) << t->label();
+    EXPECT_CONTAINS(t->output(), "bitpush-worker daemon at " + Socket(0));
+  }
+  // SIGTERM: the other daemon ends its processes, removes its socket, exits 0.
+  daemons_[1]->Signal(SIGTERM);
+  ASSERT_TRUE(WaitAll({daemons_[1]}, Clock::now() + milliseconds(10000))) << daemons_[1]->output();
+  EXPECT_EQ(daemons_[1]->exit_code(), 0) << daemons_[1]->output();
+  EXPECT_FALSE(PathExists(Socket(1)));
+  for (int p = 0; p < kLocal; ++p) {
+    EXPECT_TRUE(WaitAll({trainers_[kLocal + p]}, Clock::now() + milliseconds(10000)));
+    EXPECT_NE(trainers_[kLocal + p]->exit_code(), 0);
+  }
+  std::vector<pid_t> pids;
+  for (Child* t : trainers_) pids.push_back(t->pid());
+  EXPECT_TRUE(SegmentsOf(pids).empty());
+}
+
+TEST_F(DaemonTest, AnotherProtocolVersionAndADifferentDeclarationAreRefusedNamingTheDifference) {
+  WriteConfig("none", "none");
+  StartCluster();
+  Child* old = StartTrainer(0, 0, 1, 0, {"--hello-major", "2"});
+  ASSERT_TRUE(WaitAll({old}, Clock::now() + milliseconds(15000)));
+  EXPECT_EQ(old->exit_code(), 5) << old->output();
+  EXPECT_CONTAINS(old->output(), "speaks 2.0, this bitpush-worker speaks 1.0");
+  // Node 0: local rank 2 declares grad.big with one more element.
+  std::vector<Child*> node0 = {StartTrainer(0, 0, 1), StartTrainer(0, 1, 1),
+                               StartTrainer(0, 2, 1, 0, {"--elements-delta", "1"})};
+  ASSERT_TRUE(WaitAll(node0, Clock::now() + milliseconds(15000)));
+  for (Child* t : node0) {
+    EXPECT_EQ(t->exit_code(), 3) << t->output();
+    EXPECT_CONTAINS(t->output(), "tensor #0 differs in elements");
+    EXPECT_CONTAINS(t->output(), "30000 x float32");
+    EXPECT_CONTAINS(t->output(), "30001 x float32");
+  }
+}
+
+}  // namespace
+}  // namespace bitpush::testing

@@ -1,0 +1,654 @@
+#include "worker/daemon.h"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "common/logging.h"
+#include "worker/ipc/local_protocol.h"
+
+namespace bitpush::worker {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kMaxPollWait{500};
+
+}  // namespace
+
+struct Daemon::Conn {
+  std::shared_ptr<ipc::Channel> channel;
+  pid_t pid = 0;
+  bool hello = false;
+  uint32_t local_rank = 0;
+  std::string who;  // "local rank 1 (pid 4711)" after Hello, "pid 4711" before
+  bool goodbye = false;
+  bool dead = false;  // to be removed after this poll round
+  uint32_t next_decl = 0;
+  std::vector<uint64_t> next_round;  // per tensor
+  std::map<std::string, std::shared_ptr<ipc::ShmSegment>> segments;
+};
+
+struct Daemon::TensorState {
+  uint32_t index = 0;
+  // Declaration (poll loop).
+  v1::LocalDeclare first;
+  std::string first_who;
+  std::vector<std::shared_ptr<ipc::Channel>> waiting;  // declared, verdict not sent yet
+  uint32_t declared = 0;
+  bool decided = false;
+  Status verdict;
+  // Accepted tensors.
+  TensorId engine_id;
+  DType dtype = DType::kFloat32;
+  size_t elements = 0;
+  size_t bytes = 0;
+  float scale = 1.0f;
+  // The node's reduced input and the engine's output (aliased). Touched by the round and
+  // completion threads only while in_flight.
+  std::vector<uint8_t> buffer;
+  Status error;  // sticky: a round failed while gathering (rounds out of step)
+  // Gathering (poll loop).
+  uint64_t round = 0;
+  uint32_t handed = 0;
+  std::vector<bool> present;
+  std::vector<Slot> slots;
+  Clock::time_point deadline;
+  bool in_flight = false;
+};
+
+Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {}
+
+StatusOr<std::unique_ptr<Daemon>> Daemon::Create(DaemonOptions options) {
+  BP_RETURN_IF_ERROR(scheduler::ValidateClusterConfig(options.cluster));
+  if (options.rank >= options.cluster.workers.size()) {
+    return InvalidArgumentError(
+        fmt::format("bitpush-worker: rank {} but the cluster has {} workers", options.rank,
+                    options.cluster.workers.size()));
+  }
+  if (options.reduce_threads == 0) {
+    return InvalidArgumentError("DaemonOptions.reduce_threads must be >= 1");
+  }
+  std::unique_ptr<Daemon> d(new Daemon(std::move(options)));
+  DaemonOptions& o = d->options_;
+  d->label_ = fmt::format("bitpush-worker node {}", o.rank);
+  d->socket_path_ = !o.socket_path.empty()             ? o.socket_path
+                    : !o.cluster.worker.socket.empty() ? o.cluster.worker.socket
+                                                       : DefaultDaemonSocketPath(o.rank);
+  d->local_size_ = o.local_size != 0 ? o.local_size : o.cluster.worker.local_size;
+  d->gather_timeout_ =
+      o.gather_timeout.count() > 0 ? o.gather_timeout : o.cluster.worker.op_timeout;
+  if (o.sweep_stale_segments) {
+    StatusOr<std::vector<std::string>> swept = ipc::SweepStaleSegments();
+    if (!swept.ok()) {
+      BP_LOG_WARN("{}: sweeping stale segments: {}", d->label_, swept.status().ToString());
+    } else if (!swept->empty()) {
+      BP_LOG_INFO("{}: removed {} stale shared-memory segment(s) of crashed processes", d->label_,
+                  swept->size());
+    }
+  }
+  BP_ASSIGN_OR_RETURN(d->listener_, ipc::Listener::Listen(d->socket_path_));
+  d->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (d->wake_fd_ < 0) return InternalError(fmt::format("{}: eventfd failed", d->label_));
+  LocalReduceOptions ro;
+  ro.threads = o.reduce_threads;
+  ro.name = "bp-dreduce";
+  BP_ASSIGN_OR_RETURN(d->reducer_, LocalReducer::Create(ro));
+  EngineOptions eo;
+  eo.cluster = o.cluster;
+  eo.rank = o.rank;
+  eo.inproc_hub = o.inproc_hub;
+  BP_ASSIGN_OR_RETURN(d->engine_, Engine::Create(std::move(eo)));
+  d->round_thread_ = std::thread([p = d.get()] { p->RoundLoop(); });
+  d->done_thread_ = std::thread([p = d.get()] { p->DoneLoop(); });
+  return d;
+}
+
+Daemon::~Daemon() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_threads_ = true;
+  }
+  round_cv_.notify_all();
+  if (engine_) engine_->Close();
+  if (round_thread_.joinable()) round_thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_done_ = true;
+  }
+  done_cv_.notify_all();
+  if (done_thread_.joinable()) done_thread_.join();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void Daemon::Stop() {
+  stop_requested_.store(true);
+  if (wake_fd_ >= 0) {
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Poll loop
+
+Status Daemon::Run() {
+  BP_LOG_INFO("{}: serving {} training process(es) at {}", label_,
+              local_size_ == 0 ? std::string("a number of") : std::to_string(local_size_),
+              socket_path_);
+  bool clean = false;
+  while (!ended_) {
+    std::vector<TensorState*> finished;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      finished.swap(finished_);
+    }
+    for (TensorState* t : finished) {
+      t->in_flight = false;
+      MaybeDispatch(*t);
+    }
+    if (stop_requested_.load()) {
+      FailNode(CancelledError(fmt::format("{} is shutting down (stopped)", label_)), nullptr);
+      end_status_ = Status::Ok();
+      break;
+    }
+    if (local_size_ > 0 && goodbyes_ == local_size_) {
+      clean = true;
+      break;
+    }
+    std::vector<pollfd> fds;
+    fds.push_back({listener_->fd(), POLLIN, 0});
+    fds.push_back({wake_fd_, POLLIN, 0});
+    for (const auto& c : conns_) fds.push_back({c->channel->fd(), POLLIN, 0});
+    const int n = poll(fds.data(), fds.size(), static_cast<int>(NextPollTimeout().count()));
+    if (n < 0 && errno != EINTR) {
+      FailNode(InternalError(fmt::format("{}: poll failed: {}", label_, strerror(errno))), nullptr);
+      break;
+    }
+    if (fds[1].revents != 0) {
+      uint64_t v = 0;
+      (void)!read(wake_fd_, &v, sizeof(v));
+    }
+    // Only the connections that were polled (AcceptOne appends to conns_).
+    const size_t polled = fds.size() - 2;
+    if (fds[0].revents != 0) AcceptOne();
+    for (size_t i = 0; i < polled && !ended_; ++i) {
+      if (fds[i + 2].revents != 0 && !conns_[i]->dead) ReadFrom(*conns_[i]);
+    }
+    conns_.erase(std::remove_if(conns_.begin(), conns_.end(),
+                                [](const std::unique_ptr<Conn>& c) { return c->dead; }),
+                 conns_.end());
+    if (!ended_) CheckGatherDeadlines();
+    if (!ended_ && !decl_error_.ok() &&
+        ((joined_.size() >= local_size_ &&
+          std::none_of(conns_.begin(), conns_.end(),
+                       [](const std::unique_ptr<Conn>& c) { return c->hello; })) ||
+         Clock::now() >= decl_error_deadline_)) {
+      // Every local rank joined (and was or will be told the difference) and is gone, or the
+      // missing ones did not come within the gathering bound.
+      ended_ = true;
+      end_status_ = decl_error_;
+    }
+  }
+
+  Status result = end_status_;
+  if (clean) {
+    BP_LOG_INFO("{}: every training process said Goodbye; shutting the node down", label_);
+    result = engine_->Shutdown(options_.cluster.startup_timeout);
+  } else {
+    engine_->Close();  // pending push_pulls fail now (the completion thread answers them)
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_threads_ = true;
+  }
+  round_cv_.notify_all();
+  round_thread_.join();  // answers what it still had: the completion thread takes it
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_done_ = true;
+  }
+  done_cv_.notify_all();
+  done_thread_.join();
+  for (const auto& c : conns_) c->channel->Shutdown();
+  conns_.clear();
+  listener_.reset();  // unlinks the socket path
+  return result;
+}
+
+milliseconds Daemon::NextPollTimeout() const {
+  Clock::time_point next = Clock::now() + kMaxPollWait;
+  for (const auto& t : tensors_) {
+    if (t->handed > 0 && t->handed < local_size_) next = std::min(next, t->deadline);
+  }
+  const auto wait = std::chrono::duration_cast<milliseconds>(next - Clock::now()) + milliseconds(1);
+  return std::max(milliseconds(0), wait);
+}
+
+void Daemon::AcceptOne() {
+  StatusOr<std::unique_ptr<ipc::Channel>> ch = listener_->Accept(milliseconds(0));
+  if (!ch.ok()) {
+    if (ch.status().code() != StatusCode::kTimeout) {
+      BP_LOG_WARN("{}: {}", label_, ch.status().ToString());
+    }
+    return;
+  }
+  auto c = std::make_unique<Conn>();
+  c->channel = std::shared_ptr<ipc::Channel>(std::move(ch).value());
+  c->pid = c->channel->peer().pid;
+  c->who = fmt::format("pid {}", c->pid);
+  conns_.push_back(std::move(c));
+}
+
+void Daemon::ReadFrom(Conn& c) {
+  for (;;) {
+    StatusOr<v1::LocalMessage> m = ipc::ReceiveLocalMessage(*c.channel, milliseconds(0));
+    Status s = m.ok() ? Handle(c, *m) : m.status();
+    if (m.status().code() == StatusCode::kTimeout) return;  // drained
+    if (s.ok()) {
+      if (ended_ || c.dead) return;
+      continue;
+    }
+    if (!c.hello || c.goodbye || !decl_error_.ok()) {
+      // Refused, never introduced itself, left cleanly, or left a node whose declarations
+      // already failed (it was told why; its siblings are told on their own).
+      DropConn(c);
+      return;
+    }
+    FailNode(UnavailableError(
+                 fmt::format("{}: training process {} failed: {}", label_, c.who, s.message())),
+             &c);
+    return;
+  }
+}
+
+Status Daemon::Handle(Conn& c, const v1::LocalMessage& m) {
+  if (m.has_hello()) {
+    if (c.hello) return InvalidArgumentError(fmt::format("{} sent a second Hello", c.who));
+    OnHello(c, m.hello());
+    return Status::Ok();
+  }
+  if (!c.hello) {
+    return InvalidArgumentError(fmt::format("{} sent a message before its Hello", c.who));
+  }
+  if (m.has_declare()) {
+    if (m.declare().index() != c.next_decl) {
+      return InvalidArgumentError(fmt::format("{} declared tensor #{} but #{} was next", c.who,
+                                              m.declare().index(), c.next_decl));
+    }
+    ++c.next_decl;
+    OnDeclare(c, m.declare());
+    return Status::Ok();
+  }
+  if (m.has_push_pull()) {
+    OnPushPull(c, m.push_pull());
+    return Status::Ok();
+  }
+  if (m.has_goodbye()) {
+    c.goodbye = true;
+    ++goodbyes_;
+    return Status::Ok();
+  }
+  return InvalidArgumentError(
+      fmt::format("{} sent a message a training process never sends", c.who));
+}
+
+void Daemon::OnHello(Conn& c, const v1::LocalHello& h) {
+  std::map<uint32_t, pid_t> ranks;
+  for (const auto& o : conns_) {
+    if (o->hello && !o->dead) ranks[o->local_rank] = o->pid;
+  }
+  v1::LocalHelloReply reply = ipc::JudgeHello(h, c.pid, local_size_, ranks);
+  if (reply.refusal() == v1::LocalHelloReply::REFUSAL_NONE && ended_) {
+    reply.set_refusal(v1::LocalHelloReply::REFUSAL_SHUTTING_DOWN);
+    reply.set_reason(fmt::format("{} is shutting down", label_));
+  }
+  reply.set_node_rank(options_.rank);
+  reply.set_num_nodes(static_cast<uint32_t>(options_.cluster.workers.size()));
+  reply.set_op_timeout_ms(static_cast<uint64_t>(options_.cluster.worker.op_timeout.count()));
+  v1::LocalMessage m;
+  *m.mutable_hello_reply() = reply;
+  const Status sent = ipc::SendLocalMessage(*c.channel, m);
+  if (reply.refusal() != v1::LocalHelloReply::REFUSAL_NONE || !sent.ok()) {
+    BP_LOG_WARN("{}: refused {}: {}", label_, c.who, reply.reason());
+    DropConn(c);
+    return;
+  }
+  if (local_size_ == 0) local_size_ = h.local_size();
+  c.hello = true;
+  c.local_rank = h.local_rank();
+  joined_.insert(c.local_rank);
+  c.who = ipc::DescribeLocalProcess(c.local_rank, c.pid);
+  c.channel->set_peer_name(c.who);
+  BP_LOG_INFO("{}: {} joined ({} of {})", label_, c.who, ranks.size() + 1, local_size_);
+}
+
+void Daemon::OnDeclare(Conn& c, const v1::LocalDeclare& d) {
+  auto reply = [&](ipc::Channel& ch, const Status& s) {
+    v1::LocalMessage m;
+    v1::LocalDeclareReply* r = m.mutable_declare_reply();
+    r->set_index(d.index());
+    r->set_status_code(static_cast<uint32_t>(s.code()));
+    r->set_message(s.message());
+    (void)ipc::SendLocalMessage(ch, m);
+  };
+  if (d.index() == tensors_.size()) {
+    auto t = std::make_unique<TensorState>();
+    t->index = d.index();
+    t->first = d;
+    t->first_who = c.who;
+    tensors_.push_back(std::move(t));
+  }
+  TensorState& t = *tensors_[d.index()];
+  if (t.decided) {
+    reply(*c.channel, t.verdict);
+    return;
+  }
+  if (t.declared > 0) {
+    if (std::optional<std::string> diff =
+            ipc::DeclarationDifference(t.first, t.first_who, d, c.who)) {
+      t.decided = true;
+      t.verdict = InvalidArgumentError(*diff);
+      if (decl_error_.ok()) {
+        decl_error_ = t.verdict;
+        decl_error_deadline_ = Clock::now() + gather_timeout_;
+      }
+      BP_LOG_ERROR("{}: {}", label_, *diff);
+      for (const auto& ch : t.waiting) reply(*ch, t.verdict);
+      t.waiting.clear();
+      reply(*c.channel, t.verdict);
+      return;
+    }
+  }
+  t.waiting.push_back(c.channel);
+  if (++t.declared < local_size_) return;
+  // Every local process declared the same: declare it once for the node.
+  t.decided = true;
+  if (d.dtype() > static_cast<uint32_t>(DType::kBFloat16)) {
+    t.verdict = InvalidArgumentError(
+        fmt::format("tensor #{} '{}': unknown dtype {}", d.index(), d.name(), d.dtype()));
+  } else {
+    TensorOptions o;
+    o.priority = d.priority();
+    o.compression = d.compression();
+    o.op = d.sum() ? ReduceOp::kSum : ReduceOp::kAverage;
+    t.dtype = static_cast<DType>(d.dtype());
+    t.elements = d.elements();
+    t.bytes = t.elements * DTypeSize(t.dtype);
+    StatusOr<TensorId> id = engine_->Declare(d.name(), t.elements, t.dtype, o);
+    t.verdict = id.status();
+    if (id.ok()) {
+      t.engine_id = *id;
+      t.scale = d.sum() || local_size_ == 1 ? 1.0f : 1.0f / static_cast<float>(local_size_);
+      t.buffer.resize(t.bytes);
+      t.present.assign(local_size_, false);
+      t.slots.resize(local_size_);
+    }
+  }
+  for (const auto& ch : t.waiting) reply(*ch, t.verdict);
+  t.waiting.clear();
+}
+
+void Daemon::SendDone(ipc::Channel& ch, uint32_t tensor, uint64_t round, const Status& s) {
+  v1::LocalMessage m;
+  v1::LocalPushPullDone* d = m.mutable_push_pull_done();
+  d->set_tensor(tensor);
+  d->set_round(round);
+  d->set_status_code(static_cast<uint32_t>(s.code()));
+  d->set_message(s.message());
+  const Status sent = ipc::SendLocalMessage(ch, m);
+  if (!sent.ok()) BP_LOG_DEBUG("{}: {}", label_, sent.ToString());
+}
+
+void Daemon::OnPushPull(Conn& c, const v1::LocalPushPull& p) {
+  auto refuse = [&](const Status& s) { SendDone(*c.channel, p.tensor(), p.round(), s); };
+  if (p.tensor() >= tensors_.size() || !tensors_[p.tensor()]->decided) {
+    refuse(FailedPreconditionError(fmt::format(
+        "{}: push_pull of tensor #{} before every local process declared it", label_, p.tensor())));
+    return;
+  }
+  TensorState& t = *tensors_[p.tensor()];
+  if (!t.verdict.ok()) return refuse(t.verdict);
+  if (!t.error.ok()) return refuse(t.error);
+  if (c.next_round.size() <= t.index) c.next_round.resize(t.index + 1, 0);
+  if (p.round() != c.next_round[t.index]) {
+    return refuse(InvalidArgumentError(
+        fmt::format("{}: {} handed in round {} of tensor '{}', "
+                    "expected round {}",
+                    label_, c.who, p.round(), t.first.name(), c.next_round[t.index])));
+  }
+  Slot slot;
+  slot.channel = c.channel;
+  slot.who = c.who;
+  for (int k = 0; k < 2; ++k) {
+    const v1::ShmSlice& s = k == 0 ? p.input() : p.output();
+    Status ok = ipc::ValidateSlice(s, c.pid, t.bytes, k == 0 ? "input" : "output");
+    if (!ok.ok()) return refuse(ok);
+    std::shared_ptr<ipc::ShmSegment>& seg = c.segments[s.segment()];
+    if (!seg) {
+      StatusOr<ipc::ShmSegment> opened = ipc::ShmSegment::Open(s.segment(), s.segment_bytes());
+      if (!opened.ok()) {
+        c.segments.erase(s.segment());
+        return refuse(opened.status());
+      }
+      seg = std::make_shared<ipc::ShmSegment>(std::move(opened).value());
+    } else if (seg->size() != s.segment_bytes()) {
+      return refuse(InvalidArgumentError(fmt::format("{}: segment {} is {} bytes, not {}", label_,
+                                                     s.segment(), seg->size(), s.segment_bytes())));
+    }
+    Status size = seg->CheckSize();
+    if (!size.ok()) return refuse(size);
+    (k == 0 ? slot.in : slot.out) = seg;
+    (k == 0 ? slot.in_offset : slot.out_offset) = s.offset();
+  }
+  if (t.handed == 0) {
+    t.round = p.round();
+    t.deadline = Clock::now() + gather_timeout_;
+  } else if (p.round() != t.round) {
+    return refuse(InvalidArgumentError(
+        fmt::format("{}: {} handed in round {} of tensor '{}' while round {} is being gathered",
+                    label_, c.who, p.round(), t.first.name(), t.round)));
+  }
+  ++c.next_round[t.index];
+  t.present[c.local_rank] = true;
+  t.slots[c.local_rank] = std::move(slot);
+  ++t.handed;
+  MaybeDispatch(t);
+}
+
+void Daemon::MaybeDispatch(TensorState& t) {
+  if (ended_ || t.in_flight || local_size_ == 0 || t.handed < local_size_) return;
+  auto job = std::make_unique<RoundJob>();
+  job->tensor = &t;
+  job->round = t.round;
+  job->slots = std::move(t.slots);
+  t.slots.assign(local_size_, Slot());
+  t.present.assign(local_size_, false);
+  t.handed = 0;
+  t.in_flight = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    round_queue_.push_back(std::move(job));
+  }
+  round_cv_.notify_one();
+}
+
+void Daemon::CheckGatherDeadlines() {
+  const Clock::time_point now = Clock::now();
+  for (const auto& tp : tensors_) {
+    TensorState& t = *tp;
+    if (t.handed == 0 || t.handed >= local_size_ || now < t.deadline) continue;
+    std::string missing;
+    for (uint32_t r = 0; r < local_size_; ++r) {
+      if (t.present[r]) continue;
+      std::string who = fmt::format("local rank {}", r);
+      for (const auto& c : conns_) {
+        if (c->hello && c->local_rank == r) who = c->who;
+      }
+      missing += (missing.empty() ? "" : ", ") + who;
+    }
+    t.error = TimeoutError(
+        fmt::format("{}: round {} of tensor '{}' incomplete after {} ms: no push_pull from {}",
+                    label_, t.round, t.first.name(), gather_timeout_.count(), missing));
+    BP_LOG_ERROR("{}", t.error.message());
+    for (uint32_t r = 0; r < local_size_; ++r) {
+      if (t.present[r]) SendDone(*t.slots[r].channel, t.index, t.round, t.error);
+    }
+    t.slots.assign(local_size_, Slot());
+    t.present.assign(local_size_, false);
+    t.handed = 0;
+  }
+}
+
+void Daemon::DropConn(Conn& c) {
+  c.dead = true;
+  c.channel->Shutdown();
+}
+
+void Daemon::FailNode(const Status& error, const Conn* dead) {
+  if (ended_) return;
+  ended_ = true;
+  end_status_ = error;
+  BP_LOG_ERROR("{}", error.message());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    node_error_ = error;
+  }
+  if (dead != nullptr) {
+    // Its segments go now (the name; a round in flight keeps its mapping until it ends).
+    for (const auto& [name, seg] : dead->segments) {
+      const Status s = ipc::UnlinkSegment(name);
+      if (!s.ok()) BP_LOG_WARN("{}: {}", label_, s.ToString());
+    }
+  }
+  for (const auto& tp : tensors_) {
+    TensorState& t = *tp;
+    for (uint32_t r = 0; r < t.present.size(); ++r) {
+      if (!t.present[r]) continue;
+      if (dead == nullptr || t.slots[r].channel != dead->channel) {
+        SendDone(*t.slots[r].channel, t.index, t.round, error);
+      }
+    }
+    t.slots.assign(t.present.size(), Slot());
+    t.present.assign(t.present.size(), false);
+    t.handed = 0;
+    for (const auto& ch : t.waiting) {
+      v1::LocalMessage m;
+      v1::LocalDeclareReply* r = m.mutable_declare_reply();
+      r->set_index(t.index);
+      r->set_status_code(static_cast<uint32_t>(error.code()));
+      r->set_message(error.message());
+      (void)ipc::SendLocalMessage(*ch, m);
+    }
+    t.waiting.clear();
+  }
+  for (const auto& c : conns_) {
+    if (c.get() == dead || !c->hello || c->dead) continue;
+    v1::LocalMessage m;
+    m.mutable_goodbye()->set_reason(error.message());
+    (void)ipc::SendLocalMessage(*c->channel, m);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Round thread: local reduce, then the engine.
+
+void Daemon::RoundLoop() {
+  for (;;) {
+    std::unique_ptr<RoundJob> job;
+    Status node_error;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      round_cv_.wait(lock, [&] { return stop_threads_ || !round_queue_.empty(); });
+      if (round_queue_.empty()) return;
+      job = std::move(round_queue_.front());
+      round_queue_.pop_front();
+      node_error = node_error_;
+    }
+    TensorState& t = *job->tensor;
+    if (!node_error.ok()) {
+      job->error = node_error;
+    } else {
+      // GPU HOOK (issue 5, worker/gpu/): when the slots name CUDA IPC buffers instead of shared
+      // memory, the FP16 cast + NCCL reduce to the root GPU + copy to pinned host memory
+      // replaces this CPU reduce (and the completion thread's copy-out becomes the NCCL
+      // broadcast + cast back). Everything else in the round stays as it is.
+      std::vector<const void*> srcs;
+      for (const Slot& s : job->slots) {
+        const Status size = s.in->CheckSize();
+        if (!size.ok()) {
+          job->error =
+              DataLossError(fmt::format("{}: input of {}: {}", label_, s.who, size.message()));
+          break;
+        }
+        srcs.push_back(static_cast<const uint8_t*>(s.in->data()) + s.in_offset);
+      }
+      if (job->error.ok()) {
+        job->error = reducer_->Reduce(t.dtype, srcs.data(), srcs.size(), t.buffer.data(),
+                                      t.elements, t.scale);
+      }
+      if (job->error.ok()) {
+        job->handle =
+            engine_->PushPull(t.engine_id, ConstTensorView(t.buffer.data(), t.elements, t.dtype),
+                              TensorView(t.buffer.data(), t.elements, t.dtype));
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_queue_.push_back(std::move(job));
+    }
+    done_cv_.notify_one();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Completion thread: results out to every process, in posting order.
+
+void Daemon::DoneLoop() {
+  for (;;) {
+    std::unique_ptr<RoundJob> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      done_cv_.wait(lock, [&] { return !done_queue_.empty() || stop_done_; });
+      if (done_queue_.empty()) return;
+      job = std::move(done_queue_.front());
+      done_queue_.pop_front();
+    }
+    TensorState& t = *job->tensor;
+    Status s = job->error.ok() ? job->handle.Wait() : job->error;
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!node_error_.ok() && s.code() == StatusCode::kCancelled) s = node_error_;
+    }
+    for (const Slot& slot : job->slots) {
+      Status mine = s;
+      if (mine.ok()) {
+        const Status size = slot.out->CheckSize();
+        if (size.ok()) {
+          std::memcpy(static_cast<uint8_t*>(slot.out->data()) + slot.out_offset, t.buffer.data(),
+                      t.bytes);
+        } else {
+          mine =
+              DataLossError(fmt::format("{}: output of {}: {}", label_, slot.who, size.message()));
+        }
+      }
+      SendDone(*slot.channel, t.index, job->round, mine);
+    }
+    job.reset();  // drops the mappings a dead process's segments may still hold
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      finished_.push_back(&t);
+    }
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+  }
+}
+
+}  // namespace bitpush::worker

@@ -1,0 +1,190 @@
+// Daemon: the per-node `bitpush-worker` daemon (issue 5, paper 001 §4.2) — it serves the
+// node's `local_size` training processes over a Unix socket (docs/local-ipc.md: Hello,
+// declarations, push_pulls with tensors in their shared memory), sums their gradients locally
+// (LocalReducer) and runs ONE worker Engine for the node, so compression and networking happen
+// once per node. The training processes use worker::Client in daemon mode (client.h).
+//
+// Result semantics: for ReduceOp::kAverage the daemon reduces with scale 1/local_size (the
+// node's average, fp32 sums in local-rank order, one multiply), and the servers average the
+// nodes' pushes ((1/W)·Σ in worker-rank order); so every process receives
+// C_s((1/W)·Σ_w C_w((1/P)·Σ_p x_{w,p})) — the average over all W×P processes, through the
+// configured compressor both ways (exactly, when every node runs the same P; nodes with
+// different P would weight processes unequally). kSum: local scale 1, servers sum.
+//
+// Life of a round of tensor t: each process hands in LocalPushPull(t, r); the daemon checks it
+// (round in step, slices its own and of the tensor's size, segment size) and keeps it; when all
+// local_size processes handed in round r, the round goes to the round thread, which reduces the
+// inputs from their shared-memory slices into the tensor's node buffer (LocalReducer; GPU hook
+// there), and calls Engine::PushPull on it (never on the poll loop: the first push_pull of new
+// declarations waits for the cross-node check); the completion thread waits for the handle,
+// copies the result into every process's output slice and answers LocalPushPullDone. A round
+// not handed in by every process within op_timeout fails for those that did, naming the missing
+// ones (and the tensor stays failed: its rounds are out of step).
+//
+// Failures (docs/local-ipc.md "Failures"): a training process that dies or sends garbage ends
+// the node: its segments are unlinked at once, the pending rounds of the others fail with
+// Unavailable naming it ("local rank 1 (pid 4711)"), every other process gets LocalGoodbye with
+// that reason, the engine is closed (the cluster sees this worker gone) and Run returns the
+// error (bitpush-worker exits 1). No fault tolerance yet. Stop() (SIGTERM) ends the same way
+// with reason "shutting down", and Run returns OK. A declaration difference does not end the node
+// at once: every process that declares that tensor is told, processes may then leave without
+// being failures, and Run returns the difference once every local rank joined and left (or
+// the gathering bound passed). When every process said
+// Goodbye, Run shuts the engine down cleanly (Engine::Shutdown: the cluster's clean end) and
+// returns its status.
+//
+// Ownership: the Daemon owns the Listener (its socket path is unlinked on every exit path that
+// unwinds; a stale file is replaced at the next start), the connections, the segments it
+// opened (mappings only: each process unlinks its own; the daemon unlinks a dead one's), the
+// Engine, the LocalReducer and its three threads. No process-wide state except the shm
+// clean-up list (shm_segment.h).
+//
+// Threads (docs/threading.md, "Worker daemon"): the caller of Run is the poll loop (listener,
+// every channel, a wake eventfd; it owns the connections and the tensors' gathering state);
+// "bp-dround" reduces and starts push_pulls; "bp-ddone" waits for handles in posting order and
+// answers; plus the Engine's and LocalReducer's own threads.
+// Thread-safety: Create/Run from one thread; Stop from any thread (also a signal thread).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "scheduler/cluster_config.h"
+#include "worker/client.h"
+#include "worker/daemon_client.h"
+#include "worker/engine.h"
+#include "worker/ipc/channel.h"
+#include "worker/ipc/shm_segment.h"
+#include "worker/local_reduce.h"
+
+namespace bitpush::worker {
+
+struct DaemonOptions {
+  // The cluster (the node's copy of the YAML). The daemon is worker `rank` in it.
+  scheduler::ClusterConfig cluster;
+  uint32_t rank = 0;
+  // The Unix socket to listen on; "" = cluster.worker.socket, or when that is empty
+  // DefaultDaemonSocketPath(rank) (/tmp/bitpush-<uid>-worker-<rank>.sock).
+  std::string socket_path;
+  // Training processes to serve; 0 = cluster.worker.local_size, and when that is 0 too, the
+  // first accepted Hello decides.
+  uint32_t local_size = 0;
+  // LocalReducer threads (>= 1; 1 = reduce on the round thread).
+  uint32_t reduce_threads = 1;
+  // Bound on gathering a round (first hand-in -> last); 0 = cluster.worker.op_timeout.
+  std::chrono::milliseconds gather_timeout{0};
+  // Remove leftover segments of crashed processes of this user at start (SweepStaleSegments).
+  bool sweep_stale_segments = true;
+  // inproc backend only.
+  std::shared_ptr<transport::InprocHub> inproc_hub;
+};
+
+class Daemon {
+ public:
+  // Sweeps stale segments, listens on the socket (a live daemon there is FailedPrecondition),
+  // creates the engine (registers with the scheduler: bounded by startup_timeout) and the
+  // reducer.
+  static StatusOr<std::unique_ptr<Daemon>> Create(DaemonOptions options);
+
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Serves until the node ends (see the file comment); returns OK after a clean end or Stop,
+  // otherwise the error that ended the node.
+  Status Run();
+
+  // Asks Run to end (fails pending rounds with `reason`, Goodbye to every process). Any thread;
+  // only atomics and a write(2) to an eventfd, so a signal thread may call it.
+  void Stop();
+
+  const std::string& socket_path() const { return socket_path_; }
+
+ private:
+  struct Conn;
+  struct Slot {
+    std::shared_ptr<ipc::Channel> channel;
+    std::shared_ptr<ipc::ShmSegment> in;
+    uint64_t in_offset = 0;
+    std::shared_ptr<ipc::ShmSegment> out;
+    uint64_t out_offset = 0;
+    std::string who;
+  };
+  struct TensorState;
+  struct RoundJob {
+    TensorState* tensor = nullptr;
+    uint64_t round = 0;
+    std::vector<Slot> slots;  // by local rank
+    PushPullHandle handle;
+    Status error;  // set when the round failed before the engine
+  };
+
+  explicit Daemon(DaemonOptions options);
+
+  // Poll loop (Run's thread).
+  void AcceptOne();
+  void ReadFrom(Conn& c);
+  Status Handle(Conn& c, const v1::LocalMessage& m);
+  void OnHello(Conn& c, const v1::LocalHello& h);
+  void OnDeclare(Conn& c, const v1::LocalDeclare& d);
+  void OnPushPull(Conn& c, const v1::LocalPushPull& p);
+  void MaybeDispatch(TensorState& t);
+  void CheckGatherDeadlines();
+  void FailNode(const Status& error, const Conn* dead);
+  void DropConn(Conn& c);
+  void SendDone(ipc::Channel& ch, uint32_t tensor, uint64_t round, const Status& s);
+  std::chrono::milliseconds NextPollTimeout() const;
+
+  // Round and completion threads.
+  void RoundLoop();
+  void DoneLoop();
+
+  DaemonOptions options_;
+  std::string socket_path_;
+  std::string label_;  // "bitpush-worker node 0"
+  uint32_t local_size_ = 0;
+  std::chrono::milliseconds gather_timeout_{0};
+  std::unique_ptr<ipc::Listener> listener_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<LocalReducer> reducer_;
+  int wake_fd_ = -1;
+  std::atomic<bool> stop_requested_{false};
+
+  // Poll-loop state.
+  std::vector<std::unique_ptr<Conn>> conns_;
+  std::vector<std::unique_ptr<TensorState>> tensors_;
+  uint32_t goodbyes_ = 0;
+  // The first declaration difference: the node cannot run; processes may leave without
+  // ending it (each was or will be told the difference), and the last one's departure ends Run.
+  Status decl_error_;
+  std::chrono::steady_clock::time_point decl_error_deadline_;
+  std::set<uint32_t> joined_;  // local ranks that ever joined
+  bool ended_ = false;
+  Status end_status_;
+
+  // Shared with the round / completion threads.
+  std::mutex mu_;
+  std::condition_variable round_cv_;
+  std::condition_variable done_cv_;
+  std::deque<std::unique_ptr<RoundJob>> round_queue_;  // guarded by mu_
+  std::deque<std::unique_ptr<RoundJob>> done_queue_;   // guarded by mu_
+  std::vector<TensorState*> finished_;                 // guarded by mu_: rounds answered
+  Status node_error_;                                  // guarded by mu_
+  bool stop_threads_ = false;                          // guarded by mu_: round thread
+  bool stop_done_ = false;                             // guarded by mu_: completion thread
+  std::thread round_thread_;
+  std::thread done_thread_;
+};
+
+}  // namespace bitpush::worker

@@ -1,0 +1,336 @@
+#include "worker/daemon_client.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <utility>
+
+#include "common/logging.h"
+#include "worker/engine.h"
+#include "worker/ipc/local_protocol.h"
+
+namespace bitpush::worker {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The reader wakes at least this often to enforce op deadlines.
+constexpr std::chrono::milliseconds kReaderTick{100};
+
+Status StatusFromCode(uint32_t code, const std::string& message) {
+  if (code == 0) return Status::Ok();
+  if (code > static_cast<uint32_t>(StatusCode::kUnimplemented)) {
+    return InternalError(message);
+  }
+  return Status(static_cast<StatusCode>(code), message);
+}
+
+}  // namespace
+
+std::string DefaultDaemonSocketPath(uint32_t rank) {
+  return fmt::format("/tmp/bitpush-{}-worker-{}.sock", getuid(), rank);
+}
+
+DaemonClient::DaemonClient(const DaemonClientOptions& options) : options_(options) {}
+
+StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(const DaemonClientOptions& options) {
+  if (options.local_size == 0 || options.local_rank >= options.local_size) {
+    return InvalidArgumentError(
+        fmt::format("daemon mode: local_rank {} must be below local_size {} (> 0)",
+                    options.local_rank, options.local_size));
+  }
+  std::unique_ptr<DaemonClient> c(new DaemonClient(options));
+  BP_ASSIGN_OR_RETURN(c->channel_,
+                      ipc::Channel::Connect(options.socket_path, options.startup_timeout));
+  c->daemon_name_ = fmt::format("bitpush-worker daemon at {} (pid {})", options.socket_path,
+                                c->channel_->peer().pid);
+  c->channel_->set_peer_name(c->daemon_name_);
+  v1::LocalMessage hello;
+  *hello.mutable_hello() = ipc::MakeHello(options.local_rank, options.local_size);
+  BP_RETURN_IF_ERROR(ipc::SendLocalMessage(*c->channel_, hello));
+  BP_ASSIGN_OR_RETURN(v1::LocalMessage reply,
+                      ipc::ReceiveLocalMessage(*c->channel_, options.startup_timeout));
+  if (!reply.has_hello_reply()) {
+    return DataLossError(
+        fmt::format("{} answered the Hello with another message", c->daemon_name_));
+  }
+  BP_RETURN_IF_ERROR(ipc::HelloReplyStatus(reply.hello_reply(), options.local_rank));
+  c->node_rank_ = reply.hello_reply().node_rank();
+  c->num_nodes_ = reply.hello_reply().num_nodes();
+  c->op_wait_ = std::chrono::milliseconds(reply.hello_reply().op_timeout_ms()) + kDaemonWaitMargin;
+  c->reader_ = std::thread([p = c.get()] { p->ReaderLoop(); });
+  return c;
+}
+
+DaemonClient::~DaemonClient() {
+  Close();
+}
+
+StatusOr<TensorId> DaemonClient::Declare(const std::string& name, size_t elements, DType dtype,
+                                         const TensorOptions& options) {
+  if (name.empty()) return InvalidArgumentError("Declare: the tensor name is empty");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!error_.ok()) return error_;
+  if (closed_) return CancelledError("Declare: the client was closed");
+  for (const auto& t : tensors_) {
+    if (t->decl.name() == name) {
+      return InvalidArgumentError(fmt::format("Declare: tensor '{}' is already declared", name));
+    }
+  }
+  auto t = std::make_unique<Tensor>();
+  t->decl.set_index(static_cast<uint32_t>(tensors_.size()));
+  t->decl.set_name(name);
+  t->decl.set_elements(elements);
+  t->decl.set_dtype(static_cast<uint32_t>(dtype));
+  t->decl.set_priority(options.priority);
+  t->decl.set_compression(options.compression);
+  t->decl.set_sum(options.op == ReduceOp::kSum);
+  t->dtype = dtype;
+  t->bytes = elements * DTypeSize(dtype);
+  v1::LocalMessage m;
+  *m.mutable_declare() = t->decl;
+  // Sent under mu_ so indices reach the daemon in order.
+  BP_RETURN_IF_ERROR(ipc::SendLocalMessage(*channel_, m));
+  const TensorId id{t->decl.index()};
+  tensors_.push_back(std::move(t));
+  return id;
+}
+
+Status DaemonClient::CommitDeclarations() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const Clock::time_point deadline = Clock::now() + options_.startup_timeout;
+  // All decided, or one refused (the others may never be decided: a sibling that declared
+  // differently stops declaring).
+  auto all_decided = [&] {
+    bool all = true;
+    for (const auto& t : tensors_) {
+      if (t->verdict && !t->verdict->ok()) return true;
+      all = all && t->verdict.has_value();
+    }
+    return all;
+  };
+  if (!cv_.wait_until(lock, deadline, [&] { return !error_.ok() || closed_ || all_decided(); })) {
+    return TimeoutError(fmt::format(
+        "no declaration verdict from the {} within {} ms (are all {} training processes of the "
+        "node running and declaring?)",
+        daemon_name_, options_.startup_timeout.count(), options_.local_size));
+  }
+  if (!error_.ok()) return error_;
+  if (closed_) return CancelledError("CommitDeclarations: the client was closed");
+  for (const auto& t : tensors_) {
+    if (t->verdict && !t->verdict->ok()) return *t->verdict;
+  }
+  return Status::Ok();
+}
+
+PushPullHandle DaemonClient::PushPull(TensorId id, ConstTensorView input, TensorView output) {
+  auto op = std::make_shared<OpState>();
+  PushPullHandle handle(op);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (id.index >= tensors_.size()) {
+    op->Complete(InvalidArgumentError(fmt::format("PushPull: no tensor #{}", id.index)));
+    return handle;
+  }
+  Tensor& t = *tensors_[id.index];
+  op->tensor = t.decl.name();
+  op->tensor_index = id.index;
+  if (input.count() != t.decl.elements() || output.count() != t.decl.elements() ||
+      input.dtype() != t.dtype || output.dtype() != t.dtype) {
+    op->Complete(
+        InvalidArgumentError(fmt::format("PushPull of tensor '{}': input/output must be {} x {}",
+                                         t.decl.name(), t.decl.elements(), DTypeName(t.dtype))));
+    return handle;
+  }
+  if (t.op) {
+    op->Complete(FailedPreconditionError(
+        fmt::format("PushPull of tensor '{}': a push_pull of it is in flight", t.decl.name())));
+    return handle;
+  }
+  if (!error_.ok()) {
+    op->Complete(error_);
+    return handle;
+  }
+  if (!t.error.ok()) {
+    op->Complete(t.error);
+    return handle;
+  }
+  if (!t.verdict) {
+    lock.unlock();
+    const Status s = CommitDeclarations();
+    lock.lock();
+    if (!s.ok() && (!t.verdict || t.verdict->ok())) {
+      op->Complete(s);
+      return handle;
+    }
+  }
+  if (!t.verdict->ok()) {
+    op->Complete(*t.verdict);
+    return handle;
+  }
+  if (t.bytes == 0) {
+    op->Complete(Status::Ok());
+    return handle;
+  }
+  if (!t.segment.valid()) {
+    StatusOr<ipc::ShmSegment> seg = ipc::ShmSegment::Create(t.bytes);
+    if (!seg.ok()) {
+      op->Complete(seg.status());
+      return handle;
+    }
+    t.segment = std::move(seg).value();
+  }
+  std::memcpy(t.segment.data(), input.data(), t.bytes);
+  op->input = input;
+  op->output = output;
+  op->deadline = Clock::now() + op_wait_;
+  v1::LocalMessage m;
+  v1::LocalPushPull* p = m.mutable_push_pull();
+  p->set_tensor(id.index);
+  p->set_round(t.next_round);
+  v1::ShmSlice* in = p->mutable_input();
+  in->set_segment(t.segment.name());
+  in->set_segment_bytes(t.segment.size());
+  in->set_offset(0);
+  in->set_bytes(t.bytes);
+  *p->mutable_output() = *in;
+  const Status sent = ipc::SendLocalMessage(*channel_, m);
+  if (!sent.ok()) {
+    op->Complete(sent);
+    return handle;
+  }
+  t.op = op;
+  t.op_round = t.next_round++;
+  return handle;
+}
+
+void DaemonClient::OnDone(const v1::LocalPushPullDone& done) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (done.tensor() >= tensors_.size()) return;
+  Tensor& t = *tensors_[done.tensor()];
+  if (!t.op || t.op_round != done.round()) return;  // a late answer to a timed-out round
+  std::shared_ptr<OpState> op = std::move(t.op);
+  t.op.reset();
+  Status s = StatusFromCode(done.status_code(), done.message());
+  if (s.ok()) {
+    std::memcpy(op->output.data(), t.segment.data(), t.bytes);
+    ++stats_.ops_completed;
+  } else {
+    ++stats_.ops_failed;
+  }
+  op->Complete(std::move(s));
+}
+
+void DaemonClient::ReaderLoop() {
+  for (;;) {
+    StatusOr<v1::LocalMessage> m = ipc::ReceiveLocalMessage(*channel_, kReaderTick);
+    if (m.ok()) {
+      if (m->has_push_pull_done()) {
+        OnDone(m->push_pull_done());
+      } else if (m->has_declare_reply()) {
+        const v1::LocalDeclareReply& r = m->declare_reply();
+        std::lock_guard<std::mutex> lock(mu_);
+        if (r.index() < tensors_.size()) {
+          tensors_[r.index()]->verdict = StatusFromCode(r.status_code(), r.message());
+        }
+        cv_.notify_all();
+      } else if (m->has_goodbye()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (error_.ok()) {
+          error_ = m->goodbye().reason().empty()
+                       ? CancelledError(fmt::format("the {} shut down", daemon_name_))
+                       : UnavailableError(fmt::format("the {} ended the node: {}", daemon_name_,
+                                                      m->goodbye().reason()));
+        }
+        FailAllLocked(error_);
+      }
+      continue;
+    }
+    if (m.status().code() == StatusCode::kTimeout) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return;
+      const Clock::time_point now = Clock::now();
+      for (auto& t : tensors_) {
+        if (t->op && now >= t->op->deadline) {
+          t->error = TimeoutError(
+              fmt::format("push_pull of tensor '{}' round {}: no answer from the {} within {} ms",
+                          t->decl.name(), t->op_round, daemon_name_, op_wait_.count()));
+          ++stats_.ops_failed;
+          t->op->Complete(t->error);
+          t->op.reset();
+        }
+      }
+      continue;
+    }
+    // End of stream, garbage, or Close(): the daemon is gone for this process.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.ok()) {
+      error_ = closed_ ? CancelledError("the client was closed")
+                       : UnavailableError(m.status().message());
+    }
+    FailAllLocked(error_);
+    return;
+  }
+}
+
+void DaemonClient::FailAllLocked(const Status& error) {
+  for (auto& t : tensors_) {
+    if (t->op) {
+      ++stats_.ops_failed;
+      t->op->Complete(error);
+      t->op.reset();
+    }
+    if (!t->verdict) t->verdict = error;
+  }
+  cv_.notify_all();
+}
+
+Status DaemonClient::Shutdown() {
+  Status sticky;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& t : tensors_) {
+      if (t->op) {
+        return FailedPreconditionError(
+            fmt::format("Shutdown: a push_pull of tensor '{}' is pending", t->decl.name()));
+      }
+    }
+    // Taken before the Goodbye: once the daemon has every Goodbye it ends, and its end of the
+    // connection is then no error of ours.
+    sticky = error_;
+    if (error_.ok() && !closed_) {
+      v1::LocalMessage m;
+      m.mutable_goodbye();
+      const Status s = ipc::SendLocalMessage(*channel_, m);
+      if (!s.ok()) BP_LOG_WARN("Goodbye to the {}: {}", daemon_name_, s.ToString());
+    }
+  }
+  Close();
+  // A daemon that ended the node (a sibling died) is an error; one that shut down cleanly is
+  // not.
+  return sticky.code() == StatusCode::kCancelled ? Status::Ok() : sticky;
+}
+
+void DaemonClient::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ && !reader_.joinable()) return;
+    closed_ = true;
+    FailAllLocked(CancelledError("the client was closed"));
+  }
+  if (channel_) channel_->Shutdown();
+  if (reader_.joinable()) reader_.join();
+}
+
+Status DaemonClient::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+ClientStats DaemonClient::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace bitpush::worker

@@ -1,0 +1,122 @@
+// DaemonClient: the training-process side of the node's bitpush-worker daemon — what a
+// `Client` in daemon mode (ClientOptions::mode = ClientMode::kDaemon, client.h) runs instead
+// of an embedded Engine. It speaks the local protocol of docs/local-ipc.md over one Channel:
+// Hello, LocalDeclare per tensor, LocalPushPull per round with the tensor's bytes in a
+// shared-memory segment this process creates (one per tensor, created at its first
+// push_pull), and turns every answer or failure into the same Status / PushPullHandle the
+// embedded client gives.
+//
+// Data path (simplest correct first): PushPull copies `input` into the tensor's segment, names
+// it as both input and output slice, and the reader thread copies the result out into `output`
+// when LocalPushPullDone arrives. Training code that computes straight into shared memory is a
+// later optimisation (the protocol already allows it).
+//
+// Bounds: Hello and declaration verdicts wait at most the cluster's startup_timeout; a
+// push_pull at most the daemon's op_timeout_ms (HelloReply) + kDaemonWaitMargin, after which it
+// fails with Timeout naming the daemon. A dead daemon (end of stream) fails every pending and
+// later call at once with Unavailable naming it ("bitpush-worker daemon at PATH (pid N)"); a
+// LocalGoodbye with a reason (the node failed, e.g. a sibling process died) makes that reason
+// the sticky error of every later call.
+//
+// Ownership: owns the Channel, the segments (unlinked by their destructors and on every exit
+// path, shm_segment.h) and one reader thread ("bp-dclient").
+// Thread-safety: every public method may be called from any thread (state under mu_).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/status.h"
+#include "common/tensor_view.h"
+#include "proto/bitpush/v1/local.pb.h"
+#include "worker/client.h"
+#include "worker/ipc/channel.h"
+#include "worker/ipc/shm_segment.h"
+
+namespace bitpush::worker {
+
+// The daemon's default socket path for node `rank`: /tmp/bitpush-<uid>-worker-<rank>.sock
+// (per user, so two users' nodes on one machine never collide).
+std::string DefaultDaemonSocketPath(uint32_t rank);
+
+// How much longer than the daemon's op_timeout a client waits for a LocalPushPullDone, so the
+// daemon's own (more precise) timeout error arrives first.
+inline constexpr std::chrono::milliseconds kDaemonWaitMargin{2000};
+
+struct DaemonClientOptions {
+  // The daemon's Unix socket.
+  std::string socket_path;
+  // This process's local rank (0..local_size-1) and the node's number of training processes.
+  uint32_t local_rank = 0;
+  uint32_t local_size = 1;
+  // Bounds Connect + Hello and the wait for declaration verdicts.
+  std::chrono::milliseconds startup_timeout{60000};
+};
+
+class DaemonClient {
+ public:
+  // Connects (retrying while the daemon is not up yet), sends Hello and waits for the reply:
+  // a refusal is FailedPrecondition "the bitpush-worker daemon refused local rank R: <reason>".
+  static StatusOr<std::unique_ptr<DaemonClient>> Connect(const DaemonClientOptions& options);
+
+  ~DaemonClient();  // Close()
+  DaemonClient(const DaemonClient&) = delete;
+  DaemonClient& operator=(const DaemonClient&) = delete;
+
+  StatusOr<TensorId> Declare(const std::string& name, size_t elements, DType dtype,
+                             const TensorOptions& options);
+  Status CommitDeclarations();
+  PushPullHandle PushPull(TensorId tensor, ConstTensorView input, TensorView output);
+  // Sends LocalGoodbye (refused while a push_pull is pending) and closes.
+  Status Shutdown();
+  // Fails pending handles with Cancelled, closes the connection, joins the reader. Idempotent.
+  void Close();
+
+  uint32_t node_rank() const { return node_rank_; }
+  uint32_t num_nodes() const { return num_nodes_; }
+  Status status() const;
+  ClientStats stats() const;
+
+ private:
+  struct Tensor {
+    v1::LocalDeclare decl;
+    DType dtype = DType::kFloat32;
+    size_t bytes = 0;
+    std::optional<Status> verdict;  // the daemon's LocalDeclareReply
+    ipc::ShmSegment segment;        // created at the first push_pull
+    uint64_t next_round = 0;
+    std::shared_ptr<OpState> op;  // in flight
+    uint64_t op_round = 0;
+    Status error;  // sticky: a round timed out (rounds out of step)
+  };
+
+  explicit DaemonClient(const DaemonClientOptions& options);
+  void ReaderLoop();
+  void FailAllLocked(const Status& error);
+  void OnDone(const v1::LocalPushPullDone& done);
+
+  const DaemonClientOptions options_;
+  std::string daemon_name_;  // "bitpush-worker daemon at PATH (pid N)"
+  uint32_t node_rank_ = 0;
+  uint32_t num_nodes_ = 0;
+  std::chrono::milliseconds op_wait_{0};
+  std::unique_ptr<ipc::Channel> channel_;
+  std::thread reader_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;                    // declaration verdicts, errors
+  std::vector<std::unique_ptr<Tensor>> tensors_;  // guarded by mu_
+  Status error_;                                  // guarded by mu_: sticky
+  bool closed_ = false;                           // guarded by mu_
+  ClientStats stats_;                             // guarded by mu_
+};
+
+}  // namespace bitpush::worker
