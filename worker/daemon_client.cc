@@ -71,30 +71,41 @@ DaemonClient::~DaemonClient() {
 StatusOr<TensorId> DaemonClient::Declare(const std::string& name, size_t elements, DType dtype,
                                          const TensorOptions& options) {
   if (name.empty()) return InvalidArgumentError("Declare: the tensor name is empty");
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!error_.ok()) return error_;
-  if (closed_) return CancelledError("Declare: the client was closed");
-  for (const auto& t : tensors_) {
-    if (t->decl.name() == name) {
-      return InvalidArgumentError(fmt::format("Declare: tensor '{}' is already declared", name));
-    }
-  }
-  auto t = std::make_unique<Tensor>();
-  t->decl.set_index(static_cast<uint32_t>(tensors_.size()));
-  t->decl.set_name(name);
-  t->decl.set_elements(elements);
-  t->decl.set_dtype(static_cast<uint32_t>(dtype));
-  t->decl.set_priority(options.priority);
-  t->decl.set_compression(options.compression);
-  t->decl.set_sum(options.op == ReduceOp::kSum);
-  t->dtype = dtype;
-  t->bytes = elements * DTypeSize(dtype);
+  // send_mu_ keeps the indices in order on the wire; mu_ is not held while sending, so the
+  // reader can take the daemon's replies (and the daemon keep reading) meanwhile.
+  std::lock_guard<std::mutex> send_lock(send_mu_);
   v1::LocalMessage m;
-  *m.mutable_declare() = t->decl;
-  // Sent under mu_ so indices reach the daemon in order.
-  BP_RETURN_IF_ERROR(ipc::SendLocalMessage(*channel_, m));
-  const TensorId id{t->decl.index()};
-  tensors_.push_back(std::move(t));
+  TensorId id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_.ok()) return error_;
+    if (closed_) return CancelledError("Declare: the client was closed");
+    for (const auto& t : tensors_) {
+      if (t->decl.name() == name) {
+        return InvalidArgumentError(fmt::format("Declare: tensor '{}' is already declared", name));
+      }
+    }
+    auto t = std::make_unique<Tensor>();
+    t->decl.set_index(static_cast<uint32_t>(tensors_.size()));
+    t->decl.set_name(name);
+    t->decl.set_elements(elements);
+    t->decl.set_dtype(static_cast<uint32_t>(dtype));
+    t->decl.set_priority(options.priority);
+    t->decl.set_compression(options.compression);
+    t->decl.set_sum(options.op == ReduceOp::kSum);
+    t->dtype = dtype;
+    t->bytes = elements * DTypeSize(dtype);
+    *m.mutable_declare() = t->decl;
+    id.index = t->decl.index();
+    tensors_.push_back(std::move(t));
+  }
+  const Status sent = ipc::SendLocalMessage(*channel_, m);
+  if (!sent.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.ok()) error_ = sent;  // the connection is unusable
+    FailAllLocked(error_);
+    return sent;
+  }
   return id;
 }
 
@@ -195,13 +206,18 @@ PushPullHandle DaemonClient::PushPull(TensorId id, ConstTensorView input, Tensor
   in->set_offset(0);
   in->set_bytes(t.bytes);
   *p->mutable_output() = *in;
-  const Status sent = ipc::SendLocalMessage(*channel_, m);
-  if (!sent.ok()) {
-    op->Complete(sent);
-    return handle;
-  }
   t.op = op;
   t.op_round = t.next_round++;
+  // Sent without mu_: the reader must be able to take answers (and so the daemon to send
+  // them) while this frame waits for room in the socket.
+  lock.unlock();
+  const Status sent = ipc::SendLocalMessage(*channel_, m);
+  if (!sent.ok()) {
+    lock.lock();
+    // The connection is unusable (the daemon is gone or not reading): sticky.
+    if (error_.ok()) error_ = sent;
+    FailAllLocked(error_);
+  }
   return handle;
 }
 

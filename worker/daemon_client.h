@@ -20,7 +20,9 @@
 //
 // Ownership: owns the Channel, the segments (unlinked by their destructors and on every exit
 // path, shm_segment.h) and one reader thread ("bp-dclient").
-// Thread-safety: every public method may be called from any thread (state under mu_).
+// Thread-safety: every public method may be called from any thread (state under mu_; no frame
+// is sent with mu_ held, so the reader always drains the daemon's answers). Lock order:
+// send_mu_ -> mu_.
 #pragma once
 
 #include <chrono>
@@ -111,6 +113,7 @@ class DaemonClient {
   std::unique_ptr<ipc::Channel> channel_;
   std::thread reader_;
 
+  std::mutex send_mu_;  // serialises Declare's frames (indices in order); outside mu_
   mutable std::mutex mu_;
   std::condition_variable cv_;                    // declaration verdicts, errors
   std::vector<std::unique_ptr<Tensor>> tensors_;  // guarded by mu_

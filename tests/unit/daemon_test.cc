@@ -235,6 +235,8 @@ TEST_F(DaemonTest, KilledTrainingProcessFailsItsSiblingsNamingItAndLeavesNoSegme
     const Clock::time_point seen = WaitFor(*t, ": error: ", milliseconds(kFailureBoundMs + 2000));
     ASSERT_NE(seen, Clock::time_point::max()) << t->label() << ":\n" << t->output();
     EXPECT_LE(MsBetween(killed, seen), kFailureBoundMs) << t->label();
+    std::cout << "[latency] trainer 0.1 SIGKILLed -> " << t->label() << " failed after "
+              << MsBetween(killed, seen) << " ms\n";
     EXPECT_CONTAINS(t->output(), name);
     EXPECT_TRUE(WaitAll({t}, Clock::now() + milliseconds(5000)));
     EXPECT_EQ(t->exit_code(), 3) << t->output();
@@ -268,6 +270,8 @@ TEST_F(DaemonTest, KilledDaemonFailsItsProcessesAndSigtermEndsTheOtherCleanly) {
     const Clock::time_point seen = WaitFor(*t, ": error: ", milliseconds(kFailureBoundMs + 2000));
     ASSERT_NE(seen, Clock::time_point::max()) << t->label() << ":\n" << t->output();
     EXPECT_LE(MsBetween(killed, seen), kFailureBoundMs) << t->label();
+    std::cout << "[latency] daemon 0 SIGKILLed -> " << t->label() << " failed after "
+              << MsBetween(killed, seen) << " ms\n";
     EXPECT_CONTAINS(t->output(), "bitpush-worker daemon at " + Socket(0));
   }
   // SIGTERM: the other daemon ends its processes, removes its socket, exits 0.
