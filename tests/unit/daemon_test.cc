@@ -84,7 +84,8 @@ class DaemonTest : public ::testing::Test {
     children_.clear();
   }
 
-  void WriteConfig(const std::string& spec, const std::string& error_feedback) {
+  void WriteConfig(const std::string& spec, const std::string& error_feedback,
+                   double op_timeout_s = 10) {
     std::set<int> used;
     auto address = [&] {
       int p = FreeTcpPort();
@@ -98,7 +99,8 @@ class DaemonTest : public ::testing::Test {
       << "compression:\n  spec: " << spec << "\n  error_feedback: " << error_feedback << "\n"
       << "  min_compress_bytes: 4096\n  partition_bytes: 32768\n"
       << "server:\n  engine_threads: 1\n  numa: off\n"
-      << "worker:\n  compress_threads: 1\n  op_timeout_s: 10\n  local_size: " << kLocal << "\n";
+      << "worker:\n  compress_threads: 1\n  op_timeout_s: " << op_timeout_s
+      << "\n  local_size: " << kLocal << "\n";
     config_ = dir_.path() + "/cluster.yaml";
     std::ofstream(config_) << y.str();
   }
@@ -286,6 +288,29 @@ TEST_F(DaemonTest, KilledDaemonFailsItsProcessesAndSigtermEndsTheOtherCleanly) {
   std::vector<pid_t> pids;
   for (Child* t : trainers_) pids.push_back(t->pid());
   EXPECT_TRUE(SegmentsOf(pids).empty());
+}
+
+TEST_F(DaemonTest, HungDaemonFailsItsProcessesWithTimeoutNamingIt) {
+  // op_timeout 1 s: a daemon-mode push_pull waits at most 1 s + 2 s (kDaemonWaitMargin).
+  WriteConfig("none", "none", 1);
+  StartCluster();
+  for (int p = 0; p < kLocal; ++p) StartTrainer(0, p, 100000);
+  for (int p = 0; p < kLocal; ++p) StartTrainer(1, p, 100000);
+  for (Child* t : trainers_) {
+    ASSERT_NE(WaitFor(*t, "iteration 2 ok", milliseconds(15000)), Clock::time_point::max())
+        << t->label();
+  }
+  const Clock::time_point stopped = Clock::now();
+  daemons_[0]->Signal(SIGSTOP);
+  for (int p = 0; p < kLocal; ++p) {
+    Child* t = trainers_[p];
+    const Clock::time_point seen = WaitFor(*t, ": error: ", milliseconds(8000));
+    ASSERT_NE(seen, Clock::time_point::max()) << t->label() << ":\n" << t->output();
+    EXPECT_LE(MsBetween(stopped, seen), 3000 + 1500) << t->label();
+    EXPECT_CONTAINS(t->output(), "Timeout");
+    EXPECT_CONTAINS(t->output(), "no answer from the bitpush-worker daemon at " + Socket(0));
+  }
+  daemons_[0]->Signal(SIGCONT);
 }
 
 TEST_F(DaemonTest, AnotherProtocolVersionAndADifferentDeclarationAreRefusedNamingTheDifference) {
