@@ -5,10 +5,11 @@
 //                        --socket PATH --iters K [--pause-ms M] [--elements-delta D]
 //                        [--hello-major V]
 //
-// Declares two fp32 tensors ("grad.big", kBigElements, the cluster's compressor; "grad.small",
-// below any sensible min_compress_bytes), then for K iterations push_pulls both with
-// deterministic inputs (process (N, R), tensor t, round r) and compares every output BIT FOR
-// BIT with a reference computed here from the same functions the system uses, in the same
+// Declares three tensors ("grad.big", kBigElements fp32, the cluster's compressor;
+// "grad.small", fp32 below any sensible min_compress_bytes; "grad.half", fp16: reduced in fp32
+// and rounded once by the daemon, cast back once after the pull), then for K iterations push_pulls
+// both with deterministic inputs (process (N, R), tensor t, round r) and compares every output BIT
+// FOR BIT with a reference computed here from the same functions the system uses, in the same
 // order: per node, the daemon's local reduce (LocalReduceKernel over the node's P inputs in
 // local-rank order, scale 1/P); then per partition (key, round) the worker compressor with the
 // worker residual of that node, the server's fp32 DecompressAdd in node-rank order, x 1/W, the
@@ -30,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/vector_ops.h"
 #include "compressors/error_feedback.h"
 #include "compressors/registry.h"
 #include "scheduler/cluster_config.h"
@@ -45,6 +47,7 @@ using namespace bitpush;
 
 constexpr size_t kBigElements = 30000;
 constexpr size_t kSmallElements = 200;
+constexpr size_t kHalfElements = 3000;  // fp16: 6000 bytes, compressed above 4096
 
 std::string g_prefix;
 
@@ -53,27 +56,35 @@ void Say(const std::string& line) {
   std::fflush(stdout);
 }
 
-std::vector<float> Input(uint32_t node, uint32_t local_rank, size_t t, uint64_t r, size_t n) {
-  return testing::RandomFloats(n,
-                               1000003ull * (node * 16 + local_rank + 1) + 7919 * t + 104729 * r);
+// The input of process (node, local_rank), tensor t, round r, as raw bytes of `dtype`.
+std::vector<uint8_t> Input(uint32_t node, uint32_t local_rank, size_t t, uint64_t r, size_t n,
+                           DType dtype) {
+  const std::vector<float> f =
+      testing::RandomFloats(n, 1000003ull * (node * 16 + local_rank + 1) + 7919 * t + 104729 * r);
+  std::vector<uint8_t> out(n * DTypeSize(dtype));
+  if (dtype == DType::kFloat32) {
+    std::memcpy(out.data(), f.data(), out.size());
+  } else {
+    ConvertFromFloat(f.data(), TensorView(out.data(), n, dtype), IsaLevel::kScalar);
+  }
+  return out;
 }
 
 // The reference of one tensor across all nodes (see the file comment).
 class Reference {
  public:
-  Reference(const scheduler::ClusterConfig& c, uint32_t index, size_t elements, uint32_t nodes,
-            uint32_t local_size)
-      : elements_(elements), nodes_(nodes), local_size_(local_size) {
+  Reference(const scheduler::ClusterConfig& c, uint32_t index, size_t elements, DType dtype,
+            uint32_t nodes, uint32_t local_size)
+      : elements_(elements), dtype_(dtype), nodes_(nodes), local_size_(local_size) {
     v1::CompressorConfig config = compressors::ParseCompressorSpec(c.compression.spec).value();
     const bool compressed =
         config.id() != v1::COMPRESSOR_ID_NONE &&
-        worker::AboveCompressThreshold(elements, DType::kFloat32, c.compression.min_compress_bytes);
+        worker::AboveCompressThreshold(elements, dtype, c.compression.min_compress_bytes);
     if (!compressed) config = compressors::ParseCompressorSpec("none").value();
     const v1::ErrorFeedbackPolicy policy =
         compressors::ParseErrorFeedbackPolicy(c.compression.error_feedback).value();
     const std::vector<worker::PartitionRange> ranges =
-        worker::PartitionTensor(index, elements, DType::kFloat32, c.compression.partition_bytes)
-            .value();
+        worker::PartitionTensor(index, elements, dtype, c.compression.partition_bytes).value();
     for (const worker::PartitionRange& r : ranges) {
       Part p;
       p.range = r;
@@ -91,24 +102,25 @@ class Reference {
     }
   }
 
-  // inputs[w][p]: the inputs of every process of every node for this round.
-  std::vector<float> Round(const std::vector<std::vector<std::vector<float>>>& inputs) {
-    std::vector<std::vector<float>> node(nodes_, std::vector<float>(elements_));
+  // inputs[w][p]: the inputs (raw bytes) of every process of every node for this round.
+  std::vector<uint8_t> Round(const std::vector<std::vector<std::vector<uint8_t>>>& inputs) {
+    const size_t esz = DTypeSize(dtype_);
+    std::vector<std::vector<uint8_t>> node(nodes_, std::vector<uint8_t>(elements_ * esz));
     const float scale = local_size_ == 1 ? 1.0f : 1.0f / static_cast<float>(local_size_);
     for (uint32_t w = 0; w < nodes_; ++w) {
       std::vector<const void*> srcs;
       for (uint32_t p = 0; p < local_size_; ++p) srcs.push_back(inputs[w][p].data());
-      worker::LocalReduceKernel(DType::kFloat32, srcs.data(), srcs.size(), node[w].data(),
-                                elements_, scale, BestIsaLevel());
+      worker::LocalReduceKernel(dtype_, srcs.data(), srcs.size(), node[w].data(), elements_, scale,
+                                BestIsaLevel());
     }
-    std::vector<float> out(elements_);
+    std::vector<uint8_t> out(elements_ * esz);
     for (Part& p : parts_) {
       const size_t n = p.range.elements;
       const compressors::CompressContext ctx{p.range.key, round_};
       std::vector<float> acc(n, 0.0f);
       for (uint32_t w = 0; w < nodes_; ++w) {
-        std::vector<uint8_t> push(p.worker[w]->MaxCompressedBytes(n, DType::kFloat32));
-        const ConstTensorView in(node[w].data() + p.range.offset, n);
+        std::vector<uint8_t> push(p.worker[w]->MaxCompressedBytes(n, dtype_));
+        const ConstTensorView in(node[w].data() + p.range.offset * esz, n, dtype_);
         StatusOr<size_t> bytes = p.worker_residual[w]
                                      ? p.worker_residual[w]->Compress(*p.worker[w], in, ctx, push)
                                      : p.worker[w]->Compress(in, ctx, push);
@@ -125,7 +137,14 @@ class Reference {
                                    ? p.server_residual->Compress(*p.server, delta, ctx, agg)
                                    : p.server->Compress(delta, ctx, agg);
       agg.resize(*bytes);
-      (void)p.server->Decompress(agg, TensorView(out.data() + p.range.offset, n));
+      std::vector<float> decoded(n);
+      (void)p.server->Decompress(agg, TensorView(decoded.data(), n));
+      uint8_t* dst = out.data() + p.range.offset * esz;
+      if (dtype_ == DType::kFloat32) {
+        std::memcpy(dst, decoded.data(), n * sizeof(float));
+      } else {
+        ConvertFromFloat(decoded.data(), TensorView(dst, n, dtype_), BestIsaLevel());
+      }
     }
     ++round_;
     return out;
@@ -140,6 +159,7 @@ class Reference {
     std::unique_ptr<compressors::ResidualState> server_residual;
   };
   size_t elements_;
+  DType dtype_;
   uint32_t nodes_;
   uint32_t local_size_;
   uint64_t round_ = 0;
@@ -224,18 +244,20 @@ int main(int argc, char** argv) {
     return 5;
   }
   const uint32_t nodes = static_cast<uint32_t>(config->workers.size());
-  const std::vector<size_t> sizes = {kBigElements + static_cast<size_t>(delta), kSmallElements};
+  const std::vector<size_t> sizes = {kBigElements + static_cast<size_t>(delta), kSmallElements,
+                                     kHalfElements};
+  const std::vector<DType> dtypes = {DType::kFloat32, DType::kFloat32, DType::kFloat16};
+  const std::vector<std::string> names = {"grad.big", "grad.small", "grad.half"};
   std::vector<worker::TensorId> ids;
   std::vector<Reference> refs;
   for (size_t t = 0; t < sizes.size(); ++t) {
-    auto id = (*client)->Declare(t == 0 ? "grad.big" : "grad.small", sizes[t], DType::kFloat32,
-                                 worker::TensorOptions{});
+    auto id = (*client)->Declare(names[t], sizes[t], dtypes[t], worker::TensorOptions{});
     if (!id.ok()) {
       Say("error: declare: " + id.status().ToString());
       return 3;
     }
     ids.push_back(*id);
-    refs.emplace_back(*config, static_cast<uint32_t>(t), sizes[t], nodes,
+    refs.emplace_back(*config, static_cast<uint32_t>(t), sizes[t], dtypes[t], nodes,
                       static_cast<uint32_t>(local_size));
   }
   const Status committed = (*client)->CommitDeclarations();
@@ -245,14 +267,15 @@ int main(int argc, char** argv) {
   }
   for (long it = 0; it < iters; ++it) {
     if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
-    std::vector<std::vector<float>> in(sizes.size()), out(sizes.size());
+    std::vector<std::vector<uint8_t>> in(sizes.size()), out(sizes.size());
     std::vector<worker::PushPullHandle> handles;
     for (size_t t = 0; t < sizes.size(); ++t) {
-      in[t] =
-          Input(static_cast<uint32_t>(node), static_cast<uint32_t>(local_rank), t, it, sizes[t]);
-      out[t].assign(sizes[t], 0.0f);
-      handles.push_back((*client)->PushPull(ids[t], ConstTensorView(in[t].data(), sizes[t]),
-                                            TensorView(out[t].data(), sizes[t])));
+      in[t] = Input(static_cast<uint32_t>(node), static_cast<uint32_t>(local_rank), t, it, sizes[t],
+                    dtypes[t]);
+      out[t].assign(in[t].size(), 0);
+      handles.push_back((*client)->PushPull(ids[t],
+                                            ConstTensorView(in[t].data(), sizes[t], dtypes[t]),
+                                            TensorView(out[t].data(), sizes[t], dtypes[t])));
     }
     for (size_t t = 0; t < sizes.size(); ++t) {
       const Status s = handles[t].Wait();
@@ -262,20 +285,18 @@ int main(int argc, char** argv) {
       }
     }
     for (size_t t = 0; t < sizes.size(); ++t) {
-      std::vector<std::vector<std::vector<float>>> all(nodes);
+      std::vector<std::vector<std::vector<uint8_t>>> all(nodes);
       for (uint32_t w = 0; w < nodes; ++w) {
         for (uint32_t p = 0; p < static_cast<uint32_t>(local_size); ++p) {
-          all[w].push_back(Input(w, p, t, it, sizes[t]));
+          all[w].push_back(Input(w, p, t, it, sizes[t], dtypes[t]));
         }
       }
-      const std::vector<float> want = refs[t].Round(all);
+      const std::vector<uint8_t> want = refs[t].Round(all);
+      const size_t esz = DTypeSize(dtypes[t]);
       for (size_t i = 0; i < sizes[t]; ++i) {
-        if (std::memcmp(&want[i], &out[t][i], sizeof(float)) != 0) {
-          char buf[256];
-          std::snprintf(buf, sizeof(buf),
-                        "MISMATCH tensor %zu round %ld element %zu: got %.9g want %.9g", t, it, i,
-                        out[t][i], want[i]);
-          Say(buf);
+        if (std::memcmp(&want[i * esz], &out[t][i * esz], esz) != 0) {
+          Say("MISMATCH tensor '" + names[t] + "' round " + std::to_string(it) + " element " +
+              std::to_string(i) + " differs from the reference");
           return 4;
         }
       }
