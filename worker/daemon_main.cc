@@ -1,12 +1,14 @@
 // bitpush-worker: the per-node worker daemon (worker/daemon.h, docs/local-ipc.md).
 //
 //   bitpush-worker --config cluster.yaml --rank N [--socket PATH] [--local-size P]
-//                  [--reduce-threads T] [--log-level info]
+//                  [--reduce-threads T] [--no-sweep] [--log-level info]
 //
 // Is worker N of the cluster for the node's P training processes (worker::Client in daemon
 // mode), which connect to PATH (default: worker.socket of the YAML, else
-// /tmp/bitpush-<uid>-worker-<N>.sock). Prints "bitpush-worker node N: listening at PATH" on
-// stdout once the socket is up.
+// /tmp/bitpush-<uid>-worker-<N>.sock). At start it removes the shared-memory segments of
+// crashed processes of this user (SweepStaleSegments); --no-sweep skips that (tests that run
+// beside other tests of the same user, which may be inspecting such leftovers). Prints
+// "bitpush-worker node N: listening at PATH" on stdout once the socket is up.
 //
 // Exit status: 0 after a clean end (every training process said Goodbye and the cluster shut
 // down) or SIGINT/SIGTERM (pending rounds fail, Goodbye to every process, the socket file is
@@ -30,7 +32,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: bitpush-worker --config CLUSTER.yaml --rank N [--socket PATH] [--local-size P]\n"
-    "                      [--reduce-threads T] [--log-level trace|debug|info|warn|error]\n"
+    "                      [--reduce-threads T] [--no-sweep]\n"
+    "                      [--log-level trace|debug|info|warn|error]\n"
     "Runs the worker daemon of node N for its P training processes (docs/local-ipc.md).\n"
     "Exit status: 0 clean end or SIGINT/SIGTERM, 1 failure, 2 usage or config error.\n";
 
@@ -55,11 +58,16 @@ int main(int argc, char** argv) {
   long rank = -1;
   long local_size = 0;
   long reduce_threads = 1;
+  bool sweep = true;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
       std::fputs(kUsage, stdout);
       return 0;
+    }
+    if (arg == "--no-sweep") {
+      sweep = false;
+      continue;
     }
     if (arg != "--config" && arg != "--rank" && arg != "--socket" && arg != "--local-size" &&
         arg != "--reduce-threads" && arg != "--log-level") {
@@ -132,6 +140,7 @@ int main(int argc, char** argv) {
   o.socket_path = socket_path;
   o.local_size = static_cast<uint32_t>(local_size);
   o.reduce_threads = static_cast<uint32_t>(reduce_threads);
+  o.sweep_stale_segments = sweep;
   StatusOr<std::unique_ptr<worker::Daemon>> daemon = worker::Daemon::Create(std::move(o));
   int code = 0;
   if (!daemon.ok()) {

@@ -11,7 +11,9 @@
 //  - a SIGKILLed daemon: its training processes fail naming the daemon within a bounded time;
 //    SIGTERM to the other daemon: exit 0, socket file removed;
 //  - another protocol version and a different declaration are refused naming the difference.
-// Every child is killed and reaped whatever happens (tests/harness/child_process.h).
+// Every child is killed and reaped whatever happens (tests/harness/child_process.h). The daemons
+// run with --no-sweep: under `ctest -j` local_ipc_test may be inspecting the leftovers of a
+// process it killed on purpose, which a sweeping daemon would remove under its feet.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -119,7 +121,7 @@ class DaemonTest : public ::testing::Test {
     for (int n = 0; n < kNodes; ++n) {
       daemons_.push_back(Add("daemon " + std::to_string(n),
                              {BITPUSH_DAEMON_BIN, "--config", config_, "--rank", std::to_string(n),
-                              "--socket", Socket(n)},
+                              "--socket", Socket(n), "--no-sweep"},
                              "daemon" + std::to_string(n) + ".log"));
     }
   }
