@@ -76,6 +76,9 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Create(DaemonOptions options) {
   if (options.reduce_threads == 0) {
     return InvalidArgumentError("DaemonOptions.reduce_threads must be >= 1");
   }
+  if (options.completion_threads == 0) {
+    return InvalidArgumentError("DaemonOptions.completion_threads must be >= 1");
+  }
   std::unique_ptr<Daemon> d(new Daemon(std::move(options)));
   DaemonOptions& o = d->options_;
   d->label_ = fmt::format("bitpush-worker node {}", o.rank);
@@ -107,7 +110,9 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Create(DaemonOptions options) {
   eo.inproc_hub = o.inproc_hub;
   BP_ASSIGN_OR_RETURN(d->engine_, Engine::Create(std::move(eo)));
   d->round_thread_ = std::thread([p = d.get()] { p->RoundLoop(); });
-  d->done_thread_ = std::thread([p = d.get()] { p->DoneLoop(); });
+  for (uint32_t i = 0; i < o.completion_threads; ++i) {
+    d->done_threads_.emplace_back([p = d.get()] { p->DoneLoop(); });
+  }
   return d;
 }
 
@@ -124,7 +129,9 @@ Daemon::~Daemon() {
     stop_done_ = true;
   }
   done_cv_.notify_all();
-  if (done_thread_.joinable()) done_thread_.join();
+  for (std::thread& t : done_threads_) {
+    if (t.joinable()) t.join();
+  }
   if (wake_fd_ >= 0) close(wake_fd_);
 }
 
@@ -216,7 +223,7 @@ Status Daemon::Run() {
     stop_done_ = true;
   }
   done_cv_.notify_all();
-  done_thread_.join();
+  for (std::thread& t : done_threads_) t.join();
   for (const auto& c : conns_) c->channel->Shutdown();
   conns_.clear();
   listener_.reset();  // unlinks the socket path
@@ -609,7 +616,7 @@ void Daemon::RoundLoop() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Completion thread: results out to every process, in posting order.
+// Completion threads: results out to every process.
 
 void Daemon::DoneLoop() {
   for (;;) {

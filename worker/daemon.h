@@ -41,9 +41,9 @@
 //
 // Threads (docs/threading.md, "Worker daemon"): the caller of Run is the poll loop (listener,
 // every channel, a wake eventfd; it owns the connections and the tensors' gathering state);
-// "bp-dround" reduces and starts push_pulls; "bp-ddone" waits for handles in posting order and
-// answers; plus the Engine's and LocalReducer's own threads.
-// Thread-safety: Create/Run from one thread; Stop from any thread (also a signal thread).
+// "bp-dround" reduces and starts push_pulls; completion_threads x "bp-ddone" each take the next
+// started round (FIFO), wait for its handle and answer; plus the Engine's and LocalReducer's own
+// threads. Thread-safety: Create/Run from one thread; Stop from any thread (also a signal thread).
 #pragma once
 
 #include <atomic>
@@ -82,6 +82,9 @@ struct DaemonOptions {
   uint32_t local_size = 0;
   // LocalReducer threads (>= 1; 1 = reduce on the round thread).
   uint32_t reduce_threads = 1;
+  // Completion threads (>= 1): rounds in the engine whose answers can be sent independently;
+  // with more rounds in flight, a slow one delays the answers of those queued behind it.
+  uint32_t completion_threads = 4;
   // Bound on gathering a round (first hand-in -> last); 0 = cluster.worker.op_timeout.
   std::chrono::milliseconds gather_timeout{0};
   // Remove leftover segments of crashed processes of this user at start (SweepStaleSegments).
@@ -184,7 +187,7 @@ class Daemon {
   bool stop_threads_ = false;                          // guarded by mu_: round thread
   bool stop_done_ = false;                             // guarded by mu_: completion thread
   std::thread round_thread_;
-  std::thread done_thread_;
+  std::vector<std::thread> done_threads_;
 };
 
 }  // namespace bitpush::worker
