@@ -5,15 +5,14 @@
 // Exit status: 0 clean shutdown (every worker said Done); 1 a failure (a node missing after
 // cluster.startup_timeout_s, a node declared dead, interrupted by SIGINT/SIGTERM, the listen
 // address unusable); 2 a usage or config error. See docs/config.md and docs/architecture.md.
-#include <pthread.h>
-#include <signal.h>
-
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 
 #include "common/logging.h"
+#include "common/termination_signals.h"
 #include "scheduler/cluster_config.h"
 #include "scheduler/scheduler.h"
 
@@ -67,15 +66,14 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  // SIGINT/SIGTERM are handled by one thread (sigwait), never in a signal handler: block
-  // them before any other thread exists so every thread inherits the mask. SIGUSR1 only
-  // wakes that thread when Run() ends by itself.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGINT/SIGTERM stop the scheduler from their own thread (common/termination_signals.h).
+  std::atomic<scheduler::Scheduler*> running{nullptr};
+  TerminationSignals signals([&running](int sig) {
+    scheduler::Scheduler* s = running.load();
+    BP_LOG_WARN("bitpush-scheduler: received {}; shutting the cluster down", strsignal(sig));
+    if (s == nullptr) std::_Exit(1);  // not started yet: nothing to shut down
+    s->Stop();
+  });
 
   scheduler::SchedulerOptions options;
   options.cluster = *config;
@@ -85,17 +83,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bitpush-scheduler: error: %s\n", sched.status().ToString().c_str());
     return 1;
   }
-  scheduler::Scheduler* s = sched->get();
-  std::thread signal_thread([&signals, s] {
-    int sig = 0;
-    if (sigwait(&signals, &sig) != 0 || sig == SIGUSR1) return;
-    BP_LOG_WARN("bitpush-scheduler: received {}; shutting the cluster down", strsignal(sig));
-    s->Stop();
-  });
-
-  const Status result = s->Run();
-  pthread_kill(signal_thread.native_handle(), SIGUSR1);
-  signal_thread.join();
+  running = sched->get();
+  const Status result = (*sched)->Run();
+  signals.Stop();
+  running = nullptr;
   sched->reset();
   if (!result.ok()) {
     std::fprintf(stderr, "bitpush-scheduler: error: %s\n", result.ToString().c_str());

@@ -8,18 +8,15 @@
 //
 // Exit status: 0 clean shutdown; 1 a failure (registration refused or timed out, a node
 // declared dead, interrupted by SIGINT/SIGTERM); 2 a usage or config error.
-#include <pthread.h>
-#include <signal.h>
-
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
-#include <thread>
 
 #include "common/logging.h"
+#include "common/termination_signals.h"
 #include "scheduler/cluster_config.h"
 #include "server/server.h"
 
@@ -105,20 +102,9 @@ int main(int argc, char** argv) {
                  std::to_string(config->servers.size()) + " server(s)");
   }
 
-  // SIGINT/SIGTERM go to one thread (sigwait), never to a handler: blocked before any other
-  // thread exists. SIGUSR1 only wakes that thread at the end.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGINT/SIGTERM close the server from their own thread (common/termination_signals.h).
   std::atomic<server::Server*> running{nullptr};
-  std::atomic<bool> interrupted{false};
-  std::thread signal_thread([&] {
-    int sig = 0;
-    if (sigwait(&signals, &sig) != 0 || sig == SIGUSR1) return;
-    interrupted = true;
+  TerminationSignals signals([&running](int sig) {
     server::Server* s = running.load();
     BP_LOG_WARN("bitpush-server: received {}; stopping", strsignal(sig));
     if (s == nullptr) std::_Exit(1);  // still starting: nothing to lose
@@ -130,8 +116,6 @@ int main(int argc, char** argv) {
   options.rank = static_cast<uint32_t>(rank);
   StatusOr<std::unique_ptr<server::Server>> srv = server::Server::Create(std::move(options));
   if (!srv.ok()) {
-    pthread_kill(signal_thread.native_handle(), SIGUSR1);
-    signal_thread.join();
     std::fprintf(stderr, "bitpush-server: error: %s\n", srv.status().ToString().c_str());
     return 1;
   }
@@ -139,9 +123,9 @@ int main(int argc, char** argv) {
   // The cluster ends by the scheduler's Shutdown; the wait is bounded only by it (a dead
   // scheduler is detected by the heartbeat timeout and ends the wait with an error).
   Status result = (*srv)->Wait(std::chrono::hours(24 * 365));
+  signals.Stop();
   running = nullptr;
-  if (!interrupted) pthread_kill(signal_thread.native_handle(), SIGUSR1);
-  signal_thread.join();
+  const bool interrupted = signals.received();
   (*srv)->Close();
   if (!stats_path.empty()) WriteStats(stats_path, **srv);
   srv->reset();

@@ -14,17 +14,15 @@
 // down) or SIGINT/SIGTERM (pending rounds fail, Goodbye to every process, the socket file is
 // removed and every segment this process made is unlinked); 1 a failure (a training process
 // died, registration failed, ...: the message names it); 2 a usage or config error.
-#include <pthread.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <thread>
 
 #include "common/logging.h"
+#include "common/termination_signals.h"
 #include "scheduler/cluster_config.h"
 #include "worker/daemon.h"
 
@@ -105,20 +103,9 @@ int main(int argc, char** argv) {
                  std::to_string(config->workers.size()) + " worker(s)");
   }
 
-  // SIGINT/SIGTERM go to one sigwait thread, blocked before any other thread exists; SIGUSR1
-  // only wakes it at the end.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGINT/SIGTERM stop the daemon from their own thread (common/termination_signals.h).
   std::atomic<worker::Daemon*> running{nullptr};
-  std::atomic<bool> interrupted{false};
-  std::thread signal_thread([&] {
-    int sig = 0;
-    if (sigwait(&signals, &sig) != 0 || sig == SIGUSR1) return;
-    interrupted.store(true);
+  TerminationSignals signals([&](int) {
     worker::ipc::UnlinkAllSegments();
     if (worker::Daemon* d = running.load()) d->Stop();
     // Before the daemon runs (still registering) Create returns on its own only after the
@@ -151,20 +138,20 @@ int main(int argc, char** argv) {
                 (*daemon)->socket_path().c_str());
     std::fflush(stdout);
     running.store(daemon->get());
-    if (interrupted.load()) (*daemon)->Stop();
+    if (signals.received()) (*daemon)->Stop();
     const Status s = (*daemon)->Run();
+    signals.Stop();  // no on_signal may still use the daemon once it is destroyed below
     running.store(nullptr);
     if (!s.ok()) {
       std::fprintf(stderr, "bitpush-worker node %ld: %s\n", rank, s.ToString().c_str());
       code = 1;
     } else {
       std::printf("bitpush-worker node %ld: %s\n", rank,
-                  interrupted.load() ? "stopped by a signal" : "clean shutdown");
+                  signals.received() ? "stopped by a signal" : "clean shutdown");
     }
     daemon->reset();
   }
+  signals.Stop();
   worker::ipc::UnlinkAllSegments();
-  pthread_kill(signal_thread.native_handle(), SIGUSR1);
-  signal_thread.join();
   return code;
 }
