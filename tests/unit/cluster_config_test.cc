@@ -9,6 +9,8 @@
 #include <fstream>
 #include <string>
 
+#include "tests/unit/test_util.h"
+
 namespace bitpush::scheduler {
 namespace {
 
@@ -58,9 +60,6 @@ std::string Error(const std::string& yaml) {
 std::string MinimalWith(const std::string& line) {
   return std::string(kMinimal) + "  " + line + "\n";
 }
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 TEST(ClusterConfig, ParsesEveryKey) {
   const ClusterConfig c = Parse(kFull);

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "tests/harness/child_process.h"
+#include "tests/unit/test_util.h"
 
 #ifndef BITPUSH_DAEMON_BIN
 #error "BITPUSH_DAEMON_BIN must be defined (tests/CMakeLists.txt)"
@@ -47,9 +48,6 @@ constexpr int kLocal = 3;
 // A failure must reach the other processes within this bound (the kernel reports a dead peer
 // at once; the rest is the daemon's poll loop and the trainers' output).
 constexpr int kFailureBoundMs = 3000;
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 bool PathExists(const std::string& p) {
   struct stat st {};

@@ -44,9 +44,6 @@ using compressors::ResidualState;
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
-
 #if defined(__SANITIZE_ADDRESS__)
 constexpr bool kAsan = true;
 #elif defined(__has_feature)

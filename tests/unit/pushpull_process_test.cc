@@ -21,6 +21,7 @@
 
 #include "scheduler/key_mapping.h"
 #include "tests/harness/child_process.h"
+#include "tests/unit/test_util.h"
 #include "worker/partition.h"
 
 #ifndef BITPUSH_SCHEDULER_BIN
@@ -44,9 +45,6 @@ constexpr int kHeartbeatTimeoutMs = 1000;
 // The bound: a dead server fails every pending handle within heartbeat_timeout + 1 s.
 constexpr int kDetectionBoundMs = kHeartbeatTimeoutMs + 1000;
 constexpr uint64_t kPartitionBytes = 1 << 20;
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 size_t CountOccurrences(const std::string& text, const std::string& needle) {
   size_t n = 0;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tests/harness/child_process.h"
+#include "tests/unit/test_util.h"
 
 #ifndef BITPUSH_SCHEDULER_BIN
 #error "BITPUSH_SCHEDULER_BIN must be defined (tests/CMakeLists.txt)"
@@ -36,9 +37,6 @@ constexpr int kHeartbeatIntervalMs = 100;
 constexpr int kHeartbeatTimeoutMs = 1000;
 // The bound: a death is reported within heartbeat_timeout + 1 s.
 constexpr int kDetectionBoundMs = kHeartbeatTimeoutMs + 1000;
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 class SchedulerProcessTest : public ::testing::Test {
  protected:

@@ -17,6 +17,7 @@
 #include "scheduler/key_mapping.h"
 #include "scheduler/scheduler_client.h"
 #include "tests/harness/cluster_harness.h"
+#include "tests/unit/test_util.h"
 
 namespace bitpush::testing {
 namespace {
@@ -26,9 +27,6 @@ using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
 constexpr milliseconds kJoin{15000};
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 int64_t MsBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration_cast<milliseconds>(b - a).count();

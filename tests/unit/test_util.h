@@ -1,13 +1,19 @@
-// Helpers shared by the unit tests: ISA levels available here, deterministic random data.
+// Helpers shared by the unit tests: ISA levels available here, deterministic random data,
+// EXPECT_CONTAINS.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/cpu_features.h"
 #include "common/half.h"
+
+// Expects `needle` inside the string `haystack`, printing the haystack when it is not.
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 namespace bitpush::testing {
 
