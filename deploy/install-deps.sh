@@ -17,6 +17,9 @@ PACKAGES=(
   libhwloc-dev libnuma-dev           # NUMA pinning
   pybind11-dev python3-pybind11      # Python binding
   python3-pytest                     # Python tests
+  python3-torch python3-numpy        # PyTorch 1.13 (CPU) for /usr/bin/python3: bitpush.torch
+  python3-sklearn python3-tqdm       # examples: digits data set, progress bars
+  python3-matplotlib                 # benchmark plots
   libgtest-dev libgmock-dev googletest  # unit tests
   libbenchmark-dev                   # micro-benchmarks
 )
