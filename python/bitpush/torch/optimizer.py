@@ -1,3 +1,480 @@
-"""Placeholder (issue 6): filled in by the CLAN / DistributedOptimizer work."""
+"""CLAN / LANS and DistributedOptimizer: training with bitpush from PyTorch (issue 6).
 
-__all__ = []
+Both optimizers exchange gradients the Horovod way: a hook on each parameter's gradient
+accumulator starts ``push_pull_async`` of that gradient as soon as backward has produced it,
+so communication overlaps the rest of backward; ``step()`` (or ``synchronize()``) waits for
+every handle. What differs is what happens with the averaged gradient:
+
+- ``CLAN`` (paper 001 Algorithm 5) applies the LANS update (Algorithm 2; the C++ kernel of
+  optimizers/lans.h through ``bitpush._C.lans_step``) to each parameter, one block per tensor.
+  The gradient goes through the tensor's compressor; the cluster's
+  ``compression.error_feedback`` decides between Algorithm 3 (``none``) and Algorithm 4
+  (``both``). ``LANS`` is CLAN with compression ``"none"`` (Algorithm 2).
+- ``DistributedOptimizer`` wraps any torch optimizer: the averaged gradient is written into
+  ``p.grad`` and the inner optimizer's ``step()`` runs.
+
+Every worker must build the same optimizer over the same parameters in the same order: tensor
+names come from ``named_parameters`` (else ``param.<index>``), and the first step pushes every
+gradient in parameter order, so the declarations the engine checks across workers agree even
+if backward produced gradients in a different order. A parameter that got no gradient in a
+step is pushed as zeros, so every worker pushes every tensor every step and all stay in step;
+its averaged gradient is then written into ``p.grad`` and the parameter is updated like any
+other (a parameter no worker touched has a zero averaged gradient).
+
+Thread-safety: an optimizer belongs to the thread that runs forward/backward/step.
+docs/training.md is the user's guide.
+"""
+
+import contextlib
+import importlib
+import math
+import os
+import re
+
+import torch
+
+__all__ = ["CLAN", "LANS", "DistributedOptimizer", "cluster_error_feedback"]
+
+
+def _bp():
+    # bitpush.torch imports this module at its end; look it up lazily so the import order
+    # of the package does not matter.
+    return importlib.import_module("bitpush.torch")
+
+
+def _C():
+    return importlib.import_module("bitpush._C")
+
+
+def _error_cls():
+    return getattr(_bp(), "BitpushError", RuntimeError)
+
+
+def _is_uncompressed(spec):
+    return spec is None or str(spec).strip().split(":")[0] in ("", "none")
+
+
+def cluster_error_feedback():
+    """The cluster's compression.error_feedback ("none", "worker", "server", "both"), or None
+    when it cannot be determined.
+
+    Asks bitpush.torch when it exposes the running cluster's config, else reads the YAML named
+    by BITPUSH_CONFIG (the launcher's and LocalCluster's environment).
+    """
+    bp = _bp()
+    for attr in ("cluster_config", "config"):
+        fn = getattr(bp, attr, None)
+        if callable(fn):
+            try:
+                cfg = fn()
+            except Exception:  # not initialised, or not that API
+                cfg = None
+            ef = _ef_from_config(cfg)
+            if ef is not None:
+                return ef
+    path = None
+    fn = getattr(bp, "config_path", None)
+    if callable(fn):
+        try:
+            path = fn()
+        except Exception:
+            path = None
+    path = path or os.environ.get("BITPUSH_CONFIG")
+    if path and os.path.exists(path):
+        return _ef_from_yaml(path)
+    return None
+
+
+def _ef_from_config(cfg):
+    if cfg is None:
+        return None
+    if isinstance(cfg, dict):
+        comp = cfg.get("compression", cfg)
+        if isinstance(comp, dict) and "error_feedback" in comp:
+            return str(comp["error_feedback"])
+        return None
+    comp = getattr(cfg, "compression", cfg)
+    ef = getattr(comp, "error_feedback", None)
+    return None if ef is None else str(ef)
+
+
+def _ef_from_yaml(path):
+    try:
+        import yaml  # noqa: PLC0415 (optional dependency)
+
+        with open(path) as f:
+            doc = yaml.safe_load(f) or {}
+        comp = doc.get("compression") or {}
+        return str(comp.get("error_feedback", "none"))
+    except ImportError:
+        pass
+    # Without PyYAML: the key is unique in the schema (docs/config.md).
+    with open(path) as f:
+        m = re.search(r"^\s*error_feedback:\s*([A-Za-z]+)", f.read(), re.M)
+    return m.group(1) if m else "none"
+
+
+class _GradientExchange:
+    """The hook / handle machinery shared by CLAN and DistributedOptimizer.
+
+    Expects ``self.param_groups`` to exist; call ``_exchange_init`` after the optimizer's own
+    ``__init__``.
+    """
+
+    def _exchange_init(self, named_parameters, compression, backward_passes_per_step,
+                       what):
+        if backward_passes_per_step < 1:
+            raise ValueError("backward_passes_per_step must be >= 1, got %r"
+                             % (backward_passes_per_step,))
+        params = [p for g in self.param_groups for p in g["params"]]
+        if len({id(p) for p in params}) != len(params):
+            raise ValueError("%s: a parameter appears twice in the parameter groups" % what)
+        if named_parameters is not None:
+            named = list(named_parameters)
+            if named and not isinstance(named[0], tuple):
+                raise ValueError("named_parameters must be (name, tensor) pairs, e.g. "
+                                 "model.named_parameters()")
+            names = {}
+            for name, p in named:
+                if id(p) in names:
+                    continue  # a tied weight is one tensor: the first name wins
+                names[id(p)] = name
+            if len(set(names.values())) != len(names):
+                raise ValueError("named_parameters has duplicate names")
+            missing = [i for i, p in enumerate(params) if id(p) not in names]
+            if missing:
+                raise ValueError("%s: parameter %d of the optimizer is not in named_parameters"
+                                 % (what, missing[0]))
+            self._bp_names = {id(p): names[id(p)] for p in params}
+        else:
+            self._bp_names = {id(p): "param.%d" % i for i, p in enumerate(params)}
+        self._bp_params = [p for p in params if p.requires_grad]
+        self._bp_compression = "none" if compression is None else str(compression)
+        self._bp_passes = int(backward_passes_per_step)
+        self._bp_delay = {id(p): self._bp_passes for p in self._bp_params}
+        self._bp_handles = {}  # id(p) -> (p, handle)
+        self._bp_declared = False
+        self._bp_synchronized = False
+        self._bp_skip_sync = False
+        self._bp_grad_accs = []
+        self._bp_hook_handles = []
+        self._bp_what = what
+        for p in self._bp_params:
+            # Horovod's trick: expand_as gives a view whose grad_fn's first input is the
+            # parameter's AccumulateGrad node; its post-hook runs once p.grad holds this
+            # backward pass's (accumulated) gradient.
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            self._bp_hook_handles.append(acc.register_hook(self._bp_make_hook(p)))
+            self._bp_grad_accs.append(acc)
+
+    def remove_hooks(self):
+        """Detaches the gradient hooks (e.g. before building another bitpush optimizer over
+        the same parameters); later gradients are pushed by synchronize()/step()."""
+        for h in self._bp_hook_handles:
+            h.remove()
+        self._bp_hook_handles = []
+        self._bp_grad_accs = []
+
+    def _bp_name(self, p):
+        return self._bp_names[id(p)]
+
+    def _bp_spec(self, p):
+        return self._bp_compression
+
+    def _bp_make_hook(self, p):
+        def hook(*_):
+            key = id(p)
+            if key in self._bp_handles:
+                raise _error_cls()(
+                    "%s: the gradient of '%s' was computed more than backward_passes_per_step=%d"
+                    " times before step() (call step() or synchronize() after every %d backward"
+                    " passes)" % (self._bp_what, self._bp_name(p), self._bp_passes,
+                                  self._bp_passes))
+            self._bp_delay[key] -= 1
+            if self._bp_delay[key] > 0:
+                return
+            if not self._bp_declared:
+                # The first exchange goes in parameter order from synchronize(): the engine
+                # checks declarations across workers in the order they are made.
+                return
+            self._bp_start(p)
+        return hook
+
+    def _bp_start(self, p):
+        if p.grad is None:
+            p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        elif not p.grad.is_contiguous():
+            p.grad = p.grad.contiguous()
+        handle = _bp().push_pull_async(p.grad, self._bp_name(p), compression=self._bp_spec(p),
+                                       average=True, output=p.grad)
+        self._bp_handles[id(p)] = (p, handle)
+
+    def synchronize(self):
+        """Waits for every gradient's push_pull (starting the ones backward did not: a
+        parameter without a gradient is pushed as zeros) and writes the averaged gradients
+        into p.grad. Raises BitpushError when the cluster failed."""
+        for p in self._bp_params:
+            if id(p) not in self._bp_handles:
+                self._bp_start(p)
+        self._bp_declared = True
+        bp = _bp()
+        try:
+            for p, handle in list(self._bp_handles.values()):
+                out = bp.synchronize(handle)
+                if out is not None and out.data_ptr() != p.grad.data_ptr():
+                    with torch.no_grad():
+                        p.grad.copy_(out)
+        finally:
+            self._bp_handles.clear()
+            for p in self._bp_params:
+                self._bp_delay[id(p)] = self._bp_passes
+        self._bp_synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Within it, step() does not call synchronize(): use after an explicit
+        synchronize() (e.g. to clip the averaged gradients first)."""
+        self._bp_skip_sync = True
+        try:
+            yield
+        finally:
+            self._bp_skip_sync = False
+
+    def _bp_sync_for_step(self):
+        if self._bp_skip_sync:
+            if not self._bp_synchronized:
+                raise _error_cls()("%s: step() inside skip_synchronize() without a prior "
+                                   "synchronize()" % self._bp_what)
+        elif not self._bp_synchronized:
+            self.synchronize()
+        self._bp_synchronized = False
+
+
+class CLAN(_GradientExchange, torch.optim.Optimizer):
+    """Compressed LANS (paper 001 Algorithm 5) over a bitpush cluster.
+
+    Args:
+        params: parameters or parameter groups (fp32, contiguous; CPU or CUDA).
+        lr, betas, eps, weight_decay: η, (β1, β2), ε and λ of LANS (per group).
+        compression: the compressor spec of every gradient ("onebit", "topk:ratio=0.01",
+            "dithering:levels=63", "none", ...; docs/compressors.md). Tensors below the
+            cluster's compression.min_compress_bytes travel uncompressed whatever the spec.
+        error_feedback: True = Algorithm 4 (the cluster's compression.error_feedback must be
+            "worker" or "both"); False = Algorithm 3 (it must be "none"). Ignored when
+            compression is "none".
+        eps_inside_sqrt: ε inside the square root (Algorithm 2 as printed) instead of
+            sqrt(v^) + ε (the paper's proof, MXNet; default).
+        normalize_grad: divide g~ by its block L2 norm first (MXNet LANS; the paper does not).
+        trust_ratio_fallback: a trust ratio that is 0, inf or NaN becomes 1 (default).
+        phi_bounds: (lower, upper) clamp of φ(‖x‖); None = identity.
+        named_parameters: (name, param) pairs for the tensor names (else "param.<index>").
+        backward_passes_per_step: backward passes accumulated locally before the push.
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
+                 compression="onebit", error_feedback=True, eps_inside_sqrt=False,
+                 normalize_grad=False, trust_ratio_fallback=True, phi_bounds=None,
+                 named_parameters=None, backward_passes_per_step=1):
+        if not lr >= 0.0:
+            raise ValueError("lr must be >= 0, got %r" % (lr,))
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError("betas must be in [0, 1), got %r" % (betas,))
+        if not eps > 0.0:
+            raise ValueError("eps must be > 0, got %r" % (eps,))
+        if not weight_decay >= 0.0:
+            raise ValueError("weight_decay must be >= 0, got %r" % (weight_decay,))
+        lower, upper = (0.0, math.inf) if phi_bounds is None else phi_bounds
+        if not 0.0 <= lower <= upper:
+            raise ValueError("phi_bounds must be (lower, upper) with 0 <= lower <= upper, got %r"
+                             % (phi_bounds,))
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        eps_inside_sqrt=bool(eps_inside_sqrt),
+                        normalize_grad=bool(normalize_grad),
+                        trust_ratio_fallback=bool(trust_ratio_fallback),
+                        phi_bounds=(float(lower), float(upper)))
+        torch.optim.Optimizer.__init__(self, params, defaults)
+        for i, p in enumerate(q for g in self.param_groups for q in g["params"]):
+            _check_param(p, i, named_parameters)
+        self.compression = "none" if compression is None else str(compression)
+        self.error_feedback = bool(error_feedback)
+        self._check_error_feedback()
+        self._exchange_init(named_parameters, self.compression, backward_passes_per_step,
+                            type(self).__name__)
+
+    def _check_error_feedback(self):
+        if _is_uncompressed(self.compression):
+            return
+        ef = cluster_error_feedback()
+        if ef is None:
+            return  # unknown (no cluster yet): the user's responsibility, docs/training.md
+        if self.error_feedback and ef not in ("worker", "both"):
+            raise ValueError(
+                "%s(error_feedback=True) needs worker error feedback, but the cluster runs "
+                "compression.error_feedback: %s; set compression.error_feedback: both (paper "
+                "001 Algorithm 4; or worker) in the cluster YAML, or pass error_feedback=False"
+                % (type(self).__name__, ef))
+        if not self.error_feedback and ef != "none":
+            raise ValueError(
+                "%s(error_feedback=False) is Algorithm 3 (no error feedback), but the cluster "
+                "runs compression.error_feedback: %s; set compression.error_feedback: none in "
+                "the cluster YAML, or pass error_feedback=True" % (type(self).__name__, ef))
+
+    def _lans_options(self, group):
+        o = _C().LansOptions()
+        o.beta1, o.beta2 = float(group["betas"][0]), float(group["betas"][1])
+        o.eps = float(group["eps"])
+        o.weight_decay = float(group["weight_decay"])
+        o.eps_inside_sqrt = bool(group["eps_inside_sqrt"])
+        o.normalize_grad = bool(group["normalize_grad"])
+        o.trust_ratio_fallback = bool(group["trust_ratio_fallback"])
+        o.phi_lower, o.phi_upper = float(group["phi_bounds"][0]), float(group["phi_bounds"][1])
+        return o
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Synchronizes the gradients (unless inside skip_synchronize()) and applies one LANS
+        update per parameter with the averaged gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._bp_sync_for_step()
+        C = _C()
+        for group in self.param_groups:
+            options = self._lans_options(group)
+            lr = float(group["lr"])
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                if g.dtype != torch.float32 or not g.is_contiguous() or g.device != p.device:
+                    g = g.to(device=p.device, dtype=torch.float32).contiguous()
+                state = self.state[p]
+                if len(state) == 0:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p,
+                                                           memory_format=torch.contiguous_format)
+                state["step"] += 1
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                args = (options, lr, int(state["step"]), p.data_ptr(), m.data_ptr(),
+                        v.data_ptr(), g.data_ptr(), p.numel())
+                if p.is_cuda:
+                    stream = torch.cuda.current_stream(p.device).cuda_stream
+                    C.lans_step_cuda(*args, stream)
+                else:
+                    C.lans_step(*args)
+        return loss
+
+    def state_dict(self):
+        sd = super().state_dict()
+        # The worker's error-feedback residuals live in the C++ engine, which does not expose
+        # them to Python: docs/training.md ("Checkpoints") says what a restore loses.
+        sd["bitpush"] = {"compression": self.compression,
+                         "error_feedback": self.error_feedback,
+                         "names": [self._bp_name(p) for p in self._bp_params],
+                         "ef_residuals": None}
+        return sd
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        meta = state_dict.pop("bitpush", None)
+        if meta is not None:
+            names = [self._bp_name(p) for p in self._bp_params]
+            if meta.get("names") is not None and list(meta["names"]) != names:
+                raise ValueError("load_state_dict: the checkpoint's tensors %r are not this "
+                                 "optimizer's %r" % (meta["names"][:4], names[:4]))
+        super().load_state_dict(state_dict)
+        # Keep the kernel's invariants: fp32, contiguous, on the parameter's device.
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state.get(p)
+                if not st:
+                    continue
+                for k in ("exp_avg", "exp_avg_sq"):
+                    st[k] = st[k].to(device=p.device, dtype=torch.float32).contiguous()
+                st["step"] = int(st["step"])
+
+
+class LANS(CLAN):
+    """Uncompressed LANS (paper 001 Algorithm 2): CLAN with compression "none"; works with any
+    compression.error_feedback setting."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
+                 eps_inside_sqrt=False, normalize_grad=False, trust_ratio_fallback=True,
+                 phi_bounds=None, named_parameters=None, backward_passes_per_step=1):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         compression="none", error_feedback=False,
+                         eps_inside_sqrt=eps_inside_sqrt, normalize_grad=normalize_grad,
+                         trust_ratio_fallback=trust_ratio_fallback, phi_bounds=phi_bounds,
+                         named_parameters=named_parameters,
+                         backward_passes_per_step=backward_passes_per_step)
+
+
+def _check_param(p, index, named_parameters):
+    where = "parameter %d" % index
+    if not isinstance(p, torch.Tensor):
+        raise TypeError("%s is a %s, not a tensor" % (where, type(p).__name__))
+    if p.dtype != torch.float32:
+        raise TypeError("%s has dtype %s; CLAN/LANS update fp32 parameters only (keep fp32 "
+                        "master weights)" % (where, p.dtype))
+    if not p.is_contiguous():
+        raise ValueError("%s is not contiguous (strides %s); the LANS kernel updates one dense "
+                         "block per tensor: pass contiguous parameters" % (where, p.stride()))
+    if p.device.type not in ("cpu", "cuda"):
+        raise ValueError("%s is on %s; CLAN/LANS run on CPU or CUDA tensors" % (where, p.device))
+    if p.is_sparse:
+        raise ValueError("%s is sparse; CLAN/LANS need dense parameters" % where)
+
+
+class _DistributedOptimizer:
+    # Methods of the subclass DistributedOptimizer builds, with bases (_GradientExchange, the
+    # wrapped optimizer's class): the Horovod pattern, so isinstance, LR schedulers and the
+    # inner class's step() keep working.
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step):
+        super(self.__class__, self).__init__(params)
+        self._exchange_init(named_parameters, compression, backward_passes_per_step,
+                            "DistributedOptimizer")
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._bp_sync_for_step()
+        super(self.__class__, self).step()
+        return loss
+
+    def zero_grad(self, set_to_none=False):
+        if self._bp_handles:
+            raise _error_cls()("DistributedOptimizer.zero_grad() while gradients are being "
+                               "pushed: call step() or synchronize() first")
+        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression="none",
+                         backward_passes_per_step=1):
+    """Wraps a torch optimizer so that every gradient is averaged over the bitpush workers
+    before its step().
+
+    Hooks start push_pull_async of each gradient during backward; ``synchronize()`` waits and
+    writes the averaged gradients into p.grad (clip them there, then call ``step()`` inside
+    ``skip_synchronize()``); ``step()`` synchronizes if that has not happened yet and then runs
+    the wrapped optimizer. With backward_passes_per_step=k the gradient accumulated over k
+    backward passes (their sum, as torch accumulates) is pushed once.
+
+    The result is an instance of a subclass of the optimizer's class built over the same
+    param_groups (hyper-parameters kept); the wrapped optimizer's existing state is not
+    carried over, so wrap it before training starts.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError("DistributedOptimizer wraps a torch.optim.Optimizer, got %s"
+                        % type(optimizer).__name__)
+    if isinstance(optimizer, (CLAN, _GradientExchange)):
+        raise TypeError("%s already exchanges gradients over bitpush; do not wrap it in "
+                        "DistributedOptimizer" % type(optimizer).__name__)
+    methods = {k: v for k, v in _DistributedOptimizer.__dict__.items()
+               if k not in ("__dict__", "__weakref__")}
+    cls = type(optimizer.__class__.__name__, (_GradientExchange, optimizer.__class__), methods)
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step)
