@@ -1,0 +1,147 @@
+"""What train_digits.py and train_charlm.py share: the command line, the local launcher, the
+optimizer factory, the progress bar and the JSON summary.
+
+An example started without the launcher's environment (no BITPUSH_CONFIG) starts its own
+cluster on loopback with bitpush.testing.LocalCluster (scheduler + --servers servers) and
+--workers worker processes of itself; rank 0 prints the summary and writes --json. Started
+with the environment (bitpush's launcher, or LocalCluster.env(rank)), it is one worker.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+
+def add_common_args(parser, default_lr):
+    parser.add_argument("--optimizer", choices=["clan", "lans", "adam", "sgd"], default="clan")
+    parser.add_argument("--compression", default=None,
+                        help="compressor spec of the gradients (docs/compressors.md); default "
+                        "onebit for clan, none otherwise")
+    parser.add_argument("--no-error-feedback", action="store_true",
+                        help="clan: paper 001 Algorithm 3 (for unbiased compressors such as "
+                        "dithering) instead of Algorithm 4")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=None,
+                        help="learning rate (default: %s)" % default_lr)
+    parser.add_argument("--weight-decay", type=float, default=0.0)
+    parser.add_argument("--json", default=None, help="write the summary here (rank 0)")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="worker processes of the local cluster (without BITPUSH_CONFIG)")
+    parser.add_argument("--servers", type=int, default=2,
+                        help="servers of the local cluster (without BITPUSH_CONFIG)")
+    parser.add_argument("--min-compress-bytes", type=int, default=4096,
+                        help="the local cluster's compression.min_compress_bytes")
+    parser.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    parser.set_defaults(default_lr=default_lr)
+
+
+def resolve(args):
+    if args.lr is None:
+        args.lr = args.default_lr[args.optimizer]
+    if args.compression is None:
+        args.compression = "onebit" if args.optimizer == "clan" else "none"
+    return args
+
+
+def cluster_error_feedback(args):
+    """The local cluster's compression.error_feedback for these arguments."""
+    compressed = args.compression.split(":")[0] not in ("", "none")
+    if args.optimizer == "clan" and compressed and not args.no_error_feedback:
+        return "both"  # paper 001 Algorithm 4: worker and server residuals
+    return "none"
+
+
+def launch_local(args, argv, script):
+    """Starts a LocalCluster and --workers processes of `script` with `argv`; returns the
+    exit status (0 when every worker succeeded)."""
+    from bitpush.testing import LocalCluster
+
+    with LocalCluster(workers=args.workers, servers=args.servers,
+                      compression=args.compression,
+                      error_feedback=cluster_error_feedback(args),
+                      min_compress_bytes=args.min_compress_bytes) as cluster:
+        procs = []
+        for rank in range(args.workers):
+            env = dict(os.environ)
+            env.update({k: str(v) for k, v in cluster.env(rank).items()})
+            procs.append(subprocess.Popen([sys.executable, script] + list(argv), env=env))
+        status = 0
+        try:
+            pending = list(procs)
+            while pending:
+                for p in list(pending):
+                    rc = p.poll()
+                    if rc is None:
+                        continue
+                    pending.remove(p)
+                    if rc != 0 and status == 0:
+                        status = rc
+                        print("%s: worker pid %d exited with %d; stopping the others"
+                              % (os.path.basename(script), p.pid, rc), file=sys.stderr)
+                        for q in pending:
+                            q.terminate()
+                time.sleep(0.05)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        return status
+
+
+def build_optimizer(args, model, prefix=""):
+    """The optimizer --optimizer names; tensor names are `prefix` + the parameter names."""
+    import bitpush.torch as bp
+
+    named = [(prefix + n, p) for n, p in model.named_parameters()]
+    params = [p for _, p in named]
+    if args.optimizer == "clan":
+        return bp.CLAN(params, lr=args.lr, weight_decay=args.weight_decay,
+                       compression=args.compression,
+                       error_feedback=not args.no_error_feedback, named_parameters=named)
+    if args.optimizer == "lans":
+        return bp.LANS(params, lr=args.lr, weight_decay=args.weight_decay,
+                       named_parameters=named)
+    if args.optimizer == "adam":
+        inner = torch.optim.Adam(params, lr=args.lr, weight_decay=args.weight_decay)
+    else:
+        inner = torch.optim.SGD(params, lr=args.lr, momentum=0.9,
+                                weight_decay=args.weight_decay)
+    return bp.DistributedOptimizer(inner, named_parameters=named, compression=args.compression)
+
+
+def grad_bytes(model):
+    """Bytes one fp32 push of every gradient would take."""
+    return sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+
+
+def progress(args, rank, total, desc):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, disable=args.no_progress or rank != 0,
+                dynamic_ncols=True, file=sys.stderr)
+
+
+def bytes_pushed():
+    import bitpush.torch as bp
+
+    return int(bp.stats().get("bytes_pushed", 0))
+
+
+def finish(args, rank, summary):
+    if rank != 0:
+        return
+    print(" ".join("%s=%s" % (k, _fmt(v)) for k, v in summary.items()), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=2, sort_keys=True)
+            f.write("\n")
+
+
+def _fmt(v):
+    return "%.4f" % v if isinstance(v, float) else str(v)
