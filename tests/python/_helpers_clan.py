@@ -60,3 +60,241 @@ class ReferenceLANS:
         for x, m, v, g in zip(self.params, self.m, self.v, grads):
             reference_lans_step(x, m, v, g, self.t, self.lr, self.betas[0], self.betas[1],
                                 self.eps, self.wd, **self.kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker processes. run_workers() starts one process per worker rank running this file as a
+# script: it initialises bitpush.torch from the cluster's environment, calls one of the worker
+# functions below with JSON keyword arguments and writes its JSON result to a file.
+
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+EXAMPLES = os.path.join(REPO, "examples")
+
+
+def run_workers(cluster, workers, jobs, timeout=240):
+    """Runs `jobs` ([(function name of this module, kwargs), ...], one after the other) in
+    `workers` processes (ranks 0..n-1) with cluster.env(rank): a cluster's worker ranks register
+    once, so everything one cluster runs goes into one process per rank. Returns
+    results[rank][job]. Fails with every worker's output when one exits non-zero or the
+    timeout passes."""
+    kwargs = [[f, kw] for f, kw in jobs]
+    tmp = tempfile.mkdtemp(prefix="bitpush-clan-")
+    procs, outs = [], []
+    for rank in range(workers):
+        env = dict(os.environ)
+        env.update({k: str(v) for k, v in cluster.env(rank).items()})
+        out = os.path.join(tmp, "rank%d.json" % rank)
+        log = open(os.path.join(tmp, "rank%d.log" % rank), "w+")
+        procs.append((subprocess.Popen([sys.executable, __file__, json.dumps(kwargs), out],
+                                       env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        outs.append(out)
+    deadline = time.time() + timeout
+    failed = None
+    for p, _ in procs:
+        try:
+            rc = p.wait(timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        if rc != 0 and failed is None:
+            failed = rc
+    for p, _ in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    logs = []
+    for rank, (_, log) in enumerate(procs):
+        log.seek(0)
+        logs.append("--- worker %d ---\n%s" % (rank, log.read()[-6000:]))
+        log.close()
+    if failed is not None:
+        raise AssertionError("worker jobs %s failed (%s):\n%s" % ([j[0] for j in jobs], failed,
+                                                                     "\n".join(logs)))
+    results = []
+    for out in outs:
+        with open(out) as f:
+            results.append(json.load(f))
+    return results
+
+
+def _make_model(seed):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(7, 16), torch.nn.Tanh(),
+                                torch.nn.Linear(16, 5), torch.nn.Tanh(),
+                                torch.nn.Linear(5, 3, bias=True))
+    torch.nn.init.zeros_(model[0].bias)  # a zero-initialised bias: trust-ratio fallback
+    return model
+
+
+def _batch(rank, step, n=9):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(n, 7, generator=g), torch.randn(n, 3, generator=g)
+
+
+def _grads(model, rank, step, passes=1):
+    """This rank's (accumulated) gradient at `step`, computed on a throw-away copy."""
+    import copy
+
+    m = copy.deepcopy(model)
+    for k in range(passes):
+        x, y = _batch(rank, step * 10 + k)
+        ((m(x) - y) ** 2).mean().backward()
+    return [p.grad.clone() for p in m.parameters()]
+
+
+def _averaged(model, size, step, passes=1):
+    per_rank = [_grads(model, r, step, passes) for r in range(size)]
+    return [sum(gs[r] for r in range(size)) / size for gs in zip(*per_rank)]
+
+
+def w_clan_vs_reference(steps=20, lr=0.02, weight_decay=0.01, passes=1, compression="none",
+                        error_feedback=False, prefix=None):
+    """CLAN on this worker vs the reference LANS applied to the average (computed locally) of
+    every worker's gradient; returns the largest difference."""
+    import bitpush.torch as bp
+
+    rank, size = bp.rank(), bp.size()
+    model = _make_model(0)
+    ref = [p.detach().clone() for p in model.parameters()]
+    named = None if prefix is None else [(prefix + n, p) for n, p in model.named_parameters()]
+    opt = bp.CLAN(model.parameters(), lr=lr, weight_decay=weight_decay, compression=compression,
+                  error_feedback=error_feedback, backward_passes_per_step=passes,
+                  named_parameters=named)
+    reference = ReferenceLANS(ref, lr=lr, weight_decay=weight_decay)
+    worst = 0.0
+    for step in range(steps):
+        avg = _averaged(model, size, step, passes)
+        opt.zero_grad()
+        for k in range(passes):
+            x, y = _batch(rank, step * 10 + k)
+            ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        reference.step(avg)
+        worst = max(worst, max((a - b).abs().max().item()
+                               for a, b in zip(model.parameters(), ref)))
+    opt.remove_hooks()
+    return {"max_abs_diff": worst, "step": opt.state_dict()["state"][0]["step"]}
+
+
+def w_distributed_sgd(steps=10, lr=0.1, passes=1, prefix="dsgd."):
+    """DistributedOptimizer(SGD with momentum) vs SGD on the averaged gradient."""
+    import bitpush.torch as bp
+
+    rank, size = bp.rank(), bp.size()
+    model = _make_model(1)
+    ref_model = _make_model(1)
+    opt = bp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
+                                  named_parameters=[(prefix + n, p)
+                                                    for n, p in model.named_parameters()],
+                                  backward_passes_per_step=passes)
+    ref_opt = torch.optim.SGD(ref_model.parameters(), lr=lr, momentum=0.9)
+    worst, clipped = 0.0, False
+    for step in range(steps):
+        avg = _averaged(ref_model, size, step, passes)
+        opt.zero_grad()
+        for k in range(passes):
+            x, y = _batch(rank, step * 10 + k)
+            ((model(x) - y) ** 2).mean().backward()
+        if step == steps - 1:
+            # synchronize() then clip, then step() inside skip_synchronize().
+            opt.synchronize()
+            grads = [p.grad.clone() for p in model.parameters()]
+            worst = max(worst, max((a - b).abs().max().item() for a, b in zip(grads, avg)))
+            with opt.skip_synchronize():
+                opt.step()
+            clipped = True
+        else:
+            opt.step()
+        for p, g in zip(ref_model.parameters(), avg):
+            p.grad = g
+        ref_opt.step()
+        worst = max(worst, max((a - b).abs().max().item()
+                               for a, b in zip(model.parameters(), ref_model.parameters())))
+    opt.remove_hooks()
+    return {"max_abs_diff": worst, "skip_synchronize_used": clipped,
+            "is_sgd": isinstance(opt, torch.optim.SGD)}
+
+
+def w_state_dict_round_trip(steps=6, lr=0.02):
+    """Training 2*steps in one go equals steps, checkpoint into a fresh model + CLAN, steps."""
+    import bitpush.torch as bp
+
+    rank = bp.rank()
+
+    def train(model, opt, first, n):
+        for step in range(first, first + n):
+            opt.zero_grad()
+            x, y = _batch(rank, step * 10)
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+
+    a = _make_model(2)
+    oa = bp.CLAN(a.parameters(), lr=lr, weight_decay=0.01, compression="none",
+                 named_parameters=[("rt.a." + n, p) for n, p in a.named_parameters()])
+    train(a, oa, 0, steps)
+    sd = oa.state_dict()
+    msd = {k: v.clone() for k, v in a.state_dict().items()}
+    train(a, oa, steps, steps)
+
+    b = _make_model(3)
+    b.load_state_dict(msd)
+    ob = bp.CLAN(b.parameters(), lr=lr, weight_decay=0.01, compression="none",
+                 named_parameters=[("rt.a." + n, p) for n, p in b.named_parameters()])
+    oa.remove_hooks()
+    ob.load_state_dict(torch.load(_save(sd)))
+    train(b, ob, steps, steps)
+    ob.remove_hooks()
+    diff = max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+    st = ob.state_dict()["state"][0]
+    return {"max_abs_diff": diff, "step": st["step"], "has_moments": "exp_avg" in st
+            and "exp_avg_sq" in st, "bitpush": {k: v for k, v in sd["bitpush"].items()
+                                                if k != "names"}}
+
+
+def _save(obj):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf
+
+
+def w_digits_runs(configs):
+    """Several train_digits runs in one cluster (tensor names prefixed per run)."""
+    sys.path.insert(0, EXAMPLES)
+    import train_digits
+
+    torch.set_num_threads(1)
+    results = []
+    for i, argv in enumerate(configs):
+        args = train_digits.parse_args(list(argv) + ["--no-progress"])
+        results.append(train_digits.run(args, prefix="run%d." % i))
+    return results
+
+
+def _worker_main(jobs_json, out):
+    import bitpush.torch as bp
+
+    torch.set_num_threads(1)
+    bp.init()
+    try:
+        result = [globals()[f](**kw) for f, kw in json.loads(jobs_json)]
+    finally:
+        try:
+            bp.shutdown()
+        except Exception as e:  # the result (or the failure) matters, not the shutdown
+            print("shutdown: %s" % e, file=sys.stderr)
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    _worker_main(*sys.argv[1:3])

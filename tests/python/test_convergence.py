@@ -1,0 +1,80 @@
+"""Convergence of CLAN on the digits example (2 workers on loopback, 3 seeds): compressed
+CLAN reaches the test accuracy of uncompressed LANS within a few points (paper 001 Section 5's
+claim, in miniature). Prints the accuracy table (docs/training.md has the measured one)."""
+
+import os
+import statistics
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _helpers_clan as h  # noqa: E402
+
+pytest.importorskip("bitpush.torch")
+testing = pytest.importorskip("bitpush.testing")
+
+SEEDS = (0, 1, 2)
+EPOCHS = int(os.environ.get("BITPUSH_CONVERGENCE_EPOCHS", "8"))
+# Small enough that the MLP's weight matrices (8 KiB .. 64 KiB) are compressed; the biases
+# (<= 512 bytes) go uncompressed.
+MIN_COMPRESS_BYTES = 2048
+
+# (label, cluster error_feedback, example argv, allowed accuracy drop vs LANS in points)
+CONFIGS = [
+    ("LANS (none)", "both", ["--optimizer", "lans"], None),
+    ("CLAN onebit+EF", "both", ["--optimizer", "clan", "--compression", "onebit"], 1.0),
+    ("CLAN topk:ratio=0.01+EF", "both",
+     ["--optimizer", "clan", "--compression", "topk:ratio=0.01"], 1.5),
+    ("CLAN dithering:levels=63 (no EF)", "none",
+     ["--optimizer", "clan", "--compression", "dithering:levels=63", "--no-error-feedback"],
+     2.0),
+]
+
+
+def _runs(ef):
+    runs = []
+    for label, cfg_ef, argv, _ in CONFIGS:
+        if cfg_ef != ef:
+            continue
+        for seed in SEEDS:
+            runs.append((label, seed, argv + ["--seed", str(seed), "--epochs", str(EPOCHS)]))
+    return runs
+
+
+def test_clan_digits_accuracy_close_to_lans():
+    results = {}
+    for ef in ("both", "none"):
+        runs = _runs(ef)
+        # One cluster per error-feedback setting (a cluster-wide key); every run of it in one
+        # process per worker, tensors named per run.
+        with testing.LocalCluster(workers=2, servers=2, compression="onebit", error_feedback=ef,
+                                  min_compress_bytes=MIN_COMPRESS_BYTES) as cluster:
+            out = h.run_workers(cluster, 2, [("w_digits_runs",
+                                              {"configs": [argv for _, _, argv in runs]})],
+                                timeout=600)
+        for (label, seed, _), summary in zip(runs, out[0][0]):
+            results.setdefault(label, []).append(summary)
+
+    base = statistics.mean(s["test_accuracy"] for s in results["LANS (none)"])
+    lines = ["| optimizer | acc seed 0 | seed 1 | seed 2 | mean | vs LANS | wire / fp32 |",
+             "|---|---|---|---|---|---|---|"]
+    for label, _, _, _ in CONFIGS:
+        accs = [s["test_accuracy"] for s in results[label]]
+        ratio = (sum(s["bytes_pushed"] for s in results[label])
+                 / sum(s["bytes_fp32"] for s in results[label]))
+        mean = statistics.mean(accs)
+        lines.append("| %s | %s | %.2f | %+.2f | %.4f |"
+                     % (label, " | ".join("%.2f" % a for a in accs), mean, mean - base, ratio))
+    print("\ndigits, 2 workers, %d epochs, min_compress_bytes=%d\n%s"
+          % (EPOCHS, MIN_COMPRESS_BYTES, "\n".join(lines)))
+
+    for label, _, _, allowed in CONFIGS:
+        runs = results[label]
+        assert all(s["steps"] == runs[0]["steps"] > 0 for s in runs)
+        if allowed is None:
+            continue
+        assert all(s["bytes_pushed"] < s["bytes_fp32"] for s in runs), (label, runs)
+        mean = statistics.mean(s["test_accuracy"] for s in runs)
+        assert mean >= base - allowed, "%s: mean accuracy %.2f vs LANS %.2f (allowed drop " \
+            "%.1f)" % (label, mean, base, allowed)

@@ -1,0 +1,93 @@
+"""CLAN / LANS / DistributedOptimizer against references written with plain torch ops
+(tests/python/_helpers_clan.py), on real loopback clusters (bitpush.testing.LocalCluster)."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _helpers_clan as h  # noqa: E402
+
+bp = pytest.importorskip("bitpush.torch")
+testing = pytest.importorskip("bitpush.testing")
+
+TOL = 1e-6
+
+
+def test_reference_lans_zero_bias_moves_with_fallback():
+    # The reference itself: a zero-initialised block moves (trust ratio 0 -> 1) with the
+    # fallback and stays put without it.
+    for fallback, moves in ((True, True), (False, False)):
+        x, m, v = torch.zeros(4), torch.zeros(4), torch.zeros(4)
+        h.reference_lans_step(x, m, v, torch.ones(4), 1, 0.1, trust_ratio_fallback=fallback)
+        assert bool(x.abs().sum() > 0) == moves
+
+
+def test_clan_none_one_worker_equals_reference_lans():
+    with testing.LocalCluster(workers=1, servers=1, compression="none",
+                              error_feedback="none") as cluster:
+        (r,), = h.run_workers(cluster, 1, [("w_clan_vs_reference", {"steps": 20})])
+    assert r["step"] == 20
+    assert r["max_abs_diff"] <= TOL, r
+
+
+def test_two_workers():
+    """One 2-worker cluster runs: CLAN vs the reference on the averaged gradient (default
+    names), the same with backward_passes_per_step=2, DistributedOptimizer(SGD) vs SGD on the
+    averaged gradient (with synchronize + skip_synchronize), the same with two backward
+    passes per step, and the state_dict round trip."""
+    jobs = [("w_clan_vs_reference", {"steps": 20}),
+            ("w_clan_vs_reference", {"steps": 8, "passes": 2, "prefix": "bpps2."}),
+            ("w_distributed_sgd", {"steps": 10}),
+            ("w_distributed_sgd", {"steps": 6, "passes": 2, "prefix": "dsgd2."}),
+            ("w_state_dict_round_trip", {})]
+    with testing.LocalCluster(workers=2, servers=2, compression="none",
+                              error_feedback="none") as cluster:
+        results = h.run_workers(cluster, 2, jobs)
+    for rank, (clan, clan2, sgd, sgd2, rt) in enumerate(results):
+        assert clan["max_abs_diff"] <= TOL, (rank, clan)
+        assert clan2["max_abs_diff"] <= TOL, (rank, clan2)
+        assert clan2["step"] == 8
+        assert sgd["is_sgd"] and sgd["skip_synchronize_used"]
+        assert sgd["max_abs_diff"] <= TOL, (rank, sgd)
+        assert sgd2["max_abs_diff"] <= TOL, (rank, sgd2)
+        assert rt["max_abs_diff"] == 0.0, (rank, rt)
+        assert rt["step"] == 12 and rt["has_moments"]
+        assert rt["bitpush"]["compression"] == "none"
+
+
+def _yaml(tmp_path, ef):
+    path = tmp_path / ("ef-%s.yaml" % ef)
+    path.write_text("cluster:\n  scheduler: 127.0.0.1:1\n  servers: [127.0.0.1:2]\n"
+                    "  workers: [127.0.0.1:3]\ncompression:\n  spec: onebit\n"
+                    "  error_feedback: %s\n" % ef)
+    return str(path)
+
+
+def test_error_feedback_mismatch_names_the_yaml_key(tmp_path, monkeypatch):
+    model = torch.nn.Linear(3, 2)
+    monkeypatch.setenv("BITPUSH_CONFIG", _yaml(tmp_path, "none"))
+    with pytest.raises(ValueError, match=r"compression\.error_feedback: both"):
+        bp.CLAN(model.parameters(), compression="onebit", error_feedback=True)
+    # uncompressed works with any setting
+    bp.CLAN(model.parameters(), compression="none", error_feedback=True).remove_hooks()
+    bp.LANS(model.parameters()).remove_hooks()
+    monkeypatch.setenv("BITPUSH_CONFIG", _yaml(tmp_path, "both"))
+    with pytest.raises(ValueError, match=r"compression\.error_feedback: none"):
+        bp.CLAN(model.parameters(), compression="dithering:levels=63", error_feedback=False)
+    bp.CLAN(model.parameters(), compression="onebit", error_feedback=True).remove_hooks()
+
+
+def test_unsupported_parameters_are_refused():
+    w = torch.nn.Parameter(torch.randn(4, 3).t())  # non-contiguous
+    with pytest.raises(ValueError, match="not contiguous"):
+        bp.CLAN([w], compression="none")
+    with pytest.raises(TypeError, match="fp32"):
+        bp.CLAN([torch.nn.Parameter(torch.randn(3).half())], compression="none")
+    with pytest.raises(ValueError, match="backward_passes_per_step"):
+        bp.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.randn(2))], lr=0.1),
+                                backward_passes_per_step=0)
+    with pytest.raises(ValueError, match="eps"):
+        bp.CLAN([torch.nn.Parameter(torch.randn(3))], eps=0.0, compression="none")
