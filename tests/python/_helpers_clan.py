@@ -85,43 +85,59 @@ def run_workers(cluster, workers, jobs, timeout=240):
     once, so everything one cluster runs goes into one process per rank. Returns
     results[rank][job]. Fails with every worker's output when one exits non-zero or the
     timeout passes."""
-    kwargs = [[f, kw] for f, kw in jobs]
-    tmp = tempfile.mkdtemp(prefix="bitpush-clan-")
-    procs, outs = [], []
-    for rank in range(workers):
-        env = dict(os.environ)
-        env.update({k: str(v) for k, v in cluster.env(rank).items()})
-        out = os.path.join(tmp, "rank%d.json" % rank)
-        log = open(os.path.join(tmp, "rank%d.log" % rank), "w+")
-        procs.append((subprocess.Popen([sys.executable, __file__, json.dumps(kwargs), out],
-                                       env=env, stdout=log, stderr=subprocess.STDOUT), log))
-        outs.append(out)
-    deadline = time.time() + timeout
-    failed = None
-    for p, _ in procs:
-        try:
-            rc = p.wait(timeout=max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-        if rc != 0 and failed is None:
-            failed = rc
-    for p, _ in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    logs = []
-    for rank, (_, log) in enumerate(procs):
-        log.seek(0)
-        logs.append("--- worker %d ---\n%s" % (rank, log.read()[-6000:]))
-        log.close()
-    if failed is not None:
-        raise AssertionError("worker jobs %s failed (%s):\n%s" % ([j[0] for j in jobs], failed,
-                                                                     "\n".join(logs)))
-    results = []
-    for out in outs:
-        with open(out) as f:
-            results.append(json.load(f))
-    return results
+    return start_workers(cluster, workers, jobs).wait(timeout)
+
+
+class Workers:
+    """Worker processes started by start_workers()."""
+
+    def __init__(self, cluster, workers, jobs):
+        self.jobs = [[f, kw] for f, kw in jobs]
+        self.tmp = tempfile.mkdtemp(prefix="bitpush-clan-")
+        self.procs, self.outs, self.logs = [], [], []
+        for rank in range(workers):
+            env = dict(os.environ)
+            env.update({k: str(v) for k, v in cluster.env(rank).items()})
+            out = os.path.join(self.tmp, "rank%d.json" % rank)
+            log = open(os.path.join(self.tmp, "rank%d.log" % rank), "w+")
+            self.procs.append(subprocess.Popen(
+                [sys.executable, __file__, json.dumps(self.jobs), out], env=env, stdout=log,
+                stderr=subprocess.STDOUT))
+            self.outs.append(out)
+            self.logs.append(log)
+
+    def wait(self, timeout=240):
+        deadline = time.time() + timeout
+        failed = None
+        for p in self.procs:
+            try:
+                rc = p.wait(timeout=max(1.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+            if rc != 0 and failed is None:
+                failed = rc
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        logs = []
+        for rank, log in enumerate(self.logs):
+            log.seek(0)
+            logs.append("--- worker %d ---\n%s" % (rank, log.read()[-6000:]))
+            log.close()
+        self.output = "\n".join(logs)
+        if failed is not None:
+            raise AssertionError("worker jobs %s failed (%s):\n%s"
+                                 % ([j[0] for j in self.jobs], failed, self.output))
+        results = []
+        for out in self.outs:
+            with open(out) as f:
+                results.append(json.load(f))
+        return results
+
+
+def start_workers(cluster, workers, jobs):
+    return Workers(cluster, workers, jobs)
 
 
 def _make_model(seed):
@@ -256,6 +272,65 @@ def w_state_dict_round_trip(steps=6, lr=0.02):
     return {"max_abs_diff": diff, "step": st["step"], "has_moments": "exp_avg" in st
             and "exp_avg_sq" in st, "bitpush": {k: v for k, v in sd["bitpush"].items()
                                                 if k != "names"}}
+
+
+def w_ddp_hook(port, steps=3, compression="none"):
+    """DDP (gloo process group for DDP's own collectives) with bp.push_pull_hook: after each
+    backward, p.grad equals the average of every rank's gradient."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import bitpush.torch as bp
+
+    rank, size = bp.rank(), bp.size()
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
+                            world_size=size)
+    model = _make_model(4)
+    ddp = DDP(model)
+    state = bp.PushPullHookState(compression=compression, prefix="ddp")
+    ddp.register_comm_hook(state, bp.push_pull_hook)
+    worst = 0.0
+    for step in range(steps):
+        avg = _averaged(model, size, step)
+        ddp.zero_grad()
+        x, y = _batch(rank, step * 10)
+        ((ddp(x) - y) ** 2).mean().backward()
+        worst = max(worst, max((p.grad - g).abs().max().item()
+                               for p, g in zip(model.parameters(), avg)))
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
+    state.close()
+    dist.destroy_process_group()
+    return {"max_abs_diff": worst}
+
+
+def w_train_until_error(ready_file, seconds=60.0, compression="none"):
+    """CLAN steps until the cluster fails; returns the error, when it was raised, and from
+    which call (the test kills a server once ready_file exists)."""
+    import bitpush.torch as bp
+
+    rank = bp.rank()
+    model = _make_model(5)
+    opt = bp.CLAN(model.parameters(), lr=0.01, compression=compression, error_feedback=False,
+                  named_parameters=[("kill." + n, p) for n, p in model.named_parameters()])
+    t_end, step = time.time() + seconds, 0
+    while time.time() < t_end:
+        where = "backward"
+        try:
+            opt.zero_grad()
+            x, y = _batch(rank, step)
+            ((model(x) - y) ** 2).mean().backward()
+            where = "step"
+            opt.step()
+        except bp.BitpushError as e:
+            return {"error": str(e), "type": type(e).__name__, "t_error": time.time(),
+                    "steps": step, "where": where}
+        step += 1
+        if step == 5 and rank == 0:
+            open(ready_file, "w").close()
+        time.sleep(0.01)
+    return {"error": None, "steps": step}
 
 
 def _save(obj):
