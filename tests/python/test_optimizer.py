@@ -91,3 +91,57 @@ def test_unsupported_parameters_are_refused():
                                 backward_passes_per_step=0)
     with pytest.raises(ValueError, match="eps"):
         bp.CLAN([torch.nn.Parameter(torch.randn(3))], eps=0.0, compression="none")
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_comm_hook_averages_over_bitpush():
+    with testing.LocalCluster(workers=2, servers=1, compression="none",
+                              error_feedback="none") as cluster:
+        results = h.run_workers(cluster, 2, [("w_ddp_hook", {"port": _free_port()})])
+    for rank, (r,) in enumerate(results):
+        assert r["max_abs_diff"] <= TOL, (rank, r)
+
+
+def _kill_server(cluster, index):
+    """Kills server `index` of the LocalCluster with SIGKILL; returns its name as messages
+    write it."""
+    fn = getattr(cluster, "kill_server", None)
+    if fn is not None:
+        fn(index)
+    else:
+        procs = getattr(cluster, "servers", None) or getattr(cluster, "server_procs")
+        procs[index].kill()
+    return "server %d" % index
+
+
+def test_killed_server_fails_clan_step_naming_it(tmp_path):
+    import time
+
+    hb_ms, timeout_ms = 200, 1000
+    with testing.LocalCluster(workers=2, servers=2, compression="none", error_feedback="none",
+                              heartbeat_interval_ms=hb_ms,
+                              heartbeat_timeout_ms=timeout_ms) as cluster:
+        ready = tmp_path / "ready"
+        workers = h.start_workers(cluster, 2, [("w_train_until_error",
+                                                {"ready_file": str(ready), "seconds": 60})])
+        deadline = time.time() + 60
+        while not ready.exists():
+            assert time.time() < deadline, "workers never trained 5 steps"
+            time.sleep(0.02)
+        name = _kill_server(cluster, 1)
+        t_kill = time.time()
+        results = workers.wait(timeout=90)
+    for rank, (r,) in enumerate(results):
+        assert r["error"] is not None, (rank, r)
+        assert r["type"] == "BitpushError", r
+        assert name in r["error"], r
+        # the heartbeat bound: the scheduler's verdict after heartbeat_timeout, plus slack for
+        # 2 shared cores
+        assert r["t_error"] - t_kill < timeout_ms / 1000.0 + 4.0, r
