@@ -385,10 +385,23 @@ Status Parser::ParseServer(const Entry& section, ClusterConfig* c) {
 
 Status Parser::ParseWorker(const Entry& section, ClusterConfig* c) {
   std::map<std::string, Entry> m;
-  BP_RETURN_IF_ERROR(
-      Entries(section.value, section.key_mark, "worker",
-              {"compress_threads", "credit_bytes", "local_size", "op_timeout_s", "socket"}, &m));
+  BP_RETURN_IF_ERROR(Entries(section.value, section.key_mark, "worker",
+                             {"compress_threads", "credit_bytes", "local_size", "numa",
+                              "op_timeout_s", "reduce_threads", "socket"},
+                             &m));
   WorkerSettings& w = c->worker;
+  if (auto it = m.find("reduce_threads"); it != m.end()) {
+    BP_RETURN_IF_ERROR(AutoCount(it->second, "worker.reduce_threads", 256, &w.reduce_threads));
+  }
+  if (auto it = m.find("numa"); it != m.end()) {
+    std::string text;
+    BP_RETURN_IF_ERROR(Scalar(it->second, "worker.numa", &text));
+    if (text != "auto" && text != "on" && text != "off") {
+      return Error(it->second.value, it->second.key_mark, "worker.numa",
+                   fmt::format("unknown value '{}'; valid: auto, on, off", text));
+    }
+    w.numa = text;
+  }
   if (auto it = m.find("compress_threads"); it != m.end()) {
     BP_RETURN_IF_ERROR(AutoCount(it->second, "worker.compress_threads", 256, &w.compress_threads));
   }
@@ -702,6 +715,8 @@ std::string DescribeClusterConfig(const ClusterConfig& c) {
       "  numa: {}\n"
       "worker:\n"
       "  compress_threads: {}\n"
+      "  reduce_threads: {}\n"
+      "  numa: {}\n"
       "  credit_bytes: {}\n"
       "  op_timeout_s: {:.3f}\n"
       "  local_size: {}\n"
@@ -714,7 +729,8 @@ std::string DescribeClusterConfig(const ClusterConfig& c) {
       c.server.engine_threads == 0 ? "auto" : std::to_string(c.server.engine_threads),
       c.server.numa,
       c.worker.compress_threads == 0 ? "auto" : std::to_string(c.worker.compress_threads),
-      c.worker.credit_bytes, static_cast<double>(c.worker.op_timeout.count()) / 1000,
+      c.worker.reduce_threads == 0 ? "auto" : std::to_string(c.worker.reduce_threads),
+      c.worker.numa, c.worker.credit_bytes, static_cast<double>(c.worker.op_timeout.count()) / 1000,
       c.worker.local_size == 0 ? "auto" : std::to_string(c.worker.local_size),
       c.worker.socket.empty() ? "default" : c.worker.socket);
 }

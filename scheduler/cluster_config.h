@@ -55,6 +55,14 @@ struct WorkerSettings {
   // worker.compress_threads: the (de)compression pool. 0 = auto: the CPUs this process may
   // use, at least 1, at most 8.
   uint32_t compress_threads = 0;
+  // worker.reduce_threads: the bitpush-worker daemon's local-reduce threads. 0 = auto:
+  // max(1, cores / 4), at most 8 (common/cpu_topology.h DefaultReduceThreads). In the daemon,
+  // compress_threads' auto is the cores left after one network core and the reduce threads.
+  uint32_t reduce_threads = 0;
+  // worker.numa: auto | on | off — the bitpush-worker daemon pins its threads to the CPU split
+  // of PlanWorkerCpus (network core, reduce cores, compress cores). on fails start-up when the
+  // topology cannot be read; auto then runs unpinned with a warning; off pins nothing.
+  std::string numa = "auto";
   // worker.credit_bytes: uncompressed bytes of partitions in flight (compressing, on the
   // wire, at the server, decompressing) at once; at least one partition always goes.
   // Default 64 MiB.

@@ -17,7 +17,7 @@
 #include "compressors/registry.h"
 #include "proto/bitpush/v1/control.pb.h"
 #include "scheduler/scheduler_client.h"
-#include "server/cpu_topology.h"
+#include "common/cpu_topology.h"
 #include "server/key_state.h"
 
 namespace bitpush::server {

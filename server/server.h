@@ -13,7 +13,7 @@
 //    push plus a compress per round, paper 001 §4.2.4); the thread owns the key's KeyState
 //    outright (no lock on key data), answers pulls and errors with Transport::Send (which is
 //    thread-safe). Pinned to cores spread over NUMA nodes unless server.numa is off
-//    (server/cpu_topology.h).
+//    (common/cpu_topology.h).
 //  - server 0 also checks the workers' tensor declarations (on its I/O thread; manifests are
 //    small).
 //

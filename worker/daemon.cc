@@ -2,11 +2,13 @@
 
 #include <fmt/format.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "common/logging.h"
@@ -73,8 +75,9 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Create(DaemonOptions options) {
         fmt::format("bitpush-worker: rank {} but the cluster has {} workers", options.rank,
                     options.cluster.workers.size()));
   }
-  if (options.reduce_threads == 0) {
-    return InvalidArgumentError("DaemonOptions.reduce_threads must be >= 1");
+  const std::string& numa = options.cluster.worker.numa;
+  if (numa != "auto" && numa != "on" && numa != "off") {
+    return InvalidArgumentError(fmt::format("worker.numa must be auto, on or off, got '{}'", numa));
   }
   if (options.completion_threads == 0) {
     return InvalidArgumentError("DaemonOptions.completion_threads must be >= 1");
@@ -100,18 +103,49 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Create(DaemonOptions options) {
   BP_ASSIGN_OR_RETURN(d->listener_, ipc::Listener::Listen(d->socket_path_));
   d->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (d->wake_fd_ < 0) return InternalError(fmt::format("{}: eventfd failed", d->label_));
+  // The CPU split (header comment).
+  StatusOr<std::vector<CpuSlot>> cores = ProcessCores();
+  const size_t core_count = cores.ok() ? cores->size() : AllowedCpuCount();
+  d->reduce_threads_ = o.reduce_threads != 0                  ? o.reduce_threads
+                       : o.cluster.worker.reduce_threads != 0 ? o.cluster.worker.reduce_threads
+                                                              : DefaultReduceThreads(core_count);
+  d->compress_threads_ = o.cluster.worker.compress_threads != 0
+                             ? o.cluster.worker.compress_threads
+                             : DefaultCompressThreads(core_count, d->reduce_threads_);
+  if (o.cluster.worker.numa != "off") {
+    if (cores.ok()) {
+      d->cpu_plan_ = PlanWorkerCpus(*cores, d->reduce_threads_, d->compress_threads_);
+    } else if (o.cluster.worker.numa == "on") {
+      return cores.status().WithContext("worker.numa is on");
+    } else {
+      BP_LOG_WARN("{}: threads not pinned: {}", d->label_, cores.status().ToString());
+    }
+  }
+  BP_LOG_INFO("{}: {} core(s): {} reduce thread(s), {} compression thread(s); {}", d->label_,
+              core_count, d->reduce_threads_, d->compress_threads_,
+              d->cpu_plan_.network_cpu < 0 ? std::string("not pinned")
+                                           : DescribeWorkerCpuPlan(d->cpu_plan_));
   LocalReduceOptions ro;
-  ro.threads = o.reduce_threads;
+  ro.threads = d->reduce_threads_;
+  ro.cpus = d->cpu_plan_.reduce_cpus;
   ro.name = "bp-dreduce";
   BP_ASSIGN_OR_RETURN(d->reducer_, LocalReducer::Create(ro));
+  // Threads started from here on inherit the network core (the engine's I/O and dispatcher
+  // threads, the round and completion threads); the compression pool pins itself.
+  std::optional<ScopedThreadAffinity> network;
+  if (d->cpu_plan_.network_cpu >= 0) network.emplace(d->cpu_plan_.network_cpu);
   EngineOptions eo;
   eo.cluster = o.cluster;
+  eo.cluster.worker.compress_threads = d->compress_threads_;
+  eo.compress_cpus = d->cpu_plan_.compress_cpus;
   eo.rank = o.rank;
   eo.inproc_hub = o.inproc_hub;
   BP_ASSIGN_OR_RETURN(d->engine_, Engine::Create(std::move(eo)));
   d->round_thread_ = std::thread([p = d.get()] { p->RoundLoop(); });
+  pthread_setname_np(d->round_thread_.native_handle(), "bp-dround");
   for (uint32_t i = 0; i < o.completion_threads; ++i) {
     d->done_threads_.emplace_back([p = d.get()] { p->DoneLoop(); });
+    pthread_setname_np(d->done_threads_.back().native_handle(), "bp-ddone");
   }
   return d;
 }

@@ -39,6 +39,11 @@
 // Engine, the LocalReducer and its three threads. No process-wide state except the shm
 // clean-up list (shm_segment.h).
 //
+// CPU split (worker.numa, worker.reduce_threads, worker.compress_threads; paper 001 §4.2.6):
+// PlanWorkerCpus gives one network core (the round and completion threads and the engine's
+// I/O and dispatcher threads are started pinned to it), reduce cores and compression cores;
+// the poll loop runs on the caller's thread, unpinned.
+//
 // Threads (docs/threading.md, "Worker daemon"): the caller of Run is the poll loop (listener,
 // every channel, a wake eventfd; it owns the connections and the tensors' gathering state);
 // "bp-dround" reduces and starts push_pulls; completion_threads x "bp-ddone" each take the next
@@ -59,6 +64,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/cpu_topology.h"
 #include "common/status.h"
 #include "scheduler/cluster_config.h"
 #include "worker/client.h"
@@ -80,8 +86,11 @@ struct DaemonOptions {
   // Training processes to serve; 0 = cluster.worker.local_size, and when that is 0 too, the
   // first accepted Hello decides.
   uint32_t local_size = 0;
-  // LocalReducer threads (>= 1; 1 = reduce on the round thread).
-  uint32_t reduce_threads = 1;
+  // LocalReducer threads; 0 = cluster.worker.reduce_threads (whose auto is
+  // DefaultReduceThreads of the daemon's cores). The compression pool is
+  // cluster.worker.compress_threads, whose auto in the daemon is DefaultCompressThreads: the
+  // cores left after the network core and the reduce threads (common/cpu_topology.h).
+  uint32_t reduce_threads = 0;
   // Completion threads (>= 1): rounds in the engine whose answers can be sent independently;
   // with more rounds in flight, a slow one delays the answers of those queued behind it.
   uint32_t completion_threads = 4;
@@ -113,6 +122,11 @@ class Daemon {
   void Stop();
 
   const std::string& socket_path() const { return socket_path_; }
+  // The CPU split in use (empty CPU lists when not pinned: worker.numa off, or auto without a
+  // readable topology) and the resolved thread counts.
+  const WorkerCpuPlan& cpu_plan() const { return cpu_plan_; }
+  uint32_t reduce_threads() const { return reduce_threads_; }
+  uint32_t compress_threads() const { return compress_threads_; }
 
  private:
   struct Conn;
@@ -158,6 +172,9 @@ class Daemon {
   std::string label_;  // "bitpush-worker node 0"
   uint32_t local_size_ = 0;
   std::chrono::milliseconds gather_timeout_{0};
+  WorkerCpuPlan cpu_plan_;
+  uint32_t reduce_threads_ = 0;
+  uint32_t compress_threads_ = 0;
   std::unique_ptr<ipc::Listener> listener_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<LocalReducer> reducer_;

@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   long rank = -1;
   long local_size = 0;
-  long reduce_threads = 1;
+  long reduce_threads = 0;
   bool sweep = true;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];

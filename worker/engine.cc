@@ -88,7 +88,7 @@ Engine::Engine(EngineOptions& options, v1::ErrorFeedbackPolicy policy)
 
 Status Engine::Start(EngineOptions& options) {
   pool_ = std::make_unique<TaskPool>(ResolveCompressThreads(cluster_.worker.compress_threads),
-                                     "bp-wpool");
+                                     "bp-wpool", options.compress_cpus);
   dispatcher_ = std::thread([this] { DispatchLoop(); });
 
   scheduler::SchedulerClientOptions so;

@@ -114,6 +114,9 @@ struct EngineOptions {
   scheduler::ClusterConfig cluster;
   uint32_t rank = 0;
   std::shared_ptr<transport::InprocHub> inproc_hub;
+  // CPUs for the compression pool's threads (thread i on compress_cpus[i % size]); empty: not
+  // pinned. The worker daemon fills it from its CPU split (common/cpu_topology.h).
+  std::vector<int> compress_cpus;
   // Tests: an endpoint to use instead of binding one (e.g. a FaultyTransport); its name must
   // be the worker's PeerId.
   std::unique_ptr<transport::Transport> transport;

@@ -466,7 +466,7 @@ LocalReducer::~LocalReducer() {
 }
 
 void LocalReducer::Loop(uint32_t index) {
-  pthread_setname_np(pthread_self(), options_.name.substr(0, 15).c_str());
+  pthread_setname_np(pthread_self(), (options_.name + std::to_string(index)).substr(0, 15).c_str());
   Status pinned;
   if (!options_.cpus.empty()) {
     const int cpu = options_.cpus[index % options_.cpus.size()];

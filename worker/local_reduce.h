@@ -71,7 +71,7 @@ struct LocalReduceOptions {
   // 8 MiB; 0.83x vs 0.36x at 64 MiB). Smaller results stay cached for the compressor that reads
   // them next. 0: never.
   size_t non_temporal_min_bytes = size_t{4} << 20;
-  // Thread name (top / gdb; truncated to 15 characters).
+  // Thread name prefix (top / gdb): thread i is `name` + i, truncated to 15 characters.
   std::string name = "bp-lreduce";
 };
 

@@ -6,15 +6,17 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/cpu_topology.h"
 #include "common/logging.h"
 
 namespace bitpush::worker {
 
-TaskPool::TaskPool(uint32_t threads, const std::string& name) {
+TaskPool::TaskPool(uint32_t threads, const std::string& name, const std::vector<int>& cpus) {
   BP_CHECK(threads >= 1, "TaskPool needs at least one thread");
   threads_.reserve(threads);
   for (uint32_t i = 0; i < threads; ++i) {
-    threads_.emplace_back([this] { Loop(); });
+    const int cpu = cpus.empty() ? -1 : cpus[i % cpus.size()];
+    threads_.emplace_back([this, cpu] { Loop(cpu); });
     const std::string thread_name = (name + std::to_string(i)).substr(0, 15);
     pthread_setname_np(threads_.back().native_handle(), thread_name.c_str());
   }
@@ -45,7 +47,11 @@ void TaskPool::Shutdown() {
   }
 }
 
-void TaskPool::Loop() {
+void TaskPool::Loop(int cpu) {
+  if (cpu >= 0) {
+    const Status pinned = PinCurrentThread(cpu);
+    if (!pinned.ok()) BP_LOG_WARN("{}", pinned.ToString());
+  }
   for (;;) {
     std::function<void()> job;
     {

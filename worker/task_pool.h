@@ -24,7 +24,9 @@ namespace bitpush::worker {
 class TaskPool {
  public:
   // Starts `threads` (>= 1) threads named `name` (visible in top/gdb, truncated to 15 chars).
-  TaskPool(uint32_t threads, const std::string& name);
+  // With `cpus`, thread i pins itself to cpus[i % cpus.size()] (a failure is logged, the
+  // thread runs unpinned).
+  TaskPool(uint32_t threads, const std::string& name, const std::vector<int>& cpus = {});
   ~TaskPool();
   TaskPool(const TaskPool&) = delete;
   TaskPool& operator=(const TaskPool&) = delete;
@@ -38,7 +40,7 @@ class TaskPool {
   uint32_t size() const { return static_cast<uint32_t>(threads_.size()); }
 
  private:
-  void Loop();
+  void Loop(int cpu);
 
   std::mutex mu_;
   std::condition_variable cv_;

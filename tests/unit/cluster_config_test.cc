@@ -182,17 +182,28 @@ TEST(ClusterConfig, ServerAndWorkerSections) {
                   "cluster.yaml:6: worker.op_timeout_s: expected a number of seconds");
   EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  threads: 2\n"),
                   "worker.threads: unknown key; valid keys of worker: compress_threads, "
-                  "credit_bytes, local_size, op_timeout_s, socket");
+                  "credit_bytes, local_size, numa, op_timeout_s, reduce_threads, socket");
   // Local tuning: not part of config agreement.
   EXPECT_EQ(ConfigHash(ConfigFields(c)), ConfigHash(ConfigFields(d)));
 }
 
 TEST(ClusterConfig, WorkerDaemonKeys) {
   const ClusterConfig d = Parse(kMinimal);
-  EXPECT_EQ(d.worker.local_size, 0u);  // from the first Hello
-  EXPECT_EQ(d.worker.socket, "");      // the default path
+  EXPECT_EQ(d.worker.local_size, 0u);      // from the first Hello
+  EXPECT_EQ(d.worker.socket, "");          // the default path
+  EXPECT_EQ(d.worker.reduce_threads, 0u);  // auto
+  EXPECT_EQ(d.worker.numa, "auto");
   const ClusterConfig c =
-      Parse(std::string(kMinimal) + "worker:\n  local_size: 3\n  socket: /tmp/bp-node.sock\n");
+      Parse(std::string(kMinimal) +
+            "worker:\n  local_size: 3\n  socket: /tmp/bp-node.sock\n  reduce_threads: 2\n"
+            "  numa: off\n");
+  EXPECT_EQ(c.worker.reduce_threads, 2u);
+  EXPECT_EQ(c.worker.numa, "off");
+  EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  numa: maybe\n"),
+                  "cluster.yaml:6: worker.numa: unknown value 'maybe'; valid: auto, on, off");
+  EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  reduce_threads: 0\n"),
+                  "cluster.yaml:6: worker.reduce_threads: expected 'auto' or an integer from 1 "
+                  "to 256, got '0'");
   EXPECT_EQ(c.worker.local_size, 3u);
   EXPECT_EQ(c.worker.socket, "/tmp/bp-node.sock");
   EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  local_size: 0\n"),

@@ -11,6 +11,7 @@
 #include "common/aligned_buffer.h"
 #include "common/counter_rng.h"
 #include "common/cpu_features.h"
+#include "common/cpu_topology.h"
 #include "common/dtype.h"
 #include "common/half.h"
 #include "common/status.h"
@@ -219,6 +220,31 @@ TEST(CounterRng, DeterministicDistinctAndUniform) {
   int ones = 0;
   for (uint32_t i = 0; i < 100000; ++i) ones += CounterRandom32(s1, i) >> 31;
   EXPECT_LT(std::fabs(ones - 50000.0), 5 * std::sqrt(25000.0));
+}
+
+TEST(CpuTopology, WorkerSplitDefaultsAndPlan) {
+  // reduce = max(1, cores / 4) <= 8; compress = the rest after the network core, 1..8.
+  EXPECT_EQ(DefaultReduceThreads(1), 1u);
+  EXPECT_EQ(DefaultReduceThreads(2), 1u);
+  EXPECT_EQ(DefaultReduceThreads(16), 4u);
+  EXPECT_EQ(DefaultReduceThreads(64), 8u);
+  EXPECT_EQ(DefaultCompressThreads(1, 1), 1u);
+  EXPECT_EQ(DefaultCompressThreads(2, 1), 1u);
+  EXPECT_EQ(DefaultCompressThreads(16, 4), 8u);
+  EXPECT_EQ(DefaultCompressThreads(8, 2), 5u);
+  // Cores in order (node 0 first), wrapping around.
+  const std::vector<CpuSlot> two = {{4, 0}, {5, 0}};
+  WorkerCpuPlan p = PlanWorkerCpus(two, 1, 1);
+  EXPECT_EQ(p.network_cpu, 4);
+  EXPECT_EQ(p.reduce_cpus, std::vector<int>({5}));
+  EXPECT_EQ(p.compress_cpus, std::vector<int>({4}));
+  EXPECT_EQ(DescribeWorkerCpuPlan(p), "network cpu 4, reduce cpus [5], compress cpus [4]");
+  const std::vector<CpuSlot> eight = {{0, 0}, {1, 0}, {2, 0},  {3, 0},
+                                      {8, 1}, {9, 1}, {10, 1}, {11, 1}};
+  p = PlanWorkerCpus(eight, 2, 5);
+  EXPECT_EQ(p.network_cpu, 0);
+  EXPECT_EQ(p.reduce_cpus, std::vector<int>({1, 2}));
+  EXPECT_EQ(p.compress_cpus, std::vector<int>({3, 8, 9, 10, 11}));
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -30,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/cpu_topology.h"
 #include "tests/harness/child_process.h"
 #include "tests/unit/test_util.h"
 
@@ -85,7 +87,7 @@ class DaemonTest : public ::testing::Test {
   }
 
   void WriteConfig(const std::string& spec, const std::string& error_feedback,
-                   double op_timeout_s = 10) {
+                   double op_timeout_s = 10, const std::string& extra_worker_yaml = "") {
     std::set<int> used;
     auto address = [&] {
       int p = FreeTcpPort();
@@ -100,7 +102,8 @@ class DaemonTest : public ::testing::Test {
       << "  min_compress_bytes: 4096\n  partition_bytes: 32768\n"
       << "server:\n  engine_threads: 1\n  numa: off\n"
       << "worker:\n  compress_threads: 1\n  op_timeout_s: " << op_timeout_s
-      << "\n  local_size: " << kLocal << "\n";
+      << "\n  local_size: " << kLocal << "\n"
+      << extra_worker_yaml;
     config_ = dir_.path() + "/cluster.yaml";
     std::ofstream(config_) << y.str();
   }
@@ -214,6 +217,69 @@ Clock::time_point WaitFor(Child& child, const std::string& text, milliseconds bo
     std::this_thread::sleep_for(milliseconds(5));
   }
   return Clock::time_point::max();
+}
+
+// "Cpus_allowed_list" of every thread of `pid`, by thread name (/proc/PID/task/*/).
+std::multimap<std::string, std::string> ThreadCpus(pid_t pid) {
+  std::multimap<std::string, std::string> out;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::string comm;
+    std::getline(std::ifstream(dir + "/" + e->d_name + "/comm"), comm);
+    std::ifstream status(dir + "/" + e->d_name + "/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("Cpus_allowed_list:", 0) == 0) {
+        out.emplace(comm, line.substr(line.find_first_not_of(" \t", 18)));
+      }
+    }
+  }
+  closedir(d);
+  return out;
+}
+
+TEST_F(DaemonTest, ThreadsRunOnTheirShareOfTheCpuSplit) {
+  // worker.numa on: the network core, then the reduce threads, then the compression threads
+  // (common/cpu_topology.h PlanWorkerCpus), over the cores this test (and so its children) may
+  // use.
+  WriteConfig("none", "none", 10, "  numa: on\n  reduce_threads: 2\n");
+  StartCluster();
+  StatusOr<std::vector<CpuSlot>> cores = ProcessCores();
+  ASSERT_TRUE(cores.ok()) << cores.status().ToString();
+  const WorkerCpuPlan plan = PlanWorkerCpus(*cores, 2, 1);
+  for (int n = 0; n < kNodes; ++n) {
+    Child* d = daemons_[n];
+    // The daemon's line, printed once Create returned (every thread started and named).
+    ASSERT_NE(WaitFor(*d, "bitpush-worker node " + std::to_string(n) + ": listening at",
+                      milliseconds(15000)),
+              Clock::time_point::max())
+        << d->output();
+    EXPECT_CONTAINS(d->output(),
+                    "2 reduce thread(s), 1 compression thread(s); " + DescribeWorkerCpuPlan(plan));
+    const std::multimap<std::string, std::string> threads = ThreadCpus(d->pid());
+    std::map<std::string, int> seen;
+    for (const auto& [name, cpus] : threads) {
+      std::string want;
+      if (name.rfind("bp-dreduce", 0) == 0) {
+        want = std::to_string(plan.reduce_cpus[name.back() - '0']);
+      } else if (name.rfind("bp-wpool", 0) == 0) {
+        want = std::to_string(plan.compress_cpus[0]);
+      } else if (name == "bp-dround" || name == "bp-ddone") {
+        want = std::to_string(plan.network_cpu);
+      } else {
+        continue;
+      }
+      ++seen[name.substr(0, 8)];
+      EXPECT_EQ(cpus, want) << "thread " << name << " of " << d->label();
+    }
+    EXPECT_EQ(seen["bp-dredu"], 2) << d->label();
+    EXPECT_EQ(seen["bp-wpool"], 1) << d->label();
+    EXPECT_EQ(seen["bp-dround"], 0);
+    EXPECT_EQ(seen["bp-droun"], 1) << d->label();
+    EXPECT_EQ(seen["bp-ddone"], 4) << d->label();
+  }
 }
 
 TEST_F(DaemonTest, KilledTrainingProcessFailsItsSiblingsNamingItAndLeavesNoSegments) {

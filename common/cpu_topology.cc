@@ -1,6 +1,7 @@
-#include "server/cpu_topology.h"
+#include "common/cpu_topology.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <hwloc.h>
 #include <sched.h>
 
@@ -9,7 +10,9 @@
 #include <cstring>
 #include <map>
 
-namespace bitpush::server {
+#include "common/logging.h"
+
+namespace bitpush {
 
 StatusOr<std::vector<CpuSlot>> ProcessCores() {
   hwloc_topology_t topo = nullptr;
@@ -96,4 +99,55 @@ Status PinCurrentThread(int cpu) {
   return Status::Ok();
 }
 
-}  // namespace bitpush::server
+uint32_t DefaultReduceThreads(size_t cores) {
+  return static_cast<uint32_t>(std::clamp<size_t>(cores / 4, 1, 8));
+}
+
+uint32_t DefaultCompressThreads(size_t cores, uint32_t reduce_threads) {
+  const size_t used = 1 + static_cast<size_t>(reduce_threads);
+  return static_cast<uint32_t>(std::clamp<size_t>(cores > used ? cores - used : 1, 1, 8));
+}
+
+WorkerCpuPlan PlanWorkerCpus(const std::vector<CpuSlot>& cores, uint32_t reduce_threads,
+                             uint32_t compress_threads) {
+  WorkerCpuPlan plan;
+  size_t next = 0;
+  auto take = [&] { return cores[next++ % cores.size()].cpu; };
+  plan.network_cpu = take();
+  for (uint32_t i = 0; i < reduce_threads; ++i) plan.reduce_cpus.push_back(take());
+  for (uint32_t i = 0; i < compress_threads; ++i) plan.compress_cpus.push_back(take());
+  return plan;
+}
+
+std::string DescribeWorkerCpuPlan(const WorkerCpuPlan& plan) {
+  return fmt::format("network cpu {}, reduce cpus [{}], compress cpus [{}]", plan.network_cpu,
+                     fmt::join(plan.reduce_cpus, ","), fmt::join(plan.compress_cpus, ","));
+}
+
+ScopedThreadAffinity::ScopedThreadAffinity(int cpu) {
+  cpu_set_t old;
+  CPU_ZERO(&old);
+  if (sched_getaffinity(0, sizeof(old), &old) != 0) {
+    BP_LOG_WARN("cannot read this thread's CPU mask: {}", std::strerror(errno));
+    return;
+  }
+  const Status pinned = PinCurrentThread(cpu);
+  if (!pinned.ok()) {
+    BP_LOG_WARN("{}", pinned.ToString());
+    return;
+  }
+  saved_.assign(reinterpret_cast<unsigned char*>(&old),
+                reinterpret_cast<unsigned char*>(&old) + sizeof(old));
+  restore_ = true;
+}
+
+ScopedThreadAffinity::~ScopedThreadAffinity() {
+  if (!restore_) return;
+  cpu_set_t old;
+  std::memcpy(&old, saved_.data(), sizeof(old));
+  if (sched_setaffinity(0, sizeof(old), &old) != 0) {
+    BP_LOG_WARN("cannot restore this thread's CPU mask: {}", std::strerror(errno));
+  }
+}
+
+}  // namespace bitpush
