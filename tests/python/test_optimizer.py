@@ -107,6 +107,7 @@ def test_ddp_comm_hook_averages_over_bitpush():
         results = h.run_workers(cluster, 2, [("w_ddp_hook", {"port": _free_port()})])
     for rank, (r,) in enumerate(results):
         assert r["max_abs_diff"] <= TOL, (rank, r)
+        assert r["bytes_pushed"] > 0, r
 
 
 def _kill_server(cluster, index):

@@ -59,7 +59,8 @@ def cluster_error_feedback():
     when it cannot be determined.
 
     Asks bitpush.torch when it exposes the running cluster's config, else reads the YAML named
-    by BITPUSH_CONFIG (the launcher's and LocalCluster's environment).
+    by BITPUSH_CONFIG (the launcher's and LocalCluster's environment; read through
+    bitpush._env, the package's one reader of environment variables).
     """
     bp = _bp()
     for attr in ("cluster_config", "config"):
@@ -79,7 +80,8 @@ def cluster_error_feedback():
             path = fn()
         except Exception:
             path = None
-    path = path or os.environ.get("BITPUSH_CONFIG")
+    if not path:
+        path = importlib.import_module("bitpush._env").bootstrap().config
     if path and os.path.exists(path):
         return _ef_from_yaml(path)
     return None
