@@ -5,7 +5,7 @@
 //
 //   m = β1 m + (1-β1) g~            v = β2 v + (1-β2) g~²
 //   m^ = m / (1-β1^t)               v^ = v / (1-β2^t)
-//   r = m^ / den                    c = g~ / den        den = sqrt(v^) + ε   (EpsMode::kOutsideSqrt)
+//   r = m^ / den                    c = g~ / den        den = sqrt(v^) + ε (EpsMode::kOutsideSqrt)
 //                                                       den = sqrt(v^ + ε)   (EpsMode::kInsideSqrt)
 //   x -= η [ β1 · φ(‖x‖)/‖r+λx‖ · (r+λx)  +  (1-β1) · φ(‖x‖)/‖c+λx‖ · (c+λx) ]
 //
@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "common/cpu_features.h"
 #include "common/span.h"
 #include "common/status.h"
 
@@ -35,10 +36,10 @@ enum class EpsMode {
 };
 
 struct LansOptions {
-  float beta1 = 0.9f;          // 0 <= β1 < 1
-  float beta2 = 0.999f;        // 0 <= β2 < 1
-  float eps = 1e-6f;           // > 0
-  float weight_decay = 0.0f;   // λ >= 0
+  float beta1 = 0.9f;         // 0 <= β1 < 1
+  float beta2 = 0.999f;       // 0 <= β2 < 1
+  float eps = 1e-6f;          // > 0
+  float weight_decay = 0.0f;  // λ >= 0
   EpsMode eps_mode = EpsMode::kOutsideSqrt;
   // MXNet LANS divides g~ by its block L2 norm first (a zero norm leaves g~ as is); the
   // paper's variant does not (default false).
@@ -66,6 +67,11 @@ Status LansStep(const LansOptions& options, float lr, uint64_t step, Span<float>
 // tested against; also what LansStep uses on a CPU without AVX2).
 Status LansStepScalar(const LansOptions& options, float lr, uint64_t step, Span<float> x,
                       Span<float> m, Span<float> v, Span<const float> grad);
+
+// The same update computed by the kernel of one ISA level (tests and benchmarks compare levels);
+// FailedPrecondition naming the missing CPU features where `level` does not run here.
+Status LansStepWithIsa(IsaLevel level, const LansOptions& options, float lr, uint64_t step,
+                       Span<float> x, Span<float> m, Span<float> v, Span<const float> grad);
 
 // The kernel LansStep uses on this CPU: "avx512", "avx2" or "scalar".
 const char* LansKernelName();
