@@ -255,7 +255,8 @@ def w_state_dict_round_trip(steps=6, lr=0.02):
     oa = bp.CLAN(a.parameters(), lr=lr, weight_decay=0.01, compression="none",
                  named_parameters=[("rt.a." + n, p) for n, p in a.named_parameters()])
     train(a, oa, 0, steps)
-    sd = oa.state_dict()
+    # state_dict() returns references to the live state (torch's behaviour): serialise now.
+    sd = torch.load(_save(oa.state_dict()))
     msd = {k: v.clone() for k, v in a.state_dict().items()}
     train(a, oa, steps, steps)
 
@@ -264,7 +265,7 @@ def w_state_dict_round_trip(steps=6, lr=0.02):
     ob = bp.CLAN(b.parameters(), lr=lr, weight_decay=0.01, compression="none",
                  named_parameters=[("rt.a." + n, p) for n, p in b.named_parameters()])
     oa.remove_hooks()
-    ob.load_state_dict(torch.load(_save(sd)))
+    ob.load_state_dict(sd)
     train(b, ob, steps, steps)
     ob.remove_hooks()
     diff = max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
