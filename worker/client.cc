@@ -106,7 +106,7 @@ PushPullHandle Client::PushPull(TensorId tensor, ConstTensorView input, TensorVi
 }
 
 Status Client::Barrier() {
-  if (daemon_) return UnimplementedError("Barrier is not available in daemon mode yet");
+  if (daemon_) return daemon_->Barrier();
   return engine_->Barrier();
 }
 

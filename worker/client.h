@@ -32,7 +32,8 @@
 // `bitpush-worker` daemon (worker/daemon.h, docs/local-ipc.md) as local rank `local_rank` of
 // `local_size` training processes: the daemon sums the node's processes locally and runs one
 // engine for the node, so `output` receives the average (or sum) over ALL processes of all
-// nodes. Same API; in daemon mode Barrier is Unimplemented, num_servers() is 0 (unknown to a
+// nodes. Same API; in daemon mode Barrier waits for every process of every node (the daemon
+// gathers its processes, then joins the cluster's worker barrier), num_servers() is 0 (unknown to a
 // training process), rank()/num_workers() are the node's rank and the number of nodes, a dead
 // daemon fails every pending and later call with Unavailable naming it, and every wait is
 // bounded (startup_timeout for Hello and declarations, the daemon's op_timeout + 2 s for a
@@ -163,7 +164,8 @@ class Client {
   // read and `output` written until the handle completes; they must stay alive until then.
   PushPullHandle PushPull(TensorId tensor, ConstTensorView input, TensorView output);
 
-  // Waits for every worker (the scheduler's worker barrier).
+  // Waits for every worker (the scheduler's worker barrier); in daemon mode for every training
+  // process of every node.
   Status Barrier();
 
   // Tells the scheduler this worker is done and waits (bounded) for the clean shutdown of

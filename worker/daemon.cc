@@ -34,6 +34,7 @@ struct Daemon::Conn {
   bool goodbye = false;
   bool dead = false;  // to be removed after this poll round
   uint32_t next_decl = 0;
+  uint64_t next_barrier = 0;
   std::vector<uint64_t> next_round;  // per tensor
   std::map<std::string, std::shared_ptr<ipc::ShmSegment>> segments;
 };
@@ -143,6 +144,8 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Create(DaemonOptions options) {
   BP_ASSIGN_OR_RETURN(d->engine_, Engine::Create(std::move(eo)));
   d->round_thread_ = std::thread([p = d.get()] { p->RoundLoop(); });
   pthread_setname_np(d->round_thread_.native_handle(), "bp-dround");
+  d->barrier_thread_ = std::thread([p = d.get()] { p->BarrierLoop(); });
+  pthread_setname_np(d->barrier_thread_.native_handle(), "bp-dbarrier");
   for (uint32_t i = 0; i < o.completion_threads; ++i) {
     d->done_threads_.emplace_back([p = d.get()] { p->DoneLoop(); });
     pthread_setname_np(d->done_threads_.back().native_handle(), "bp-ddone");
@@ -158,6 +161,8 @@ Daemon::~Daemon() {
   round_cv_.notify_all();
   if (engine_) engine_->Close();
   if (round_thread_.joinable()) round_thread_.join();
+  barrier_cv_.notify_all();
+  if (barrier_thread_.joinable()) barrier_thread_.join();
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_done_ = true;
@@ -332,6 +337,15 @@ Status Daemon::Handle(Conn& c, const v1::LocalMessage& m) {
     OnPushPull(c, m.push_pull());
     return Status::Ok();
   }
+  if (m.has_barrier()) {
+    if (m.barrier().seq() != c.next_barrier) {
+      return InvalidArgumentError(fmt::format("{} entered barrier {} but {} was next", c.who,
+                                              m.barrier().seq(), c.next_barrier));
+    }
+    ++c.next_barrier;
+    OnBarrier(c, m.barrier().seq());
+    return Status::Ok();
+  }
   if (m.has_goodbye()) {
     c.goodbye = true;
     ++goodbyes_;
@@ -435,6 +449,68 @@ void Daemon::OnDeclare(Conn& c, const v1::LocalDeclare& d) {
   }
   for (const auto& ch : t.waiting) reply(*ch, t.verdict);
   t.waiting.clear();
+}
+
+void Daemon::OnBarrier(Conn& c, uint64_t seq) {
+  if (seq != barrier_seq_) {
+    // Another process is still in an earlier barrier: this one waits for the next gathering.
+    // (Every process enters barriers in order, so seq is barrier_seq_ or barrier_seq_ + 1.)
+    if (seq != barrier_seq_ + 1) {
+      SendBarrierDone(*c.channel, seq,
+                      InvalidArgumentError(fmt::format(
+                          "{}: {} entered barrier {} while barrier {} is being gathered", label_,
+                          c.who, seq, barrier_seq_)));
+      return;
+    }
+    barrier_next_.push_back(c.channel);
+    return;
+  }
+  barrier_waiting_.push_back(c.channel);
+  if (local_size_ == 0 || barrier_waiting_.size() < local_size_) return;
+  auto job = std::make_unique<BarrierJob>();
+  job->seq = barrier_seq_;
+  job->channels = std::move(barrier_waiting_);
+  barrier_waiting_ = std::move(barrier_next_);
+  barrier_next_.clear();
+  ++barrier_seq_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    barrier_queue_.push_back(std::move(job));
+  }
+  barrier_cv_.notify_one();
+}
+
+void Daemon::SendBarrierDone(ipc::Channel& ch, uint64_t seq, const Status& s) {
+  v1::LocalMessage m;
+  v1::LocalBarrierDone* d = m.mutable_barrier_done();
+  d->set_seq(seq);
+  d->set_status_code(static_cast<uint32_t>(s.code()));
+  d->set_message(s.message());
+  const Status sent = ipc::SendLocalMessage(ch, m);
+  if (!sent.ok()) BP_LOG_DEBUG("{}: {}", label_, sent.ToString());
+}
+
+void Daemon::BarrierLoop() {
+  for (;;) {
+    std::unique_ptr<BarrierJob> job;
+    Status node_error;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      barrier_cv_.wait(lock, [&] { return stop_threads_ || !barrier_queue_.empty(); });
+      if (barrier_queue_.empty()) return;
+      job = std::move(barrier_queue_.front());
+      barrier_queue_.pop_front();
+      node_error = node_error_;
+    }
+    // The cluster's worker barrier: one per node (bounded by the scheduler client's barrier
+    // timeout; Close() ends it).
+    Status s = node_error.ok() ? engine_->Barrier() : node_error;
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!node_error_.ok() && s.code() == StatusCode::kCancelled) s = node_error_;
+    }
+    for (const auto& ch : job->channels) SendBarrierDone(*ch, job->seq, s);
+  }
 }
 
 void Daemon::SendDone(ipc::Channel& ch, uint32_t tensor, uint64_t round, const Status& s) {
@@ -589,6 +665,14 @@ void Daemon::FailNode(const Status& error, const Conn* dead) {
       (void)ipc::SendLocalMessage(*ch, m);
     }
     t.waiting.clear();
+  }
+  for (auto* waiting : {&barrier_waiting_, &barrier_next_}) {
+    for (const auto& ch : *waiting) {
+      if (dead == nullptr || ch != dead->channel) {
+        SendBarrierDone(*ch, waiting == &barrier_waiting_ ? barrier_seq_ : barrier_seq_ + 1, error);
+      }
+    }
+    waiting->clear();
   }
   for (const auto& c : conns_) {
     if (c.get() == dead || !c->hello || c->dead) continue;

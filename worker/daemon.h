@@ -47,8 +47,10 @@
 // Threads (docs/threading.md, "Worker daemon"): the caller of Run is the poll loop (listener,
 // every channel, a wake eventfd; it owns the connections and the tensors' gathering state);
 // "bp-dround" reduces and starts push_pulls; completion_threads x "bp-ddone" each take the next
-// started round (FIFO), wait for its handle and answer; plus the Engine's and LocalReducer's own
-// threads. Thread-safety: Create/Run from one thread; Stop from any thread (also a signal thread).
+// started round (FIFO), wait for its handle and answer; "bp-dbarrier" runs the cluster's worker
+// barrier once every local process entered a LocalBarrier, and answers them; plus the Engine's
+// and LocalReducer's own threads. Thread-safety: Create/Run from one thread; Stop from any thread
+// (also a signal thread).
 #pragma once
 
 #include <atomic>
@@ -147,6 +149,11 @@ class Daemon {
     Status error;  // set when the round failed before the engine
   };
 
+  struct BarrierJob {
+    uint64_t seq = 0;
+    std::vector<std::shared_ptr<ipc::Channel>> channels;  // every local process
+  };
+
   explicit Daemon(DaemonOptions options);
 
   // Poll loop (Run's thread).
@@ -156,6 +163,8 @@ class Daemon {
   void OnHello(Conn& c, const v1::LocalHello& h);
   void OnDeclare(Conn& c, const v1::LocalDeclare& d);
   void OnPushPull(Conn& c, const v1::LocalPushPull& p);
+  void OnBarrier(Conn& c, uint64_t seq);
+  void SendBarrierDone(ipc::Channel& ch, uint64_t seq, const Status& s);
   void MaybeDispatch(TensorState& t);
   void CheckGatherDeadlines();
   void FailNode(const Status& error, const Conn* dead);
@@ -166,6 +175,7 @@ class Daemon {
   // Round and completion threads.
   void RoundLoop();
   void DoneLoop();
+  void BarrierLoop();
 
   DaemonOptions options_;
   std::string socket_path_;
@@ -190,6 +200,10 @@ class Daemon {
   Status decl_error_;
   std::chrono::steady_clock::time_point decl_error_deadline_;
   std::set<uint32_t> joined_;  // local ranks that ever joined
+  // Barriers: the one being gathered (barrier_seq_) and early entrants of the next.
+  uint64_t barrier_seq_ = 0;
+  std::vector<std::shared_ptr<ipc::Channel>> barrier_waiting_;
+  std::vector<std::shared_ptr<ipc::Channel>> barrier_next_;
   bool ended_ = false;
   Status end_status_;
 
@@ -197,13 +211,16 @@ class Daemon {
   std::mutex mu_;
   std::condition_variable round_cv_;
   std::condition_variable done_cv_;
-  std::deque<std::unique_ptr<RoundJob>> round_queue_;  // guarded by mu_
-  std::deque<std::unique_ptr<RoundJob>> done_queue_;   // guarded by mu_
-  std::vector<TensorState*> finished_;                 // guarded by mu_: rounds answered
-  Status node_error_;                                  // guarded by mu_
-  bool stop_threads_ = false;                          // guarded by mu_: round thread
-  bool stop_done_ = false;                             // guarded by mu_: completion thread
+  std::deque<std::unique_ptr<RoundJob>> round_queue_;      // guarded by mu_
+  std::deque<std::unique_ptr<RoundJob>> done_queue_;       // guarded by mu_
+  std::deque<std::unique_ptr<BarrierJob>> barrier_queue_;  // guarded by mu_
+  std::condition_variable barrier_cv_;
+  std::vector<TensorState*> finished_;  // guarded by mu_: rounds answered
+  Status node_error_;                   // guarded by mu_
+  bool stop_threads_ = false;           // guarded by mu_: round thread
+  bool stop_done_ = false;              // guarded by mu_: completion thread
   std::thread round_thread_;
+  std::thread barrier_thread_;
   std::vector<std::thread> done_threads_;
 };
 

@@ -221,6 +221,41 @@ PushPullHandle DaemonClient::PushPull(TensorId id, ConstTensorView input, Tensor
   return handle;
 }
 
+Status DaemonClient::Barrier() {
+  std::lock_guard<std::mutex> one_at_a_time(barrier_mu_);
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_.ok()) return error_;
+    if (closed_) return CancelledError("Barrier: the client was closed");
+    seq = next_barrier_++;
+  }
+  v1::LocalMessage m;
+  m.mutable_barrier()->set_seq(seq);
+  const Status sent = ipc::SendLocalMessage(*channel_, m);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!sent.ok()) {
+    if (error_.ok()) error_ = sent;
+    FailAllLocked(error_);
+    return sent;
+  }
+  const bool answered = cv_.wait_for(
+      lock, op_wait_, [&] { return barrier_done_.count(seq) > 0 || !error_.ok() || closed_; });
+  if (auto it = barrier_done_.find(seq); it != barrier_done_.end()) {
+    Status s = it->second;
+    barrier_done_.erase(it);
+    return s;
+  }
+  if (!error_.ok()) return error_;
+  if (closed_) return CancelledError("Barrier: the client was closed");
+  (void)answered;
+  // Later barriers would be out of step with the daemon's count: the connection is unusable.
+  error_ = TimeoutError(fmt::format("barrier {}: no answer from the {} within {} ms", seq,
+                                    daemon_name_, op_wait_.count()));
+  FailAllLocked(error_);
+  return error_;
+}
+
 void DaemonClient::OnDone(const v1::LocalPushPullDone& done) {
   std::lock_guard<std::mutex> lock(mu_);
   if (done.tensor() >= tensors_.size()) return;
@@ -250,6 +285,11 @@ void DaemonClient::ReaderLoop() {
         if (r.index() < tensors_.size()) {
           tensors_[r.index()]->verdict = StatusFromCode(r.status_code(), r.message());
         }
+        cv_.notify_all();
+      } else if (m->has_barrier_done()) {
+        const v1::LocalBarrierDone& b = m->barrier_done();
+        std::lock_guard<std::mutex> lock(mu_);
+        barrier_done_[b.seq()] = StatusFromCode(b.status_code(), b.message());
         cv_.notify_all();
       } else if (m->has_goodbye()) {
         std::lock_guard<std::mutex> lock(mu_);

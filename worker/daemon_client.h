@@ -28,6 +28,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -77,6 +78,11 @@ class DaemonClient {
                              const TensorOptions& options);
   Status CommitDeclarations();
   PushPullHandle PushPull(TensorId tensor, ConstTensorView input, TensorView output);
+  // Enters the next barrier: returns once every training process of the node entered it and
+  // every node passed the cluster's worker barrier (the daemon's LocalBarrierDone), or with
+  // the daemon's error; bounded by the daemon's op_timeout + kDaemonWaitMargin. One barrier at
+  // a time per process (concurrent callers take turns).
+  Status Barrier();
   // Sends LocalGoodbye (refused while a push_pull is pending) and closes.
   Status Shutdown();
   // Fails pending handles with Cancelled, closes the connection, joins the reader. Idempotent.
@@ -118,6 +124,9 @@ class DaemonClient {
   std::condition_variable cv_;                    // declaration verdicts, errors
   std::vector<std::unique_ptr<Tensor>> tensors_;  // guarded by mu_
   Status error_;                                  // guarded by mu_: sticky
+  std::mutex barrier_mu_;                         // one Barrier at a time
+  uint64_t next_barrier_ = 0;                     // guarded by mu_
+  std::map<uint64_t, Status> barrier_done_;       // guarded by mu_: answers not yet taken
   bool closed_ = false;                           // guarded by mu_
   ClientStats stats_;                             // guarded by mu_
 };

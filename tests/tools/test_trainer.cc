@@ -3,7 +3,7 @@
 //
 //   bitpush-test-trainer --config cluster.yaml --node N --local-rank R --local-size P
 //                        --socket PATH --iters K [--pause-ms M] [--elements-delta D]
-//                        [--hello-major V]
+//                        [--hello-major V] [--barrier D]
 //
 // Declares three tensors ("grad.big", kBigElements fp32, the cluster's compressor;
 // "grad.small", fp32 below any sensible min_compress_bytes; "grad.half", fp16: reduced in fp32
@@ -17,9 +17,12 @@
 // same order as pushpull_e2e_test's reference).
 //
 // --elements-delta D declares grad.big with D more elements (a declaration difference);
+// --barrier D enters Client::Barrier D ms after every iteration, printing "entering barrier K at T"
+// and "barrier K ok at T" (T = CLOCK_MONOTONIC in microseconds, comparable across processes);
 // --hello-major V only connects, sends a Hello of protocol version V.0 and prints the verdict.
 // Output lines (prefix "trainer N.R: "): "iteration K ok", "error: iteration K: <status>"
 // (exit 3), "MISMATCH ..." (exit 4), "refused: <status>" (exit 5), "done" (exit 0).
+#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -192,6 +195,7 @@ int main(int argc, char** argv) {
   std::string socket;
   long node = 0, local_rank = 0, local_size = 1, iters = 1, pause_ms = 0, delta = 0;
   long hello_major = -1;
+  long barrier = -1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const std::string v = argv[i + 1];
@@ -215,6 +219,8 @@ int main(int argc, char** argv) {
         delta = x;
       else if (a == "--hello-major")
         hello_major = x;
+      else if (a == "--barrier")
+        barrier = x;
       else {
         std::fprintf(stderr, "bitpush-test-trainer: unknown argument %s\n", a.c_str());
         return 2;
@@ -302,6 +308,21 @@ int main(int argc, char** argv) {
       }
     }
     Say("iteration " + std::to_string(it) + " ok");
+    if (barrier >= 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(barrier));
+      auto now_us = [] {
+        timespec ts{};
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return std::to_string(static_cast<long long>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000);
+      };
+      Say("entering barrier " + std::to_string(it) + " at " + now_us());
+      const Status b = (*client)->Barrier();
+      if (!b.ok()) {
+        Say("error: barrier " + std::to_string(it) + ": " + b.ToString());
+        return 3;
+      }
+      Say("barrier " + std::to_string(it) + " ok at " + now_us());
+    }
   }
   const Status s = (*client)->Shutdown(std::chrono::seconds(30));
   if (!s.ok()) {

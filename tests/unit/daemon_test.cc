@@ -23,6 +23,7 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -217,6 +218,46 @@ Clock::time_point WaitFor(Child& child, const std::string& text, milliseconds bo
     std::this_thread::sleep_for(milliseconds(5));
   }
   return Clock::time_point::max();
+}
+
+// The number after `prefix` on each line of `text` that contains it, in order.
+std::vector<long long> NumbersAfter(const std::string& text, const std::string& prefix) {
+  std::vector<long long> out;
+  for (size_t at = text.find(prefix); at != std::string::npos; at = text.find(prefix, at + 1)) {
+    out.push_back(std::stoll(text.substr(at + prefix.size())));
+  }
+  return out;
+}
+
+TEST_F(DaemonTest, BarrierReleasesNoProcessBeforeEveryProcessOfEveryNodeEnteredIt) {
+  WriteConfig("none", "none");
+  StartCluster();
+  constexpr int kIters = 3;
+  for (int n = 0; n < kNodes; ++n) {
+    // One late process per node, on a different local rank, enters each barrier 150 ms after
+    // its siblings: every barrier must wait for both.
+    for (int p = 0; p < kLocal; ++p) {
+      StartTrainer(n, p, kIters, 0, {"--barrier", p == n + 1 ? "150" : "0"});
+    }
+  }
+  std::vector<Child*> all;
+  for (const auto& c : children_) all.push_back(c.get());
+  ASSERT_TRUE(WaitAll(all, Clock::now() + milliseconds(25000))) << "the cluster did not finish";
+  for (int k = 0; k < kIters; ++k) {
+    long long last_entry = 0, first_exit = std::numeric_limits<long long>::max();
+    for (Child* t : trainers_) {
+      ASSERT_EQ(t->exit_code(), 0) << t->label() << ":\n" << t->output();
+      const std::vector<long long> in =
+          NumbersAfter(t->output(), "entering barrier " + std::to_string(k) + " at ");
+      const std::vector<long long> out =
+          NumbersAfter(t->output(), "barrier " + std::to_string(k) + " ok at ");
+      ASSERT_EQ(in.size(), 1u) << t->output();
+      ASSERT_EQ(out.size(), 1u) << t->output();
+      last_entry = std::max(last_entry, in[0]);
+      first_exit = std::min(first_exit, out[0]);
+    }
+    EXPECT_GE(first_exit, last_entry) << "barrier " << k << " released a process early";
+  }
 }
 
 // "Cpus_allowed_list" of every thread of `pid`, by thread name (/proc/PID/task/*/).
