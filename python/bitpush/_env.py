@@ -1,0 +1,82 @@
+"""The one place the bitpush Python package reads environment variables.
+
+The bootstrap contract (set by the launcher, or by ``bitpush.testing.LocalCluster.env``):
+
+=========================  ==========================================================
+BITPUSH_CONFIG             path of the cluster YAML (docs/config.md)
+BITPUSH_WORKER_RANK        this process's node: the worker's rank in the YAML's workers
+BITPUSH_LOCAL_RANK         this process's rank on its node (default 0)
+BITPUSH_LOCAL_SIZE         training processes on the node (default 1)
+BITPUSH_MODE               embedded | daemon (default: daemon when local size > 1)
+BITPUSH_DAEMON_SOCKET      the node daemon's Unix socket (optional; default: the YAML's
+                           worker.socket, else /tmp/bitpush-<uid>-worker-<rank>.sock)
+BITPUSH_BIN_DIR            where bitpush-scheduler/-server/-worker live (LocalCluster;
+                           default: the build tree this package was built in)
+=========================  ==========================================================
+
+Arguments given to ``bitpush.torch.init`` override these.
+"""
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+CONFIG = "BITPUSH_CONFIG"
+WORKER_RANK = "BITPUSH_WORKER_RANK"
+LOCAL_RANK = "BITPUSH_LOCAL_RANK"
+LOCAL_SIZE = "BITPUSH_LOCAL_SIZE"
+MODE = "BITPUSH_MODE"
+DAEMON_SOCKET = "BITPUSH_DAEMON_SOCKET"
+BIN_DIR = "BITPUSH_BIN_DIR"
+
+MODES = ("embedded", "daemon")
+
+
+@dataclass
+class Bootstrap:
+    """What the environment says about this process; None = not set."""
+    config: Optional[str] = None
+    worker_rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    local_size: Optional[int] = None
+    mode: Optional[str] = None
+    daemon_socket: Optional[str] = None
+
+
+def _int(name: str, minimum: int) -> Optional[int]:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ValueError(f"{name}={raw!r} must be at least {minimum}")
+    return value
+
+
+def _str(name: str) -> Optional[str]:
+    raw = os.environ.get(name)
+    return raw if raw else None
+
+
+def bootstrap() -> Bootstrap:
+    """Reads the BITPUSH_* bootstrap variables (ValueError naming a malformed one)."""
+    mode = _str(MODE)
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"{MODE}={mode!r}: must be one of {', '.join(MODES)}")
+    return Bootstrap(config=_str(CONFIG), worker_rank=_int(WORKER_RANK, 0),
+                     local_rank=_int(LOCAL_RANK, 0), local_size=_int(LOCAL_SIZE, 1),
+                     mode=mode, daemon_socket=_str(DAEMON_SOCKET))
+
+
+def bin_dir() -> Optional[str]:
+    """BITPUSH_BIN_DIR, or None."""
+    return _str(BIN_DIR)
+
+
+def names() -> dict:
+    """The variable names, for code that builds an environment for a child process."""
+    return {"config": CONFIG, "worker_rank": WORKER_RANK, "local_rank": LOCAL_RANK,
+            "local_size": LOCAL_SIZE, "mode": MODE, "daemon_socket": DAEMON_SOCKET,
+            "bin_dir": BIN_DIR}

@@ -1,0 +1,532 @@
+"""bitpush for PyTorch: ``import bitpush.torch as bp`` (docs/python.md).
+
+    bp.init()                                  # from the BITPUSH_* environment (launcher)
+    bp.broadcast_parameters(model.state_dict(), root_rank=0)
+    avg = bp.push_pull(grad, "fc.weight")      # the average over every training process
+    bp.shutdown()
+
+One bitpush worker client per process (embedded: this process is a worker node of the cluster
+YAML; daemon: one of ``local_size`` training processes served by the node's bitpush-worker).
+Tensors are identified by name. The first push_pull of a name declares the tensor (elements,
+dtype, compression, average/sum, priority); later uses must match. Every process must push the
+same names in the same order: the engine checks declarations across workers in order.
+
+Thread-safety: every function may be called from any thread; the C++ calls run with the GIL
+released. One push_pull per name may be in flight at a time.
+"""
+import atexit
+import sys
+import threading
+
+import torch
+
+from .. import _C, _env
+from .._C import BitpushError
+
+__all__ = [
+    "BitpushError", "Handle", "init", "shutdown", "is_initialized", "rank", "size", "local_rank",
+    "local_size", "node_rank", "num_nodes", "mode", "config_path", "push_pull",
+    "push_pull_inplace", "push_pull_async", "synchronize", "poll", "barrier",
+    "broadcast_parameters", "broadcast_optimizer_state", "stats",
+]
+
+_DTYPES = {torch.float32: "float32", torch.float16: "float16"}
+_BROADCAST_PREFIX = "bitpush.broadcast."
+
+
+def _error(code, message):
+    e = BitpushError(message)
+    e.code = code
+    return e
+
+
+class _Declaration:
+    __slots__ = ("index", "numel", "dtype", "compression", "average", "priority")
+
+    def __init__(self, index, numel, dtype, compression, average, priority):
+        self.index = index
+        self.numel = numel
+        self.dtype = dtype
+        self.compression = compression
+        self.average = average
+        self.priority = priority
+
+    def describe(self):
+        return "%d x %s, compression '%s', %s, priority %d" % (
+            self.numel, self.dtype, self.compression or "<cluster default>",
+            "average" if self.average else "sum", self.priority)
+
+
+class _State:
+    def __init__(self, client, config, local_rank, local_size, mode):
+        self.client = client
+        self.config = config
+        self.node_rank = client.rank
+        self.num_nodes = client.num_workers
+        self.local_rank = local_rank
+        self.local_size = local_size
+        self.mode = mode
+        self.lock = threading.Lock()
+        self.declarations = {}  # name -> _Declaration
+        self.in_flight = {}  # name -> Handle (keeps the tensors alive while C++ uses them)
+
+
+_state = None
+_state_lock = threading.Lock()
+
+
+def _require():
+    s = _state
+    if s is None:
+        raise _error("FailedPrecondition",
+                     "bitpush.torch is not initialized: call bitpush.torch.init() first")
+    return s
+
+
+class Handle:
+    """The completion of one push_pull_async. Keeps its input and output tensors alive until
+    the operation completed; ``synchronize(handle)`` returns the output."""
+
+    __slots__ = ("_handle", "_state", "name", "tensor", "output", "_done", "__weakref__")
+
+    def __init__(self, handle, state, name, tensor, output):
+        self._handle = handle
+        self._state = state
+        self.name = name
+        self.tensor = tensor
+        self.output = output
+        self._done = False
+
+    def ready(self):
+        """True once the push_pull completed (successfully or not); never blocks."""
+        return self._done or self._handle.ready()
+
+    def wait(self, timeout=None):
+        """Blocks until completion and returns the output tensor; raises BitpushError with the
+        operation's failure. timeout (seconds): BitpushError (code Timeout) after that long,
+        the operation goes on. Ctrl-C raises KeyboardInterrupt (the operation goes on)."""
+        timeout_ms = None if timeout is None else max(0, int(timeout * 1000))
+        try:
+            self._handle.wait(timeout_ms)
+        except BitpushError as e:
+            if e.code != "Timeout" or self._handle.ready():
+                self._release()
+            raise
+        self._release()
+        return self.output
+
+    def _release(self):
+        if self._done:
+            return
+        self._done = True
+        with self._state.lock:
+            if self._state.in_flight.get(self.name) is self:
+                del self._state.in_flight[self.name]
+
+    def __repr__(self):
+        return "<bitpush.torch.Handle '%s' %s>" % (self.name,
+                                                   "ready" if self.ready() else "in flight")
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifecycle
+
+def init(config=None, *, rank=None, local_rank=None, local_size=None, mode=None,
+         daemon_socket=None):
+    """Connects this process to the bitpush cluster.
+
+    Arguments override the environment (BITPUSH_CONFIG, BITPUSH_WORKER_RANK,
+    BITPUSH_LOCAL_RANK, BITPUSH_LOCAL_SIZE, BITPUSH_MODE, BITPUSH_DAEMON_SOCKET):
+        config: the cluster YAML path.
+        rank: this process's node (the worker's rank in the YAML).
+        local_rank / local_size: this process among the node's training processes (0 / 1).
+        mode: "embedded" (this process is the worker) or "daemon" (through the node's
+            bitpush-worker); default daemon when local_size > 1.
+    Blocks until the cluster is assembled (bounded by cluster.startup_timeout_s). Raises
+    ValueError naming a missing or bad setting, BitpushError when the cluster refuses.
+    """
+    global _state
+    env = _env.bootstrap()
+    names = _env.names()
+    config = config if config is not None else env.config
+    rank = rank if rank is not None else env.worker_rank
+    local_rank = local_rank if local_rank is not None else env.local_rank
+    local_size = local_size if local_size is not None else env.local_size
+    mode = mode if mode is not None else env.mode
+    daemon_socket = daemon_socket if daemon_socket is not None else env.daemon_socket
+    missing = []
+    if config is None:
+        missing.append("the cluster config (init(config='cluster.yaml') or %s)" % names["config"])
+    if rank is None:
+        missing.append("this process's worker rank (init(rank=N) or %s)" % names["worker_rank"])
+    if missing:
+        raise ValueError("bitpush.torch.init: missing " + " and ".join(missing) +
+                         "; the launcher sets these (docs/python.md, 'Bootstrap')")
+    local_rank = 0 if local_rank is None else int(local_rank)
+    local_size = 1 if local_size is None else int(local_size)
+    if local_size < 1 or not 0 <= local_rank < local_size:
+        raise ValueError("bitpush.torch.init: local_rank %d is not in [0, local_size=%d)"
+                         % (local_rank, local_size))
+    if mode is None:
+        mode = "daemon" if local_size > 1 else "embedded"
+    if mode not in _env.MODES:
+        raise ValueError("bitpush.torch.init: mode must be one of %s, got %r"
+                         % (", ".join(_env.MODES), mode))
+    if mode == "embedded" and local_size != 1:
+        raise ValueError("bitpush.torch.init: local_size=%d needs mode 'daemon' (the node's "
+                         "bitpush-worker sums its processes); embedded mode is one process per "
+                         "node" % local_size)
+    with _state_lock:
+        if _state is not None:
+            raise _error("FailedPrecondition",
+                         "bitpush.torch.init: already initialized (call shutdown() first)")
+        client = _C.Client(str(config), int(rank), mode, local_rank, local_size,
+                           daemon_socket or "")
+        _state = _State(client, str(config), local_rank, local_size, mode)
+
+
+def shutdown(timeout=30.0):
+    """Tells the cluster this process is done and waits (bounded by `timeout` seconds) for the
+    clean shutdown; pending handles fail with Cancelled. No-op when not initialized."""
+    global _state
+    with _state_lock:
+        s = _state
+        _state = None
+    if s is None:
+        return
+    try:
+        s.client.shutdown(float(timeout))
+    finally:
+        s.client.close()
+        with s.lock:
+            s.in_flight.clear()
+
+
+def _shutdown_at_exit():
+    if _state is None:
+        return
+    try:
+        shutdown()
+    except Exception as e:  # the interpreter is exiting: report, do not raise
+        print("bitpush: shutdown at exit failed: %s" % e, file=sys.stderr)
+
+
+atexit.register(_shutdown_at_exit)
+
+
+def is_initialized():
+    return _state is not None
+
+
+def rank():
+    """This process's global rank: node_rank() * local_size() + local_rank()."""
+    s = _require()
+    return s.node_rank * s.local_size + s.local_rank
+
+
+def size():
+    """The number of training processes: num_nodes() * local_size()."""
+    s = _require()
+    return s.num_nodes * s.local_size
+
+
+def local_rank():
+    return _require().local_rank
+
+
+def local_size():
+    return _require().local_size
+
+
+def node_rank():
+    """This process's node: its worker's rank in the cluster YAML."""
+    return _require().node_rank
+
+
+def num_nodes():
+    """The number of worker nodes (the YAML's workers)."""
+    return _require().num_nodes
+
+
+def mode():
+    """"embedded" or "daemon"."""
+    return _require().mode
+
+
+def config_path():
+    """The cluster YAML this process was initialized with."""
+    return _require().config
+
+
+def stats():
+    """The worker's counters: bytes_pushed, bytes_pulled (compressed payload bytes),
+    ops_completed, ops_failed, partitions_pushed, compress_ns, network_ns, decompress_ns,
+    peak_bytes_in_flight."""
+    return _require().client.stats()
+
+
+# ---------------------------------------------------------------------------------------------
+# push_pull
+
+def _check_tensor(tensor, name, what="tensor"):
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError("bitpush: %s of '%s' is a %s, not a torch.Tensor"
+                        % (what, name, type(tensor).__name__))
+    if tensor.is_sparse:
+        raise TypeError("bitpush: %s of '%s' is sparse; push_pull takes dense tensors"
+                        % (what, name))
+    if tensor.device.type != "cpu":
+        raise ValueError("bitpush: %s of '%s' is on %s; push_pull from Python takes CPU tensors "
+                         "(the daemon's GPU path is not wired into Python yet): copy it with "
+                         ".cpu() and back" % (what, name, tensor.device))
+    if tensor.dtype not in _DTYPES:
+        raise TypeError("bitpush: %s of '%s' has dtype %s; push_pull takes torch.float32 or "
+                        "torch.float16" % (what, name, tensor.dtype))
+    if not tensor.is_contiguous():
+        raise ValueError("bitpush: %s of '%s' is not contiguous (shape %s, strides %s); pass "
+                         "tensor.contiguous() (push_pull_inplace needs a contiguous tensor)"
+                         % (what, name, tuple(tensor.shape), tensor.stride()))
+
+
+def _declare(s, name, numel, dtype, compression, average, priority):
+    want = _Declaration(None, numel, dtype, compression, average, priority)
+    with s.lock:
+        have = s.declarations.get(name)
+        if have is None:
+            want.index = s.client.declare(name, numel, dtype, priority, compression,
+                                          not average)
+            s.declarations[name] = want
+            return want.index
+    for field in ("numel", "dtype", "compression", "average", "priority"):
+        if getattr(have, field) != getattr(want, field):
+            raise _error("InvalidArgument",
+                         "bitpush: tensor '%s' was declared as %s but is now pushed as %s (%s "
+                         "differs); a name keeps its first declaration: use another name"
+                         % (name, have.describe(), want.describe(), field))
+    return have.index
+
+
+def push_pull_async(tensor, name, compression=None, average=True, priority=0, output=None):
+    """Starts a push_pull of `tensor` under `name` and returns a Handle.
+
+    compression: a compressor spec ("none", "onebit", "topk:ratio=0.01", ...; None = the
+        cluster's compression.spec). average: True = the average over every training process,
+        False = their sum. priority: lower goes first. output: where the result goes (a
+        contiguous CPU tensor of the same numel and dtype; may be `tensor` itself); default a
+        new tensor. Neither tensor may be touched until the handle completed.
+    """
+    s = _require()
+    if not isinstance(name, str) or not name:
+        raise TypeError("bitpush: push_pull needs a non-empty tensor name, got %r" % (name,))
+    _check_tensor(tensor, name)
+    if output is None:
+        output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    else:
+        _check_tensor(output, name, "output")
+        if output.numel() != tensor.numel() or output.dtype != tensor.dtype:
+            raise ValueError("bitpush: output of '%s' has %d x %s but the tensor %d x %s"
+                             % (name, output.numel(), output.dtype, tensor.numel(),
+                                tensor.dtype))
+    spec = "" if compression is None else str(compression)
+    dtype = _DTYPES[tensor.dtype]
+    index = _declare(s, name, tensor.numel(), dtype, spec, bool(average), int(priority))
+    with s.lock:
+        previous = s.in_flight.get(name)
+        if previous is not None and not previous.ready():
+            raise _error("FailedPrecondition",
+                         "bitpush: a push_pull of tensor '%s' is still in flight; synchronize "
+                         "its handle first" % name)
+        tensor_d = tensor.detach()
+        output_d = output.detach()
+        h = s.client.push_pull(index, tensor_d.data_ptr(), output_d.data_ptr(), tensor.numel(),
+                               dtype, name)
+        handle = Handle(h, s, name, tensor_d, output)
+        s.in_flight[name] = handle
+    return handle
+
+
+def synchronize(handle, timeout=None):
+    """Waits for `handle` and returns its output tensor (raises BitpushError on failure)."""
+    if not isinstance(handle, Handle):
+        raise TypeError("bitpush: synchronize takes a Handle from push_pull_async, got %s"
+                        % type(handle).__name__)
+    return handle.wait(timeout)
+
+
+def poll(handle):
+    """True once `handle` completed (successfully or not); never blocks."""
+    return handle.ready()
+
+
+def push_pull(tensor, name, compression=None, average=True, priority=0):
+    """The push_pull of `tensor` (see push_pull_async) into a new tensor; blocks."""
+    return synchronize(push_pull_async(tensor, name, compression, average, priority))
+
+
+def push_pull_inplace(tensor, name, compression=None, average=True, priority=0):
+    """push_pull with the result written back into `tensor` (contiguous); returns it."""
+    return synchronize(push_pull_async(tensor, name, compression, average, priority,
+                                       output=tensor))
+
+
+def barrier():
+    """Returns once every training process called it (a 1-element push_pull)."""
+    push_pull(torch.zeros(1), "bitpush.barrier", compression="none", average=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Broadcasts: a sum over processes where every process but the root pushes zeros, uncompressed.
+# fp32/fp16 values are exact (x + 0 + ... + 0 in fp32; -0.0 becomes +0.0); every other dtype
+# (and Python scalars) travels as its bytes, one fp32 value 0..255 per byte, which is exact.
+
+class _Broadcast:
+    def __init__(self, root_rank):
+        s = _require()
+        if not 0 <= root_rank < s.num_nodes * s.local_size:
+            raise ValueError("bitpush: root_rank %d is not a rank (size %d)"
+                             % (root_rank, s.num_nodes * s.local_size))
+        self.is_root = rank() == root_rank
+        self.pending = []  # (handle, finish callback)
+
+    def tensor(self, name, t):
+        """Broadcasts tensor `t` in place (any dtype, CPU or CUDA, any layout)."""
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("bitpush: broadcast of '%s': a %s is not a tensor"
+                            % (name, type(t).__name__))
+        src = t.detach()
+        staged = src.device.type != "cpu" or not src.is_contiguous()
+        if src.dtype in _DTYPES:
+            buf = src.to("cpu").contiguous() if staged else src
+            if staged and buf.data_ptr() == src.data_ptr():
+                buf = buf.clone()
+            if not self.is_root:
+                buf.zero_()
+
+            def finish(out, buf=buf, staged=staged):
+                if staged:
+                    with torch.no_grad():
+                        src.copy_(buf)
+        else:
+            as_bytes = src.to("cpu").contiguous().reshape(-1).view(torch.uint8)
+            buf = as_bytes.to(torch.float32)
+            if not self.is_root:
+                buf.zero_()
+
+            def finish(out, buf=buf):
+                restored = buf.round().to(torch.uint8).view(src.dtype).reshape(src.shape)
+                with torch.no_grad():
+                    src.copy_(restored)
+        if buf.numel() == 0:
+            return
+        h = push_pull_async(buf, _BROADCAST_PREFIX + name, compression="none", average=False,
+                            output=buf)
+        self.pending.append((h, finish))
+
+    def scalar(self, name, value, store):
+        """Broadcasts a Python bool/int/float; `store(new_value)` receives the root's value."""
+        kind = type(value)
+        dtype = {bool: torch.bool, int: torch.int64, float: torch.float64}[kind]
+        t = torch.tensor([value], dtype=dtype)
+        self.tensor(name, t)
+        self.pending.append((None, lambda out: store(kind(t.item()))))
+
+    def wait(self):
+        first_error = None
+        for h, finish in self.pending:  # wait for all, even after a failure (buffers in use)
+            try:
+                out = h.wait() if h is not None else None
+                if first_error is None:
+                    finish(out)
+            except BitpushError as e:
+                first_error = first_error or e
+        self.pending = []
+        if first_error is not None:
+            raise first_error
+
+
+def _named_tensors(params):
+    if isinstance(params, dict):
+        items = list(params.items())
+    else:
+        items = list(params)
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+            raise TypeError("bitpush: broadcast_parameters takes a state_dict or (name, tensor) "
+                            "pairs such as model.named_parameters(), got an item %r"
+                            % (type(item).__name__,))
+    return items
+
+
+def broadcast_parameters(params, root_rank=0):
+    """Copies the root's tensors into every other process's, in place.
+
+    params: a state_dict or an iterable of (name, tensor) pairs (model.named_parameters()),
+    the same names in the same order on every process. Tensors of any dtype and device.
+    """
+    b = _Broadcast(root_rank)
+    for name, t in _named_tensors(params):
+        b.tensor("param." + name, t)
+    b.wait()
+
+
+_SCALARS = (bool, int, float)
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0):
+    """Copies the root's optimizer state (state tensors and scalars, and the numeric
+    hyper-parameters of every param group) into every other process's optimizer, in place.
+
+    Every process must have the same parameter groups and the same state layout (e.g. call it
+    before the first step, or after the same number of steps); a difference is reported.
+    """
+    b = _Broadcast(root_rank)
+    layout = []
+    for gi, group in enumerate(optimizer.param_groups):
+        for pi, p in enumerate(group["params"]):
+            layout.append(len(optimizer.state.get(p, {})))
+    # The layout first: a process with another layout would otherwise fail with a less clear
+    # declaration difference.
+    mine = torch.tensor([len(layout)] + layout, dtype=torch.float32)
+    total = push_pull(mine, "bitpush.broadcast.optimizer.layout.%d" % len(layout),
+                      compression="none", average=False)
+    if not torch.equal(total, mine * size()):
+        raise _error("InvalidArgument",
+                     "bitpush: broadcast_optimizer_state: the optimizer's state layout differs "
+                     "between processes (entries per parameter here: %s); build the same "
+                     "optimizer everywhere and broadcast before the first step or after the "
+                     "same steps" % layout)
+    for gi, group in enumerate(optimizer.param_groups):
+        for key in sorted(k for k in group if k != "params"):
+            value = group[key]
+            prefix = "optimizer.group%d.%s" % (gi, key)
+            if isinstance(value, _SCALARS):
+                b.scalar(prefix, value, lambda v, g=group, k=key: g.__setitem__(k, v))
+            elif isinstance(value, (tuple, list)) and all(isinstance(x, _SCALARS) for x in value):
+                items = list(value)
+                for i, x in enumerate(items):
+                    b.scalar("%s.%d" % (prefix, i), x,
+                             lambda v, items=items, i=i: items.__setitem__(i, v))
+                b.pending.append((None, lambda out, g=group, k=key, items=items, t=type(value):
+                                  g.__setitem__(k, t(items))))
+            elif isinstance(value, torch.Tensor):
+                b.tensor(prefix, value)
+        for pi, p in enumerate(group["params"]):
+            state = optimizer.state.get(p)
+            if not state:
+                continue
+            for key in sorted(state, key=str):
+                value = state[key]
+                name = "optimizer.state%d.%d.%s" % (gi, pi, key)
+                if isinstance(value, torch.Tensor):
+                    b.tensor(name, value)
+                elif isinstance(value, _SCALARS):
+                    b.scalar(name, value, lambda v, st=state, k=key: st.__setitem__(k, v))
+    b.wait()
+
+
+from . import hooks as _hooks, optimizer as _optimizer  # noqa: E402
+
+__all__ += list(getattr(_optimizer, "__all__", [])) + list(getattr(_hooks, "__all__", []))
+
+from .optimizer import *  # noqa
+from .hooks import *  # noqa

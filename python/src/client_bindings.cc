@@ -1,0 +1,274 @@
+// Python bindings of worker::Client and PushPullHandle (`bitpush._C.Client`, `bitpush._C.Handle`).
+//
+// Data is passed as raw addresses (torch's tensor.data_ptr()): the Python layer
+// (bitpush/torch/__init__.py) owns the tensors and keeps them alive until the handle completed.
+// Every call that can block — registration, declarations' commit, push_pull, waits, barrier,
+// shutdown, close — runs with the GIL released. Waits are cut into 100 ms slices with
+// PyErr_CheckSignals between them, so Ctrl-C raises KeyboardInterrupt in the waiting thread
+// (the operation itself goes on; its buffers stay owned by the handle's keep-alives).
+//
+// Thread-safety: as worker::Client (any thread). The Client is held by shared_ptr and each call
+// copies it under the GIL, so close() from one thread never frees it under another's call.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "common/dtype.h"
+#include "python/src/bindings.h"
+#include "python/src/status_error.h"
+#include "scheduler/cluster_config.h"
+#include "worker/client.h"
+
+namespace bitpush::python {
+namespace {
+
+namespace py = pybind11;
+using worker::Client;
+using worker::ClientMode;
+using worker::PushPullHandle;
+
+constexpr std::chrono::milliseconds kWaitSlice(100);
+
+// The Python object behind bitpush._C.Client.
+class PyClient {
+ public:
+  PyClient(const std::string& config_path, uint32_t rank, const std::string& mode,
+           uint32_t local_rank, uint32_t local_size, const std::string& socket) {
+    worker::ClientOptions o;
+    if (mode == "embedded") {
+      o.mode = ClientMode::kEmbedded;
+    } else if (mode == "daemon") {
+      o.mode = ClientMode::kDaemon;
+    } else {
+      throw StatusError(
+          InvalidArgumentError("mode must be 'embedded' or 'daemon', got '" + mode + "'"));
+    }
+    o.rank = rank;
+    o.local_rank = local_rank;
+    o.local_size = local_size;
+    o.daemon_socket = socket;
+    StatusOr<std::unique_ptr<Client>> client = InternalError("not created");
+    {
+      py::gil_scoped_release nogil;
+      StatusOr<scheduler::ClusterConfig> cluster = scheduler::LoadClusterConfig(config_path);
+      if (!cluster.ok()) {
+        client = cluster.status();
+      } else {
+        o.cluster = std::move(cluster).value();
+        client = Client::Create(std::move(o));
+      }
+    }
+    client_ = std::shared_ptr<Client>(ValueOrThrow(std::move(client)).release());
+  }
+
+  std::shared_ptr<Client> Get() const {
+    if (!client_) throw StatusError(FailedPreconditionError("the bitpush client is closed"));
+    return client_;
+  }
+
+  void Close() {
+    std::shared_ptr<Client> c = std::move(client_);
+    if (c) {
+      py::gil_scoped_release nogil;
+      c->Close();
+      c.reset();  // the last reference (unless another thread's call still runs) joins here
+    }
+  }
+
+  bool closed() const { return client_ == nullptr; }
+
+ private:
+  std::shared_ptr<Client> client_;
+};
+
+// The Python object behind bitpush._C.Handle.
+struct PyHandle {
+  PushPullHandle handle;
+  std::string tensor;
+};
+
+DType DTypeOrThrow(const std::string& name) {
+  return ValueOrThrow(ParseDType(name));
+}
+
+// Waits for `h` in slices, checking for signals (KeyboardInterrupt) in between. Returns the
+// operation's status, or Timeout after `timeout_ms` (the operation goes on).
+Status WaitInterruptibly(const PyHandle& h, std::optional<int64_t> timeout_ms) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    auto slice = kWaitSlice;
+    if (timeout_ms) {
+      const auto left = std::chrono::milliseconds(*timeout_ms) -
+                        std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now() - start);
+      slice = std::max(std::chrono::milliseconds(0), std::min(slice, left));
+    }
+    Status s;
+    bool ready = false;
+    {
+      py::gil_scoped_release nogil;
+      s = h.handle.Wait(slice);
+      ready = h.handle.Ready();
+      if (ready) s = h.handle.Wait();  // the final status; returns at once
+    }
+    if (ready) return s;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (timeout_ms &&
+        std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(*timeout_ms)) {
+      return TimeoutError("push_pull of tensor '" + h.tensor + "' not complete after " +
+                          std::to_string(*timeout_ms) + " ms");
+    }
+  }
+}
+
+py::dict StatsDict(const worker::ClientStats& s) {
+  py::dict d;
+  d["ops_completed"] = s.ops_completed;
+  d["ops_failed"] = s.ops_failed;
+  d["partitions_pushed"] = s.partitions_pushed;
+  d["bytes_pushed"] = s.bytes_pushed;
+  d["bytes_pulled"] = s.bytes_pulled;
+  d["compress_ns"] = s.compress_ns;
+  d["network_ns"] = s.network_ns;
+  d["decompress_ns"] = s.decompress_ns;
+  d["peak_bytes_in_flight"] = s.peak_bytes_in_flight;
+  return d;
+}
+
+}  // namespace
+
+void BindClient(py::module_& m) {
+  py::class_<PyHandle>(m, "Handle",
+                       "The completion of one push_pull (bitpush._C.Client.push_pull).")
+      .def(
+          "wait",
+          [](const PyHandle& h, std::optional<int64_t> timeout_ms) {
+            ThrowIfError(WaitInterruptibly(h, timeout_ms));
+          },
+          py::arg("timeout_ms") = py::none(),
+          "Blocks until the push_pull completed; raises BitpushError with its failure. With "
+          "timeout_ms, raises BitpushError (code Timeout) after that long without failing the "
+          "operation. Ctrl-C raises KeyboardInterrupt (the operation goes on).")
+      .def(
+          "ready", [](const PyHandle& h) { return h.handle.Ready(); },
+          "True once the push_pull completed (successfully or not).")
+      .def_property_readonly("tensor", [](const PyHandle& h) { return h.tensor; });
+
+  py::class_<PyClient>(m, "Client",
+                       "A bitpush worker (worker/client.h): embedded (this process is the worker "
+                       "node) or daemon mode (one training process of a node's bitpush-worker).")
+      .def(py::init<const std::string&, uint32_t, const std::string&, uint32_t, uint32_t,
+                    const std::string&>(),
+           py::arg("config"), py::arg("rank"), py::arg("mode") = "embedded",
+           py::arg("local_rank") = 0, py::arg("local_size") = 1, py::arg("socket") = "",
+           "Loads the cluster YAML `config`, then registers worker `rank` with the scheduler "
+           "(embedded) or connects to that node's daemon (daemon); bounded by "
+           "cluster.startup_timeout_s.")
+      .def(
+          "declare",
+          [](const PyClient& self, const std::string& name, size_t elements,
+             const std::string& dtype, int64_t priority, const std::string& compression, bool sum) {
+            auto c = self.Get();
+            worker::TensorOptions o;
+            o.priority = priority;
+            o.compression = compression;
+            o.op = sum ? worker::ReduceOp::kSum : worker::ReduceOp::kAverage;
+            const DType t = DTypeOrThrow(dtype);
+            StatusOr<worker::TensorId> id = InternalError("not declared");
+            {
+              py::gil_scoped_release nogil;
+              id = c->Declare(name, elements, t, o);
+            }
+            return ValueOrThrow(std::move(id)).index;
+          },
+          py::arg("name"), py::arg("elements"), py::arg("dtype"), py::arg("priority") = 0,
+          py::arg("compression") = "", py::arg("sum") = false,
+          "Declares a tensor; returns its index. compression '' = the cluster's spec.")
+      .def(
+          "commit_declarations",
+          [](const PyClient& self) {
+            auto c = self.Get();
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c->CommitDeclarations();
+            }
+            ThrowIfError(s);
+          },
+          "Checks the declarations made so far against every other worker's (bounded).")
+      .def(
+          "push_pull",
+          [](const PyClient& self, uint32_t index, uintptr_t in_ptr, uintptr_t out_ptr,
+             size_t elements, const std::string& dtype, const std::string& name) {
+            auto c = self.Get();
+            const DType t = DTypeOrThrow(dtype);
+            PyHandle h;
+            h.tensor = name;
+            {
+              py::gil_scoped_release nogil;
+              h.handle =
+                  c->PushPull(worker::TensorId{index},
+                              ConstTensorView(reinterpret_cast<const void*>(in_ptr), elements, t),
+                              TensorView(reinterpret_cast<void*>(out_ptr), elements, t));
+            }
+            return h;
+          },
+          py::arg("index"), py::arg("in_ptr"), py::arg("out_ptr"), py::arg("elements"),
+          py::arg("dtype"), py::arg("name") = "",
+          "Starts a push_pull of tensor `index` from the memory at in_ptr into out_ptr (may be "
+          "equal). The caller keeps both alive until the handle completed.")
+      .def(
+          "barrier",
+          [](const PyClient& self) {
+            auto c = self.Get();
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c->Barrier();
+            }
+            ThrowIfError(s);
+          },
+          "Waits for every worker (embedded mode only).")
+      .def(
+          "shutdown",
+          [](PyClient& self, double timeout_s) {
+            auto c = self.Get();
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c->Shutdown(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+            }
+            c.reset();
+            self.Close();
+            ThrowIfError(s);
+          },
+          py::arg("timeout_s") = 30.0,
+          "Tells the cluster this worker is done, waits (bounded) for the clean shutdown, "
+          "closes the client.")
+      .def("close", &PyClient::Close,
+           "Fails pending handles with Cancelled and closes the client. Idempotent.")
+      .def_property_readonly("closed", &PyClient::closed)
+      .def_property_readonly("rank", [](const PyClient& self) { return self.Get()->rank(); })
+      .def_property_readonly("num_workers",
+                             [](const PyClient& self) { return self.Get()->num_workers(); })
+      .def_property_readonly("num_servers",
+                             [](const PyClient& self) { return self.Get()->num_servers(); })
+      .def(
+          "status",
+          [](const PyClient& self) {
+            const Status s = self.Get()->status();
+            return py::make_tuple(std::string(StatusCodeName(s.code())), s.message());
+          },
+          "The cluster's sticky error as (code, message); ('OK', '') while healthy.")
+      .def(
+          "stats", [](const PyClient& self) { return StatsDict(self.Get()->stats()); },
+          "The worker's counters (worker::ClientStats) as a dict.");
+}
+
+}  // namespace bitpush::python

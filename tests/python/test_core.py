@@ -1,0 +1,339 @@
+"""bitpush.torch core on real processes over loopback (bitpush.testing.LocalCluster):
+scheduler + 2 servers + 2 worker processes (/usr/bin/python3, embedded mode).
+
+One cluster run (`core_run`, module scope) exercises the API end to end and returns what each
+worker saw; the tests below check it piece by piece. Separate clusters: a declaration that
+differs between the workers, a server killed mid-training. In-process: init errors.
+"""
+import signal
+import time
+
+import pytest
+import torch
+
+import bitpush
+import bitpush.torch as bp
+
+WORKERS = 2
+HEARTBEAT_TIMEOUT_MS = 1000
+
+
+def _inputs(rank, n, seed):
+    g = torch.Generator().manual_seed(seed * 100 + rank)
+    return torch.randn(n, generator=g)
+
+
+def onebit(x):
+    """compressors/onebit (scaled): mean |x| times the sign, +scale for x >= 0 (float64)."""
+    x = x.double()
+    return torch.where(x < 0, -1.0, 1.0).double() * x.abs().mean()
+
+
+# -------------------------------------------------------------------------------------------
+# Worker side of the main run (runs in each worker process).
+
+def core_worker():
+    out = {}
+    bp.init()
+    r = bp.rank()
+    out["ids"] = (bp.rank(), bp.size(), bp.local_rank(), bp.local_size(), bp.node_rank(),
+                  bp.num_nodes(), bp.mode(), bp.is_initialized())
+
+    # fp32 / fp16, average and sum, compression none: exact.
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4) * (r + 1)
+    out["avg32"] = bp.push_pull(x, "avg32")
+    out["sum32"] = bp.push_pull(x, "sum32", average=False)
+    h16 = (torch.arange(8, dtype=torch.float16) * (r + 1)) / 4
+    out["avg16"] = bp.push_pull(h16, "avg16")
+    inplace = torch.full((5,), float(r + 1))
+    res = bp.push_pull_inplace(inplace, "inplace")
+    out["inplace"] = (res.data_ptr() == inplace.data_ptr(), inplace.clone())
+    # A second round of the same name: same declaration, new values.
+    out["avg32_round2"] = bp.push_pull(x * 2, "avg32")
+
+    # onebit (per-tensor spec; the cluster default is none).
+    big = _inputs(r, 1000, 7)
+    out["onebit_in"] = big
+    out["onebit"] = bp.push_pull(big, "onebit.t", compression="onebit")
+
+    # Async overlap: start several, complete in reverse order.
+    tensors = [torch.full((1000 * (i + 1),), float(r + i)) for i in range(5)]
+    handles = [bp.push_pull_async(t, "async.%d" % i, priority=i) for i, t in enumerate(tensors)]
+    outputs = [bp.synchronize(h) for h in reversed(handles)][::-1]
+    out["async"] = [o[:3].clone() for o in outputs]
+    out["async_polled"] = all(bp.poll(h) for h in handles)
+    pre = torch.ones(4) * r
+    explicit_out = torch.empty(4)
+    got = bp.synchronize(bp.push_pull_async(pre, "async.out", output=explicit_out))
+    out["async_out"] = (got is explicit_out, explicit_out.clone())
+
+    # Errors caught locally.
+    errors = {}
+    try:
+        bp.push_pull(torch.zeros(4, 4).t(), "noncontig")
+    except ValueError as e:
+        errors["noncontig"] = str(e)
+    try:
+        bp.push_pull(torch.zeros(4, dtype=torch.float64), "f64")
+    except TypeError as e:
+        errors["dtype"] = str(e)
+    try:
+        bp.push_pull(torch.zeros(13), "avg32")  # declared with 12 elements
+    except bitpush.BitpushError as e:
+        errors["redeclare"] = (e.code, str(e))
+    out["errors"] = errors
+
+    # broadcast_parameters: rank 1 starts with other values.
+    torch.manual_seed(100 + r)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    model[1].num_batches_tracked += 5 + r
+    bp.broadcast_parameters(model.state_dict(), root_rank=0)
+    out["model"] = {k: v.clone() for k, v in model.state_dict().items()}
+
+    # broadcast_optimizer_state: after one step with rank-specific gradients and lr.
+    opt = torch.optim.SGD(model.parameters(), lr=0.1 * (r + 1), momentum=0.9)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float(r + 1))
+    opt.step()
+    bp.broadcast_optimizer_state(opt, root_rank=0)
+    out["opt"] = (opt.param_groups[0]["lr"],
+                  [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()])
+
+    # Ctrl-C during a wait: rank 0 waits for a round rank 1 starts only 1.5 s later.
+    t = torch.ones(3) * (r + 1)
+    bp.push_pull(t, "late")
+    if r == 0:
+        h = bp.push_pull_async(t, "late")
+
+        def on_alarm(signum, frame):
+            raise KeyboardInterrupt
+
+        old = signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        start = time.monotonic()
+        try:
+            h.wait()
+            out["interrupted"] = None
+        except KeyboardInterrupt:
+            out["interrupted"] = time.monotonic() - start
+        finally:
+            signal.signal(signal.SIGALRM, old)
+        out["late"] = bp.synchronize(h).clone()  # the operation went on
+    else:
+        time.sleep(1.5)
+        out["late"] = bp.push_pull(t, "late")
+
+    s = bp.stats()
+    out["stats"] = s
+    bp.shutdown()
+    out["after_shutdown"] = bp.is_initialized()
+    return out
+
+
+@pytest.fixture(scope="module")
+def core_run():
+    with bitpush.testing.LocalCluster(workers=WORKERS, servers=2,
+                                      heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS) as c:
+        results = c.run_workers(core_worker, timeout=90)
+        assert all(r.ok for r in results), c.describe(results)
+        exits = c.wait_exit(10)
+        assert all(rc == 0 for rc in exits.values()), (exits, c.describe(results))
+        return [r.value for r in results]
+
+
+def test_ranks_and_sizes(core_run):
+    for r, out in enumerate(core_run):
+        assert out["ids"] == (r, 2, 0, 1, r, 2, "embedded", True)
+        assert out["after_shutdown"] is False
+
+
+def test_none_fp32_average_and_sum_exact(core_run):
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    for out in core_run:
+        assert out["avg32"].shape == (3, 4)
+        assert torch.equal(out["avg32"], x * 1.5)  # (1x + 2x) / 2
+        assert torch.equal(out["sum32"], x * 3)
+        assert torch.equal(out["avg32_round2"], x * 3)
+
+
+def test_none_fp16_average_exact(core_run):
+    h = torch.arange(8, dtype=torch.float16) / 4
+    for out in core_run:
+        assert out["avg16"].dtype == torch.float16
+        assert torch.equal(out["avg16"], (h.float() * 1.5).half())
+
+
+def test_inplace(core_run):
+    for out in core_run:
+        same, value = out["inplace"]
+        assert same
+        assert torch.equal(value, torch.full((5,), 1.5))
+
+
+def test_onebit_both_workers_agree_and_match_reference(core_run):
+    a, b = core_run[0]["onebit"], core_run[1]["onebit"]
+    assert torch.equal(a, b)
+    # Worker compression, server average, server compression (no error feedback).
+    agg = (onebit(core_run[0]["onebit_in"]) + onebit(core_run[1]["onebit_in"])) / 2
+    want = onebit(agg)
+    assert torch.allclose(a.double(), want, rtol=1e-5, atol=0)
+    assert (a.abs() == a.abs()[0]).all()  # one magnitude: the scale
+    assert torch.equal(a < 0, agg < 0)  # the sign pattern of the aggregate
+
+
+def test_async_overlap(core_run):
+    for out in core_run:
+        for i, o in enumerate(out["async"]):
+            assert torch.equal(o, torch.full((3,), i + 0.5))  # (i + (i + 1)) / 2
+        assert out["async_polled"]
+        same, value = out["async_out"]
+        assert same and torch.equal(value, torch.full((4,), 0.5))
+
+
+def test_clear_local_errors(core_run):
+    errors = core_run[0]["errors"]
+    assert "noncontig" in errors["noncontig"] and "not contiguous" in errors["noncontig"]
+    assert "'f64'" in errors["dtype"] and "torch.float64" in errors["dtype"]
+    code, msg = errors["redeclare"]
+    assert code == "InvalidArgument"
+    assert "'avg32'" in msg and "12 x float32" in msg and "13 x float32" in msg
+
+
+def test_broadcast_parameters_makes_rank1_equal_rank0(core_run):
+    m0, m1 = core_run[0]["model"], core_run[1]["model"]
+    torch.manual_seed(100)
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    for k in m0:
+        assert torch.equal(m0[k], m1[k]), k
+        if k != "1.num_batches_tracked":
+            assert torch.equal(m0[k], ref.state_dict()[k]), k
+    assert m1["1.num_batches_tracked"].item() == 5
+
+
+def test_broadcast_optimizer_state(core_run):
+    (lr0, mom0), (lr1, mom1) = core_run[0]["opt"], core_run[1]["opt"]
+    assert lr0 == lr1 == pytest.approx(0.1)
+    for a, b in zip(mom0, mom1):
+        assert torch.equal(a, b)
+        assert torch.equal(a, torch.ones_like(a))  # rank 0's gradient (1) as first momentum
+
+
+def test_ctrl_c_interrupts_a_wait(core_run):
+    out = core_run[0]
+    assert out["interrupted"] is not None, "KeyboardInterrupt did not reach the wait"
+    assert out["interrupted"] < 1.0
+    for o in core_run:
+        assert torch.equal(o["late"], torch.full((3,), 1.5))
+
+
+def test_stats(core_run):
+    for out in core_run:
+        s = out["stats"]
+        assert s["bytes_pushed"] > 0 and s["bytes_pulled"] > 0
+        assert s["ops_completed"] >= 10 and s["ops_failed"] == 0
+
+
+# -------------------------------------------------------------------------------------------
+# A declaration that differs between the workers.
+
+def mismatch_worker():
+    bp.init()
+    n = 10 + bp.rank()
+    try:
+        bp.push_pull(torch.zeros(n), "fc.weight")
+        return ("no error", "")
+    except bitpush.BitpushError as e:
+        return (e.code, str(e))
+    finally:
+        bp.shutdown(5)
+
+
+def test_declaration_mismatch_names_the_tensor(local_cluster):
+    c = local_cluster(workers=WORKERS)
+    results = c.run_workers(mismatch_worker, timeout=60)
+    assert all(r.value is not None for r in results), c.describe(results)
+    for r in results:
+        code, msg = r.value
+        assert code == "InvalidArgument", (code, msg)
+        assert "fc.weight" in msg
+        assert "10" in msg and "11" in msg
+
+
+# -------------------------------------------------------------------------------------------
+# A server killed mid-training.
+
+def training_worker(ready_dir):
+    import os
+    bp.init()
+    t = torch.ones(4096)
+    first = True
+    try:
+        while True:
+            bp.push_pull(t, "w", compression="none")
+            bp.push_pull(t, "v", compression="none")
+            if first:
+                open(os.path.join(ready_dir, "ready-%d" % bp.rank()), "w").close()
+                first = False
+            time.sleep(0.01)
+    except bitpush.BitpushError as e:
+        return (time.time(), e.code, str(e))
+    finally:
+        try:
+            bp.shutdown(2)
+        except bitpush.BitpushError:
+            pass
+
+
+def test_killed_server_fails_the_workers_within_the_heartbeat_bound(local_cluster):
+    import os
+    c = local_cluster(workers=WORKERS, servers=2, heartbeat_interval_ms=100,
+                      heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
+    procs = [c.start_worker(training_worker, (c.dir,), w) for w in range(WORKERS)]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(
+            os.path.exists(os.path.join(c.dir, "ready-%d" % w)) for w in range(WORKERS)):
+        assert all(p.poll() is None for p in procs), c.describe()
+        time.sleep(0.02)
+    killed_at = time.time()
+    c.kill_server(1)
+    results = c.wait_workers(procs, timeout=30)
+    assert all(r.value is not None for r in results), c.describe(results)
+    for r in results:
+        failed_at, code, msg = r.value
+        assert "server" in msg and "1" in msg, msg
+        # The scheduler declares it dead after heartbeat_timeout; allow scheduling slack.
+        assert failed_at - killed_at < HEARTBEAT_TIMEOUT_MS / 1000 + 2.0, (failed_at - killed_at,
+                                                                           msg)
+
+
+# -------------------------------------------------------------------------------------------
+# In-process: init errors need no cluster.
+
+def test_init_without_config_names_what_is_missing(clean_env):
+    with pytest.raises(ValueError) as e:
+        bp.init()
+    assert "BITPUSH_CONFIG" in str(e.value) and "BITPUSH_WORKER_RANK" in str(e.value)
+    with pytest.raises(ValueError) as e:
+        bp.init("/nonexistent.yaml")
+    assert "BITPUSH_WORKER_RANK" in str(e.value) and "BITPUSH_CONFIG" not in str(e.value)
+    assert not bp.is_initialized()
+
+
+def test_init_with_a_missing_config_file_raises_bitpush_error(clean_env):
+    with pytest.raises(bitpush.BitpushError) as e:
+        bp.init("/nonexistent/cluster.yaml", rank=0)
+    assert "/nonexistent/cluster.yaml" in str(e.value)
+    assert e.value.code != "OK"
+    with pytest.raises(bitpush.BitpushError) as e:
+        bp.push_pull(torch.zeros(1), "x")
+    assert "not initialized" in str(e.value)
+
+
+def test_bad_environment_is_named(clean_env, monkeypatch):
+    monkeypatch.setenv("BITPUSH_WORKER_RANK", "one")
+    with pytest.raises(ValueError, match="BITPUSH_WORKER_RANK"):
+        bp.init("x.yaml")
+    monkeypatch.setenv("BITPUSH_WORKER_RANK", "0")
+    monkeypatch.setenv("BITPUSH_MODE", "threads")
+    with pytest.raises(ValueError, match="BITPUSH_MODE"):
+        bp.init("x.yaml")
