@@ -9,6 +9,7 @@ namespace bitpush::bench {
 int RunCompressorsBench(int argc, char** argv);
 int RunTransportBench(int argc, char** argv);
 int RunLocalReduceBench(int argc, char** argv);
+int RunOptimizerBench(int argc, char** argv);
 int RunPushPullBench(int argc, char** argv);
 int RunPushPullWorkerMode(int argc, char** argv);
 }  // namespace bitpush::bench
@@ -38,6 +39,10 @@ const Command kCommands[] = {
      "intra-node reduce of P processes' tensors in POSIX shared memory (the worker daemon's "
      "SIMD sum) vs memcpy",
      bitpush::bench::RunLocalReduceBench},
+    {"optimizer",
+     "one LANS/CLAN update step (optimizers/lans.h) of a 25M-parameter transformer-like model "
+     "on one thread vs the same update in plain torch ops",
+     bitpush::bench::RunOptimizerBench},
     {"pushpull-worker", nullptr, bitpush::bench::RunPushPullWorkerMode},
 };
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Smoke test of `bitpush-bench compressors --json`, `bitpush-bench localreduce --json` and
-`bitpush-bench pushpull --json`: the commands, flags and JSON fields are a contract other tools
+"""Smoke test of `bitpush-bench compressors --json`, `bitpush-bench localreduce --json`,
+`bitpush-bench optimizer --json` and `bitpush-bench pushpull --json`: the commands, flags and JSON fields are a contract other tools
 rely on. Runs tiny configurations (compressors: at every ISA level this CPU has; localreduce:
 1 MiB per process; pushpull: a 2-worker, 2-server cluster of 1 MiB) and checks the records (not the speed: speed targets live in the benchmark, not in
 tests)."""
@@ -82,6 +82,32 @@ for bad in (("--procs", "0"), ("--dtype", "int8"), ("--mb", "-3"), ("--isa", "ss
     r = run("localreduce", *bad)
     assert r.returncode == 2 and bad[-1] in r.stderr, (bad, r.stderr)
 
+# `bitpush-bench optimizer --json`: the LANS step vs the same update in torch ops (issue 6).
+OPTIMIZER_REQUIRED = {"name", "params", "steps", "kernel", "params_per_s", "torch_params_per_s",
+                      "speedup_vs_torch", "target", "met", "torch_skipped", "blocks"}
+for args in ((), ("--no-torch", "--isa", "scalar")):
+    r = run("optimizer", "--json", "--params", "100000", "--steps", "2", *args)
+    assert r.returncode == 0, r.stderr
+    records = json.loads(r.stdout)
+    assert len(records) == 1, records
+    rec = records[0]
+    missing = OPTIMIZER_REQUIRED - rec.keys()
+    assert not missing, f"optimizer record {rec} lacks {missing}"
+    assert rec["name"] == "optimizer" and rec["params"] == 100000 and rec["steps"] == 2, rec
+    assert rec["params_per_s"] > 0 and rec["target"] == 3.0 and rec["met"] in (0, 1), rec
+    if args:
+        assert rec["kernel"] == "scalar", rec
+    if rec["torch_skipped"]:  # no torch here, or --no-torch: reported, not an error
+        assert rec["torch_params_per_s"] is None and rec["met"] == 0, rec
+    else:
+        assert abs(rec["speedup_vs_torch"] - rec["params_per_s"] / rec["torch_params_per_s"]) < \
+            1e-3 * rec["speedup_vs_torch"], rec
+    if "--no-torch" in args:
+        assert "--no-torch" in rec["torch_skipped"], rec
+for bad in (("--params", "0"), ("--steps", "-1"), ("--isa", "sse9"), ("--bogus",)):
+    r = run("optimizer", *bad)
+    assert r.returncode == 2 and bad[-1] in r.stderr, (bad, r.stderr)
+
 # `bitpush-bench pushpull --json`: a whole cluster per compressor (scheduler, servers, workers
 # as real processes on loopback; needs bitpush-scheduler and bitpush-server next to the bench).
 PUSHPULL_REQUIRED = {
@@ -138,4 +164,4 @@ assert r.returncode == 2 and "--bogus" in r.stderr, r.stderr
 r = run("nosuchbench")
 assert r.returncode == 2 and "nosuchbench" in r.stderr, r.stderr
 print(f"bench JSON contract ok for ISA levels: {', '.join(ok_isas)}; localreduce ok; "
-      "pushpull ok")
+      "optimizer ok; pushpull ok")

@@ -1,0 +1,234 @@
+// bitpush-bench optimizer: throughput of the CLAN/LANS parameter update (optimizers/lans.h) on
+// ONE thread for a model of --params parameters made of transformer-like blocks, against the
+// same update written in plain torch ops (bench/optimizer_torch_ref.py, torch.set_num_threads(1))
+// over the same block shapes, measured in the same run.
+//
+// params_per_s = params / fastest full step (every block once); speedup_vs_torch = params_per_s /
+// torch_params_per_s; met = speedup_vs_torch >= target (3.0). Without torch the reference is
+// reported as skipped (torch_skipped names why) and the benchmark still succeeds.
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "common/cpu_features.h"
+#include "optimizers/lans.h"
+
+#ifndef BITPUSH_OPTIMIZER_TORCH_REF
+#define BITPUSH_OPTIMIZER_TORCH_REF "bench/optimizer_torch_ref.py"
+#endif
+
+namespace bitpush::bench {
+namespace {
+
+constexpr double kTarget = 3.0;
+
+struct Options {
+  bool json = false;
+  size_t params = 25000000;
+  int steps = 5;
+  IsaLevel isa = BestIsaLevel();
+  bool torch = true;
+  float weight_decay = 0.01f;
+};
+
+void PrintHelp() {
+  std::printf(
+      "usage: bitpush-bench optimizer [--json] [--params N] [--steps S] [--isa auto]\n"
+      "                               [--no-torch]\n"
+      "One LANS/CLAN step (optimizers/lans.h, weight decay 0.01) over a model of N parameters\n"
+      "(default 25000000) made of transformer blocks of hidden size 1024 (QKV, projections,\n"
+      "FFN matrices of 1M-4M elements, biases, LayerNorms), on one thread; S timed steps after a\n"
+      "warm-up step (default 5), the fastest reported. The same update in plain torch ops\n"
+      "(%s, one thread) runs in the same invocation.\n"
+      "params_per_s = N / best step time; speedup_vs_torch = params_per_s / torch_params_per_s.\n"
+      "--no-torch: skip the torch reference.\n",
+      BITPUSH_OPTIMIZER_TORCH_REF);
+}
+
+[[noreturn]] void UsageError(const std::string& msg) {
+  std::fprintf(stderr, "bitpush-bench optimizer: %s\n", msg.c_str());
+  std::exit(2);
+}
+
+size_t ParsePositive(const std::string& flag, const std::string& text, size_t max) {
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || v <= 0 || static_cast<unsigned long long>(v) > max) {
+    UsageError(flag + " needs an integer in 1.." + std::to_string(max) + ", got '" + text + "'");
+  }
+  return static_cast<size_t>(v);
+}
+
+void ParseArgs(int argc, char** argv, Options* o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) UsageError(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--json") {
+      o->json = true;
+    } else if (a == "--params") {
+      o->params = ParsePositive("--params", next(), size_t{1} << 32);
+    } else if (a == "--steps") {
+      o->steps = static_cast<int>(ParsePositive("--steps", next(), 100000));
+    } else if (a == "--isa") {
+      auto isa = ParseIsaLevel(next());
+      if (!isa.ok()) UsageError(isa.status().message());
+      o->isa = *isa;
+    } else if (a == "--no-torch") {
+      o->torch = false;
+    } else if (a == "--help" || a == "-h") {
+      PrintHelp();
+      std::exit(0);
+    } else {
+      PrintHelp();
+      UsageError("unknown option '" + a + "'");
+    }
+  }
+}
+
+// One transformer layer of hidden size 1024 (BERT-Large), repeated until `params` are reached;
+// the last block is cut to fit. bench/optimizer_torch_ref.py's block_sizes is the same list.
+std::vector<size_t> BlockSizes(size_t params) {
+  static const size_t kLayer[] = {3 * 1024 * 1024, 3 * 1024, 1024 * 1024, 1024, 1024, 1024,
+                                  4096 * 1024,     4096,     1024 * 4096, 1024, 1024, 1024};
+  std::vector<size_t> sizes;
+  size_t left = params;
+  for (size_t i = 0; left > 0; ++i) {
+    const size_t s = std::min(kLayer[i % (sizeof(kLayer) / sizeof(kLayer[0]))], left);
+    sizes.push_back(s);
+    left -= s;
+  }
+  return sizes;
+}
+
+struct TorchResult {
+  double params_per_s = 0;
+  double seconds = 0;
+  std::string version;
+  std::string skipped;  // empty: it ran
+};
+
+TorchResult RunTorchReference(const Options& o) {
+  TorchResult r;
+  if (!o.torch) {
+    r.skipped = "disabled by --no-torch";
+    return r;
+  }
+  const std::string cmd = std::string("/usr/bin/python3 ") + BITPUSH_OPTIMIZER_TORCH_REF +
+                          " --params " + std::to_string(o.params) + " --steps " +
+                          std::to_string(o.steps) + " --threads 1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) {
+    r.skipped = "could not start: " + cmd;
+    return r;
+  }
+  std::string out;
+  char buf[4096];
+  size_t got;
+  while ((got = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, got);
+  const int rc = pclose(p);
+  const size_t brace = out.rfind('{');
+  const auto fields = ReadFlatJson(brace == std::string::npos ? "" : out.substr(brace));
+  if (auto it = fields.find("skipped"); it != fields.end()) {
+    r.skipped = it->second;
+  } else if (rc != 0 || JsonNumber(fields, "params_per_s") <= 0) {
+    r.skipped = "reference failed (exit status " + std::to_string(rc) + "): " + cmd;
+  } else {
+    r.params_per_s = JsonNumber(fields, "params_per_s");
+    r.seconds = JsonNumber(fields, "seconds");
+    r.version = fields.count("torch_version") ? fields.at("torch_version") : "";
+  }
+  return r;
+}
+
+}  // namespace
+
+int RunOptimizerBench(int argc, char** argv) {
+  Options opt;
+  ParseArgs(argc, argv, &opt);
+  const Status isa_ok = CheckIsaSupported(opt.isa);
+  if (!isa_ok.ok()) UsageError(isa_ok.message());
+
+  const std::vector<size_t> sizes = BlockSizes(opt.params);
+  struct Block {
+    std::vector<float> x, m, v, g;
+  };
+  std::vector<Block> blocks(sizes.size());
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (size_t b = 0; b < sizes.size(); ++b) {
+    blocks[b].x.resize(sizes[b]);
+    blocks[b].g.resize(sizes[b]);
+    blocks[b].m.assign(sizes[b], 0.0f);
+    blocks[b].v.assign(sizes[b], 0.0f);
+    for (float& x : blocks[b].x) x = dist(rng);
+    for (float& g : blocks[b].g) g = dist(rng);
+  }
+  optimizers::LansOptions lo;
+  lo.weight_decay = opt.weight_decay;
+  uint64_t step = 0;
+  Status failure;
+  auto one_step = [&] {
+    ++step;
+    for (Block& b : blocks) {
+      Status s =
+          optimizers::LansStepWithIsa(opt.isa, lo, 1e-3f, step, Span<float>(b.x), Span<float>(b.m),
+                                      Span<float>(b.v), Span<const float>(b.g));
+      if (!s.ok()) failure = s;
+    }
+  };
+  // TimeIt's warm-up call is the untimed first step; then exactly --steps timed steps.
+  const Timing t = TimeIt(one_step, 0.0, opt.steps);
+  if (!failure.ok()) {
+    std::fprintf(stderr, "bitpush-bench optimizer: %s\n", failure.ToString().c_str());
+    return 1;
+  }
+  const double params_per_s = static_cast<double>(opt.params) / t.best_seconds;
+  const TorchResult torch = RunTorchReference(opt);
+  const bool have_torch = torch.skipped.empty();
+  const double speedup = have_torch ? params_per_s / torch.params_per_s : 0.0 / 0.0;
+  const bool met = have_torch && speedup >= kTarget;
+  const std::string isa_name(IsaLevelName(opt.isa));
+
+  JsonRecord rec;
+  rec.Add("name", "optimizer")
+      .Add("params", opt.params)
+      .Add("blocks", sizes.size())
+      .Add("steps", t.reps)
+      .Add("threads", 1)
+      .Add("kernel", isa_name)
+      .Add("weight_decay", static_cast<double>(opt.weight_decay))
+      .Add("seconds", t.best_seconds)
+      .Add("median_seconds", t.median_seconds)
+      .Add("params_per_s", params_per_s)
+      .Add("gbps", params_per_s * 44 / 1e9)  // bytes moved: pass 1 24 B, pass 2 20 B per param
+      .Add("torch_params_per_s", have_torch ? torch.params_per_s : 0.0 / 0.0)
+      .Add("torch_seconds", have_torch ? torch.seconds : 0.0 / 0.0)
+      .Add("torch_version", torch.version)
+      .Add("torch_skipped", torch.skipped)
+      .Add("speedup_vs_torch", speedup)
+      .Add("target", kTarget)
+      .Add("met", met ? 1 : 0);
+  if (opt.json) {
+    std::fputs(JsonArray({rec}).c_str(), stdout);
+  } else {
+    std::printf("LANS step, %zu params in %zu blocks, one thread, kernel %s\n", opt.params,
+                sizes.size(), isa_name.c_str());
+    std::printf("bitpush  %10.3f ms  %8.1f M params/s\n", t.best_seconds * 1e3, params_per_s / 1e6);
+    if (have_torch) {
+      std::printf("torch    %10.3f ms  %8.1f M params/s  (torch %s)\n", torch.seconds * 1e3,
+                  torch.params_per_s / 1e6, torch.version.c_str());
+      std::printf("speedup  %.2fx (target %.1fx: %s)\n", speedup, kTarget, met ? "met" : "NOT met");
+    } else {
+      std::printf("torch reference skipped: %s\n", torch.skipped.c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace bitpush::bench
