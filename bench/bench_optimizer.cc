@@ -6,8 +6,10 @@
 // params_per_s = params / fastest full step (every block once); speedup_vs_torch = params_per_s /
 // torch_params_per_s; met = speedup_vs_torch >= target (3.0). Without torch the reference is
 // reported as skipped (torch_skipped names why) and the benchmark still succeeds.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -24,6 +26,7 @@ namespace bitpush::bench {
 namespace {
 
 constexpr double kTarget = 3.0;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();  // JSON null
 
 struct Options {
   bool json = false;
@@ -191,7 +194,7 @@ int RunOptimizerBench(int argc, char** argv) {
   const double params_per_s = static_cast<double>(opt.params) / t.best_seconds;
   const TorchResult torch = RunTorchReference(opt);
   const bool have_torch = torch.skipped.empty();
-  const double speedup = have_torch ? params_per_s / torch.params_per_s : 0.0 / 0.0;
+  const double speedup = have_torch ? params_per_s / torch.params_per_s : kNaN;
   const bool met = have_torch && speedup >= kTarget;
   const std::string isa_name(IsaLevelName(opt.isa));
 
@@ -207,8 +210,8 @@ int RunOptimizerBench(int argc, char** argv) {
       .Add("median_seconds", t.median_seconds)
       .Add("params_per_s", params_per_s)
       .Add("gbps", params_per_s * 44 / 1e9)  // bytes moved: pass 1 24 B, pass 2 20 B per param
-      .Add("torch_params_per_s", have_torch ? torch.params_per_s : 0.0 / 0.0)
-      .Add("torch_seconds", have_torch ? torch.seconds : 0.0 / 0.0)
+      .Add("torch_params_per_s", have_torch ? torch.params_per_s : kNaN)
+      .Add("torch_seconds", have_torch ? torch.seconds : kNaN)
       .Add("torch_version", torch.version)
       .Add("torch_skipped", torch.skipped)
       .Add("speedup_vs_torch", speedup)
