@@ -69,6 +69,8 @@ class _State:
         self.lock = threading.Lock()
         self.declarations = {}  # name -> _Declaration
         self.in_flight = {}  # name -> Handle (keeps the tensors alive while C++ uses them)
+        # Daemon mode: handles of first rounds not known to be complete (see _declare).
+        self.first_rounds = []
 
 
 _state = None
@@ -288,22 +290,39 @@ def _check_tensor(tensor, name, what="tensor"):
                          % (what, name, tuple(tensor.shape), tensor.stride()))
 
 
+def _settle_first_rounds(s):
+    # Daemon mode: the node's bitpush-worker declares a tensor to its engine when every local
+    # process declared it, and starts a round on another thread; the engine announces the
+    # declarations made so far with a tensor's first round. A declaration racing an earlier
+    # tensor's first round could be announced with it on one node and not on another, which
+    # the cluster refuses as a declaration difference. So a new tensor is declared only once
+    # the first rounds of the earlier ones completed (only the first use of each name waits).
+    pending, s.first_rounds = s.first_rounds, []
+    for h in pending:
+        try:
+            h.wait()
+        except BitpushError:
+            pass  # reported to whoever synchronizes that handle
+
+
 def _declare(s, name, numel, dtype, compression, average, priority):
     want = _Declaration(None, numel, dtype, compression, average, priority)
     with s.lock:
         have = s.declarations.get(name)
         if have is None:
+            if s.mode == "daemon":
+                _settle_first_rounds(s)
             want.index = s.client.declare(name, numel, dtype, priority, compression,
                                           not average)
             s.declarations[name] = want
-            return want.index
+            return want.index, True
     for field in ("numel", "dtype", "compression", "average", "priority"):
         if getattr(have, field) != getattr(want, field):
             raise _error("InvalidArgument",
                          "bitpush: tensor '%s' was declared as %s but is now pushed as %s (%s "
                          "differs); a name keeps its first declaration: use another name"
                          % (name, have.describe(), want.describe(), field))
-    return have.index
+    return have.index, False
 
 
 def push_pull_async(tensor, name, compression=None, average=True, priority=0, output=None):
@@ -329,7 +348,7 @@ def push_pull_async(tensor, name, compression=None, average=True, priority=0, ou
                                 tensor.dtype))
     spec = "" if compression is None else str(compression)
     dtype = _DTYPES[tensor.dtype]
-    index = _declare(s, name, tensor.numel(), dtype, spec, bool(average), int(priority))
+    index, first = _declare(s, name, tensor.numel(), dtype, spec, bool(average), int(priority))
     with s.lock:
         previous = s.in_flight.get(name)
         if previous is not None and not previous.ready():
@@ -342,6 +361,8 @@ def push_pull_async(tensor, name, compression=None, average=True, priority=0, ou
                                dtype, name)
         handle = Handle(h, s, name, tensor_d, output)
         s.in_flight[name] = handle
+        if first and s.mode == "daemon":
+            s.first_rounds.append(h)
     return handle
 
 
