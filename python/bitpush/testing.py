@@ -363,9 +363,9 @@ class LocalCluster:
         """
         procs = []
         for w in range(self.workers):
-            for l in range(self.local_size):
-                a = per_worker_args(w, l) if per_worker_args else args
-                procs.append(self.start_worker(target, a, w, l, env))
+            for local in range(self.local_size):
+                a = per_worker_args(w, local) if per_worker_args else args
+                procs.append(self.start_worker(target, a, w, local, env))
         return self.wait_workers(procs, timeout)
 
     def wait_workers(self, procs, timeout=60.0):

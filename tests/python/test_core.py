@@ -55,6 +55,7 @@ def core_worker():
     big = _inputs(r, 1000, 7)
     out["onebit_in"] = big
     out["onebit"] = bp.push_pull(big, "onebit.t", compression="onebit")
+    out["onebit16"] = bp.push_pull(big.half(), "onebit.h", compression="onebit")
 
     # Async overlap: start several, complete in reverse order.
     tensors = [torch.full((1000 * (i + 1),), float(r + i)) for i in range(5)]
@@ -77,6 +78,10 @@ def core_worker():
         bp.push_pull(torch.zeros(4, dtype=torch.float64), "f64")
     except TypeError as e:
         errors["dtype"] = str(e)
+    try:
+        bp.push_pull(torch.empty(4, device="meta"), "offcpu")
+    except ValueError as e:
+        errors["device"] = str(e)
     try:
         bp.push_pull(torch.zeros(13), "avg32")  # declared with 12 elements
     except bitpush.BitpushError as e:
@@ -179,6 +184,12 @@ def test_onebit_both_workers_agree_and_match_reference(core_run):
     assert torch.allclose(a.double(), want, rtol=1e-5, atol=0)
     assert (a.abs() == a.abs()[0]).all()  # one magnitude: the scale
     assert torch.equal(a < 0, agg < 0)  # the sign pattern of the aggregate
+    # fp16: compressed in fp32 after the conversion, the result rounded to fp16 once.
+    h0, h1 = core_run[0]["onebit16"], core_run[1]["onebit16"]
+    assert h0.dtype == torch.float16 and torch.equal(h0, h1)
+    agg16 = (onebit(core_run[0]["onebit_in"].half()) + onebit(core_run[1]["onebit_in"].half())) / 2
+    assert torch.allclose(h0.double(), onebit(agg16), rtol=2e-3, atol=0)
+    assert torch.equal(h0 < 0, agg16 < 0)
 
 
 def test_async_overlap(core_run):
@@ -194,6 +205,7 @@ def test_clear_local_errors(core_run):
     errors = core_run[0]["errors"]
     assert "noncontig" in errors["noncontig"] and "not contiguous" in errors["noncontig"]
     assert "'f64'" in errors["dtype"] and "torch.float64" in errors["dtype"]
+    assert "'offcpu'" in errors["device"] and "CPU tensors" in errors["device"]
     code, msg = errors["redeclare"]
     assert code == "InvalidArgument"
     assert "'avg32'" in msg and "12 x float32" in msg and "13 x float32" in msg
@@ -372,3 +384,32 @@ def test_bad_environment_is_named(clean_env, monkeypatch):
     monkeypatch.setenv("BITPUSH_MODE", "threads")
     with pytest.raises(ValueError, match="BITPUSH_MODE"):
         bp.init("x.yaml")
+
+
+# -------------------------------------------------------------------------------------------
+# The LANS kernel binding (the kernel itself: tests/unit/lans_test.cc).
+
+@pytest.mark.skipif(not bitpush._C.HAVE_LANS, reason="built without bitpush_optimizers")
+def test_lans_step_binding_matches_the_first_step_formula():
+    C = bitpush._C
+    assert C.lans_kernel_name() in ("avx512", "avx2", "scalar")
+    o = C.LansOptions()
+    assert (o.beta1, o.eps_inside_sqrt, o.trust_ratio_fallback) == (pytest.approx(0.9), False,
+                                                                    True)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1000, generator=g)
+    grad = torch.randn(1000, generator=g)
+    m, v = torch.zeros(1000), torch.zeros(1000)
+    x0 = x.double().clone()
+    C.lans_step(o, 0.01, 1, x.data_ptr(), m.data_ptr(), v.data_ptr(), grad.data_ptr(), 1000)
+    # Step 1, no weight decay: m^ = g, v^ = g^2, r = c = g / (|g| + eps);
+    # x -= lr * ||x|| / ||r|| * r (the beta1 and 1 - beta1 terms add up).
+    gd = grad.double()
+    r = gd / (gd.abs() + 1e-6)
+    want = x0 - 0.01 * x0.norm() / r.norm() * r
+    assert torch.allclose(x.double(), want, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(m.double(), 0.1 * gd, rtol=1e-6)
+    o.beta1 = 1.5
+    with pytest.raises(bitpush.BitpushError) as e:
+        C.lans_step(o, 0.01, 1, x.data_ptr(), m.data_ptr(), v.data_ptr(), grad.data_ptr(), 1000)
+    assert e.value.code == "InvalidArgument" and "beta1" in str(e.value)
