@@ -84,6 +84,12 @@ Client::~Client() {
 StatusOr<TensorId> Client::Declare(const std::string& name, size_t elements, DType dtype,
                                    const TensorOptions& options) {
   if (daemon_) return daemon_->Declare(name, elements, dtype, options);
+  if (options.cuda) {
+    return UnimplementedError(fmt::format(
+        "Declare '{}': CUDA tensors need daemon mode (the node's bitpush-worker runs the GPU "
+        "reduce); in embedded mode copy the tensor to host memory",
+        name));
+  }
   return engine_->Declare(name, elements, dtype, options);
 }
 

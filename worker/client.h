@@ -71,6 +71,10 @@ struct TensorOptions {
   // below compression.min_compress_bytes go uncompressed whatever the spec.
   std::string compression;
   ReduceOp op = ReduceOp::kAverage;
+  // The tensor's input and output are CUDA device pointers (fp32 only). Daemon mode only: the
+  // daemon reduces the node's GPUs with the FP16 cast + NCCL path (worker/gpu/,
+  // docs/local-ipc.md "GPU tensors"); embedded mode refuses it (copy to host memory instead).
+  bool cuda = false;
 };
 
 // A declared tensor.

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "common/vector_ops.h"
 #include "worker/ipc/local_protocol.h"
 
 namespace bitpush::worker {
@@ -37,6 +38,8 @@ struct Daemon::Conn {
   uint64_t next_barrier = 0;
   std::vector<uint64_t> next_round;  // per tensor
   std::map<std::string, std::shared_ptr<ipc::ShmSegment>> segments;
+  // CUDA IPC mappings of the process's staging buffers, by handle bytes.
+  std::map<std::string, std::shared_ptr<gpu::IpcMapping>> gpu_maps;
 };
 
 struct Daemon::TensorState {
@@ -54,6 +57,8 @@ struct Daemon::TensorState {
   size_t elements = 0;
   size_t bytes = 0;
   float scale = 1.0f;
+  bool cuda = false;         // the GPU path (LocalDeclare.cuda)
+  gpu::PinnedBuffer pinned;  // CUDA tensors: the fp16 sum / result in page-locked memory
   // The node's reduced input and the engine's output (aliased). Touched by the round and
   // completion threads only while in_flight.
   std::vector<uint8_t> buffer;
@@ -437,7 +442,26 @@ void Daemon::OnDeclare(Conn& c, const v1::LocalDeclare& d) {
     t.dtype = static_cast<DType>(d.dtype());
     t.elements = d.elements();
     t.bytes = t.elements * DTypeSize(t.dtype);
-    StatusOr<TensorId> id = engine_->Declare(d.name(), t.elements, t.dtype, o);
+    t.cuda = d.cuda();
+    if (t.cuda) {
+      // The GPU path needs CUDA + NCCL here and a usable GPU; fp32 only (the cast kernels).
+      t.verdict = gpu::GpuViability();
+      if (t.verdict.ok() && t.dtype != DType::kFloat32) {
+        t.verdict = InvalidArgumentError("a CUDA tensor must be float32");
+      }
+      if (t.verdict.ok()) {
+        StatusOr<gpu::PinnedBuffer> pinned = gpu::PinnedBuffer::Allocate(t.elements * 2);
+        t.verdict = pinned.status();
+        if (pinned.ok()) t.pinned = std::move(pinned).value();
+      }
+      if (!t.verdict.ok()) {
+        t.verdict = t.verdict.WithContext(
+            fmt::format("{}: tensor #{} '{}' is on a GPU but this daemon cannot run the GPU path",
+                        label_, d.index(), d.name()));
+      }
+    }
+    StatusOr<TensorId> id =
+        t.verdict.ok() ? engine_->Declare(d.name(), t.elements, t.dtype, o) : t.verdict;
     t.verdict = id.status();
     if (id.ok()) {
       t.engine_id = *id;
@@ -446,6 +470,13 @@ void Daemon::OnDeclare(Conn& c, const v1::LocalDeclare& d) {
       t.present.assign(local_size_, false);
       t.slots.resize(local_size_);
     }
+  }
+  if (!t.verdict.ok() && decl_error_.ok()) {
+    // A refused tensor (bad spec, GPU path not viable, ...) ends the node like a declaration
+    // difference: every process is told, and may leave without being a failure.
+    decl_error_ = t.verdict;
+    decl_error_deadline_ = Clock::now() + gather_timeout_;
+    BP_LOG_ERROR("{}: {}", label_, t.verdict.message());
   }
   for (const auto& ch : t.waiting) reply(*ch, t.verdict);
   t.waiting.clear();
@@ -544,7 +575,37 @@ void Daemon::OnPushPull(Conn& c, const v1::LocalPushPull& p) {
   Slot slot;
   slot.channel = c.channel;
   slot.who = c.who;
-  for (int k = 0; k < 2; ++k) {
+  if (t.cuda != p.has_gpu()) {
+    return refuse(InvalidArgumentError(
+        fmt::format("{}: {} handed in tensor '{}' {} but it was declared {}", label_, c.who,
+                    t.first.name(), p.has_gpu() ? "in GPU memory" : "in shared memory",
+                    t.cuda ? "on a GPU" : "in host memory")));
+  }
+  if (t.cuda) {
+    const v1::GpuSlice& g = p.gpu();
+    if (g.bytes() != t.bytes || g.ipc_handle().size() != sizeof(gpu::GpuIpcHandle::bytes)) {
+      return refuse(InvalidArgumentError(fmt::format(
+          "{}: {}: GPU slice of tensor '{}' has {} bytes and a {}-byte handle, expected {} and {}",
+          label_, c.who, t.first.name(), g.bytes(), g.ipc_handle().size(), t.bytes,
+          sizeof(gpu::GpuIpcHandle::bytes))));
+    }
+    std::shared_ptr<gpu::IpcMapping>& map = c.gpu_maps[g.ipc_handle()];
+    if (!map) {
+      StatusOr<int> device = gpu::DeviceFromPciBusId(g.pci_bus_id());
+      gpu::GpuIpcHandle h;
+      std::memcpy(h.bytes.data(), g.ipc_handle().data(), h.bytes.size());
+      StatusOr<gpu::IpcMapping> opened = device.ok() ? gpu::IpcMapping::Open(h, *device)
+                                                     : StatusOr<gpu::IpcMapping>(device.status());
+      if (!opened.ok()) {
+        c.gpu_maps.erase(g.ipc_handle());
+        return refuse(opened.status().WithContext(
+            fmt::format("{}: GPU buffer of {} for tensor '{}'", label_, c.who, t.first.name())));
+      }
+      map = std::make_shared<gpu::IpcMapping>(std::move(opened).value());
+    }
+    slot.gpu = map;
+  }
+  for (int k = 0; k < 2 && !t.cuda; ++k) {
     const v1::ShmSlice& s = k == 0 ? p.input() : p.output();
     Status ok = ipc::ValidateSlice(s, c.pid, t.bytes, k == 0 ? "input" : "output");
     if (!ok.ok()) return refuse(ok);
@@ -701,12 +762,11 @@ void Daemon::RoundLoop() {
     if (!node_error.ok()) {
       job->error = node_error;
     } else {
-      // GPU HOOK (issue 5, worker/gpu/): when the slots name CUDA IPC buffers instead of shared
-      // memory, the FP16 cast + NCCL reduce to the root GPU + copy to pinned host memory
-      // replaces this CPU reduce (and the completion thread's copy-out becomes the NCCL
-      // broadcast + cast back). Everything else in the round stays as it is.
+      // CUDA tensors take the GPU path (GpuReduce); everything else in the round is the same.
       std::vector<const void*> srcs;
+      if (t.cuda) job->error = GpuReduce(*job);
       for (const Slot& s : job->slots) {
+        if (t.cuda) break;
         const Status size = s.in->CheckSize();
         if (!size.ok()) {
           job->error =
@@ -715,7 +775,7 @@ void Daemon::RoundLoop() {
         }
         srcs.push_back(static_cast<const uint8_t*>(s.in->data()) + s.in_offset);
       }
-      if (job->error.ok()) {
+      if (job->error.ok() && !t.cuda) {
         job->error = reducer_->Reduce(t.dtype, srcs.data(), srcs.size(), t.buffer.data(),
                                       t.elements, t.scale);
       }
@@ -752,9 +812,10 @@ void Daemon::DoneLoop() {
       std::lock_guard<std::mutex> lock(mu_);
       if (!node_error_.ok() && s.code() == StatusCode::kCancelled) s = node_error_;
     }
+    if (s.ok() && t.cuda) s = GpuBroadcast(*job);
     for (const Slot& slot : job->slots) {
       Status mine = s;
-      if (mine.ok()) {
+      if (mine.ok() && !t.cuda) {
         const Status size = slot.out->CheckSize();
         if (size.ok()) {
           std::memcpy(static_cast<uint8_t*>(slot.out->data()) + slot.out_offset, t.buffer.data(),
@@ -774,6 +835,69 @@ void Daemon::DoneLoop() {
     const uint64_t one = 1;
     (void)!write(wake_fd_, &one, sizeof(one));
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The GPU path (CUDA tensors).
+
+Status Daemon::GpuReduce(RoundJob& job) {
+  TensorState& t = *job.tensor;
+  std::vector<const float*> grads;
+  std::vector<int> devices;
+  for (const Slot& s : job.slots) {
+    grads.push_back(static_cast<const float*>(s.gpu->data()));
+    devices.push_back(s.gpu->device());
+  }
+  {
+    std::lock_guard<std::mutex> lock(gpu_mu_);
+    if (!gpu_group_) {
+      // One NCCL rank per local process, in local-rank order, root = local rank 0's GPU.
+      for (size_t i = 0; i < devices.size(); ++i) {
+        for (size_t j = 0; j < i; ++j) {
+          if (devices[i] == devices[j]) {
+            return InvalidArgumentError(fmt::format(
+                "{}: {} and {} both use GPU {}: the GPU path needs one GPU per training process",
+                label_, job.slots[j].who, job.slots[i].who, devices[i]));
+          }
+        }
+      }
+      gpu::LocalGpuGroupOptions go;
+      go.timeout = gather_timeout_;
+      StatusOr<std::unique_ptr<gpu::LocalGpuGroup>> group =
+          gpu::LocalGpuGroup::CreateForDevices(devices, go);
+      if (!group.ok()) return group.status().WithContext(label_ + ": NCCL group of the node");
+      gpu_group_ = std::move(group).value();
+      gpu_devices_ = devices;
+      BP_LOG_INFO("{}: GPU path over {} GPU(s)", label_, devices.size());
+    } else if (devices != gpu_devices_) {
+      return InvalidArgumentError(fmt::format(
+          "{}: tensor '{}' round {}: the training processes' GPUs changed since the first GPU "
+          "round",
+          label_, t.first.name(), job.round));
+    }
+    BP_RETURN_IF_ERROR(gpu_group_->ReduceToHost(
+        Span<const float* const>(grads.data(), grads.size()), t.elements, &t.pinned));
+  }
+  // The node's fp16 sum -> fp32 x (1/P) for the engine.
+  HalfToFloatArray(t.pinned.halfs(), reinterpret_cast<float*>(t.buffer.data()), t.elements,
+                   BestIsaLevel());
+  if (t.scale != 1.0f) {
+    float* f = reinterpret_cast<float*>(t.buffer.data());
+    for (size_t i = 0; i < t.elements; ++i) f[i] *= t.scale;
+  }
+  return Status::Ok();
+}
+
+Status Daemon::GpuBroadcast(RoundJob& job) {
+  TensorState& t = *job.tensor;
+  FloatToHalfArray(reinterpret_cast<const float*>(t.buffer.data()), t.pinned.halfs(), t.elements,
+                   BestIsaLevel());
+  std::vector<float*> outs;
+  for (const Slot& s : job.slots) outs.push_back(static_cast<float*>(s.gpu->data()));
+  std::lock_guard<std::mutex> lock(gpu_mu_);
+  if (!gpu_group_) return InternalError(label_ + ": GPU broadcast without a GPU group");
+  return gpu_group_->BroadcastFromHost(&t.pinned, t.elements,
+                                       Span<float* const>(outs.data(), outs.size()));
 }
 
 }  // namespace bitpush::worker

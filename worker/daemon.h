@@ -72,6 +72,8 @@
 #include "worker/client.h"
 #include "worker/daemon_client.h"
 #include "worker/engine.h"
+#include "worker/gpu/device_memory.h"
+#include "worker/gpu/gpu_reduce.h"
 #include "worker/ipc/channel.h"
 #include "worker/ipc/shm_segment.h"
 #include "worker/local_reduce.h"
@@ -138,6 +140,8 @@ class Daemon {
     uint64_t in_offset = 0;
     std::shared_ptr<ipc::ShmSegment> out;
     uint64_t out_offset = 0;
+    // CUDA tensors: the process's staging buffer, mapped by its IPC handle (input and output).
+    std::shared_ptr<gpu::IpcMapping> gpu;
     std::string who;
   };
   struct TensorState;
@@ -174,6 +178,12 @@ class Daemon {
 
   // Round and completion threads.
   void RoundLoop();
+  // The GPU path of a CUDA tensor's round (round thread): FP16 cast + NCCL reduce to the root
+  // GPU + copy to pinned host memory, then fp32 x scale into the node buffer.
+  Status GpuReduce(RoundJob& job);
+  // After the pull (completion thread): fp16 into pinned memory, to the root GPU, NCCL
+  // broadcast, cast back into every process's staging buffer.
+  Status GpuBroadcast(RoundJob& job);
   void DoneLoop();
   void BarrierLoop();
 
@@ -221,6 +231,12 @@ class Daemon {
   bool stop_done_ = false;              // guarded by mu_: completion thread
   std::thread round_thread_;
   std::thread barrier_thread_;
+  // The GPU path (CUDA tensors): one NCCL group over the local processes' GPUs (local-rank
+  // order), created at the first GPU round. gpu_mu_ serialises its collectives (the round
+  // thread's reduces and the completion threads' broadcasts).
+  std::mutex gpu_mu_;
+  std::unique_ptr<gpu::LocalGpuGroup> gpu_group_;  // guarded by gpu_mu_
+  std::vector<int> gpu_devices_;                   // guarded by gpu_mu_
   std::vector<std::thread> done_threads_;
 };
 

@@ -93,6 +93,11 @@ StatusOr<TensorId> DaemonClient::Declare(const std::string& name, size_t element
     t->decl.set_priority(options.priority);
     t->decl.set_compression(options.compression);
     t->decl.set_sum(options.op == ReduceOp::kSum);
+    t->decl.set_cuda(options.cuda);
+    if (options.cuda && dtype != DType::kFloat32) {
+      return InvalidArgumentError(fmt::format("Declare '{}': a CUDA tensor must be float32, not {}",
+                                              name, DTypeName(dtype)));
+    }
     t->dtype = dtype;
     t->bytes = elements * DTypeSize(dtype);
     *m.mutable_declare() = t->decl;
@@ -128,11 +133,14 @@ Status DaemonClient::CommitDeclarations() {
         "node running and declaring?)",
         daemon_name_, options_.startup_timeout.count(), options_.local_size));
   }
+  // A refusal names the cause; the node's end that may follow it (a sibling leaving) does not.
+  for (const auto& t : tensors_) {
+    if (t->verdict && !t->verdict->ok() && t->verdict->message() != error_.message()) {
+      return *t->verdict;
+    }
+  }
   if (!error_.ok()) return error_;
   if (closed_) return CancelledError("CommitDeclarations: the client was closed");
-  for (const auto& t : tensors_) {
-    if (t->verdict && !t->verdict->ok()) return *t->verdict;
-  }
   return Status::Ok();
 }
 
@@ -184,28 +192,42 @@ PushPullHandle DaemonClient::PushPull(TensorId id, ConstTensorView input, Tensor
     op->Complete(Status::Ok());
     return handle;
   }
-  if (!t.segment.valid()) {
-    StatusOr<ipc::ShmSegment> seg = ipc::ShmSegment::Create(t.bytes);
-    if (!seg.ok()) {
-      op->Complete(seg.status());
-      return handle;
-    }
-    t.segment = std::move(seg).value();
-  }
-  std::memcpy(t.segment.data(), input.data(), t.bytes);
-  op->input = input;
-  op->output = output;
-  op->deadline = Clock::now() + op_wait_;
   v1::LocalMessage m;
   v1::LocalPushPull* p = m.mutable_push_pull();
   p->set_tensor(id.index);
   p->set_round(t.next_round);
-  v1::ShmSlice* in = p->mutable_input();
-  in->set_segment(t.segment.name());
-  in->set_segment_bytes(t.segment.size());
-  in->set_offset(0);
-  in->set_bytes(t.bytes);
-  *p->mutable_output() = *in;
+  if (t.decl.cuda()) {
+    // The GPU path: the gradient goes into this process's staging buffer (on the gradient's
+    // device), which the daemon maps once by its CUDA IPC handle.
+    const Status staged = StageOnDevice(t, input.data(), output.data());
+    if (!staged.ok()) {
+      op->Complete(staged);
+      return handle;
+    }
+    v1::GpuSlice* g = p->mutable_gpu();
+    g->set_ipc_handle(t.staging_ipc);
+    g->set_pci_bus_id(t.staging_bus_id);
+    g->set_bytes(t.bytes);
+  } else {
+    if (!t.segment.valid()) {
+      StatusOr<ipc::ShmSegment> seg = ipc::ShmSegment::Create(t.bytes);
+      if (!seg.ok()) {
+        op->Complete(seg.status());
+        return handle;
+      }
+      t.segment = std::move(seg).value();
+    }
+    std::memcpy(t.segment.data(), input.data(), t.bytes);
+    v1::ShmSlice* in = p->mutable_input();
+    in->set_segment(t.segment.name());
+    in->set_segment_bytes(t.segment.size());
+    in->set_offset(0);
+    in->set_bytes(t.bytes);
+    *p->mutable_output() = *in;
+  }
+  op->input = input;
+  op->output = output;
+  op->deadline = Clock::now() + op_wait_;
   t.op = op;
   t.op_round = t.next_round++;
   // Sent without mu_: the reader must be able to take answers (and so the daemon to send
@@ -256,6 +278,34 @@ Status DaemonClient::Barrier() {
   return error_;
 }
 
+Status DaemonClient::StageOnDevice(Tensor& t, const void* input, const void* output) {
+  const std::string what = fmt::format("push_pull of CUDA tensor '{}'", t.decl.name());
+  StatusOr<int> device = gpu::DeviceOfPointer(input);
+  if (!device.ok()) return device.status().WithContext(what + " input");
+  StatusOr<int> out_device = gpu::DeviceOfPointer(output);
+  if (!out_device.ok()) return out_device.status().WithContext(what + " output");
+  if (*out_device != *device) {
+    return InvalidArgumentError(
+        fmt::format("{}: input on GPU {} but output on GPU {}", what, *device, *out_device));
+  }
+  if (!t.staging.valid()) {
+    StatusOr<gpu::DeviceBuffer> staging = gpu::DeviceBuffer::Allocate(*device, t.bytes);
+    if (!staging.ok()) return staging.status().WithContext(what);
+    StatusOr<gpu::GpuIpcHandle> h = staging->ExportIpcHandle();
+    if (!h.ok()) return h.status().WithContext(what);
+    StatusOr<std::string> bus = gpu::DevicePciBusId(*device);
+    if (!bus.ok()) return bus.status().WithContext(what);
+    t.staging = std::move(staging).value();
+    t.staging_ipc.assign(reinterpret_cast<const char*>(h->bytes.data()), h->bytes.size());
+    t.staging_bus_id = *bus;
+  } else if (t.staging.device() != *device) {
+    return InvalidArgumentError(
+        fmt::format("{}: the tensor moved from GPU {} to GPU {} (a tensor stays on its GPU)", what,
+                    t.staging.device(), *device));
+  }
+  return gpu::CopyDeviceMemory(*device, t.staging.data(), input, t.bytes).WithContext(what);
+}
+
 void DaemonClient::OnDone(const v1::LocalPushPullDone& done) {
   std::lock_guard<std::mutex> lock(mu_);
   if (done.tensor() >= tensors_.size()) return;
@@ -264,8 +314,14 @@ void DaemonClient::OnDone(const v1::LocalPushPullDone& done) {
   std::shared_ptr<OpState> op = std::move(t.op);
   t.op.reset();
   Status s = StatusFromCode(done.status_code(), done.message());
-  if (s.ok()) {
+  if (s.ok() && t.decl.cuda()) {
+    s = gpu::CopyDeviceMemory(t.staging.device(), op->output.data(), t.staging.data(), t.bytes)
+            .WithContext(
+                fmt::format("push_pull of tensor '{}': result to the output", t.decl.name()));
+  } else if (s.ok()) {
     std::memcpy(op->output.data(), t.segment.data(), t.bytes);
+  }
+  if (s.ok()) {
     ++stats_.ops_completed;
   } else {
     ++stats_.ops_failed;

@@ -41,6 +41,7 @@
 #include "common/tensor_view.h"
 #include "proto/bitpush/v1/local.pb.h"
 #include "worker/client.h"
+#include "worker/gpu/device_memory.h"
 #include "worker/ipc/channel.h"
 #include "worker/ipc/shm_segment.h"
 
@@ -99,7 +100,10 @@ class DaemonClient {
     DType dtype = DType::kFloat32;
     size_t bytes = 0;
     std::optional<Status> verdict;  // the daemon's LocalDeclareReply
-    ipc::ShmSegment segment;        // created at the first push_pull
+    ipc::ShmSegment segment;        // created at the first push_pull (host tensors)
+    gpu::DeviceBuffer staging;      // CUDA tensors: the buffer the daemon maps (first push_pull)
+    std::string staging_ipc;        // its exported cudaIpcMemHandle_t bytes
+    std::string staging_bus_id;     // its GPU's PCI bus id
     uint64_t next_round = 0;
     std::shared_ptr<OpState> op;  // in flight
     uint64_t op_round = 0;
@@ -110,6 +114,9 @@ class DaemonClient {
   void ReaderLoop();
   void FailAllLocked(const Status& error);
   void OnDone(const v1::LocalPushPullDone& done);
+  // CUDA tensors: checks the device pointers, creates the staging buffer and its IPC handle at
+  // the first push_pull, copies `input` into it.
+  Status StageOnDevice(Tensor& t, const void* input, const void* output);
 
   const DaemonClientOptions options_;
   std::string daemon_name_;  // "bitpush-worker daemon at PATH (pid N)"

@@ -3,7 +3,7 @@
 //
 //   bitpush-test-trainer --config cluster.yaml --node N --local-rank R --local-size P
 //                        --socket PATH --iters K [--pause-ms M] [--elements-delta D]
-//                        [--hello-major V] [--barrier D]
+//                        [--hello-major V] [--barrier D] [--gpu 1]
 //
 // Declares three tensors ("grad.big", kBigElements fp32, the cluster's compressor;
 // "grad.small", fp32 below any sensible min_compress_bytes; "grad.half", fp16: reduced in fp32
@@ -19,13 +19,21 @@
 // --elements-delta D declares grad.big with D more elements (a declaration difference);
 // --barrier D enters Client::Barrier D ms after every iteration, printing "entering barrier K at T"
 // and "barrier K ok at T" (T = CLOCK_MONOTONIC in microseconds, comparable across processes);
+// --gpu 1 is the GPU path instead: one fp32 CUDA tensor "grad.gpu" (TensorOptions::cuda) in
+// device memory on GPU (local rank mod device count), K rounds, each result checked against the
+// exact average of all processes' inputs within fp16 tolerance (the node's inputs are cast to
+// fp16 and summed in fp16 by NCCL, the result travels back in fp16): |got - want| <= 4e-3 x
+// (max |input|) per element; needs compression `none`. Without a usable GPU the daemon refuses
+// the declaration and the trainer prints "error: iteration 0: <the daemon's reason>" (exit 3).
 // --hello-major V only connects, sends a Hello of protocol version V.0 and prints the verdict.
 // Output lines (prefix "trainer N.R: "): "iteration K ok", "error: iteration K: <status>"
 // (exit 3), "MISMATCH ..." (exit 4), "refused: <status>" (exit 5), "done" (exit 0).
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -40,6 +48,8 @@
 #include "scheduler/cluster_config.h"
 #include "tests/unit/test_util.h"
 #include "worker/client.h"
+#include "worker/gpu/device_memory.h"
+#include "worker/gpu/gpu_reduce.h"
 #include "worker/ipc/local_protocol.h"
 #include "worker/local_reduce.h"
 #include "worker/partition.h"
@@ -188,6 +198,78 @@ int HelloOnly(const std::string& socket, uint32_t major, uint32_t local_rank, ui
   return s.ok() ? 0 : 5;
 }
 
+// The --gpu mode (see the file comment).
+int GpuTrainer(worker::Client& client, uint32_t node, uint32_t local_rank, uint32_t local_size,
+               uint32_t nodes, long iters) {
+  constexpr size_t kElements = 30000;
+  worker::TensorOptions o;
+  o.cuda = true;
+  auto id = client.Declare("grad.gpu", kElements, DType::kFloat32, o);
+  if (!id.ok()) {
+    Say("error: declare: " + id.status().ToString());
+    return 3;
+  }
+  const Status committed = client.CommitDeclarations();
+  if (!committed.ok()) {
+    Say("error: iteration 0: " + committed.ToString());
+    return 3;
+  }
+  StatusOr<int> devices = worker::gpu::GpuDeviceCount();
+  if (!devices.ok() || *devices == 0) {
+    Say("error: iteration 0: no GPU in the training process");
+    return 3;
+  }
+  const int device = static_cast<int>(local_rank) % *devices;
+  auto buf = worker::gpu::DeviceBuffer::Allocate(device, kElements * sizeof(float));
+  if (!buf.ok()) {
+    Say("error: iteration 0: " + buf.status().ToString());
+    return 3;
+  }
+  for (long it = 0; it < iters; ++it) {
+    const std::vector<uint8_t> in = Input(node, local_rank, 0, it, kElements, DType::kFloat32);
+    Status s = worker::gpu::CopyDeviceMemory(device, buf->data(), in.data(), in.size());
+    if (s.ok()) {
+      s = client
+              .PushPull(*id, ConstTensorView(buf->data(), kElements, DType::kFloat32),
+                        TensorView(buf->data(), kElements, DType::kFloat32))
+              .Wait();
+    }
+    std::vector<float> got(kElements);
+    if (s.ok()) s = worker::gpu::CopyDeviceMemory(device, got.data(), buf->data(), in.size());
+    if (!s.ok()) {
+      Say("error: iteration " + std::to_string(it) + ": " + s.ToString());
+      return 3;
+    }
+    std::vector<double> want(kElements, 0.0);
+    double max_abs = 0;
+    for (uint32_t w = 0; w < nodes; ++w) {
+      for (uint32_t p = 0; p < local_size; ++p) {
+        const std::vector<uint8_t> x = Input(w, p, 0, it, kElements, DType::kFloat32);
+        const float* f = reinterpret_cast<const float*>(x.data());
+        for (size_t i = 0; i < kElements; ++i) {
+          want[i] += f[i] / static_cast<double>(nodes * local_size);
+          max_abs = std::max(max_abs, static_cast<double>(std::fabs(f[i])));
+        }
+      }
+    }
+    for (size_t i = 0; i < kElements; ++i) {
+      if (!(std::fabs(got[i] - want[i]) <= 4e-3 * max_abs)) {
+        Say("MISMATCH tensor 'grad.gpu' round " + std::to_string(it) + " element " +
+            std::to_string(i) + ": " + std::to_string(got[i]) + " vs " + std::to_string(want[i]));
+        return 4;
+      }
+    }
+    Say("iteration " + std::to_string(it) + " ok");
+  }
+  const Status s = client.Shutdown(std::chrono::seconds(30));
+  if (!s.ok()) {
+    Say("error: shutdown: " + s.ToString());
+    return 3;
+  }
+  Say("done");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -196,6 +278,7 @@ int main(int argc, char** argv) {
   long node = 0, local_rank = 0, local_size = 1, iters = 1, pause_ms = 0, delta = 0;
   long hello_major = -1;
   long barrier = -1;
+  long gpu = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const std::string v = argv[i + 1];
@@ -221,6 +304,8 @@ int main(int argc, char** argv) {
         hello_major = x;
       else if (a == "--barrier")
         barrier = x;
+      else if (a == "--gpu")
+        gpu = x;
       else {
         std::fprintf(stderr, "bitpush-test-trainer: unknown argument %s\n", a.c_str());
         return 2;
@@ -250,6 +335,10 @@ int main(int argc, char** argv) {
     return 5;
   }
   const uint32_t nodes = static_cast<uint32_t>(config->workers.size());
+  if (gpu != 0) {
+    return GpuTrainer(**client, static_cast<uint32_t>(node), static_cast<uint32_t>(local_rank),
+                      static_cast<uint32_t>(local_size), nodes, iters);
+  }
   const std::vector<size_t> sizes = {kBigElements + static_cast<size_t>(delta), kSmallElements,
                                      kHalfElements};
   const std::vector<DType> dtypes = {DType::kFloat32, DType::kFloat32, DType::kFloat16};

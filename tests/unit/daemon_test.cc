@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -35,6 +36,7 @@
 #include "common/cpu_topology.h"
 #include "tests/harness/child_process.h"
 #include "tests/unit/test_util.h"
+#include "worker/gpu/gpu_reduce.h"
 
 #ifndef BITPUSH_DAEMON_BIN
 #error "BITPUSH_DAEMON_BIN must be defined (tests/CMakeLists.txt)"
@@ -88,7 +90,8 @@ class DaemonTest : public ::testing::Test {
   }
 
   void WriteConfig(const std::string& spec, const std::string& error_feedback,
-                   double op_timeout_s = 10, const std::string& extra_worker_yaml = "") {
+                   double op_timeout_s = 10, const std::string& extra_worker_yaml = "",
+                   int local_size = kLocal) {
     std::set<int> used;
     auto address = [&] {
       int p = FreeTcpPort();
@@ -103,7 +106,7 @@ class DaemonTest : public ::testing::Test {
       << "  min_compress_bytes: 4096\n  partition_bytes: 32768\n"
       << "server:\n  engine_threads: 1\n  numa: off\n"
       << "worker:\n  compress_threads: 1\n  op_timeout_s: " << op_timeout_s
-      << "\n  local_size: " << kLocal << "\n"
+      << "\n  local_size: " << local_size << "\n"
       << extra_worker_yaml;
     config_ = dir_.path() + "/cluster.yaml";
     std::ofstream(config_) << y.str();
@@ -129,7 +132,7 @@ class DaemonTest : public ::testing::Test {
   }
 
   Child* StartTrainer(int node, int local_rank, int iters, int pause_ms = 0,
-                      const std::vector<std::string>& extra = {}) {
+                      const std::vector<std::string>& extra = {}, int local_size = kLocal) {
     const std::string label = "trainer " + std::to_string(node) + "." + std::to_string(local_rank);
     std::vector<std::string> argv = {BITPUSH_TEST_TRAINER_BIN,
                                      "--config",
@@ -139,7 +142,7 @@ class DaemonTest : public ::testing::Test {
                                      "--local-rank",
                                      std::to_string(local_rank),
                                      "--local-size",
-                                     std::to_string(kLocal),
+                                     std::to_string(local_size),
                                      "--socket",
                                      Socket(node),
                                      "--iters",
@@ -218,6 +221,45 @@ Clock::time_point WaitFor(Child& child, const std::string& text, milliseconds bo
     std::this_thread::sleep_for(milliseconds(5));
   }
   return Clock::time_point::max();
+}
+
+// The GPU path (CUDA tensors through the daemon). Without a usable GPU (or without CUDA in the
+// build) the daemon refuses a CUDA tensor at its declaration naming why, and every process
+// gets that reason; with GPUs the FP16 cast + NCCL reduce + broadcast path must give the exact
+// average within fp16 tolerance (bitpush-test-trainer --gpu 1).
+TEST_F(DaemonTest, GpuTensorWithoutAUsableGpuIsRefusedNamingWhy) {
+  if (worker::gpu::GpuViability().ok()) GTEST_SKIP() << "a GPU is usable here: see GpuPath*";
+  WriteConfig("none", "none");
+  StartCluster();
+  for (int n = 0; n < kNodes; ++n) {
+    for (int p = 0; p < kLocal; ++p) StartTrainer(n, p, 1, 0, {"--gpu", "1"});
+  }
+  for (Child* t : trainers_) {
+    ASSERT_TRUE(WaitAll({t}, Clock::now() + milliseconds(15000))) << t->label();
+    EXPECT_EQ(t->exit_code(), 3) << t->output();
+    EXPECT_CONTAINS(t->output(), "error: iteration 0: ");
+    EXPECT_CONTAINS(t->output(), "'grad.gpu' is on a GPU but this daemon cannot run the GPU path");
+    EXPECT_CONTAINS(t->output(), worker::gpu::GpuViability().message());
+  }
+}
+
+TEST_F(DaemonTest, GpuPathGivesTheAverageOfAllProcessesWithinFp16Tolerance) {
+  const Status viable = worker::gpu::GpuViability();
+  if (!viable.ok()) GTEST_SKIP() << viable.ToString();
+  // One GPU per training process on a node (NCCL): as many local processes as GPUs, up to 3.
+  const int local = std::min(kLocal, *worker::gpu::GpuDeviceCount());
+  WriteConfig("none", "none", 10, "", local);
+  StartCluster();
+  for (int n = 0; n < kNodes; ++n) {
+    for (int p = 0; p < local; ++p) StartTrainer(n, p, 3, 0, {"--gpu", "1"}, local);
+  }
+  std::vector<Child*> all;
+  for (const auto& c : children_) all.push_back(c.get());
+  ASSERT_TRUE(WaitAll(all, Clock::now() + milliseconds(60000))) << "the cluster did not finish";
+  for (Child* t : trainers_) {
+    EXPECT_EQ(t->exit_code(), 0) << t->label() << ":\n" << t->output();
+    EXPECT_CONTAINS(t->output(), "iteration 2 ok");
+  }
 }
 
 // The number after `prefix` on each line of `text` that contains it, in order.

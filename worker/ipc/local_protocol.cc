@@ -110,9 +110,9 @@ Status HelloReplyStatus(const v1::LocalHelloReply& reply, uint32_t local_rank) {
 }
 
 std::string DescribeDeclaration(const v1::LocalDeclare& d) {
-  return fmt::format("'{}' ({} x {}, priority {}, compression '{}', {})", d.name(), d.elements(),
+  return fmt::format("'{}' ({} x {}, priority {}, compression '{}', {}{})", d.name(), d.elements(),
                      DTypeText(d.dtype()), d.priority(), d.compression(),
-                     d.sum() ? "sum" : "average");
+                     d.sum() ? "sum" : "average", d.cuda() ? ", on a GPU" : "");
 }
 
 std::optional<std::string> DeclarationDifference(const v1::LocalDeclare& a, std::string_view who_a,
@@ -133,6 +133,8 @@ std::optional<std::string> DeclarationDifference(const v1::LocalDeclare& a, std:
     field = "compression";
   } else if (a.sum() != b.sum()) {
     field = "reduce op";
+  } else if (a.cuda() != b.cuda()) {
+    field = "device";
   }
   if (field == nullptr) return std::nullopt;
   return fmt::format("tensor #{} differs in {}: {} declared {} but {} declared {}", a.index(),

@@ -24,7 +24,7 @@
 namespace bitpush::worker::ipc {
 
 inline constexpr uint32_t kLocalProtocolMajor = 1;
-inline constexpr uint32_t kLocalProtocolMinor = 1;  // 1: LocalBarrier
+inline constexpr uint32_t kLocalProtocolMinor = 2;  // 1: LocalBarrier; 2: GPU tensors
 
 // Serializes `message` into one frame.
 Status SendLocalMessage(Channel& channel, const v1::LocalMessage& message);
