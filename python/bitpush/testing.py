@@ -269,9 +269,11 @@ class LocalCluster:
             raise
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None:
-            sys.stderr.write(self.logs_text())
-        self.stop()
+        try:
+            if exc_type is not None:
+                sys.stderr.write(self.logs_text())
+        finally:
+            self.stop()
         return False
 
     def processes(self):
