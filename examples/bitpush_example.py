@@ -29,6 +29,11 @@ def add_common_args(parser, default_lr):
     parser.add_argument("--lr", type=float, default=None,
                         help="learning rate (default: %s)" % default_lr)
     parser.add_argument("--weight-decay", type=float, default=0.0)
+    parser.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
+                        help="cosine: linear warm-up over --warmup of the steps, then cosine "
+                        "decay to 0 (the usual LANS/LAMB schedule); constant: --lr throughout")
+    parser.add_argument("--warmup", type=float, default=0.05,
+                        help="fraction of the steps used for the warm-up (cosine schedule)")
     parser.add_argument("--json", default=None, help="write the summary here (rank 0)")
     parser.add_argument("--workers", type=int, default=2,
                         help="worker processes of the local cluster (without BITPUSH_CONFIG)")
@@ -46,6 +51,26 @@ def resolve(args):
     if args.compression is None:
         args.compression = "onebit" if args.optimizer == "clan" else "none"
     return args
+
+
+def lr_scheduler(args, opt, total_steps):
+    """The learning-rate schedule of --lr-schedule over `total_steps` (call step() after each
+    optimizer step)."""
+    import math
+
+    import torch
+
+    if args.lr_schedule == "constant":
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    warm = max(1, int(args.warmup * total_steps))
+
+    def factor(step):
+        if step < warm:
+            return (step + 1) / warm
+        t = (step - warm) / max(1, total_steps - warm)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, t)))
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
 def cluster_error_feedback(args):

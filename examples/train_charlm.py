@@ -107,6 +107,7 @@ def run(args, prefix=""):
         total = args.epochs * max(1, len(shard) // (args.batch_size * args.context))
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
     loss_fn = torch.nn.CrossEntropyLoss()
+    sched = ex.lr_scheduler(args, opt, total)
     pushed0, t0 = ex.bytes_pushed(), time.time()
     bar = ex.progress(args, rank, total, "charlm %s" % args.optimizer)
     loss_avg = None
@@ -118,6 +119,7 @@ def run(args, prefix=""):
         loss = loss_fn(model(x).reshape(-1, 256), y.reshape(-1))
         loss.backward()
         opt.step()
+        sched.step()
         loss_avg = loss.item() if loss_avg is None else 0.95 * loss_avg + 0.05 * loss.item()
         bar.update(1)
         bar.set_postfix(loss="%.3f" % loss_avg,

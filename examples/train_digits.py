@@ -77,6 +77,7 @@ def run(args, prefix=""):
         total = min(total, args.steps)
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
     loss_fn = torch.nn.CrossEntropyLoss()
+    sched = ex.lr_scheduler(args, opt, total)
     pushed0, t0, step = ex.bytes_pushed(), time.time(), 0
     bar = ex.progress(args, rank, total, "digits %s" % args.optimizer)
     loss_avg = None
@@ -90,6 +91,7 @@ def run(args, prefix=""):
             loss = loss_fn(model(shard_x[idx]), shard_y[idx])
             loss.backward()
             opt.step()
+            sched.step()
             step += 1
             loss_avg = loss.item() if loss_avg is None else 0.9 * loss_avg + 0.1 * loss.item()
             bar.update(1)

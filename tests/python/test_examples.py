@@ -18,7 +18,9 @@ def _run(script, args, tmp_path):
     out = tmp_path / "summary.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("BITPUSH_")}
     proc = subprocess.run([sys.executable, os.path.join(h.EXAMPLES, script), "--json",
-                           str(out), "--no-progress"] + args, env=env, capture_output=True,
+                           str(out), "--no-progress",
+                           # a few steps: no warm-up and decay, so progress shows at once
+                           "--lr-schedule", "constant"] + args, env=env, capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(out.read_text())
