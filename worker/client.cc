@@ -142,4 +142,22 @@ ClientStats Client::stats() const {
   return daemon_ ? daemon_->stats() : engine_->stats();
 }
 
+StatusOr<std::vector<float>> Client::ErrorFeedbackState(TensorId tensor) const {
+  if (daemon_) {
+    return UnimplementedError(
+        "ErrorFeedbackState: in daemon mode the worker residual lives in the node's "
+        "bitpush-worker daemon");
+  }
+  return engine_->ErrorFeedbackState(tensor);
+}
+
+Status Client::RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved) {
+  if (daemon_) {
+    return UnimplementedError(
+        "RestoreErrorFeedbackState: in daemon mode the worker residual lives in the node's "
+        "bitpush-worker daemon");
+  }
+  return engine_->RestoreErrorFeedbackState(tensor, saved);
+}
+
 }  // namespace bitpush::worker

@@ -187,6 +187,16 @@ class Client {
   Status status() const;
   ClientStats stats() const;
 
+  // The worker error-feedback residual of `tensor` (paper 001 Algorithm 4's e_i: its partitions'
+  // residuals in element order, fp32, one value per element), for checkpoints; empty when the
+  // tensor keeps none (below min_compress_bytes, "none", or compression.error_feedback keeps no
+  // worker residual). Restore puts a saved one back (the size must match; empty for a tensor
+  // that keeps none). FailedPrecondition while a push_pull of the tensor is in flight.
+  // Embedded mode only: in daemon mode the residual lives in the node's daemon (Unimplemented).
+  // The server residual ẽ stays on the servers and is not part of a worker checkpoint.
+  StatusOr<std::vector<float>> ErrorFeedbackState(TensorId tensor) const;
+  Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved);
+
  private:
   explicit Client(std::unique_ptr<Engine> engine);
   explicit Client(std::unique_ptr<DaemonClient> daemon);

@@ -171,6 +171,57 @@ Status Engine::status() const {
   return client_ ? client_->status() : Status::Ok();
 }
 
+StatusOr<std::vector<float>> Engine::ErrorFeedbackState(TensorId id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (id.index >= tensors_.size()) {
+    return InvalidArgumentError(fmt::format("ErrorFeedbackState: no tensor #{}", id.index));
+  }
+  const Tensor& t = *tensors_[id.index];
+  if (t.op) {
+    return FailedPreconditionError(
+        fmt::format("ErrorFeedbackState of tensor '{}': a push_pull of it is in flight", t.name));
+  }
+  std::vector<float> out;
+  if (t.partitions.empty() || !t.partitions.front().residual) return out;  // keeps none
+  out.reserve(t.elements);
+  for (const Partition& p : t.partitions) {
+    const Span<const float> r = p.residual->residual();
+    out.insert(out.end(), r.begin(), r.end());
+  }
+  return out;
+}
+
+Status Engine::RestoreErrorFeedbackState(TensorId id, Span<const float> saved) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (id.index >= tensors_.size()) {
+    return InvalidArgumentError(fmt::format("RestoreErrorFeedbackState: no tensor #{}", id.index));
+  }
+  Tensor& t = *tensors_[id.index];
+  if (t.op) {
+    return FailedPreconditionError(fmt::format(
+        "RestoreErrorFeedbackState of tensor '{}': a push_pull of it is in flight", t.name));
+  }
+  const bool keeps = !t.partitions.empty() && t.partitions.front().residual != nullptr;
+  if (!keeps) {
+    if (saved.empty()) return Status::Ok();
+    return InvalidArgumentError(fmt::format(
+        "RestoreErrorFeedbackState of tensor '{}': it keeps no worker residual (uncompressed, or "
+        "compression.error_feedback keeps none on workers) but {} values were given",
+        t.name, saved.size()));
+  }
+  if (saved.size() != t.elements) {
+    return InvalidArgumentError(
+        fmt::format("RestoreErrorFeedbackState of tensor '{}': {} values given, the tensor has {}",
+                    t.name, saved.size(), t.elements));
+  }
+  size_t at = 0;
+  for (Partition& p : t.partitions) {
+    BP_RETURN_IF_ERROR(p.residual->Restore(saved.subspan(at, p.residual->size())));
+    at += p.residual->size();
+  }
+  return Status::Ok();
+}
+
 ClientStats Engine::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;

@@ -148,6 +148,9 @@ class Engine {
   uint32_t num_servers() const { return num_servers_; }
   Status status() const;
   ClientStats stats() const;
+  // Client::ErrorFeedbackState / RestoreErrorFeedbackState (client.h).
+  StatusOr<std::vector<float>> ErrorFeedbackState(TensorId tensor) const;
+  Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved);
   uint32_t compress_threads() const { return pool_ ? pool_->size() : 0; }
 
  private:

@@ -477,6 +477,67 @@ TEST(PushPullE2e, NoneGivesTheExactAverage) {
   EXPECT_TRUE(c.Shutdown().ok());
 }
 
+TEST(PushPullE2e, ErrorFeedbackStateSavedAndRestoredContinuesBitForBit) {
+  // Cluster A runs rounds x1, x2; cluster B starts from A's worker residual after x1 and runs
+  // x2: the same output and the same residual after, bit for bit (onebit is deterministic and
+  // with error_feedback "worker" the server keeps no state but the round).
+  ClusterOptions o;
+  o.spec = "onebit";
+  o.error_feedback = "worker";
+  const size_t n = 3000;  // 3 partitions of 4096 bytes, compressed
+  const std::vector<float> x1 = testing::RandomFloats(n, 5), x2 = testing::RandomFloats(n, 6);
+  std::vector<float> out_a(n), out_b(n), saved, after_a;
+  {
+    TestCluster a(o);
+    ASSERT_STARTED(a);
+    const TensorId id = a.worker(0).Declare("g", n, DType::kFloat32).value();
+    const TensorId small = a.worker(0).Declare("bias", 10, DType::kFloat32).value();
+    StatusOr<std::vector<float>> zero = a.worker(0).ErrorFeedbackState(id);
+    ASSERT_TRUE(zero.ok()) << zero.status().ToString();
+    EXPECT_EQ(*zero, std::vector<float>(n, 0.0f));
+    ASSERT_TRUE(a.worker(0)
+                    .PushPull(id, ConstTensorView(x1.data(), n), TensorView(out_a.data(), n))
+                    .Wait()
+                    .ok());
+    saved = a.worker(0).ErrorFeedbackState(id).value();
+    ASSERT_EQ(saved.size(), n);
+    size_t nonzero = 0;
+    for (float e : saved) nonzero += e != 0.0f;
+    EXPECT_GT(nonzero, n / 2);  // x - s·sign(x) is rarely 0
+    ASSERT_TRUE(a.worker(0)
+                    .PushPull(id, ConstTensorView(x2.data(), n), TensorView(out_a.data(), n))
+                    .Wait()
+                    .ok());
+    after_a = a.worker(0).ErrorFeedbackState(id).value();
+    // Below min_compress_bytes: no residual, and none can be restored into it.
+    EXPECT_TRUE(a.worker(0).ErrorFeedbackState(small).value().empty());
+    EXPECT_TRUE(a.worker(0).RestoreErrorFeedbackState(small, {}).ok());
+    EXPECT_CONTAINS(a.worker(0).RestoreErrorFeedbackState(small, saved).ToString(),
+                    "it keeps no worker residual");
+    EXPECT_CONTAINS(
+        a.worker(0).RestoreErrorFeedbackState(id, Span<const float>(saved.data(), 7)).ToString(),
+        "7 values given, the tensor has 3000");
+    EXPECT_CONTAINS(a.worker(0).ErrorFeedbackState(TensorId{9}).status().ToString(),
+                    "no tensor #9");
+    EXPECT_TRUE(a.Shutdown().ok());
+  }
+  {
+    TestCluster b(o);
+    ASSERT_STARTED(b);
+    const TensorId id = b.worker(0).Declare("g", n, DType::kFloat32).value();
+    b.worker(0).Declare("bias", 10, DType::kFloat32).value();
+    ASSERT_TRUE(b.worker(0).RestoreErrorFeedbackState(id, saved).ok());
+    EXPECT_EQ(b.worker(0).ErrorFeedbackState(id).value(), saved);
+    ASSERT_TRUE(b.worker(0)
+                    .PushPull(id, ConstTensorView(x2.data(), n), TensorView(out_b.data(), n))
+                    .Wait()
+                    .ok());
+    EXPECT_EQ(0, std::memcmp(out_a.data(), out_b.data(), n * sizeof(float)));
+    EXPECT_EQ(b.worker(0).ErrorFeedbackState(id).value(), after_a);
+    EXPECT_TRUE(b.Shutdown().ok());
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Mixed sizes, dtypes, priorities, credit, sum.
 
