@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -173,9 +174,11 @@ void BindClient(py::module_& m) {
       .def(
           "declare",
           [](const PyClient& self, const std::string& name, size_t elements,
-             const std::string& dtype, int64_t priority, const std::string& compression, bool sum) {
+             const std::string& dtype, int64_t priority, const std::string& compression, bool sum,
+             bool cuda) {
             auto c = self.Get();
             worker::TensorOptions o;
+            o.cuda = cuda;
             o.priority = priority;
             o.compression = compression;
             o.op = sum ? worker::ReduceOp::kSum : worker::ReduceOp::kAverage;
@@ -188,8 +191,45 @@ void BindClient(py::module_& m) {
             return ValueOrThrow(std::move(id)).index;
           },
           py::arg("name"), py::arg("elements"), py::arg("dtype"), py::arg("priority") = 0,
-          py::arg("compression") = "", py::arg("sum") = false,
-          "Declares a tensor; returns its index. compression '' = the cluster's spec.")
+          py::arg("compression") = "", py::arg("sum") = false, py::arg("cuda") = false,
+          "Declares a tensor; returns its index. compression '' = the cluster's spec. cuda: "
+          "its push_pulls take CUDA device pointers (fp32, daemon mode: the GPU path).")
+      .def(
+          "error_feedback_state",
+          [](const PyClient& self, uint32_t index) {
+            auto c = self.Get();
+            StatusOr<std::vector<float>> state = InternalError("not read");
+            {
+              py::gil_scoped_release nogil;
+              state = c->ErrorFeedbackState(worker::TensorId{index});
+            }
+            const std::vector<float> v = ValueOrThrow(std::move(state));
+            return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+          },
+          py::arg("index"),
+          "The worker error-feedback residual of tensor `index` as float32 bytes (empty when "
+          "it keeps none). Embedded mode.")
+      .def(
+          "restore_error_feedback_state",
+          [](const PyClient& self, uint32_t index, const py::bytes& saved) {
+            auto c = self.Get();
+            const std::string raw = saved;
+            if (raw.size() % sizeof(float) != 0) {
+              ThrowIfError(InvalidArgumentError("restore_error_feedback_state: " +
+                                                std::to_string(raw.size()) +
+                                                " bytes is not a whole number of float32"));
+            }
+            std::vector<float> v(raw.size() / sizeof(float));
+            if (!raw.empty()) std::memcpy(v.data(), raw.data(), raw.size());
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c->RestoreErrorFeedbackState(worker::TensorId{index}, v);
+            }
+            ThrowIfError(s);
+          },
+          py::arg("index"), py::arg("saved"),
+          "Puts a saved residual (float32 bytes) back into tensor `index`.")
       .def(
           "commit_declarations",
           [](const PyClient& self) {

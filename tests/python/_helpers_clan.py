@@ -275,6 +275,56 @@ def w_state_dict_round_trip(steps=6, lr=0.02):
                                                 if k != "names"}}
 
 
+def w_ef_state_round_trip(steps=5, lr=0.02):
+    """CLAN + onebit with worker error feedback: training 2*steps in one go equals steps,
+    checkpoint (moments AND worker residuals) into a fresh model + CLAN over the same tensor
+    names, steps. A control run restores the checkpoint with zeroed residuals: it must
+    differ (the residual matters)."""
+    import bitpush.torch as bp
+
+    rank = bp.rank()
+
+    def train(model, opt, first, n):
+        for step in range(first, first + n):
+            opt.zero_grad()
+            x, y = _batch(rank, step * 10)
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+
+    def names(m):
+        return [("ef." + n, p) for n, p in m.named_parameters()]
+
+    a = _make_model(2)
+    oa = bp.CLAN(a.parameters(), lr=lr, compression="onebit", error_feedback=True,
+                 named_parameters=names(a))
+    train(a, oa, 0, steps)
+    sd = torch.load(_save(oa.state_dict()))
+    msd = {k: v.clone() for k, v in a.state_dict().items()}
+    train(a, oa, steps, steps)
+    oa.remove_hooks()
+    after_a = [p.detach().clone() for p in a.parameters()]
+    residuals = sd["bitpush"]["ef_residuals"]
+
+    def resume(zero_residuals):
+        b = _make_model(3)
+        b.load_state_dict(msd)
+        ob = bp.CLAN(b.parameters(), lr=lr, compression="onebit", error_feedback=True,
+                     named_parameters=names(b))
+        ckpt = torch.load(_save(sd))
+        if zero_residuals:
+            ckpt["bitpush"]["ef_residuals"] = {k: torch.zeros_like(v)
+                                               for k, v in residuals.items()}
+        ob.load_state_dict(ckpt)
+        train(b, ob, steps, steps)
+        ob.remove_hooks()
+        return max((p - q).abs().max().item() for p, q in zip(after_a, b.parameters()))
+
+    return {"residual_names": sorted(residuals), "nonzero": {
+        k: int((v != 0).sum()) for k, v in residuals.items()},
+        "numel": {k: v.numel() for k, v in residuals.items()},
+        "diff_restored": resume(False), "diff_zeroed": resume(True)}
+
+
 def w_ddp_hook(port, steps=3, compression="none"):
     """DDP (gloo process group for DDP's own collectives) with bp.push_pull_hook: after each
     backward, p.grad equals the average of every rank's gradient."""

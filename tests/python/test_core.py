@@ -205,7 +205,7 @@ def test_clear_local_errors(core_run):
     errors = core_run[0]["errors"]
     assert "noncontig" in errors["noncontig"] and "not contiguous" in errors["noncontig"]
     assert "'f64'" in errors["dtype"] and "torch.float64" in errors["dtype"]
-    assert "'offcpu'" in errors["device"] and "CPU tensors" in errors["device"]
+    assert "'offcpu'" in errors["device"] and "CPU or CUDA tensors" in errors["device"]
     code, msg = errors["redeclare"]
     assert code == "InvalidArgument"
     assert "'avg32'" in msg and "12 x float32" in msg and "13 x float32" in msg

@@ -58,6 +58,21 @@ def test_two_workers():
         assert rt["bitpush"]["compression"] == "none"
 
 
+def test_state_dict_carries_the_worker_error_feedback_residuals():
+    # error_feedback "worker": the servers keep no residual, so a checkpoint of the worker's
+    # moments and residuals resumes bit for bit; min_compress_bytes 64 compresses the tensors
+    # of at least 64 bytes (7x16, 16x5 and the 16-element bias), not the 5x3 one or the
+    # smaller biases.
+    with testing.LocalCluster(workers=1, servers=1, compression="onebit",
+                              error_feedback="worker", min_compress_bytes=64) as cluster:
+        (r,), = h.run_workers(cluster, 1, [("w_ef_state_round_trip", {})])
+    assert r["residual_names"] == ["ef.0.bias", "ef.0.weight", "ef.2.weight"], r
+    assert r["numel"] == {"ef.0.bias": 16, "ef.0.weight": 112, "ef.2.weight": 80}, r
+    assert all(n > 0 for n in r["nonzero"].values()), r
+    assert r["diff_restored"] == 0.0, r
+    assert r["diff_zeroed"] > 0.0, r
+
+
 def _yaml(tmp_path, ef):
     path = tmp_path / ("ef-%s.yaml" % ef)
     path.write_text("cluster:\n  scheduler: 127.0.0.1:1\n  servers: [127.0.0.1:2]\n"

@@ -27,7 +27,8 @@ __all__ = [
     "BitpushError", "Handle", "init", "shutdown", "is_initialized", "rank", "size", "local_rank",
     "local_size", "node_rank", "num_nodes", "mode", "config_path", "push_pull",
     "push_pull_inplace", "push_pull_async", "synchronize", "poll", "barrier",
-    "broadcast_parameters", "broadcast_optimizer_state", "stats",
+    "broadcast_parameters", "broadcast_optimizer_state", "stats", "declare",
+    "error_feedback_state", "restore_error_feedback_state",
 ]
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16"}
@@ -89,15 +90,19 @@ class Handle:
     """The completion of one push_pull_async. Keeps its input and output tensors alive until
     the operation completed; ``synchronize(handle)`` returns the output."""
 
-    __slots__ = ("_handle", "_state", "name", "tensor", "output", "_done", "__weakref__")
+    __slots__ = ("_handle", "_state", "name", "tensor", "output", "_done", "_staged",
+                 "__weakref__")
 
-    def __init__(self, handle, state, name, tensor, output):
+    def __init__(self, handle, state, name, tensor, output, staged=None):
         self._handle = handle
         self._state = state
         self.name = name
         self.tensor = tensor
         self.output = output
         self._done = False
+        # Embedded mode, CUDA tensor: the CPU copy the operation writes, copied into `output`
+        # on completion.
+        self._staged = staged
 
     def ready(self):
         """True once the push_pull completed (successfully or not); never blocks."""
@@ -114,6 +119,8 @@ class Handle:
             if e.code != "Timeout" or self._handle.ready():
                 self._release()
             raise
+        if self._staged is not None and not self._done:
+            self.output.copy_(self._staged)
         self._release()
         return self.output
 
@@ -277,10 +284,12 @@ def _check_tensor(tensor, name, what="tensor"):
     if tensor.is_sparse:
         raise TypeError("bitpush: %s of '%s' is sparse; push_pull takes dense tensors"
                         % (what, name))
-    if tensor.device.type != "cpu":
-        raise ValueError("bitpush: %s of '%s' is on %s; push_pull from Python takes CPU tensors "
-                         "(the daemon's GPU path is not wired into Python yet): copy it with "
-                         ".cpu() and back" % (what, name, tensor.device))
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise ValueError("bitpush: %s of '%s' is on %s; push_pull takes CPU or CUDA tensors"
+                         % (what, name, tensor.device))
+    if tensor.device.type == "cuda" and tensor.dtype != torch.float32:
+        raise TypeError("bitpush: %s of '%s' is a CUDA %s tensor; the GPU path takes "
+                        "torch.float32" % (what, name, tensor.dtype))
     if tensor.dtype not in _DTYPES:
         raise TypeError("bitpush: %s of '%s' has dtype %s; push_pull takes torch.float32 or "
                         "torch.float16" % (what, name, tensor.dtype))
@@ -305,7 +314,7 @@ def _settle_first_rounds(s):
             pass  # reported to whoever synchronizes that handle
 
 
-def _declare(s, name, numel, dtype, compression, average, priority):
+def _declare(s, name, numel, dtype, compression, average, priority, cuda=False):
     want = _Declaration(None, numel, dtype, compression, average, priority)
     with s.lock:
         have = s.declarations.get(name)
@@ -313,7 +322,7 @@ def _declare(s, name, numel, dtype, compression, average, priority):
             if s.mode == "daemon":
                 _settle_first_rounds(s)
             want.index = s.client.declare(name, numel, dtype, priority, compression,
-                                          not average)
+                                          not average, cuda)
             s.declarations[name] = want
             return want.index, True
     for field in ("numel", "dtype", "compression", "average", "priority"):
@@ -348,22 +357,76 @@ def push_pull_async(tensor, name, compression=None, average=True, priority=0, ou
                                 tensor.dtype))
     spec = "" if compression is None else str(compression)
     dtype = _DTYPES[tensor.dtype]
-    index, first = _declare(s, name, tensor.numel(), dtype, spec, bool(average), int(priority))
+    if tensor.device != output.device:
+        raise ValueError("bitpush: tensor '%s' is on %s but its output on %s"
+                         % (name, tensor.device, output.device))
+    # CUDA tensors: in daemon mode the daemon's GPU path (FP16 cast + NCCL on the node's GPUs,
+    # docs/local-ipc.md "GPU tensors") reads them, once the gradient is complete on the current
+    # stream; in embedded mode they are staged through host memory.
+    on_gpu = tensor.device.type == "cuda" and s.mode == "daemon"
+    staged = None
+    if tensor.device.type == "cuda":
+        torch.cuda.current_stream(tensor.device).synchronize()
+        if not on_gpu:
+            staged = tensor.detach().to("cpu")
+    index, first = _declare(s, name, tensor.numel(), dtype, spec, bool(average), int(priority),
+                            on_gpu)
     with s.lock:
         previous = s.in_flight.get(name)
         if previous is not None and not previous.ready():
             raise _error("FailedPrecondition",
                          "bitpush: a push_pull of tensor '%s' is still in flight; synchronize "
                          "its handle first" % name)
-        tensor_d = tensor.detach()
-        output_d = output.detach()
+        tensor_d = tensor.detach() if staged is None else staged
+        output_d = output.detach() if staged is None else staged
         h = s.client.push_pull(index, tensor_d.data_ptr(), output_d.data_ptr(), tensor.numel(),
                                dtype, name)
-        handle = Handle(h, s, name, tensor_d, output)
+        handle = Handle(h, s, name, tensor_d, output, staged)
         s.in_flight[name] = handle
         if first and s.mode == "daemon":
             s.first_rounds.append(h)
     return handle
+
+
+def declare(name, tensor, compression=None, average=True, priority=0):
+    """Declares `name` for push_pulls of tensors like `tensor` (numel, dtype, device) without
+    pushing; the first push_pull of a name does this otherwise. Every worker must declare in
+    the same order. Used before restoring error-feedback state (a checkpoint)."""
+    s = _require()
+    _check_tensor(tensor, name)
+    spec = "" if compression is None else str(compression)
+    on_gpu = tensor.device.type == "cuda" and s.mode == "daemon"
+    _declare(s, name, tensor.numel(), _DTYPES[tensor.dtype], spec, bool(average), int(priority),
+             on_gpu)
+
+
+def error_feedback_state(name):
+    """The worker error-feedback residual of tensor `name` (paper 001 Algorithm 4's e_i) as a
+    1-D float32 CPU tensor, or None when it keeps none (uncompressed, or the cluster keeps no
+    worker residual). Embedded mode (in daemon mode the residual lives in the node's daemon:
+    BitpushError Unimplemented)."""
+    s = _require()
+    with s.lock:
+        d = s.declarations.get(name)
+    if d is None:
+        raise _error("NotFound", "bitpush: tensor '%s' was never declared or pushed" % name)
+    raw = s.client.error_feedback_state(d.index)
+    if not raw:
+        return None
+    return torch.frombuffer(bytearray(raw), dtype=torch.float32).clone()
+
+
+def restore_error_feedback_state(name, residual):
+    """Puts a residual saved by error_feedback_state back (declare the tensor first)."""
+    s = _require()
+    with s.lock:
+        d = s.declarations.get(name)
+    if d is None:
+        raise _error("NotFound", "bitpush: tensor '%s' is not declared; call declare() (or push "
+                     "it) before restoring its error-feedback state" % name)
+    data = b"" if residual is None else \
+        residual.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+    s.client.restore_error_feedback_state(d.index, data)
 
 
 def synchronize(handle, timeout=None):

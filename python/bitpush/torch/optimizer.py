@@ -242,6 +242,33 @@ class _GradientExchange:
         finally:
             self._bp_skip_sync = False
 
+    def _bp_ef_state(self):
+        """{name: residual tensor} of the parameters whose gradients keep a worker
+        error-feedback residual (embedded mode; None in daemon mode, where it lives in the
+        node's daemon, or before the first exchange)."""
+        bp = _bp()
+        if not self._bp_declared or bp.mode() != "embedded":
+            return None
+        out = {}
+        for p in self._bp_params:
+            r = bp.error_feedback_state(self._bp_name(p))
+            if r is not None:
+                out[self._bp_name(p)] = r
+        return out
+
+    def _bp_restore_ef_state(self, residuals):
+        """Declares every gradient (in parameter order, as the first exchange would) and puts
+        the saved residuals back."""
+        if not residuals:
+            return
+        bp = _bp()
+        for p in self._bp_params:
+            bp.declare(self._bp_name(p), p.detach(), compression=self._bp_spec(p), average=True)
+        for p in self._bp_params:
+            name = self._bp_name(p)
+            if name in residuals:
+                bp.restore_error_feedback_state(name, residuals[name])
+
     def _bp_sync_for_step(self):
         if self._bp_skip_sync:
             if not self._bp_synchronized:
@@ -370,12 +397,12 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
 
     def state_dict(self):
         sd = super().state_dict()
-        # The worker's error-feedback residuals live in the C++ engine, which does not expose
-        # them to Python: docs/training.md ("Checkpoints") says what a restore loses.
+        # The worker's error-feedback residuals (paper 001 Algorithm 4's e_i) come from the
+        # engine; the servers' residuals stay on the servers (docs/training.md, "Checkpoints").
         sd["bitpush"] = {"compression": self.compression,
                          "error_feedback": self.error_feedback,
                          "names": [self._bp_name(p) for p in self._bp_params],
-                         "ef_residuals": None}
+                         "ef_residuals": self._bp_ef_state()}
         return sd
 
     def load_state_dict(self, state_dict):
@@ -387,6 +414,8 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
                 raise ValueError("load_state_dict: the checkpoint's tensors %r are not this "
                                  "optimizer's %r" % (meta["names"][:4], names[:4]))
         super().load_state_dict(state_dict)
+        if meta is not None:
+            self._bp_restore_ef_state(meta.get("ef_residuals"))
         # Keep the kernel's invariants: fp32, contiguous, on the parameter's device.
         for group in self.param_groups:
             for p in group["params"]:
