@@ -201,6 +201,12 @@ Status Daemon::Run() {
       std::lock_guard<std::mutex> lock(mu_);
       finished.swap(finished_);
     }
+    std::vector<TensorState*> declared;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      declared.swap(declared_);
+    }
+    for (TensorState* t : declared) FinishDeclaration(*t);
     for (TensorState* t : finished) {
       t->in_flight = false;
       MaybeDispatch(*t);
@@ -429,56 +435,85 @@ void Daemon::OnDeclare(Conn& c, const v1::LocalDeclare& d) {
   }
   t.waiting.push_back(c.channel);
   if (++t.declared < local_size_) return;
-  // Every local process declared the same: declare it once for the node.
-  t.decided = true;
+  // Every local process declared the same: declare it once for the node — on the round
+  // thread, in order with the rounds already dispatched. The engine announces the tensors
+  // declared since its last check with the next push_pull, and that push_pull runs on the round
+  // thread: declaring there too makes what is announced with which round the same on every
+  // node (each process declares and pushes in the same order), never a race between this loop
+  // and the round thread. The verdict comes back through FinishDeclaration.
+  auto job = std::make_unique<RoundJob>();
+  job->tensor = &t;
+  job->declare = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    round_queue_.push_back(std::move(job));
+  }
+  round_cv_.notify_one();
+}
+
+void Daemon::DeclareForNode(TensorState& t) {
+  const v1::LocalDeclare& d = t.first;
   if (d.dtype() > static_cast<uint32_t>(DType::kBFloat16)) {
     t.verdict = InvalidArgumentError(
         fmt::format("tensor #{} '{}': unknown dtype {}", d.index(), d.name(), d.dtype()));
-  } else {
-    TensorOptions o;
-    o.priority = d.priority();
-    o.compression = d.compression();
-    o.op = d.sum() ? ReduceOp::kSum : ReduceOp::kAverage;
-    t.dtype = static_cast<DType>(d.dtype());
-    t.elements = d.elements();
-    t.bytes = t.elements * DTypeSize(t.dtype);
-    t.cuda = d.cuda();
-    if (t.cuda) {
-      // The GPU path needs CUDA + NCCL here and a usable GPU; fp32 only (the cast kernels).
-      t.verdict = gpu::GpuViability();
-      if (t.verdict.ok() && t.dtype != DType::kFloat32) {
-        t.verdict = InvalidArgumentError("a CUDA tensor must be float32");
-      }
-      if (t.verdict.ok()) {
-        StatusOr<gpu::PinnedBuffer> pinned = gpu::PinnedBuffer::Allocate(t.elements * 2);
-        t.verdict = pinned.status();
-        if (pinned.ok()) t.pinned = std::move(pinned).value();
-      }
-      if (!t.verdict.ok()) {
-        t.verdict = t.verdict.WithContext(
-            fmt::format("{}: tensor #{} '{}' is on a GPU but this daemon cannot run the GPU path",
-                        label_, d.index(), d.name()));
-      }
+    return;
+  }
+  TensorOptions o;
+  o.priority = d.priority();
+  o.compression = d.compression();
+  o.op = d.sum() ? ReduceOp::kSum : ReduceOp::kAverage;
+  t.dtype = static_cast<DType>(d.dtype());
+  t.elements = d.elements();
+  t.bytes = t.elements * DTypeSize(t.dtype);
+  t.cuda = d.cuda();
+  t.verdict = Status::Ok();
+  if (t.cuda) {
+    // The GPU path needs CUDA + NCCL here and a usable GPU; fp32 only (the cast kernels).
+    t.verdict = gpu::GpuViability();
+    if (t.verdict.ok() && t.dtype != DType::kFloat32) {
+      t.verdict = InvalidArgumentError("a CUDA tensor must be float32");
     }
-    StatusOr<TensorId> id =
-        t.verdict.ok() ? engine_->Declare(d.name(), t.elements, t.dtype, o) : t.verdict;
-    t.verdict = id.status();
-    if (id.ok()) {
-      t.engine_id = *id;
-      t.scale = d.sum() || local_size_ == 1 ? 1.0f : 1.0f / static_cast<float>(local_size_);
-      t.buffer.resize(t.bytes);
-      t.present.assign(local_size_, false);
-      t.slots.resize(local_size_);
+    if (t.verdict.ok()) {
+      StatusOr<gpu::PinnedBuffer> pinned = gpu::PinnedBuffer::Allocate(t.elements * 2);
+      t.verdict = pinned.status();
+      if (pinned.ok()) t.pinned = std::move(pinned).value();
+    }
+    if (!t.verdict.ok()) {
+      t.verdict = t.verdict.WithContext(
+          fmt::format("{}: tensor #{} '{}' is on a GPU but this daemon cannot run the GPU path",
+                      label_, d.index(), d.name()));
     }
   }
-  if (!t.verdict.ok() && decl_error_.ok()) {
+  StatusOr<TensorId> id =
+      t.verdict.ok() ? engine_->Declare(d.name(), t.elements, t.dtype, o) : t.verdict;
+  t.verdict = id.status();
+  if (id.ok()) {
+    t.engine_id = *id;
+    t.scale = d.sum() || local_size_ == 1 ? 1.0f : 1.0f / static_cast<float>(local_size_);
+    t.buffer.resize(t.bytes);
+  }
+}
+
+void Daemon::FinishDeclaration(TensorState& t) {
+  t.decided = true;
+  if (t.verdict.ok()) {
+    t.present.assign(local_size_, false);
+    t.slots.resize(local_size_);
+  } else if (decl_error_.ok()) {
     // A refused tensor (bad spec, GPU path not viable, ...) ends the node like a declaration
     // difference: every process is told, and may leave without being a failure.
     decl_error_ = t.verdict;
     decl_error_deadline_ = Clock::now() + gather_timeout_;
     BP_LOG_ERROR("{}: {}", label_, t.verdict.message());
   }
-  for (const auto& ch : t.waiting) reply(*ch, t.verdict);
+  for (const auto& ch : t.waiting) {
+    v1::LocalMessage m;
+    v1::LocalDeclareReply* r = m.mutable_declare_reply();
+    r->set_index(t.index);
+    r->set_status_code(static_cast<uint32_t>(t.verdict.code()));
+    r->set_message(t.verdict.message());
+    (void)ipc::SendLocalMessage(*ch, m);
+  }
   t.waiting.clear();
 }
 
@@ -759,6 +794,20 @@ void Daemon::RoundLoop() {
       node_error = node_error_;
     }
     TensorState& t = *job->tensor;
+    if (job->declare) {
+      if (node_error.ok()) {
+        DeclareForNode(t);
+      } else {
+        t.verdict = node_error;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        declared_.push_back(&t);
+      }
+      const uint64_t one = 1;
+      (void)!write(wake_fd_, &one, sizeof(one));
+      continue;
+    }
     if (!node_error.ok()) {
       job->error = node_error;
     } else {

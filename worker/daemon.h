@@ -150,7 +150,8 @@ class Daemon {
     uint64_t round = 0;
     std::vector<Slot> slots;  // by local rank
     PushPullHandle handle;
-    Status error;  // set when the round failed before the engine
+    Status error;          // set when the round failed before the engine
+    bool declare = false;  // not a round: declare `tensor` in the engine (DeclareForNode)
   };
 
   struct BarrierJob {
@@ -168,6 +169,10 @@ class Daemon {
   void OnDeclare(Conn& c, const v1::LocalDeclare& d);
   void OnPushPull(Conn& c, const v1::LocalPushPull& p);
   void OnBarrier(Conn& c, uint64_t seq);
+  // Round thread: the engine declaration of a tensor every local process declared alike (its
+  // verdict, engine id, node buffer). Poll loop: the verdict to the processes.
+  void DeclareForNode(TensorState& t);
+  void FinishDeclaration(TensorState& t);
   void SendBarrierDone(ipc::Channel& ch, uint64_t seq, const Status& s);
   void MaybeDispatch(TensorState& t);
   void CheckGatherDeadlines();
@@ -226,6 +231,7 @@ class Daemon {
   std::deque<std::unique_ptr<BarrierJob>> barrier_queue_;  // guarded by mu_
   std::condition_variable barrier_cv_;
   std::vector<TensorState*> finished_;  // guarded by mu_: rounds answered
+  std::vector<TensorState*> declared_;  // guarded by mu_: engine declarations done
   Status node_error_;                   // guarded by mu_
   bool stop_threads_ = false;           // guarded by mu_: round thread
   bool stop_done_ = false;              // guarded by mu_: completion thread

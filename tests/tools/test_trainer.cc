@@ -3,7 +3,7 @@
 //
 //   bitpush-test-trainer --config cluster.yaml --node N --local-rank R --local-size P
 //                        --socket PATH --iters K [--pause-ms M] [--elements-delta D]
-//                        [--hello-major V] [--barrier D] [--gpu 1]
+//                        [--hello-major V] [--barrier D] [--gpu 1] [--late-declare 1]
 //
 // Declares three tensors ("grad.big", kBigElements fp32, the cluster's compressor;
 // "grad.small", fp32 below any sensible min_compress_bytes; "grad.half", fp16: reduced in fp32
@@ -19,6 +19,9 @@
 // --elements-delta D declares grad.big with D more elements (a declaration difference);
 // --barrier D enters Client::Barrier D ms after every iteration, printing "entering barrier K at T"
 // and "barrier K ok at T" (T = CLOCK_MONOTONIC in microseconds, comparable across processes);
+// --late-declare 1 declares only grad.big up front and each other tensor right after the
+// previous one's first push_pull was posted (the lazy first-use declaration of bitpush.torch),
+// so declarations and first rounds interleave on the daemon;
 // --gpu 1 is the GPU path instead: one fp32 CUDA tensor "grad.gpu" (TensorOptions::cuda) in
 // device memory on GPU (local rank mod device count), K rounds, each result checked against the
 // exact average of all processes' inputs within fp16 tolerance (the node's inputs are cast to
@@ -279,6 +282,7 @@ int main(int argc, char** argv) {
   long hello_major = -1;
   long barrier = -1;
   long gpu = 0;
+  long late = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const std::string v = argv[i + 1];
@@ -306,6 +310,8 @@ int main(int argc, char** argv) {
         barrier = x;
       else if (a == "--gpu")
         gpu = x;
+      else if (a == "--late-declare")
+        late = x;
       else {
         std::fprintf(stderr, "bitpush-test-trainer: unknown argument %s\n", a.c_str());
         return 2;
@@ -345,20 +351,27 @@ int main(int argc, char** argv) {
   const std::vector<std::string> names = {"grad.big", "grad.small", "grad.half"};
   std::vector<worker::TensorId> ids;
   std::vector<Reference> refs;
-  for (size_t t = 0; t < sizes.size(); ++t) {
+  auto declare = [&](size_t t) {
     auto id = (*client)->Declare(names[t], sizes[t], dtypes[t], worker::TensorOptions{});
     if (!id.ok()) {
       Say("error: declare: " + id.status().ToString());
-      return 3;
+      return false;
     }
-    ids.push_back(*id);
+    ids[t] = *id;
+    return true;
+  };
+  ids.resize(sizes.size());
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    if ((late == 0 || t == 0) && !declare(t)) return 3;
     refs.emplace_back(*config, static_cast<uint32_t>(t), sizes[t], dtypes[t], nodes,
                       static_cast<uint32_t>(local_size));
   }
-  const Status committed = (*client)->CommitDeclarations();
-  if (!committed.ok()) {
-    Say("error: iteration 0: " + committed.ToString());
-    return 3;
+  if (late == 0) {
+    const Status committed = (*client)->CommitDeclarations();
+    if (!committed.ok()) {
+      Say("error: iteration 0: " + committed.ToString());
+      return 3;
+    }
   }
   for (long it = 0; it < iters; ++it) {
     if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
@@ -368,6 +381,7 @@ int main(int argc, char** argv) {
       in[t] = Input(static_cast<uint32_t>(node), static_cast<uint32_t>(local_rank), t, it, sizes[t],
                     dtypes[t]);
       out[t].assign(in[t].size(), 0);
+      if (late != 0 && it == 0 && t > 0 && !declare(t)) return 3;
       handles.push_back((*client)->PushPull(ids[t],
                                             ConstTensorView(in[t].data(), sizes[t], dtypes[t]),
                                             TensorView(out[t].data(), sizes[t], dtypes[t])));

@@ -262,6 +262,26 @@ TEST_F(DaemonTest, GpuPathGivesTheAverageOfAllProcessesWithinFp16Tolerance) {
   }
 }
 
+TEST_F(DaemonTest, DeclarationsInterleavedWithFirstRoundsAgreeOnEveryNode) {
+  // Each process declares a tensor only after posting the previous one's first push_pull (as
+  // bitpush.torch does on first use): the daemons must announce the same declarations with
+  // the same rounds on both nodes (regression: the poll loop declared in the engine while the
+  // round thread's push_pull announced, so one node could announce a tensor a round earlier
+  // than the other and the cluster refused it as a declaration difference).
+  WriteConfig("onebit", "both");
+  StartCluster();
+  for (int n = 0; n < kNodes; ++n) {
+    for (int p = 0; p < kLocal; ++p) StartTrainer(n, p, 3, 0, {"--late-declare", "1"});
+  }
+  std::vector<Child*> all;
+  for (const auto& c : children_) all.push_back(c.get());
+  ASSERT_TRUE(WaitAll(all, Clock::now() + milliseconds(25000))) << "the cluster did not finish";
+  for (Child* t : trainers_) {
+    EXPECT_EQ(t->exit_code(), 0) << t->label() << ":\n" << t->output();
+    EXPECT_CONTAINS(t->output(), "iteration 2 ok");
+  }
+}
+
 // The number after `prefix` on each line of `text` that contains it, in order.
 std::vector<long long> NumbersAfter(const std::string& text, const std::string& prefix) {
   std::vector<long long> out;

@@ -70,8 +70,6 @@ class _State:
         self.lock = threading.Lock()
         self.declarations = {}  # name -> _Declaration
         self.in_flight = {}  # name -> Handle (keeps the tensors alive while C++ uses them)
-        # Daemon mode: handles of first rounds not known to be complete (see _declare).
-        self.first_rounds = []
 
 
 _state = None
@@ -299,28 +297,11 @@ def _check_tensor(tensor, name, what="tensor"):
                          % (what, name, tuple(tensor.shape), tensor.stride()))
 
 
-def _settle_first_rounds(s):
-    # Daemon mode: the node's bitpush-worker declares a tensor to its engine when every local
-    # process declared it, and starts a round on another thread; the engine announces the
-    # declarations made so far with a tensor's first round. A declaration racing an earlier
-    # tensor's first round could be announced with it on one node and not on another, which
-    # the cluster refuses as a declaration difference. So a new tensor is declared only once
-    # the first rounds of the earlier ones completed (only the first use of each name waits).
-    pending, s.first_rounds = s.first_rounds, []
-    for h in pending:
-        try:
-            h.wait()
-        except BitpushError:
-            pass  # reported to whoever synchronizes that handle
-
-
 def _declare(s, name, numel, dtype, compression, average, priority, cuda=False):
     want = _Declaration(None, numel, dtype, compression, average, priority)
     with s.lock:
         have = s.declarations.get(name)
         if have is None:
-            if s.mode == "daemon":
-                _settle_first_rounds(s)
             want.index = s.client.declare(name, numel, dtype, priority, compression,
                                           not average, cuda)
             s.declarations[name] = want
@@ -383,8 +364,6 @@ def push_pull_async(tensor, name, compression=None, average=True, priority=0, ou
                                dtype, name)
         handle = Handle(h, s, name, tensor_d, output, staged)
         s.in_flight[name] = handle
-        if first and s.mode == "daemon":
-            s.first_rounds.append(h)
     return handle
 
 
