@@ -27,6 +27,11 @@ except ImportError as e:  # the extension was not built (or PYTHONPATH is not se
 def pytest_collection_modifyitems(config, items):
     if _IMPORT_ERROR is None:
         return
+    if os.environ.get("BITPUSH_BIN_DIR"):
+        # Under ctest (python_tests sets BITPUSH_BIN_DIR) the package was built: failing to
+        # import it is an error, never a silent skip.
+        pytest.exit("bitpush is not importable from PYTHONPATH=%s: %s"
+                    % (os.environ.get("PYTHONPATH", ""), _IMPORT_ERROR), returncode=1)
     skip = pytest.mark.skip(reason="bitpush is not importable (build python/ and set "
                                    "PYTHONPATH=build/python): %s" % _IMPORT_ERROR)
     for item in items:
