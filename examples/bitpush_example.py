@@ -162,6 +162,14 @@ def finish(args, rank, summary):
     if rank != 0:
         return
     print(" ".join("%s=%s" % (k, _fmt(v)) for k, v in summary.items()), flush=True)
+    pushed, fp32 = summary.get("bytes_pushed"), summary.get("bytes_fp32")
+    if pushed is not None and fp32:
+        print("summary: %s with %s on %d workers: test accuracy %.2f%%, %d steps in %.1f s; "
+              "pushed %.2f MB vs %.2f MB as fp32 (ratio %.3f, %.1fx smaller)"
+              % (summary.get("example"), summary.get("compression"), summary.get("workers", 0),
+                 summary.get("test_accuracy", float("nan")), summary.get("steps", 0),
+                 summary.get("wall_time_s", 0.0), pushed / 1e6, fp32 / 1e6, pushed / fp32,
+                 fp32 / max(pushed, 1)), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=2, sort_keys=True)

@@ -1,0 +1,439 @@
+"""`bitpush launch` and `bitpush check-config` (docs/launch.md).
+
+    bitpush launch --config cluster.yaml [--host NAME] [-- COMMAND ...]
+    bitpush check-config cluster.yaml
+
+`launch` starts the roles of the cluster YAML that live on this host — the scheduler, the
+servers, and for each worker node a bitpush-worker daemon (worker.local_size > 1) and
+local_size copies of COMMAND with the bootstrap environment (docs/python.md) — prefixes every
+output line with its process ("[server 0] "), and supervises them: the first process that
+fails stops all the others (SIGTERM, then SIGKILL after --grace-s) and the launcher exits 1
+naming it and its last line. SIGINT/SIGTERM to the launcher stop everything the same way.
+
+`check-config` parses the YAML with the C++ parser (bitpush._C.load_cluster_config, the one
+every daemon uses) and prints the effective config; exit 2 on a bad file.
+
+Children run in their own session (so a terminal's Ctrl-C reaches the launcher only, which
+then stops them in order) with PR_SET_PDEATHSIG=SIGKILL (so nothing outlives a launcher that
+was killed outright). Every child is started from the main thread (PDEATHSIG follows the
+thread that forked); one reader thread per child copies its merged stdout/stderr.
+"""
+import argparse
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from . import _env
+
+__all__ = ["main"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # a process failed (or the cluster did not end by itself when asked to)
+EXIT_USAGE = 2  # bad command line or bad config
+# Stopped by SIGINT / SIGTERM: 128 + the signal (130, 143), like a shell.
+
+_PR_SET_PDEATHSIG = 1
+_POLL_S = 0.05
+
+
+def _child_setup():
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+# -- config ----------------------------------------------------------------------------------
+
+def _load_config(path):
+    """The C++ parser's view of `path` (dict, see config_bindings.cc); raises BitpushError."""
+    from . import _C
+    return _C.load_cluster_config(path)
+
+
+def _host_of(url):
+    """'tcp://host:port' -> 'host'; ipc:// and inproc:// -> None (this host)."""
+    if not url.startswith("tcp://"):
+        return None
+    rest = url[len("tcp://"):]
+    if rest.startswith("["):
+        return rest[1:rest.index("]")]
+    return rest.rsplit(":", 1)[0]
+
+
+def _local_names():
+    names = {"localhost", "::1"}
+    for fn in (socket.gethostname, socket.getfqdn):
+        try:
+            names.add(fn())
+        except OSError:
+            pass
+    try:
+        names.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    return names
+
+
+def _is_local(host, wanted, local_names):
+    if wanted:
+        return host in wanted or (host is None and "localhost" in wanted)
+    return host is None or host.startswith("127.") or host in local_names
+
+
+# -- processes -------------------------------------------------------------------------------
+
+class _Child:
+    """One started process: its label, Popen, reader thread and last output line."""
+
+    def __init__(self, label, kind, argv, env, out, out_lock):
+        self.label = label
+        self.kind = kind  # "role" or "train"
+        self.argv = argv
+        self.last_line = ""
+        self.returncode = None  # set once reaped
+        self.signalled = False  # the launcher sent it a signal
+        self._out, self._lock = out, out_lock
+        self.popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      start_new_session=True, preexec_fn=_child_setup)
+        self.pid = self.popen.pid
+        self.reader = threading.Thread(target=self._read, name="out-" + label, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        prefix = ("[%s] " % self.label).encode()
+        for line in iter(self.popen.stdout.readline, b""):
+            text = line.rstrip(b"\r\n")
+            if text.strip():
+                self.last_line = text.decode("utf-8", "replace").strip()
+            with self._lock:
+                self._out.write(prefix + text + b"\n")
+                self._out.flush()
+        self.popen.stdout.close()
+
+    def poll(self):
+        if self.returncode is None:
+            rc = self.popen.poll()
+            if rc is not None:
+                self.returncode = rc
+                self.reader.join(2.0)  # a grandchild may hold the pipe: bounded
+        return self.returncode
+
+    def kill_group(self, sig):
+        if self.poll() is not None:
+            return
+        self.signalled = True
+        try:
+            os.killpg(self.pid, sig)  # the child and whatever it started
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def describe_exit(self):
+        rc = self.returncode
+        if rc is None:
+            return "still running"
+        if rc < 0:
+            try:
+                name = signal.Signals(-rc).name
+            except ValueError:
+                name = "signal %d" % -rc
+            return "killed by %s" % name
+        return "exited with %d" % rc
+
+
+class _Launch:
+    def __init__(self, args, config, config_path):
+        self.args = args
+        self.config = config
+        self.config_path = config_path
+        self.children = []
+        self.out = sys.stdout.buffer
+        self.out_lock = threading.Lock()
+        self.stop_signal = None
+        self.t0 = time.monotonic()
+
+    def say(self, text):
+        with self.out_lock:
+            self.out.write(("bitpush launch: %s\n" % text).encode())
+            self.out.flush()
+
+    def bin(self, name):
+        return os.path.join(self.args.bin_dir, name)
+
+    def log_args(self):
+        return ["--log-level", self.args.log_level] if self.args.log_level else []
+
+    def start(self, label, kind, argv, env=None):
+        c = _Child(label, kind, argv, env, self.out, self.out_lock)
+        self.children.append(c)
+        return c
+
+    def plan(self):
+        """[(label, kind, argv, env)] in start order, for the roles on this host."""
+        cfg, a = self.config, self.args
+        wanted = set(a.host or [])
+        names = _local_names()
+        local = lambda url: _is_local(_host_of(url), wanted, names)  # noqa: E731
+        local_size = a.local_size or cfg["worker_local_size"] or 1
+        plan = []
+        if local(cfg["scheduler"]):
+            plan.append(("scheduler", "role",
+                         [self.bin("bitpush-scheduler"), "--config", self.config_path]
+                         + self.log_args(), None))
+        for i, url in enumerate(cfg["servers"]):
+            if local(url):
+                plan.append(("server %d" % i, "role",
+                             [self.bin("bitpush-server"), "--config", self.config_path,
+                              "--rank", str(i)] + self.log_args(), None))
+        for n, url in enumerate(cfg["workers"]):
+            if not local(url):
+                continue
+            if local_size > 1:
+                plan.append(("worker %d" % n, "role",
+                             [self.bin("bitpush-worker"), "--config", self.config_path,
+                              "--rank", str(n), "--local-size", str(local_size)]
+                             + self.log_args(), None))
+            if not a.command:
+                continue
+            for r in range(local_size):
+                env = dict(os.environ)
+                env.setdefault("PYTHONUNBUFFERED", "1")  # lines arrive as they are printed
+                env.update({_env.CONFIG: self.config_path, _env.WORKER_RANK: str(n),
+                            _env.LOCAL_RANK: str(r), _env.LOCAL_SIZE: str(local_size),
+                            _env.MODE: "daemon" if local_size > 1 else "embedded",
+                            _env.BIN_DIR: a.bin_dir})
+                plan.append(("train %d.%d" % (n, r), "train", list(a.command), env))
+        return plan
+
+    def stop_all(self, reason):
+        """Stops every running child in tiers — training processes, then the node daemons
+        (which free the shared memory of their dead clients), then servers and the scheduler:
+        SIGTERM, SIGKILL to what still runs after --grace-s; all reaped."""
+        running = [c for c in self.children if c.poll() is None]
+        if not running:
+            return
+        self.say("stopping %d process(es): %s" % (len(running), reason))
+        tiers = [[c for c in running if c.kind == "train"],
+                 [c for c in running if c.label.startswith("worker ")],
+                 [c for c in reversed(running) if c.kind == "role"
+                  and not c.label.startswith("worker ")]]
+        for i, tier in enumerate(tiers):
+            if not tier:
+                continue
+            if i == 1 and tiers[0]:
+                time.sleep(0.3)  # let the daemons see their clients go
+            for c in tier:
+                c.kill_group(signal.SIGTERM)
+            deadline = time.monotonic() + self.args.grace_s
+            while time.monotonic() < deadline and any(c.poll() is None for c in tier):
+                time.sleep(_POLL_S)
+            for c in tier:
+                if c.poll() is None:
+                    self.say("%s (pid %d) ignored SIGTERM for %.1f s: SIGKILL"
+                             % (c.label, c.pid, self.args.grace_s))
+                    c.kill_group(signal.SIGKILL)
+                    c.popen.wait()
+                    c.poll()
+
+    def sweep_shm(self):
+        """Unlinks the shared-memory segments of children that are gone (a training process
+        ended by a signal cannot unlink its own; names are bitpush-<uid>-<pid>-<n>,
+        worker/ipc/shm_segment.h). Every child is reaped here, so the pids are still ours."""
+        uid = os.getuid()
+        mine = tuple("bitpush-%d-%d-" % (uid, c.pid) for c in self.children
+                     if c.returncode is not None)
+        try:
+            names = [n for n in os.listdir("/dev/shm") if n.startswith(mine)]
+        except OSError:
+            return
+        for n in names:
+            try:
+                os.unlink(os.path.join("/dev/shm", n))
+            except OSError:
+                pass
+        if names:
+            self.say("removed %d shared-memory segment(s) left by stopped processes"
+                     % len(names))
+
+    def summary(self, failed):
+        n = len(self.children)
+        took = time.monotonic() - self.t0
+        if failed is None and self.stop_signal is None:
+            self.say("%d processes, all exited 0 in %.1f s" % (n, took))
+            return
+        others = ", ".join("%s %s" % (c.label, c.describe_exit()) for c in self.children
+                           if c is not failed and c.returncode not in (0, None)
+                           and not c.signalled)
+        if failed is not None:
+            self.say("FAILED: %s (pid %d) %s; last line: %s%s; %d processes in %.1f s"
+                     % (failed.label, failed.pid, failed.describe_exit(),
+                        failed.last_line or "(no output)",
+                        "; then " + others if others else "", n, took))
+        else:
+            self.say("stopped by %s; %d processes in %.1f s%s"
+                     % (signal.Signals(self.stop_signal).name, n, took,
+                        " (" + others + ")" if others else ""))
+
+    def run(self):
+        plan = self.plan()
+        if not plan:
+            self.say("no role of %s runs on this host (%s); use --host NAME"
+                     % (self.config_path, socket.gethostname()))
+            return EXIT_USAGE
+        self.say("starting %s" % ", ".join(p[0] for p in plan))
+        failed = None
+        try:
+            for label, kind, argv, env in plan:
+                if self.stop_signal is not None:
+                    break
+                try:
+                    self.start(label, kind, argv, env)
+                except OSError as e:
+                    self.say("cannot start %s (%s): %s" % (label, argv[0], e))
+                    self.stop_all("%s did not start" % label)
+                    return EXIT_FAILED
+            self.say("started %s" % ", ".join("%s (pid %d)" % (c.label, c.pid)
+                                               for c in self.children))
+            failed = self.supervise()
+        finally:
+            if failed is not None:
+                self.stop_all("%s %s" % (failed.label, failed.describe_exit()))
+            elif self.stop_signal is not None:
+                self.stop_all("received %s" % signal.Signals(self.stop_signal).name)
+            self.stop_all("launcher exiting")
+        self.sweep_shm()
+        self.summary(failed)
+        if failed is not None:
+            return EXIT_FAILED
+        if self.stop_signal is not None:
+            return 128 + self.stop_signal
+        return EXIT_OK
+
+    def supervise(self):
+        """Waits for the end; returns the first child that failed, or None."""
+        trains = [c for c in self.children if c.kind == "train"]
+        roles_deadline = None
+        while self.stop_signal is None:
+            failed = [c for c in self.children
+                      if c.poll() not in (0, None) and not c.signalled]
+            if failed:
+                # Seen in the same poll: a training process is the likelier cause (a role
+                # fails after it, once it notices the worker is gone).
+                trained = [c for c in failed if c.kind == "train"]
+                return (trained or failed)[0]
+            if trains and all(c.poll() == 0 for c in trains) and roles_deadline is None:
+                roles_deadline = time.monotonic() + self.args.shutdown_timeout_s
+            if all(c.poll() is not None for c in self.children):
+                return None
+            if roles_deadline is not None and time.monotonic() > roles_deadline:
+                left = [c.label for c in self.children if c.poll() is None]
+                self.say("training done but %s still running after %.0f s"
+                         % (", ".join(left), self.args.shutdown_timeout_s))
+                self.stop_all("cluster shutdown timed out")
+                return None
+            time.sleep(_POLL_S)
+        return None
+
+
+# -- command line ----------------------------------------------------------------------------
+
+def _default_bin_dir():
+    d = _env.bin_dir()
+    if d:
+        return d
+    try:
+        from . import _build_info
+        return _build_info.BIN_DIR
+    except ImportError:
+        return None
+
+
+def _check_config(path):
+    from . import BitpushError
+    try:
+        cfg = _load_config(path)
+    except BitpushError as e:
+        print("bitpush check-config: %s" % e, file=sys.stderr)
+        return EXIT_USAGE
+    sys.stdout.write(cfg["description"].rstrip("\n") + "\n")
+    print("bitpush check-config: %s is valid: scheduler %s, %d server(s), %d worker node(s)"
+          % (path, cfg["scheduler"], len(cfg["servers"]), len(cfg["workers"])))
+    return EXIT_OK
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="bitpush", description="bitpush cluster launcher "
+                                "(docs/launch.md)")
+    sub = p.add_subparsers(dest="cmd", metavar="{launch,check-config}")
+    sub.required = True
+    lp = sub.add_parser("launch", help="start this host's roles of a cluster YAML "
+                        "[and a training command per worker process]",
+                        usage="bitpush launch --config FILE [--host NAME] [options] "
+                        "[-- COMMAND ...]")
+    lp.add_argument("--config", required=True, help="the cluster YAML (docs/config.md)")
+    lp.add_argument("--host", action="append", metavar="NAME",
+                    help="start the roles whose address has this host (repeatable); default: "
+                    "loopback addresses and this machine's names")
+    lp.add_argument("--local-size", type=int, default=None, metavar="P",
+                    help="training processes per worker node (default: worker.local_size, "
+                    "else 1); > 1 starts a bitpush-worker daemon per node")
+    lp.add_argument("--grace-s", type=float, default=5.0,
+                    help="SIGTERM to SIGKILL when stopping processes (default 5)")
+    lp.add_argument("--shutdown-timeout-s", type=float, default=30.0,
+                    help="after every training process exited 0, how long the cluster roles "
+                    "may take to end by themselves (default 30)")
+    lp.add_argument("--log-level", default=None,
+                    help="passed to the scheduler, servers and daemons")
+    lp.add_argument("--bin-dir", default=None,
+                    help="where bitpush-scheduler/-server/-worker are (default "
+                    "BITPUSH_BIN_DIR, else this build's bin dir)")
+    cp = sub.add_parser("check-config", help="validate a cluster YAML and print the "
+                        "effective config")
+    cp.add_argument("config")
+    return p
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, command = argv[:i], argv[i + 1:]
+    args = _parser().parse_args(argv)  # exits 2 on a usage error
+    if args.cmd == "check-config":
+        if command:
+            print("bitpush check-config: takes no COMMAND", file=sys.stderr)
+            return EXIT_USAGE
+        return _check_config(args.config)
+
+    args.command = command
+    if args.local_size is not None and args.local_size < 1:
+        print("bitpush launch: --local-size must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    args.bin_dir = os.path.abspath(args.bin_dir or _default_bin_dir() or ".")
+    config_path = os.path.abspath(args.config)
+    from . import BitpushError
+    try:
+        config = _load_config(config_path)
+    except BitpushError as e:
+        print("bitpush launch: %s" % e, file=sys.stderr)
+        return EXIT_USAGE
+    launch = _Launch(args, config, config_path)
+
+    def on_signal(signum, frame):
+        if launch.stop_signal is None:
+            launch.stop_signal = signum
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return launch.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""`bitpush launch` and `bitpush check-config` (python/bitpush/launch.py, docs/launch.md) with
+the real binaries: a 2-node run that averages a tensor, a failing rank, SIGTERM to the
+launcher, and the config check.
+
+Each test writes its own YAML with free loopback ports into a temporary directory whose path
+is in every child's command line, so leftovers are found by scanning /proc for it.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+from bitpush.testing import free_ports
+
+PY = "/usr/bin/python3"
+
+PUSH_PULL = r"""
+import os, torch
+import bitpush.torch as bp
+bp.init()
+r = bp.rank()
+avg = bp.push_pull(torch.full((16,), float(r + 1)), "t")
+want = (bp.size() + 1) / 2.0
+assert torch.allclose(avg, torch.full((16,), want)), (avg, want)
+print("rank %d of %d ok avg=%.2f" % (r, bp.size(), avg[0].item()), flush=True)
+bp.shutdown()
+"""
+
+FAIL_ON_RANK_1 = r"""
+import os, sys, time
+if os.environ["BITPUSH_WORKER_RANK"] == "1":
+    print("preparing", flush=True)
+    print("boom: rank 1 gives up", flush=True)
+    sys.exit(3)
+time.sleep(120)
+"""
+
+HOLD = r"""
+import os, time, torch
+import bitpush.torch as bp
+bp.init()
+bp.push_pull(torch.ones(4096), "t")
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def _bin_dir():
+    d = os.environ.get("BITPUSH_BIN_DIR")
+    if d:
+        return d
+    from bitpush import _build_info
+    return _build_info.BIN_DIR
+
+
+def _launcher():
+    wrapper = os.path.join(_bin_dir(), "bitpush")
+    if os.access(wrapper, os.X_OK):
+        return [wrapper]
+    return [PY, "-m", "bitpush.launch"]
+
+
+def _write_yaml(d, workers=2, servers=1, extra_worker=""):
+    ports = free_ports(1 + servers + workers)
+    path = os.path.join(d, "cluster.yaml")
+    with open(path, "w") as f:
+        f.write("cluster:\n  scheduler: 127.0.0.1:%d\n" % ports[0])
+        f.write("  servers: [%s]\n" % ", ".join("127.0.0.1:%d" % p for p in ports[1:1 + servers]))
+        f.write("  workers: [%s]\n" % ", ".join("127.0.0.1:%d" % p for p in ports[1 + servers:]))
+        f.write("  heartbeat_interval_ms: 100\n  heartbeat_timeout_ms: 1000\n"
+                "  startup_timeout_s: 30\n")
+        f.write("compression:\n  spec: none\n")
+        f.write("server:\n  engine_threads: 1\n  numa: off\n")
+        f.write("worker:\n  compress_threads: 1\n  op_timeout_s: 30\n" + extra_worker)
+    return path
+
+
+def _procs_mentioning(text):
+    """pids of live processes whose command line contains `text` (zombies excluded)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                cmd = f.read().decode("utf-8", "replace")
+            with open("/proc/%s/stat" % pid) as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmd and state != "Z":
+            found.append((int(pid), cmd.replace("\0", " ")))
+    return found
+
+
+def _started_pids(out):
+    started = [l for l in out.splitlines() if l.startswith("bitpush launch: started ")]
+    assert len(started) == 1, out
+    return [int(p) for p in re.findall(r"\(pid (\d+)\)", started[0])]
+
+
+@pytest.fixture
+def tmp():
+    d = tempfile.mkdtemp(prefix="bp-launch-")
+    yield d
+    for pid, _ in _procs_mentioning(d):  # never leave anything behind, even on failure
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    subprocess.run(["rm", "-rf", d])
+
+
+def _run(args, timeout=90):
+    return subprocess.run(_launcher() + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=timeout, universal_newlines=True)
+
+
+def test_launch_two_nodes_average_and_prefixes(tmp):
+    cfg = _write_yaml(tmp, workers=2)
+    r = _run(["launch", "--config", cfg, "--", PY, "-c", PUSH_PULL, tmp])
+    assert r.returncode == 0, r.stdout
+    assert "[train 0.0] rank 0 of 2 ok avg=1.50" in r.stdout, r.stdout
+    assert "[train 1.0] rank 1 of 2 ok avg=1.50" in r.stdout, r.stdout
+    assert re.search(r"^\[scheduler\] ", r.stdout, re.M), r.stdout
+    assert re.search(r"^\[server 0\] ", r.stdout, re.M), r.stdout
+    for line in r.stdout.splitlines():
+        assert re.match(r"\[(scheduler|server \d+|worker \d+|train \d+\.\d+)\] |bitpush launch: ",
+                        line), line
+    assert re.search(r"^bitpush launch: 4 processes, all exited 0 in [\d.]+ s$", r.stdout,
+                     re.M), r.stdout
+    assert not _procs_mentioning(tmp)
+
+
+def test_failing_rank_stops_everything_and_is_named(tmp):
+    cfg = _write_yaml(tmp, workers=2)
+    t0 = time.monotonic()
+    r = _run(["launch", "--config", cfg, "--grace-s", "3", "--", PY, "-c", FAIL_ON_RANK_1, tmp])
+    assert r.returncode == 1, r.stdout
+    assert time.monotonic() - t0 < 30, r.stdout  # not the 120 s sleep of rank 0
+    summary = [l for l in r.stdout.splitlines() if l.startswith("bitpush launch: FAILED")]
+    assert summary, r.stdout
+    assert "train 1.0" in summary[0] and "exited with 3" in summary[0], summary[0]
+    assert "boom: rank 1 gives up" in summary[0], summary[0]
+    pids = _started_pids(r.stdout)
+    assert len(pids) == 4, r.stdout
+    for pid in pids:
+        assert not os.path.exists("/proc/%d" % pid) or \
+            open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0] == "Z", pid
+    assert not _procs_mentioning(tmp)
+
+
+def test_sigterm_stops_cluster_daemon_and_trainers(tmp):
+    # One node with two training processes: the launcher starts a bitpush-worker daemon.
+    cfg = _write_yaml(tmp, workers=1, extra_worker="  local_size: 2\n  socket: %s\n"
+                      % os.path.join(tmp, "node.sock"))
+    p = subprocess.Popen(_launcher() + ["launch", "--config", cfg, "--grace-s", "3", "--",
+                                        PY, "-c", HOLD, tmp],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         universal_newlines=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")))
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and p.poll() is None:
+            if sum(1 for l in list(lines) if l.rstrip().endswith("] ready")) == 2:
+                break
+            time.sleep(0.1)
+        out = "".join(lines)
+        assert sum(1 for l in out.splitlines() if l.rstrip().endswith("] ready")) == 2, out
+        assert "[worker 0] " in out, out
+        pids = _started_pids(out)
+        assert len(pids) == 5, out  # scheduler, server 0, worker 0, train 0.0, train 0.1
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        reader.join(10)
+    out = "".join(lines)
+    assert rc == 128 + signal.SIGTERM, out
+    assert "bitpush launch: stopped by SIGTERM" in out, out
+    assert not _procs_mentioning(tmp), out
+    uid = os.getuid()
+    leftovers = [n for n in os.listdir("/dev/shm")
+                 if any("-%d-%d-" % (uid, pid) in n for pid in pids)]
+    assert not leftovers, (leftovers, out)
+    assert not os.path.exists(os.path.join(tmp, "node.sock")), out
+
+
+def test_check_config_good_and_bad(tmp):
+    cfg = _write_yaml(tmp, workers=2)
+    r = _run(["check-config", cfg], timeout=30)
+    assert r.returncode == 0, r.stdout
+    assert "is valid" in r.stdout and "2 worker node(s)" in r.stdout, r.stdout
+    bad = os.path.join(tmp, "bad.yaml")
+    with open(cfg) as f:
+        text = f.read()
+    with open(bad, "w") as f:
+        f.write(text.replace("heartbeat_interval_ms", "heartbeat_intervall_ms"))
+    r = _run(["check-config", bad], timeout=30)
+    assert r.returncode == 2, r.stdout
+    assert re.search(r"bad\.yaml:\d+: cluster\.heartbeat_intervall_ms: unknown key", r.stdout), \
+        r.stdout
+    r = _run(["launch", "--config", bad, "--", PY, "-c", "pass"], timeout=30)
+    assert r.returncode == 2 and "heartbeat_intervall_ms" in r.stdout, r.stdout
+
+
+def test_shipped_examples_are_valid():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for name in ("local.yaml", "multi-host.yaml"):
+        r = _run(["check-config", os.path.join(root, "deploy", "examples", name)], timeout=30)
+        assert r.returncode == 0, (name, r.stdout)
