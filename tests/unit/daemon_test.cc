@@ -37,6 +37,7 @@
 #include "tests/harness/child_process.h"
 #include "tests/unit/test_util.h"
 #include "worker/gpu/gpu_reduce.h"
+#include "worker/ipc/local_protocol.h"
 
 #ifndef BITPUSH_DAEMON_BIN
 #error "BITPUSH_DAEMON_BIN must be defined (tests/CMakeLists.txt)"
@@ -488,7 +489,9 @@ TEST_F(DaemonTest, AnotherProtocolVersionAndADifferentDeclarationAreRefusedNamin
   Child* old = StartTrainer(0, 0, 1, 0, {"--hello-major", "2"});
   ASSERT_TRUE(WaitAll({old}, Clock::now() + milliseconds(15000)));
   EXPECT_EQ(old->exit_code(), 5) << old->output();
-  EXPECT_CONTAINS(old->output(), "speaks 2.0, this bitpush-worker speaks 1.0");
+  const std::string minor = std::to_string(worker::ipc::kLocalProtocolMinor);
+  EXPECT_CONTAINS(old->output(),
+                  "speaks 2." + minor + ", this bitpush-worker speaks 1." + minor);
   // Node 0: local rank 2 declares grad.big with one more element.
   std::vector<Child*> node0 = {StartTrainer(0, 0, 1), StartTrainer(0, 1, 1),
                                StartTrainer(0, 2, 1, 0, {"--elements-delta", "1"})};
