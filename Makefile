@@ -47,8 +47,7 @@ bench: build
 # vs fp32.
 demo: build
 	./$(BUILD)/bin/bitpush launch --config deploy/examples/local.yaml -- \
-	  /usr/bin/python3 examples/train_digits.py --optimizer clan --compression onebit --epochs 40 \
-	  --no-progress
+	  /usr/bin/python3 examples/train_digits.py --optimizer clan --compression onebit --epochs 40
 
 # Style: clang-format (no changes allowed) and clang-tidy (.clang-tidy) over the C++ sources.
 lint: configure

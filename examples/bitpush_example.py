@@ -145,11 +145,31 @@ def grad_bytes(model):
     return sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
 
 
+class _LineStream:
+    """tqdm redraws its bar in place with carriage returns; when stderr is not a terminal (under
+    `bitpush launch`, which prefixes every line, or in a log file) each redraw becomes its own
+    line instead."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        for part in text.replace("\r", "\n").split("\n"):
+            if part.strip():
+                self._stream.write(part.rstrip() + "\n")
+
+    def flush(self):
+        self._stream.flush()
+
+
 def progress(args, rank, total, desc):
     from tqdm import tqdm
 
+    tty = sys.stderr.isatty()
     return tqdm(total=total, desc=desc, disable=args.no_progress or rank != 0,
-                dynamic_ncols=True, file=sys.stderr)
+                dynamic_ncols=tty, ncols=None if tty else 100,
+                mininterval=0.1 if tty else 1.0,
+                file=sys.stderr if tty else _LineStream(sys.stderr))
 
 
 def bytes_pushed():

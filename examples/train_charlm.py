@@ -123,7 +123,7 @@ def run(args, prefix=""):
         loss_avg = loss.item() if loss_avg is None else 0.95 * loss_avg + 0.05 * loss.item()
         bar.update(1)
         bar.set_postfix(loss="%.3f" % loss_avg,
-                        wire="%.2fMB" % ((ex.bytes_pushed() - pushed0) / 1e6))
+                        wire="%.2fMB" % ((ex.bytes_pushed() - pushed0) / 1e6), refresh=False)
     bar.close()
     wall = time.time() - t0
     # Validation: the same fixed windows on every worker.
