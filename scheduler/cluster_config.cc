@@ -1,5 +1,6 @@
 #include "scheduler/cluster_config.h"
 
+#include <fnmatch.h>
 #include <yaml-cpp/yaml.h>
 
 #include <charconv>
@@ -310,10 +311,43 @@ Status Parser::ParseCluster(const Entry& section, ClusterConfig* c) {
 
 Status Parser::ParseCompression(const Entry& section, ClusterConfig* c) {
   std::map<std::string, Entry> m;
-  BP_RETURN_IF_ERROR(Entries(section.value, section.key_mark, "compression",
-                             {"spec", "error_feedback", "min_compress_bytes", "partition_bytes"},
-                             &m));
+  BP_RETURN_IF_ERROR(Entries(
+      section.value, section.key_mark, "compression",
+      {"spec", "error_feedback", "min_compress_bytes", "partition_bytes", "overrides"}, &m));
   CompressionSettings& s = c->compression;
+  if (auto it = m.find("overrides"); it != m.end()) {
+    const YAML::Node& list = it->second.value;
+    if (!list.IsSequence()) {
+      return Error(list, it->second.key_mark, "compression.overrides",
+                   "expected a list of {pattern: NAME-PATTERN, spec: SPEC}");
+    }
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string key = fmt::format("compression.overrides[{}]", i);
+      std::map<std::string, Entry> o;
+      BP_RETURN_IF_ERROR(Entries(list[i], list[i].Mark(), key, {"pattern", "spec"}, &o));
+      CompressionSettings::Override ov;
+      for (const char* field : {"pattern", "spec"}) {
+        auto f = o.find(field);
+        if (f == o.end()) {
+          return Error(list[i], it->second.key_mark, key, fmt::format("needs '{}'", field));
+        }
+      }
+      BP_RETURN_IF_ERROR(Scalar(o.at("pattern"), key + ".pattern", &ov.pattern));
+      if (ov.pattern.empty()) {
+        return Error(o.at("pattern").value, o.at("pattern").key_mark, key + ".pattern",
+                     "must not be empty");
+      }
+      std::string text;
+      BP_RETURN_IF_ERROR(Scalar(o.at("spec"), key + ".spec", &text));
+      StatusOr<v1::CompressorConfig> cfg = compressors::ParseCompressorSpec(text);
+      if (!cfg.ok()) {
+        return Error(o.at("spec").value, o.at("spec").key_mark, key + ".spec",
+                     cfg.status().message());
+      }
+      ov.spec = compressors::CompressorSpecString(*cfg);
+      s.overrides.push_back(std::move(ov));
+    }
+  }
   if (auto it = m.find("spec"); it != m.end()) {
     std::string text;
     BP_RETURN_IF_ERROR(Scalar(it->second, "compression.spec", &text));
@@ -642,7 +676,22 @@ std::vector<v1::ConfigField> ConfigFields(const ClusterConfig& c) {
   add("compression.error_feedback", c.compression.error_feedback);
   add("compression.min_compress_bytes", std::to_string(c.compression.min_compress_bytes));
   add("compression.partition_bytes", std::to_string(c.compression.partition_bytes));
+  if (!c.compression.overrides.empty()) {
+    // Only when set, so configs without overrides keep their hash.
+    std::string v;
+    for (const auto& o : c.compression.overrides) {
+      v += (v.empty() ? "" : ";") + o.pattern + "=" + o.spec;
+    }
+    add("compression.overrides", v);
+  }
   return out;
+}
+
+const std::string& CompressionSettings::SpecForTensor(const std::string& name) const {
+  for (const Override& o : overrides) {
+    if (fnmatch(o.pattern.c_str(), name.c_str(), 0) == 0) return o.spec;
+  }
+  return spec;
 }
 
 uint64_t ConfigHash(const std::vector<v1::ConfigField>& fields) {
@@ -691,6 +740,13 @@ std::string DescribeClusterConfig(const ClusterConfig& c) {
     for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
     return s + "]";
   };
+  std::string overrides = "[]";
+  if (!c.compression.overrides.empty()) {
+    overrides.clear();
+    for (const auto& o : c.compression.overrides) {
+      overrides += fmt::format("\n    - {{pattern: '{}', spec: '{}'}}", o.pattern, o.spec);
+    }
+  }
   const int64_t startup_ms = c.startup_timeout.count();
   const std::string startup = startup_ms % 1000 == 0
                                   ? std::to_string(startup_ms / 1000)
@@ -710,6 +766,7 @@ std::string DescribeClusterConfig(const ClusterConfig& c) {
       "  error_feedback: {}\n"
       "  min_compress_bytes: {}\n"
       "  partition_bytes: {}\n"
+      "  overrides: {}\n"
       "server:\n"
       "  engine_threads: {}\n"
       "  numa: {}\n"
@@ -725,7 +782,7 @@ std::string DescribeClusterConfig(const ClusterConfig& c) {
       c.token.empty() ? "<none>" : "<set>", list(c.servers), list(c.workers),
       c.heartbeat_interval.count(), c.heartbeat_timeout.count(), startup,
       ConfigHash(ConfigFields(c)), c.compression.spec, c.compression.error_feedback,
-      c.compression.min_compress_bytes, c.compression.partition_bytes,
+      c.compression.min_compress_bytes, c.compression.partition_bytes, overrides,
       c.server.engine_threads == 0 ? "auto" : std::to_string(c.server.engine_threads),
       c.server.numa,
       c.worker.compress_threads == 0 ? "auto" : std::to_string(c.worker.compress_threads),

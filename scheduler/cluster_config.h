@@ -35,6 +35,18 @@ struct CompressionSettings {
   // compression.partition_bytes: a tensor is cut into partitions (keys) of at most this many
   // bytes. Default 4096000 (BytePS's default). Must be > 0.
   uint64_t partition_bytes = 4096000;
+  // compression.overrides: per-tensor specs by name pattern (fnmatch: `*`, `?`, `[...]`), in
+  // order; the first pattern matching a tensor's name gives its spec (canonical) when the
+  // tensor is declared without one of its own. Part of config agreement when non-empty.
+  struct Override {
+    std::string pattern;
+    std::string spec;
+  };
+  std::vector<Override> overrides;
+
+  // The spec a tensor named `name` gets when declared without one: the first matching
+  // override's, else `spec`.
+  const std::string& SpecForTensor(const std::string& name) const;
 };
 
 // The `server:` section: how each bitpush-server runs its engine. Local tuning: not part of

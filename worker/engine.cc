@@ -68,6 +68,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   BP_RETURN_IF_ERROR(compressors::ParseCompressorSpec(options.cluster.compression.spec)
                          .status()
                          .WithContext("compression.spec"));
+  for (const auto& o : options.cluster.compression.overrides) {
+    BP_RETURN_IF_ERROR(compressors::ParseCompressorSpec(o.spec).status().WithContext(
+        "compression.overrides pattern '" + o.pattern + "'"));
+  }
   if (options.cluster.worker.credit_bytes == 0) {
     return InvalidArgumentError("worker.credit_bytes must be > 0");
   }
@@ -256,7 +260,7 @@ StatusOr<TensorId> Engine::Declare(const std::string& name, size_t elements, DTy
     index = static_cast<uint32_t>(tensors_.size());
   }
   const std::string spec =
-      options.compression.empty() ? cluster_.compression.spec : options.compression;
+      options.compression.empty() ? cluster_.compression.SpecForTensor(name) : options.compression;
   StatusOr<v1::CompressorConfig> config = compressors::ParseCompressorSpec(spec);
   if (!config.ok()) return config.status().WithContext(what + ": compression");
 

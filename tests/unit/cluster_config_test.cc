@@ -215,6 +215,41 @@ TEST(ClusterConfig, WorkerDaemonKeys) {
   EXPECT_EQ(ConfigHash(ConfigFields(c)), ConfigHash(ConfigFields(d)));
 }
 
+TEST(ClusterConfig, PerTensorOverridesByNamePattern) {
+  const ClusterConfig d = Parse(kMinimal);
+  EXPECT_TRUE(d.compression.overrides.empty());
+  const ClusterConfig c = Parse(std::string(kMinimal) +
+                                "compression:\n  spec: onebit\n  overrides:\n"
+                                "    - {pattern: '*.bias', spec: none}\n"
+                                "    - pattern: 'embed*'\n      spec: topk:ratio=0.01\n"
+                                "    - {pattern: '*', spec: fp16}\n");
+  ASSERT_EQ(c.compression.overrides.size(), 3u);
+  EXPECT_EQ(c.compression.SpecForTensor("fc1.bias"), "none");
+  EXPECT_EQ(c.compression.SpecForTensor("embeddings.weight"), "topk:ratio=0.01");
+  EXPECT_EQ(c.compression.SpecForTensor("fc1.weight"), "fp16");  // first match wins
+  // Without a catch-all the cluster's spec applies.
+  const ClusterConfig e = Parse(std::string(kMinimal) +
+                                "compression:\n  spec: onebit\n  overrides:\n"
+                                "    - {pattern: '*.bias', spec: none}\n");
+  EXPECT_EQ(e.compression.SpecForTensor("fc1.weight"), "onebit:scaled=true");
+  // Agreed: part of the hash only when set.
+  EXPECT_NE(
+      ConfigHash(ConfigFields(e)),
+      ConfigHash(ConfigFields(Parse(std::string(kMinimal) + "compression:\n  spec: onebit\n"))));
+  EXPECT_EQ(ConfigFields(d).size(), 4u);
+  EXPECT_CONTAINS(DescribeClusterConfig(e), "- {pattern: '*.bias', spec: 'none'}");
+  EXPECT_CONTAINS(Error(std::string(kMinimal) + "compression:\n  overrides: {a: b}\n"),
+                  "cluster.yaml:6: compression.overrides: expected a list");
+  EXPECT_CONTAINS(Error(std::string(kMinimal) +
+                        "compression:\n  overrides:\n    - {pattern: x, spec: twobit}\n"),
+                  "compression.overrides[0].spec: unknown compressor 'twobit'");
+  EXPECT_CONTAINS(Error(std::string(kMinimal) + "compression:\n  overrides:\n    - {spec: none}\n"),
+                  "compression.overrides[0]: needs 'pattern'");
+  EXPECT_CONTAINS(Error(std::string(kMinimal) +
+                        "compression:\n  overrides:\n    - {pattern: x, spec: none, ratio: 1}\n"),
+                  "compression.overrides[0].ratio: unknown key");
+}
+
 TEST(ClusterConfig, BadCompressionNamesKeyAndLine) {
   std::string m = Error(std::string(kMinimal) + "compression:\n  spec: twobit\n");
   EXPECT_CONTAINS(m, "cluster.yaml:6: compression.spec: unknown compressor 'twobit'");

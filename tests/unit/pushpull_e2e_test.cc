@@ -64,6 +64,7 @@ struct ClusterOptions {
   uint32_t servers = 1;
   std::string spec = "none";
   std::string error_feedback = "none";
+  std::vector<scheduler::CompressionSettings::Override> overrides;
   uint64_t min_compress_bytes = 2048;
   uint64_t partition_bytes = 4096;
   uint64_t credit_bytes = 64ull << 20;
@@ -91,6 +92,7 @@ class TestCluster {
     config_.compression.spec =
         compressors::CompressorSpecString(compressors::ParseCompressorSpec(o.spec).value());
     config_.compression.error_feedback = o.error_feedback;
+    config_.compression.overrides = o.overrides;
     config_.compression.min_compress_bytes = o.min_compress_bytes;
     config_.compression.partition_bytes = o.partition_bytes;
     config_.server.engine_threads = 1;
@@ -474,6 +476,32 @@ TEST(PushPullE2e, NoneGivesTheExactAverage) {
       ASSERT_EQ(out[w][i], avg) << "worker " << w << " element " << i;
     }
   }
+  EXPECT_TRUE(c.Shutdown().ok());
+}
+
+TEST(PushPullE2e, PerTensorOverrideByNamePatternPicksTheSpec) {
+  // compression.overrides: '*.bias' goes uncompressed (one worker: the exact input comes
+  // back), everything else takes the cluster's onebit (signs times a scale: not the input); an
+  // explicit spec at Declare wins over the patterns.
+  ClusterOptions o;
+  o.spec = "onebit";
+  o.overrides = {{"*.bias", "none"}};
+  TestCluster c(o);
+  ASSERT_STARTED(c);
+  const size_t n = 3000;
+  const std::vector<float> x = testing::RandomFloats(n, 21);
+  auto round = [&](const std::string& name, const std::string& spec) {
+    std::vector<float> out(n);
+    const TensorId id = c.worker(0).Declare(name, n, DType::kFloat32, 0, spec).value();
+    EXPECT_TRUE(c.worker(0)
+                    .PushPull(id, ConstTensorView(x.data(), n), TensorView(out.data(), n))
+                    .Wait()
+                    .ok());
+    return out == x;
+  };
+  EXPECT_TRUE(round("fc.bias", ""));
+  EXPECT_FALSE(round("fc.weight", ""));
+  EXPECT_FALSE(round("head.bias", "onebit"));
   EXPECT_TRUE(c.Shutdown().ok());
 }
 
