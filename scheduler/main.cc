@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/logging.h"
+#include "common/sd_notify.h"
 #include "common/termination_signals.h"
 #include "scheduler/cluster_config.h"
 #include "scheduler/scheduler.h"
@@ -84,7 +85,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   running = sched->get();
+  // systemd (Type=notify, docs/deploy.md): ready once the endpoint is bound.
+  if (Status n = NotifyReady("listening at " + (*sched)->address()); !n.ok()) {
+    BP_LOG_WARN("bitpush-scheduler: {}", n.ToString());
+  }
   const Status result = (*sched)->Run();
+  (void)NotifyStopping();
   signals.Stop();
   running = nullptr;
   sched->reset();

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "common/logging.h"
+#include "common/sd_notify.h"
 #include "common/termination_signals.h"
 #include "scheduler/cluster_config.h"
 #include "server/server.h"
@@ -120,9 +121,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   running = srv->get();
+  // systemd (Type=notify, docs/deploy.md): ready once registered, assigned and serving.
+  if (Status n = NotifyReady("server " + std::to_string(rank) + " serving"); !n.ok()) {
+    BP_LOG_WARN("bitpush-server: {}", n.ToString());
+  }
   // The cluster ends by the scheduler's Shutdown; the wait is bounded only by it (a dead
   // scheduler is detected by the heartbeat timeout and ends the wait with an error).
   Status result = (*srv)->Wait(std::chrono::hours(24 * 365));
+  (void)NotifyStopping();
   signals.Stop();
   running = nullptr;
   const bool interrupted = signals.received();

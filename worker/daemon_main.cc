@@ -22,6 +22,7 @@
 #include <string>
 
 #include "common/logging.h"
+#include "common/sd_notify.h"
 #include "common/termination_signals.h"
 #include "scheduler/cluster_config.h"
 #include "worker/daemon.h"
@@ -137,9 +138,16 @@ int main(int argc, char** argv) {
     std::printf("bitpush-worker node %ld: listening at %s\n", rank,
                 (*daemon)->socket_path().c_str());
     std::fflush(stdout);
+    // systemd (Type=notify, docs/deploy.md): ready once the socket is up.
+    if (Status n = NotifyReady("node " + std::to_string(rank) + " listening at " +
+                               (*daemon)->socket_path());
+        !n.ok()) {
+      BP_LOG_WARN("bitpush-worker node {}: {}", rank, n.ToString());
+    }
     running.store(daemon->get());
     if (signals.received()) (*daemon)->Stop();
     const Status s = (*daemon)->Run();
+    (void)NotifyStopping();
     signals.Stop();  // no on_signal may still use the daemon once it is destroyed below
     running.store(nullptr);
     if (!s.ok()) {
