@@ -56,5 +56,12 @@ lint: configure
 	  'tests/harness/*.cc' \
 	  | xargs clang-tidy -p $(BUILD) --quiet
 
+# Installs the daemons, systemd units, sysusers.d file and examples (docs/deploy.md) under
+# the configured prefix (CMAKE_ARGS=-DCMAKE_INSTALL_PREFIX=/usr; default /usr/local);
+# DESTDIR=/tmp/stage make install stages it instead.
+.PHONY: install
+install: build
+	cmake --install $(BUILD)
+
 clean:
 	rm -rf $(BUILD) $(FUZZ_BUILD)

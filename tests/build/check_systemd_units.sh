@@ -1,0 +1,70 @@
+#!/bin/bash
+# Installs the build (cmake --install, DESTDIR) into a temporary root and checks the systemd
+# units there with `systemd-analyze verify --root`: syntax, unknown keys, and that ExecStart=
+# names an installed executable. Any line verify prints fails the check (it reports unknown
+# keys as warnings with exit status 0). Exit 77 (ctest SKIP_RETURN_CODE) without
+# systemd-analyze. verify does not resolve User=/Group= (the sysusers.d user need not exist).
+#
+#   check_systemd_units.sh BUILD_DIR INSTALL_PREFIX
+set -u
+build=$1
+prefix=$2
+
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+  echo "SKIP: systemd-analyze not found (install systemd to check the units)"
+  exit 77
+fi
+host_units=""
+for d in /usr/lib/systemd/system /lib/systemd/system; do
+  if [ -e "$d/sysinit.target" ]; then host_units=$d; break; fi
+done
+if [ -z "$host_units" ]; then
+  echo "SKIP: no systemd unit directory with sysinit.target on this machine"
+  exit 77
+fi
+
+root=$(mktemp -d "${TMPDIR:-/tmp}/bitpush-units.XXXXXX")
+trap 'rm -rf "$root"' EXIT
+
+if ! DESTDIR="$root" cmake --install "$build" >"$root.install.log" 2>&1; then
+  cat "$root.install.log"; rm -f "$root.install.log"
+  echo "FAIL: cmake --install $build"
+  exit 1
+fi
+rm -f "$root.install.log"
+
+units="$root$prefix/lib/systemd/system"
+fail=0
+for f in bitpush-scheduler.service bitpush-server@.service bitpush-worker.service; do
+  [ -f "$units/$f" ] || { echo "FAIL: $units/$f not installed"; fail=1; }
+done
+for f in lib/sysusers.d/bitpush.conf share/bitpush/cluster.yaml \
+         share/bitpush/examples/local.yaml share/bitpush/examples/multi-host.yaml; do
+  [ -f "$root$prefix/$f" ] || { echo "FAIL: $prefix/$f not installed"; fail=1; }
+done
+[ $fail = 0 ] || exit 1
+for u in "$units"/*.service; do
+  grep -q "^ExecStart=$prefix/bin/" "$u" || { echo "FAIL: $u: ExecStart= not under $prefix/bin"; fail=1; }
+  if grep -q '@[A-Z_]*@' "$u"; then echo "FAIL: $u: unsubstituted @VAR@"; fail=1; fi
+done
+
+# The root needs the stock units (sysinit.target, ...) for default dependencies, and ours
+# where systemd looks for them: /usr/lib/systemd/system inside the root.
+mkdir -p "$root/usr/lib/systemd/system"
+cp -a "$host_units/." "$root/usr/lib/systemd/system/"
+cp "$units"/*.service "$root/usr/lib/systemd/system/"
+for u in bitpush-scheduler.service bitpush-server@0.service bitpush-server@1.service \
+         bitpush-worker.service; do
+  out=$(SYSTEMD_LOG_COLOR=0 systemd-analyze verify --man=no --root="$root" \
+          "/usr/lib/systemd/system/$u" 2>&1)
+  rc=$?
+  if [ $rc != 0 ] || [ -n "$out" ]; then
+    echo "FAIL: systemd-analyze verify $u (exit $rc):"
+    echo "$out"
+    fail=1
+  else
+    echo "ok: $u"
+  fi
+done
+[ $fail = 0 ] && echo "PASS: systemd units verified"
+exit $fail
