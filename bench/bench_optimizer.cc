@@ -52,17 +52,11 @@ void PrintHelp() {
 }
 
 [[noreturn]] void UsageError(const std::string& msg) {
-  std::fprintf(stderr, "bitpush-bench optimizer: %s\n", msg.c_str());
-  std::exit(2);
+  bench::UsageError("optimizer", msg);
 }
 
 size_t ParsePositive(const std::string& flag, const std::string& text, size_t max) {
-  char* end = nullptr;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || v <= 0 || static_cast<unsigned long long>(v) > max) {
-    UsageError(flag + " needs an integer in 1.." + std::to_string(max) + ", got '" + text + "'");
-  }
-  return static_cast<size_t>(v);
+  return bench::ParsePositive("optimizer", flag, text, max);
 }
 
 void ParseArgs(int argc, char** argv, Options* o) {

@@ -160,4 +160,20 @@ double JsonNumber(const std::map<std::string, std::string>& m, const std::string
   return end != it->second.c_str() && *end == '\0' ? v : fallback;
 }
 
+void UsageError(const char* subcommand, const std::string& msg) {
+  std::fprintf(stderr, "bitpush-bench %s: %s\n", subcommand, msg.c_str());
+  std::exit(2);
+}
+
+size_t ParsePositive(const char* subcommand, const std::string& flag, const std::string& text,
+                     size_t max) {
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || v <= 0 || static_cast<unsigned long long>(v) > max) {
+    UsageError(subcommand,
+               flag + " needs an integer in 1.." + std::to_string(max) + ", got '" + text + "'");
+  }
+  return static_cast<size_t>(v);
+}
+
 }  // namespace bitpush::bench

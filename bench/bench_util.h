@@ -60,4 +60,10 @@ std::map<std::string, std::string> ReadFlatJson(const std::string& text);
 double JsonNumber(const std::map<std::string, std::string>& m, const std::string& key,
                   double fallback = 0);
 
+// Command-line helpers of the subcommands: "bitpush-bench <subcommand>: <msg>" on stderr, exit 2;
+// and an integer flag value in 1..max (otherwise that usage error, naming the flag).
+[[noreturn]] void UsageError(const char* subcommand, const std::string& msg);
+size_t ParsePositive(const char* subcommand, const std::string& flag, const std::string& text,
+                     size_t max);
+
 }  // namespace bitpush::bench
