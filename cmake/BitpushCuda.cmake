@@ -37,3 +37,26 @@ if(NOT _bp_cuda STREQUAL "OFF")
     message(STATUS "bitpush: no CUDA toolkit at '${BITPUSH_CUDA_ROOT}': building without CUDA")
   endif()
 endif()
+
+# bitpush_enable_cuda_here(): called from a directory with .cu sources (worker/gpu,
+# optimizers) when BITPUSH_HAVE_CUDA: enables the CUDA language in that directory only (a
+# CPU-only configuration never looks for nvcc), with SASS for A100 (sm_80) and H100/H200
+# (sm_90) plus compute_90 PTX that newer GPUs JIT — a short list keeps nvcc time small (CI
+# builds on 2 cores; override with -DCMAKE_CUDA_ARCHITECTURES=...). The project-wide
+# warning/sanitizer flags are host-compiler flags nvcc rejects: they are kept for the
+# directory's C/C++ sources only.
+macro(bitpush_enable_cuda_here)
+  if(NOT DEFINED CMAKE_CUDA_COMPILER)
+    set(CMAKE_CUDA_COMPILER "${CUDAToolkit_NVCC_EXECUTABLE}")
+  endif()
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES 80-real 90)
+  endif()
+  enable_language(CUDA)
+  get_directory_property(_bp_opts COMPILE_OPTIONS)
+  set(_bp_host_opts "")
+  foreach(_opt IN LISTS _bp_opts)
+    list(APPEND _bp_host_opts "$<$<COMPILE_LANGUAGE:C,CXX>:${_opt}>")
+  endforeach()
+  set_directory_properties(PROPERTIES COMPILE_OPTIONS "${_bp_host_opts}")
+endmacro()
