@@ -3,6 +3,7 @@
 #include <fnmatch.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <fstream>
@@ -23,6 +24,12 @@ constexpr double kMaxStartupTimeoutS = 86400;
 constexpr uint64_t kMaxLocalSize = 1024;
 // sun_path holds 108 bytes including the terminating NUL.
 constexpr size_t kMaxSocketPath = 107;
+// Host entries of cluster.servers / cluster.workers without `port:` take ports from here on,
+// host by host (docs/config.md).
+constexpr uint64_t kDefaultServerPort = 9100;
+constexpr uint64_t kDefaultWorkerPort = 9200;
+constexpr uint64_t kMaxNodesPerEntry = 1024;
+constexpr uint64_t kMaxGpusPerNode = 1024;
 
 // ---- rules shared by the YAML parser and ValidateClusterConfig (each returns "" if fine) ----
 
@@ -80,6 +87,13 @@ bool ParseDouble(const std::string& text, double* out) {
   return !in.fail() && in.peek() == std::char_traits<char>::eof() && std::isfinite(*out);
 }
 
+// The host of a normalised address ("tcp://h:1" -> "h", "tcp://[::1]:1" -> "[::1]"); every
+// ipc:// and inproc:// address is on this host ("").
+std::string HostOf(const std::string& url) {
+  if (url.rfind("tcp://", 0) != 0) return "";
+  return url.substr(6, url.rfind(':') - 6);
+}
+
 // ---- YAML walking ----
 
 // One parse: the source name for messages and the first error met.
@@ -116,6 +130,16 @@ class Parser {
                  const std::string& backend, std::string* out) const;
 
   Status ParseCluster(const Entry& section, ClusterConfig* c);
+  // cluster.servers / cluster.workers: a list of addresses and host entries, or one host
+  // entry (a mapping). Appends to c->servers or c->workers (and c->worker_nodes); `owner`
+  // maps each address to the key that took it.
+  Status ParseNodes(const Entry& e, bool servers, ClusterConfig* c,
+                    std::map<std::string, std::string>* owner);
+  // One host entry ({host|hosts, count, port[, processes, gpus]}) at `key`.
+  Status ParseHostEntry(const YAML::Node& node, const YAML::Mark& fallback, const std::string& key,
+                        bool servers, ClusterConfig* c, std::map<std::string, uint64_t>* next_port,
+                        std::map<std::string, std::string>* owner);
+  Status ParseGpus(const Entry& e, const std::string& key, std::vector<uint32_t>* out) const;
   Status ParseCompression(const Entry& section, ClusterConfig* c);
   Status ParseServer(const Entry& section, ClusterConfig* c);
   Status ParseWorker(const Entry& section, ClusterConfig* c);
@@ -245,28 +269,8 @@ Status Parser::ParseCluster(const Entry& section, ClusterConfig* c) {
   BP_RETURN_IF_ERROR(Address(sched.value, sched.key_mark, "cluster.scheduler", c->transport,
                              &c->scheduler_address));
   owner[c->scheduler_address] = "cluster.scheduler";
-  for (const char* role : {"servers", "workers"}) {
-    const Entry& e = m[role];
-    const std::string key = std::string("cluster.") + role;
-    if (!e.value.IsSequence()) {
-      return Error(e.value, e.key_mark, key, "expected a list of addresses ([host:port, ...])");
-    }
-    if (e.value.size() == 0) {
-      return Error(e.value, e.key_mark, key, "needs at least one address");
-    }
-    std::vector<std::string>& list = std::string(role) == "servers" ? c->servers : c->workers;
-    for (size_t i = 0; i < e.value.size(); ++i) {
-      const std::string item_key = fmt::format("{}[{}]", key, i);
-      std::string addr;
-      BP_RETURN_IF_ERROR(Address(e.value[i], e.key_mark, item_key, c->transport, &addr));
-      if (auto o = owner.find(addr); o != owner.end()) {
-        return Error(e.value[i], e.key_mark, item_key,
-                     fmt::format("address {} is already used by {}", addr, o->second));
-      }
-      owner[addr] = item_key;
-      list.push_back(addr);
-    }
-  }
+  BP_RETURN_IF_ERROR(ParseNodes(m["servers"], /*servers=*/true, c, &owner));
+  BP_RETURN_IF_ERROR(ParseNodes(m["workers"], /*servers=*/false, c, &owner));
 
   uint64_t interval = c->heartbeat_interval.count();
   if (auto it = m.find("heartbeat_interval_ms"); it != m.end()) {
@@ -305,6 +309,197 @@ Status Parser::ParseCluster(const Entry& section, ClusterConfig* c) {
     }
     c->startup_timeout =
         std::chrono::milliseconds(std::max<int64_t>(1, std::llround(seconds * 1000)));
+  }
+  return Status::Ok();
+}
+
+Status Parser::ParseNodes(const Entry& e, bool servers, ClusterConfig* c,
+                          std::map<std::string, std::string>* owner) {
+  const std::string key = servers ? "cluster.servers" : "cluster.workers";
+  std::map<std::string, uint64_t> next_port;  // host -> its next default port
+  if (e.value.IsMap()) {
+    BP_RETURN_IF_ERROR(ParseHostEntry(e.value, e.key_mark, key, servers, c, &next_port, owner));
+  } else if (e.value.IsSequence()) {
+    if (e.value.size() == 0) {
+      return Error(e.value, e.key_mark, key, "needs at least one address or host");
+    }
+    for (size_t i = 0; i < e.value.size(); ++i) {
+      const YAML::Node item = e.value[i];
+      const std::string item_key = fmt::format("{}[{}]", key, i);
+      if (item.IsMap()) {
+        BP_RETURN_IF_ERROR(
+            ParseHostEntry(item, e.key_mark, item_key, servers, c, &next_port, owner));
+        continue;
+      }
+      std::string addr;
+      BP_RETURN_IF_ERROR(Address(item, e.key_mark, item_key, c->transport, &addr));
+      if (auto o = owner->find(addr); o != owner->end()) {
+        return Error(item, e.key_mark, item_key,
+                     fmt::format("address {} is already used by {}", addr, o->second));
+      }
+      (*owner)[addr] = item_key;
+      if (servers) {
+        c->servers.push_back(addr);
+      } else {
+        c->workers.push_back(addr);
+        c->worker_nodes.emplace_back();
+      }
+    }
+  } else {
+    return Error(e.value, e.key_mark, key,
+                 servers ? "expected a list of addresses ([host:port, ...]) or hosts "
+                           "({hosts: [a, b], count: 2})"
+                         : "expected a list of addresses ([host:port, ...]) or hosts "
+                           "({hosts: [a, b], processes: 8})");
+  }
+  return Status::Ok();
+}
+
+Status Parser::ParseGpus(const Entry& e, const std::string& key, std::vector<uint32_t>* out) const {
+  if (e.value.IsScalar()) {
+    uint64_t n = 0;
+    if (!ParseUint(e.value.Scalar(), &n) || n < 1 || n > kMaxGpusPerNode) {
+      return Error(e.value, e.key_mark, key,
+                   fmt::format("expected a number of GPUs (1..{}) or a list of device indices, "
+                               "got '{}'",
+                               kMaxGpusPerNode, e.value.Scalar()));
+    }
+    for (uint32_t i = 0; i < n; ++i) out->push_back(i);
+    return Status::Ok();
+  }
+  if (!e.value.IsSequence() || e.value.size() == 0 || e.value.size() > kMaxGpusPerNode) {
+    return Error(e.value, e.key_mark, key,
+                 fmt::format("expected a number of GPUs or a list of 1..{} device indices",
+                             kMaxGpusPerNode));
+  }
+  std::set<uint64_t> seen;
+  for (size_t i = 0; i < e.value.size(); ++i) {
+    const YAML::Node d = e.value[i];
+    uint64_t v = 0;
+    if (!d.IsScalar() || !ParseUint(d.Scalar(), &v) || v > 65535) {
+      return Error(d, e.key_mark, fmt::format("{}[{}]", key, i),
+                   "expected a CUDA device index (0, 1, ...)");
+    }
+    if (!seen.insert(v).second) {
+      return Error(d, e.key_mark, fmt::format("{}[{}]", key, i),
+                   fmt::format("device {} is listed twice (one GPU per training process)", v));
+    }
+    out->push_back(static_cast<uint32_t>(v));
+  }
+  return Status::Ok();
+}
+
+Status Parser::ParseHostEntry(const YAML::Node& node, const YAML::Mark& fallback,
+                              const std::string& key, bool servers, ClusterConfig* c,
+                              std::map<std::string, uint64_t>* next_port,
+                              std::map<std::string, std::string>* owner) {
+  std::map<std::string, Entry> m;
+  std::set<std::string> known = {"host", "hosts", "count", "port"};
+  if (!servers) known.insert({"processes", "gpus"});
+  const YAML::Mark mark = node.Mark().is_null() ? fallback : node.Mark();
+  BP_RETURN_IF_ERROR(Entries(node, mark, key, known, &m));
+  if (c->transport != "zmq") {
+    return Error(node, mark, key,
+                 fmt::format("host entries need cluster.transport zmq (the transport is {}); "
+                             "list {} addresses instead",
+                             c->transport, servers ? "server" : "worker"));
+  }
+  if (m.count("host") == m.count("hosts")) {
+    return Error(node, mark, key,
+                 "needs either host: NAME or hosts: [NAME, ...] (one of them, not both)");
+  }
+  // (name, key naming it) in order.
+  std::vector<std::pair<std::string, std::pair<YAML::Node, std::string>>> hosts;
+  if (auto it = m.find("host"); it != m.end()) {
+    std::string h;
+    BP_RETURN_IF_ERROR(Scalar(it->second, key + ".host", &h));
+    hosts.push_back({h, {it->second.value, key + ".host"}});
+  } else {
+    const Entry& hs = m["hosts"];
+    if (!hs.value.IsSequence() || hs.value.size() == 0) {
+      return Error(hs.value, hs.key_mark, key + ".hosts", "expected a list of host names");
+    }
+    for (size_t i = 0; i < hs.value.size(); ++i) {
+      const YAML::Node h = hs.value[i];
+      const std::string hk = fmt::format("{}.hosts[{}]", key, i);
+      if (!h.IsScalar()) return Error(h, hs.key_mark, hk, "expected a host name");
+      hosts.push_back({h.Scalar(), {h, hk}});
+    }
+  }
+  uint64_t count = 1;
+  if (auto it = m.find("count"); it != m.end()) {
+    BP_RETURN_IF_ERROR(Uint(it->second, key + ".count", &count));
+    if (count < 1 || count > kMaxNodesPerEntry) {
+      return Error(it->second.value, it->second.key_mark, key + ".count",
+                   fmt::format("expected 1..{} {} per host, got {}", kMaxNodesPerEntry,
+                               servers ? "servers" : "worker nodes", count));
+    }
+  }
+  uint64_t port = 0;  // 0: the host's next default port
+  if (auto it = m.find("port"); it != m.end()) {
+    BP_RETURN_IF_ERROR(Uint(it->second, key + ".port", &port));
+    if (port < 1 || port + count - 1 > 65535) {
+      return Error(it->second.value, it->second.key_mark, key + ".port",
+                   count == 1 ? fmt::format("must be 1..65535, got {}", port)
+                              : fmt::format("must be 1..{} so the {} ports from it fit, got {}",
+                                            65536 - count, count, port));
+    }
+  }
+  WorkerNode w;
+  if (auto it = m.find("gpus"); it != m.end()) {
+    BP_RETURN_IF_ERROR(ParseGpus(it->second, key + ".gpus", &w.gpus));
+  }
+  if (auto it = m.find("processes"); it != m.end()) {
+    uint64_t p = 0;
+    BP_RETURN_IF_ERROR(Uint(it->second, key + ".processes", &p));
+    if (p < 1 || p > kMaxLocalSize) {
+      return Error(it->second.value, it->second.key_mark, key + ".processes",
+                   fmt::format("expected 1..{} training processes, got {}", kMaxLocalSize, p));
+    }
+    if (!w.gpus.empty() && p != w.gpus.size()) {
+      return Error(it->second.value, it->second.key_mark, key + ".processes",
+                   fmt::format("is {} but gpus gives {} device(s); one GPU per training process",
+                               p, w.gpus.size()));
+    }
+    w.processes = static_cast<uint32_t>(p);
+  } else if (!w.gpus.empty()) {
+    w.processes = static_cast<uint32_t>(w.gpus.size());
+  }
+
+  for (const auto& [name, where] : hosts) {
+    const auto& [host_node, host_key] = where;
+    if (name.empty() || name == "*" || name.find_first_of("/[] \t") != std::string::npos) {
+      return Error(host_node, mark, host_key,
+                   fmt::format("'{}' is not a host name or IP address", name));
+    }
+    // An IPv6 literal goes in brackets in the address.
+    const std::string host = name.find(':') != std::string::npos ? "[" + name + "]" : name;
+    uint64_t& next = (*next_port)[name];
+    if (next == 0) next = servers ? kDefaultServerPort : kDefaultWorkerPort;
+    const uint64_t first = port != 0 ? port : next;
+    if (first + count - 1 > 65535) {
+      return Error(host_node, mark, host_key,
+                   fmt::format("the default ports of host {} run past 65535; give port:", name));
+    }
+    for (uint64_t j = 0; j < count; ++j) {
+      const std::string node_key =
+          count == 1 ? host_key : fmt::format("{} (#{} of {})", host_key, j + 1, count);
+      StatusOr<std::string> addr =
+          NormalizeAddress(fmt::format("{}:{}", host, first + j), c->transport);
+      if (!addr.ok()) return Error(host_node, mark, host_key, addr.status().message());
+      if (auto o = owner->find(*addr); o != owner->end()) {
+        return Error(host_node, mark, node_key,
+                     fmt::format("address {} is already used by {}", *addr, o->second));
+      }
+      (*owner)[*addr] = node_key;
+      if (servers) {
+        c->servers.push_back(*addr);
+      } else {
+        c->workers.push_back(*addr);
+        c->worker_nodes.push_back(w);
+      }
+    }
+    next = std::max(next, first + count);
   }
   return Status::Ok();
 }
@@ -467,10 +662,26 @@ Status Parser::ParseWorker(const Entry& section, ClusterConfig* c) {
   }
   if (auto it = m.find("socket"); it != m.end()) {
     BP_RETURN_IF_ERROR(Scalar(it->second, "worker.socket", &w.socket));
-    if (w.socket.empty() || w.socket.size() > kMaxSocketPath) {
+    const std::string longest =
+        w.SocketFor(static_cast<uint32_t>(std::max<size_t>(c->workers.size(), 1) - 1));
+    if (w.socket.empty() || longest.size() > kMaxSocketPath) {
       return Error(
           it->second.value, it->second.key_mark, "worker.socket",
-          fmt::format("expected a path of 1..{} bytes, got '{}'", kMaxSocketPath, w.socket));
+          fmt::format("expected a path of 1..{} bytes, got '{}'", kMaxSocketPath, longest));
+    }
+    if (w.socket.find("{rank}") == std::string::npos) {
+      // Worker nodes on one host would all listen at this path.
+      std::map<std::string, size_t> first_on_host;
+      for (size_t r = 0; r < c->workers.size(); ++r) {
+        const auto [at, fresh] = first_on_host.emplace(HostOf(c->workers[r]), r);
+        if (!fresh) {
+          return Error(it->second.value, it->second.key_mark, "worker.socket",
+                       fmt::format("workers {} and {} run on the same host, so their "
+                                   "bitpush-worker daemons would share '{}'; put {{rank}} in "
+                                   "the path (e.g. /run/bitpush/worker-{{rank}}.sock)",
+                                   at->second, r, w.socket));
+        }
+      }
     }
   }
   return Status::Ok();
@@ -532,6 +743,46 @@ std::string Quote(const std::string& v) {
 
 }  // namespace
 
+std::string WorkerSettings::SocketFor(uint32_t rank) const {
+  std::string out = socket;
+  const std::string r = std::to_string(rank);
+  for (size_t at = out.find("{rank}"); at != std::string::npos; at = out.find("{rank}", at)) {
+    out.replace(at, 6, r);
+    at += r.size();
+  }
+  return out;
+}
+
+uint32_t ClusterConfig::ProcessesOnNode(uint32_t rank) const {
+  if (rank < worker_nodes.size() && worker_nodes[rank].processes != 0) {
+    return worker_nodes[rank].processes;
+  }
+  return worker.local_size;
+}
+
+const std::vector<uint32_t>& ClusterConfig::GpusOnNode(uint32_t rank) const {
+  static const std::vector<uint32_t> kNone;
+  return rank < worker_nodes.size() ? worker_nodes[rank].gpus : kNone;
+}
+
+uint64_t ClusterConfig::TotalProcesses() const {
+  uint64_t total = 0;
+  for (uint32_t r = 0; r < workers.size(); ++r) {
+    const uint32_t p = ProcessesOnNode(r);
+    if (p == 0) return 0;
+    total += p;
+  }
+  return total;
+}
+
+bool ClusterConfig::ProcessCountsDiffer() const {
+  if (TotalProcesses() == 0) return false;
+  for (uint32_t r = 1; r < workers.size(); ++r) {
+    if (ProcessesOnNode(r) != ProcessesOnNode(0)) return true;
+  }
+  return false;
+}
+
 std::string ClusterConfig::NodeAddress(v1::Role role, uint32_t rank) const {
   const std::vector<std::string>* list = role == v1::ROLE_SERVER   ? &servers
                                          : role == v1::ROLE_WORKER ? &workers
@@ -573,6 +824,26 @@ Status ValidateClusterConfig(const ClusterConfig& c) {
   }
   for (size_t i = 0; i < c.workers.size(); ++i) {
     BP_RETURN_IF_ERROR(check_address(fmt::format("cluster.workers[{}]", i), c.workers[i]));
+  }
+  if (c.worker_nodes.size() > c.workers.size()) {
+    return bad("cluster.workers", fmt::format("{} worker node settings for {} workers",
+                                              c.worker_nodes.size(), c.workers.size()));
+  }
+  for (size_t i = 0; i < c.worker_nodes.size(); ++i) {
+    const WorkerNode& w = c.worker_nodes[i];
+    const std::string key = fmt::format("cluster.workers[{}]", i);
+    if (w.processes > kMaxLocalSize) {
+      return bad(key + ".processes", fmt::format("expected 1..{} training processes, got {}",
+                                                 kMaxLocalSize, w.processes));
+    }
+    if (!w.gpus.empty() && w.processes != w.gpus.size()) {
+      return bad(key + ".processes",
+                 fmt::format("is {} but gpus gives {} device(s); one GPU per training process",
+                             w.processes, w.gpus.size()));
+    }
+    if (std::set<uint32_t>(w.gpus.begin(), w.gpus.end()).size() != w.gpus.size()) {
+      return bad(key + ".gpus", "lists a device twice (one GPU per training process)");
+    }
   }
   if (std::string p = CheckHeartbeatInterval(c.heartbeat_interval.count()); !p.empty()) {
     return bad("cluster.heartbeat_interval_ms", p);
@@ -684,6 +955,14 @@ std::vector<v1::ConfigField> ConfigFields(const ClusterConfig& c) {
     }
     add("compression.overrides", v);
   }
+  if (c.ProcessCountsDiffer()) {
+    // Only then do the counts change results (docs/config.md): the averaging weights.
+    std::string v;
+    for (uint32_t r = 0; r < c.workers.size(); ++r) {
+      v += (r ? "," : "") + std::to_string(c.ProcessesOnNode(r));
+    }
+    add("cluster.training_processes", v);
+  }
   return out;
 }
 
@@ -747,6 +1026,25 @@ std::string DescribeClusterConfig(const ClusterConfig& c) {
       overrides += fmt::format("\n    - {{pattern: '{}', spec: '{}'}}", o.pattern, o.spec);
     }
   }
+  // Per worker node, when the host form set something: "\n    - tcp://gpu0:9200: 8 processes, gpus [0, 1]".
+  std::string nodes;
+  bool any_node_set = false;
+  for (uint32_t r = 0; r < c.workers.size(); ++r) {
+    any_node_set |= r < c.worker_nodes.size() &&
+                    (c.worker_nodes[r].processes != 0 || !c.worker_nodes[r].gpus.empty());
+  }
+  if (any_node_set) {
+    nodes = "\n  training_processes:    # per worker node";
+    for (uint32_t r = 0; r < c.workers.size(); ++r) {
+      const uint32_t p = c.ProcessesOnNode(r);
+      const std::vector<uint32_t>& g = c.GpusOnNode(r);
+      std::string gpus;
+      for (size_t i = 0; i < g.size(); ++i) gpus += (i ? ", " : "") + std::to_string(g[i]);
+      nodes += fmt::format("\n    - {}: {} processes, {}", c.workers[r],
+                           p == 0 ? std::string("auto") : std::to_string(p),
+                           g.empty() ? std::string("cpu") : "gpus [" + gpus + "]");
+    }
+  }
   const int64_t startup_ms = c.startup_timeout.count();
   const std::string startup = startup_ms % 1000 == 0
                                   ? std::to_string(startup_ms / 1000)
@@ -757,7 +1055,7 @@ std::string DescribeClusterConfig(const ClusterConfig& c) {
       "  transport: {}\n"
       "  token: {}\n"
       "  servers: {}\n"
-      "  workers: {}\n"
+      "  workers: {}{}\n"
       "  heartbeat_interval_ms: {}\n"
       "  heartbeat_timeout_ms: {}\n"
       "  startup_timeout_s: {}\n"
@@ -779,7 +1077,7 @@ std::string DescribeClusterConfig(const ClusterConfig& c) {
       "  local_size: {}\n"
       "  socket: {}",
       c.source.empty() ? "code" : c.source, c.scheduler_address, c.transport,
-      c.token.empty() ? "<none>" : "<set>", list(c.servers), list(c.workers),
+      c.token.empty() ? "<none>" : "<set>", list(c.servers), list(c.workers), nodes,
       c.heartbeat_interval.count(), c.heartbeat_timeout.count(), startup,
       ConfigHash(ConfigFields(c)), c.compression.spec, c.compression.error_feedback,
       c.compression.min_compress_bytes, c.compression.partition_bytes, overrides,

@@ -86,10 +86,27 @@ struct WorkerSettings {
   // (worker/daemon.h). 0 = not set: the daemon takes it from the first accepted Hello
   // (--local-size overrides). 1..1024.
   uint32_t local_size = 0;
-  // worker.socket: the Unix socket path of the node's bitpush-worker daemon. "" = the default
+  // worker.socket: the Unix socket path of the node's bitpush-worker daemon; `{rank}` in it
+  // becomes the node's rank (SocketFor), needed when one host runs several worker nodes. "" = the default
   // DefaultDaemonSocketPath(rank) (worker/daemon.h: /tmp/bitpush-<uid>-worker-<rank>.sock);
   // --socket overrides. At most 107 bytes (sun_path).
   std::string socket;
+
+  // `socket` with every "{rank}" replaced by `rank`; "" when socket is not set.
+  std::string SocketFor(uint32_t rank) const;
+};
+
+// One worker node (machine) of `cluster.workers`: what the launcher and the node's
+// bitpush-worker daemon need beyond its address. Written in the host form of the YAML
+// (`{host: gpu0, processes: 8, gpus: 8}`); the address form leaves both unset.
+struct WorkerNode {
+  // Training processes on this node. 0 = not set: worker.local_size, else the daemon's first
+  // Hello (ClusterConfig::ProcessesOnNode). 1..1024.
+  uint32_t processes = 0;
+  // CUDA device indices of the node's training processes, one per process in local-rank order
+  // (local rank r uses gpus[r]). Empty = CPU processes. Distinct; when set, processes equals
+  // its length.
+  std::vector<uint32_t> gpus;
 };
 
 // The `cluster:` section plus the compression settings: everything the control plane needs.
@@ -107,8 +124,14 @@ struct ClusterConfig {
   std::string token;
   // cluster.servers / cluster.workers: listen addresses (normalised URLs); rank = index.
   // At least one of each.
+  // The YAML also takes hosts with counts (`{host: ps0, count: 2, port: 9100}` or
+  // `{hosts: [ps0, ps1], count: 2}`, docs/config.md), expanded here in order: entry by entry,
+  // and within an entry port by port.
   std::vector<std::string> servers;
   std::vector<std::string> workers;
+  // Per worker node (same index as `workers`), from the host form; shorter than `workers`
+  // (e.g. empty in configs built in code) means the remaining nodes set nothing.
+  std::vector<WorkerNode> worker_nodes;
   // cluster.heartbeat_interval_ms: how often the scheduler and each node send heartbeats.
   // Default 1000 ms; 1..60000.
   std::chrono::milliseconds heartbeat_interval{1000};
@@ -127,6 +150,18 @@ struct ClusterConfig {
 
   // Number of nodes the scheduler waits for.
   size_t num_nodes() const { return servers.size() + workers.size(); }
+  // Training processes on worker node `rank`: its `processes`, else worker.local_size; 0 when
+  // neither is set (the daemon then takes the first Hello's count).
+  uint32_t ProcessesOnNode(uint32_t rank) const;
+  // The GPUs of worker node `rank` (empty: CPU processes or not set).
+  const std::vector<uint32_t>& GpusOnNode(uint32_t rank) const;
+  // Training processes of the whole cluster when every node's count is known, else 0.
+  uint64_t TotalProcesses() const;
+  // True when every node's count is known and they are not all equal. Averages then weight
+  // each process equally (bitpush-worker scales its node's sum by workers/TotalProcesses()),
+  // which needs a daemon on every node; the counts join config agreement
+  // (cluster.training_processes).
+  bool ProcessCountsDiffer() const;
   // The listen address of (role, rank); "" if there is no such entry.
   std::string NodeAddress(v1::Role role, uint32_t rank) const;
 };
@@ -149,7 +184,8 @@ StatusOr<std::string> NormalizeAddress(std::string_view address, std::string_vie
 
 // The settings every node must share with the scheduler, as (name, canonical value) in a
 // fixed order: compression.spec, compression.error_feedback, compression.min_compress_bytes,
-// compression.partition_bytes.
+// compression.partition_bytes, then only when set: compression.overrides,
+// cluster.training_processes (when ProcessCountsDiffer()).
 std::vector<v1::ConfigField> ConfigFields(const ClusterConfig& config);
 
 // FNV-1a (64 bit) over "name=value\n" for each field, in order.

@@ -56,15 +56,21 @@ bool PushPullHandle::Ready() const {
 StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (options.mode == ClientMode::kDaemon) {
     DaemonClientOptions d;
-    d.socket_path = !options.daemon_socket.empty() ? options.daemon_socket
-                    : !options.cluster.worker.socket.empty()
-                        ? options.cluster.worker.socket
-                        : DefaultDaemonSocketPath(options.rank);
+    d.socket_path = DaemonSocketPath(options.daemon_socket, options.cluster, options.rank);
     d.local_rank = options.local_rank;
     d.local_size = options.local_size;
     d.startup_timeout = options.cluster.startup_timeout;
     BP_ASSIGN_OR_RETURN(std::unique_ptr<DaemonClient> daemon, DaemonClient::Connect(d));
     return std::unique_ptr<Client>(new Client(std::move(daemon)));
+  }
+  if (options.cluster.ProcessCountsDiffer()) {
+    // An embedded node pushes its one gradient unscaled; with different counts per node only
+    // the daemons weight processes equally (daemon.h).
+    return FailedPreconditionError(fmt::format(
+        "worker {} runs embedded (one process, no bitpush-worker), but {} gives the worker "
+        "nodes different numbers of training processes; that needs the bitpush-worker daemon "
+        "on every node (bitpush launch starts them; BITPUSH_MODE=daemon)",
+        options.rank, options.cluster.source.empty() ? "the cluster config" : options.cluster.source));
   }
   EngineOptions e;
   e.cluster = std::move(options.cluster);

@@ -91,10 +91,22 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Create(DaemonOptions options) {
   std::unique_ptr<Daemon> d(new Daemon(std::move(options)));
   DaemonOptions& o = d->options_;
   d->label_ = fmt::format("bitpush-worker node {}", o.rank);
-  d->socket_path_ = !o.socket_path.empty()             ? o.socket_path
-                    : !o.cluster.worker.socket.empty() ? o.cluster.worker.socket
-                                                       : DefaultDaemonSocketPath(o.rank);
-  d->local_size_ = o.local_size != 0 ? o.local_size : o.cluster.worker.local_size;
+  d->socket_path_ = DaemonSocketPath(o.socket_path, o.cluster, o.rank);
+  d->local_size_ = o.local_size != 0 ? o.local_size : o.cluster.ProcessesOnNode(o.rank);
+  if (o.cluster.ProcessCountsDiffer()) {
+    const uint32_t configured = o.cluster.ProcessesOnNode(o.rank);
+    if (d->local_size_ != configured) {
+      return InvalidArgumentError(fmt::format(
+          "{}: --local-size {} differs from the {} training processes cluster.workers[{}] has in "
+          "{}; the nodes run different numbers of processes, so each must run exactly its "
+          "configured count (the averaging weights depend on it)",
+          d->label_, d->local_size_, configured, o.rank, o.cluster.source));
+    }
+    // Servers divide by the number of nodes W; the node's sum times W / (all processes) makes
+    // the result the average over every process of the cluster.
+    d->average_scale_ = static_cast<float>(o.cluster.workers.size()) /
+                        static_cast<float>(o.cluster.TotalProcesses());
+  }
   d->gather_timeout_ =
       o.gather_timeout.count() > 0 ? o.gather_timeout : o.cluster.worker.op_timeout;
   if (o.sweep_stale_segments) {
@@ -489,7 +501,10 @@ void Daemon::DeclareForNode(TensorState& t) {
   t.verdict = id.status();
   if (id.ok()) {
     t.engine_id = *id;
-    t.scale = d.sum() || local_size_ == 1 ? 1.0f : 1.0f / static_cast<float>(local_size_);
+    t.scale = d.sum()                ? 1.0f
+              : average_scale_ != 0.0f ? average_scale_
+              : local_size_ == 1       ? 1.0f
+                                       : 1.0f / static_cast<float>(local_size_);
     t.buffer.resize(t.bytes);
   }
 }

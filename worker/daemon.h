@@ -8,8 +8,10 @@
 // node's average, fp32 sums in local-rank order, one multiply), and the servers average the
 // nodes' pushes ((1/W)·Σ in worker-rank order); so every process receives
 // C_s((1/W)·Σ_w C_w((1/P)·Σ_p x_{w,p})) — the average over all W×P processes, through the
-// configured compressor both ways (exactly, when every node runs the same P; nodes with
-// different P would weight processes unequally). kSum: local scale 1, servers sum.
+// configured compressor both ways. When the YAML gives nodes different numbers of processes
+// (cluster.workers host entries with `processes:`), the node's sum is scaled by W / (all
+// processes) instead, so every process still weighs the same; every node then needs a daemon
+// running exactly its configured count. kSum: local scale 1, servers sum.
 //
 // Life of a round of tensor t: each process hands in LocalPushPull(t, r); the daemon checks it
 // (round in step, slices its own and of the tensor's size, segment size) and keeps it; when all
@@ -196,6 +198,9 @@ class Daemon {
   std::string socket_path_;
   std::string label_;  // "bitpush-worker node 0"
   uint32_t local_size_ = 0;
+  // kAverage's factor on the node's sum when the nodes run different numbers of processes
+  // (workers / all processes, ClusterConfig::ProcessCountsDiffer); 0 = 1/local_size_.
+  float average_scale_ = 0.0f;
   std::chrono::milliseconds gather_timeout_{0};
   WorkerCpuPlan cpu_plan_;
   uint32_t reduce_threads_ = 0;

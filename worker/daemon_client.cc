@@ -33,6 +33,13 @@ std::string DefaultDaemonSocketPath(uint32_t rank) {
   return fmt::format("/tmp/bitpush-{}-worker-{}.sock", getuid(), rank);
 }
 
+std::string DaemonSocketPath(const std::string& explicit_path,
+                             const scheduler::ClusterConfig& cluster, uint32_t rank) {
+  if (!explicit_path.empty()) return explicit_path;
+  if (!cluster.worker.socket.empty()) return cluster.worker.SocketFor(rank);
+  return DefaultDaemonSocketPath(rank);
+}
+
 DaemonClient::DaemonClient(const DaemonClientOptions& options) : options_(options) {}
 
 StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(const DaemonClientOptions& options) {

@@ -112,10 +112,8 @@ int main(int argc, char** argv) {
     // Before the daemon runs (still registering) Create returns on its own only after the
     // startup timeout: end now. The socket file of a daemon that never ran is removed here.
     if (running.load() == nullptr) {
-      const std::string path = !socket_path.empty() ? socket_path
-                               : !config->worker.socket.empty()
-                                   ? config->worker.socket
-                                   : worker::DefaultDaemonSocketPath(static_cast<uint32_t>(rank));
+      const std::string path =
+          worker::DaemonSocketPath(socket_path, *config, static_cast<uint32_t>(rank));
       unlink(path.c_str());
       std::fprintf(stderr, "bitpush-worker node %ld: interrupted while starting\n", rank);
       _exit(0);

@@ -12,6 +12,8 @@ BITPUSH_DAEMON_SOCKET      the node daemon's Unix socket (optional; default: the
                            worker.socket, else /tmp/bitpush-<uid>-worker-<rank>.sock)
 BITPUSH_BIN_DIR            where bitpush-scheduler/-server/-worker live (LocalCluster;
                            default: the build tree this package was built in)
+BITPUSH_GPU                the CUDA device of this process (the YAML's gpus of its node,
+                           by local rank); init() makes it torch's current device
 =========================  ==========================================================
 
 Arguments given to ``bitpush.torch.init`` override these.
@@ -27,6 +29,7 @@ LOCAL_SIZE = "BITPUSH_LOCAL_SIZE"
 MODE = "BITPUSH_MODE"
 DAEMON_SOCKET = "BITPUSH_DAEMON_SOCKET"
 BIN_DIR = "BITPUSH_BIN_DIR"
+GPU = "BITPUSH_GPU"
 
 MODES = ("embedded", "daemon")
 
@@ -40,6 +43,7 @@ class Bootstrap:
     local_size: Optional[int] = None
     mode: Optional[str] = None
     daemon_socket: Optional[str] = None
+    gpu: Optional[int] = None
 
 
 def _int(name: str, minimum: int) -> Optional[int]:
@@ -67,7 +71,7 @@ def bootstrap() -> Bootstrap:
         raise ValueError(f"{MODE}={mode!r}: must be one of {', '.join(MODES)}")
     return Bootstrap(config=_str(CONFIG), worker_rank=_int(WORKER_RANK, 0),
                      local_rank=_int(LOCAL_RANK, 0), local_size=_int(LOCAL_SIZE, 1),
-                     mode=mode, daemon_socket=_str(DAEMON_SOCKET))
+                     mode=mode, daemon_socket=_str(DAEMON_SOCKET), gpu=_int(GPU, 0))
 
 
 def bin_dir() -> Optional[str]:
@@ -79,4 +83,4 @@ def names() -> dict:
     """The variable names, for code that builds an environment for a child process."""
     return {"config": CONFIG, "worker_rank": WORKER_RANK, "local_rank": LOCAL_RANK,
             "local_size": LOCAL_SIZE, "mode": MODE, "daemon_socket": DAEMON_SOCKET,
-            "bin_dir": BIN_DIR}
+            "bin_dir": BIN_DIR, "gpu": GPU}

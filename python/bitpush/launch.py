@@ -4,8 +4,9 @@
     bitpush check-config cluster.yaml
 
 `launch` starts the roles of the cluster YAML that live on this host — the scheduler, the
-servers, and for each worker node a bitpush-worker daemon (worker.local_size > 1) and
-local_size copies of COMMAND with the bootstrap environment (docs/python.md) — prefixes every
+servers, and for each worker node a bitpush-worker daemon (when it runs more than one training
+process, or the nodes run different numbers) and one COMMAND per training process with the
+bootstrap environment (docs/python.md) — prefixes every
 output line with its process ("[server 0] "), and supervises them: the first process that
 fails stops all the others (SIGTERM, then SIGKILL after --grace-s) and the launcher exits 1
 naming it and its last line. SIGINT/SIGTERM to the launcher stop everything the same way.
@@ -180,7 +181,7 @@ class _Launch:
         wanted = set(a.host or [])
         names = _local_names()
         local = lambda url: _is_local(_host_of(url), wanted, names)  # noqa: E731
-        local_size = a.local_size or cfg["worker_local_size"] or 1
+        differ = cfg["processes_differ"]
         plan = []
         if local(cfg["scheduler"]):
             plan.append(("scheduler", "role",
@@ -194,11 +195,17 @@ class _Launch:
         for n, url in enumerate(cfg["workers"]):
             if not local(url):
                 continue
-            if local_size > 1:
+            local_size = a.local_size or cfg["worker_processes"][n] or 1
+            gpus = cfg["worker_gpus"][n]
+            # A daemon sums the node's processes; with different counts per node every node
+            # needs one (it weighs the processes equally; docs/config.md).
+            daemon = local_size > 1 or differ
+            socket_path = cfg["worker_sockets"][n]
+            if daemon:
                 plan.append(("worker %d" % n, "role",
                              [self.bin("bitpush-worker"), "--config", self.config_path,
-                              "--rank", str(n), "--local-size", str(local_size)]
-                             + self.log_args(), None))
+                              "--rank", str(n), "--local-size", str(local_size),
+                              "--socket", socket_path] + self.log_args(), None))
             if not a.command:
                 continue
             for r in range(local_size):
@@ -206,8 +213,12 @@ class _Launch:
                 env.setdefault("PYTHONUNBUFFERED", "1")  # lines arrive as they are printed
                 env.update({_env.CONFIG: self.config_path, _env.WORKER_RANK: str(n),
                             _env.LOCAL_RANK: str(r), _env.LOCAL_SIZE: str(local_size),
-                            _env.MODE: "daemon" if local_size > 1 else "embedded",
+                            _env.MODE: "daemon" if daemon else "embedded",
                             _env.BIN_DIR: a.bin_dir})
+                if daemon:
+                    env[_env.DAEMON_SOCKET] = socket_path
+                if gpus:
+                    env[_env.GPU] = str(gpus[r])
                 plan.append(("train %d.%d" % (n, r), "train", list(a.command), env))
         return plan
 
@@ -381,8 +392,9 @@ def _parser():
                     help="start the roles whose address has this host (repeatable); default: "
                     "loopback addresses and this machine's names")
     lp.add_argument("--local-size", type=int, default=None, metavar="P",
-                    help="training processes per worker node (default: worker.local_size, "
-                    "else 1); > 1 starts a bitpush-worker daemon per node")
+                    help="training processes per worker node (default: the node's processes: "
+                    "in the YAML, then worker.local_size, else 1); > 1 starts a bitpush-worker "
+                    "daemon per node")
     lp.add_argument("--grace-s", type=float, default=5.0,
                     help="SIGTERM to SIGKILL when stopping processes (default 5)")
     lp.add_argument("--shutdown-timeout-s", type=float, default=30.0,
@@ -423,6 +435,12 @@ def main(argv=None):
         config = _load_config(config_path)
     except BitpushError as e:
         print("bitpush launch: %s" % e, file=sys.stderr)
+        return EXIT_USAGE
+    if args.local_size is not None and config["processes_differ"]:
+        print("bitpush launch: --local-size %d would override %s's training processes per "
+              "node (%s), which differ between nodes; drop --local-size or edit the YAML"
+              % (args.local_size, config_path,
+                 ", ".join(str(p) for p in config["worker_processes"])), file=sys.stderr)
         return EXIT_USAGE
     launch = _Launch(args, config, config_path)
 

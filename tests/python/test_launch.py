@@ -138,6 +138,85 @@ def test_launch_two_nodes_average_and_prefixes(tmp):
     assert not _procs_mentioning(tmp)
 
 
+UNEQUAL = r"""
+import os, warnings, torch
+import bitpush.torch as bp
+warnings.simplefilter("ignore")
+bp.init()
+r = bp.rank()
+avg = bp.push_pull(torch.full((16,), float(r + 1)), "t")
+total = bp.push_pull(torch.full((4,), float(r + 1)), "s", average=False)
+print("rank %d of %d node %d.%d avg=%.3f sum=%.1f gpu=%s mode=%s socket=%s" % (
+    r, bp.size(), bp.node_rank(), bp.local_rank(), avg[0].item(), total[0].item(),
+    os.environ.get("BITPUSH_GPU"), bp.mode(),
+    os.path.basename(os.environ.get("BITPUSH_DAEMON_SOCKET", "-"))), flush=True)
+bp.shutdown()
+"""
+
+
+def test_host_form_unequal_processes_average_over_every_process(tmp):
+    """Node 0 runs 2 processes (GPUs 1 and 0 listed), node 1 runs 1: ranks 0..2, the average
+    is over the 3 processes (2.0, not the node-weighted 2.25), every node gets a daemon, and
+    the launcher hands each process its GPU and its daemon's socket."""
+    ports = free_ports(4)
+    cfg = os.path.join(tmp, "cluster.yaml")
+    with open(cfg, "w") as f:
+        f.write("cluster:\n  scheduler: 127.0.0.1:%d\n" % ports[0])
+        f.write("  servers: [{host: 127.0.0.1, port: %d}]\n" % ports[1])
+        f.write("  workers:\n    - {host: 127.0.0.1, port: %d, gpus: [1, 0]}\n" % ports[2])
+        f.write("    - {host: 127.0.0.1, port: %d, processes: 1}\n" % ports[3])
+        f.write("  heartbeat_interval_ms: 100\n  heartbeat_timeout_ms: 1000\n"
+                "  startup_timeout_s: 30\n")
+        f.write("server:\n  engine_threads: 1\n  numa: off\n")
+        f.write("worker:\n  compress_threads: 1\n  op_timeout_s: 30\n  numa: off\n"
+                "  socket: %s/w{rank}.sock\n" % tmp)
+    r = _run(["launch", "--config", cfg, "--", PY, "-c", UNEQUAL, tmp])
+    assert r.returncode == 0, r.stdout
+    for line in ("[train 0.0] rank 0 of 3 node 0.0 avg=2.000 sum=6.0 gpu=1 mode=daemon "
+                 "socket=w0.sock",
+                 "[train 0.1] rank 1 of 3 node 0.1 avg=2.000 sum=6.0 gpu=0 mode=daemon "
+                 "socket=w0.sock",
+                 "[train 1.0] rank 2 of 3 node 1.0 avg=2.000 sum=6.0 gpu=None mode=daemon "
+                 "socket=w1.sock"):
+        assert line in r.stdout, r.stdout
+    assert re.search(r"^\[worker 0\] ", r.stdout, re.M), r.stdout
+    assert re.search(r"^\[worker 1\] ", r.stdout, re.M), r.stdout
+    assert re.search(r"^bitpush launch: 7 processes, all exited 0 in", r.stdout, re.M), r.stdout
+
+
+def test_host_form_unequal_processes_refuses_embedded_and_override(tmp):
+    ports = free_ports(4)
+    cfg = os.path.join(tmp, "cluster.yaml")
+    with open(cfg, "w") as f:
+        f.write("cluster:\n  scheduler: 127.0.0.1:%d\n  servers: [127.0.0.1:%d]\n"
+                % (ports[0], ports[1]))
+        f.write("  workers: [{host: 127.0.0.1, port: %d, processes: 2}, "
+                "{host: 127.0.0.1, port: %d}]\n" % (ports[2], ports[3]))
+    # Node 1 has no count (worker.local_size unset): counts unknown, nothing to weigh.
+    from bitpush import _C
+    c = _C.load_cluster_config(cfg)
+    assert c["worker_processes"] == [2, 0] and not c["processes_differ"], c
+    with open(cfg, "a") as f:
+        f.write("worker:\n  local_size: 1\n")
+    c = _C.load_cluster_config(cfg)
+    assert c["worker_processes"] == [2, 1] and c["processes_differ"], c
+    r = _run(["launch", "--config", cfg, "--local-size", "2", "--", PY, "-c", "pass"])
+    assert r.returncode == 2, r.stdout
+    assert "--local-size 2 would override" in r.stdout and "(2, 1)" in r.stdout, r.stdout
+    assert "[scheduler]" not in r.stdout, r.stdout  # nothing started
+    # A daemon started by hand with another count is refused before it joins the cluster.
+    d = subprocess.run([os.path.join(_bin_dir(), "bitpush-worker"), "--config", cfg, "--rank",
+                        "0", "--local-size", "3"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, universal_newlines=True, timeout=30)
+    assert d.returncode != 0, d.stdout
+    assert ("--local-size 3 differs from the 2 training processes cluster.workers[0] has in %s"
+            % cfg) in d.stdout, d.stdout
+    # A process that would run embedded in such a cluster is refused, naming why.
+    import bitpush.torch as bp
+    with pytest.raises(bp.BitpushError, match="different numbers of training processes"):
+        bp.init(cfg, rank=1, mode="embedded")
+
+
 def test_failing_rank_stops_everything_and_is_named(tmp):
     cfg = _write_yaml(tmp, workers=2)
     t0 = time.monotonic()

@@ -443,5 +443,165 @@ TEST(ClusterConfig, Roles) {
   EXPECT_EQ(RoleName(v1::ROLE_SCHEDULER), "scheduler");
 }
 
+// ---- the host form of cluster.servers / cluster.workers ----
+
+constexpr char kHosts[] = R"(cluster:
+  scheduler: ps0:9000
+  servers: {hosts: [ps0, ps1], count: 2}
+  workers:
+    - {host: gpu0, processes: 4, gpus: [3, 2, 1, 0]}
+    - {host: gpu1, gpus: 2, port: 7000}
+    - gpu2:9300
+)";
+
+TEST(ClusterConfigHosts, ExpandsHostsCountsAndDefaultPorts) {
+  const ClusterConfig c = Parse(kHosts);
+  EXPECT_EQ(c.servers, (std::vector<std::string>{"tcp://ps0:9100", "tcp://ps0:9101",
+                                                 "tcp://ps1:9100", "tcp://ps1:9101"}));
+  EXPECT_EQ(c.workers, (std::vector<std::string>{"tcp://gpu0:9200", "tcp://gpu1:7000",
+                                                 "tcp://gpu2:9300"}));
+  ASSERT_EQ(c.worker_nodes.size(), 3u);
+  EXPECT_EQ(c.ProcessesOnNode(0), 4u);
+  EXPECT_EQ(c.GpusOnNode(0), (std::vector<uint32_t>{3, 2, 1, 0}));
+  EXPECT_EQ(c.ProcessesOnNode(1), 2u);  // from gpus: 2
+  EXPECT_EQ(c.GpusOnNode(1), (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(c.ProcessesOnNode(2), 0u);  // an address: not set
+  EXPECT_TRUE(c.GpusOnNode(2).empty());
+  EXPECT_EQ(c.TotalProcesses(), 0u);  // node 2 unknown
+  EXPECT_FALSE(c.ProcessCountsDiffer());
+  EXPECT_TRUE(ValidateClusterConfig(c).ok());
+}
+
+TEST(ClusterConfigHosts, SeveralEntriesOnOneHostContinueItsPorts) {
+  const ClusterConfig c = Parse(R"(cluster:
+  scheduler: 127.0.0.1:47100
+  servers:
+    - {host: 127.0.0.1, count: 2}
+    - {host: 127.0.0.1}
+    - {host: "::1", port: 47000}
+  workers: {hosts: [127.0.0.1], count: 2, port: 47111}
+)");
+  EXPECT_EQ(c.servers, (std::vector<std::string>{"tcp://127.0.0.1:9100", "tcp://127.0.0.1:9101",
+                                                 "tcp://127.0.0.1:9102", "tcp://[::1]:47000"}));
+  EXPECT_EQ(c.workers,
+            (std::vector<std::string>{"tcp://127.0.0.1:47111", "tcp://127.0.0.1:47112"}));
+}
+
+TEST(ClusterConfigHosts, WorkerLocalSizeIsTheDefaultForNodesWithoutProcesses) {
+  const ClusterConfig c = Parse(R"(cluster:
+  scheduler: a:9000
+  servers: [a:9100]
+  workers: [{host: b, processes: 3}, {host: c}]
+worker:
+  local_size: 2
+)");
+  EXPECT_EQ(c.ProcessesOnNode(0), 3u);
+  EXPECT_EQ(c.ProcessesOnNode(1), 2u);
+  EXPECT_EQ(c.TotalProcesses(), 5u);
+  EXPECT_TRUE(c.ProcessCountsDiffer());
+}
+
+TEST(ClusterConfigHosts, DifferentCountsJoinConfigAgreement) {
+  const std::string head = "cluster:\n  scheduler: a:9000\n  servers: [a:9100]\n  workers: ";
+  const ClusterConfig same = Parse(head + "{hosts: [b, c], processes: 2}\n");
+  EXPECT_EQ(same.TotalProcesses(), 4u);
+  EXPECT_FALSE(same.ProcessCountsDiffer());
+  EXPECT_EQ(ConfigFields(same).size(), 4u);  // equal counts keep the hash of the address form
+  EXPECT_EQ(ConfigHash(ConfigFields(same)),
+            ConfigHash(ConfigFields(Parse(head + "[b:9200, c:9200]\n"))));
+
+  const ClusterConfig differ = Parse(head + "[{host: b, processes: 2}, {host: c, gpus: 3}]\n");
+  EXPECT_TRUE(differ.ProcessCountsDiffer());
+  const std::vector<v1::ConfigField> f = ConfigFields(differ);
+  ASSERT_EQ(f.size(), 5u);
+  EXPECT_EQ(f[4].name(), "cluster.training_processes");
+  EXPECT_EQ(f[4].value(), "2,3");
+  const ClusterConfig other = Parse(head + "[{host: b, processes: 3}, {host: c, gpus: 2}]\n");
+  EXPECT_EQ(DescribeConfigDifference(ConfigFields(other), f),
+            "config differs from the scheduler's: cluster.training_processes is '3,2' here but "
+            "'2,3' on the scheduler");
+  const ClusterConfig equal = Parse(head + "[{host: b, processes: 3}, {host: c, gpus: 3}]\n");
+  EXPECT_EQ(DescribeConfigDifference(ConfigFields(equal), f),
+            "config differs from the scheduler's: cluster.training_processes is not set here but "
+            "'2,3' on the scheduler");
+  EXPECT_CONTAINS(DescribeClusterConfig(differ), "- tcp://c:9200: 3 processes, gpus [0, 1, 2]");
+  EXPECT_CONTAINS(DescribeClusterConfig(differ), "- tcp://b:9200: 2 processes, cpu");
+}
+
+TEST(ClusterConfigHosts, ErrorsNameTheKeyAndLine) {
+  const std::string head = "cluster:\n  scheduler: a:9000\n  servers: [a:9100]\n";
+  EXPECT_CONTAINS(Error(head + "  workers:\n    - {host: b, processes: 4, gpus: 2}\n"),
+                  "cluster.yaml:5: cluster.workers[0].processes: is 4 but gpus gives 2 "
+                  "device(s); one GPU per training process");
+  EXPECT_CONTAINS(Error(head + "  workers:\n    - {host: b, gpus: [0, 1, 0]}\n"),
+                  "cluster.yaml:5: cluster.workers[0].gpus[2]: device 0 is listed twice");
+  EXPECT_CONTAINS(Error(head + "  workers:\n    - {host: b, hosts: [c]}\n"),
+                  "cluster.yaml:5: cluster.workers[0]: needs either host: NAME or hosts:");
+  EXPECT_CONTAINS(Error(head + "  workers:\n    - {count: 2}\n"),
+                  "cluster.workers[0]: needs either host: NAME or hosts:");
+  EXPECT_CONTAINS(Error(head + "  workers:\n    - {host: b, gpu: 1}\n"),
+                  "cluster.yaml:5: cluster.workers[0].gpu: unknown key; valid keys of "
+                  "cluster.workers[0]: count, gpus, host, hosts, port, processes");
+  EXPECT_CONTAINS(Error("cluster:\n  scheduler: a:9000\n  servers: {hosts: [a], processes: 2}\n"
+                        "  workers: [b:1]\n"),
+                  "cluster.yaml:3: cluster.servers.processes: unknown key; valid keys of "
+                  "cluster.servers: count, host, hosts, port");
+  EXPECT_CONTAINS(Error(head + "  workers: {hosts: [b], processes: 0}\n"),
+                  "cluster.yaml:4: cluster.workers.processes: expected 1..1024 training "
+                  "processes, got 0");
+  EXPECT_CONTAINS(Error(head + "  workers: {hosts: [b], count: 3, port: 65534}\n"),
+                  "cluster.workers.port: must be 1..65533 so the 3 ports from it fit, got 65534");
+  EXPECT_CONTAINS(Error(head + "  workers: {hosts: [b, 'x y']}\n"),
+                  "cluster.yaml:4: cluster.workers.hosts[1]: 'x y' is not a host name");
+  EXPECT_CONTAINS(Error(head + "  workers: {hosts: []}\n"),
+                  "cluster.workers.hosts: expected a list of host names");
+  EXPECT_CONTAINS(Error(head + "  workers: 3\n"),
+                  "cluster.yaml:4: cluster.workers: expected a list of addresses");
+  // An explicit port meeting an address given before it.
+  EXPECT_CONTAINS(Error("cluster:\n  scheduler: a:9000\n  servers: [a:9100]\n  workers:\n"
+                        "    - {host: a, port: 9099, count: 2}\n"),
+                  "cluster.yaml:5: cluster.workers[0].host (#2 of 2): address tcp://a:9100 is "
+                  "already used by cluster.servers[0]");
+  EXPECT_CONTAINS(Error("cluster:\n  transport: inproc\n  scheduler: s\n  servers: [s0]\n"
+                        "  workers: [{host: b}]\n"),
+                  "cluster.yaml:5: cluster.workers[0]: host entries need cluster.transport zmq");
+}
+
+TEST(ClusterConfigHosts, WorkerSocketNeedsRankWhenNodesShareAHost) {
+  const std::string two = "cluster:\n  scheduler: a:9000\n  servers: [a:9100]\n"
+                          "  workers: {hosts: [b], count: 2}\nworker:\n";
+  EXPECT_CONTAINS(Error(two + "  socket: /run/bitpush/w.sock\n"),
+                  "cluster.yaml:6: worker.socket: workers 0 and 1 run on the same host, so their "
+                  "bitpush-worker daemons would share '/run/bitpush/w.sock'; put {rank} in");
+  const ClusterConfig c = Parse(two + "  socket: /run/bitpush/w{rank}-{rank}.sock\n");
+  EXPECT_EQ(c.worker.SocketFor(1), "/run/bitpush/w1-1.sock");
+  EXPECT_EQ(c.worker.SocketFor(12), "/run/bitpush/w12-12.sock");
+  // One node per host: a fixed path is fine.
+  EXPECT_EQ(Parse("cluster:\n  scheduler: a:9000\n  servers: [a:9100]\n"
+                  "  workers: {hosts: [b, c]}\nworker:\n  socket: /run/w.sock\n")
+                .worker.SocketFor(1),
+            "/run/w.sock");
+  // The length limit applies to the expanded path (107 bytes; the highest rank here is 1).
+  EXPECT_EQ(Parse(two + "  socket: /" + std::string(105, 'x') + "{rank}\n").worker.SocketFor(1),
+            "/" + std::string(105, 'x') + "1");
+  EXPECT_CONTAINS(Error(two + "  socket: /" + std::string(106, 'x') + "{rank}\n"),
+                  "worker.socket: expected a path of 1..107 bytes");
+}
+
+TEST(ClusterConfigHosts, ValidateChecksCodeBuiltWorkerNodes) {
+  ClusterConfig c = Parse(kMinimal);
+  ASSERT_EQ(c.worker_nodes.size(), 1u);  // the address form: one node, nothing set
+  EXPECT_EQ(c.worker_nodes[0].processes, 0u);
+  c.worker_nodes[0] = WorkerNode{3, {0, 1}};
+  EXPECT_CONTAINS(ValidateClusterConfig(c).message(),
+                  "cluster.workers[0].processes: is 3 but gpus gives 2 device(s)");
+  c.worker_nodes[0] = WorkerNode{2, {1, 1}};
+  EXPECT_CONTAINS(ValidateClusterConfig(c).message(), "cluster.workers[0].gpus: lists a device twice");
+  c.worker_nodes[0] = WorkerNode{2, {1, 0}};
+  EXPECT_TRUE(ValidateClusterConfig(c).ok());
+  c.worker_nodes.push_back(WorkerNode{});
+  EXPECT_CONTAINS(ValidateClusterConfig(c).message(), "2 worker node settings for 1 workers");
+}
+
 }  // namespace
 }  // namespace bitpush::scheduler

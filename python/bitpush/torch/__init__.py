@@ -17,6 +17,7 @@ released. One push_pull per name may be in flight at a time.
 import atexit
 import sys
 import threading
+import warnings
 
 import torch
 
@@ -25,7 +26,7 @@ from .._C import BitpushError
 
 __all__ = [
     "BitpushError", "Handle", "init", "shutdown", "is_initialized", "rank", "size", "local_rank",
-    "local_size", "node_rank", "num_nodes", "mode", "config_path", "push_pull",
+    "local_size", "node_rank", "num_nodes", "mode", "config_path", "gpu", "push_pull",
     "push_pull_inplace", "push_pull_async", "synchronize", "poll", "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "stats", "declare",
     "error_feedback_state", "restore_error_feedback_state",
@@ -59,7 +60,7 @@ class _Declaration:
 
 
 class _State:
-    def __init__(self, client, config, local_rank, local_size, mode):
+    def __init__(self, client, config, local_rank, local_size, mode, gpu=None):
         self.client = client
         self.config = config
         self.node_rank = client.rank
@@ -67,6 +68,16 @@ class _State:
         self.local_rank = local_rank
         self.local_size = local_size
         self.mode = mode
+        self.gpu = gpu
+        # Global ranks: nodes in YAML order, each with its processes. The YAML's per-node
+        # counts when it gives every node's (they may differ), else local_size everywhere.
+        counts = _C.load_cluster_config(config)["worker_processes"]
+        if len(counts) == self.num_nodes and all(counts):
+            self.rank_offset = sum(counts[:self.node_rank])
+            self.total_processes = sum(counts)
+        else:
+            self.rank_offset = self.node_rank * local_size
+            self.total_processes = self.num_nodes * local_size
         self.lock = threading.Lock()
         self.declarations = {}  # name -> _Declaration
         self.in_flight = {}  # name -> Handle (keeps the tensors alive while C++ uses them)
@@ -187,9 +198,21 @@ def init(config=None, *, rank=None, local_rank=None, local_size=None, mode=None,
         if _state is not None:
             raise _error("FailedPrecondition",
                          "bitpush.torch.init: already initialized (call shutdown() first)")
+        gpu = env.gpu
+        if gpu is not None:
+            if torch.cuda.is_available():
+                torch.cuda.set_device(gpu)
+            else:
+                warnings.warn("%s=%d but this torch has no CUDA device; training on the CPU"
+                              % (names["gpu"], gpu))
+                gpu = None
         client = _C.Client(str(config), int(rank), mode, local_rank, local_size,
                            daemon_socket or "")
-        _state = _State(client, str(config), local_rank, local_size, mode)
+        try:
+            _state = _State(client, str(config), local_rank, local_size, mode, gpu)
+        except BaseException:
+            client.close()
+            raise
 
 
 def shutdown(timeout=30.0):
@@ -226,15 +249,23 @@ def is_initialized():
 
 
 def rank():
-    """This process's global rank: node_rank() * local_size() + local_rank()."""
+    """This process's global rank: the processes of the nodes before this one (the YAML's
+    per-node counts; node_rank() * local_size() when every node runs the same number) plus
+    local_rank()."""
     s = _require()
-    return s.node_rank * s.local_size + s.local_rank
+    return s.rank_offset + s.local_rank
 
 
 def size():
-    """The number of training processes: num_nodes() * local_size()."""
-    s = _require()
-    return s.num_nodes * s.local_size
+    """The number of training processes in the cluster (num_nodes() * local_size() when every
+    node runs the same number)."""
+    return _require().total_processes
+
+
+def gpu():
+    """This process's CUDA device index (BITPUSH_GPU, from the YAML's gpus of its node; init()
+    made it torch's current device), or None for a CPU process."""
+    return _require().gpu
 
 
 def local_rank():
@@ -445,9 +476,9 @@ def barrier():
 class _Broadcast:
     def __init__(self, root_rank):
         s = _require()
-        if not 0 <= root_rank < s.num_nodes * s.local_size:
+        if not 0 <= root_rank < s.total_processes:
             raise ValueError("bitpush: root_rank %d is not a rank (size %d)"
-                             % (root_rank, s.num_nodes * s.local_size))
+                             % (root_rank, s.total_processes))
         self.is_root = rank() == root_rank
         self.pending = []  # (handle, finish callback)
 
