@@ -45,7 +45,11 @@ bench: build
 # 127.0.0.1, onebit + error feedback) training the digits MLP with CLAN through the launcher
 # (docs/launch.md); rank 0 prints the summary: test accuracy, steps, wall time, bytes pushed
 # vs fp32.
-demo: build
+# Only what the demo runs is built (the daemons and the Python package; `make test` builds the
+# rest), so a bare machine gets to training sooner.
+DEMO_TARGETS = bitpush-scheduler bitpush-server bitpush-worker bitpush_python
+demo: configure
+	cmake --build $(BUILD) -j $(JOBS) --target $(DEMO_TARGETS)
 	./$(BUILD)/bin/bitpush launch --config deploy/examples/local.yaml -- \
 	  /usr/bin/python3 examples/train_digits.py --optimizer clan --compression onebit --epochs 40
 
