@@ -1,6 +1,9 @@
 #include "compressors/compressor.h"
 
 #include <string>
+#include <vector>
+
+#include "common/logging.h"
 
 #include "common/vector_ops.h"
 
@@ -118,6 +121,57 @@ Status CompressorBase::DecompressToFloat(ByteSpan payload, Span<float> out) {
   BP_ASSIGN_OR_RETURN(PayloadHeader h, CheckPayload(payload, out.size()));
   const ByteSpan body = payload.subspan(kPayloadHeaderBytes, h.body_bytes);
   return DecodeBody(body, out.size(), h.dtype, out.data(), false);
+}
+
+Status CompressorBase::ValidateBody(ByteSpan, size_t, DType) {
+  return UnimplementedError(std::string(v1::CompressorId_Name(id_)) +
+                            ": no validate-only decoder");
+}
+
+size_t CompressorBase::AggregateBody(const ByteSpan*, size_t, size_t, DType, float, float*,
+                                     const CompressContext&, uint8_t*) {
+  BP_CHECK(false, "{}: AggregateBody called but FusesServerRound is false",
+           v1::CompressorId_Name(id_));
+  return 0;
+}
+
+Status CompressorBase::ValidatePayload(ByteSpan payload, size_t n) {
+  BP_ASSIGN_OR_RETURN(PayloadHeader h, CheckPayload(payload, n));
+  return ValidateBody(payload.subspan(kPayloadHeaderBytes, h.body_bytes), n, h.dtype);
+}
+
+StatusOr<size_t> CompressorBase::AggregateCompress(Span<const ByteSpan> pushes, size_t n,
+                                                   float scale, float* residual,
+                                                   const CompressContext& ctx,
+                                                   MutableByteSpan out) {
+  const bool with_residual = residual != nullptr;
+  if (!FusesServerRound(with_residual)) {
+    return FailedPreconditionError(std::string(v1::CompressorId_Name(id_)) +
+                                   " does not fuse the server round" +
+                                   (with_residual ? " with a residual" : ""));
+  }
+  if (pushes.empty()) return InvalidArgumentError("AggregateCompress needs at least one push");
+  BP_RETURN_IF_ERROR(CheckElementCount(n));
+  BP_RETURN_IF_ERROR(CheckCapacity(MaxCompressedBytes(n, DType::kFloat32), out));
+  // Cheap re-check of the headers (the bodies were validated by ValidatePayload).
+  std::vector<ByteSpan> bodies;
+  bodies.reserve(pushes.size());
+  DType dtype = DType::kFloat32;
+  for (size_t w = 0; w < pushes.size(); ++w) {
+    BP_ASSIGN_OR_RETURN(PayloadHeader h, CheckPayload(pushes[w], n));
+    if (w == 0) dtype = h.dtype;
+    if (h.dtype != dtype) {
+      return InvalidArgumentError("push " + std::to_string(w) + " is " +
+                                  std::string(DTypeName(h.dtype)) + " but push 0 is " +
+                                  std::string(DTypeName(dtype)));
+    }
+    bodies.push_back(pushes[w].subspan(kPayloadHeaderBytes, h.body_bytes));
+  }
+  const size_t body =
+      AggregateBody(bodies.data(), bodies.size(), n, dtype, scale,
+                    residual, ctx,
+                    out.data() + kPayloadHeaderBytes);
+  return FinishPayload(DType::kFloat32, n, body, out.data());
 }
 
 }  // namespace bitpush::compressors

@@ -9,6 +9,10 @@
 //   Decompress                     out = C(x), in the payload's dtype
 //   DecompressAdd                  acc += C(x), acc fp32 (the server's fused path)
 //   DecompressToFloat              out = C(x) as fp32 (the server's first push of a round)
+//   ValidatePayload                the checks of Decompress, without decoding (server fast path)
+//   AggregateCompress              the server's whole round in one call, where the compressor
+//                                  fuses it (FusesServerRound): a = scale * sum_w C(x_w);
+//                                  payload = C(a + e), e <- (a + e) - C(a + e)  (or C(a))
 // C(q) is, by definition, exactly what Decompress returns, so error feedback telescopes:
 // sum_t C(q_t) + e_T = sum_t x_t up to fp32 rounding of the additions.
 //
@@ -77,6 +81,29 @@ class Compressor {
   // no zeroing pass). out.size() must equal the payload's element count. Same values as
   // DecompressAdd into zeros, except that a -0.0 stays -0.0.
   virtual Status DecompressToFloat(ByteSpan payload, Span<float> out) = 0;
+
+  // ---- server fast path (optional; KeyState uses it where FusesServerRound says so) ----
+
+  // Whether AggregateCompress is implemented, for a round with (Algorithm 4) or without
+  // (Algorithm 3) a server residual.
+  virtual bool FusesServerRound(bool with_residual) const = 0;
+
+  // Every check Decompress makes on a payload of n elements (header, body length, indices,
+  // levels, padding), without decoding it: OK iff DecompressAdd would succeed.
+  virtual Status ValidatePayload(ByteSpan payload, size_t n) = 0;
+
+  // The server's round in one pass where possible, bit for bit what the unfused sequence
+  // gives:  acc = DecompressToFloat(pushes[0]); DecompressAdd(pushes[w]) for w = 1, 2, ... in
+  // order; acc[i] *= scale when scale != 1; then CompressWithFeedback(acc, residual) (residual
+  // != nullptr: n floats) or Compress(acc) (nullptr) — with the float32 aggregate as input —
+  // except that no accumulator is materialised. pushes must have passed ValidatePayload for n
+  // elements and share one dtype; at least one. Requires FusesServerRound(residual !=
+  // nullptr) (FailedPrecondition otherwise).
+  // (Single caveat: a residual entry that is -0.0 and untouched by any push stays -0.0 where
+  // the unfused sequence makes it +0.0; residuals only hold -0.0 if one was restored.)
+  virtual StatusOr<size_t> AggregateCompress(Span<const ByteSpan> pushes, size_t n, float scale,
+                                             float* residual, const CompressContext& ctx,
+                                             MutableByteSpan out) = 0;
 };
 
 // Shared machinery: concrete compressors implement the fp32 body hooks below.
@@ -96,6 +123,11 @@ class CompressorBase : public Compressor {
   Status Decompress(ByteSpan payload, TensorView out) final;
   Status DecompressAdd(ByteSpan payload, Span<float> accumulator) final;
   Status DecompressToFloat(ByteSpan payload, Span<float> out) final;
+  bool FusesServerRound(bool with_residual) const override { return false; }
+  Status ValidatePayload(ByteSpan payload, size_t n) final;
+  StatusOr<size_t> AggregateCompress(Span<const ByteSpan> pushes, size_t n, float scale,
+                                     float* residual, const CompressContext& ctx,
+                                     MutableByteSpan out) final;
 
  protected:
   // Upper bound on the body (the bytes after the header) for n elements of dtype.
@@ -125,6 +157,17 @@ class CompressorBase : public Compressor {
   // then writes out[i] = C(x)[i] (add == false) or out[i] += C(x)[i] (add == true).
   // Returns DataLoss naming the problem, leaving `out` untouched, if the body is bad.
   virtual Status DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) = 0;
+
+  // The validation half of DecodeBody (same checks, same messages), writing nothing.
+  // Default: Unimplemented (compressors that fuse the server round implement it).
+  virtual Status ValidateBody(ByteSpan body, size_t n, DType dtype);
+
+  // The fused server round over validated bodies (see AggregateCompress): writes the fp32
+  // body of C(a + e) (residual != nullptr, e updated) or C(a) and returns its size. Only
+  // called where FusesServerRound(residual != nullptr).
+  virtual size_t AggregateBody(const ByteSpan* bodies, size_t count, size_t n, DType dtype,
+                               float scale, float* residual, const CompressContext& ctx,
+                               uint8_t* body);
 
   // An fp32 scratch buffer of at least n elements, owned by this instance.
   float* Scratch(size_t n) {

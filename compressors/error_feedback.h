@@ -40,6 +40,15 @@ class ResidualState {
     return compressor.CompressWithFeedback(x, residual_.span(), ctx, out);
   }
 
+  // The server's fused round (Compressor::AggregateCompress) with this residual: pushes
+  // validated, n == size() > 0.
+  StatusOr<size_t> AggregateCompress(Compressor& compressor, Span<const ByteSpan> pushes,
+                                     float scale, const CompressContext& ctx,
+                                     MutableByteSpan out) {
+    return compressor.AggregateCompress(pushes, residual_.size(), scale, residual_.data(), ctx,
+                                        out);
+  }
+
   Span<const float> residual() const { return residual_.span(); }
 
   // Replaces the residual (checkpoint restore); the size must match.

@@ -33,12 +33,13 @@ KeyState::KeyState(const KeySpec& spec, std::unique_ptr<compressors::Compressor>
   if (spec_.server_residual) {
     residual_ = std::make_unique<compressors::ResidualState>(spec_.elements);
   }
+  fused_ = spec_.elements > 0 && compressor_->FusesServerRound(spec_.server_residual);
   slots_.resize(spec_.max_rounds_in_flight);
   for (Round& r : slots_) {
     r.pushed.assign(spec_.num_workers, 0);
     r.pulled.assign(spec_.num_workers, 0);
     r.held.resize(spec_.num_workers);
-    r.accumulator.resize(spec_.elements);
+    if (!fused_) r.accumulator.resize(spec_.elements);  // the fused round needs none
   }
 }
 
@@ -142,15 +143,18 @@ Status KeyState::Push(uint32_t worker, uint64_t round, transport::Buffer buffer)
     return Status::Ok();
   }
   // Validates the whole payload before touching the accumulator. The first push of a round
-  // is decoded straight into it (no zeroing pass).
-  const Status added = r->next_to_add == 0
-                           ? compressor_->DecompressToFloat(payload, r->accumulator.span())
-                           : compressor_->DecompressAdd(payload, r->accumulator.span());
+  // is decoded straight into it (no zeroing pass). The fused round only validates it here and
+  // keeps the buffer for Publish.
+  const Status added =
+      fused_                ? compressor_->ValidatePayload(payload, spec_.elements)
+      : r->next_to_add == 0 ? compressor_->DecompressToFloat(payload, r->accumulator.span())
+                            : compressor_->DecompressAdd(payload, r->accumulator.span());
   if (!added.ok()) {
     if (r->pushes == 0) r->active = false;  // nothing accumulated: give the slot back
     return Reject(added.WithContext(
         fmt::format("key {}: push from worker {} in round {}", key, worker, round)));
   }
+  if (fused_) r->held[worker] = std::move(buffer);
   r->pushed[worker] = 1;
   ++r->pushes;
   ++r->next_to_add;
@@ -163,10 +167,16 @@ Status KeyState::Push(uint32_t worker, uint64_t round, transport::Buffer buffer)
 Status KeyState::AddInOrder(Round& r) {
   while (r.next_to_add < spec_.num_workers && r.pushed[r.next_to_add]) {
     const uint32_t w = r.next_to_add;
-    transport::Buffer held = std::move(r.held[w]);
-    r.held[w] = transport::Buffer();
-    const Status added = w == 0 ? compressor_->DecompressToFloat(held.span(), r.accumulator.span())
-                                : compressor_->DecompressAdd(held.span(), r.accumulator.span());
+    Status added;
+    if (fused_) {  // validated now, aggregated by Publish: the buffer stays held
+      added = compressor_->ValidatePayload(r.held[w].span(), spec_.elements);
+      if (!added.ok()) r.held[w] = transport::Buffer();
+    } else {
+      transport::Buffer held = std::move(r.held[w]);
+      r.held[w] = transport::Buffer();
+      added = w == 0 ? compressor_->DecompressToFloat(held.span(), r.accumulator.span())
+                     : compressor_->DecompressAdd(held.span(), r.accumulator.span());
+    }
     if (!added.ok()) {
       // Refused late: the worker may push this round again.
       r.pushed[w] = 0;
@@ -187,12 +197,10 @@ Status KeyState::AddInOrder(Round& r) {
 }
 
 Status KeyState::Publish(Round& r) {
-  float* acc = r.accumulator.data();
   const size_t n = spec_.elements;
-  if (spec_.average && spec_.num_workers > 1) {
-    const float inv = 1.0f / static_cast<float>(spec_.num_workers);
-    for (size_t i = 0; i < n; ++i) acc[i] *= inv;
-  }
+  const float inv = spec_.average && spec_.num_workers > 1
+                        ? 1.0f / static_cast<float>(spec_.num_workers)
+                        : 1.0f;
   // The slot's payload buffer is reused once the transport has let go of the last round's
   // (no other owner left); otherwise a new one is made.
   std::shared_ptr<std::vector<uint8_t>>& storage = r.payload_storage;
@@ -201,10 +209,25 @@ Status KeyState::Publish(Round& r) {
   const size_t max_bytes = compressor_->MaxCompressedBytes(n, DType::kFloat32);
   if (out.size() < max_bytes) out.resize(max_bytes);
   const CompressContext ctx{spec_.key, r.round};
-  const ConstTensorView aggregate(acc, n);
-  StatusOr<size_t> bytes =
-      residual_ ? residual_->Compress(*compressor_, aggregate, ctx, {out.data(), out.size()})
-                : compressor_->Compress(aggregate, ctx, {out.data(), out.size()});
+  const MutableByteSpan dst(out.data(), out.size());
+  StatusOr<size_t> bytes = size_t{0};
+  if (fused_) {
+    // Decompress, average and compress in one call over the held pushes (rank order).
+    std::vector<ByteSpan>& pushes = push_spans_;
+    pushes.clear();
+    for (const transport::Buffer& b : r.held) pushes.push_back(b.span());
+    bytes = residual_ ? residual_->AggregateCompress(*compressor_, pushes, inv, ctx, dst)
+                      : compressor_->AggregateCompress(pushes, n, inv, nullptr, ctx, dst);
+    for (transport::Buffer& b : r.held) b = transport::Buffer();
+  } else {
+    float* acc = r.accumulator.data();
+    if (inv != 1.0f) {
+      for (size_t i = 0; i < n; ++i) acc[i] *= inv;
+    }
+    const ConstTensorView aggregate(acc, n);
+    bytes = residual_ ? residual_->Compress(*compressor_, aggregate, ctx, dst)
+                      : compressor_->Compress(aggregate, ctx, dst);
+  }
   if (!bytes.ok()) {
     return bytes.status().WithContext(
         fmt::format("key {}: compressing the aggregate of round {}", spec_.key, r.round));

@@ -27,6 +27,11 @@
 // context {key, round}, the same one every worker uses, so e.g. random-k re-selects the indices
 // the workers chose.
 //
+// Fused round: where the compressor fuses the server round (onebit; topk with a server
+// residual), a push at its turn is only validated and held, and Publish hands every push to
+// Compressor::AggregateCompress, which decodes, averages and compresses in one or two passes
+// over the residual — the same bytes, without an accumulator (docs/compressors.md).
+//
 // Validation: a push with a malformed payload, another compressor id, another element count
 // or dtype, an unknown worker, a second push from the same worker in a round, or a round out
 // of order is refused with a Status naming the problem; the round's accumulator is untouched
@@ -143,6 +148,11 @@ class KeyState {
   KeySpec spec_;
   std::unique_ptr<compressors::Compressor> compressor_;
   std::unique_ptr<compressors::ResidualState> residual_;
+  // The compressor fuses the round (Compressor::FusesServerRound): pushes are validated on
+  // their turn and held, and Publish aggregates and compresses them in one call; no
+  // accumulator is allocated.
+  bool fused_ = false;
+  std::vector<ByteSpan> push_spans_;  // Publish's scratch
   std::vector<Round> slots_;
   std::vector<uint64_t> next_round_;  // per worker: the round it must push next
   std::vector<LateRejection> late_rejections_;

@@ -240,6 +240,180 @@ BP_TARGET_AVX512 void DecodeAvx512(const uint8_t* words, size_t n, float scale, 
   if (full * 64 < n) DecodeScalar(words + full * 8, n - full * 64, scale, out + full * 64, add);
 }
 
+
+// ---- fused server round ---------------------------------------------------------------------
+// The server's aggregate of `count` onebit pushes is never materialised: element i of it is
+//   a = v_0; a = a + v_w (w = 1..count-1); a = a * mult (when mult != 1); q = a (+ e[i])
+// with v_w = bit ? -scale_w : scale_w — exactly the fp32 operations, in the same order, of
+// DecompressToFloat + DecompressAdd + the averaging loop + CompressWithFeedback, so the
+// payload and the residual are bit-identical. Pass 1 packs the signs of q and sums |q| (the
+// 16 lanes of Signs); pass 2 recomputes q and writes e = q - (+-S). Neither pass writes q:
+// pass 1 only reads e.
+
+using PushSigns = OnebitCompressor::PushSigns;
+
+inline float AggregateScalarAt(const PushSigns* p, size_t count, size_t i, float mult,
+                               bool do_mult) {
+  const size_t j = i / 64;
+  const unsigned t = static_cast<unsigned>(i % 64);
+  float a = ((LoadWord(p[0].words, j) >> t) & 1) ? -p[0].scale : p[0].scale;
+  for (size_t w = 1; w < count; ++w) {
+    const float v = ((LoadWord(p[w].words, j) >> t) & 1) ? -p[w].scale : p[w].scale;
+    a = a + v;
+  }
+  if (do_mult) a = a * mult;
+  return a;
+}
+
+void AggSignsScalar(const PushSigns* p, size_t count, size_t begin, size_t n, float mult,
+                      bool do_mult, const float* e, uint8_t* words, double* lanes) {
+  for (size_t j = begin / 64; j * 64 < n; ++j) {
+    uint64_t w = 0;
+    const size_t end = std::min(n, j * 64 + 64);
+    for (size_t i = j * 64; i < end; ++i) {
+      const float a = AggregateScalarAt(p, count, i, mult, do_mult);
+      const float q = e ? a + e[i] : a;
+      lanes[i % kLanes] += static_cast<double>(std::fabs(q));
+      w |= static_cast<uint64_t>(q < 0.0f) << (i - j * 64);
+    }
+    StoreWord(words, j, w);
+  }
+}
+
+void AggResidualScalar(const PushSigns* p, size_t count, size_t begin, size_t n, float mult,
+                       bool do_mult, float* e, const uint8_t* words, float scale) {
+  for (size_t i = begin; i < n; ++i) {
+    const float a = AggregateScalarAt(p, count, i, mult, do_mult);
+    const float q = a + e[i];
+    e[i] = q - (((LoadWord(words, i / 64) >> (i % 64)) & 1) ? -scale : scale);
+  }
+}
+
+BP_TARGET_AVX2 inline __m256 AggregateAvx2(const PushSigns* p, size_t count, const uint64_t* w,
+                                           int c, __m256 mult, bool do_mult) {
+  __m256 a = SignedScaleAvx2(w[0], c, _mm256_set1_ps(p[0].scale), _mm256_set1_ps(-p[0].scale));
+  for (size_t k = 1; k < count; ++k) {
+    a = _mm256_add_ps(
+        a, SignedScaleAvx2(w[k], c, _mm256_set1_ps(p[k].scale), _mm256_set1_ps(-p[k].scale)));
+  }
+  return do_mult ? _mm256_mul_ps(a, mult) : a;
+}
+
+BP_TARGET_AVX2 void AggSignsAvx2(const PushSigns* p, size_t count, size_t n, float mult_s,
+                                 bool do_mult, const float* e, uint8_t* words, uint64_t* wbuf,
+                                 double* lanes) {
+  __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
+                    _mm256_setzero_pd()};
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 mult = _mm256_set1_ps(mult_s);
+  const size_t full = n / 64;
+  for (size_t j = 0; j < full; ++j) {
+    for (size_t k = 0; k < count; ++k) wbuf[k] = LoadWord(p[k].words, j);
+    uint64_t w = 0;
+    for (int c = 0; c < 8; ++c) {
+      const size_t i = j * 64 + c * 8;
+      __m256 q = AggregateAvx2(p, count, wbuf, c, mult, do_mult);
+      if (e) q = _mm256_add_ps(q, _mm256_loadu_ps(e + i));
+      w |= static_cast<uint64_t>(_mm256_movemask_ps(_mm256_cmp_ps(q, zero, _CMP_LT_OQ))) << (c * 8);
+      const __m256 aq = _mm256_and_ps(q, abs_mask);
+      const int k = (c & 1) * 2;
+      acc[k] = _mm256_add_pd(acc[k], _mm256_cvtps_pd(_mm256_castps256_ps128(aq)));
+      acc[k + 1] = _mm256_add_pd(acc[k + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(aq, 1)));
+    }
+    StoreWord(words, j, w);
+  }
+  for (int k = 0; k < 4; ++k) _mm256_storeu_pd(lanes + 4 * k, acc[k]);
+  if (full * 64 < n) AggSignsScalar(p, count, full * 64, n, mult_s, do_mult, e, words, lanes);
+}
+
+BP_TARGET_AVX2 void AggResidualAvx2(const PushSigns* p, size_t count, size_t n, float mult_s,
+                                    bool do_mult, float* e, const uint8_t* words, float scale,
+                                    uint64_t* wbuf) {
+  const __m256 pos = _mm256_set1_ps(scale);
+  const __m256 neg = _mm256_set1_ps(-scale);
+  const __m256 mult = _mm256_set1_ps(mult_s);
+  const size_t full = n / 64;
+  for (size_t j = 0; j < full; ++j) {
+    for (size_t k = 0; k < count; ++k) wbuf[k] = LoadWord(p[k].words, j);
+    const uint64_t w = LoadWord(words, j);
+    for (int c = 0; c < 8; ++c) {
+      const size_t i = j * 64 + c * 8;
+      const __m256 q =
+          _mm256_add_ps(AggregateAvx2(p, count, wbuf, c, mult, do_mult), _mm256_loadu_ps(e + i));
+      _mm256_storeu_ps(e + i, _mm256_sub_ps(q, SignedScaleAvx2(w, c, pos, neg)));
+    }
+  }
+  if (full * 64 < n) AggResidualScalar(p, count, full * 64, n, mult_s, do_mult, e, words, scale);
+}
+
+BP_TARGET_AVX512 inline __m512 AggregateAvx512(const PushSigns* p, size_t count,
+                                               const uint64_t* w, int c, __m512 mult,
+                                               bool do_mult) {
+  __m512 a = _mm512_mask_blend_ps(static_cast<__mmask16>(w[0] >> (c * 16)),
+                                  _mm512_set1_ps(p[0].scale), _mm512_set1_ps(-p[0].scale));
+  for (size_t k = 1; k < count; ++k) {
+    a = _mm512_add_ps(a, _mm512_mask_blend_ps(static_cast<__mmask16>(w[k] >> (c * 16)),
+                                              _mm512_set1_ps(p[k].scale),
+                                              _mm512_set1_ps(-p[k].scale)));
+  }
+  return do_mult ? _mm512_mul_ps(a, mult) : a;
+}
+
+BP_TARGET_AVX512 void AggSignsAvx512(const PushSigns* p, size_t count, size_t n, float mult_s,
+                                     bool do_mult, const float* e, uint8_t* words,
+                                     uint64_t* wbuf, double* lanes) {
+  __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 mult = _mm512_set1_ps(mult_s);
+  const size_t words_n = (n + 63) / 64;
+  for (size_t j = 0; j < words_n; ++j) {
+    for (size_t k = 0; k < count; ++k) wbuf[k] = LoadWord(p[k].words, j);
+    uint64_t w = 0;
+    for (int c = 0; c < 4; ++c) {
+      const size_t i = j * 64 + c * 16;
+      if (i >= n) break;
+      const size_t left = n - i;
+      const __mmask16 lm = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+      // Lanes past n are zero, as the masked loads of Signs make them.
+      __m512 q = _mm512_maskz_mov_ps(lm, AggregateAvx512(p, count, wbuf, c, mult, do_mult));
+      if (e) q = _mm512_add_ps(q, _mm512_maskz_loadu_ps(lm, e + i));
+      const __mmask16 neg = _mm512_cmp_ps_mask(q, zero, _CMP_LT_OQ);
+      w |= static_cast<uint64_t>(neg) << (c * 16);
+      const __m512 aq = _mm512_abs_ps(q);
+      acc0 = _mm512_add_pd(acc0, _mm512_cvtps_pd(_mm512_castps512_ps256(aq)));
+      acc1 = _mm512_add_pd(
+          acc1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(aq), 1))));
+    }
+    StoreWord(words, j, w);
+  }
+  _mm512_storeu_pd(lanes, acc0);
+  _mm512_storeu_pd(lanes + 8, acc1);
+}
+
+BP_TARGET_AVX512 void AggResidualAvx512(const PushSigns* p, size_t count, size_t n, float mult_s,
+                                        bool do_mult, float* e, const uint8_t* words, float scale,
+                                        uint64_t* wbuf) {
+  const __m512 pos = _mm512_set1_ps(scale);
+  const __m512 neg = _mm512_set1_ps(-scale);
+  const __m512 mult = _mm512_set1_ps(mult_s);
+  const size_t words_n = (n + 63) / 64;
+  for (size_t j = 0; j < words_n; ++j) {
+    for (size_t k = 0; k < count; ++k) wbuf[k] = LoadWord(p[k].words, j);
+    const uint64_t w = LoadWord(words, j);
+    for (int c = 0; c < 4; ++c) {
+      const size_t i = j * 64 + c * 16;
+      if (i >= n) break;
+      const size_t left = n - i;
+      const __mmask16 lm = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+      const __m512 q = _mm512_add_ps(AggregateAvx512(p, count, wbuf, c, mult, do_mult),
+                                     _mm512_maskz_loadu_ps(lm, e + i));
+      const __mmask16 m = static_cast<__mmask16>(w >> (c * 16));
+      _mm512_mask_storeu_ps(e + i, lm, _mm512_sub_ps(q, _mm512_mask_blend_ps(m, pos, neg)));
+    }
+  }
+}
+
 double Signs(IsaLevel isa, const float* a, const float* b, size_t n, uint8_t* words,
              float* q_out = nullptr) {
   switch (isa) {
@@ -316,7 +490,7 @@ size_t OnebitCompressor::EncodeBodyWithFeedbackF32(const float* g, float* e, siz
   return BodyBytes(n);
 }
 
-Status OnebitCompressor::DecodeBody(ByteSpan body, size_t n, DType, float* out, bool add) {
+Status OnebitCompressor::ValidateBody(ByteSpan body, size_t n, DType) {
   const size_t want = BodyBytes(n);
   if (body.size() != want) {
     return DataLossError("onebit body is " + std::to_string(body.size()) + " bytes; " +
@@ -339,8 +513,62 @@ Status OnebitCompressor::DecodeBody(ByteSpan body, size_t n, DType, float* out, 
                            std::to_string(n - 1));
     }
   }
-  Decode(isa(), words, n, scale, out, add);
   return Status::Ok();
+}
+
+Status OnebitCompressor::DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) {
+  BP_RETURN_IF_ERROR(ValidateBody(body, n, dtype));
+  float scale;
+  std::memcpy(&scale, body.data(), 4);
+  Decode(isa(), body.data() + 4, n, scale, out, add);
+  return Status::Ok();
+}
+
+size_t OnebitCompressor::AggregateBody(const ByteSpan* bodies, size_t count, size_t n, DType,
+                                       float mult, float* e, const CompressContext&,
+                                       uint8_t* body) {
+  pushes_.resize(count);
+  push_words_.resize(count);
+  for (size_t w = 0; w < count; ++w) {
+    std::memcpy(&pushes_[w].scale, bodies[w].data(), 4);
+    pushes_[w].words = bodies[w].data() + 4;
+  }
+  const bool do_mult = mult != 1.0f;
+  uint8_t* words = body + 4;
+  double lanes[kLanes] = {};
+  switch (isa()) {
+    case IsaLevel::kAvx512:
+      AggSignsAvx512(pushes_.data(), count, n, mult, do_mult, e, words, push_words_.data(), lanes);
+      break;
+    case IsaLevel::kAvx2:
+      AggSignsAvx2(pushes_.data(), count, n, mult, do_mult, e, words, push_words_.data(), lanes);
+      break;
+    case IsaLevel::kScalar:
+      AggSignsScalar(pushes_.data(), count, 0, n, mult, do_mult, e, words, lanes);
+      break;
+  }
+  const float scale = ScaleFromSum(ReduceLanes(lanes), n);
+  std::memcpy(body, &scale, 4);
+  if (e != nullptr) {
+    if (std::isnan(scale)) {  // non-finite aggregate: the residual restarts from zero
+      std::memset(e, 0, n * sizeof(float));
+    } else {
+      switch (isa()) {
+        case IsaLevel::kAvx512:
+          AggResidualAvx512(pushes_.data(), count, n, mult, do_mult, e, words, scale,
+                            push_words_.data());
+          break;
+        case IsaLevel::kAvx2:
+          AggResidualAvx2(pushes_.data(), count, n, mult, do_mult, e, words, scale,
+                          push_words_.data());
+          break;
+        case IsaLevel::kScalar:
+          AggResidualScalar(pushes_.data(), count, 0, n, mult, do_mult, e, words, scale);
+          break;
+      }
+    }
+  }
+  return BodyBytes(n);
 }
 
 std::unique_ptr<Compressor> NewOnebitCompressor(const v1::OnebitParams& params, IsaLevel isa) {

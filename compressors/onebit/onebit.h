@@ -21,8 +21,16 @@
 // sign bits; the decompressed tensor is never materialised. With fp32 input the sum g + e is
 // formed inside both passes and never written separately.
 //
+// Server round (FusesServerRound, both algorithms): AggregateBody computes the aggregate of the
+// pushes element by element from their sign bits inside the two passes (pass 1 signs + |q|,
+// pass 2 the residual), so the server never materialises it: bit-identical to decompressing,
+// averaging and compressing, with two passes over the residual instead of six over
+// accumulator and residual.
+//
 // Thread-safety: one thread per instance (compressors/compressor.h).
 #pragma once
+
+#include <vector>
 
 #include "compressors/compressor.h"
 
@@ -44,6 +52,17 @@ class OnebitCompressor final : public CompressorBase {
   size_t EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n, const CompressContext& ctx,
                                    uint8_t* body) override;
   Status DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) override;
+  Status ValidateBody(ByteSpan body, size_t n, DType dtype) override;
+  bool FusesServerRound(bool) const override { return true; }
+  size_t AggregateBody(const ByteSpan* bodies, size_t count, size_t n, DType dtype, float mult,
+                       float* residual, const CompressContext& ctx, uint8_t* body) override;
+
+ public:
+  // One push of a fused server round (AggregateBody): its sign words and scale.
+  struct PushSigns {
+    const uint8_t* words;
+    float scale;
+  };
 
  private:
   float ScaleFromSum(double sum_abs, size_t n) const;
@@ -51,6 +70,8 @@ class OnebitCompressor final : public CompressorBase {
   void UpdateResidual(float* q, size_t n, const uint8_t* words, float scale);
 
   bool scaled_;
+  std::vector<PushSigns> pushes_;     // AggregateBody's view of the pushes
+  std::vector<uint64_t> push_words_;  // their sign words at the current position
 };
 
 }  // namespace bitpush::compressors

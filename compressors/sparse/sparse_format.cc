@@ -17,28 +17,6 @@ Status Bad(std::string_view name, const std::string& what) {
   return DataLossError(std::string(name) + ": " + what);
 }
 
-// Decodes value j of the values region.
-inline float LoadValue(const uint8_t* values, size_t j, DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: {
-      float f;
-      std::memcpy(&f, values + 4 * j, 4);
-      return f;
-    }
-    case DType::kFloat16: {
-      uint16_t h;
-      std::memcpy(&h, values + 2 * j, 2);
-      return HalfToFloat(h);
-    }
-    case DType::kBFloat16: {
-      uint16_t b;
-      std::memcpy(&b, values + 2 * j, 2);
-      return Bf16ToFloat(b);
-    }
-  }
-  return 0.0f;
-}
-
 }  // namespace
 
 uint64_t SparseSize::KeepCount(uint64_t n) const {
@@ -57,8 +35,7 @@ uint8_t* WriteSparseHead(const uint32_t* indices, size_t k, uint8_t* body) {
   return body + kSparseCountBytes + k * kSparseIndexBytes;
 }
 
-Status DecodeSparseBody(std::string_view name, ByteSpan body, size_t n, DType dtype, float* out,
-                        bool add) {
+Status ValidateSparseBody(std::string_view name, ByteSpan body, size_t n, DType dtype) {
   if (body.size() < kSparseCountBytes) {
     return Bad(name, "body is " + std::to_string(body.size()) +
                          " bytes, too short for its 4-byte element count");
@@ -77,7 +54,6 @@ Status DecodeSparseBody(std::string_view name, ByteSpan body, size_t n, DType dt
                          std::string(DTypeName(dtype)) + " values need " + std::to_string(want));
   }
   const uint8_t* idx = p + kSparseCountBytes;
-  const uint8_t* values = idx + k * kSparseIndexBytes;
 
   // Validate every index before touching `out`. Wire indices are int32: a value >= 2^31 is
   // negative and out of range like any index >= n.
@@ -97,12 +73,21 @@ Status DecodeSparseBody(std::string_view name, ByteSpan body, size_t n, DType dt
     }
     prev = raw;
   }
+  return Status::Ok();
+}
 
+Status DecodeSparseBody(std::string_view name, ByteSpan body, size_t n, DType dtype, float* out,
+                        bool add) {
+  BP_RETURN_IF_ERROR(ValidateSparseBody(name, body, n, dtype));
+  const uint8_t* p = body.data();
+  const uint64_t k = LoadU32(p);
+  const uint8_t* idx = p + kSparseCountBytes;
+  const uint8_t* values = idx + k * kSparseIndexBytes;
   if (add) {
-    for (uint64_t j = 0; j < k; ++j) out[LoadU32(idx + 4 * j)] += LoadValue(values, j, dtype);
+    for (uint64_t j = 0; j < k; ++j) out[LoadU32(idx + 4 * j)] += LoadSparseValue(values, j, dtype);
   } else {
     if (n) std::memset(out, 0, n * sizeof(float));
-    for (uint64_t j = 0; j < k; ++j) out[LoadU32(idx + 4 * j)] = LoadValue(values, j, dtype);
+    for (uint64_t j = 0; j < k; ++j) out[LoadU32(idx + 4 * j)] = LoadSparseValue(values, j, dtype);
   }
   return Status::Ok();
 }

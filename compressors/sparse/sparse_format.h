@@ -82,6 +82,31 @@ inline float StoreSparseValue(float v, DType dtype, size_t j, uint8_t* values) {
   return v;
 }
 
+// Value j of the values region, decoded to float (exact for every dtype).
+inline float LoadSparseValue(const uint8_t* values, size_t j, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: {
+      float f;
+      std::memcpy(&f, values + 4 * j, 4);
+      return f;
+    }
+    case DType::kFloat16: {
+      uint16_t h;
+      std::memcpy(&h, values + 2 * j, 2);
+      return HalfToFloat(h);
+    }
+    case DType::kBFloat16: {
+      uint16_t b;
+      std::memcpy(&b, values + 2 * j, 2);
+      return Bf16ToFloat(b);
+    }
+  }
+  return 0.0f;
+}
+
+// The checks of DecodeSparseBody alone (same statuses), writing nothing.
+Status ValidateSparseBody(std::string_view name, ByteSpan body, size_t n, DType dtype);
+
 // Validates `body` as a sparse body for n elements of dtype — length, k <= n, every index in
 // range and strictly increasing — and only then writes out[0..n) = C(x) (add == false) or
 // adds C(x) into out (add == true). On a bad body returns DataLoss with a message starting

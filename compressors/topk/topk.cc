@@ -218,6 +218,76 @@ size_t TopkCompressor::EncodeBodyWithFeedbackF32(const float* g, float* e, size_
   return SparseBodyBytes(k, DType::kFloat32);
 }
 
+Status TopkCompressor::ValidateBody(ByteSpan body, size_t n, DType dtype) {
+  return ValidateSparseBody("topk", body, n, dtype);
+}
+
+size_t TopkCompressor::AggregateBody(const ByteSpan* bodies, size_t count, size_t n, DType dtype,
+                                     float mult, float* e, const CompressContext& ctx,
+                                     uint8_t* body) {
+  const bool do_mult = mult != 1.0f;
+  // q = a + e where some push holds the index (a built exactly as DecompressToFloat of push 0
+  // then DecompressAdd of the others, in rank order, would build it).
+  auto finish = [&](uint32_t i, float a) {
+    if (do_mult) a = a * mult;
+    e[i] = a + e[i];
+  };
+  auto head = [&](size_t w, uint32_t* k, const uint8_t** idx, const uint8_t** values) {
+    std::memcpy(k, bodies[w].data(), 4);
+    *idx = bodies[w].data() + kSparseCountBytes;
+    *values = *idx + size_t{*k} * kSparseIndexBytes;
+  };
+  auto index_at = [](const uint8_t* idx, size_t j) {
+    uint32_t i;
+    std::memcpy(&i, idx + 4 * j, 4);
+    return i;
+  };
+  if (count <= 2) {  // the common case: a two-way merge of the sorted index lists
+    uint32_t k0 = 0, k1 = 0;
+    const uint8_t *idx0, *val0, *idx1 = nullptr, *val1 = nullptr;
+    head(0, &k0, &idx0, &val0);
+    if (count == 2) head(1, &k1, &idx1, &val1);
+    size_t a = 0, b = 0;
+    while (a < k0 || b < k1) {
+      const uint32_t i0 = a < k0 ? index_at(idx0, a) : UINT32_MAX;
+      const uint32_t i1 = b < k1 ? index_at(idx1, b) : UINT32_MAX;
+      if (i0 <= i1) {
+        float v = LoadSparseValue(val0, a++, dtype);
+        if (i0 == i1) v = v + LoadSparseValue(val1, b++, dtype);
+        finish(i0, v);
+      } else {
+        float v = 0.0f;  // push 0 does not hold it: the accumulator's zero
+        v = v + LoadSparseValue(val1, b++, dtype);
+        finish(i1, v);
+      }
+    }
+  } else {
+    entries_.clear();
+    for (size_t w = 0; w < count; ++w) {
+      uint32_t k = 0;
+      const uint8_t *idx, *values;
+      head(w, &k, &idx, &values);
+      for (size_t j = 0; j < k; ++j) {
+        entries_.push_back(
+            {index_at(idx, j), static_cast<uint32_t>(w), LoadSparseValue(values, j, dtype)});
+      }
+    }
+    std::sort(entries_.begin(), entries_.end(), [](const PushEntry& x, const PushEntry& y) {
+      return x.index != y.index ? x.index < y.index : x.rank < y.rank;
+    });
+    for (size_t j = 0; j < entries_.size();) {
+      const uint32_t i = entries_[j].index;
+      float v = 0.0f;
+      if (entries_[j].rank == 0) {
+        v = entries_[j++].value;
+      }
+      for (; j < entries_.size() && entries_[j].index == i; ++j) v = v + entries_[j].value;
+      finish(i, v);
+    }
+  }
+  return EncodeBodyWithFeedback(e, n, DType::kFloat32, ctx, body);
+}
+
 Status TopkCompressor::DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) {
   return DecodeSparseBody("topk", body, n, dtype, out, add);
 }

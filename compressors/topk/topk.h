@@ -31,6 +31,14 @@
 // key == T. The filter pass runs at about memory speed (AVX-512: compare into a mask,
 // VPCOMPRESSD indices and keys; AVX2: movemask + permutation table).
 //
+// Server round (FusesServerRound, Algorithm 4): the pushes are sparse, so the aggregate is
+// zero outside the union U of their indices and q = a + e equals e there. AggregateBody adds
+// the aggregate into the residual at U only (merging the pushes' sorted index lists; at each
+// index a = v_0 or +0, + v_w in rank order, * 1/n — the fp32 operations of the unfused path),
+// then selects on e with the read-only filter: one read of e instead of a zeroed accumulator,
+// an averaging pass and the fused add pass. Bit-identical to the unfused path (up to the sign
+// of a zero residual entry untouched by any push, which is -0.0 only after a restore).
+//
 // Limits: at most kMaxSparseElements (2^31 - 1) elements (int32 wire indices); larger
 // tensors are refused with InvalidArgument (MaxElements()).
 //
@@ -68,8 +76,20 @@ class TopkCompressor final : public CompressorBase {
   size_t EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n, const CompressContext& ctx,
                                    uint8_t* body) override;
   Status DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) override;
+  Status ValidateBody(ByteSpan body, size_t n, DType dtype) override;
+  // Algorithm 4 only: without a residual the server takes the unfused path.
+  bool FusesServerRound(bool with_residual) const override { return with_residual; }
+  size_t AggregateBody(const ByteSpan* bodies, size_t count, size_t n, DType dtype, float mult,
+                       float* residual, const CompressContext& ctx, uint8_t* body) override;
 
  private:
+  // One element of some push in a fused server round: sorted by (index, rank).
+  struct PushEntry {
+    uint32_t index;
+    uint32_t rank;
+    float value;
+  };
+
   // Selects the top-k of q into candidates_[0..k), ascending. With g == nullptr, q is `data`;
   // otherwise q = g + data, and data receives q (the fused error-feedback pass).
   const uint32_t* Select(const float* g, float* data, size_t n, size_t k);
@@ -90,6 +110,7 @@ class TopkCompressor final : public CompressorBase {
   std::vector<uint32_t> work_;              // keys of the k-th key's bucket, for nth_element
   std::vector<uint32_t> sample_;            // sampled keys
   std::vector<uint32_t> sample_blocks_;     // start of each sampled block, for sample_n_
+  std::vector<PushEntry> entries_;          // AggregateBody's merged pushes (> 2 pushes)
   size_t sample_n_ = 0;
   size_t sample_rank_ = 0;  // 1-based rank in sample_ of the current threshold
   int last_filter_passes_ = 0;
