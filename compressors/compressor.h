@@ -158,6 +158,13 @@ class CompressorBase : public Compressor {
   // Returns DataLoss naming the problem, leaving `out` untouched, if the body is bad.
   virtual Status DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) = 0;
 
+  // Decompress's decode into the caller's fp32 tensor (add == false): same contract and values
+  // as DecodeBody, but the output is a tensor that nobody reads right away (unlike the server's
+  // accumulator), so a compressor may use non-temporal stores. Default: DecodeBody.
+  virtual Status DecodeBodyToTensor(ByteSpan body, size_t n, DType dtype, float* out) {
+    return DecodeBody(body, n, dtype, out, false);
+  }
+
   // The validation half of DecodeBody (same checks, same messages), writing nothing.
   // Default: Unimplemented (compressors that fuse the server round implement it).
   virtual Status ValidateBody(ByteSpan body, size_t n, DType dtype);

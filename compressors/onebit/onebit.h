@@ -21,6 +21,9 @@
 // sign bits; the decompressed tensor is never materialised. With fp32 input the sum g + e is
 // formed inside both passes and never written separately.
 //
+// Decompress into an fp32 tensor of 64 Ki elements or more uses non-temporal stores (AVX-512):
+// the output is overwritten whole, so its lines need not be read first.
+//
 // Server round (FusesServerRound, both algorithms): AggregateBody computes the aggregate of the
 // pushes element by element from their sign bits inside the two passes (pass 1 signs + |q|,
 // pass 2 the residual), so the server never materialises it: bit-identical to decompressing,
@@ -53,6 +56,7 @@ class OnebitCompressor final : public CompressorBase {
                                    uint8_t* body) override;
   Status DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) override;
   Status ValidateBody(ByteSpan body, size_t n, DType dtype) override;
+  Status DecodeBodyToTensor(ByteSpan body, size_t n, DType dtype, float* out) override;
   bool FusesServerRound(bool) const override { return true; }
   size_t AggregateBody(const ByteSpan* bodies, size_t count, size_t n, DType dtype, float mult,
                        float* residual, const CompressContext& ctx, uint8_t* body) override;

@@ -108,5 +108,33 @@ TEST(ResidualState, RestoreChecksSize) {
   for (float v : s.residual()) EXPECT_EQ(v, 0.0f);
 }
 
+// Decompress into a large fp32 tensor takes the non-temporal path (AVX-512, from 64 Ki
+// elements): at every alignment of the output, and with sign words straddling its vectors, the
+// values equal DecompressToFloat's and nothing outside the tensor is written.
+TEST(Onebit, StreamingDecompressMatchesAtEveryAlignment) {
+  for (IsaLevel isa : SupportedIsaLevels()) {
+    auto c = Make("onebit", isa);
+    for (size_t n : {size_t{65536}, size_t{65536 + 37}, size_t{200003}}) {
+      const std::vector<float> x = RandomFloats(n, n);
+      std::vector<uint8_t> payload(c->MaxCompressedBytes(n, DType::kFloat32));
+      auto bytes = c->Compress(ConstTensorView(x.data(), n), {}, {payload.data(), payload.size()});
+      ASSERT_TRUE(bytes.ok());
+      payload.resize(*bytes);
+      std::vector<float> want(n);
+      ASSERT_TRUE(c->DecompressToFloat({payload.data(), payload.size()}, {want.data(), n}).ok());
+      for (size_t offset = 0; offset < 17; ++offset) {
+        std::vector<float> buf(n + 40, 7.0f);
+        float* out = buf.data() + offset;
+        ASSERT_TRUE(
+            c->Decompress({payload.data(), payload.size()}, TensorView(out, n)).ok());
+        ASSERT_EQ(0, std::memcmp(out, want.data(), n * 4))
+            << IsaLevelName(isa) << " n " << n << " offset " << offset;
+        for (size_t i = 0; i < offset; ++i) ASSERT_EQ(buf[i], 7.0f);
+        for (size_t i = offset + n; i < buf.size(); ++i) ASSERT_EQ(buf[i], 7.0f);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace bitpush::compressors
