@@ -14,6 +14,10 @@ BITPUSH_BIN_DIR            where bitpush-scheduler/-server/-worker live (LocalCl
                            default: the build tree this package was built in)
 BITPUSH_GPU                the CUDA device of this process (the YAML's gpus of its node,
                            by local rank); init() makes it torch's current device
+BITPUSH_ROLE, BITPUSH_SCHEDULER, BITPUSH_RANK, BITPUSH_SIZE
+                           informational, set by the launcher: "worker", the scheduler's
+                           address, this process's global rank and the process count (what
+                           bitpush.torch.rank()/size() return after init)
 =========================  ==========================================================
 
 Arguments given to ``bitpush.torch.init`` override these.
@@ -30,6 +34,10 @@ MODE = "BITPUSH_MODE"
 DAEMON_SOCKET = "BITPUSH_DAEMON_SOCKET"
 BIN_DIR = "BITPUSH_BIN_DIR"
 GPU = "BITPUSH_GPU"
+ROLE = "BITPUSH_ROLE"
+SCHEDULER = "BITPUSH_SCHEDULER"
+RANK = "BITPUSH_RANK"
+SIZE = "BITPUSH_SIZE"
 
 MODES = ("embedded", "daemon")
 

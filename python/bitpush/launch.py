@@ -182,6 +182,7 @@ class _Launch:
         names = _local_names()
         local = lambda url: _is_local(_host_of(url), wanted, names)  # noqa: E731
         differ = cfg["processes_differ"]
+        counts = [a.local_size or p or 1 for p in cfg["worker_processes"]]
         plan = []
         if local(cfg["scheduler"]):
             plan.append(("scheduler", "role",
@@ -195,7 +196,7 @@ class _Launch:
         for n, url in enumerate(cfg["workers"]):
             if not local(url):
                 continue
-            local_size = a.local_size or cfg["worker_processes"][n] or 1
+            local_size = counts[n]
             gpus = cfg["worker_gpus"][n]
             # A daemon sums the node's processes; with different counts per node every node
             # needs one (it weighs the processes equally; docs/config.md).
@@ -214,7 +215,11 @@ class _Launch:
                 env.update({_env.CONFIG: self.config_path, _env.WORKER_RANK: str(n),
                             _env.LOCAL_RANK: str(r), _env.LOCAL_SIZE: str(local_size),
                             _env.MODE: "daemon" if daemon else "embedded",
-                            _env.BIN_DIR: a.bin_dir})
+                            _env.BIN_DIR: a.bin_dir,
+                            # Informational (init() does not need them): for scripts that
+                            # want their identity before init, e.g. to log from rank 0 only.
+                            _env.ROLE: "worker", _env.SCHEDULER: cfg["scheduler"],
+                            _env.RANK: str(sum(counts[:n]) + r), _env.SIZE: str(sum(counts))})
                 if daemon:
                     env[_env.DAEMON_SOCKET] = socket_path
                 if gpus:

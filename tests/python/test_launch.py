@@ -146,6 +146,9 @@ bp.init()
 r = bp.rank()
 avg = bp.push_pull(torch.full((16,), float(r + 1)), "t")
 total = bp.push_pull(torch.full((4,), float(r + 1)), "s", average=False)
+assert os.environ["BITPUSH_RANK"] == str(r) and os.environ["BITPUSH_SIZE"] == str(bp.size())
+assert os.environ["BITPUSH_ROLE"] == "worker"
+assert os.environ["BITPUSH_SCHEDULER"].startswith("tcp://127.0.0.1:")
 print("rank %d of %d node %d.%d avg=%.3f sum=%.1f gpu=%s mode=%s socket=%s" % (
     r, bp.size(), bp.node_rank(), bp.local_rank(), avg[0].item(), total[0].item(),
     os.environ.get("BITPUSH_GPU"), bp.mode(),
