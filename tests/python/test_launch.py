@@ -220,6 +220,45 @@ def test_host_form_unequal_processes_refuses_embedded_and_override(tmp):
         bp.init(cfg, rank=1, mode="embedded")
 
 
+def test_two_launchers_split_by_host(tmp):
+    """A multi-host YAML on loopback aliases: one launcher per "machine" (--host) starts only
+    that machine's roles — the first the scheduler and servers, the second the worker nodes and
+    their training processes — and both end cleanly when training is done."""
+    ports = free_ports(5)
+    cfg = os.path.join(tmp, "cluster.yaml")
+    with open(cfg, "w") as f:
+        f.write("cluster:\n  scheduler: 127.0.0.2:%d\n" % ports[0])
+        f.write("  servers: {hosts: [127.0.0.2], count: 2, port: %d}\n" % ports[1])
+        f.write("  workers:\n    - {host: 127.0.0.3, port: %d, processes: 2}\n" % ports[3])
+        f.write("    - {host: 127.0.0.4, port: %d, processes: 2}\n" % ports[4])
+        f.write("  heartbeat_interval_ms: 100\n  heartbeat_timeout_ms: 1000\n"
+                "  startup_timeout_s: 30\n")
+        f.write("server:\n  engine_threads: 1\n  numa: off\n")
+        f.write("worker:\n  compress_threads: 1\n  op_timeout_s: 30\n  numa: off\n"
+                "  socket: %s/w{rank}.sock\n" % tmp)
+    ps = subprocess.Popen(_launcher() + ["launch", "--config", cfg, "--host", "127.0.0.2"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True)
+    try:
+        gpu = _run(["launch", "--config", cfg, "--host", "127.0.0.3", "--host", "127.0.0.4",
+                    "--", PY, "-c", PUSH_PULL, tmp])
+        ps_out, _ = ps.communicate(timeout=60)
+    finally:
+        if ps.poll() is None:
+            ps.kill()
+            ps.communicate()
+    assert gpu.returncode == 0, gpu.stdout
+    assert ps.returncode == 0, ps_out
+    assert "bitpush launch: starting scheduler, server 0, server 1\n" in ps_out, ps_out
+    assert ("bitpush launch: starting worker 0, train 0.0, train 0.1, worker 1, train 1.0, "
+            "train 1.1\n") in gpu.stdout, gpu.stdout
+    for r in range(4):
+        assert "rank %d of 4 ok avg=2.50" % r in gpu.stdout, gpu.stdout
+    assert re.search(r"^bitpush launch: 3 processes, all exited 0 in", ps_out, re.M), ps_out
+    assert re.search(r"^bitpush launch: 6 processes, all exited 0 in", gpu.stdout, re.M), \
+        gpu.stdout
+
+
 def test_failing_rank_stops_everything_and_is_named(tmp):
     cfg = _write_yaml(tmp, workers=2)
     t0 = time.monotonic()
