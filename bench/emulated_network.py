@@ -6,6 +6,10 @@ bridge in a hub namespace. Runs the real binaries inside the namespaces. Needs r
     sudo /usr/bin/python3 bench/emulated_network.py --workers 2 --servers 2 --mb 100 \
         --gbit 1 [--delay-ms D] [--loss-pct P] [--train] [--out bench-out/emulated-network]
 
+--train also trains examples/train_digits.py and examples/train_charlm.py across the same
+network, each with LANS uncompressed and CLAN + onebit (error feedback both), and plots their
+loss against wall-clock time.
+
 Topology (docs/emulated-network.md): namespaces PREFIX-hub (bridge br0), PREFIX-sched,
 PREFIX-s<i>, PREFIX-w<i>; a veth pair per node, created inside the hub namespace (the host's
 interfaces are never touched), the node end renamed eth0 and moved into the node's
@@ -226,7 +230,7 @@ def tail(path, n=15):
         return ""
 
 
-def write_yaml(path, net, servers, workers, spec, ef, min_compress_bytes, timeout_s):
+def write_yaml(path, net, servers, workers, spec, ef, min_compress_bytes, timeout_s, tuning):
     y = ["cluster:",
          "  scheduler: %s:9000" % net.ip("sched"),
          "  servers: [%s]" % ", ".join("%s:9100" % net.ip("s%d" % i) for i in range(servers)),
@@ -239,8 +243,12 @@ def write_yaml(path, net, servers, workers, spec, ef, min_compress_bytes, timeou
          "  error_feedback: %s" % ef,
          "  min_compress_bytes: %d" % min_compress_bytes,
          "  partition_bytes: 4096000",
+         "server:",
+         "  engine_threads: %s" % (tuning.engine_threads or "auto"),
+         "  numa: %s" % tuning.server_numa,
          "worker:",
-         "  op_timeout_s: %d" % timeout_s]
+         "  op_timeout_s: %d" % timeout_s,
+         "  compress_threads: %s" % (tuning.compress_threads or "auto")]
     with open(path, "w") as f:
         f.write("\n".join(y) + "\n")
 
@@ -262,7 +270,7 @@ def run_pushpull(args, net, spec):
     ef = error_feedback_for(spec)
     tag = re.sub(r"[^A-Za-z0-9]+", "_", spec)
     yaml = os.path.join(args.work, tag + ".yaml")
-    write_yaml(yaml, net, args.servers, args.workers, spec, ef, 1 << 20, args.timeout_s)
+    write_yaml(yaml, net, args.servers, args.workers, spec, ef, 1 << 20, args.timeout_s, args)
     procs = Procs()
     t0 = time.time()
     try:
@@ -314,11 +322,20 @@ def run_pushpull(args, net, spec):
 LOSS_RE = re.compile(r"loss=([0-9.]+)")
 
 
-def run_training(args, net, optimizer, compression):
+# The examples --train runs: script, and its length arguments (docs/emulated-network.md).
+EXAMPLES = {
+    "digits": ("train_digits.py", lambda args: ["--epochs", str(args.train_epochs)]),
+    "charlm": ("train_charlm.py", lambda args: ["--steps", str(args.charlm_steps)]),
+}
+TRAIN_RUNS = (("lans", "none"), ("clan", "onebit"))
+
+
+def run_training(args, net, example, optimizer, compression):
     ef = "both" if optimizer == "clan" and compression != "none" else "none"
-    tag = "train-%s-%s" % (optimizer, compression)
+    tag = "train-%s-%s-%s" % (example, optimizer, compression)
+    script, length_args = EXAMPLES[example]
     yaml = os.path.join(args.work, tag + ".yaml")
-    write_yaml(yaml, net, args.servers, args.workers, compression, ef, 4096, args.timeout_s)
+    write_yaml(yaml, net, args.servers, args.workers, compression, ef, 4096, args.timeout_s, args)
     procs = Procs()
     curve = []
     summary_path = os.path.join(args.work, tag + ".json")
@@ -332,9 +349,9 @@ def run_training(args, net, optimizer, compression):
                         "BITPUSH_LOCAL_RANK": "0", "BITPUSH_LOCAL_SIZE": "1",
                         "BITPUSH_MODE": "embedded", "BITPUSH_BIN_DIR": args.bin_dir,
                         "PYTHONPATH": args.python_dir, "OMP_NUM_THREADS": "1"})
-            argv = ["/usr/bin/python3", os.path.join(REPO, "examples", "train_digits.py"),
+            argv = ["/usr/bin/python3", os.path.join(REPO, "examples", script),
                     "--optimizer", optimizer, "--compression", compression,
-                    "--epochs", str(args.train_epochs), "--json", summary_path]
+                    "--json", summary_path] + length_args(args)
             p = procs.start("trainer %d" % w, net.ns("w%d" % w), argv,
                             os.path.join(args.work, "%s-worker%d.log" % (tag, w)), env=env,
                             capture=True)
@@ -356,6 +373,7 @@ def run_training(args, net, optimizer, compression):
         procs.kill_all()
     with open(summary_path) as f:
         s = json.load(f)
+    s["example"] = example
     s["step_ms"] = s["wall_time_s"] / max(1, s["steps"]) * 1e3
     s["loss_curve"] = [{"t_s": round(t, 3), "loss": l} for t, l in curve]
     if s.get("final_train_loss") is not None and s["loss_curve"]:
@@ -392,21 +410,34 @@ def plot(out_dir, rows, training, title):
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     if training:
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        for t in training:
-            c = t["loss_curve"]
-            ax.plot([p["t_s"] for p in c], [p["loss"] for p in c], marker=".",
-                    label="%s + %s (acc %.1f%%)" % (t["optimizer"], t["compression"],
-                                                    t["test_accuracy"]))
-        ax.set_xlabel("wall-clock time since the trainers started (s)")
-        ax.set_ylabel("training loss (running mean, rank 0)")
-        ax.set_title("digits MLP, " + title, fontsize=9)
-        ax.legend()
+        examples = [e for e in EXAMPLES if any(t["example"] == e for t in training)]
+        fig, axes = plt.subplots(1, len(examples), figsize=(6.5 * len(examples), 4.5),
+                                 squeeze=False)
+        names = {"digits": "digits MLP", "charlm": "char-LM transformer"}
+        for ax, example in zip(axes[0], examples):
+            for t in training:
+                if t["example"] != example:
+                    continue
+                c = t["loss_curve"]
+                ax.plot([p["t_s"] for p in c], [p["loss"] for p in c], marker=".",
+                        label="%s + %s (%s)" % (t["optimizer"], t["compression"],
+                                                quality(t)))
+            ax.set_xlabel("wall-clock time since the trainers started (s)")
+            ax.set_ylabel("training loss (running mean, rank 0)")
+            ax.set_title("%s, %s" % (names[example], title), fontsize=9)
+            ax.legend()
         fig.tight_layout()
         paths.append(os.path.join(out_dir, "train_loss.png"))
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
     return paths
+
+
+def quality(t):
+    """The example's end-of-training metric, as text."""
+    if t.get("test_accuracy") is not None:
+        return "test acc %.2f%%" % t["test_accuracy"]
+    return "val loss %.3f nats/byte" % t["val_loss"]
 
 
 def table(rows, full_size):
@@ -441,9 +472,13 @@ def parse_args(argv=None):
     p.add_argument("--delay-ms", type=float, default=0.0, help="netem delay per node link")
     p.add_argument("--loss-pct", type=float, default=0.0, help="netem loss per node link")
     p.add_argument("--train", action="store_true",
-                   help="also train the digits example: LANS uncompressed vs CLAN + onebit")
+                   help="also train the examples: LANS uncompressed vs CLAN + onebit")
+    p.add_argument("--train-examples", default="digits,charlm",
+                   help="which examples --train runs (comma-separated: digits, charlm)")
     p.add_argument("--train-epochs", type=int, default=60,
                    help="digits epochs per run (tqdm reports the loss once a second)")
+    p.add_argument("--charlm-steps", type=int, default=300,
+                   help="char-LM steps per run (about 0.2 s a step on 2 shared cores)")
     p.add_argument("--out", default="bench-out/emulated-network")
     p.add_argument("--prefix", default="bpnet-%d" % os.getpid(),
                    help="namespace name prefix (default bpnet-<pid>)")
@@ -451,11 +486,21 @@ def parse_args(argv=None):
     p.add_argument("--python-dir", default=os.path.join(REPO, "build", "python"))
     p.add_argument("--timeout-s", type=int, default=300, help="per cluster run")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--compress-threads", type=int, default=0,
+                   help="worker.compress_threads of every worker (0 = auto)")
+    p.add_argument("--engine-threads", type=int, default=0,
+                   help="server.engine_threads of every server (0 = auto)")
+    p.add_argument("--server-numa", default="auto", choices=("auto", "on", "off"),
+                   help="server.numa (auto/on pin each engine thread to a core)")
     args = p.parse_args(argv)
     if not 1 <= args.servers <= 80 or not 1 <= args.workers <= 150:
         p.error("--servers 1..80, --workers 1..150 (addresses in %s0/24)" % SUBNET)
     if not re.match(r"^[A-Za-z0-9_.-]{1,40}$", args.prefix):
         p.error("--prefix: letters, digits, _ . - only, at most 40")
+    args.train_examples = [e for e in args.train_examples.split(",") if e]
+    for e in args.train_examples:
+        if e not in EXAMPLES:
+            p.error("--train-examples: unknown example '%s' (digits, charlm)" % e)
     args.bin_dir = os.path.abspath(args.bin_dir)
     args.python_dir = os.path.abspath(args.python_dir)
     return args
@@ -498,11 +543,12 @@ def main(argv=None):
             rows.append(run_pushpull(args, net, spec))
             log("  median round %.1f ms" % rows[-1]["median_round_ms"])
         if args.train:
-            for opt, comp in (("lans", "none"), ("clan", "onebit")):
-                log("training digits: %s + %s" % (opt, comp))
-                training.append(run_training(args, net, opt, comp))
-                log("  %.1f ms/step, accuracy %.2f%%"
-                    % (training[-1]["step_ms"], training[-1]["test_accuracy"]))
+            for example in args.train_examples:
+                for opt, comp in TRAIN_RUNS:
+                    log("training %s: %s + %s" % (example, opt, comp))
+                    training.append(run_training(args, net, example, opt, comp))
+                    log("  %.1f ms/step, %s" % (training[-1]["step_ms"],
+                                                quality(training[-1])))
     except Interrupted as e:
         log("interrupted (%s); cleaning up" % e)
         return 130
@@ -542,11 +588,12 @@ def main(argv=None):
     print("### push_pull, " + title + "\n")
     print(table(rows, full_size))
     if training:
-        print("\n| training (digits) | step (ms) | test accuracy | pushed MB |\n|---|---:|---:|---:|")
+        print("\n| training | steps | step (ms) | wall (s) | result | pushed MB |\n"
+              "|---|---:|---:|---:|---|---:|")
         for t in training:
-            print("| %s + %s | %.1f | %.2f%% | %.2f |" % (t["optimizer"], t["compression"],
-                                                        t["step_ms"], t["test_accuracy"],
-                                                        t["bytes_pushed"] / 1e6))
+            print("| %s: %s + %s | %d | %.1f | %.1f | %s | %.2f |" % (
+                t["example"], t["optimizer"], t["compression"], t["steps"], t["step_ms"],
+                t["wall_time_s"], quality(t), t["bytes_pushed"] / 1e6))
     print("\nresults: %s; plots: %s" % (os.path.join(args.out, "results.json"),
                                         ", ".join(plots) or "none"))
     return 0
