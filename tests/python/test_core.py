@@ -45,6 +45,8 @@ def core_worker():
     out["sum32"] = bp.push_pull(x, "sum32", average=False)
     h16 = (torch.arange(8, dtype=torch.float16) * (r + 1)) / 4
     out["avg16"] = bp.push_pull(h16, "avg16")
+    b16 = (torch.arange(8, dtype=torch.bfloat16) * (r + 1)) / 4
+    out["avgbf16"] = bp.push_pull(b16, "avgbf16")
     inplace = torch.full((5,), float(r + 1))
     res = bp.push_pull_inplace(inplace, "inplace")
     out["inplace"] = (res.data_ptr() == inplace.data_ptr(), inplace.clone())
@@ -166,6 +168,13 @@ def test_none_fp16_average_exact(core_run):
     for out in core_run:
         assert out["avg16"].dtype == torch.float16
         assert torch.equal(out["avg16"], (h.float() * 1.5).half())
+
+
+def test_none_bf16_average_exact(core_run):
+    b = torch.arange(8, dtype=torch.bfloat16) / 4
+    for out in core_run:
+        assert out["avgbf16"].dtype == torch.bfloat16
+        assert torch.equal(out["avgbf16"], (b.float() * 1.5).bfloat16())
 
 
 def test_inplace(core_run):

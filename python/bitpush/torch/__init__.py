@@ -32,7 +32,7 @@ __all__ = [
     "error_feedback_state", "restore_error_feedback_state",
 ]
 
-_DTYPES = {torch.float32: "float32", torch.float16: "float16"}
+_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _BROADCAST_PREFIX = "bitpush.broadcast."
 
 
@@ -320,8 +320,8 @@ def _check_tensor(tensor, name, what="tensor"):
         raise TypeError("bitpush: %s of '%s' is a CUDA %s tensor; the GPU path takes "
                         "torch.float32" % (what, name, tensor.dtype))
     if tensor.dtype not in _DTYPES:
-        raise TypeError("bitpush: %s of '%s' has dtype %s; push_pull takes torch.float32 or "
-                        "torch.float16" % (what, name, tensor.dtype))
+        raise TypeError("bitpush: %s of '%s' has dtype %s; push_pull takes torch.float32, "
+                        "torch.float16 or torch.bfloat16" % (what, name, tensor.dtype))
     if not tensor.is_contiguous():
         raise ValueError("bitpush: %s of '%s' is not contiguous (shape %s, strides %s); pass "
                          "tensor.contiguous() (push_pull_inplace needs a contiguous tensor)"
