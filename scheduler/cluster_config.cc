@@ -458,8 +458,8 @@ Status Parser::ParseHostEntry(const YAML::Node& node, const YAML::Mark& fallback
     }
     if (!w.gpus.empty() && p != w.gpus.size()) {
       return Error(it->second.value, it->second.key_mark, key + ".processes",
-                   fmt::format("is {} but gpus gives {} device(s); one GPU per training process",
-                               p, w.gpus.size()));
+                   fmt::format("is {} but gpus gives {} device(s); one GPU per training process", p,
+                               w.gpus.size()));
     }
     w.processes = static_cast<uint32_t>(p);
   } else if (!w.gpus.empty()) {
@@ -1026,7 +1026,8 @@ std::string DescribeClusterConfig(const ClusterConfig& c) {
       overrides += fmt::format("\n    - {{pattern: '{}', spec: '{}'}}", o.pattern, o.spec);
     }
   }
-  // Per worker node, when the host form set something: "\n    - tcp://gpu0:9200: 8 processes, gpus [0, 1]".
+  // Per worker node, when the host form set something: "\n    - tcp://gpu0:9200: 8 processes, gpus
+  // [0, 1]".
   std::string nodes;
   bool any_node_set = false;
   for (uint32_t r = 0; r < c.workers.size(); ++r) {

@@ -87,8 +87,8 @@ struct WorkerSettings {
   // (--local-size overrides). 1..1024.
   uint32_t local_size = 0;
   // worker.socket: the Unix socket path of the node's bitpush-worker daemon; `{rank}` in it
-  // becomes the node's rank (SocketFor), needed when one host runs several worker nodes. "" = the default
-  // DefaultDaemonSocketPath(rank) (worker/daemon.h: /tmp/bitpush-<uid>-worker-<rank>.sock);
+  // becomes the node's rank (SocketFor), needed when one host runs several worker nodes. "" = the
+  // default DefaultDaemonSocketPath(rank) (worker/daemon.h: /tmp/bitpush-<uid>-worker-<rank>.sock);
   // --socket overrides. At most 107 bytes (sun_path).
   std::string socket;
 

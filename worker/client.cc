@@ -70,7 +70,8 @@ StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
         "worker {} runs embedded (one process, no bitpush-worker), but {} gives the worker "
         "nodes different numbers of training processes; that needs the bitpush-worker daemon "
         "on every node (bitpush launch starts them; BITPUSH_MODE=daemon)",
-        options.rank, options.cluster.source.empty() ? "the cluster config" : options.cluster.source));
+        options.rank,
+        options.cluster.source.empty() ? "the cluster config" : options.cluster.source));
   }
   EngineOptions e;
   e.cluster = std::move(options.cluster);

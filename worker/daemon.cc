@@ -501,7 +501,7 @@ void Daemon::DeclareForNode(TensorState& t) {
   t.verdict = id.status();
   if (id.ok()) {
     t.engine_id = *id;
-    t.scale = d.sum()                ? 1.0f
+    t.scale = d.sum()                  ? 1.0f
               : average_scale_ != 0.0f ? average_scale_
               : local_size_ == 1       ? 1.0f
                                        : 1.0f / static_cast<float>(local_size_);

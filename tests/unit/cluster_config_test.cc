@@ -458,8 +458,8 @@ TEST(ClusterConfigHosts, ExpandsHostsCountsAndDefaultPorts) {
   const ClusterConfig c = Parse(kHosts);
   EXPECT_EQ(c.servers, (std::vector<std::string>{"tcp://ps0:9100", "tcp://ps0:9101",
                                                  "tcp://ps1:9100", "tcp://ps1:9101"}));
-  EXPECT_EQ(c.workers, (std::vector<std::string>{"tcp://gpu0:9200", "tcp://gpu1:7000",
-                                                 "tcp://gpu2:9300"}));
+  EXPECT_EQ(c.workers,
+            (std::vector<std::string>{"tcp://gpu0:9200", "tcp://gpu1:7000", "tcp://gpu2:9300"}));
   ASSERT_EQ(c.worker_nodes.size(), 3u);
   EXPECT_EQ(c.ProcessesOnNode(0), 4u);
   EXPECT_EQ(c.GpusOnNode(0), (std::vector<uint32_t>{3, 2, 1, 0}));
@@ -568,8 +568,9 @@ TEST(ClusterConfigHosts, ErrorsNameTheKeyAndLine) {
 }
 
 TEST(ClusterConfigHosts, WorkerSocketNeedsRankWhenNodesShareAHost) {
-  const std::string two = "cluster:\n  scheduler: a:9000\n  servers: [a:9100]\n"
-                          "  workers: {hosts: [b], count: 2}\nworker:\n";
+  const std::string two =
+      "cluster:\n  scheduler: a:9000\n  servers: [a:9100]\n"
+      "  workers: {hosts: [b], count: 2}\nworker:\n";
   EXPECT_CONTAINS(Error(two + "  socket: /run/bitpush/w.sock\n"),
                   "cluster.yaml:6: worker.socket: workers 0 and 1 run on the same host, so their "
                   "bitpush-worker daemons would share '/run/bitpush/w.sock'; put {rank} in");
@@ -596,7 +597,8 @@ TEST(ClusterConfigHosts, ValidateChecksCodeBuiltWorkerNodes) {
   EXPECT_CONTAINS(ValidateClusterConfig(c).message(),
                   "cluster.workers[0].processes: is 3 but gpus gives 2 device(s)");
   c.worker_nodes[0] = WorkerNode{2, {1, 1}};
-  EXPECT_CONTAINS(ValidateClusterConfig(c).message(), "cluster.workers[0].gpus: lists a device twice");
+  EXPECT_CONTAINS(ValidateClusterConfig(c).message(),
+                  "cluster.workers[0].gpus: lists a device twice");
   c.worker_nodes[0] = WorkerNode{2, {1, 0}};
   EXPECT_TRUE(ValidateClusterConfig(c).ok());
   c.worker_nodes.push_back(WorkerNode{});
