@@ -1,0 +1,468 @@
+#!/bin/bash
+# Boots a real systemd (PID 1 of new pid+mount+net+cgroup namespaces) with the installed bitpush
+# units and checks that they work: Type=notify readiness, the hardening (ProtectSystem=strict,
+# PrivateTmp, PrivateDevices, NoNewPrivileges, RuntimeDirectory=bitpush, User=bitpush from the
+# sysusers.d file) not breaking the daemons, a training process talking to the worker daemon's
+# socket under /run/bitpush, a clean end (every unit stops by itself with exit status 0, after
+# READY=1 and STOPPING=1 datagrams), and `systemctl stop` (SIGTERM ends each daemon by itself).
+# docs/deploy.md ("Tests") says what it covers.
+#
+#   boot_systemd_units.sh BUILD_DIR INSTALL_PREFIX
+#
+# Outside (this host, never modified): `cmake --install` into a temporary DESTDIR, a private copy
+# of /etc with /etc/bitpush/{cluster.yaml,worker.env,token}, a target that pulls in
+# bitpush-scheduler, bitpush-server@0, @1, bitpush-worker and a checker unit. Then a cgroup2
+# child cgroup (removed at the end) is entered and `unshare -C -p -f -m -n` runs this script
+# as `--ns` (PID 1 of the namespaces), which mounts the views below and execs systemd with
+# --unit=bitpush-sdboot.target. Inside the namespace:
+#   /              read-only (a bind remount: the host's files cannot change)
+#   /etc           the private copy (systemd-sysusers creates the user `bitpush` there)
+#   PREFIX         the staged install over the host's PREFIX (overlay, else a bind mount)
+#   /run /tmp /var/tmp /var/log /var/lib/systemd   fresh tmpfs
+#   /dev           a minimal one (null, zero, random, a devpts, a private /dev/shm)
+#   /proc/sys      read-only (PID 1 would raise host-wide sysctls)
+#   /sys/fs/cgroup cgroup2, rooted at the child cgroup (cgroup namespace)
+#   network        only `lo` (127.0.0.1; the host's interfaces are not visible)
+# The checker unit (this script as `--check`, After= the four services) records each unit's
+# state and the hardening in force on its process, runs one bitpush-test-trainer as `bitpush`
+# against /run/bitpush/worker.sock (a few push_pulls, checked bit for bit), waits for every
+# unit to end, starts and `systemctl stop`s them once more, and writes result lines and
+# the units' journals to a directory shared with the outside, which prints them. Every wait is
+# bounded; a trap kills the whole namespace (cgroup.kill, then SIGKILL to its PID 1) on any exit.
+#
+# Exit 0 pass, 1 fail, 77 (ctest SKIP_RETURN_CODE) when this machine cannot run it: not root,
+# no unshare/nsenter, no systemd, no cgroup2 hierarchy, namespaces refused, PREFIX missing.
+# Environment: BITPUSH_SDBOOT_TIMEOUT (s, default 150) bounds the whole boot;
+# BITPUSH_SDBOOT_KEEP=1 keeps the temporary directory (its path is printed).
+set -u
+
+readonly kTarget=bitpush-sdboot.target
+readonly kChecker=bitpush-sdboot-check.service
+readonly kUnits="bitpush-scheduler.service bitpush-server@0.service bitpush-server@1.service bitpush-worker.service"
+readonly kInside=/run/bitpush-sdboot   # where the shared directory is inside the namespace
+
+skip() { echo "SKIP: $*"; exit 77; }
+fail() { echo "FAIL: $*"; exit 1; }
+
+find_systemd() {
+  for s in /lib/systemd/systemd /usr/lib/systemd/systemd; do
+    if [ -x "$s" ]; then echo "$s"; return 0; fi
+  done
+  return 1
+}
+
+# ---------------------------------------------------------------------------------------------
+# --ns SHARED PREFIX: PID 1 of the new namespaces; sets up the mounts, then becomes systemd.
+ns_main() {
+  local shared=$1 prefix=$2 systemd
+  set -e
+  systemd=$(find_systemd)
+  # Private propagation (unshare does it too): nothing mounted here reaches the host.
+  mount --make-rprivate /
+  mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs /run
+  mkdir -p "$kInside"
+  mount --bind "$shared" "$kInside"
+  mount --bind "$shared/etc" /etc
+  if ! mount -t overlay overlay -o "lowerdir=$shared/stage$prefix:$prefix" "$prefix" 2>/dev/null; then
+    echo "ns: overlay on $prefix unavailable, bind-mounting the staged install over it"
+    mount --bind "$shared/stage$prefix" "$prefix"
+  fi
+  mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp
+  # A minimal /dev of its own, as a container manager gives: systemd cannot reach the host's
+  # console or /dev/kmsg (its own messages go to the journal), no host device node changes, and
+  # /dev/shm (the worker's segments) is private. /dev/console is a null device.
+  mount -t tmpfs -o mode=0755,nosuid tmpfs /dev
+  mknod -m 0666 /dev/null c 1 3; mknod -m 0666 /dev/zero c 1 5; mknod -m 0666 /dev/full c 1 7
+  mknod -m 0666 /dev/random c 1 8; mknod -m 0666 /dev/urandom c 1 9; mknod -m 0666 /dev/tty c 5 0
+  mkdir -m 0755 /dev/pts /dev/shm
+  mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts /dev/pts
+  ln -s pts/ptmx /dev/ptmx
+  ln -s /proc/self/fd /dev/fd
+  ln -s /proc/self/fd/0 /dev/stdin; ln -s /proc/self/fd/1 /dev/stdout
+  ln -s /proc/self/fd/2 /dev/stderr
+  mknod -m 0600 /dev/console c 1 3
+  mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm
+  for d in /var/tmp; do [ -d $d ] && mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs $d; done
+  for d in /var/log /var/lib/systemd; do
+    [ -d $d ] && mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs $d
+  done
+  mount --bind /proc/sys /proc/sys
+  mount -o remount,bind,ro /proc/sys
+  mount -t cgroup2 cgroup2 /sys/fs/cgroup
+  mount -o remount,bind,ro /
+  if command -v ip >/dev/null 2>&1; then ip link set lo up; fi
+  # The user the units run as, as a package install would create it (docs/deploy.md).
+  systemd-sysusers "$prefix/lib/sysusers.d/bitpush.conf"
+  getent passwd bitpush >/dev/null
+  chgrp bitpush /etc/bitpush/token
+  chmod 0640 /etc/bitpush/token
+  set +e
+  # container=: systemd skips what a container manager owns (udev, kernel modules, sysctl,
+  # the console) — this is a shared kernel, like a container.
+  exec env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+       container=bitpush-sdboot "$systemd" --system --unit=$kTarget \
+       --log-target=journal --log-level=debug --show-status=no
+}
+
+# ---------------------------------------------------------------------------------------------
+# --check SHARED: the checker unit inside the booted namespace.
+check_main() {
+  local shared=$1 out=$1/result u pid uid state
+  mkdir -p "$out"
+  : >"$out/result"
+  say() { echo "$*" >>"$out/result"; }
+  show() { systemctl show -p "$2" --value "$1"; }
+
+  for u in $kUnits; do
+    state=$(show "$u" ActiveState)
+    if [ "$state" = active ]; then
+      say "PASS $u ready: active ($(show "$u" StatusText))"
+    else
+      say "FAIL $u ready: ActiveState=$state Result=$(show "$u" Result) (READY=1 never arrived?)"
+      continue
+    fi
+    pid=$(show "$u" MainPID)
+    uid=$(awk '/^Uid:/{print $2}' "/proc/$pid/status" 2>/dev/null)
+    if [ "$uid" = "$(id -u bitpush)" ]; then
+      say "PASS $u runs as bitpush (uid $uid)"
+    else
+      say "FAIL $u main pid $pid runs as uid '$uid', not bitpush"
+    fi
+    # The hardening is in force on the running daemon, not only written in the unit.
+    local nnp capbnd rootro
+    nnp=$(awk '/^NoNewPrivs:/{print $2}' "/proc/$pid/status" 2>/dev/null)
+    capbnd=$(awk '/^CapBnd:/{print $2}' "/proc/$pid/status" 2>/dev/null)
+    rootro=$(awk '$5 == "/" {print ($6 ~ /(^|,)ro(,|$)/) ? "ro" : "rw"}' "/proc/$pid/mountinfo" 2>/dev/null | tail -n 1)
+    if [ "$nnp" = 1 ] && [ "$capbnd" = 0000000000000000 ] && [ "$rootro" = ro ]; then
+      say "PASS $u hardened: NoNewPrivs=1, empty CapBnd, / read-only"
+    else
+      say "FAIL $u hardening not in force: NoNewPrivs=$nnp CapBnd=$capbnd /=$rootro"
+    fi
+    if [ "$u" != bitpush-worker.service ]; then   # the worker keeps the shared /tmp on purpose
+      if awk '$5 == "/tmp" {print $4}' "/proc/$pid/mountinfo" 2>/dev/null | grep -q systemd-private; then
+        say "PASS $u has its own /tmp (PrivateTmp)"
+      else
+        say "FAIL $u: /tmp is not a systemd-private directory (PrivateTmp not in force)"
+      fi
+    fi
+  done
+  if [ -S /run/bitpush/worker.sock ] && [ "$(stat -c %U /run/bitpush)" = bitpush ]; then
+    say "PASS /run/bitpush/worker.sock exists (RuntimeDirectory owned by bitpush)"
+  else
+    say "FAIL /run/bitpush/worker.sock missing or /run/bitpush not owned by bitpush: $(ls -la /run/bitpush 2>&1 | tr '\n' ' ')"
+  fi
+
+  if grep -q '^FAIL' "$out/result"; then
+    # Not every unit came up: the rest would only wait for it; the journals say why.
+    save_journals
+    say "END"
+    return
+  fi
+
+  # One training process of node 0, as the daemon's user (it accepts only its own uid).
+  timeout -s KILL 60 setpriv --reuid=bitpush --regid=bitpush --init-groups -- \
+    "$shared/bin/bitpush-test-trainer" --config /etc/bitpush/cluster.yaml --node 0 \
+    --local-rank 0 --local-size 1 --socket /run/bitpush/worker.sock --iters 5 \
+    >"$out/trainer.txt" 2>&1
+  local rc=$?
+  if [ $rc = 0 ] && grep -q 'done$' "$out/trainer.txt"; then
+    say "PASS trainer as bitpush: $(grep -c 'iteration .* ok' "$out/trainer.txt") push_pull iterations checked"
+  else
+    say "FAIL trainer exit $rc: $(tail -n 3 "$out/trainer.txt" | tr '\n' ' ')"
+  fi
+
+  # Every unit ends by itself: the scheduler shuts the cluster down once the worker is done.
+  local deadline=$((SECONDS + 40)) pending
+  while :; do
+    pending=""
+    for u in $kUnits; do
+      case $(show "$u" ActiveState) in inactive|failed) ;; *) pending="$pending $u" ;; esac
+    done
+    [ -z "$pending" ] && break
+    if [ $SECONDS -ge $deadline ]; then
+      say "FAIL still running 40 s after the trainer ended:$pending"
+      break
+    fi
+    sleep 0.5
+  done
+  for u in $kUnits; do
+    local st code res act
+    st=$(show "$u" ExecMainStatus); code=$(show "$u" ExecMainCode)
+    res=$(show "$u" Result); act=$(show "$u" ActiveState)
+    if [ "$act" = inactive ] && [ "$res" = success ] && [ "$st" = 0 ]; then
+      say "PASS $u ended cleanly: ActiveState=$act Result=$res ExecMainStatus=$st"
+    else
+      say "FAIL $u end: ActiveState=$act Result=$res ExecMainCode=$code ExecMainStatus=$st"
+    fi
+  done
+  if [ ! -e /run/bitpush ]; then
+    say "PASS /run/bitpush removed at the end (RuntimeDirectory)"
+  else
+    say "FAIL /run/bitpush still there after bitpush-worker ended"
+  fi
+
+  # `systemctl stop` of a running cluster: the units start again (all four in one job, ready
+  # together), then stop; SIGTERM (KillMode=mixed) must end each daemon by itself, within
+  # TimeoutStopSec (no SIGKILL), and nothing restarts. bitpush-worker exits 0 on SIGTERM;
+  # bitpush-scheduler and bitpush-server count an interruption as a failure (exit 1, their
+  # documented exit status), so those units end `failed` (docs/deploy.md).
+  if timeout 90 systemctl start $kUnits; then
+    timeout 60 systemctl stop $kUnits
+    for u in $kUnits; do
+      local act res code st want=1
+      act=$(show "$u" ActiveState); res=$(show "$u" Result)
+      code=$(show "$u" ExecMainCode); st=$(show "$u" ExecMainStatus)
+      [ "$u" = bitpush-worker.service ] && want=0
+      # ExecMainCode 1: exited by itself (2: killed by a signal).
+      if [ "$code" = 1 ] && [ "$st" = $want ] && { [ "$act" = inactive ] || [ "$act" = failed ]; }; then
+        say "PASS $u systemctl stop: ended by itself on SIGTERM, status $st, ActiveState=$act Result=$res"
+      else
+        say "FAIL $u systemctl stop: ActiveState=$act Result=$res ExecMainCode=$code ExecMainStatus=$st (want exited, status $want)"
+      fi
+    done
+  else
+    say "FAIL systemctl start $kUnits (second start) failed or timed out"
+  fi
+
+  save_journals
+  for u in $kUnits; do
+    # systemd (--log-level=debug) logs each datagram the daemon sent to $NOTIFY_SOCKET.
+    if grep -q "Got notification message from PID [0-9]* (READY=1" "$out/journal-$u.txt" &&
+       grep -q "Got notification message from PID [0-9]* (STOPPING=1)" "$out/journal-$u.txt"; then
+      say "PASS $u sent READY=1 and, at its end, STOPPING=1"
+    else
+      say "FAIL $u: READY=1 or STOPPING=1 not in systemd's log of notifications"
+    fi
+  done
+  say "END"
+}
+
+save_journals() {
+  journalctl --sync >/dev/null 2>&1
+  for u in $kUnits; do
+    journalctl -b --no-pager -o short-monotonic -u "$u" >"$out/journal-$u.txt" 2>&1
+  done
+  journalctl -b --no-pager -o short-monotonic >"$out/journal.txt" 2>&1
+}
+
+# ---------------------------------------------------------------------------------------------
+# Outside: prepare, boot, wait, report, clean up.
+outer_main() {
+  [ $# = 2 ] || { echo "usage: $0 BUILD_DIR INSTALL_PREFIX"; exit 2; }
+  local build prefix systemd
+  build=$(cd "$1" && pwd) || fail "no build directory $1"
+  prefix=$2
+  [ "$(id -u)" = 0 ] || skip "needs root (namespaces, mounts, a systemd PID 1); running as uid $(id -u)"
+  systemd=$(find_systemd) || skip "no systemd binary (/lib/systemd/systemd)"
+  for c in unshare nsenter systemctl journalctl systemd-sysusers setpriv timeout; do
+    command -v $c >/dev/null 2>&1 || skip "$c not found"
+  done
+  grep -qw cgroup2 /proc/filesystems || skip "the kernel has no cgroup2"
+  local cg_root
+  cg_root=$(awk '$3 == "cgroup2" {print $2; exit}' /proc/self/mounts)
+  [ -n "$cg_root" ] || skip "no cgroup2 hierarchy mounted on this machine to run systemd in"
+  [ -w "$cg_root" ] || skip "cgroup2 hierarchy $cg_root is not writable"
+  unshare -C -p -f -m -n true 2>/dev/null ||
+    skip "unshare -C -p -f -m -n refused here (no namespaces for a systemd PID 1)"
+  [ -d "$prefix" ] || skip "install prefix $prefix does not exist here (the test mounts the staged install over it)"
+  case $prefix in /|/usr) skip "install prefix $prefix: the test mounts over it; use e.g. /usr/local" ;; esac
+  [ -x "$build/bin/bitpush-test-trainer" ] || fail "$build/bin/bitpush-test-trainer not built"
+
+  local timeout_s=${BITPUSH_SDBOOT_TIMEOUT:-150}
+  W=$(mktemp -d "${TMPDIR:-/tmp}/bitpush-sdboot.XXXXXX") || fail "mktemp"
+  chmod 0755 "$W"
+  CG="$cg_root/bitpush-sdboot.$$"
+  NS_PID=""
+  UNSHARE_PID=""
+  WATCHDOG_PID=""
+  trap cleanup EXIT
+  trap 'echo "interrupted"; exit 1' INT TERM HUP
+
+  echo "workdir $W"
+  DESTDIR="$W/stage" cmake --install "$build" >"$W/install.log" 2>&1 ||
+    { cat "$W/install.log"; fail "cmake --install $build"; }
+  for u in $kUnits; do
+    local f=${u/@[0-9]/@}
+    [ -f "$W/stage$prefix/lib/systemd/system/$f" ] || fail "$prefix/lib/systemd/system/$f not installed"
+  done
+  mkdir -p "$W/bin"
+  cp "$build/bin/bitpush-test-trainer" "$W/bin/"
+  cp "$0" "$W/boot_systemd_units.sh"
+  chmod 0755 "$W/bin/bitpush-test-trainer" "$W/boot_systemd_units.sh"
+
+  # The private /etc.
+  cp -a /etc "$W/etc" || fail "copying /etc"
+  local sys=$W/etc/systemd/system
+  mkdir -p "$W/etc/bitpush" "$sys"
+  # Enabled host units (timers, getty, ...) are not wanted: only our target's closure.
+  rm -rf "$sys"/*.wants "$sys"/*.requires
+  # systemd looks in /usr/local/lib/systemd/system and /usr/lib/systemd/system only; for
+  # another prefix docs/deploy.md says to copy the units to /etc/systemd/system.
+  case $prefix in
+    /usr/local) ;;
+    *) cp "$W/stage$prefix/lib/systemd/system/"bitpush-*.service "$sys/" ;;
+  esac
+  # Units that would touch what a container manager owns, or only slow the boot; masked.
+  for m in systemd-udevd.service systemd-udev-trigger.service systemd-udev-settle.service \
+           systemd-modules-load.service systemd-sysctl.service systemd-binfmt.service \
+           systemd-remount-fs.service systemd-random-seed.service systemd-update-utmp.service \
+           systemd-timesyncd.service systemd-pstore.service systemd-journal-flush.service \
+           systemd-tmpfiles-setup-dev.service systemd-tmpfiles-clean.timer \
+           systemd-hwdb-update.service systemd-firstboot.service ldconfig.service \
+           systemd-machine-id-commit.service systemd-networkd-wait-online.service \
+           NetworkManager-wait-online.service ifupdown-wait-online.service \
+           networking.service kmod-static-nodes.service systemd-logind.service \
+           getty.target console-getty.service systemd-ask-password-console.path \
+           cryptsetup.target swap.target; do
+    ln -sf /dev/null "$sys/$m"
+  done
+  cat >"$W/etc/bitpush/cluster.yaml" <<'EOF'
+# bitpush boot test (tests/build/boot_systemd_units.sh): the whole cluster on loopback in the
+# test's network namespace.
+cluster:
+  scheduler: 127.0.0.1:47100
+  servers: [127.0.0.1:47101, 127.0.0.1:47102]     # bitpush-server@0, @1
+  workers: [127.0.0.1:47111]                      # BITPUSH_WORKER_RANK=0
+  token_file: /etc/bitpush/token                  # root:bitpush 0640
+  heartbeat_interval_ms: 200
+  heartbeat_timeout_ms: 2000
+  startup_timeout_s: 60
+compression:
+  spec: onebit
+  error_feedback: both
+  min_compress_bytes: 4096
+server:
+  engine_threads: 1
+  numa: off
+worker:
+  socket: /run/bitpush/worker.sock
+  local_size: 1
+  compress_threads: 1
+  op_timeout_s: 60
+EOF
+  printf 'BITPUSH_WORKER_RANK=0\nBITPUSH_WORKER_ARGS=--local-size 1\n' >"$W/etc/bitpush/worker.env"
+  echo "sdboot-$$-secret" >"$W/etc/bitpush/token"
+  local wants="$kUnits $kChecker"
+  cat >"$sys/$kTarget" <<EOF
+[Unit]
+Description=bitpush systemd boot test
+Wants=$wants
+EOF
+  cat >"$sys/$kChecker" <<EOF
+[Unit]
+Description=bitpush systemd boot test checker
+After=$kUnits
+[Service]
+Type=oneshot
+ExecStart=/bin/bash $kInside/boot_systemd_units.sh --check $kInside
+TimeoutStartSec=170s
+StandardOutput=journal
+EOF
+
+  # Boot in a child cgroup (cgroup namespace: systemd's slices stay below it).
+  mkdir "$CG" || fail "mkdir $CG"
+  (
+    echo $BASHPID >"$CG/cgroup.procs" || exit 1
+    exec unshare -C -p -f -m -n --mount-proc "$W/boot_systemd_units.sh" --ns "$W" "$prefix"
+  ) >"$W/boot.log" 2>&1 </dev/null &
+  UNSHARE_PID=$!
+  # Should this script be SIGKILLed (no trap runs), a watchdog still kills the namespace once
+  # it is gone, or after the time limit plus a margin in any case.
+  (
+    trap '' INT TERM HUP
+    trap 'kill "$s"; wait "$s"; exit 0' USR1   # the normal end: cleanup() below
+    end=$((SECONDS + timeout_s + 30))
+    while kill -0 $$ 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 1 & s=$!; wait $s; done
+    echo 1 >"$CG/cgroup.kill"
+    kill -KILL "$UNSHARE_PID"
+    sleep 1
+    find "$CG" -depth -type d -exec rmdir {} +
+    [ "${BITPUSH_SDBOOT_KEEP:-0}" = 1 ] || rm -rf "$W"
+  ) >/dev/null 2>&1 </dev/null &
+  WATCHDOG_PID=$!
+  local i
+  for i in $(seq 1 50); do
+    NS_PID=$(pgrep -P "$UNSHARE_PID" | head -n 1)
+    [ -n "$NS_PID" ] && break
+    sleep 0.1
+  done
+  [ -n "$NS_PID" ] || { cat "$W/boot.log"; fail "the namespace's PID 1 did not start"; }
+  echo "booting systemd (host pid $NS_PID) with --unit=$kTarget"
+
+  local deadline=$((SECONDS + timeout_s)) ok=0
+  while [ $SECONDS -lt $deadline ]; do
+    if grep -qx END "$W/result/result" 2>/dev/null; then ok=1; break; fi
+    kill -0 "$UNSHARE_PID" 2>/dev/null || break
+    sleep 1
+  done
+  if [ $ok != 1 ]; then
+    echo "--- no result after ${timeout_s} s (or systemd ended); boot log:"
+    tail -n 30 "$W/boot.log"
+    if kill -0 "$NS_PID" 2>/dev/null; then
+      echo "--- inside (systemctl status, the units' bitpush and systemd messages):"
+      timeout 10 nsenter -t "$NS_PID" -m -p -- systemctl --no-pager --lines=0 status \
+        $kUnits $kChecker 2>&1
+      for u in $kUnits; do
+        echo "--- journalctl -u $u (last 25 lines without mount set-up):"
+        timeout 10 nsenter -t "$NS_PID" -m -p -- journalctl -b --no-pager -o short-monotonic \
+          -u "$u" 2>&1 | grep -v -e 'unit-root' -e 'namespace mount' | tail -n 25
+      done
+    fi
+    [ -f "$W/result/result" ] && cat "$W/result/result"
+    fail "the boot test did not finish"
+  fi
+  cat "$W/result/result"
+  local failed
+  failed=$(awk '$1 == "FAIL" {print $2}' "$W/result/result" | sort -u)
+  for u in $failed; do
+    if [ -f "$W/result/journal-$u.txt" ]; then
+      echo "--- journalctl -u $u (without the mount set-up lines):"
+      grep -v -e 'unit-root' -e 'namespace mount' "$W/result/journal-$u.txt"
+    fi
+  done
+  if grep -q '^FAIL trainer' "$W/result/result"; then
+    echo "--- trainer output:"; cat "$W/result/trainer.txt"
+  fi
+  if [ -n "$failed" ]; then fail "systemd boot test"; fi
+  echo "PASS: the bitpush units booted under systemd, served a trainer and ended cleanly"
+}
+
+# Kills the namespace (every process in its cgroup, then its PID 1), removes the cgroup and
+# the temporary directory. Runs on every exit of the outside script.
+cleanup() {
+  local rc=$? i
+  trap - EXIT
+  trap "" INT TERM HUP   # a second signal must not cut the cleanup short
+  exec 3>&2 2>/dev/null   # not bash's "Killed" notice of the namespace's job
+  # SIGKILL to the namespace's PID 1 ends every process of the pid namespace; unshare, its
+  # parent, reaps it and exits. cgroup.kill then takes whatever is left in the cgroup.
+  [ -n "${NS_PID:-}" ] && kill -KILL "$NS_PID"
+  if [ -n "${UNSHARE_PID:-}" ]; then
+    for i in $(seq 1 100); do kill -0 "$UNSHARE_PID" || break; sleep 0.1; done
+  fi
+  if [ -n "${CG:-}" ] && [ -e "$CG/cgroup.kill" ]; then echo 1 >"$CG/cgroup.kill"; fi
+  if [ -n "${UNSHARE_PID:-}" ]; then
+    kill -KILL "$UNSHARE_PID"
+    wait "$UNSHARE_PID"
+  fi
+  [ -n "${WATCHDOG_PID:-}" ] && kill -USR1 "$WATCHDOG_PID" && wait "$WATCHDOG_PID"
+  exec 2>&3 3>&-
+  if [ -n "${CG:-}" ] && [ -d "$CG" ]; then
+    for i in $(seq 1 50); do
+      find "$CG" -depth -type d -exec rmdir {} + 2>/dev/null
+      [ -d "$CG" ] || break
+      sleep 0.1
+    done
+    [ -d "$CG" ] && echo "warning: could not remove cgroup $CG"
+  fi
+  if [ -n "${W:-}" ] && [ -d "$W" ]; then
+    if [ "${BITPUSH_SDBOOT_KEEP:-0}" = 1 ]; then echo "kept $W"; else rm -rf "$W"; fi
+  fi
+  exit $rc
+}
+
+case ${1:-} in
+  --ns) shift; ns_main "$@" ;;
+  --check) shift; check_main "$@" ;;
+  *) outer_main "$@" ;;
+esac
