@@ -1,5 +1,7 @@
 #include "compressors/sparse/sparse_format.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -11,6 +13,19 @@ inline uint32_t LoadU32(const uint8_t* p) {
   uint32_t v;
   std::memcpy(&v, p, 4);
   return v;
+}
+
+// Zeroes out[0..n) with non-temporal stores from the first 64-byte boundary on (no
+// read-for-ownership of lines overwritten whole); fenced, so plain stores may follow.
+BP_TARGET_AVX512 void StreamZeroAvx512(float* out, size_t n) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(out);
+  const size_t head = std::min(n, static_cast<size_t>(((64 - (addr & 63)) & 63) / 4));
+  for (size_t i = 0; i < head; ++i) out[i] = 0.0f;
+  const __m512 zero = _mm512_setzero_ps();
+  size_t i = head;
+  for (; i + 16 <= n; i += 16) _mm512_stream_ps(out + i, zero);
+  _mm_sfence();
+  for (; i < n; ++i) out[i] = 0.0f;
 }
 
 Status Bad(std::string_view name, const std::string& what) {
@@ -89,6 +104,21 @@ Status DecodeSparseBody(std::string_view name, ByteSpan body, size_t n, DType dt
     if (n) std::memset(out, 0, n * sizeof(float));
     for (uint64_t j = 0; j < k; ++j) out[LoadU32(idx + 4 * j)] = LoadSparseValue(values, j, dtype);
   }
+  return Status::Ok();
+}
+
+Status DecodeSparseBodyToTensor(std::string_view name, ByteSpan body, size_t n, DType dtype,
+                                float* out, IsaLevel isa) {
+  if (isa != IsaLevel::kAvx512 || n < kStreamZeroMin ||
+      reinterpret_cast<uintptr_t>(out) % alignof(float) != 0) {
+    return DecodeSparseBody(name, body, n, dtype, out, false);
+  }
+  BP_RETURN_IF_ERROR(ValidateSparseBody(name, body, n, dtype));
+  const uint64_t k = LoadU32(body.data());
+  const uint8_t* idx = body.data() + kSparseCountBytes;
+  const uint8_t* values = idx + k * kSparseIndexBytes;
+  StreamZeroAvx512(out, n);
+  for (uint64_t j = 0; j < k; ++j) out[LoadU32(idx + 4 * j)] = LoadSparseValue(values, j, dtype);
   return Status::Ok();
 }
 

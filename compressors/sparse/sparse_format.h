@@ -24,6 +24,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "common/cpu_features.h"
 #include "common/dtype.h"
 #include "common/half.h"
 #include "common/span.h"
@@ -113,5 +114,12 @@ Status ValidateSparseBody(std::string_view name, ByteSpan body, size_t n, DType 
 // with `name` (the compressor's name) and leaves `out` untouched.
 Status DecodeSparseBody(std::string_view name, ByteSpan body, size_t n, DType dtype, float* out,
                         bool add);
+
+// DecodeSparseBody(add = false) into a caller's tensor that nobody reads right away (the
+// worker's pull): from kStreamZeroMin elements on, on AVX-512, the zeros go out with
+// non-temporal stores. Same values and statuses.
+inline constexpr size_t kStreamZeroMin = size_t{1} << 16;
+Status DecodeSparseBodyToTensor(std::string_view name, ByteSpan body, size_t n, DType dtype,
+                                float* out, IsaLevel isa);
 
 }  // namespace bitpush::compressors

@@ -218,6 +218,10 @@ size_t TopkCompressor::EncodeBodyWithFeedbackF32(const float* g, float* e, size_
   return SparseBodyBytes(k, DType::kFloat32);
 }
 
+Status TopkCompressor::DecodeBodyToTensor(ByteSpan body, size_t n, DType dtype, float* out) {
+  return DecodeSparseBodyToTensor("topk", body, n, dtype, out, isa());
+}
+
 Status TopkCompressor::ValidateBody(ByteSpan body, size_t n, DType dtype) {
   return ValidateSparseBody("topk", body, n, dtype);
 }

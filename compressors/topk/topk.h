@@ -77,6 +77,7 @@ class TopkCompressor final : public CompressorBase {
                                    uint8_t* body) override;
   Status DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) override;
   Status ValidateBody(ByteSpan body, size_t n, DType dtype) override;
+  Status DecodeBodyToTensor(ByteSpan body, size_t n, DType dtype, float* out) override;
   // Algorithm 4 only: without a residual the server takes the unfused path.
   bool FusesServerRound(bool with_residual) const override { return with_residual; }
   size_t AggregateBody(const ByteSpan* bodies, size_t count, size_t n, DType dtype, float mult,

@@ -607,5 +607,37 @@ TEST(TopkDecompress, RejectsMalformedPayloadsWithoutTouchingOutput) {
   }
 }
 
+// Decompress into a large fp32 tensor zeroes it with non-temporal stores (AVX-512, from 64 Ki
+// elements): at every alignment the values equal DecompressToFloat's (including fp16 payloads)
+// and nothing outside the tensor is written.
+TEST(Topk, StreamingDecompressMatchesAtEveryAlignment) {
+  for (IsaLevel isa : SupportedIsaLevels()) {
+    auto c = MakeTopk("topk:ratio=0.01", isa);
+    for (size_t n : {size_t{65536}, size_t{65536 + 37}, size_t{200003}}) {
+      const std::vector<float> x = RandomFloats(n, n);
+      const auto payload = Compress(*c, ConstTensorView(x.data(), n));
+      std::vector<float> want(n);
+      ASSERT_TRUE(c->DecompressToFloat({payload.data(), payload.size()}, {want.data(), n}).ok());
+      for (size_t offset = 0; offset < 17; ++offset) {
+        std::vector<float> buf(n + 40, 7.0f);
+        float* out = buf.data() + offset;
+        ASSERT_TRUE(c->Decompress({payload.data(), payload.size()}, TensorView(out, n)).ok());
+        ASSERT_EQ(0, std::memcmp(out, want.data(), n * 4))
+            << IsaLevelName(isa) << " n " << n << " offset " << offset;
+        for (size_t i = 0; i < offset; ++i) ASSERT_EQ(buf[i], 7.0f);
+        for (size_t i = offset + n; i < buf.size(); ++i) ASSERT_EQ(buf[i], 7.0f);
+      }
+      // A bad payload leaves the tensor untouched on this path too.
+      auto bad = payload;
+      const uint32_t index = static_cast<uint32_t>(n);
+      std::memcpy(bad.data() + compressors::kPayloadHeaderBytes + 4, &index, 4);
+      std::vector<float> buf(n, 7.0f);
+      EXPECT_EQ(c->Decompress({bad.data(), bad.size()}, TensorView(buf.data(), n)).code(),
+                StatusCode::kDataLoss);
+      EXPECT_EQ(buf, std::vector<float>(n, 7.0f));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace bitpush::compressors
