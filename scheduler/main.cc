@@ -2,9 +2,10 @@
 //
 //   bitpush-scheduler --config cluster.yaml [--log-level info]
 //
-// Exit status: 0 clean shutdown (every worker said Done); 1 a failure (a node missing after
-// cluster.startup_timeout_s, a node declared dead, interrupted by SIGINT/SIGTERM, the listen
-// address unusable); 2 a usage or config error. See docs/config.md and docs/architecture.md.
+// Exit status: 0 clean shutdown (every worker said Done) or stopped by SIGINT/SIGTERM (as
+// asked: `systemctl stop` leaves the unit inactive, not failed); 1 a failure (a node missing
+// after cluster.startup_timeout_s, a node declared dead, the listen address unusable); 2 a
+// usage or config error. See docs/config.md and docs/architecture.md.
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -22,7 +23,8 @@ namespace {
 constexpr char kUsage[] =
     "usage: bitpush-scheduler --config CLUSTER.yaml [--log-level trace|debug|info|warn|error]\n"
     "Runs the control plane of the cluster described by CLUSTER.yaml (docs/config.md).\n"
-    "Exit status: 0 clean shutdown, 1 failure, 2 usage or config error.\n";
+    "Exit status: 0 clean shutdown or stopped by SIGINT/SIGTERM, 1 failure, 2 usage or config "
+    "error.\n";
 
 int Usage(const std::string& error) {
   std::fprintf(stderr, "bitpush-scheduler: %s\n%s", error.c_str(), kUsage);
@@ -72,7 +74,7 @@ int main(int argc, char** argv) {
   TerminationSignals signals([&running](int sig) {
     scheduler::Scheduler* s = running.load();
     BP_LOG_WARN("bitpush-scheduler: received {}; shutting the cluster down", strsignal(sig));
-    if (s == nullptr) std::_Exit(1);  // not started yet: nothing to shut down
+    if (s == nullptr) std::_Exit(0);  // not started yet: nothing to shut down
     s->Stop();
   });
 
@@ -94,6 +96,11 @@ int main(int argc, char** argv) {
   signals.Stop();
   running = nullptr;
   sched->reset();
+  if (signals.received() && result.code() == StatusCode::kCancelled) {
+    // Stopped as asked; the nodes learn it from the scheduler's Shutdown or its silence.
+    BP_LOG_INFO("bitpush-scheduler: stopped by a signal");
+    return 0;
+  }
   if (!result.ok()) {
     std::fprintf(stderr, "bitpush-scheduler: error: %s\n", result.ToString().c_str());
     return 1;

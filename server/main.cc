@@ -6,8 +6,9 @@
 // it (docs/data-plane.md) until the cluster shuts down. --stats-json writes the server's
 // counters (ServerStats, engine threads) as one JSON object at exit, for benchmarks.
 //
-// Exit status: 0 clean shutdown; 1 a failure (registration refused or timed out, a node
-// declared dead, interrupted by SIGINT/SIGTERM); 2 a usage or config error.
+// Exit status: 0 clean shutdown, or stopped by SIGINT/SIGTERM (as asked: `systemctl stop`
+// leaves the unit inactive, not failed); 1 a failure (registration refused or timed out, a
+// node declared dead); 2 a usage or config error.
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -27,7 +28,8 @@ constexpr char kUsage[] =
     "usage: bitpush-server --config CLUSTER.yaml --rank N [--stats-json PATH]\n"
     "                      [--log-level trace|debug|info|warn|error]\n"
     "Runs server N of the cluster described by CLUSTER.yaml (docs/config.md).\n"
-    "Exit status: 0 clean shutdown, 1 failure, 2 usage or config error.\n";
+    "Exit status: 0 clean shutdown or stopped by SIGINT/SIGTERM, 1 failure, 2 usage or config "
+    "error.\n";
 
 int Usage(const std::string& error) {
   std::fprintf(stderr, "bitpush-server: %s\n%s", error.c_str(), kUsage);
@@ -108,7 +110,7 @@ int main(int argc, char** argv) {
   TerminationSignals signals([&running](int sig) {
     server::Server* s = running.load();
     BP_LOG_WARN("bitpush-server: received {}; stopping", strsignal(sig));
-    if (s == nullptr) std::_Exit(1);  // still starting: nothing to lose
+    if (s == nullptr) std::_Exit(0);  // still starting: nothing to lose
     s->Close();
   });
 
@@ -135,7 +137,10 @@ int main(int argc, char** argv) {
   (*srv)->Close();
   if (!stats_path.empty()) WriteStats(stats_path, **srv);
   srv->reset();
-  if (interrupted) result = CancelledError("interrupted");
+  if (interrupted) {
+    BP_LOG_INFO("bitpush-server: stopped by a signal");
+    return 0;
+  }
   if (!result.ok()) {
     std::fprintf(stderr, "bitpush-server: error: %s\n", result.ToString().c_str());
     return 1;

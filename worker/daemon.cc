@@ -255,6 +255,16 @@ Status Daemon::Run() {
                                 [](const std::unique_ptr<Conn>& c) { return c->dead; }),
                  conns_.end());
     if (!ended_) CheckGatherDeadlines();
+    if (!ended_) {
+      // The cluster is gone (the scheduler shut it down, a server died): the node can never
+      // serve again, so it ends now — idle or not — instead of waiting for a push_pull to
+      // fail (or for a signal, under systemd). Noticed within kMaxPollWait.
+      if (Status cluster = engine_->status(); !cluster.ok()) {
+        FailNode(Status(cluster.code(),
+                        fmt::format("{}: the cluster failed: {}", label_, cluster.message())),
+                 nullptr);
+      }
+    }
     if (!ended_ && !decl_error_.ok() &&
         ((joined_.size() >= local_size_ &&
           std::none_of(conns_.begin(), conns_.end(),

@@ -27,9 +27,11 @@
 // the node: its segments are unlinked at once, the pending rounds of the others fail with
 // Unavailable naming it ("local rank 1 (pid 4711)"), every other process gets LocalGoodbye with
 // that reason, the engine is closed (the cluster sees this worker gone) and Run returns the
-// error (bitpush-worker exits 1). No fault tolerance yet. Stop() (SIGTERM) ends the same way
-// with reason "shutting down", and Run returns OK. A declaration difference does not end the node
-// at once: every process that declares that tensor is told, processes may then leave without
+// error (bitpush-worker exits 1). No fault tolerance yet. The cluster failing (the
+// scheduler shut it down, a server died: the engine's sticky error) ends the node the same
+// way within half a second, whether or not a push_pull is in flight. Stop() (SIGTERM) ends the same
+// way with reason "shutting down", and Run returns OK. A declaration difference does not end the
+// node at once: every process that declares that tensor is told, processes may then leave without
 // being failures, and Run returns the difference once every local rank joined and left (or
 // the gathering bound passed). When every process said
 // Goodbye, Run shuts the engine down cleanly (Engine::Shutdown: the cluster's clean end) and

@@ -460,6 +460,37 @@ TEST_F(DaemonTest, KilledDaemonFailsItsProcessesAndSigtermEndsTheOtherCleanly) {
   EXPECT_TRUE(SegmentsOf(pids).empty());
 }
 
+TEST_F(DaemonTest, StoppedSchedulerEndsIdleDaemonsNamingIt) {
+  // Every process asleep before its first round: no push_pull in flight to fail. The scheduler
+  // stopped by SIGTERM shuts the cluster down; each daemon notices it by itself (not at the
+  // next push_pull, which under systemd might never come), tells its processes and exits 1.
+  WriteConfig("none", "none");
+  StartCluster();
+  for (int n = 0; n < kNodes; ++n) {
+    for (int p = 0; p < kLocal; ++p) StartTrainer(n, p, 100, /*pause_ms=*/60000);
+  }
+  for (Child* d : daemons_) {  // every process connected (and now asleep before round 0)
+    ASSERT_NE(WaitFor(*d, "joined (3 of 3)", milliseconds(15000)), Clock::time_point::max())
+        << d->label() << ":\n"
+        << d->output();
+  }
+  Child* scheduler = children_[0].get();
+  const Clock::time_point stopped = Clock::now();
+  scheduler->Signal(SIGTERM);
+  ASSERT_TRUE(WaitAll(daemons_, stopped + milliseconds(kFailureBoundMs)));
+  for (Child* d : daemons_) {
+    EXPECT_EQ(d->exit_code(), 1) << d->output();
+    EXPECT_CONTAINS(d->output(), "the cluster failed");
+    EXPECT_CONTAINS(d->output(), "scheduler interrupted");
+    std::cout << "[latency] scheduler stopped -> " << d->label() << " ended after "
+              << MsBetween(stopped, Clock::now()) << " ms (at most)\n";
+  }
+  EXPECT_TRUE(WaitAll({scheduler}, Clock::now() + milliseconds(kFailureBoundMs)));
+  EXPECT_EQ(scheduler->exit_code(), 0) << scheduler->output();  // stopped as asked
+  for (int n = 0; n < kNodes; ++n) EXPECT_FALSE(PathExists(Socket(n)));
+  // The trainers sleep through it (their next push_pull would fail); the fixture kills them.
+}
+
 TEST_F(DaemonTest, HungDaemonFailsItsProcessesWithTimeoutNamingIt) {
   // op_timeout 1 s: a daemon-mode push_pull waits at most 1 s + 2 s (kDaemonWaitMargin).
   WriteConfig("none", "none", 1);
@@ -490,8 +521,7 @@ TEST_F(DaemonTest, AnotherProtocolVersionAndADifferentDeclarationAreRefusedNamin
   ASSERT_TRUE(WaitAll({old}, Clock::now() + milliseconds(15000)));
   EXPECT_EQ(old->exit_code(), 5) << old->output();
   const std::string minor = std::to_string(worker::ipc::kLocalProtocolMinor);
-  EXPECT_CONTAINS(old->output(),
-                  "speaks 2." + minor + ", this bitpush-worker speaks 1." + minor);
+  EXPECT_CONTAINS(old->output(), "speaks 2." + minor + ", this bitpush-worker speaks 1." + minor);
   // Node 0: local rank 2 declares grad.big with one more element.
   std::vector<Child*> node0 = {StartTrainer(0, 0, 1), StartTrainer(0, 1, 1),
                                StartTrainer(0, 2, 1, 0, {"--elements-delta", "1"})};
