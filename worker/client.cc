@@ -150,20 +150,12 @@ ClientStats Client::stats() const {
 }
 
 StatusOr<std::vector<float>> Client::ErrorFeedbackState(TensorId tensor) const {
-  if (daemon_) {
-    return UnimplementedError(
-        "ErrorFeedbackState: in daemon mode the worker residual lives in the node's "
-        "bitpush-worker daemon");
-  }
+  if (daemon_) return daemon_->ErrorFeedbackState(tensor);
   return engine_->ErrorFeedbackState(tensor);
 }
 
 Status Client::RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved) {
-  if (daemon_) {
-    return UnimplementedError(
-        "RestoreErrorFeedbackState: in daemon mode the worker residual lives in the node's "
-        "bitpush-worker daemon");
-  }
+  if (daemon_) return daemon_->RestoreErrorFeedbackState(tensor, saved);
   return engine_->RestoreErrorFeedbackState(tensor, saved);
 }
 

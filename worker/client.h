@@ -192,7 +192,11 @@ class Client {
   // tensor keeps none (below min_compress_bytes, "none", or compression.error_feedback keeps no
   // worker residual). Restore puts a saved one back (the size must match; empty for a tensor
   // that keeps none). FailedPrecondition while a push_pull of the tensor is in flight.
-  // Embedded mode only: in daemon mode the residual lives in the node's daemon (Unimplemented).
+  // Daemon mode: the residual is the node's, kept by its daemon after the local reduce, so every
+  // local process reads the same values (through shared memory, local protocol 1.3; bounded by
+  // the daemon's op_timeout + 2 s, errors name the daemon); a restore is applied from local rank
+  // 0 and checked but not applied from the others (every process restores the same checkpoint:
+  // docs/local-ipc.md "Error-feedback state"); a daemon older than 1.3 is Unimplemented.
   // The server residual ẽ stays on the servers and is not part of a worker checkpoint.
   StatusOr<std::vector<float>> ErrorFeedbackState(TensorId tensor) const;
   Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved);

@@ -70,6 +70,11 @@ struct Daemon::TensorState {
   std::vector<Slot> slots;
   Clock::time_point deadline;
   bool in_flight = false;
+  uint64_t flight_round = 0;  // the round in_flight is about
+  // Completion threads -> poll loop, guarded by mu_: every round below this one left the engine
+  // (set before its Dones go out, so a process that got its Done finds the round ended even
+  // before the poll loop took it from finished_).
+  uint64_t rounds_ended = 0;
 };
 
 Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {}
@@ -370,6 +375,10 @@ Status Daemon::Handle(Conn& c, const v1::LocalMessage& m) {
     OnPushPull(c, m.push_pull());
     return Status::Ok();
   }
+  if (m.has_error_feedback()) {
+    OnErrorFeedback(c, m.error_feedback());
+    return Status::Ok();
+  }
   if (m.has_barrier()) {
     if (m.barrier().seq() != c.next_barrier) {
       return InvalidArgumentError(fmt::format("{} entered barrier {} but {} was next", c.who,
@@ -667,23 +676,10 @@ void Daemon::OnPushPull(Conn& c, const v1::LocalPushPull& p) {
   }
   for (int k = 0; k < 2 && !t.cuda; ++k) {
     const v1::ShmSlice& s = k == 0 ? p.input() : p.output();
-    Status ok = ipc::ValidateSlice(s, c.pid, t.bytes, k == 0 ? "input" : "output");
-    if (!ok.ok()) return refuse(ok);
-    std::shared_ptr<ipc::ShmSegment>& seg = c.segments[s.segment()];
-    if (!seg) {
-      StatusOr<ipc::ShmSegment> opened = ipc::ShmSegment::Open(s.segment(), s.segment_bytes());
-      if (!opened.ok()) {
-        c.segments.erase(s.segment());
-        return refuse(opened.status());
-      }
-      seg = std::make_shared<ipc::ShmSegment>(std::move(opened).value());
-    } else if (seg->size() != s.segment_bytes()) {
-      return refuse(InvalidArgumentError(fmt::format("{}: segment {} is {} bytes, not {}", label_,
-                                                     s.segment(), seg->size(), s.segment_bytes())));
-    }
-    Status size = seg->CheckSize();
-    if (!size.ok()) return refuse(size);
-    (k == 0 ? slot.in : slot.out) = seg;
+    StatusOr<std::shared_ptr<ipc::ShmSegment>> seg =
+        MapSlice(c, s, t.bytes, k == 0 ? "input" : "output");
+    if (!seg.ok()) return refuse(seg.status());
+    (k == 0 ? slot.in : slot.out) = *seg;
     (k == 0 ? slot.in_offset : slot.out_offset) = s.offset();
   }
   if (t.handed == 0) {
@@ -701,6 +697,112 @@ void Daemon::OnPushPull(Conn& c, const v1::LocalPushPull& p) {
   MaybeDispatch(t);
 }
 
+StatusOr<std::shared_ptr<ipc::ShmSegment>> Daemon::MapSlice(Conn& c, const v1::ShmSlice& s,
+                                                            uint64_t expected_bytes,
+                                                            std::string_view what) {
+  BP_RETURN_IF_ERROR(ipc::ValidateSlice(s, c.pid, expected_bytes, what));
+  std::shared_ptr<ipc::ShmSegment>& seg = c.segments[s.segment()];
+  if (!seg) {
+    StatusOr<ipc::ShmSegment> opened = ipc::ShmSegment::Open(s.segment(), s.segment_bytes());
+    if (!opened.ok()) {
+      c.segments.erase(s.segment());
+      return opened.status();
+    }
+    seg = std::make_shared<ipc::ShmSegment>(std::move(opened).value());
+  } else if (seg->size() != s.segment_bytes()) {
+    return InvalidArgumentError(fmt::format("{}: segment {} is {} bytes, not {}", label_,
+                                            s.segment(), seg->size(), s.segment_bytes()));
+  }
+  BP_RETURN_IF_ERROR(seg->CheckSize());
+  return seg;
+}
+
+bool Daemon::RoundInEngine(const TensorState& t) {
+  if (!t.in_flight) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  return t.rounds_ended <= t.flight_round;
+}
+
+void Daemon::OnErrorFeedback(Conn& c, const v1::LocalErrorFeedback& e) {
+  const char* what = e.restore() ? "restoring the error-feedback state" : "error-feedback state";
+  auto answer = [&](const Status& s, uint64_t values, bool applied) {
+    v1::LocalMessage m;
+    v1::LocalErrorFeedbackDone* d = m.mutable_error_feedback_done();
+    d->set_seq(e.seq());
+    d->set_tensor(e.tensor());
+    d->set_status_code(static_cast<uint32_t>(s.code()));
+    d->set_message(s.message());
+    d->set_values(values);
+    d->set_applied(applied);
+    const Status sent = ipc::SendLocalMessage(*c.channel, m);
+    if (!sent.ok()) BP_LOG_DEBUG("{}: {}", label_, sent.ToString());
+  };
+  auto refuse = [&](const Status& s) { answer(s, 0, false); };
+  if (e.tensor() >= tensors_.size() || !tensors_[e.tensor()]->decided) {
+    return refuse(NotFoundError(
+        fmt::format("{}: {} of tensor #{} asked by {}: no such tensor declared by every local "
+                    "process",
+                    label_, what, e.tensor(), c.who)));
+  }
+  TensorState& t = *tensors_[e.tensor()];
+  const std::string name = t.first.name();
+  if (!t.verdict.ok()) return refuse(t.verdict);
+  if (!t.error.ok()) return refuse(t.error);
+  if (c.local_rank < t.present.size() && t.present[c.local_rank]) {
+    return refuse(FailedPreconditionError(
+        fmt::format("{}: {} of tensor '{}' asked by {}: its push_pull of round {} is in flight "
+                    "(handed in, waiting for the other local processes)",
+                    label_, what, name, c.who, t.round)));
+  }
+  if (RoundInEngine(t)) {
+    return refuse(FailedPreconditionError(
+        fmt::format("{}: {} of tensor '{}' asked by {}: round {} of it is in flight", label_, what,
+                    name, c.who, t.flight_round)));
+  }
+  const std::string slice_what = fmt::format("{}: {} of tensor '{}' ({} x float32) asked by {}",
+                                             label_, what, name, t.elements, c.who);
+  StatusOr<std::shared_ptr<ipc::ShmSegment>> seg =
+      MapSlice(c, e.slice(), t.elements * sizeof(float), slice_what);
+  if (!seg.ok()) return refuse(seg.status());
+  float* values =
+      reinterpret_cast<float*>(static_cast<uint8_t*>((*seg)->data()) + e.slice().offset());
+  if (!e.restore()) {
+    StatusOr<std::vector<float>> state = engine_->ErrorFeedbackState(t.engine_id);
+    if (!state.ok()) return refuse(state.status().WithContext(label_));
+    if (state->size() > t.elements) {
+      return refuse(
+          InternalError(fmt::format("{}: tensor '{}' keeps {} residual values for {} "
+                                    "elements",
+                                    label_, name, state->size(), t.elements)));
+    }
+    if (!state->empty()) std::memcpy(values, state->data(), state->size() * sizeof(float));
+    return answer(Status::Ok(), state->size(), false);
+  }
+  if (e.values() > t.elements) {
+    return refuse(InvalidArgumentError(
+        fmt::format("{}: {} values given, the tensor has {}", slice_what, e.values(), t.elements)));
+  }
+  const Span<const float> saved(values, e.values());
+  if (c.local_rank == 0) {
+    const Status s = engine_->RestoreErrorFeedbackState(t.engine_id, saved);
+    return s.ok() ? answer(s, e.values(), true) : refuse(s.WithContext(label_));
+  }
+  // Not local rank 0: checked like rank 0's (the size the tensor keeps), not applied.
+  StatusOr<std::vector<float>> kept = engine_->ErrorFeedbackState(t.engine_id);
+  if (!kept.ok()) return refuse(kept.status().WithContext(label_));
+  if (kept->empty() && !saved.empty()) {
+    return refuse(InvalidArgumentError(fmt::format(
+        "{}: it keeps no worker residual (uncompressed, or compression.error_feedback keeps none "
+        "on workers) but {} values were given",
+        slice_what, saved.size())));
+  }
+  if (!kept->empty() && saved.size() != kept->size()) {
+    return refuse(InvalidArgumentError(fmt::format("{}: {} values given, the tensor has {}",
+                                                   slice_what, saved.size(), t.elements)));
+  }
+  answer(Status::Ok(), e.values(), false);
+}
+
 void Daemon::MaybeDispatch(TensorState& t) {
   if (ended_ || t.in_flight || local_size_ == 0 || t.handed < local_size_) return;
   auto job = std::make_unique<RoundJob>();
@@ -711,6 +813,7 @@ void Daemon::MaybeDispatch(TensorState& t) {
   t.present.assign(local_size_, false);
   t.handed = 0;
   t.in_flight = true;
+  t.flight_round = job->round;
   {
     std::lock_guard<std::mutex> lock(mu_);
     round_queue_.push_back(std::move(job));
@@ -887,6 +990,12 @@ void Daemon::DoneLoop() {
       if (!node_error_.ok() && s.code() == StatusCode::kCancelled) s = node_error_;
     }
     if (s.ok() && t.cuda) s = GpuBroadcast(*job);
+    {
+      // The engine is done with this round (its handle completed): error-feedback requests of
+      // the processes that get their Done below may go ahead (RoundInEngine).
+      std::lock_guard<std::mutex> lock(mu_);
+      t.rounds_ended = job->round + 1;
+    }
     for (const Slot& slot : job->slots) {
       Status mine = s;
       if (mine.ok() && !t.cuda) {

@@ -37,6 +37,21 @@
 // Goodbye, Run shuts the engine down cleanly (Engine::Shutdown: the cluster's clean end) and
 // returns its status.
 //
+// Error-feedback state (LocalErrorFeedback, local protocol 1.3): the node's worker residual lives
+// in this daemon's engine (one per node, after the local reduce), so every local process reads the
+// same one. Served on the poll loop (Engine::ErrorFeedbackState / RestoreErrorFeedbackState lock
+// the engine's own mutex and copy; the values go through a slice of the requester's shared
+// memory, checked like a push_pull's). Refused with FailedPrecondition naming the tensor while the
+// requester's own push_pull of it is handed in (gathered, or its round in the engine) — the
+// embedded rule "not while a push_pull of it is in flight"; another process having handed in the
+// next round is no obstacle, since that round cannot start before the requester hands it in
+// (its requests are read in order), so the request sees exactly the residual the round will use.
+// Restore: every process of a checkpointed job restores the same checkpoint (all read the same
+// node residual), so the daemon applies local rank 0's and checks the others' alike (tensor,
+// slice, size) without applying them: the node's residual is deterministic whatever order the
+// requests arrive in, and the next round (which needs local rank 0's hand-in, after its restore)
+// always uses it.
+//
 // Ownership: the Daemon owns the Listener (its socket path is unlinked on every exit path that
 // unwinds; a stale file is replaced at the next start), the connections, the segments it
 // opened (mappings only: each process unlinks its own; the daemon unlinks a dead one's), the
@@ -67,6 +82,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -173,6 +189,18 @@ class Daemon {
   void OnDeclare(Conn& c, const v1::LocalDeclare& d);
   void OnPushPull(Conn& c, const v1::LocalPushPull& p);
   void OnBarrier(Conn& c, uint64_t seq);
+  // Reads or restores the node's worker residual of a tensor through the sender's shared memory
+  // (LocalErrorFeedback; see "Error-feedback state" above).
+  void OnErrorFeedback(Conn& c, const v1::LocalErrorFeedback& e);
+  // The mapped segment of a slice `c` named, after ValidateSlice (`expected_bytes`, `what`),
+  // Open on first use (exact size) and CheckSize: shared by push_pulls and error-feedback
+  // requests.
+  StatusOr<std::shared_ptr<ipc::ShmSegment>> MapSlice(Conn& c, const v1::ShmSlice& s,
+                                                      uint64_t expected_bytes,
+                                                      std::string_view what);
+  // Whether the engine may touch tensor `t`'s residual now: a round dispatched to the round
+  // thread and not yet ended (its Done about to go out) is the engine's.
+  bool RoundInEngine(const TensorState& t);
   // Round thread: the engine declaration of a tensor every local process declared alike (its
   // verdict, engine id, node buffer). Poll loop: the verdict to the processes.
   void DeclareForNode(TensorState& t);

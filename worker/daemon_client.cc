@@ -66,6 +66,7 @@ StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(const DaemonClient
   BP_RETURN_IF_ERROR(ipc::HelloReplyStatus(reply.hello_reply(), options.local_rank));
   c->node_rank_ = reply.hello_reply().node_rank();
   c->num_nodes_ = reply.hello_reply().num_nodes();
+  c->daemon_minor_ = reply.hello_reply().version().minor();
   c->op_wait_ = std::chrono::milliseconds(reply.hello_reply().op_timeout_ms()) + kDaemonWaitMargin;
   c->reader_ = std::thread([p = c.get()] { p->ReaderLoop(); });
   return c;
@@ -285,6 +286,107 @@ Status DaemonClient::Barrier() {
   return error_;
 }
 
+StatusOr<std::vector<float>> DaemonClient::ErrorFeedbackState(TensorId tensor) {
+  std::vector<float> read;
+  BP_RETURN_IF_ERROR(ErrorFeedbackRequest(tensor, false, {}, &read));
+  return read;
+}
+
+Status DaemonClient::RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved) {
+  return ErrorFeedbackRequest(tensor, true, saved, nullptr);
+}
+
+Status DaemonClient::ErrorFeedbackRequest(TensorId id, bool restore, Span<const float> saved,
+                                          std::vector<float>* read) {
+  const char* what = restore ? "RestoreErrorFeedbackState" : "ErrorFeedbackState";
+  std::lock_guard<std::mutex> one_at_a_time(ef_mu_);
+  if (daemon_minor_ < ipc::kLocalMinorErrorFeedback) {
+    return UnimplementedError(fmt::format(
+        "{}: the {} speaks local protocol {}.{}; the error-feedback state in daemon mode needs "
+        "{}.{} (update bitpush-worker)",
+        what, daemon_name_, ipc::kLocalProtocolMajor, daemon_minor_, ipc::kLocalProtocolMajor,
+        ipc::kLocalMinorErrorFeedback));
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (id.index >= tensors_.size()) {
+    return InvalidArgumentError(fmt::format("{}: no tensor #{}", what, id.index));
+  }
+  Tensor& t = *tensors_[id.index];
+  const std::string name = t.decl.name();
+  if (t.op) {
+    return FailedPreconditionError(
+        fmt::format("{} of tensor '{}': a push_pull of it is in flight", what, name));
+  }
+  if (!error_.ok()) return error_;
+  if (closed_) return CancelledError(fmt::format("{}: the client was closed", what));
+  if (!t.verdict) {
+    // The daemon knows the tensor once every local process declared it.
+    lock.unlock();
+    const Status s = CommitDeclarations();
+    lock.lock();
+    if (!s.ok() && (!t.verdict || t.verdict->ok())) return s;
+  }
+  if (!t.verdict->ok()) return *t.verdict;
+  const size_t elements = t.decl.elements();
+  if (restore && saved.size() > elements) {
+    return InvalidArgumentError(fmt::format("{} of tensor '{}': {} values given, the tensor has {}",
+                                            what, name, saved.size(), elements));
+  }
+  if (elements == 0) return Status::Ok();  // nothing to keep (and no segment of 0 bytes)
+  if (!t.ef_segment.valid()) {
+    StatusOr<ipc::ShmSegment> seg = ipc::ShmSegment::Create(elements * sizeof(float));
+    if (!seg.ok()) return seg.status().WithContext(fmt::format("{} of tensor '{}'", what, name));
+    t.ef_segment = std::move(seg).value();
+  }
+  // ef_mu_ makes this process's requests (the only users of ef_segment) one at a time.
+  float* values = static_cast<float*>(t.ef_segment.data());
+  if (restore && !saved.empty()) std::memcpy(values, saved.data(), saved.size() * sizeof(float));
+  v1::LocalMessage m;
+  v1::LocalErrorFeedback* e = m.mutable_error_feedback();
+  const uint64_t seq = next_ef_++;
+  e->set_seq(seq);
+  e->set_tensor(id.index);
+  e->set_restore(restore);
+  e->set_values(restore ? saved.size() : 0);
+  v1::ShmSlice* slice = e->mutable_slice();
+  slice->set_segment(t.ef_segment.name());
+  slice->set_segment_bytes(t.ef_segment.size());
+  slice->set_offset(0);
+  slice->set_bytes(elements * sizeof(float));
+  lock.unlock();
+  const Status sent = ipc::SendLocalMessage(*channel_, m);
+  lock.lock();
+  if (!sent.ok()) {
+    if (error_.ok()) error_ = sent;
+    FailAllLocked(error_);
+    return sent;
+  }
+  cv_.wait_for(lock, op_wait_, [&] { return ef_done_.count(seq) > 0 || !error_.ok() || closed_; });
+  auto it = ef_done_.find(seq);
+  if (it == ef_done_.end()) {
+    if (!error_.ok()) return error_;
+    if (closed_) return CancelledError(fmt::format("{}: the client was closed", what));
+    // A late answer would write into the segment a later request uses: the connection is
+    // unusable (as after a lost barrier).
+    error_ = TimeoutError(fmt::format("{} of tensor '{}': no answer from the {} within {} ms", what,
+                                      name, daemon_name_, op_wait_.count()));
+    FailAllLocked(error_);
+    return error_;
+  }
+  const v1::LocalErrorFeedbackDone done = std::move(it->second);
+  ef_done_.erase(it);
+  BP_RETURN_IF_ERROR(StatusFromCode(done.status_code(), done.message()));
+  if (read != nullptr) {
+    if (done.values() > elements) {
+      return DataLossError(
+          fmt::format("{} of tensor '{}': the {} answered {} values for {} elements", what, name,
+                      daemon_name_, done.values(), elements));
+    }
+    read->assign(values, values + done.values());
+  }
+  return Status::Ok();
+}
+
 Status DaemonClient::StageOnDevice(Tensor& t, const void* input, const void* output) {
   const std::string what = fmt::format("push_pull of CUDA tensor '{}'", t.decl.name());
   StatusOr<int> device = gpu::DeviceOfPointer(input);
@@ -348,6 +450,10 @@ void DaemonClient::ReaderLoop() {
         if (r.index() < tensors_.size()) {
           tensors_[r.index()]->verdict = StatusFromCode(r.status_code(), r.message());
         }
+        cv_.notify_all();
+      } else if (m->has_error_feedback_done()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ef_done_[m->error_feedback_done().seq()] = m->error_feedback_done();
         cv_.notify_all();
       } else if (m->has_barrier_done()) {
         const v1::LocalBarrierDone& b = m->barrier_done();

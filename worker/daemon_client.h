@@ -18,11 +18,15 @@
 // LocalGoodbye with a reason (the node failed, e.g. a sibling process died) makes that reason
 // the sticky error of every later call.
 //
+// Error-feedback state: ErrorFeedbackState / RestoreErrorFeedbackState send LocalErrorFeedback
+// with a slice of a per-tensor segment and wait for the daemon's answer (the residual is the
+// node's; local rank 0's restore is the one applied: docs/local-ipc.md).
+//
 // Ownership: owns the Channel, the segments (unlinked by their destructors and on every exit
 // path, shm_segment.h) and one reader thread ("bp-dclient").
 // Thread-safety: every public method may be called from any thread (state under mu_; no frame
 // is sent with mu_ held, so the reader always drains the daemon's answers). Lock order:
-// send_mu_ -> mu_.
+// send_mu_ -> mu_; ef_mu_ -> mu_.
 #pragma once
 
 #include <chrono>
@@ -90,6 +94,13 @@ class DaemonClient {
   // the daemon's error; bounded by the daemon's op_timeout + kDaemonWaitMargin. One barrier at
   // a time per process (concurrent callers take turns).
   Status Barrier();
+  // Client::ErrorFeedbackState / RestoreErrorFeedbackState in daemon mode (LocalErrorFeedback,
+  // local protocol 1.3): the values go through a per-tensor segment of elements x 4 bytes
+  // (created at the first use). One request at a time per process; bounded by the daemon's
+  // op_timeout + kDaemonWaitMargin (then Timeout naming the daemon, sticky like a lost barrier).
+  // Unimplemented when the daemon speaks an older minor version.
+  StatusOr<std::vector<float>> ErrorFeedbackState(TensorId tensor);
+  Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved);
   // Sends LocalGoodbye (refused while a push_pull is pending) and closes.
   Status Shutdown();
   // Fails pending handles with Cancelled, closes the connection, joins the reader. Idempotent.
@@ -107,6 +118,7 @@ class DaemonClient {
     size_t bytes = 0;
     std::optional<Status> verdict;  // the daemon's LocalDeclareReply
     ipc::ShmSegment segment;        // created at the first push_pull (host tensors)
+    ipc::ShmSegment ef_segment;     // error-feedback values, elements x 4 bytes (first use)
     gpu::DeviceBuffer staging;      // CUDA tensors: the buffer the daemon maps (first push_pull)
     std::string staging_ipc;        // its exported cudaIpcMemHandle_t bytes
     std::string staging_bus_id;     // its GPU's PCI bus id
@@ -120,6 +132,9 @@ class DaemonClient {
   void ReaderLoop();
   void FailAllLocked(const Status& error);
   void OnDone(const v1::LocalPushPullDone& done);
+  // One LocalErrorFeedback exchange: a read fills *read; a restore sends `saved`.
+  Status ErrorFeedbackRequest(TensorId id, bool restore, Span<const float> saved,
+                              std::vector<float>* read);
   // CUDA tensors: checks the device pointers, creates the staging buffer and its IPC handle at
   // the first push_pull, copies `input` into it.
   Status StageOnDevice(Tensor& t, const void* input, const void* output);
@@ -128,20 +143,24 @@ class DaemonClient {
   std::string daemon_name_;  // "bitpush-worker daemon at PATH (pid N)"
   uint32_t node_rank_ = 0;
   uint32_t num_nodes_ = 0;
+  uint32_t daemon_minor_ = 0;  // the daemon's local protocol minor version (HelloReply)
   std::chrono::milliseconds op_wait_{0};
   std::unique_ptr<ipc::Channel> channel_;
   std::thread reader_;
 
   std::mutex send_mu_;  // serialises Declare's frames (indices in order); outside mu_
   mutable std::mutex mu_;
-  std::condition_variable cv_;                    // declaration verdicts, errors
-  std::vector<std::unique_ptr<Tensor>> tensors_;  // guarded by mu_
-  Status error_;                                  // guarded by mu_: sticky
-  std::mutex barrier_mu_;                         // one Barrier at a time
-  uint64_t next_barrier_ = 0;                     // guarded by mu_
-  std::map<uint64_t, Status> barrier_done_;       // guarded by mu_: answers not yet taken
-  bool closed_ = false;                           // guarded by mu_
-  ClientStats stats_;                             // guarded by mu_
+  std::condition_variable cv_;                              // declaration verdicts, errors
+  std::vector<std::unique_ptr<Tensor>> tensors_;            // guarded by mu_
+  Status error_;                                            // guarded by mu_: sticky
+  std::mutex barrier_mu_;                                   // one Barrier at a time
+  uint64_t next_barrier_ = 0;                               // guarded by mu_
+  std::map<uint64_t, Status> barrier_done_;                 // guarded by mu_: answers not yet taken
+  std::mutex ef_mu_;                                        // one error-feedback request at a time
+  uint64_t next_ef_ = 0;                                    // guarded by mu_
+  std::map<uint64_t, v1::LocalErrorFeedbackDone> ef_done_;  // guarded by mu_: not yet taken
+  bool closed_ = false;                                     // guarded by mu_
+  ClientStats stats_;                                       // guarded by mu_
 };
 
 }  // namespace bitpush::worker

@@ -24,7 +24,10 @@
 namespace bitpush::worker::ipc {
 
 inline constexpr uint32_t kLocalProtocolMajor = 1;
-inline constexpr uint32_t kLocalProtocolMinor = 2;  // 1: LocalBarrier; 2: GPU tensors
+// Minor versions: 1 LocalBarrier; 2 GPU tensors; 3 LocalErrorFeedback (a client checks the
+// daemon's minor before sending a message it added: kLocalMinorErrorFeedback).
+inline constexpr uint32_t kLocalProtocolMinor = 3;
+inline constexpr uint32_t kLocalMinorErrorFeedback = 3;
 
 // Serializes `message` into one frame.
 Status SendLocalMessage(Channel& channel, const v1::LocalMessage& message);
