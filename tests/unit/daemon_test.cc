@@ -534,5 +534,71 @@ TEST_F(DaemonTest, AnotherProtocolVersionAndADifferentDeclarationAreRefusedNamin
   }
 }
 
+// Error-feedback state in daemon mode (LocalErrorFeedback, local protocol 1.3), 2 nodes x 2
+// processes, onebit with worker error feedback: every process reads its node's residual after
+// every round through Client::ErrorFeedbackState and it equals the reference's BIT FOR BIT; after
+// round 1 every process restores (local rank 0: half the residual; local rank 1: 1000.0
+// everywhere) and the later rounds and residuals still match a reference that halved every
+// node's residual — exactly local rank 0's restore took effect. Restores of the wrong size are
+// InvalidArgument, and a read while the process's own push_pull is pending is FailedPrecondition.
+TEST_F(DaemonTest, ErrorFeedbackStateIsTheNodesResidualAndLocalRankZerosRestoreIsApplied) {
+  WriteConfig("onebit", "worker", 10, "", 2);
+  StartCluster();
+  constexpr int kIters = 4;
+  for (int n = 0; n < kNodes; ++n) {
+    for (int p = 0; p < 2; ++p) {
+      StartTrainer(n, p, kIters, 0, {"--ef-check", "1", "--ef-restore-at", "1"}, 2);
+    }
+  }
+  std::vector<Child*> all;
+  for (const auto& c : children_) all.push_back(c.get());
+  ASSERT_TRUE(WaitAll(all, Clock::now() + milliseconds(25000))) << "the cluster did not finish";
+  for (Child* t : trainers_) {
+    EXPECT_EQ(t->exit_code(), 0) << t->label() << ":\n" << t->output();
+    EXPECT_CONTAINS(t->output(), "restored after iteration 1");
+    EXPECT_CONTAINS(t->output(), "residual of grad.big ok (30000 values)");
+    EXPECT_CONTAINS(t->output(), "residual of grad.half ok (3000 values)");
+    EXPECT_CONTAINS(t->output(), "residual of grad.small ok (0 values)");
+    EXPECT_CONTAINS(t->output(), "iteration " + std::to_string(kIters - 1) + " ok");
+  }
+  for (const auto& c : children_)
+    EXPECT_EQ(c->exit_code(), 0) << c->label() << ":\n" << c->output();
+  EXPECT_TRUE(SegmentsOf(AllPids()).empty());
+}
+
+// The daemon checks a LocalErrorFeedback like a push_pull and refuses, naming the problem, and
+// keeps serving: node 0's local rank 0 is a raw-protocol probe (bitpush-test-trainer --ef-probe)
+// that sends an unknown tensor, a wrong-sized slice, another process's segment, a slice outside
+// its segment, a lying segment size, too many / too few values, values for a tensor that keeps
+// none, and polls the residual during each round: refused while its own hand-in waits for local
+// rank 1 (which pauses 400 ms) and while the round is in the engine (node 1 pauses 1000 ms), read
+// bit for bit once the round ended. Every process's results stay exact.
+TEST_F(DaemonTest, ErrorFeedbackRequestsAreCheckedLikePushPullsAndRefusedWhileInFlight) {
+  WriteConfig("onebit", "both", 10, "", 2);
+  StartCluster();
+  constexpr int kIters = 2;
+  Child* probe = StartTrainer(0, 0, kIters, 0, {"--ef-probe", "1"}, 2);
+  StartTrainer(0, 1, kIters, 400, {}, 2);
+  StartTrainer(1, 0, kIters, 1000, {}, 2);
+  StartTrainer(1, 1, kIters, 1000, {}, 2);
+  std::vector<Child*> all;
+  for (const auto& c : children_) all.push_back(c.get());
+  ASSERT_TRUE(WaitAll(all, Clock::now() + milliseconds(25000))) << "the cluster did not finish";
+  for (Child* t : trainers_) {
+    EXPECT_EQ(t->exit_code(), 0) << t->label() << ":\n" << t->output();
+    EXPECT_CONTAINS(t->output(), "iteration " + std::to_string(kIters - 1) + " ok");
+  }
+  const std::string out = probe->output();
+  for (const char* check : {"lying segment size", "unknown tensor", "wrong size", "foreign segment",
+                            "outside its segment", "too many values", "too few values",
+                            "keeps none", "refused while gathering", "refused while in the engine",
+                            "read grad.big after round 1", "read grad.half after round 1"}) {
+    EXPECT_CONTAINS(out, std::string("check ") + check + " ok");
+  }
+  EXPECT_CONTAINS(out, "grad.big' asked by local rank 0 (pid " + std::to_string(probe->pid()));
+  for (const auto& c : children_)
+    EXPECT_EQ(c->exit_code(), 0) << c->label() << ":\n" << c->output();
+}
+
 }  // namespace
 }  // namespace bitpush::testing

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "tests/harness/child_process.h"
+#include "worker/daemon_client.h"
 #include "worker/ipc/channel.h"
 #include "worker/ipc/local_protocol.h"
 #include "worker/ipc/shm_segment.h"
@@ -698,6 +699,52 @@ TEST(LocalProtocolTest, SlicesMustBelongToTheSenderAndFitTheirSegment) {
   EXPECT_NE(overflow.message().find("output: bytes"), std::string::npos) << overflow.ToString();
   s.set_segment("/etc-passwd");
   EXPECT_EQ(ValidateSlice(s, 4242, 512, "input").code(), StatusCode::kInvalidArgument);
+}
+
+// Minor version 3 added LocalErrorFeedback: a client must not send it to an older daemon (which
+// would take the unknown body for garbage and fail the node); it answers Unimplemented naming the
+// daemon and both versions, and nothing reaches the daemon.
+TEST_F(ChannelTest, ErrorFeedbackStateIsUnimplementedAgainstAnOlderDaemonAndSendsNothing) {
+  ASSERT_GE(kLocalProtocolMinor, kLocalMinorErrorFeedback);
+  auto listener = Listener::Listen(SocketPath());
+  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  std::unique_ptr<Channel> daemon_side;
+  std::thread fake([&] {
+    auto ch = (*listener)->Accept(milliseconds(5000));
+    if (!ch.ok()) return;
+    auto hello = ReceiveLocalMessage(**ch, milliseconds(5000));
+    if (!hello.ok() || !hello->has_hello()) return;
+    v1::LocalMessage m;
+    v1::LocalHelloReply* r = m.mutable_hello_reply();
+    r->mutable_version()->set_major(kLocalProtocolMajor);
+    r->mutable_version()->set_minor(kLocalMinorErrorFeedback - 1);
+    r->set_num_nodes(1);
+    r->set_op_timeout_ms(1000);
+    (void)SendLocalMessage(**ch, m);
+    daemon_side = std::move(ch).value();
+  });
+  DaemonClientOptions o;
+  o.socket_path = SocketPath();
+  o.startup_timeout = milliseconds(5000);
+  auto client = DaemonClient::Connect(o);
+  fake.join();
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  ASSERT_NE(daemon_side, nullptr);
+  const std::string old_version =
+      fmt::format("speaks local protocol {}.{}", kLocalProtocolMajor, kLocalMinorErrorFeedback - 1);
+  StatusOr<std::vector<float>> read = (*client)->ErrorFeedbackState(TensorId{0});
+  EXPECT_EQ(read.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(read.status().message().find(old_version), std::string::npos)
+      << read.status().ToString();
+  EXPECT_NE(read.status().message().find("bitpush-worker daemon at " + SocketPath()),
+            std::string::npos)
+      << read.status().ToString();
+  const std::vector<float> saved(4, 1.0f);
+  const Status restore = (*client)->RestoreErrorFeedbackState(TensorId{0}, saved);
+  EXPECT_EQ(restore.code(), StatusCode::kUnimplemented) << restore.ToString();
+  EXPECT_EQ(ReceiveLocalMessage(*daemon_side, milliseconds(200)).status().code(),
+            StatusCode::kTimeout);
+  (*client)->Close();
 }
 
 // A training process (child) and a daemon (this process) through the whole layer: Hello,
