@@ -208,16 +208,17 @@ void BindClient(py::module_& m) {
           },
           py::arg("index"),
           "The worker error-feedback residual of tensor `index` as float32 bytes (empty when "
-          "it keeps none). Embedded mode.")
+          "it keeps none). Daemon mode: the node's residual, the same for every local "
+          "process.")
       .def(
           "restore_error_feedback_state",
           [](const PyClient& self, uint32_t index, const py::bytes& saved) {
             auto c = self.Get();
             const std::string raw = saved;
             if (raw.size() % sizeof(float) != 0) {
-              ThrowIfError(InvalidArgumentError("restore_error_feedback_state: " +
-                                                std::to_string(raw.size()) +
-                                                " bytes is not a whole number of float32"));
+              ThrowIfError(InvalidArgumentError(
+                  "restore_error_feedback_state: " + std::to_string(raw.size()) +
+                  " bytes is not a whole number of float32"));
             }
             std::vector<float> v(raw.size() / sizeof(float));
             if (!raw.empty()) std::memcpy(v.data(), raw.data(), raw.size());
@@ -229,7 +230,8 @@ void BindClient(py::module_& m) {
             ThrowIfError(s);
           },
           py::arg("index"), py::arg("saved"),
-          "Puts a saved residual (float32 bytes) back into tensor `index`.")
+          "Puts a saved residual (float32 bytes) back into tensor `index`. Daemon mode: "
+          "applied from local rank 0, checked but not applied from the others.")
       .def(
           "commit_declarations",
           [](const PyClient& self) {

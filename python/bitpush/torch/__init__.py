@@ -413,8 +413,8 @@ def declare(name, tensor, compression=None, average=True, priority=0):
 def error_feedback_state(name):
     """The worker error-feedback residual of tensor `name` (paper 001 Algorithm 4's e_i) as a
     1-D float32 CPU tensor, or None when it keeps none (uncompressed, or the cluster keeps no
-    worker residual). Embedded mode (in daemon mode the residual lives in the node's daemon:
-    BitpushError Unimplemented)."""
+    worker residual). In daemon mode the residual is the node's, kept by its bitpush-worker:
+    every process of the node reads the same values."""
     s = _require()
     with s.lock:
         d = s.declarations.get(name)
@@ -427,7 +427,9 @@ def error_feedback_state(name):
 
 
 def restore_error_feedback_state(name, residual):
-    """Puts a residual saved by error_feedback_state back (declare the tensor first)."""
+    """Puts a residual saved by error_feedback_state back (declare the tensor first). In
+    daemon mode every process of the node restores the same checkpoint and the daemon applies
+    local rank 0's (the others' are checked, not applied)."""
     s = _require()
     with s.lock:
         d = s.declarations.get(name)

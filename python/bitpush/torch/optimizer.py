@@ -244,10 +244,11 @@ class _GradientExchange:
 
     def _bp_ef_state(self):
         """{name: residual tensor} of the parameters whose gradients keep a worker
-        error-feedback residual (embedded mode; None in daemon mode, where it lives in the
-        node's daemon, or before the first exchange)."""
+        error-feedback residual (None before the first exchange). In daemon mode the residual
+        is the node's (kept by its bitpush-worker after the local reduce): every process of the
+        node gets the same values, and on restore the daemon applies local rank 0's."""
         bp = _bp()
-        if not self._bp_declared or bp.mode() != "embedded":
+        if not self._bp_declared:
             return None
         out = {}
         for p in self._bp_params:
@@ -398,7 +399,8 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
     def state_dict(self):
         sd = super().state_dict()
         # The worker's error-feedback residuals (paper 001 Algorithm 4's e_i) come from the
-        # engine; the servers' residuals stay on the servers (docs/training.md, "Checkpoints").
+        # engine (embedded) or the node's daemon (daemon mode); the servers' residuals stay on
+        # the servers (docs/training.md, "Checkpoints").
         sd["bitpush"] = {"compression": self.compression,
                          "error_feedback": self.error_feedback,
                          "names": [self._bp_name(p) for p in self._bp_params],
