@@ -2,10 +2,15 @@
 //
 // The scheduler puts one v1::KeyMapping into every Assignment; every worker and server then
 // computes ServerForKey locally and identically — there is no per-key lookup at run time.
-// Scheme SCHEME_MIX64_MOD: server rank = Mix64(key ^ seed) mod num_servers, with Mix64 the
-// SplitMix64 finaliser of common/counter_rng.h. Mix64 is a bijection with full avalanche, so
-// consecutive keys (partitions of one tensor) spread evenly over the servers. Changing the
-// scheme or its constants changes where keys live: it needs a new Scheme value.
+// Scheme SCHEME_MIX64_STRIPE (the one MakeKeyMapping gives): a key is (tensor << 32) |
+// partition (worker/partition.h); server rank = (Mix64(tensor ^ seed) + partition) mod
+// num_servers, with Mix64 the SplitMix64 finaliser of common/counter_rng.h. A tensor's
+// partitions go round robin from a hashed first server, so every big tensor is split evenly
+// (within one partition) over the servers, and small tensors spread by the hash. The older
+// SCHEME_MIX64_MOD (Mix64(key ^ seed) mod num_servers, every key hashed) is still understood;
+// it balances only on average: the 26 partitions of a 100 MiB tensor landed 8 / 18 on two
+// servers, which made that server's link the bottleneck. Changing a scheme or its constants
+// changes where keys live: it needs a new Scheme value.
 //
 // Owned by the scheduler module. Thread-safety: pure functions.
 #pragma once
