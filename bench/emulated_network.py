@@ -464,10 +464,11 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--servers", type=int, default=2)
     p.add_argument("--mb", type=float, default=100, help="model size, MiB of fp32")
-    p.add_argument("--iters", type=int, default=10, help="timed rounds (median reported)")
-    p.add_argument("--warmup", type=int, default=3,
+    p.add_argument("--iters", type=int, default=50, help="timed rounds (median reported)")
+    p.add_argument("--warmup", type=int, default=10,
                    help="untimed rounds first: the first rounds of fresh processes pay page "
-                        "faults (VM memory is faulted in lazily), ~1 s, 160 ms, 85 ms for topk")
+                        "faults (VM memory is faulted in lazily), ~1 s, 160 ms, 85 ms for topk, "
+                        "and settle over about ten rounds")
     p.add_argument("--compressors", default=DEFAULT_COMPRESSORS,
                    help="comma-separated specs (default %(default)s)")
     p.add_argument("--gbit", type=float, default=1.0, help="per node, each direction")
