@@ -53,7 +53,7 @@ def main():
     prefix = "bpnet-test-%d" % os.getpid()
     with tempfile.TemporaryDirectory(prefix="bp-emnet-") as out:
         cmd = ["/usr/bin/python3", os.path.join(REPO, "bench", "emulated_network.py"),
-               "--workers", "2", "--servers", "1", "--mb", "4", "--iters", "2",
+               "--workers", "2", "--servers", "1", "--mb", "4", "--iters", "2", "--warmup", "1",
                "--compressors", "none,onebit", "--prefix", prefix, "--out", out,
                "--bin-dir", bin_dir, "--timeout-s", "30"]
         print(" ".join(cmd), flush=True)
