@@ -176,10 +176,21 @@ BP_TARGET_AVX2 void DecodeAvx2(const uint8_t* words, size_t n, float scale, floa
 // ---- AVX-512 ------------------------------------------------------------------------------
 // acc[0] holds lanes 0..7, acc[1] lanes 8..15: element i of a 16-wide chunk is lane i.
 
+// Chunk c (0..3) of a 64-element word: its sign bits (q < 0) into *w, |q| added to the
+// double accumulators (lanes 0..7 and 8..15).
+BP_TARGET_AVX512 inline void SignAndAbsAvx512(__m512 q, size_t c, uint64_t* w, __m512d* acc0,
+                                              __m512d* acc1) {
+  const __mmask16 neg = _mm512_cmp_ps_mask(q, _mm512_setzero_ps(), _CMP_LT_OQ);
+  *w |= static_cast<uint64_t>(neg) << (c * 16);
+  const __m512 aq = _mm512_abs_ps(q);
+  *acc0 = _mm512_add_pd(*acc0, _mm512_cvtps_pd(_mm512_castps512_ps256(aq)));
+  *acc1 = _mm512_add_pd(
+      *acc1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(aq), 1))));
+}
+
 BP_TARGET_AVX512 double SignsAvx512(const float* a, const float* b, size_t n, uint8_t* words,
                                     float* q_out) {
   __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
-  const __m512 zero = _mm512_setzero_ps();
   const size_t words_n = (n + 63) / 64;
   for (size_t j = 0; j < words_n; ++j) {
     uint64_t w = 0;
@@ -191,12 +202,7 @@ BP_TARGET_AVX512 double SignsAvx512(const float* a, const float* b, size_t n, ui
       __m512 q = _mm512_maskz_loadu_ps(lm, a + i);
       if (b) q = _mm512_add_ps(q, _mm512_maskz_loadu_ps(lm, b + i));
       if (q_out) _mm512_mask_storeu_ps(q_out + i, lm, q);
-      const __mmask16 neg = _mm512_cmp_ps_mask(q, zero, _CMP_LT_OQ);
-      w |= static_cast<uint64_t>(neg) << (c * 16);
-      const __m512 aq = _mm512_abs_ps(q);
-      acc0 = _mm512_add_pd(acc0, _mm512_cvtps_pd(_mm512_castps512_ps256(aq)));
-      acc1 = _mm512_add_pd(
-          acc1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(aq), 1))));
+      SignAndAbsAvx512(q, c, &w, &acc0, &acc1);
     }
     StoreWord(words, j, w);
   }
@@ -253,7 +259,6 @@ BP_TARGET_AVX512 void DecodeAvx512(const uint8_t* words, size_t n, float scale, 
   if (full * 64 < n) DecodeScalar(words + full * 8, n - full * 64, scale, out + full * 64, add);
 }
 
-
 // ---- fused server round ---------------------------------------------------------------------
 // The server's aggregate of `count` onebit pushes is never materialised: element i of it is
 //   a = v_0; a = a + v_w (w = 1..count-1); a = a * mult (when mult != 1); q = a (+ e[i])
@@ -279,7 +284,7 @@ inline float AggregateScalarAt(const PushSigns* p, size_t count, size_t i, float
 }
 
 void AggSignsScalar(const PushSigns* p, size_t count, size_t begin, size_t n, float mult,
-                      bool do_mult, const float* e, uint8_t* words, double* lanes) {
+                    bool do_mult, const float* e, uint8_t* words, double* lanes) {
   for (size_t j = begin / 64; j * 64 < n; ++j) {
     uint64_t w = 0;
     const size_t end = std::min(n, j * 64 + 64);
@@ -360,24 +365,22 @@ BP_TARGET_AVX2 void AggResidualAvx2(const PushSigns* p, size_t count, size_t n, 
   if (full * 64 < n) AggResidualScalar(p, count, full * 64, n, mult_s, do_mult, e, words, scale);
 }
 
-BP_TARGET_AVX512 inline __m512 AggregateAvx512(const PushSigns* p, size_t count,
-                                               const uint64_t* w, int c, __m512 mult,
-                                               bool do_mult) {
+BP_TARGET_AVX512 inline __m512 AggregateAvx512(const PushSigns* p, size_t count, const uint64_t* w,
+                                               int c, __m512 mult, bool do_mult) {
   __m512 a = _mm512_mask_blend_ps(static_cast<__mmask16>(w[0] >> (c * 16)),
                                   _mm512_set1_ps(p[0].scale), _mm512_set1_ps(-p[0].scale));
   for (size_t k = 1; k < count; ++k) {
-    a = _mm512_add_ps(a, _mm512_mask_blend_ps(static_cast<__mmask16>(w[k] >> (c * 16)),
-                                              _mm512_set1_ps(p[k].scale),
-                                              _mm512_set1_ps(-p[k].scale)));
+    a = _mm512_add_ps(
+        a, _mm512_mask_blend_ps(static_cast<__mmask16>(w[k] >> (c * 16)),
+                                _mm512_set1_ps(p[k].scale), _mm512_set1_ps(-p[k].scale)));
   }
   return do_mult ? _mm512_mul_ps(a, mult) : a;
 }
 
 BP_TARGET_AVX512 void AggSignsAvx512(const PushSigns* p, size_t count, size_t n, float mult_s,
-                                     bool do_mult, const float* e, uint8_t* words,
-                                     uint64_t* wbuf, double* lanes) {
+                                     bool do_mult, const float* e, uint8_t* words, uint64_t* wbuf,
+                                     double* lanes) {
   __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
-  const __m512 zero = _mm512_setzero_ps();
   const __m512 mult = _mm512_set1_ps(mult_s);
   const size_t words_n = (n + 63) / 64;
   for (size_t j = 0; j < words_n; ++j) {
@@ -391,12 +394,7 @@ BP_TARGET_AVX512 void AggSignsAvx512(const PushSigns* p, size_t count, size_t n,
       // Lanes past n are zero, as the masked loads of Signs make them.
       __m512 q = _mm512_maskz_mov_ps(lm, AggregateAvx512(p, count, wbuf, c, mult, do_mult));
       if (e) q = _mm512_add_ps(q, _mm512_maskz_loadu_ps(lm, e + i));
-      const __mmask16 neg = _mm512_cmp_ps_mask(q, zero, _CMP_LT_OQ);
-      w |= static_cast<uint64_t>(neg) << (c * 16);
-      const __m512 aq = _mm512_abs_ps(q);
-      acc0 = _mm512_add_pd(acc0, _mm512_cvtps_pd(_mm512_castps512_ps256(aq)));
-      acc1 = _mm512_add_pd(
-          acc1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(aq), 1))));
+      SignAndAbsAvx512(q, c, &w, &acc0, &acc1);
     }
     StoreWord(words, j, w);
   }
