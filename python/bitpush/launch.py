@@ -20,7 +20,6 @@ was killed outright). Every child is started from the main thread (PDEATHSIG fol
 thread that forked); one reader thread per child copies its merged stdout/stderr.
 """
 import argparse
-import ctypes
 import os
 import signal
 import socket
@@ -29,7 +28,7 @@ import sys
 import threading
 import time
 
-from . import _env
+from . import _env, _proc
 
 __all__ = ["main"]
 
@@ -38,15 +37,7 @@ EXIT_FAILED = 1  # a process failed (or the cluster did not end by itself when a
 EXIT_USAGE = 2  # bad command line or bad config
 # Stopped by SIGINT / SIGTERM: 128 + the signal (130, 143), like a shell.
 
-_PR_SET_PDEATHSIG = 1
 _POLL_S = 0.05
-
-
-def _child_setup():
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 # -- config ----------------------------------------------------------------------------------
@@ -102,7 +93,7 @@ class _Child:
         self._out, self._lock = out, out_lock
         self.popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      start_new_session=True, preexec_fn=_child_setup)
+                                      start_new_session=True, preexec_fn=_proc.die_with_parent)
         self.pid = self.popen.pid
         self.reader = threading.Thread(target=self._read, name="out-" + label, daemon=True)
         self.reader.start()

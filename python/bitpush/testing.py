@@ -22,7 +22,6 @@ run: it ends when every worker called shutdown().
 
 Thread-safety: a LocalCluster belongs to the thread that created it.
 """
-import ctypes
 import inspect
 import os
 import pickle
@@ -34,18 +33,9 @@ import sys
 import tempfile
 import time
 
-from . import _env
+from . import _env, _proc
 
 __all__ = ["LocalCluster", "WorkerResult", "free_ports"]
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent():
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def free_ports(n):
@@ -108,7 +98,7 @@ class _Proc:
         with open(log_path, "wb") as log:  # the child keeps its own descriptor
             self.popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, env=env,
-                                          preexec_fn=_die_with_parent)
+                                          preexec_fn=_proc.die_with_parent)
 
     @property
     def pid(self):
