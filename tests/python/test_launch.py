@@ -81,6 +81,21 @@ def _write_yaml(d, workers=2, servers=1, extra_worker=""):
     return path
 
 
+def _write_host_yaml(d, scheduler, servers, workers):
+    """A YAML in the host form with short timeouts, one engine/compression thread and a
+    per-rank daemon socket in `d`; returns its path."""
+    path = os.path.join(d, "cluster.yaml")
+    with open(path, "w") as f:
+        f.write("cluster:\n  scheduler: %s\n  servers: %s\n  workers: %s\n"
+                % (scheduler, servers, workers))
+        f.write("  heartbeat_interval_ms: 100\n  heartbeat_timeout_ms: 1000\n"
+                "  startup_timeout_s: 30\n")
+        f.write("server:\n  engine_threads: 1\n  numa: off\n")
+        f.write("worker:\n  compress_threads: 1\n  op_timeout_s: 30\n  numa: off\n"
+                "  socket: %s/w{rank}.sock\n" % d)
+    return path
+
+
 def _procs_mentioning(text):
     """pids of live processes whose command line contains `text` (zombies excluded)."""
     found = []
@@ -162,17 +177,10 @@ def test_host_form_unequal_processes_average_over_every_process(tmp):
     is over the 3 processes (2.0, not the node-weighted 2.25), every node gets a daemon, and
     the launcher hands each process its GPU and its daemon's socket."""
     ports = free_ports(4)
-    cfg = os.path.join(tmp, "cluster.yaml")
-    with open(cfg, "w") as f:
-        f.write("cluster:\n  scheduler: 127.0.0.1:%d\n" % ports[0])
-        f.write("  servers: [{host: 127.0.0.1, port: %d}]\n" % ports[1])
-        f.write("  workers:\n    - {host: 127.0.0.1, port: %d, gpus: [1, 0]}\n" % ports[2])
-        f.write("    - {host: 127.0.0.1, port: %d, processes: 1}\n" % ports[3])
-        f.write("  heartbeat_interval_ms: 100\n  heartbeat_timeout_ms: 1000\n"
-                "  startup_timeout_s: 30\n")
-        f.write("server:\n  engine_threads: 1\n  numa: off\n")
-        f.write("worker:\n  compress_threads: 1\n  op_timeout_s: 30\n  numa: off\n"
-                "  socket: %s/w{rank}.sock\n" % tmp)
+    cfg = _write_host_yaml(tmp, "127.0.0.1:%d" % ports[0],
+                           "[{host: 127.0.0.1, port: %d}]" % ports[1],
+                           "\n    - {host: 127.0.0.1, port: %d, gpus: [1, 0]}"
+                           "\n    - {host: 127.0.0.1, port: %d, processes: 1}" % (ports[2], ports[3]))
     r = _run(["launch", "--config", cfg, "--", PY, "-c", UNEQUAL, tmp])
     assert r.returncode == 0, r.stdout
     for line in ("[train 0.0] rank 0 of 3 node 0.0 avg=2.000 sum=6.0 gpu=1 mode=daemon "
@@ -225,17 +233,10 @@ def test_two_launchers_split_by_host(tmp):
     that machine's roles — the first the scheduler and servers, the second the worker nodes and
     their training processes — and both end cleanly when training is done."""
     ports = free_ports(5)
-    cfg = os.path.join(tmp, "cluster.yaml")
-    with open(cfg, "w") as f:
-        f.write("cluster:\n  scheduler: 127.0.0.2:%d\n" % ports[0])
-        f.write("  servers: {hosts: [127.0.0.2], count: 2, port: %d}\n" % ports[1])
-        f.write("  workers:\n    - {host: 127.0.0.3, port: %d, processes: 2}\n" % ports[3])
-        f.write("    - {host: 127.0.0.4, port: %d, processes: 2}\n" % ports[4])
-        f.write("  heartbeat_interval_ms: 100\n  heartbeat_timeout_ms: 1000\n"
-                "  startup_timeout_s: 30\n")
-        f.write("server:\n  engine_threads: 1\n  numa: off\n")
-        f.write("worker:\n  compress_threads: 1\n  op_timeout_s: 30\n  numa: off\n"
-                "  socket: %s/w{rank}.sock\n" % tmp)
+    cfg = _write_host_yaml(tmp, "127.0.0.2:%d" % ports[0],
+                           "{hosts: [127.0.0.2], count: 2, port: %d}" % ports[1],
+                           "\n    - {host: 127.0.0.3, port: %d, processes: 2}"
+                           "\n    - {host: 127.0.0.4, port: %d, processes: 2}" % (ports[3], ports[4]))
     ps = subprocess.Popen(_launcher() + ["launch", "--config", cfg, "--host", "127.0.0.2"],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True)
