@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/logging.h"
+#include "common/node/identity.h"
 #include "common/transport/protocol.h"
 #include "fmt/format.h"
 #include "scheduler/key_mapping.h"
@@ -45,29 +46,36 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
   if (options.shutdown_ack_timeout.count() < 0) {
     return InvalidArgumentError("SchedulerOptions::shutdown_ack_timeout is negative");
   }
-  if (transport == nullptr) {
-    transport::TransportOptions t;
-    t.backend = options.cluster.transport;
-    t.name = kSchedulerPeerId;
-    t.listen_address = options.cluster.scheduler_address;
-    t.inproc_hub = options.inproc_hub;
-    StatusOr<std::unique_ptr<transport::Transport>> made = transport::CreateTransport(t);
-    if (!made.ok()) {
-      return made.status().WithContext(
-          fmt::format("scheduler: cannot listen at {}", options.cluster.scheduler_address));
-    }
-    transport = std::move(made).value();
-  } else if (transport->name() != kSchedulerPeerId) {
+  if (transport != nullptr && transport->name() != kSchedulerPeerId) {
     return InvalidArgumentError(
         fmt::format("scheduler: the injected transport is named '{}', "
                     "not '{}'",
                     transport->name(), kSchedulerPeerId));
   }
-  return std::unique_ptr<Scheduler>(new Scheduler(std::move(options), std::move(transport)));
+  const bool injected = transport != nullptr;
+  node::NodeEndpointOptions e;
+  e.self = node::NodeIdentity{v1::ROLE_SCHEDULER, 0};
+  e.listen_address = options.cluster.scheduler_address;
+  e.backend = options.cluster.transport;
+  e.inproc_hub = options.inproc_hub;
+  e.clock = options.clock;
+  StatusOr<std::unique_ptr<node::NodeEndpoint>> endpoint =
+      node::NodeEndpoint::Create(std::move(e), std::move(transport));
+  if (!endpoint.ok()) {
+    if (injected) return endpoint.status();
+    return endpoint.status().WithContext(
+        fmt::format("scheduler: cannot listen at {}", options.cluster.scheduler_address));
+  }
+  std::unique_ptr<Scheduler> s(new Scheduler(std::move(options), std::move(endpoint).value()));
+  s->RegisterHandlers();
+  return s;
 }
 
-Scheduler::Scheduler(SchedulerOptions options, std::unique_ptr<transport::Transport> transport)
-    : options_(std::move(options)), cluster_(options_.cluster), transport_(std::move(transport)) {
+Scheduler::Scheduler(SchedulerOptions options, std::unique_ptr<node::NodeEndpoint> endpoint)
+    : options_(std::move(options)),
+      cluster_(options_.cluster),
+      clock_(options_.clock ? options_.clock : SystemClock()),
+      endpoint_(std::move(endpoint)) {
   config_fields_ = ConfigFields(cluster_);
   config_hash_ = ConfigHash(config_fields_);
   for (v1::Role role : {v1::ROLE_SERVER, v1::ROLE_WORKER}) {
@@ -88,11 +96,11 @@ Scheduler::Scheduler(SchedulerOptions options, std::unique_ptr<transport::Transp
 }
 
 Scheduler::~Scheduler() {
-  if (transport_) transport_->Close();
+  if (endpoint_) endpoint_->Close();
 }
 
 std::string Scheduler::address() const {
-  return transport_->address();
+  return endpoint_->address();
 }
 
 void Scheduler::Stop() {
@@ -100,11 +108,7 @@ void Scheduler::Stop() {
 }
 
 Status Scheduler::SendTo(const std::string& peer, const v1::ControlMessage& msg) {
-  transport::Message m;
-  if (!msg.SerializeToString(&m.header)) {
-    return InternalError("cannot serialize a control message");
-  }
-  return transport_->Send(peer, std::move(m));
+  return endpoint_->SendControl(peer, msg);
 }
 
 Scheduler::Slot* Scheduler::FindSlot(const std::string& peer) {
@@ -133,12 +137,12 @@ bool Scheduler::IsMember(const Slot& slot, v1::Group group) const {
 Status Scheduler::Run() {
   BP_CHECK(!ran_, "Scheduler::Run called twice");
   ran_ = true;
-  start_ = Clock::now();
+  start_ = clock_->Now();
   BP_LOG_INFO("bitpush-scheduler {}.{} listening at {}; effective config:\n{}", kProtocolMajor,
-              kProtocolMinor, transport_->address(), DescribeClusterConfig(cluster_));
+              kProtocolMinor, endpoint_->address(), DescribeClusterConfig(cluster_));
   BP_LOG_INFO("waiting up to {} ms for {} servers and {} workers", cluster_.startup_timeout.count(),
               cluster_.servers.size(), cluster_.workers.size());
-  Clock::time_point next_heartbeat = start_ + cluster_.heartbeat_interval;
+  time_point next_heartbeat = start_ + cluster_.heartbeat_interval;
 
   while (!finished_) {
     if (stop_requested_.load()) {
@@ -146,7 +150,7 @@ Status Scheduler::Run() {
       ShutdownNodes("scheduler interrupted");
       return CancelledError("scheduler interrupted");
     }
-    Clock::time_point now = Clock::now();
+    time_point now = clock_->Now();
     if (now >= next_heartbeat) {
       SendHeartbeats();
       next_heartbeat += cluster_.heartbeat_interval;
@@ -155,19 +159,16 @@ Status Scheduler::Run() {
     if (!assigned_ && now - start_ >= cluster_.startup_timeout) return StartupTimeout();
     if (std::optional<Status> dead = CheckDeadNodes(now)) return *dead;
 
-    Clock::time_point wake = std::min(next_heartbeat, now + kMaxLoopWait);
+    time_point wake = std::min(next_heartbeat, now + kMaxLoopWait);
     if (!assigned_) wake = std::min(wake, start_ + cluster_.startup_timeout);
-    const milliseconds wait = std::max(
-        milliseconds(1),
-        duration_cast<milliseconds>(wake - now + milliseconds(1) - std::chrono::nanoseconds(1)));
-    StatusOr<transport::Received> r = transport_->Receive(wait);
-    if (!r.ok()) {
-      if (r.status().code() == StatusCode::kTimeout) continue;
+    const milliseconds wait =
+        std::max(milliseconds(1), std::chrono::ceil<milliseconds>(wake - now));
+    // Stop() is noticed within kMaxLoopWait whatever the clock says.
+    if (Status s = endpoint_->Poll(std::min(kMaxLoopWait, clock_->BlockFor(wait))); !s.ok()) {
       // The endpoint itself is gone (closed under us): nothing can be sent any more.
-      BP_LOG_ERROR("scheduler: transport failed: {}", r.status().ToString());
-      return r.status().WithContext("scheduler transport");
+      BP_LOG_ERROR("scheduler: transport failed: {}", s.ToString());
+      return s.WithContext("scheduler transport");
     }
-    Handle(*r);
   }
   if (finished_->ok()) {
     BP_LOG_INFO("every worker is done: shutting the cluster down cleanly");
@@ -176,48 +177,96 @@ Status Scheduler::Run() {
   return *finished_;
 }
 
-void Scheduler::Handle(transport::Received& r) {
-  if (!r.is_message()) {
-    const transport::TransportEvent& ev = r.event();
-    const char* what = ev.kind == transport::TransportEvent::Kind::kPeerConnected ? "connected"
-                       : ev.kind == transport::TransportEvent::Kind::kPeerDisconnected
-                           ? "disconnected"
-                           : "send failed";
-    // Verdicts come from heartbeats only (a transport may reconnect); events are logged.
-    BP_LOG_INFO("scheduler: transport event: {} {}{}", ev.peer, what,
-                ev.status.ok() ? "" : " (" + ev.status.message() + ")");
-    if (Slot* slot = FindSlot(ev.peer)) {
-      slot->disconnected = ev.kind == transport::TransportEvent::Kind::kPeerDisconnected;
-    } else if (ev.kind == transport::TransportEvent::Kind::kPeerDisconnected &&
-               ev.peer.rfind(kRefusedAliasPrefix, 0) == 0) {
-      transport_->Disconnect(ev.peer);  // the refused node is gone: forget its alias
+void Scheduler::RegisterHandlers() {
+  using node::Plane;
+  using node::RoleSet;
+  using node::Sender;
+  endpoint_->OnEvent(Plane::kControl,
+                     [this](const Sender&, const transport::TransportEvent& ev) { OnEvent(ev); });
+  endpoint_->OnRejected(
+      Plane::kControl, [this](const Sender& from, const transport::Message&,
+                              node::NodeEndpoint::Rejection why, std::string_view) {
+        if (draining_) return;
+        if (why == node::NodeEndpoint::Rejection::kMalformed) {
+          BP_LOG_WARN("scheduler: dropped a malformed control message from '{}'", from.peer);
+        } else {
+          BP_LOG_DEBUG("scheduler: dropped a message from unregistered peer '{}'", from.peer);
+        }
+      });
+  // Anyone may ask to register (HandleRegister checks who it is); everything else comes from
+  // registered nodes.
+  endpoint_->OnControl(v1::ControlMessage::kRegisterRequest, RoleSet::AnyPeer(),
+                       [this](const Sender& from, const v1::ControlMessage& m) {
+                         if (!draining_) HandleRegister(from.peer, m.register_request());
+                       });
+  const RoleSet nodes = RoleSet::Of(v1::ROLE_SERVER, v1::ROLE_WORKER);
+  endpoint_->OnControl(v1::ControlMessage::kHeartbeat, nodes,
+                       [this](const Sender& from, const v1::ControlMessage&) {
+                         if (!draining_) HeardFrom(from);
+                       });
+  endpoint_->OnControl(v1::ControlMessage::kBarrierRequest, nodes,
+                       [this](const Sender& from, const v1::ControlMessage& m) {
+                         if (draining_) return;
+                         if (Slot* slot = HeardFrom(from))
+                           HandleBarrier(*slot, m.barrier_request());
+                       });
+  endpoint_->OnControl(v1::ControlMessage::kDone, nodes,
+                       [this](const Sender& from, const v1::ControlMessage&) {
+                         if (draining_) return;
+                         if (Slot* slot = HeardFrom(from)) HandleDone(*slot);
+                       });
+  endpoint_->OnControl(v1::ControlMessage::kShutdownAck, nodes,
+                       [this](const Sender& from, const v1::ControlMessage&) {
+                         if (draining_) {
+                           // Any node the shutdown was sent to may acknowledge it.
+                           if (Slot* s = FindSlot(from.peer)) s->shutdown_acked = true;
+                           return;
+                         }
+                         if (Slot* slot = HeardFrom(from)) slot->shutdown_acked = true;
+                       });
+  endpoint_->OnUnhandledControl([this](const Sender& from, const v1::ControlMessage& m) {
+    if (draining_) return;
+    if (Slot* slot = HeardFrom(from)) {
+      BP_LOG_WARN("scheduler: unexpected control message (case {}) from {}",
+                  static_cast<int>(m.body_case()), slot->name);
+    }
+  });
+}
+
+Scheduler::Slot* Scheduler::HeardFrom(const node::Sender& sender) {
+  Slot* slot = FindSlot(sender.peer);
+  if (slot == nullptr || !slot->registered || slot->dead) {
+    BP_LOG_DEBUG("scheduler: dropped a message from unregistered peer '{}'", sender.peer);
+    return nullptr;
+  }
+  slot->last_heard = clock_->Now();
+  slot->disconnected = false;
+  return slot;
+}
+
+void Scheduler::OnEvent(const transport::TransportEvent& ev) {
+  if (draining_) {
+    // A node whose endpoint is gone has nothing left to acknowledge.
+    if (ev.kind == transport::TransportEvent::Kind::kPeerDisconnected) {
+      if (Slot* s = FindSlot(ev.peer)) {
+        s->shutdown_acked = true;
+        s->disconnected = true;
+      }
     }
     return;
   }
-  v1::ControlMessage msg;
-  if (!msg.ParseFromString(r.message().header)) {
-    BP_LOG_WARN("scheduler: dropped a malformed control message from '{}'", r.from);
-    return;
-  }
-  if (msg.body_case() == v1::ControlMessage::kRegisterRequest) {
-    HandleRegister(r.from, msg.register_request());
-    return;
-  }
-  Slot* slot = FindSlot(r.from);
-  if (slot == nullptr || !slot->registered || slot->dead) {
-    BP_LOG_DEBUG("scheduler: dropped a message from unregistered peer '{}'", r.from);
-    return;
-  }
-  slot->last_heard = Clock::now();
-  slot->disconnected = false;
-  switch (msg.body_case()) {
-    case v1::ControlMessage::kHeartbeat: break;
-    case v1::ControlMessage::kBarrierRequest: HandleBarrier(*slot, msg.barrier_request()); break;
-    case v1::ControlMessage::kDone: HandleDone(*slot); break;
-    case v1::ControlMessage::kShutdownAck: slot->shutdown_acked = true; break;
-    default:
-      BP_LOG_WARN("scheduler: unexpected control message (case {}) from {}",
-                  static_cast<int>(msg.body_case()), slot->name);
+  const char* what = ev.kind == transport::TransportEvent::Kind::kPeerConnected ? "connected"
+                     : ev.kind == transport::TransportEvent::Kind::kPeerDisconnected
+                         ? "disconnected"
+                         : "send failed";
+  // Verdicts come from heartbeats only (a transport may reconnect); events are logged.
+  BP_LOG_INFO("scheduler: transport event: {} {}{}", ev.peer, what,
+              ev.status.ok() ? "" : " (" + ev.status.message() + ")");
+  if (Slot* slot = FindSlot(ev.peer)) {
+    slot->disconnected = ev.kind == transport::TransportEvent::Kind::kPeerDisconnected;
+  } else if (ev.kind == transport::TransportEvent::Kind::kPeerDisconnected &&
+             ev.peer.rfind(kRefusedAliasPrefix, 0) == 0) {
+    endpoint_->Disconnect(ev.peer);  // the refused node is gone: forget its alias
   }
 }
 
@@ -238,7 +287,7 @@ void Scheduler::Refuse(const std::string& from, const v1::RegisterRequest& req, 
     BP_LOG_WARN("scheduler: cannot answer '{}': {}", from, addr.status().message());
     return;
   }
-  Status s = transport_->Connect(alias, *addr);
+  Status s = endpoint_->Connect(alias, *addr);
   if (s.ok()) s = SendTo(alias, m);
   if (!s.ok()) BP_LOG_WARN("scheduler: cannot send the refusal to '{}': {}", from, s.ToString());
 }
@@ -317,7 +366,7 @@ void Scheduler::HandleRegister(const std::string& from, const v1::RegisterReques
 
   const bool retry = slot.registered;
   if (!retry) {
-    Status c = transport_->Connect(slot.name, slot.address);
+    Status c = endpoint_->Connect(slot.name, slot.address);
     if (!c.ok()) {
       // Nothing can be answered; the node retries and the startup timeout bounds it.
       BP_LOG_WARN("scheduler: cannot connect to {} at {}: {}", slot.name, slot.address,
@@ -333,14 +382,14 @@ void Scheduler::HandleRegister(const std::string& from, const v1::RegisterReques
     BP_LOG_INFO("scheduler: {} {} registered from {} ({}:{}) [{}/{}]", role, req.rank(),
                 slot.address, slot.host, slot.pid, registered_, slots_.size());
   }
-  slot.last_heard = Clock::now();
+  slot.last_heard = clock_->Now();
   v1::ControlMessage m;
   v1::RegisterAccepted* a = m.mutable_register_accepted();
   a->set_registered(static_cast<uint32_t>(registered_));
   a->set_expected(static_cast<uint32_t>(slots_.size()));
   a->set_heartbeat_interval_ms(static_cast<uint32_t>(cluster_.heartbeat_interval.count()));
   a->set_heartbeat_timeout_ms(static_cast<uint32_t>(cluster_.heartbeat_timeout.count()));
-  const Clock::duration left = start_ + cluster_.startup_timeout - Clock::now();
+  const Clock::duration left = start_ + cluster_.startup_timeout - clock_->Now();
   a->set_startup_remaining_ms(assigned_ ? 0
                                         : static_cast<uint32_t>(std::max<int64_t>(0, Ms(left))));
   Status s = SendTo(slot.name, m);
@@ -370,7 +419,7 @@ v1::Assignment Scheduler::AssignmentFor(const Slot& slot) const {
 void Scheduler::SendAssignments() {
   assigned_ = true;
   BP_LOG_INFO("scheduler: all {} nodes registered after {} ms; sending assignments", slots_.size(),
-              Ms(Clock::now() - start_));
+              Ms(clock_->Now() - start_));
   for (const Slot& s : slots_) {
     v1::ControlMessage m;
     *m.mutable_assignment() = AssignmentFor(s);
@@ -448,7 +497,7 @@ void Scheduler::SendHeartbeats() {
   }
 }
 
-std::optional<Status> Scheduler::CheckDeadNodes(Clock::time_point now) {
+std::optional<Status> Scheduler::CheckDeadNodes(time_point now) {
   std::vector<size_t> dead;
   for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = slots_[i];
@@ -518,14 +567,15 @@ void Scheduler::ShutdownNodes(const std::string& error) {
   const milliseconds bound = options_.shutdown_ack_timeout.count() > 0
                                  ? options_.shutdown_ack_timeout
                                  : cluster_.heartbeat_timeout;
-  const Clock::time_point deadline = Clock::now() + bound;
+  const time_point deadline = clock_->Now() + bound;
   auto unacked = [&] {
     size_t n = 0;
     for (const Slot& s : slots_) n += (s.registered && !s.dead && !s.shutdown_acked) ? 1 : 0;
     return n;
   };
+  draining_ = true;
   while (waiting > 0 && unacked() > 0) {
-    const Clock::time_point now = Clock::now();
+    const time_point now = clock_->Now();
     if (now >= deadline) {
       std::string names;
       for (const Slot& s : slots_) {
@@ -534,29 +584,13 @@ void Scheduler::ShutdownNodes(const std::string& error) {
       }
       BP_LOG_WARN("scheduler: no shutdown acknowledgement within {} ms from {}", bound.count(),
                   names);
-      return;
+      break;
     }
-    StatusOr<transport::Received> r = transport_->Receive(
-        std::min(kMaxLoopWait, duration_cast<milliseconds>(deadline - now) + milliseconds(1)));
-    if (!r.ok()) {
-      if (r.status().code() == StatusCode::kTimeout) continue;
-      return;
-    }
-    if (!r->is_message()) {
-      // A node whose endpoint is gone has nothing left to acknowledge.
-      if (r->event().kind == transport::TransportEvent::Kind::kPeerDisconnected) {
-        if (Slot* s = FindSlot(r->event().peer)) {
-          s->shutdown_acked = true;
-          s->disconnected = true;
-        }
-      }
-      continue;
-    }
-    v1::ControlMessage in;
-    if (!in.ParseFromString(r->message().header)) continue;
-    if (in.body_case() != v1::ControlMessage::kShutdownAck) continue;
-    if (Slot* s = FindSlot(r->from)) s->shutdown_acked = true;
+    const milliseconds wait =
+        std::min(kMaxLoopWait, duration_cast<milliseconds>(deadline - now) + milliseconds(1));
+    if (!endpoint_->Poll(clock_->BlockFor(wait)).ok()) break;
   }
+  draining_ = false;
 }
 
 }  // namespace bitpush::scheduler

@@ -11,11 +11,13 @@
 // It never touches gradient bytes.
 //
 // Objects, not singletons: built from SchedulerOptions and an optional injected Transport (so
-// tests wrap it for fault injection and several schedulers can live in one process).
+// tests wrap it for fault injection and several schedulers can live in one process) and clock.
+// The scheduler's NodeEndpoint (common/node/endpoint.h) owns the transport; the scheduler
+// registers its control-plane handlers on it and runs the loop itself (NodeEndpoint::Poll).
 //
 // Thread-safety: Run() is called once, by one thread, which owns all scheduler state (a
-// single-threaded event loop over Transport::Receive). Stop() and address() may be called
-// from any thread.
+// single-threaded event loop: the endpoint's handlers run on the Run thread). Stop() and
+// address() may be called from any thread.
 #pragma once
 
 #include <atomic>
@@ -26,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
+#include "common/node/endpoint.h"
 #include "common/status.h"
 #include "common/transport/transport.h"
 #include "proto/bitpush/v1/control.pb.h"
@@ -42,6 +46,8 @@ struct SchedulerOptions {
   // After sending Shutdown, how long to wait for every live node's ShutdownAck before
   // returning (so the last messages are not lost with the socket). 0 = heartbeat_timeout.
   std::chrono::milliseconds shutdown_ack_timeout{0};
+  // The clock of heartbeats, silence verdicts and the startup timeout; null = SystemClock().
+  std::shared_ptr<const Clock> clock;
 };
 
 class Scheduler {
@@ -74,7 +80,7 @@ class Scheduler {
   std::string address() const;
 
  private:
-  using Clock = std::chrono::steady_clock;
+  using time_point = Clock::time_point;
 
   struct Slot {
     v1::Role role;
@@ -85,7 +91,7 @@ class Scheduler {
     uint64_t incarnation = 0;
     std::string host;
     uint32_t pid = 0;
-    Clock::time_point last_heard;
+    time_point last_heard;
     bool dead = false;
     bool done = false;  // workers: sent Done
     bool shutdown_acked = false;
@@ -99,9 +105,13 @@ class Scheduler {
     size_t count = 0;
   };
 
-  Scheduler(SchedulerOptions options, std::unique_ptr<transport::Transport> transport);
+  Scheduler(SchedulerOptions options, std::unique_ptr<node::NodeEndpoint> endpoint);
 
-  void Handle(transport::Received& r);
+  // The endpoint's handlers (the Run thread).
+  void RegisterHandlers();
+  void OnEvent(const transport::TransportEvent& ev);
+  // The registered, live slot of `sender`, marked heard; null (and logged) otherwise.
+  Slot* HeardFrom(const node::Sender& sender);
   void HandleRegister(const std::string& from, const v1::RegisterRequest& req);
   void HandleBarrier(Slot& slot, const v1::BarrierRequest& req);
   void HandleDone(Slot& slot);
@@ -114,7 +124,7 @@ class Scheduler {
 
   void SendHeartbeats();
   // Status for nodes silent longer than heartbeat_timeout (marks them dead), else nullopt.
-  std::optional<Status> CheckDeadNodes(Clock::time_point now);
+  std::optional<Status> CheckDeadNodes(time_point now);
   Status StartupTimeout();
   // Sends Shutdown{error} to every live registered node, waits (bounded) for their acks.
   void ShutdownNodes(const std::string& error);
@@ -123,7 +133,8 @@ class Scheduler {
 
   const SchedulerOptions options_;
   const ClusterConfig& cluster_;
-  std::unique_ptr<transport::Transport> transport_;
+  const std::shared_ptr<const Clock> clock_;
+  std::unique_ptr<node::NodeEndpoint> endpoint_;
   std::vector<v1::ConfigField> config_fields_;
   uint64_t config_hash_ = 0;
 
@@ -139,7 +150,10 @@ class Scheduler {
   std::optional<Status> finished_;        // set when Run must end (OK = clean shutdown)
   std::map<int, BarrierState> barriers_;  // by v1::Group
   uint64_t heartbeat_seq_ = 0;
-  Clock::time_point start_;
+  time_point start_;
+  // ShutdownNodes is waiting for acknowledgements: handlers count ShutdownAcks and departures
+  // only.
+  bool draining_ = false;
 };
 
 }  // namespace bitpush::scheduler

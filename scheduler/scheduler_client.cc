@@ -40,8 +40,7 @@ std::string HostName() {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(
-    SchedulerClientOptions options, std::unique_ptr<transport::Transport> transport) {
+Status SchedulerClient::Validate(const SchedulerClientOptions& options) {
   BP_RETURN_IF_ERROR(ValidateClusterConfig(options.cluster));
   if (options.role != v1::ROLE_SERVER && options.role != v1::ROLE_WORKER) {
     return InvalidArgumentError("SchedulerClientOptions::role must be ROLE_SERVER or ROLE_WORKER");
@@ -62,40 +61,98 @@ StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(
   if (options.barrier_timeout.count() <= 0) {
     return InvalidArgumentError("SchedulerClientOptions::barrier_timeout must be > 0");
   }
-  const std::string name = NodePeerId(options.role, options.rank);
-  if (transport == nullptr) {
-    transport::TransportOptions t;
-    t.backend = options.cluster.transport;
-    t.name = name;
-    t.listen_address = address;
-    t.inproc_hub = options.inproc_hub;
-    StatusOr<std::unique_ptr<transport::Transport>> made = transport::CreateTransport(t);
-    if (!made.ok()) {
-      return made.status().WithContext(
-          fmt::format("{} {}: cannot listen at {}", RoleName(options.role), options.rank, address));
-    }
-    transport = std::move(made).value();
-  } else if (transport->name() != name) {
-    return InvalidArgumentError(
-        fmt::format("the injected transport is named '{}', but this node's PeerId is '{}'",
-                    transport->name(), name));
-  }
-  return std::unique_ptr<SchedulerClient>(
-      new SchedulerClient(std::move(options), std::move(transport)));
+  return Status::Ok();
 }
 
-SchedulerClient::SchedulerClient(SchedulerClientOptions options,
-                                 std::unique_ptr<transport::Transport> transport)
+StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(SchedulerClientOptions options,
+                                                                   node::NodeEndpoint* endpoint) {
+  BP_RETURN_IF_ERROR(Validate(options));
+  if (endpoint == nullptr) return InvalidArgumentError("SchedulerClient: no endpoint");
+  const node::NodeIdentity self{options.role, options.rank};
+  if (!(endpoint->self() == self)) {
+    return InvalidArgumentError(
+        fmt::format("SchedulerClient for {} {} attached to the endpoint of '{}'",
+                    RoleName(options.role), options.rank, endpoint->name()));
+  }
+  std::unique_ptr<SchedulerClient> c(new SchedulerClient(std::move(options), endpoint, nullptr));
+  c->Attach();
+  return c;
+}
+
+StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(
+    SchedulerClientOptions options, std::unique_ptr<transport::Transport> transport) {
+  BP_RETURN_IF_ERROR(Validate(options));
+  const std::string address = options.cluster.NodeAddress(options.role, options.rank);
+  node::NodeEndpointOptions e;
+  e.self = node::NodeIdentity{options.role, options.rank};
+  e.listen_address = address;
+  e.backend = options.cluster.transport;
+  e.inproc_hub = options.inproc_hub;
+  e.clock = options.clock;
+  const bool injected = transport != nullptr;
+  StatusOr<std::unique_ptr<node::NodeEndpoint>> made =
+      node::NodeEndpoint::Create(std::move(e), std::move(transport));
+  if (!made.ok()) {
+    if (injected) return made.status();
+    return made.status().WithContext(
+        fmt::format("{} {}: cannot listen at {}", RoleName(options.role), options.rank, address));
+  }
+  node::NodeEndpoint* endpoint = made->get();
+  std::unique_ptr<SchedulerClient> c(
+      new SchedulerClient(std::move(options), endpoint, std::move(made).value()));
+  c->Attach();
+  endpoint->Start();
+  return c;
+}
+
+SchedulerClient::SchedulerClient(SchedulerClientOptions options, node::NodeEndpoint* endpoint,
+                                 std::unique_ptr<node::NodeEndpoint> owned)
     : options_(std::move(options)),
       name_(NodePeerId(options_.role, options_.rank)),
       address_(options_.cluster.NodeAddress(options_.role, options_.rank)),
       label_(fmt::format("{} {}", RoleName(options_.role), options_.rank)),
       incarnation_(NewIncarnation()),
-      transport_(std::move(transport)),
+      endpoint_(endpoint),
+      owned_endpoint_(std::move(owned)),
+      clock_(options_.clock ? options_.clock : endpoint->clock()),
       heartbeat_interval_(options_.cluster.heartbeat_interval),
       heartbeat_timeout_(options_.cluster.heartbeat_timeout),
       assignment_wait_(options_.cluster.startup_timeout + options_.cluster.heartbeat_timeout) {
-  io_thread_ = std::thread([this] { IoLoop(); });
+  next_heartbeat_ = clock_->Now();
+}
+
+void SchedulerClient::Attach() {
+  using node::Plane;
+  using node::Sender;
+  const node::RoleSet scheduler = node::RoleSet::Of(v1::ROLE_SCHEDULER);
+  for (v1::ControlMessage::BodyCase kind :
+       {v1::ControlMessage::kHeartbeat, v1::ControlMessage::kRegisterAccepted,
+        v1::ControlMessage::kRegisterRefused, v1::ControlMessage::kAssignment,
+        v1::ControlMessage::kBarrierRelease, v1::ControlMessage::kNodeFailed,
+        v1::ControlMessage::kShutdown}) {
+    endpoint_->OnControl(kind, scheduler, [this](const Sender&, const v1::ControlMessage& m) {
+      HandleFromScheduler(m);
+    });
+  }
+  endpoint_->OnUnhandledControl(
+      [this](const Sender&, const v1::ControlMessage& m) { HandleFromScheduler(m); });
+  endpoint_->OnRejected(Plane::kControl, [this](const Sender&, const transport::Message&,
+                                                node::NodeEndpoint::Rejection, std::string_view) {
+    BP_LOG_WARN("{}: dropped a malformed control message from the scheduler", label_);
+  });
+  endpoint_->OnEvent(Plane::kControl, [this](const Sender&, const transport::TransportEvent& ev) {
+    BP_LOG_DEBUG("{}: transport event about the scheduler: {}", label_,
+                 ev.status.ok() ? std::string("connected") : ev.status.message());
+  });
+  endpoint_->AddTimer([this](time_point now) { return Tick(now); });
+  endpoint_->OnFailure([this](const Status& s) {
+    bool closing;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closing = closed_;
+    }
+    if (!closing) Fail(s);
+  });
 }
 
 SchedulerClient::~SchedulerClient() {
@@ -109,8 +166,7 @@ void SchedulerClient::Close() {
     closed_ = true;
   }
   cv_.notify_all();
-  transport_->Close();
-  if (io_thread_.joinable()) io_thread_.join();
+  if (owned_endpoint_) owned_endpoint_->Close();
 }
 
 std::optional<Status> SchedulerClient::StopReasonLocked() const {
@@ -157,9 +213,7 @@ uint32_t SchedulerClient::ServerForKey(uint64_t key) const {
 }
 
 Status SchedulerClient::SendToScheduler(const v1::ControlMessage& msg) {
-  transport::Message m;
-  if (!msg.SerializeToString(&m.header)) return InternalError("cannot serialize a control message");
-  return transport_->Send(kSchedulerPeerId, std::move(m));
+  return endpoint_->SendControl(kSchedulerPeerId, msg);
 }
 
 v1::RegisterRequest SchedulerClient::MakeRequest() const {
@@ -188,8 +242,8 @@ Status SchedulerClient::Register() {
     if (closed_) return CancelledError(label_ + ": the scheduler client is closed");
   }
   const std::string& sched = options_.cluster.scheduler_address;
-  const Clock::time_point start = Clock::now();
-  const Clock::time_point deadline = start + options_.cluster.startup_timeout;
+  const time_point start = clock_->Now();
+  const time_point deadline = start + options_.cluster.startup_timeout;
   v1::ControlMessage request;
   *request.mutable_register_request() = MakeRequest();
   milliseconds backoff = options_.initial_backoff;
@@ -204,7 +258,7 @@ Status SchedulerClient::Register() {
       if (accepted_ || assigned_) break;
       if (std::optional<Status> stop = StopReasonLocked()) return *stop;
     }
-    const Clock::time_point now = Clock::now();
+    const time_point now = clock_->Now();
     if (now >= deadline) {
       Status e = TimeoutError(fmt::format(
           "{}: no answer from the scheduler at {} after {} registration attempts over {} ms{}; "
@@ -222,7 +276,7 @@ Status SchedulerClient::Register() {
       connected = scheduler_connected_;
     }
     if (!connected) {
-      s = transport_->Connect(kSchedulerPeerId, sched);
+      s = endpoint_->Connect(kSchedulerPeerId, sched);
       if (s.ok()) {
         std::lock_guard<std::mutex> lock(mu_);
         scheduler_connected_ = true;
@@ -234,8 +288,8 @@ Status SchedulerClient::Register() {
       BP_LOG_DEBUG("{}: registration attempt {} failed: {}", label_, attempts, s.ToString());
     }
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_until(lock, std::min(now + backoff, deadline),
-                   [&] { return accepted_ || assigned_ || StopReasonLocked().has_value(); });
+    clock_->WaitUntil(lock, cv_, std::min<time_point>(now + backoff, deadline),
+                      [&] { return accepted_ || assigned_ || StopReasonLocked().has_value(); });
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
 
@@ -244,9 +298,9 @@ Status SchedulerClient::Register() {
   // startup verdict (naming the missing nodes) arrives first.
   std::unique_lock<std::mutex> lock(mu_);
   const milliseconds assignment_wait = assignment_wait_;
-  const Clock::time_point assignment_deadline = Clock::now() + assignment_wait;
-  cv_.wait_until(lock, assignment_deadline,
-                 [&] { return assigned_ || StopReasonLocked().has_value(); });
+  const time_point assignment_deadline = clock_->Now() + assignment_wait;
+  clock_->WaitUntil(lock, cv_, assignment_deadline,
+                    [&] { return assigned_ || StopReasonLocked().has_value(); });
   if (!error_.ok()) return error_;
   // Assigned counts even if a clean shutdown followed at once (a fast cluster).
   if (assigned_) return Status::Ok();
@@ -289,11 +343,10 @@ Status SchedulerClient::Barrier(v1::Group group, milliseconds timeout) {
     return e;
   }
   std::unique_lock<std::mutex> lock(mu_);
-  const bool released = cv_.wait_for(
-      lock, timeout, [&] { return released_[group] > id || StopReasonLocked().has_value(); });
+  clock_->WaitUntil(lock, cv_, clock_->Now() + timeout,
+                    [&] { return released_[group] > id || StopReasonLocked().has_value(); });
   if (released_[group] > id) return Status::Ok();
   if (std::optional<Status> stop = StopReasonLocked()) return *stop;
-  (void)released;
   lock.unlock();
   Status e = TimeoutError(fmt::format(
       "{}: barrier {} of group {} not released by the scheduler at {} within {} ms", label_, id,
@@ -326,7 +379,8 @@ Status SchedulerClient::Done() {
 
 Status SchedulerClient::WaitForShutdown(milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, timeout, [&] { return shutdown_ || !error_.ok() || closed_; });
+  clock_->WaitUntil(lock, cv_, clock_->Now() + timeout,
+                    [&] { return shutdown_ || !error_.ok() || closed_; });
   if (!error_.ok()) return error_;
   if (shutdown_) return Status::Ok();
   if (closed_) return CancelledError(label_ + ": the scheduler client is closed");
@@ -338,7 +392,7 @@ void SchedulerClient::HandleFromScheduler(const v1::ControlMessage& msg) {
   const std::string& sched = options_.cluster.scheduler_address;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    last_heard_ = Clock::now();
+    last_heard_ = clock_->Now();
   }
   switch (msg.body_case()) {
     case v1::ControlMessage::kHeartbeat: return;
@@ -446,77 +500,39 @@ void SchedulerClient::HandleFromScheduler(const v1::ControlMessage& msg) {
   }
 }
 
-void SchedulerClient::IoLoop() {
-  uint64_t seq = 0;
-  Clock::time_point next_heartbeat = Clock::now();
-  for (;;) {
-    milliseconds wait = kIdleWait;
-    bool send_heartbeat = false;
-    std::optional<Status> silent;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (closed_) return;
-      const Clock::time_point now = Clock::now();
-      if (accepted_ && !shutdown_ && error_.ok()) {
-        if (now - last_heard_ > heartbeat_timeout_) {
-          silent = UnavailableError(
-              fmt::format("{}: scheduler at {} silent for {} ms (heartbeat timeout {} ms)", label_,
-                          options_.cluster.scheduler_address, Ms(now - last_heard_),
-                          heartbeat_timeout_.count()));
-        } else {
-          if (now >= next_heartbeat) {
-            send_heartbeat = true;
-            next_heartbeat = now + heartbeat_interval_;
-          }
-          const Clock::time_point wake =
-              std::min(next_heartbeat, last_heard_ + heartbeat_timeout_ + milliseconds(1));
-          wait = std::max(milliseconds(1), duration_cast<milliseconds>(wake - now));
+SchedulerClient::time_point SchedulerClient::Tick(time_point now) {
+  time_point wake = now + kIdleWait;
+  bool send_heartbeat = false;
+  std::optional<Status> silent;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return wake;
+    if (accepted_ && !shutdown_ && error_.ok()) {
+      if (now - last_heard_ > heartbeat_timeout_) {
+        silent = UnavailableError(fmt::format(
+            "{}: scheduler at {} silent for {} ms (heartbeat timeout {} ms)", label_,
+            options_.cluster.scheduler_address, Ms(now - last_heard_), heartbeat_timeout_.count()));
+      } else {
+        if (now >= next_heartbeat_) {
+          send_heartbeat = true;
+          next_heartbeat_ = now + heartbeat_interval_;
         }
+        wake = std::min(next_heartbeat_, last_heard_ + heartbeat_timeout_ + milliseconds(1));
       }
-    }
-    if (silent) {
-      Fail(*silent);
-      continue;
-    }
-    if (send_heartbeat) {
-      v1::ControlMessage hb;
-      hb.mutable_heartbeat()->set_seq(++seq);
-      if (Status s = SendToScheduler(hb); !s.ok()) {
-        BP_LOG_DEBUG("{}: heartbeat to the scheduler failed: {}", label_, s.ToString());
-      }
-    }
-    StatusOr<transport::Received> r = transport_->Receive(wait);
-    if (!r.ok()) {
-      if (r.status().code() == StatusCode::kTimeout) continue;
-      bool closing;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        closing = closed_;
-      }
-      if (!closing) Fail(r.status().WithContext(label_ + ": endpoint failed"));
-      return;
-    }
-    if (r->from == kSchedulerPeerId) {
-      if (!r->is_message()) {
-        const transport::TransportEvent& ev = r->event();
-        BP_LOG_DEBUG("{}: transport event about the scheduler: {}", label_,
-                     ev.status.ok() ? std::string("connected") : ev.status.message());
-        continue;
-      }
-      v1::ControlMessage msg;
-      if (!msg.ParseFromString(r->message().header)) {
-        BP_LOG_WARN("{}: dropped a malformed control message from the scheduler", label_);
-        continue;
-      }
-      HandleFromScheduler(msg);
-      continue;
-    }
-    if (options_.on_peer_message) {
-      options_.on_peer_message(std::move(*r));
-    } else {
-      BP_LOG_DEBUG("{}: dropped a message from '{}' (no data-plane handler)", label_, r->from);
     }
   }
+  if (silent) {
+    Fail(*silent);
+    return now;
+  }
+  if (send_heartbeat) {
+    v1::ControlMessage hb;
+    hb.mutable_heartbeat()->set_seq(++heartbeat_seq_);
+    if (Status s = SendToScheduler(hb); !s.ok()) {
+      BP_LOG_DEBUG("{}: heartbeat to the scheduler failed: {}", label_, s.ToString());
+    }
+  }
+  return wake;
 }
 
 }  // namespace bitpush::scheduler

@@ -3,8 +3,12 @@
 // heartbeats and hear about failures and shutdown.
 //
 // Life of a client:
-//   Create()           binds the node's endpoint (its YAML address at its rank, PeerId
-//                      "server:0" / "worker:1") and starts the client's I/O thread.
+//   Create(o, endpoint) attaches to the node's NodeEndpoint (common/node/endpoint.h): registers
+//                      the control-plane handlers and the heartbeat timer on it; the node
+//                      (Server, Engine) then registers its data-plane handlers and starts it.
+//   Create(o)          a node that is only a control-plane client (tests, bitpush-test-node):
+//                      binds its own endpoint (its YAML address at its rank, PeerId "server:0"
+//                      / "worker:1"), attaches and starts it.
 //   Register()         sends RegisterRequest, retrying with exponential back-off while the
 //                      scheduler does not answer (it may start later), at most
 //                      cluster.startup_timeout; then waits (bounded) for the Assignment.
@@ -17,13 +21,14 @@
 // error shutdown, the scheduler silent for heartbeat_timeout, a barrier that timed out) is
 // kept, every later call returns it, and SchedulerClientOptions::on_error is called once.
 //
-// One endpoint per node carries the control plane and (later) the data plane: the client's
-// I/O thread is the endpoint's only Receive caller; messages and events from peers other
-// than the scheduler go to SchedulerClientOptions::on_peer_message.
+// One endpoint per node carries the control plane and the data plane; the client handles the
+// control plane only (messages from the scheduler), the node's other parts register their own
+// handlers on the same endpoint.
 //
 // Thread-safety: every method may be called from any thread; Register, Barrier,
-// WaitForShutdown block the caller (bounded). Callbacks run on the I/O thread without the
-// client's lock held; they must not block for long and must not call Close().
+// WaitForShutdown block the caller (bounded, on the client's clock). Callbacks run on the
+// endpoint's I/O thread without the client's lock held; they must not block for long and must
+// not call Close().
 #pragma once
 
 #include <chrono>
@@ -37,6 +42,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
+#include "common/node/endpoint.h"
 #include "common/status.h"
 #include "common/transport/protocol.h"
 #include "common/transport/transport.h"
@@ -52,7 +59,8 @@ struct SchedulerClientOptions {
   // Who this node is: ROLE_SERVER or ROLE_WORKER and the index in that YAML list.
   v1::Role role = v1::ROLE_UNSPECIFIED;
   uint32_t rank = 0;
-  // inproc backend only: the hub shared by the in-process cluster's endpoints.
+  // inproc backend only, when the client binds its own endpoint: the hub shared by the
+  // in-process cluster's endpoints.
   std::shared_ptr<transport::InprocHub> inproc_hub;
   // The protocol version announced (tests change it to check the scheduler's refusal).
   uint32_t protocol_major = kProtocolMajor;
@@ -66,15 +74,20 @@ struct SchedulerClientOptions {
   std::chrono::milliseconds barrier_timeout{600000};
   // Called once with the first (sticky) error, on the thread that detected it.
   std::function<void(const Status&)> on_error;
-  // Messages and events from peers other than the scheduler (the data plane), on the I/O
-  // thread. Unset: dropped (logged at debug level).
-  std::function<void(transport::Received&&)> on_peer_message;
+  // The clock of heartbeats, silence verdicts, registration back-off and every bounded wait;
+  // null = the endpoint's clock.
+  std::shared_ptr<const Clock> clock;
 };
 
 class SchedulerClient {
  public:
-  // Validates the options (the role/rank must exist in the YAML), binds the node's endpoint
-  // (or uses `transport`, whose name must be the node's PeerId) and starts the I/O thread.
+  // Validates the options (the role/rank must exist in the YAML) and attaches to `endpoint`,
+  // the node's, which must not be started yet and must outlive the client: its owner closes
+  // it before destroying the client.
+  static StatusOr<std::unique_ptr<SchedulerClient>> Create(SchedulerClientOptions options,
+                                                           node::NodeEndpoint* endpoint);
+  // Validates the options, binds the node's own endpoint (or wraps `transport`, whose name
+  // must be the node's PeerId), attaches to it and starts it. The client owns that endpoint.
   static StatusOr<std::unique_ptr<SchedulerClient>> Create(
       SchedulerClientOptions options, std::unique_ptr<transport::Transport> transport = nullptr);
 
@@ -115,23 +128,29 @@ class SchedulerClient {
   // True once a Shutdown (clean or not) arrived.
   bool shut_down() const;
 
-  // Stops the I/O thread and closes the endpoint; blocked calls return Cancelled.
+  // Blocked calls return Cancelled; an endpoint the client owns is closed (its loop joined).
   // Idempotent.
   void Close();
 
-  // The node's endpoint, for the data plane: Connect/Send only (Receive belongs to the
-  // client's I/O thread).
-  transport::Transport& transport() { return *transport_; }
+  // The node's endpoint (for tests and tools that are only control-plane clients: Connect and
+  // Send to other nodes).
+  node::NodeEndpoint& endpoint() { return *endpoint_; }
   const std::string& scheduler_address() const { return options_.cluster.scheduler_address; }
   // "server 0" / "worker 1".
   const std::string& node_label() const { return label_; }
 
  private:
-  using Clock = std::chrono::steady_clock;
+  using time_point = Clock::time_point;
 
-  SchedulerClient(SchedulerClientOptions options, std::unique_ptr<transport::Transport> transport);
+  SchedulerClient(SchedulerClientOptions options, node::NodeEndpoint* endpoint,
+                  std::unique_ptr<node::NodeEndpoint> owned);
+  static Status Validate(const SchedulerClientOptions& options);
 
-  void IoLoop();
+  // Registers the control-plane handlers and the heartbeat timer on the endpoint.
+  void Attach();
+  // The heartbeat timer (the endpoint's loop): sends heartbeats, checks the scheduler's
+  // silence; returns when it next needs to run.
+  time_point Tick(time_point now);
   void HandleFromScheduler(const v1::ControlMessage& msg);
   // Records `error` as the sticky error if it is the first; notifies waiters; calls on_error.
   void Fail(const Status& error);
@@ -145,8 +164,10 @@ class SchedulerClient {
   const std::string address_;  // listen address (the YAML entry)
   const std::string label_;
   const uint64_t incarnation_;
-  std::unique_ptr<transport::Transport> transport_;
-  std::thread io_thread_;
+  node::NodeEndpoint* const endpoint_;
+  const std::unique_ptr<node::NodeEndpoint> owned_endpoint_;  // set when the client bound it
+  const std::shared_ptr<const Clock> clock_;
+  uint64_t heartbeat_seq_ = 0;  // the endpoint's loop only
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -163,7 +184,8 @@ class SchedulerClient {
   std::chrono::milliseconds heartbeat_timeout_;   // guarded by mu_
   // How long Register() waits for the Assignment once accepted (set by RegisterAccepted).
   std::chrono::milliseconds assignment_wait_;  // guarded by mu_
-  Clock::time_point last_heard_;               // guarded by mu_: last message from the scheduler
+  time_point last_heard_;                      // guarded by mu_: last message from the scheduler
+  time_point next_heartbeat_;                  // guarded by mu_
   std::map<int, uint64_t> next_barrier_;       // guarded by mu_: by group, the next id to request
   std::map<int, uint64_t> released_;           // guarded by mu_: by group, ids released so far
 };

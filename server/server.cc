@@ -13,11 +13,12 @@
 #include <unordered_map>
 #include <utility>
 
+#include "common/cpu_topology.h"
 #include "common/logging.h"
+#include "common/node/endpoint.h"
 #include "compressors/registry.h"
 #include "proto/bitpush/v1/control.pb.h"
 #include "scheduler/scheduler_client.h"
-#include "common/cpu_topology.h"
 #include "server/key_state.h"
 
 namespace bitpush::server {
@@ -35,19 +36,6 @@ struct Task {
   Message message;
   uint32_t worker = 0;
 };
-
-std::optional<uint32_t> WorkerRank(const transport::PeerId& peer) {
-  static constexpr char kPrefix[] = "worker:";
-  constexpr size_t kLen = sizeof(kPrefix) - 1;
-  if (peer.size() <= kLen || peer.compare(0, kLen, kPrefix) != 0) return std::nullopt;
-  uint64_t v = 0;
-  for (size_t i = kLen; i < peer.size(); ++i) {
-    if (peer[i] < '0' || peer[i] > '9' || v > 0xffffffffull) return std::nullopt;
-    v = v * 10 + static_cast<uint64_t>(peer[i] - '0');
-  }
-  if (v > 0xffffffffull) return std::nullopt;
-  return static_cast<uint32_t>(v);
-}
 
 std::string DescribeDeclaration(const v1::TensorDeclaration& t) {
   const std::string dtype = t.dtype() < static_cast<uint32_t>(kNumDTypes)
@@ -105,9 +93,15 @@ class Server::Impl {
     uint32_t received = 0;
   };
 
-  // I/O thread.
-  void OnPeerMessage(transport::Received&& received);
-  void Dispatch(transport::Received&& received);  // caller holds dispatch_mu_
+  // The endpoint's handlers (its I/O thread, or Start's thread while it releases what arrived
+  // before the assignment).
+  void RegisterHandlers();
+  // The rank of `sender` if it is a worker of the cluster; otherwise counts and logs the drop.
+  std::optional<uint32_t> WorkerOf(const node::Sender& sender);
+  // WorkerOf, plus the header's sender field must name the same worker (answered otherwise).
+  std::optional<uint32_t> CheckedWorker(const node::Sender& sender, const DataHeader& header);
+  void PlaceInit(uint32_t worker, DataHeader& header, Message& message);
+  void QueuePush(uint32_t worker, DataHeader& header, Message& message);
   void HandleDeclare(uint32_t worker, const DataHeader& header, const Message& message);
 
   // Engine threads.
@@ -122,15 +116,14 @@ class Server::Impl {
   void SendToWorker(uint32_t worker, DataHeader header, std::vector<Buffer> frames);
 
   const ServerOptions options_;
+  std::unique_ptr<node::NodeEndpoint> endpoint_;
   std::unique_ptr<scheduler::SchedulerClient> client_;
   std::vector<std::unique_ptr<Engine>> engines_;
-  uint32_t num_workers_ = 0;  // set before ready_
+  uint32_t num_workers_ = 0;  // set before the data plane is released
 
-  std::mutex dispatch_mu_;
-  bool ready_ = false;                                // guarded by dispatch_mu_
-  std::vector<transport::Received> backlog_;          // guarded by dispatch_mu_
-  std::unordered_map<uint64_t, uint32_t> placement_;  // guarded by dispatch_mu_
-  std::map<uint64_t, DeclareEpoch> declare_epochs_;   // guarded by dispatch_mu_
+  // Dispatch state: touched by the endpoint's handlers only (one at a time).
+  std::unordered_map<uint64_t, uint32_t> placement_;
+  std::map<uint64_t, DeclareEpoch> declare_epochs_;
 
   std::atomic<uint64_t> pushes_accepted_{0};
   std::atomic<uint64_t> pushes_rejected_{0};
@@ -178,32 +171,41 @@ Status Server::Impl::Start() {
     engine->thread = std::thread([this, engine] { EngineLoop(*engine); });
   }
 
+  node::NodeEndpointOptions eo;
+  eo.self = node::NodeIdentity{v1::ROLE_SERVER, options_.rank};
+  eo.listen_address = cluster.servers[options_.rank];
+  eo.backend = cluster.transport;
+  eo.inproc_hub = options_.inproc_hub;
+  StatusOr<std::unique_ptr<node::NodeEndpoint>> endpoint = node::NodeEndpoint::Create(eo);
+  if (!endpoint.ok()) {
+    return endpoint.status().WithContext(
+        fmt::format("server {}: cannot listen at {}", options_.rank, eo.listen_address));
+  }
+  endpoint_ = std::move(endpoint).value();
+
   scheduler::SchedulerClientOptions co;
   co.cluster = cluster;
   co.role = v1::ROLE_SERVER;
   co.rank = options_.rank;
-  co.inproc_hub = options_.inproc_hub;
   co.capabilities = {"data:v1"};
-  co.on_peer_message = [this](transport::Received&& r) { OnPeerMessage(std::move(r)); };
   co.on_error = [rank = options_.rank](const Status& s) {
     BP_LOG_ERROR("server {}: {}", rank, s.ToString());
   };
-  BP_ASSIGN_OR_RETURN(client_, scheduler::SchedulerClient::Create(std::move(co)));
+  BP_ASSIGN_OR_RETURN(client_, scheduler::SchedulerClient::Create(std::move(co), endpoint_.get()));
+  RegisterHandlers();
+  // A worker can be faster than the scheduler's message to us: its data waits, in order,
+  // until this server knows the cluster and has connected to the workers.
+  endpoint_->HoldPlane(node::Plane::kData);
+  endpoint_->Start();
   BP_RETURN_IF_ERROR(client_->Register());
 
   const v1::Assignment& a = client_->assignment();
-  std::vector<transport::Received> backlog;
-  {
-    std::lock_guard<std::mutex> lock(dispatch_mu_);
-    num_workers_ = static_cast<uint32_t>(a.workers_size());
-    for (int i = 0; i < a.workers_size(); ++i) {
-      const std::string peer = scheduler::NodePeerId(v1::ROLE_WORKER, static_cast<uint32_t>(i));
-      BP_RETURN_IF_ERROR(client_->transport().Connect(peer, a.workers(i).address()));
-    }
-    ready_ = true;
-    for (transport::Received& r : backlog_) Dispatch(std::move(r));
-    backlog_.clear();
+  num_workers_ = static_cast<uint32_t>(a.workers_size());
+  for (int i = 0; i < a.workers_size(); ++i) {
+    const std::string peer = scheduler::NodePeerId(v1::ROLE_WORKER, static_cast<uint32_t>(i));
+    BP_RETURN_IF_ERROR(endpoint_->Connect(peer, a.workers(i).address()));
   }
+  endpoint_->ReleasePlane(node::Plane::kData);
   BP_LOG_INFO("server {}: serving {} workers with {} engine threads{}", options_.rank, num_workers_,
               engines_.size(),
               plan.empty() ? " (not pinned)" : fmt::format(" pinned to CPUs {}", [&] {
@@ -218,7 +220,8 @@ Status Server::Impl::Start() {
 
 void Server::Impl::Close() {
   if (closed_.exchange(true)) return;
-  if (client_) client_->Close();  // joins the I/O thread: nothing new is queued after this
+  if (endpoint_) endpoint_->Close();  // joins the I/O thread: nothing new is queued after this
+  if (client_) client_->Close();
   for (auto& e : engines_) {
     {
       std::lock_guard<std::mutex> lock(e->mu);
@@ -261,103 +264,118 @@ std::vector<EngineThreadInfo> Server::Impl::EngineThreads() const {
 
 // ---- I/O thread ----
 
-void Server::Impl::OnPeerMessage(transport::Received&& received) {
-  std::lock_guard<std::mutex> lock(dispatch_mu_);
-  if (!ready_) {  // a worker's message overtook our own assignment: keep it, in order
-    backlog_.push_back(std::move(received));
-    return;
-  }
-  Dispatch(std::move(received));
-}
-
-void Server::Impl::Dispatch(transport::Received&& received) {
-  if (!received.is_message()) {
-    const transport::TransportEvent& ev = received.event();
-    if (ev.kind != transport::TransportEvent::Kind::kPeerConnected) {
-      BP_LOG_WARN("server {}: {}: {}", options_.rank, received.from, ev.status.ToString());
+void Server::Impl::RegisterHandlers() {
+  using node::Plane;
+  using node::Sender;
+  const node::RoleSet workers = node::RoleSet::Of(v1::ROLE_WORKER);
+  endpoint_->OnData(DataHeader::OP_DECLARE, workers,
+                    [this](const Sender& from, DataHeader& h, Message& m) {
+                      if (std::optional<uint32_t> w = CheckedWorker(from, h)) {
+                        HandleDeclare(*w, h, m);
+                      }
+                    });
+  endpoint_->OnData(DataHeader::OP_INIT_KEY, workers,
+                    [this](const Sender& from, DataHeader& h, Message& m) {
+                      if (std::optional<uint32_t> w = CheckedWorker(from, h)) PlaceInit(*w, h, m);
+                    });
+  endpoint_->OnData(DataHeader::OP_PUSH, workers,
+                    [this](const Sender& from, DataHeader& h, Message& m) {
+                      if (std::optional<uint32_t> w = CheckedWorker(from, h)) QueuePush(*w, h, m);
+                    });
+  endpoint_->OnUnhandledData([this](const Sender& from, DataHeader& h, Message&) {
+    if (std::optional<uint32_t> w = CheckedWorker(from, h)) {
+      SendError(*w, h.op(), h.key(), h.round(),
+                InvalidArgumentError(fmt::format("unexpected data op {} from worker {}",
+                                                 DataHeader::Op_Name(h.op()), *w)));
     }
-    return;
-  }
-  const std::optional<uint32_t> worker = WorkerRank(received.from);
-  if (!worker || *worker >= num_workers_) {
-    ++pushes_rejected_;
-    BP_LOG_WARN("server {}: dropped a data message from '{}', which is not a worker of the cluster",
-                options_.rank, received.from);
-    return;
-  }
-  Message& msg = received.message();
-  DataHeader header;
-  if (!header.ParseFromString(msg.header)) {
+  });
+  endpoint_->OnRejected(Plane::kData, [this](const Sender& from, const Message& m,
+                                             node::NodeEndpoint::Rejection why, std::string_view) {
+    const std::optional<uint32_t> worker = WorkerOf(from);
+    if (!worker || why != node::NodeEndpoint::Rejection::kMalformed) return;
     SendError(
         *worker, DataHeader::OP_UNSPECIFIED, 0, 0,
         DataLossError(fmt::format("server {}: malformed data header from worker {} ({} bytes)",
-                                  options_.rank, *worker, msg.header.size())));
-    return;
+                                  options_.rank, *worker, m.header.size())));
+  });
+  endpoint_->OnEvent(Plane::kData, [this](const Sender& from, const transport::TransportEvent& ev) {
+    if (ev.kind != transport::TransportEvent::Kind::kPeerConnected) {
+      BP_LOG_WARN("server {}: {}: {}", options_.rank, from.peer, ev.status.ToString());
+    }
+  });
+}
+
+std::optional<uint32_t> Server::Impl::WorkerOf(const node::Sender& sender) {
+  if (!sender.Is(v1::ROLE_WORKER) || sender.node->rank >= num_workers_) {
+    ++pushes_rejected_;
+    BP_LOG_WARN("server {}: dropped a data message from '{}', which is not a worker of the cluster",
+                options_.rank, sender.peer);
+    return std::nullopt;
   }
+  return sender.node->rank;
+}
+
+std::optional<uint32_t> Server::Impl::CheckedWorker(const node::Sender& sender,
+                                                    const DataHeader& header) {
+  const std::optional<uint32_t> worker = WorkerOf(sender);
+  if (!worker) return std::nullopt;
   if (header.sender() != *worker) {
     SendError(*worker, header.op(), header.key(), header.round(),
               InvalidArgumentError(fmt::format("message from worker {} claims to be from worker {}",
                                                *worker, header.sender())));
+    return std::nullopt;
+  }
+  return worker;
+}
+
+void Server::Impl::PlaceInit(uint32_t worker, DataHeader& header, Message& msg) {
+  auto it = placement_.find(header.key());
+  if (it == placement_.end()) {
+    const uint32_t owner = client_->ServerForKey(header.key());
+    if (owner != options_.rank) {
+      SendError(worker, header.op(), header.key(), 0,
+                InvalidArgumentError(fmt::format(
+                    "key {} belongs to server {} under the cluster's key mapping, but worker "
+                    "{} declared it to server {}",
+                    header.key(), owner, worker, options_.rank)));
+      return;
+    }
+    // Least weighted load wins; compressed keys weigh more (paper 001 §4.2.4).
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < engines_.size(); ++i) {
+      if (engines_[i]->load.load() < engines_[best]->load.load()) best = i;
+    }
+    const bool compressed = header.compressor_config().id() != v1::COMPRESSOR_ID_NONE;
+    const uint64_t weight =
+        std::max<uint64_t>(1, header.element_count() * 4) * (compressed ? kCompressedKeyWeight : 1);
+    engines_[best]->load += weight;
+    ++engines_[best]->keys;
+    ++keys_;
+    it = placement_.emplace(header.key(), best).first;
+  }
+  Engine& e = *engines_[it->second];
+  {
+    std::lock_guard<std::mutex> lock(e.mu);
+    e.queue.push_back(Task{std::move(header), std::move(msg), worker});
+  }
+  e.cv.notify_one();
+}
+
+void Server::Impl::QueuePush(uint32_t worker, DataHeader& header, Message& msg) {
+  auto it = placement_.find(header.key());
+  if (it == placement_.end()) {
+    SendError(worker, header.op(), header.key(), header.round(),
+              NotFoundError(fmt::format("key {} is unknown here: no OP_INIT_KEY declared it "
+                                        "(push from worker {}, round {})",
+                                        header.key(), worker, header.round())));
     return;
   }
-  switch (header.op()) {
-    case DataHeader::OP_DECLARE: HandleDeclare(*worker, header, msg); return;
-    case DataHeader::OP_INIT_KEY: {
-      auto it = placement_.find(header.key());
-      if (it == placement_.end()) {
-        const uint32_t owner = client_->ServerForKey(header.key());
-        if (owner != options_.rank) {
-          SendError(*worker, header.op(), header.key(), 0,
-                    InvalidArgumentError(fmt::format(
-                        "key {} belongs to server {} under the cluster's key mapping, but worker "
-                        "{} declared it to server {}",
-                        header.key(), owner, *worker, options_.rank)));
-          return;
-        }
-        // Least weighted load wins; compressed keys weigh more (paper 001 §4.2.4).
-        uint32_t best = 0;
-        for (uint32_t i = 1; i < engines_.size(); ++i) {
-          if (engines_[i]->load.load() < engines_[best]->load.load()) best = i;
-        }
-        const bool compressed = header.compressor_config().id() != v1::COMPRESSOR_ID_NONE;
-        const uint64_t weight = std::max<uint64_t>(1, header.element_count() * 4) *
-                                (compressed ? kCompressedKeyWeight : 1);
-        engines_[best]->load += weight;
-        ++engines_[best]->keys;
-        ++keys_;
-        it = placement_.emplace(header.key(), best).first;
-      }
-      Engine& e = *engines_[it->second];
-      {
-        std::lock_guard<std::mutex> lock(e.mu);
-        e.queue.push_back(Task{std::move(header), std::move(msg), *worker});
-      }
-      e.cv.notify_one();
-      return;
-    }
-    case DataHeader::OP_PUSH: {
-      auto it = placement_.find(header.key());
-      if (it == placement_.end()) {
-        SendError(*worker, header.op(), header.key(), header.round(),
-                  NotFoundError(fmt::format("key {} is unknown here: no OP_INIT_KEY declared it "
-                                            "(push from worker {}, round {})",
-                                            header.key(), *worker, header.round())));
-        return;
-      }
-      Engine& e = *engines_[it->second];
-      {
-        std::lock_guard<std::mutex> lock(e.mu);
-        e.queue.push_back(Task{std::move(header), std::move(msg), *worker});
-      }
-      e.cv.notify_one();
-      return;
-    }
-    default:
-      SendError(*worker, header.op(), header.key(), header.round(),
-                InvalidArgumentError(fmt::format("unexpected data op {} from worker {}",
-                                                 DataHeader::Op_Name(header.op()), *worker)));
-      return;
+  Engine& e = *engines_[it->second];
+  {
+    std::lock_guard<std::mutex> lock(e.mu);
+    e.queue.push_back(Task{std::move(header), std::move(msg), worker});
   }
+  e.cv.notify_one();
 }
 
 void Server::Impl::HandleDeclare(uint32_t worker, const DataHeader& header,
@@ -596,11 +614,8 @@ void Server::Impl::SendError(uint32_t worker, DataHeader::Op refused, uint64_t k
 
 void Server::Impl::SendToWorker(uint32_t worker, DataHeader header, std::vector<Buffer> frames) {
   header.set_sender(options_.rank);
-  Message m;
-  m.header = header.SerializeAsString();
-  m.frames = std::move(frames);
-  const Status sent =
-      client_->transport().Send(scheduler::NodePeerId(v1::ROLE_WORKER, worker), std::move(m));
+  const Status sent = endpoint_->SendData(scheduler::NodePeerId(v1::ROLE_WORKER, worker), header,
+                                          std::move(frames));
   if (!sent.ok()) {
     BP_LOG_WARN("server {}: cannot answer worker {}: {}", options_.rank, worker, sent.ToString());
   }

@@ -33,12 +33,8 @@ Status RemoteStatus(uint32_t code, std::string message) {
   return Status(static_cast<StatusCode>(code), std::move(message));
 }
 
-bool IsServerPeer(const std::string& peer) {
-  return peer.rfind("server:", 0) == 0;
-}
-
 std::string ServerLabel(const std::string& peer) {
-  return IsServerPeer(peer) ? "server " + peer.substr(7) : peer;
+  return peer.rfind("server:", 0) == 0 ? "server " + peer.substr(7) : peer;
 }
 
 }  // namespace
@@ -88,32 +84,47 @@ Engine::Engine(EngineOptions& options, v1::ErrorFeedbackPolicy policy)
       rank_(options.rank),
       cluster_(options.cluster),
       policy_(policy),
-      isa_(BestIsaLevel()) {}
+      isa_(BestIsaLevel()),
+      clock_(options.clock ? options.clock : SystemClock()) {}
 
 Status Engine::Start(EngineOptions& options) {
   pool_ = std::make_unique<TaskPool>(ResolveCompressThreads(cluster_.worker.compress_threads),
                                      "bp-wpool", options.compress_cpus);
   dispatcher_ = std::thread([this] { DispatchLoop(); });
 
+  node::NodeEndpointOptions eo;
+  eo.self = node::NodeIdentity{v1::ROLE_WORKER, rank_};
+  eo.listen_address = cluster_.workers[rank_];
+  eo.backend = cluster_.transport;
+  eo.inproc_hub = options.inproc_hub;
+  eo.clock = clock_;
+  const bool injected = options.transport != nullptr;
+  StatusOr<std::unique_ptr<node::NodeEndpoint>> endpoint =
+      node::NodeEndpoint::Create(std::move(eo), std::move(options.transport));
+  if (!endpoint.ok()) {
+    if (injected) return endpoint.status();
+    return endpoint.status().WithContext(
+        fmt::format("worker {}: cannot listen at {}", rank_, cluster_.workers[rank_]));
+  }
+  endpoint_ = std::move(endpoint).value();
+
   scheduler::SchedulerClientOptions so;
   so.cluster = cluster_;
   so.role = v1::ROLE_WORKER;
   so.rank = rank_;
-  so.inproc_hub = options.inproc_hub;
   so.initial_backoff = options.initial_backoff;
   so.max_backoff = options.max_backoff;
   so.on_error = [this](const Status& s) { OnClusterError(s); };
-  so.on_peer_message = [this](transport::Received&& r) { OnPeerMessage(std::move(r)); };
-  BP_ASSIGN_OR_RETURN(
-      client_, scheduler::SchedulerClient::Create(std::move(so), std::move(options.transport)));
+  BP_ASSIGN_OR_RETURN(client_, scheduler::SchedulerClient::Create(std::move(so), endpoint_.get()));
+  RegisterHandlers();
+  endpoint_->Start();
   BP_RETURN_IF_ERROR(client_->Register());
   const v1::Assignment& a = client_->assignment();
   num_workers_ = static_cast<uint32_t>(a.workers_size());
   num_servers_ = static_cast<uint32_t>(a.servers_size());
   for (const v1::NodeInfo& s : a.servers()) {
     const std::string peer = scheduler::NodePeerId(v1::ROLE_SERVER, s.rank());
-    BP_RETURN_IF_ERROR(client_->transport()
-                           .Connect(peer, s.address())
+    BP_RETURN_IF_ERROR(endpoint_->Connect(peer, s.address())
                            .WithContext(fmt::format("{}: connecting to server {} at {}", label_,
                                                     s.rank(), s.address())));
   }
@@ -136,6 +147,7 @@ void Engine::Close() {
   }
   decl_cv_.notify_all();
   // No more messages (no more decompress jobs) once the I/O thread is joined.
+  if (endpoint_) endpoint_->Close();
   if (client_) client_->Close();
   // Runs what is queued: every job sees its op failed and only cleans up.
   if (pool_) pool_->Shutdown();
@@ -354,12 +366,9 @@ Status Engine::CheckDeclarations(uint64_t epoch, const std::vector<uint32_t>& te
   h.set_op(v1::DataHeader::OP_DECLARE);
   h.set_round(epoch);
   h.set_sender(rank_);
-  transport::Message msg;
-  h.SerializeToString(&msg.header);
   std::string body;
   manifest.SerializeToString(&body);
-  msg.frames.push_back(transport::Buffer::Take(std::move(body)));
-  Status sent = client_->transport().Send(kServer0, std::move(msg));
+  Status sent = endpoint_->SendData(kServer0, h, {transport::Buffer::Take(std::move(body))});
 
   std::unique_lock<std::mutex> lock(mu_);
   Status result;
@@ -367,9 +376,9 @@ Status Engine::CheckDeclarations(uint64_t epoch, const std::vector<uint32_t>& te
     result = sent.WithContext(
         fmt::format("{}: sending the tensor declarations of epoch {} to server 0", label_, epoch));
   } else {
-    const EngineClock::time_point deadline = EngineClock::now() + cluster_.startup_timeout;
-    decl_cv_.wait_until(lock, deadline,
-                        [&] { return declare_verdict_.has_value() || StoppedLocked(); });
+    const Clock::time_point deadline = clock_->Now() + cluster_.startup_timeout;
+    clock_->WaitUntil(lock, decl_cv_, deadline,
+                      [&] { return declare_verdict_.has_value() || StoppedLocked().has_value(); });
     if (declare_verdict_) {
       result = *declare_verdict_;
     } else if (std::optional<Status> stopped = StoppedLocked()) {
@@ -406,13 +415,9 @@ Status Engine::AnnounceKeys(const std::vector<uint32_t>& tensors) {
       h.set_tensor(t->name);
       h.set_server_residual(t->compressed && compressors::ServerKeepsResidual(policy_));
       h.set_sum(t->options.op == ReduceOp::kSum);
-      transport::Message msg;
-      h.SerializeToString(&msg.header);
-      BP_RETURN_IF_ERROR(client_->transport()
-                             .Send(p.peer, std::move(msg))
-                             .WithContext(fmt::format(
-                                 "{}: announcing key {} (tensor '{}' partition {}) to server {}",
-                                 label_, p.range.key, t->name, p.range.index, p.server)));
+      BP_RETURN_IF_ERROR(endpoint_->SendData(p.peer, h).WithContext(
+          fmt::format("{}: announcing key {} (tensor '{}' partition {}) to server {}", label_,
+                      p.range.key, t->name, p.range.index, p.server)));
     }
   }
   return Status::Ok();
@@ -512,7 +517,7 @@ PushPullHandle Engine::PushPull(TensorId id, ConstTensorView input, TensorView o
     op->Complete(Status::Ok());
     return handle;
   }
-  op->deadline = EngineClock::now() + cluster_.worker.op_timeout;
+  op->deadline = clock_->Now() + cluster_.worker.op_timeout;
   op->remaining = t->partitions.size();
   t->op = op;
   deadlines_.insert({op->deadline, t->index});
@@ -552,7 +557,7 @@ void Engine::DispatchLoop() {
       Tensor& t = *tensors_[ti];
       if (t.partitions[j].stage == Stage::kQueued && t.op && !t.op->failed) StartLocked(t, j);
     }
-    const EngineClock::time_point now = EngineClock::now();
+    const Clock::time_point now = clock_->Now();
     while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
       const uint32_t ti = deadlines_.begin()->second;
       deadlines_.erase(deadlines_.begin());
@@ -568,8 +573,8 @@ void Engine::DispatchLoop() {
       dispatch_cv_.wait(lock);
     } else {
       // A copy: the set's element may be erased while the lock is released.
-      const EngineClock::time_point next = deadlines_.begin()->first;
-      dispatch_cv_.wait_until(lock, next);
+      const Clock::time_point next = deadlines_.begin()->first;
+      clock_->WaitOnce(lock, dispatch_cv_, next);
     }
   }
 }
@@ -671,7 +676,7 @@ void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpStat
     ++stats_.partitions_pushed;
     stats_.bytes_pushed += *bytes;
   }
-  const Status sent = client_->transport().Send(p.peer, std::move(msg));
+  const Status sent = endpoint_->Send(p.peer, std::move(msg));
   std::lock_guard<std::mutex> lock(mu_);
   if (!sent.ok()) {
     if (p.stage == Stage::kOnWire && p.round == round) SetIdleLocked(*t, p);
@@ -720,57 +725,68 @@ void Engine::DecompressAndComplete(Tensor* t, uint32_t j, const std::shared_ptr<
 // ---------------------------------------------------------------------------------------------
 // I/O thread
 
-void Engine::OnPeerMessage(transport::Received&& r) {
-  if (!r.is_message()) {
-    const transport::TransportEvent& ev = r.event();
-    if (ev.kind == transport::TransportEvent::Kind::kSendFailed && IsServerPeer(r.from)) {
-      // A push that never left: fail the ops waiting on that server.
-      std::lock_guard<std::mutex> lock(mu_);
-      for (const auto& tp : tensors_) {
-        Tensor& t = *tp;
-        if (!t.op || t.op->failed) continue;
-        bool affected = false;
-        for (Partition& p : t.partitions) {
-          if (p.stage == Stage::kOnWire && p.peer == r.from) affected = true;
+void Engine::RegisterHandlers() {
+  using node::Plane;
+  using node::Sender;
+  const node::RoleSet servers = node::RoleSet::Of(v1::ROLE_SERVER);
+  endpoint_->OnData(v1::DataHeader::OP_PULL_REPLY, servers,
+                    [this](const Sender& from, v1::DataHeader& h, transport::Message& m) {
+                      OnReply(from.peer, h, m);
+                    });
+  endpoint_->OnData(v1::DataHeader::OP_ERROR, servers,
+                    [this](const Sender& from, v1::DataHeader& h, transport::Message&) {
+                      OnError(from.peer, h);
+                    });
+  endpoint_->OnData(v1::DataHeader::OP_DECLARE_REPLY, servers,
+                    [this](const Sender& from, v1::DataHeader& h, transport::Message&) {
+                      if (from.peer == kServer0) {
+                        OnDeclareVerdict(h.round(), Status::Ok());
+                      } else {
+                        BP_LOG_WARN(
+                            "{}: dropped a declaration reply from '{}' (only server 0 "
+                            "checks)",
+                            label_, from.peer);
+                      }
+                    });
+  endpoint_->OnRejected(
+      Plane::kData, [this](const Sender& from, const transport::Message&,
+                           node::NodeEndpoint::Rejection why, std::string_view what) {
+        if (why == node::NodeEndpoint::Rejection::kMalformed) {
+          BP_LOG_WARN("{}: dropped a malformed data message from '{}'", label_, from.peer);
+        } else {
+          BP_LOG_WARN("{}: dropped a {} from '{}', which is not a server", label_, what, from.peer);
         }
-        if (affected) {
-          std::shared_ptr<OpState> op = t.op;
-          FailOpLocked(t, op,
-                       UnavailableError(fmt::format("{}: push_pull of tensor '{}': sending to {} "
-                                                    "failed: {}",
-                                                    label_, t.name, ServerLabel(r.from),
-                                                    ev.status.message())));
-          MaybeFinishLocked(t, op);
-        }
-      }
+      });
+  endpoint_->OnEvent(Plane::kData, [this](const Sender& from, const transport::TransportEvent& ev) {
+    if (ev.kind == transport::TransportEvent::Kind::kSendFailed && from.Is(v1::ROLE_SERVER)) {
+      OnSendFailed(from.peer, ev.status);
       return;
     }
     // A lost connection is not a verdict: the scheduler's heartbeats decide (and op_timeout
     // bounds every op meanwhile).
-    BP_LOG_DEBUG("{}: transport event about {}: {}", label_, r.from,
+    BP_LOG_DEBUG("{}: transport event about {}: {}", label_, from.peer,
                  ev.status.ok() ? std::string("connected") : ev.status.ToString());
-    return;
-  }
-  transport::Message& msg = r.message();
-  v1::DataHeader h;
-  if (!h.ParseFromString(msg.header)) {
-    BP_LOG_WARN("{}: dropped a malformed data message from '{}'", label_, r.from);
-    return;
-  }
-  switch (h.op()) {
-    case v1::DataHeader::OP_PULL_REPLY: OnReply(r.from, h, msg); return;
-    case v1::DataHeader::OP_ERROR: OnError(r.from, h); return;
-    case v1::DataHeader::OP_DECLARE_REPLY:
-      if (r.from == kServer0) {
-        OnDeclareVerdict(h.round(), Status::Ok());
-      } else {
-        BP_LOG_WARN("{}: dropped a declaration reply from '{}' (only server 0 checks)", label_,
-                    r.from);
-      }
-      return;
-    default:
-      BP_LOG_WARN("{}: dropped an unexpected data message (op {}) from '{}'", label_,
-                  static_cast<int>(h.op()), r.from);
+  });
+}
+
+void Engine::OnSendFailed(const std::string& peer, const Status& why) {
+  // A push that never left: fail the ops waiting on that server.
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& tp : tensors_) {
+    Tensor& t = *tp;
+    if (!t.op || t.op->failed) continue;
+    bool affected = false;
+    for (Partition& p : t.partitions) {
+      if (p.stage == Stage::kOnWire && p.peer == peer) affected = true;
+    }
+    if (affected) {
+      std::shared_ptr<OpState> op = t.op;
+      FailOpLocked(t, op,
+                   UnavailableError(fmt::format("{}: push_pull of tensor '{}': sending to {} "
+                                                "failed: {}",
+                                                label_, t.name, ServerLabel(peer), why.message())));
+      MaybeFinishLocked(t, op);
+    }
   }
 }
 

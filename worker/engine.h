@@ -5,15 +5,15 @@
 // (docs/data-plane.md, paper 001 Algorithms 3 and 4). The embedded `Client` (client.h) is a
 // thin wrapper; the multi-process daemon of the next issue shares this engine.
 //
-// Ownership: the Engine owns the node's SchedulerClient (and through it the endpoint), one
+// Ownership: the Engine owns the node's NodeEndpoint and SchedulerClient, one
 // Tensor record per declaration (each partition's compressor instance, worker residual,
 // round counter and reusable payload buffer), the compression pool and the dispatcher.
 // Handles (PushPullHandle) share only the OpState: they may outlive the engine.
 //
 // Threads (docs/threading.md, "worker"):
-//  - the SchedulerClient's I/O thread receives every message; data messages go to
-//    OnPeerMessage, which parses the DataHeader, matches a reply to the partition's in-flight
-//    round and queues the decompress job (it never decompresses itself);
+//  - the endpoint's I/O thread receives every message; the engine's data-plane handlers
+//    (OP_PULL_REPLY, OP_ERROR, OP_DECLARE_REPLY from servers) match a reply to the
+//    partition's in-flight round and queue the decompress job (never decompressing there);
 //  - the compression pool (worker.compress_threads; auto = CPUs this process may use, 1..8)
 //    runs compress+push jobs and decompress+complete jobs (the latter first: they return
 //    credit);
@@ -69,7 +69,9 @@
 #include <vector>
 
 #include "common/aligned_buffer.h"
+#include "common/clock.h"
 #include "common/cpu_features.h"
+#include "common/node/endpoint.h"
 #include "common/status.h"
 #include "compressors/compressor.h"
 #include "compressors/error_feedback.h"
@@ -123,6 +125,9 @@ struct EngineOptions {
   // Tests: registration back-off (SchedulerClientOptions); defaults are the client's.
   std::chrono::milliseconds initial_backoff{100};
   std::chrono::milliseconds max_backoff{2000};
+  // The clock of op deadlines, the declaration wait and the control plane's timers; null =
+  // SystemClock(). Tests pass a clock they advance by hand.
+  std::shared_ptr<const Clock> clock;
 };
 
 class Engine {
@@ -204,8 +209,9 @@ class Engine {
   Engine(EngineOptions& options, v1::ErrorFeedbackPolicy policy);
   Status Start(EngineOptions& options);
 
-  // I/O thread.
-  void OnPeerMessage(transport::Received&& r);
+  // The endpoint's handlers (its I/O thread).
+  void RegisterHandlers();
+  void OnSendFailed(const std::string& peer, const Status& why);
   void OnReply(const std::string& from, const v1::DataHeader& h, transport::Message& msg);
   void OnError(const std::string& from, const v1::DataHeader& h);
   void OnDeclareVerdict(uint64_t epoch, Status verdict);
@@ -247,6 +253,8 @@ class Engine {
   scheduler::ClusterConfig cluster_;
   v1::ErrorFeedbackPolicy policy_;
   IsaLevel isa_;
+  std::shared_ptr<const Clock> clock_;
+  std::unique_ptr<node::NodeEndpoint> endpoint_;
   std::unique_ptr<scheduler::SchedulerClient> client_;
   std::unique_ptr<TaskPool> pool_;
   std::thread dispatcher_;

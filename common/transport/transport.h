@@ -18,7 +18,8 @@
 //
 // Backends: "inproc" (queues inside one process, through an InprocHub object that the
 // endpoints of one in-process cluster share — no process-wide singleton) and "zmq" (ZeroMQ
-// over tcp:// and ipc://, zero-copy sends of Buffer frames). Create them with CreateTransport.
+// over tcp:// and ipc://, zero-copy sends of Buffer frames). Create them with CreateTransport,
+// which picks the backend from the listen address's scheme (factory.h).
 //
 // Thread-safety: all methods may be called from any thread concurrently. Each backend owns
 // its internal threads (see docs/threading.md); Receive may be called by one thread at a time.
@@ -66,8 +67,9 @@ struct TransportStats {
 class InprocHub;
 
 struct TransportOptions {
-  // "inproc" or "zmq".
-  std::string backend = "zmq";
+  // The backend ("inproc", "zmq"): "" = the one serving listen_address's scheme (factory.h);
+  // when set, it must be that one.
+  std::string backend;
   // This endpoint's name, unique in the cluster (e.g. "scheduler", "server:0", "worker:1").
   PeerId name;
   // Address to listen on. zmq: tcp://HOST:PORT (PORT 0 = any free port) or ipc://PATH;
@@ -106,8 +108,10 @@ class Transport {
   virtual TransportStats stats() const = 0;
 };
 
-// Creates, binds and starts an endpoint. InvalidArgument for a bad address or unknown backend
-// ("unknown transport backend 'x'; valid: inproc, zmq"); Unavailable if the address is in use.
+// Creates, binds and starts an endpoint with the backend of the listen address's scheme
+// (factory.cc). InvalidArgument for a bad address or unknown backend ("unknown transport
+// backend 'x'; valid: inproc, zmq"); Unavailable if the address is in use or the backend
+// cannot run here.
 StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& options);
 
 // Shared state of the inproc endpoints of one in-process cluster.

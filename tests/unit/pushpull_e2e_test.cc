@@ -906,30 +906,42 @@ class FakeServer {
   enum class Mode { kRefuse, kEmptyReply, kGarbageReply };
 
   FakeServer(const TestCluster& c, Mode mode) : mode_(mode) {
+    node::NodeEndpointOptions e;
+    e.self = node::NodeIdentity{v1::ROLE_SERVER, 0};
+    e.listen_address = c.config().servers[0];
+    e.inproc_hub = c.hub();
+    endpoint_ = node::NodeEndpoint::Create(e).value();
     scheduler::SchedulerClientOptions o;
     o.cluster = c.config();
     o.role = v1::ROLE_SERVER;
     o.rank = 0;
-    o.inproc_hub = c.hub();
-    o.on_peer_message = [this](transport::Received&& r) { OnMessage(std::move(r)); };
-    client_ = scheduler::SchedulerClient::Create(o).value();
+    client_ = scheduler::SchedulerClient::Create(o, endpoint_.get()).value();
+    for (v1::DataHeader::Op op :
+         {v1::DataHeader::OP_DECLARE, v1::DataHeader::OP_PUSH, v1::DataHeader::OP_INIT_KEY}) {
+      endpoint_->OnData(op, node::RoleSet::Of(v1::ROLE_WORKER),
+                        [this](const node::Sender& from, v1::DataHeader& h, transport::Message&) {
+                          OnMessage(from.peer, h);
+                        });
+    }
+    endpoint_->Start();
+  }
+  ~FakeServer() {
+    endpoint_->Close();
+    client_->Close();
   }
 
   // Registers (blocks until every node registered) and connects to the workers.
   Status Register() {
     BP_RETURN_IF_ERROR(client_->Register());
     for (const v1::NodeInfo& w : client_->assignment().workers()) {
-      BP_RETURN_IF_ERROR(client_->transport().Connect(
-          scheduler::NodePeerId(v1::ROLE_WORKER, w.rank()), w.address()));
+      BP_RETURN_IF_ERROR(
+          endpoint_->Connect(scheduler::NodePeerId(v1::ROLE_WORKER, w.rank()), w.address()));
     }
     return Status::Ok();
   }
 
  private:
-  void OnMessage(transport::Received&& r) {
-    if (!r.is_message()) return;
-    v1::DataHeader in;
-    if (!in.ParseFromString(r.message().header)) return;
+  void OnMessage(const std::string& from, const v1::DataHeader& in) {
     v1::DataHeader out;
     out.set_key(in.key());
     out.set_round(in.round());
@@ -954,10 +966,11 @@ class FakeServer {
       return;  // OP_INIT_KEY: accepted silently
     }
     out.SerializeToString(&msg.header);
-    (void)client_->transport().Send(r.from, std::move(msg));
+    (void)endpoint_->Send(from, std::move(msg));
   }
 
   const Mode mode_;
+  std::unique_ptr<node::NodeEndpoint> endpoint_;
   std::unique_ptr<scheduler::SchedulerClient> client_;
 };
 

@@ -40,30 +40,40 @@ struct Received {
 // A worker that speaks the data protocol by hand.
 class RawWorker {
  public:
+  ~RawWorker() { Close(); }
   Status Start(const scheduler::ClusterConfig& cluster, uint32_t rank,
                std::shared_ptr<transport::InprocHub> hub) {
     rank_ = rank;
+    node::NodeEndpointOptions e;
+    e.self = node::NodeIdentity{v1::ROLE_WORKER, rank};
+    e.listen_address = cluster.workers[rank];
+    e.inproc_hub = std::move(hub);
+    BP_ASSIGN_OR_RETURN(endpoint_, node::NodeEndpoint::Create(e));
     scheduler::SchedulerClientOptions o;
     o.cluster = cluster;
     o.role = v1::ROLE_WORKER;
     o.rank = rank;
-    o.inproc_hub = std::move(hub);
-    o.on_peer_message = [this](transport::Received&& r) {
-      if (!r.is_message()) return;
+    BP_ASSIGN_OR_RETURN(client_, scheduler::SchedulerClient::Create(std::move(o), endpoint_.get()));
+    auto keep = [this](const node::Sender&, DataHeader& h, Message& m) {
       Received got;
-      if (!got.header.ParseFromString(r.message().header)) return;
-      got.message = std::move(r.message());
+      got.header = h;
+      got.message = std::move(m);
       std::lock_guard<std::mutex> lock(mu_);
       inbox_.push_back(std::move(got));
       cv_.notify_all();
     };
-    BP_ASSIGN_OR_RETURN(client_, scheduler::SchedulerClient::Create(std::move(o)));
+    for (DataHeader::Op op :
+         {DataHeader::OP_PULL_REPLY, DataHeader::OP_ERROR, DataHeader::OP_DECLARE_REPLY}) {
+      endpoint_->OnData(op, node::RoleSet::Of(v1::ROLE_SERVER), keep);
+    }
+    endpoint_->OnUnhandledData(keep);
+    endpoint_->Start();
     BP_RETURN_IF_ERROR(client_->Register());
     const v1::Assignment& a = client_->assignment();
     for (int i = 0; i < a.servers_size(); ++i) {
-      BP_RETURN_IF_ERROR(client_->transport().Connect(
-          scheduler::NodePeerId(v1::ROLE_SERVER, static_cast<uint32_t>(i)),
-          a.servers(i).address()));
+      BP_RETURN_IF_ERROR(
+          endpoint_->Connect(scheduler::NodePeerId(v1::ROLE_SERVER, static_cast<uint32_t>(i)),
+                             a.servers(i).address()));
     }
     return Status::Ok();
   }
@@ -71,15 +81,13 @@ class RawWorker {
   Status Send(uint32_t server, DataHeader h, std::vector<Buffer> frames = {},
               bool fix_sender = true) {
     if (fix_sender) h.set_sender(rank_);
-    Message m;
-    m.header = h.SerializeAsString();
-    m.frames = std::move(frames);
-    return client_->transport().Send(scheduler::NodePeerId(v1::ROLE_SERVER, server), std::move(m));
+    return endpoint_->SendData(scheduler::NodePeerId(v1::ROLE_SERVER, server), h,
+                               std::move(frames));
   }
   Status SendRaw(uint32_t server, std::string header) {
     Message m;
     m.header = std::move(header);
-    return client_->transport().Send(scheduler::NodePeerId(v1::ROLE_SERVER, server), std::move(m));
+    return endpoint_->Send(scheduler::NodePeerId(v1::ROLE_SERVER, server), std::move(m));
   }
 
   // The next data message (bounded).
@@ -92,9 +100,15 @@ class RawWorker {
   }
 
   scheduler::SchedulerClient& client() { return *client_; }
+  // The node "exits": its endpoint closes (peers see it gone), then its client.
+  void Close() {
+    if (endpoint_) endpoint_->Close();
+    if (client_) client_->Close();
+  }
 
  private:
   uint32_t rank_ = 0;
+  std::unique_ptr<node::NodeEndpoint> endpoint_;
   std::unique_ptr<scheduler::SchedulerClient> client_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -124,7 +138,7 @@ class MiniCluster {
 
   ~MiniCluster() {
     for (auto& w : workers_) {
-      if (w) w->client().Close();
+      if (w) w->Close();
     }
     for (auto& s : servers_) {
       if (s) s->Close();

@@ -1,0 +1,352 @@
+#include "common/node/endpoint.h"
+
+#include <fmt/format.h>
+#include <pthread.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "common/logging.h"
+
+namespace bitpush::node {
+
+namespace {
+
+using std::chrono::duration_cast;
+using std::chrono::milliseconds;
+
+size_t Index(Plane p) {
+  return p == Plane::kControl ? 0 : 1;
+}
+
+std::string DefaultLabel(const NodeIdentity& self) {
+  if (self.role == v1::ROLE_SCHEDULER) return "scheduler";
+  return fmt::format("{} {}", RoleName(self.role), self.rank);
+}
+
+std::string PeerIdOf(const NodeIdentity& self) {
+  return self.role == v1::ROLE_SCHEDULER ? std::string(kSchedulerPeerId)
+                                         : NodePeerId(self.role, self.rank);
+}
+
+}  // namespace
+
+std::string_view PlaneName(Plane plane) {
+  return plane == Plane::kControl ? "control" : "data";
+}
+
+StatusOr<std::unique_ptr<NodeEndpoint>> NodeEndpoint::Create(
+    NodeEndpointOptions options, std::unique_ptr<transport::Transport> transport) {
+  const NodeIdentity& self = options.self;
+  if (self.role != v1::ROLE_SCHEDULER && self.role != v1::ROLE_SERVER &&
+      self.role != v1::ROLE_WORKER) {
+    return InvalidArgumentError(
+        "NodeEndpointOptions::self needs a role (scheduler, server or "
+        "worker)");
+  }
+  if (options.idle_wait.count() <= 0) {
+    return InvalidArgumentError("NodeEndpointOptions::idle_wait must be > 0");
+  }
+  const std::string name = PeerIdOf(self);
+  if (transport == nullptr) {
+    transport::TransportOptions t;
+    t.backend = options.backend;
+    t.name = name;
+    t.listen_address = options.listen_address;
+    t.inproc_hub = options.inproc_hub;
+    BP_ASSIGN_OR_RETURN(transport, transport::CreateTransport(t));
+  } else if (transport->name() != name) {
+    return InvalidArgumentError(
+        fmt::format("the injected transport is named '{}', but this node's PeerId is '{}'",
+                    transport->name(), name));
+  }
+  return std::unique_ptr<NodeEndpoint>(new NodeEndpoint(std::move(options), std::move(transport)));
+}
+
+NodeEndpoint::NodeEndpoint(NodeEndpointOptions options,
+                           std::unique_ptr<transport::Transport> transport)
+    : options_(std::move(options)),
+      label_(options_.label.empty() ? DefaultLabel(options_.self) : options_.label),
+      clock_(options_.clock ? options_.clock : SystemClock()),
+      transport_(std::move(transport)) {}
+
+NodeEndpoint::~NodeEndpoint() {
+  Close();
+}
+
+const transport::PeerId& NodeEndpoint::name() const {
+  return transport_->name();
+}
+
+std::string NodeEndpoint::address() const {
+  return transport_->address();
+}
+
+// ---- registration ----
+
+void NodeEndpoint::OnControl(v1::ControlMessage::BodyCase kind, RoleSet senders,
+                             ControlHandler handler) {
+  BP_CHECK(!started_, "NodeEndpoint: handlers are registered before the loop starts");
+  const bool fresh =
+      control_routes_.emplace(static_cast<int>(kind), ControlRoute{senders, std::move(handler)})
+          .second;
+  BP_CHECK(fresh, "NodeEndpoint: two handlers for one control message type");
+}
+
+void NodeEndpoint::OnData(v1::DataHeader::Op op, RoleSet senders, DataHandler handler) {
+  BP_CHECK(!started_, "NodeEndpoint: handlers are registered before the loop starts");
+  const bool fresh =
+      data_routes_.emplace(static_cast<int>(op), DataRoute{senders, std::move(handler)}).second;
+  BP_CHECK(fresh, "NodeEndpoint: two handlers for one data op");
+}
+
+void NodeEndpoint::OnUnhandledControl(ControlHandler handler) {
+  BP_CHECK(!started_, "NodeEndpoint: handlers are registered before the loop starts");
+  unhandled_control_ = std::move(handler);
+}
+
+void NodeEndpoint::OnUnhandledData(DataHandler handler) {
+  BP_CHECK(!started_, "NodeEndpoint: handlers are registered before the loop starts");
+  unhandled_data_ = std::move(handler);
+}
+
+void NodeEndpoint::OnRejected(Plane plane, RejectHandler handler) {
+  BP_CHECK(!started_, "NodeEndpoint: handlers are registered before the loop starts");
+  rejected_[Index(plane)] = std::move(handler);
+}
+
+void NodeEndpoint::OnEvent(Plane plane, EventHandler handler) {
+  BP_CHECK(!started_, "NodeEndpoint: handlers are registered before the loop starts");
+  events_[Index(plane)] = std::move(handler);
+}
+
+void NodeEndpoint::AddTimer(Timer timer) {
+  BP_CHECK(!started_, "NodeEndpoint: timers are registered before the loop starts");
+  timers_.push_back(std::move(timer));
+}
+
+void NodeEndpoint::OnFailure(FailureHandler handler) {
+  BP_CHECK(!started_, "NodeEndpoint: handlers are registered before the loop starts");
+  failure_handlers_.push_back(std::move(handler));
+}
+
+void NodeEndpoint::HoldPlane(Plane plane) {
+  std::lock_guard<std::mutex> lock(dispatch_mu_);
+  held_[Index(plane)] = true;
+}
+
+// ---- the loop ----
+
+void NodeEndpoint::Start() {
+  BP_CHECK(!started_.exchange(true), "NodeEndpoint::Start called twice");
+  io_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "bp-io");
+    Loop();
+  });
+}
+
+void NodeEndpoint::Loop() {
+  while (!closed_.load()) {
+    milliseconds wait;
+    {
+      std::lock_guard<std::mutex> lock(dispatch_mu_);
+      const Clock::time_point now = clock_->Now();
+      Clock::time_point wake = now + options_.idle_wait;
+      for (const Timer& t : timers_) wake = std::min(wake, t(now));
+      // Rounded up, so a timer is never woken a little early (and asked again at once).
+      wait = std::max(milliseconds(1), std::chrono::ceil<milliseconds>(wake - now));
+    }
+    Status s = Poll(clock_->BlockFor(wait));
+    if (s.ok() || closed_.load()) continue;
+    const Status failure = s.WithContext(label_ + ": endpoint failed");
+    std::lock_guard<std::mutex> lock(dispatch_mu_);
+    for (const FailureHandler& f : failure_handlers_) f(failure);
+    return;
+  }
+}
+
+Status NodeEndpoint::Poll(milliseconds timeout) {
+  started_.store(true);
+  StatusOr<transport::Received> r = transport_->Receive(timeout);
+  if (!r.ok()) {
+    if (r.status().code() == StatusCode::kTimeout) return Status::Ok();
+    return r.status();
+  }
+  std::lock_guard<std::mutex> lock(dispatch_mu_);
+  DispatchLocked(*r);
+  return Status::Ok();
+}
+
+void NodeEndpoint::ReleasePlane(Plane plane) {
+  std::lock_guard<std::mutex> lock(dispatch_mu_);
+  const size_t i = Index(plane);
+  held_[i] = false;
+  std::deque<transport::Received> held = std::move(held_msgs_[i]);
+  held_msgs_[i].clear();
+  for (transport::Received& r : held) DispatchLocked(r);
+}
+
+Plane NodeEndpoint::PlaneOf(const Sender& sender) const {
+  if (options_.self.role == v1::ROLE_SCHEDULER || sender.Is(v1::ROLE_SCHEDULER)) {
+    return Plane::kControl;
+  }
+  return Plane::kData;
+}
+
+bool NodeEndpoint::May(RoleSet senders, const Sender& sender) {
+  return senders.Contains(sender.node ? sender.node->role : v1::ROLE_UNSPECIFIED);
+}
+
+void NodeEndpoint::DispatchLocked(transport::Received& received) {
+  Sender sender;
+  sender.peer = received.is_message() ? received.from : received.event().peer;
+  if (sender.peer.empty()) sender.peer = received.from;
+  sender.node = ParseNodePeerId(sender.peer);
+  const Plane plane = PlaneOf(sender);
+  const size_t i = Index(plane);
+  if (held_[i]) {
+    held_msgs_[i].push_back(std::move(received));
+    return;
+  }
+  if (!received.is_message()) {
+    ++events_count_;
+    const transport::TransportEvent& ev = received.event();
+    if (events_[i]) {
+      events_[i](sender, ev);
+    } else {
+      BP_LOG_DEBUG("{}: transport event about '{}': {}", label_, sender.peer,
+                   ev.status.ok() ? std::string("connected") : ev.status.ToString());
+    }
+    return;
+  }
+  if (plane == Plane::kControl) {
+    DispatchControlLocked(sender, received.message());
+  } else {
+    DispatchDataLocked(sender, received.message());
+  }
+}
+
+void NodeEndpoint::DispatchControlLocked(const Sender& sender, transport::Message& message) {
+  v1::ControlMessage msg;
+  if (!msg.ParseFromString(message.header)) {
+    ++malformed_;
+    RejectLocked(Plane::kControl, sender, message, Rejection::kMalformed, "control message");
+    return;
+  }
+  auto it = control_routes_.find(static_cast<int>(msg.body_case()));
+  if (it == control_routes_.end()) {
+    ++unhandled_;
+    if (unhandled_control_) {
+      unhandled_control_(sender, msg);
+    } else {
+      BP_LOG_WARN("{}: unexpected control message (case {}) from '{}'", label_,
+                  static_cast<int>(msg.body_case()), sender.peer);
+    }
+    return;
+  }
+  if (!May(it->second.senders, sender)) {
+    ++refused_;
+    RejectLocked(Plane::kControl, sender, message, Rejection::kRefusedSender,
+                 fmt::format("control message (case {})", static_cast<int>(msg.body_case())));
+    return;
+  }
+  ++dispatched_;
+  it->second.handler(sender, msg);
+}
+
+void NodeEndpoint::DispatchDataLocked(const Sender& sender, transport::Message& message) {
+  v1::DataHeader header;
+  if (!header.ParseFromString(message.header)) {
+    ++malformed_;
+    RejectLocked(Plane::kData, sender, message, Rejection::kMalformed, "data message");
+    return;
+  }
+  auto it = data_routes_.find(static_cast<int>(header.op()));
+  if (it == data_routes_.end()) {
+    ++unhandled_;
+    if (unhandled_data_) {
+      unhandled_data_(sender, header, message);
+    } else {
+      BP_LOG_WARN("{}: dropped an unexpected data message (op {}) from '{}'", label_,
+                  static_cast<int>(header.op()), sender.peer);
+    }
+    return;
+  }
+  if (!May(it->second.senders, sender)) {
+    ++refused_;
+    RejectLocked(Plane::kData, sender, message, Rejection::kRefusedSender,
+                 fmt::format("data message {}", v1::DataHeader::Op_Name(header.op())));
+    return;
+  }
+  ++dispatched_;
+  it->second.handler(sender, header, message);
+}
+
+void NodeEndpoint::RejectLocked(Plane plane, const Sender& sender,
+                                const transport::Message& message, Rejection why,
+                                std::string_view detail) {
+  if (const RejectHandler& h = rejected_[Index(plane)]) {
+    h(sender, message, why, detail);
+    return;
+  }
+  if (why == Rejection::kMalformed) {
+    BP_LOG_WARN("{}: dropped a malformed {} from '{}'", label_, detail, sender.peer);
+  } else {
+    BP_LOG_WARN("{}: dropped a {} from '{}', which may not send it", label_, detail, sender.peer);
+  }
+}
+
+// ---- sending ----
+
+Status NodeEndpoint::Connect(const transport::PeerId& peer, const std::string& address) {
+  return transport_->Connect(peer, address);
+}
+
+void NodeEndpoint::Disconnect(const transport::PeerId& peer) {
+  transport_->Disconnect(peer);
+}
+
+Status NodeEndpoint::Send(const transport::PeerId& peer, transport::Message message) {
+  return transport_->Send(peer, std::move(message));
+}
+
+Status NodeEndpoint::SendControl(const transport::PeerId& peer, const v1::ControlMessage& message) {
+  transport::Message m;
+  if (!message.SerializeToString(&m.header)) {
+    return InternalError("cannot serialize a control message");
+  }
+  return transport_->Send(peer, std::move(m));
+}
+
+Status NodeEndpoint::SendData(const transport::PeerId& peer, const v1::DataHeader& header,
+                              std::vector<transport::Buffer> frames) {
+  transport::Message m;
+  if (!header.SerializeToString(&m.header)) return InternalError("cannot serialize a data header");
+  m.frames = std::move(frames);
+  return transport_->Send(peer, std::move(m));
+}
+
+void NodeEndpoint::Close() {
+  if (closed_.exchange(true)) return;
+  transport_->Close();
+  if (io_thread_.joinable()) {
+    if (io_thread_.get_id() == std::this_thread::get_id()) {
+      io_thread_.detach();  // closed from a handler: the loop ends when the handler returns
+    } else {
+      io_thread_.join();
+    }
+  }
+}
+
+EndpointStats NodeEndpoint::stats() const {
+  EndpointStats s;
+  s.dispatched = dispatched_.load();
+  s.unhandled = unhandled_.load();
+  s.refused = refused_.load();
+  s.malformed = malformed_.load();
+  s.events = events_count_.load();
+  s.transport = transport_->stats();
+  return s;
+}
+
+}  // namespace bitpush::node
