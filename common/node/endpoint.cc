@@ -12,7 +12,6 @@ namespace bitpush::node {
 
 namespace {
 
-using std::chrono::duration_cast;
 using std::chrono::milliseconds;
 
 size_t Index(Plane p) {
