@@ -225,10 +225,14 @@ check_main() {
     local -A ended
     for u in $nodes; do
       # Each ends by itself once it heard the Shutdown (bounded); read its exit before the
-      # restart (RestartSec=5s) starts a new process.
+      # restart (RestartSec=5s) starts a new process. On its way out a daemon passes through
+      # stop-sigterm (it sends STOPPING=1 before exiting), so wait for a settled state.
       local i=0 sub
       sub=$(show "$u" SubState)
-      while [ "$sub" = running ] && [ $i -lt 40 ]; do sleep 0.1; i=$((i + 1)); sub=$(show "$u" SubState); done
+      while [ "$sub" != auto-restart ] && [ "$sub" != failed ] && [ "$sub" != dead ] &&
+            [ $i -lt 100 ]; do
+        sleep 0.1; i=$((i + 1)); sub=$(show "$u" SubState)
+      done
       ended[$u]="$sub $(show "$u" ExecMainCode) $(show "$u" ExecMainStatus)"
     done
     timeout 60 systemctl stop $nodes
