@@ -153,12 +153,8 @@ std::vector<std::string> SplitSpecs(const std::string& list) {
 StatusOr<std::string> ErrorFeedbackFor(const std::string& spec, const std::string& requested) {
   BP_ASSIGN_OR_RETURN(v1::CompressorConfig c, compressors::ParseCompressorSpec(spec));
   if (requested != "auto") return requested;
-  switch (c.id()) {
-    case v1::COMPRESSOR_ID_ONEBIT:
-    case v1::COMPRESSOR_ID_TOPK: return std::string("both");
-    case v1::COMPRESSOR_ID_RANDOMK: return std::string(c.randomk().unbiased() ? "none" : "both");
-    default: return std::string("none");
-  }
+  return std::string(
+      compressors::ErrorFeedbackPolicyName(compressors::RecommendedErrorFeedback(c)));
 }
 
 std::string SelfExe() {

@@ -15,4 +15,9 @@ Status ResidualState::Restore(Span<const float> saved) {
   return Status::Ok();
 }
 
+std::unique_ptr<ErrorFeedback> NewResidualState(const v1::CompressorConfig&, ErrorFeedbackSide,
+                                                size_t elements) {
+  return std::make_unique<ResidualState>(elements);
+}
+
 }  // namespace bitpush::compressors

@@ -13,6 +13,18 @@ namespace bitpush::server {
 
 using compressors::CompressContext;
 
+Status CheckAggregationMode(const compressors::MethodSpec& method) {
+  switch (method.aggregation) {
+    case compressors::AggregationMode::kDecompressSumRecompress: return Status::Ok();
+    case compressors::AggregationMode::kCompressedDomainSum:
+    case compressors::AggregationMode::kServerOptimizer: break;
+  }
+  return UnimplementedError(fmt::format(
+      "{} aggregates by {}, which this server does not implement (it runs {})", method.name,
+      compressors::AggregationModeName(method.aggregation),
+      compressors::AggregationModeName(compressors::AggregationMode::kDecompressSumRecompress)));
+}
+
 StatusOr<std::unique_ptr<KeyState>> KeyState::Create(
     const KeySpec& spec, const compressors::CompressorOptions& options) {
   if (spec.num_workers < 1) return InvalidArgumentError("KeySpec::num_workers must be >= 1");
@@ -21,19 +33,32 @@ StatusOr<std::unique_ptr<KeyState>> KeyState::Create(
   }
   BP_ASSIGN_OR_RETURN(std::unique_ptr<compressors::Compressor> c,
                       compressors::CreateCompressor(spec.compressor, options));
+  // CreateCompressor has validated the config, so the method exists.
+  const compressors::MethodSpec& method = *compressors::FindMethod(spec.compressor.id());
+  if (Status s = CheckAggregationMode(method); !s.ok()) {
+    return s.WithContext(fmt::format("key {}", spec.key));
+  }
   if (spec.elements > 0 && spec.elements > compressors::kMaxPayloadElements) {
     return InvalidArgumentError(
         fmt::format("key {}: {} elements is above the payload limit", spec.key, spec.elements));
   }
-  return std::unique_ptr<KeyState>(new KeyState(spec, std::move(c)));
+  std::unique_ptr<compressors::ErrorFeedback> residual;
+  if (spec.server_residual) {
+    BP_ASSIGN_OR_RETURN(
+        residual, compressors::CreateErrorFeedback(
+                      spec.compressor, compressors::ErrorFeedbackSide::kServer, spec.elements));
+  }
+  return std::unique_ptr<KeyState>(new KeyState(spec, std::move(c), std::move(residual)));
 }
 
-KeyState::KeyState(const KeySpec& spec, std::unique_ptr<compressors::Compressor> compressor)
-    : spec_(spec), compressor_(std::move(compressor)), next_round_(spec.num_workers, 0) {
-  if (spec_.server_residual) {
-    residual_ = std::make_unique<compressors::ResidualState>(spec_.elements);
-  }
-  fused_ = spec_.elements > 0 && compressor_->FusesServerRound(spec_.server_residual);
+KeyState::KeyState(const KeySpec& spec, std::unique_ptr<compressors::Compressor> compressor,
+                   std::unique_ptr<compressors::ErrorFeedback> residual)
+    : spec_(spec),
+      compressor_(std::move(compressor)),
+      residual_(std::move(residual)),
+      next_round_(spec.num_workers, 0) {
+  fused_ = spec_.elements > 0 && (residual_ ? residual_->FusesServerRound(*compressor_)
+                                            : compressor_->FusesServerRound(false));
   slots_.resize(spec_.max_rounds_in_flight);
   for (Round& r : slots_) {
     r.pushed.assign(spec_.num_workers, 0);
@@ -145,10 +170,10 @@ Status KeyState::Push(uint32_t worker, uint64_t round, transport::Buffer buffer)
   // Validates the whole payload before touching the accumulator. The first push of a round
   // is decoded straight into it (no zeroing pass). The fused round only validates it here and
   // keeps the buffer for Publish.
-  const Status added =
-      fused_                ? compressor_->ValidatePayload(payload, spec_.elements)
-      : r->next_to_add == 0 ? compressor_->DecompressToFloat(payload, r->accumulator.span())
-                            : compressor_->DecompressAdd(payload, r->accumulator.span());
+  const Status added = fused_ ? compressor_->ValidatePayload(payload, spec_.elements)
+                       : r->next_to_add == 0
+                           ? compressor_->DecompressToFloat(payload, r->accumulator.span())
+                           : compressor_->DecompressAdd(payload, r->accumulator.span());
   if (!added.ok()) {
     if (r->pushes == 0) r->active = false;  // nothing accumulated: give the slot back
     return Reject(added.WithContext(
@@ -198,9 +223,8 @@ Status KeyState::AddInOrder(Round& r) {
 
 Status KeyState::Publish(Round& r) {
   const size_t n = spec_.elements;
-  const float inv = spec_.average && spec_.num_workers > 1
-                        ? 1.0f / static_cast<float>(spec_.num_workers)
-                        : 1.0f;
+  const float inv =
+      spec_.average && spec_.num_workers > 1 ? 1.0f / static_cast<float>(spec_.num_workers) : 1.0f;
   // The slot's payload buffer is reused once the transport has let go of the last round's
   // (no other owner left); otherwise a new one is made.
   std::shared_ptr<std::vector<uint8_t>>& storage = r.payload_storage;

@@ -27,6 +27,12 @@
 // context {key, round}, the same one every worker uses, so e.g. random-k re-selects the indices
 // the workers chose.
 //
+// Method: the key's compression method (compressors/method.h) says how servers aggregate it
+// and supplies the server's error-feedback state (compressors::ErrorFeedback, created where
+// the key keeps a server residual). KeyState runs the mode kDecompressSumRecompress described
+// above; a key whose method declares another aggregation mode is refused by Create with
+// Unimplemented (CheckAggregationMode).
+//
 // Fused round: where the compressor fuses the server round (onebit; topk with a server
 // residual), a push at its turn is only validated and held, and Publish hands every push to
 // Compressor::AggregateCompress, which decodes, averages and compresses in one or two passes
@@ -54,6 +60,7 @@
 #include "common/transport/message.h"
 #include "compressors/compressor.h"
 #include "compressors/error_feedback.h"
+#include "compressors/method.h"
 #include "proto/bitpush/v1/compression.pb.h"
 
 namespace bitpush::server {
@@ -84,6 +91,10 @@ struct KeyStats {
   uint64_t bytes_pushed = 0;
   uint64_t bytes_published = 0;
 };
+
+// OK iff KeyState aggregates keys of `method` (its aggregation mode is
+// kDecompressSumRecompress); Unimplemented naming the method and its mode otherwise.
+Status CheckAggregationMode(const compressors::MethodSpec& method);
 
 class KeyState {
  public:
@@ -136,7 +147,8 @@ class KeyState {
     std::shared_ptr<std::vector<uint8_t>> payload_storage;
   };
 
-  KeyState(const KeySpec& spec, std::unique_ptr<compressors::Compressor> compressor);
+  KeyState(const KeySpec& spec, std::unique_ptr<compressors::Compressor> compressor,
+           std::unique_ptr<compressors::ErrorFeedback> residual);
   Round* Find(uint64_t round);
   const Round* Find(uint64_t round) const;
   Status Reject(Status s);
@@ -147,8 +159,10 @@ class KeyState {
 
   KeySpec spec_;
   std::unique_ptr<compressors::Compressor> compressor_;
-  std::unique_ptr<compressors::ResidualState> residual_;
-  // The compressor fuses the round (Compressor::FusesServerRound): pushes are validated on
+  // The server's error-feedback state (ẽ); null without server_residual.
+  std::unique_ptr<compressors::ErrorFeedback> residual_;
+  // The compressor fuses the round (Compressor::FusesServerRound, with the residual's consent
+  // where there is one: ErrorFeedback::FusesServerRound): pushes are validated on
   // their turn and held, and Publish aggregates and compresses them in one call; no
   // accumulator is allocated.
   bool fused_ = false;

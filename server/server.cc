@@ -345,7 +345,7 @@ void Server::Impl::PlaceInit(uint32_t worker, DataHeader& header, Message& msg) 
     for (uint32_t i = 1; i < engines_.size(); ++i) {
       if (engines_[i]->load.load() < engines_[best]->load.load()) best = i;
     }
-    const bool compressed = header.compressor_config().id() != v1::COMPRESSOR_ID_NONE;
+    const bool compressed = compressors::MethodCompresses(header.compressor_config().id());
     const uint64_t weight =
         std::max<uint64_t>(1, header.element_count() * 4) * (compressed ? kCompressedKeyWeight : 1);
     engines_[best]->load += weight;

@@ -282,7 +282,7 @@ StatusOr<TensorId> Engine::Declare(const std::string& name, size_t elements, DTy
   t->elements = elements;
   t->dtype = dtype;
   t->options = options;
-  t->compressed = config->id() != v1::COMPRESSOR_ID_NONE &&
+  t->compressed = compressors::MethodCompresses(config->id()) &&
                   AboveCompressThreshold(elements, dtype, cluster_.compression.min_compress_bytes);
   if (t->compressed) {
     t->config = *config;

@@ -4,7 +4,9 @@
 #include <string>
 
 #include "common/vector_ops.h"
-#include "compressors/factories.h"
+#include "compressors/error_feedback.h"
+#include "compressors/method.h"
+#include "compressors/spec_registry.h"
 
 namespace bitpush::compressors {
 
@@ -52,14 +54,23 @@ Status CastCompressor::DecodeBody(ByteSpan body, size_t n, DType dtype, float* o
   return Status::Ok();
 }
 
-std::unique_ptr<Compressor> NewNoneCompressor(IsaLevel isa) {
+namespace {
+
+std::unique_ptr<Compressor> NewNone(const v1::CompressorConfig&, IsaLevel isa) {
   return std::make_unique<CastCompressor>(v1::COMPRESSOR_ID_NONE, true, DType::kFloat32, isa);
 }
-std::unique_ptr<Compressor> NewFp16Compressor(IsaLevel isa) {
+std::unique_ptr<Compressor> NewFp16(const v1::CompressorConfig&, IsaLevel isa) {
   return std::make_unique<CastCompressor>(v1::COMPRESSOR_ID_FP16, false, DType::kFloat16, isa);
 }
-std::unique_ptr<Compressor> NewBf16Compressor(IsaLevel isa) {
+std::unique_ptr<Compressor> NewBf16(const v1::CompressorConfig&, IsaLevel isa) {
   return std::make_unique<CastCompressor>(v1::COMPRESSOR_ID_BF16, false, DType::kBFloat16, isa);
 }
+
+}  // namespace
+
+// The kernel halves of the cast methods (compressors/method.h; spec halves in cast_spec.cc).
+const MethodKernels kNoneMethodKernels = {&kNoneMethodSpec, &NewNone, &NewResidualState};
+const MethodKernels kFp16MethodKernels = {&kFp16MethodSpec, &NewFp16, &NewResidualState};
+const MethodKernels kBf16MethodKernels = {&kBf16MethodSpec, &NewBf16, &NewResidualState};
 
 }  // namespace bitpush::compressors

@@ -9,7 +9,6 @@
 #pragma once
 
 #include "compressors/compressor.h"
-#include "compressors/registry.h"
 
 namespace bitpush::compressors {
 

@@ -8,7 +8,8 @@
 #include <string>
 
 #include "common/counter_rng.h"
-#include "compressors/factories.h"
+#include "compressors/error_feedback.h"
+#include "compressors/method.h"
 
 namespace bitpush::compressors {
 namespace {
@@ -214,9 +215,14 @@ Status DitheringCompressor::DecodeBody(ByteSpan body, size_t n, DType, float* ou
   return Status::Ok();
 }
 
-std::unique_ptr<Compressor> NewDitheringCompressor(const v1::DitheringParams& params,
-                                                   IsaLevel isa) {
-  return std::make_unique<DitheringCompressor>(params, isa);
+namespace {
+std::unique_ptr<Compressor> NewDithering(const v1::CompressorConfig& config, IsaLevel isa) {
+  return std::make_unique<DitheringCompressor>(config.dithering(), isa);
 }
+}  // namespace
+
+// The kernel half of dithering (compressors/method.h; spec half in dithering_spec.cc).
+const MethodKernels kDitheringMethodKernels = {&kDitheringMethodSpec, &NewDithering,
+                                               &NewResidualState};
 
 }  // namespace bitpush::compressors

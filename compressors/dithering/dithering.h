@@ -46,7 +46,7 @@ namespace bitpush::compressors {
 
 class DitheringCompressor final : public CompressorBase {
  public:
-  // params must be canonical (compressors/registry.h fills and range-checks them).
+  // params must be canonical (dithering_spec.cc fills and range-checks them).
   DitheringCompressor(const v1::DitheringParams& params, IsaLevel isa);
 
   uint32_t levels() const { return levels_; }

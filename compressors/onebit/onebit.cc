@@ -8,7 +8,8 @@
 #include <limits>
 #include <string>
 
-#include "compressors/factories.h"
+#include "compressors/error_feedback.h"
+#include "compressors/method.h"
 
 namespace bitpush::compressors {
 namespace {
@@ -618,8 +619,13 @@ size_t OnebitCompressor::AggregateBody(const ByteSpan* bodies, size_t count, siz
   return BodyBytes(n);
 }
 
-std::unique_ptr<Compressor> NewOnebitCompressor(const v1::OnebitParams& params, IsaLevel isa) {
-  return std::make_unique<OnebitCompressor>(params.scaled(), isa);
+namespace {
+std::unique_ptr<Compressor> NewOnebit(const v1::CompressorConfig& config, IsaLevel isa) {
+  return std::make_unique<OnebitCompressor>(config.onebit().scaled(), isa);
 }
+}  // namespace
+
+// The kernel half of onebit (compressors/method.h; spec half in onebit_spec.cc).
+const MethodKernels kOnebitMethodKernels = {&kOnebitMethodSpec, &NewOnebit, &NewResidualState};
 
 }  // namespace bitpush::compressors

@@ -9,7 +9,8 @@
 
 #include "common/counter_rng.h"
 #include "common/logging.h"
-#include "compressors/factories.h"
+#include "compressors/error_feedback.h"
+#include "compressors/method.h"
 
 namespace bitpush::compressors {
 namespace {
@@ -228,8 +229,13 @@ Status RandomkCompressor::DecodeBody(ByteSpan body, size_t n, DType dtype, float
   return DecodeSparseBody("randomk", body, n, dtype, out, add);
 }
 
-std::unique_ptr<Compressor> NewRandomkCompressor(const v1::RandomkParams& params, IsaLevel isa) {
-  return std::make_unique<RandomkCompressor>(params, isa);
+namespace {
+std::unique_ptr<Compressor> NewRandomk(const v1::CompressorConfig& config, IsaLevel isa) {
+  return std::make_unique<RandomkCompressor>(config.randomk(), isa);
 }
+}  // namespace
+
+// The kernel half of randomk (compressors/method.h; spec half in randomk_spec.cc).
+const MethodKernels kRandomkMethodKernels = {&kRandomkMethodSpec, &NewRandomk, &NewResidualState};
 
 }  // namespace bitpush::compressors

@@ -7,7 +7,8 @@
 
 #include "common/counter_rng.h"
 #include "common/logging.h"
-#include "compressors/factories.h"
+#include "compressors/error_feedback.h"
+#include "compressors/method.h"
 #include "compressors/topk/topk_kernels.h"
 
 namespace bitpush::compressors {
@@ -296,8 +297,13 @@ Status TopkCompressor::DecodeBody(ByteSpan body, size_t n, DType dtype, float* o
   return DecodeSparseBody("topk", body, n, dtype, out, add);
 }
 
-std::unique_ptr<Compressor> NewTopkCompressor(const v1::TopkParams& params, IsaLevel isa) {
-  return std::make_unique<TopkCompressor>(params, isa);
+namespace {
+std::unique_ptr<Compressor> NewTopk(const v1::CompressorConfig& config, IsaLevel isa) {
+  return std::make_unique<TopkCompressor>(config.topk(), isa);
 }
+}  // namespace
+
+// The kernel half of topk (compressors/method.h; spec half in topk_spec.cc).
+const MethodKernels kTopkMethodKernels = {&kTopkMethodSpec, &NewTopk, &NewResidualState};
 
 }  // namespace bitpush::compressors

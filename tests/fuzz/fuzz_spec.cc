@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "compressors/registry.h"
+#include "compressors/spec_registry.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string spec(reinterpret_cast<const char*>(data), size);

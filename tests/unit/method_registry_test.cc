@@ -1,0 +1,110 @@
+// The method registry's kernel side: every method of compressors/methods.inc has both
+// descriptor halves, its compressor writes the payload its spec half declares, its
+// error-feedback state is what the registry hands out, and servers refuse aggregation modes
+// they do not run.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "compressors/registry.h"
+#include "server/key_state.h"
+#include "tests/unit/test_util.h"
+
+namespace bitpush::compressors {
+namespace {
+
+using bitpush::testing::RandomFloats;
+
+std::string MinimalSpec(const MethodSpec& m) {
+  if (ParseCompressorSpec(m.name).ok()) return m.name;
+  return std::string(m.name) + ":" + m.params[0].name + "=" + m.params[0].example;
+}
+
+TEST(MethodRegistry, EveryMethodHasBothHalves) {
+  for (const MethodSpec* m : Methods()) {
+    const MethodKernels* k = FindMethodKernels(m->id);
+    ASSERT_NE(k, nullptr) << m->name;
+    EXPECT_EQ(k->spec, m) << m->name << ": the kernel half names another method's spec half";
+    EXPECT_NE(k->new_compressor, nullptr) << m->name;
+    EXPECT_NE(k->new_error_feedback, nullptr) << m->name;
+  }
+  EXPECT_EQ(FindMethodKernels(static_cast<v1::CompressorId>(63)), nullptr);
+}
+
+TEST(MethodRegistry, CompressorWritesTheDeclaredPayload) {
+  const size_t n = 1000;
+  const std::vector<float> x = RandomFloats(n, 5);
+  for (const MethodSpec* m : Methods()) {
+    SCOPED_TRACE(m->name);
+    auto c = CreateCompressor(MinimalSpec(*m));
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_EQ((*c)->id(), m->id);
+    std::vector<uint8_t> out((*c)->MaxCompressedBytes(n, DType::kFloat32));
+    auto bytes = (*c)->Compress(ConstTensorView(x.data(), n), {1, 2}, {out.data(), out.size()});
+    ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+    EXPECT_EQ(out[0], m->payload_format);
+    EXPECT_EQ(out[1], static_cast<uint8_t>(m->id));
+    if (!m->compresses) {  // the tensor as it is
+      ASSERT_EQ(*bytes, kPayloadHeaderBytes + n * sizeof(float));
+      EXPECT_EQ(std::memcmp(out.data() + kPayloadHeaderBytes, x.data(), n * sizeof(float)), 0);
+    } else {
+      EXPECT_LT(*bytes, kPayloadHeaderBytes + n * sizeof(float));
+    }
+  }
+}
+
+TEST(MethodRegistry, ErrorFeedbackStateIsTheVanillaResidual) {
+  const size_t n = 777;
+  for (const MethodSpec* m : Methods()) {
+    SCOPED_TRACE(m->name);
+    const v1::CompressorConfig config = *ParseCompressorSpec(MinimalSpec(*m));
+    auto c = CreateCompressor(config);
+    ASSERT_TRUE(c.ok());
+    for (ErrorFeedbackSide side : {ErrorFeedbackSide::kWorker, ErrorFeedbackSide::kServer}) {
+      auto state = CreateErrorFeedback(config, side, n);
+      ASSERT_TRUE(state.ok()) << state.status().ToString();
+      ASSERT_EQ((*state)->size(), n);
+      for (float v : (*state)->residual()) ASSERT_EQ(v, 0.0f);
+      EXPECT_EQ((*state)->FusesServerRound(**c), (*c)->FusesServerRound(true));
+      // Two rounds through the state are the compressor's own error-feedback step.
+      std::vector<float> e(n, 0.0f);
+      for (uint64_t round = 0; round < 2; ++round) {
+        const std::vector<float> x = RandomFloats(n, 10 + round);
+        std::vector<uint8_t> got((*c)->MaxCompressedBytes(n, DType::kFloat32));
+        std::vector<uint8_t> want(got.size());
+        auto g = (*state)->Compress(**c, ConstTensorView(x.data(), n), {3, round},
+                                    {got.data(), got.size()});
+        auto w = (*c)->CompressWithFeedback(ConstTensorView(x.data(), n), {e.data(), n}, {3, round},
+                                            {want.data(), want.size()});
+        ASSERT_TRUE(g.ok() && w.ok());
+        ASSERT_EQ(*g, *w);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), *g), 0);
+        EXPECT_EQ(std::memcmp((*state)->residual().data(), e.data(), n * sizeof(float)), 0);
+      }
+    }
+  }
+  v1::CompressorConfig bad;
+  bad.set_id(v1::COMPRESSOR_ID_TOPK);  // no size
+  EXPECT_EQ(CreateErrorFeedback(bad, ErrorFeedbackSide::kWorker, 4).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(MethodRegistry, ServersRefuseAggregationModesTheyDoNotRun) {
+  for (const MethodSpec* m : Methods()) {
+    EXPECT_TRUE(server::CheckAggregationMode(*m).ok()) << m->name;
+  }
+  MethodSpec later = *FindMethod(v1::COMPRESSOR_ID_ONEBIT);
+  later.aggregation = AggregationMode::kCompressedDomainSum;
+  Status s = server::CheckAggregationMode(later);
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
+  EXPECT_CONTAINS(s.message(), "onebit aggregates by compressed-domain-sum");
+  later.aggregation = AggregationMode::kServerOptimizer;
+  s = server::CheckAggregationMode(later);
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
+  EXPECT_CONTAINS(s.message(), "server-optimizer");
+}
+
+}  // namespace
+}  // namespace bitpush::compressors

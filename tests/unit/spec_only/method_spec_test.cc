@@ -1,0 +1,271 @@
+// The spec registry on its own: this executable links bitpush_compressor_specs and nothing of
+// the kernels (tests/CMakeLists.txt), so it stops linking the day spec parsing pulls in a
+// kernel. It parses every method's specs, checks the descriptors' tables against each other,
+// and checks the docs that are generated from them (docs/compressors.md, wire-format.md).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "compressors/spec_registry.h"
+
+#ifndef BITPUSH_SOURCE_DIR
+#error "BITPUSH_SOURCE_DIR must name the source tree (tests/CMakeLists.txt)"
+#endif
+
+namespace bitpush::compressors {
+namespace {
+
+std::string Canon(const std::string& spec) {
+  auto c = ParseCompressorSpec(spec);
+  EXPECT_TRUE(c.ok()) << spec << ": " << c.status().ToString();
+  return c.ok() ? CompressorSpecString(*c) : "";
+}
+
+std::string ReadSourceFile(const std::string& relative) {
+  std::ifstream in(std::string(BITPUSH_SOURCE_DIR) + "/" + relative);
+  EXPECT_TRUE(in.good()) << relative;
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The shortest spec of a method that parses: its name, or its name with the first
+// parameter's example (a method with a required parameter).
+std::string MinimalSpec(const MethodSpec& m) {
+  if (ParseCompressorSpec(m.name).ok()) return m.name;
+  return std::string(m.name) + ":" + m.params[0].name + "=" + m.params[0].example;
+}
+
+// `spec` with one more "param=value".
+std::string With(const std::string& spec, const std::string& item) {
+  return spec + (spec.find(':') == std::string::npos ? ":" : ",") + item;
+}
+
+TEST(MethodSpec, EveryMethodParsesToItsCanonicalForm) {
+  // The canonical forms are part of config agreement between nodes: they must not drift.
+  const char* kCanonical[][2] = {
+      {"none", "none"},
+      {"fp16", "fp16"},
+      {"bf16", "bf16"},
+      {"onebit", "onebit:scaled=true"},
+      {"onebit:scaled=off", "onebit:scaled=false"},
+      {"topk:ratio=0.001", "topk:ratio=0.001"},
+      {"topk:k=1000", "topk:k=1000"},
+      {"randomk:k=5", "randomk:k=5,unbiased=false,seed=0"},
+      {"randomk:seed=9,unbiased=yes,ratio=0.25", "randomk:ratio=0.25,unbiased=true,seed=9"},
+      {"dithering", "dithering:levels=15,partition=linear,norm=max,seed=0"},
+      {"dithering:partition=natural,levels=31,norm=l2,seed=3",
+       "dithering:levels=31,partition=natural,norm=l2,seed=3"},
+  };
+  std::set<std::string> covered;
+  for (const auto& [spec, canonical] : kCanonical) {
+    EXPECT_EQ(Canon(spec), canonical) << spec;
+    const std::string c(canonical);
+    covered.insert(c.substr(0, c.find(':')));
+  }
+  for (const MethodSpec* m : Methods()) {
+    EXPECT_EQ(covered.count(m->name), 1u) << m->name << " has no canonical-form case here";
+    const std::string c = Canon(MinimalSpec(*m));
+    EXPECT_EQ(Canon(c), c) << m->name;
+  }
+}
+
+TEST(MethodSpec, TableIsConsistent) {
+  std::set<std::string> names;
+  int last_id = 0;
+  ASSERT_EQ(Methods().size(), CompressorNames().size());
+  for (size_t i = 0; i < Methods().size(); ++i) {
+    const MethodSpec* m = Methods()[i];
+    EXPECT_GT(static_cast<int>(m->id), last_id) << m->name << ": methods.inc is in id order";
+    last_id = m->id;
+    EXPECT_TRUE(v1::CompressorId_IsValid(m->id)) << m->name << ": id not in compression.proto";
+    EXPECT_TRUE(names.insert(m->name).second) << m->name << " listed twice";
+    EXPECT_EQ(CompressorNames()[i], m->name);
+    EXPECT_EQ(FindMethod(m->id), m);
+    EXPECT_EQ(FindMethod(std::string_view(m->name)), m);
+    EXPECT_EQ(CompressorName(m->id), m->name);
+    // params_case names a message member of CompressorConfig's params oneof.
+    const auto* field = v1::CompressorConfig::descriptor()->FindFieldByNumber(m->params_case);
+    ASSERT_NE(field, nullptr) << m->name;
+    ASSERT_NE(field->containing_oneof(), nullptr) << m->name;
+    EXPECT_EQ(field->containing_oneof()->name(), "params") << m->name;
+    EXPECT_NE(field->message_type(), nullptr) << m->name;
+    EXPECT_EQ(m->payload_format, v1::PAYLOAD_FORMAT_V1) << m->name;
+    EXPECT_EQ(m->params.empty(), m->set_param == nullptr) << m->name;
+  }
+  EXPECT_EQ(FindMethod(static_cast<v1::CompressorId>(63)), nullptr);
+  EXPECT_EQ(FindMethod(std::string_view("twobit")), nullptr);
+}
+
+TEST(MethodSpec, EveryDocumentedParameterIsAcceptedAndPrinted) {
+  for (const MethodSpec* m : Methods()) {
+    const std::string canonical_default = Canon(MinimalSpec(*m));
+    for (const ParamDoc& p : m->params) {
+      SCOPED_TRACE(std::string(m->name) + ":" + p.name);
+      EXPECT_NE(std::string(p.doc), "");
+      EXPECT_NE(std::string(p.values), "");
+      // Its default shows in the canonical form of a spec that does not set it.
+      if (*p.default_value) {
+        EXPECT_NE(canonical_default.find(std::string(p.name) + "=" + p.default_value),
+                  std::string::npos)
+            << canonical_default;
+      }
+      // Its example parses, alone or beside the method's minimal spec, and prints back.
+      std::string spec = std::string(m->name) + ":" + p.name + "=" + p.example;
+      if (!ParseCompressorSpec(spec).ok()) {
+        spec = With(MinimalSpec(*m), std::string(p.name) + "=" + p.example);
+      }
+      EXPECT_NE(Canon(spec).find(std::string(p.name) + "=" + p.example), std::string::npos) << spec;
+    }
+  }
+}
+
+TEST(MethodSpec, UnknownParameterMessageListsTheDocumentedParameters) {
+  for (const MethodSpec* m : Methods()) {
+    const Status s = ParseCompressorSpec(With(MinimalSpec(*m), "bogus=1")).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    std::string valid;
+    for (const ParamDoc& p : m->params) valid += (valid.empty() ? "" : ", ") + std::string(p.name);
+    if (valid.empty()) valid = "(none: this compressor takes no parameters)";
+    EXPECT_EQ(s.message(),
+              std::string(m->name) + ": unknown parameter 'bogus'; valid parameters: " + valid);
+  }
+}
+
+TEST(MethodSpec, ErrorFeedbackRules) {
+  // The refusal the scheduler reports for compression.error_feedback, word for word.
+  const v1::CompressorConfig unbiased = *ParseCompressorSpec("randomk:ratio=0.03125,unbiased=true");
+  for (auto policy :
+       {v1::ERROR_FEEDBACK_WORKER, v1::ERROR_FEEDBACK_SERVER, v1::ERROR_FEEDBACK_BOTH}) {
+    const Status s = ValidateErrorFeedback(unbiased, policy);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.message(),
+              "'" + std::string(ErrorFeedbackPolicyName(policy)) +
+                  "' with 'randomk:ratio=0.03125,unbiased=true,seed=0' is refused: unbiased "
+                  "random-k is meant for error_feedback: none (Algorithm 3); its residual would "
+                  "grow without bound. Use error_feedback: none, or unbiased=false with error "
+                  "feedback");
+  }
+  EXPECT_TRUE(ValidateErrorFeedback(unbiased, v1::ERROR_FEEDBACK_NONE).ok());
+  for (const MethodSpec* m : Methods()) {
+    const v1::CompressorConfig c = *ParseCompressorSpec(MinimalSpec(*m));
+    for (auto policy : {v1::ERROR_FEEDBACK_NONE, v1::ERROR_FEEDBACK_WORKER,
+                        v1::ERROR_FEEDBACK_SERVER, v1::ERROR_FEEDBACK_BOTH}) {
+      EXPECT_TRUE(ValidateErrorFeedback(c, policy).ok()) << m->name;
+    }
+    EXPECT_EQ(ValidateErrorFeedback(c, v1::ERROR_FEEDBACK_UNSPECIFIED).code(),
+              StatusCode::kInvalidArgument);
+  }
+  v1::CompressorConfig unknown;
+  unknown.set_id(static_cast<v1::CompressorId>(63));
+  EXPECT_EQ(ValidateErrorFeedback(unknown, v1::ERROR_FEEDBACK_NONE).code(),
+            StatusCode::kInvalidArgument);
+
+  // "auto": error feedback on both sides for the biased methods (paper 001).
+  const std::pair<const char*, v1::ErrorFeedbackPolicy> kRecommended[] = {
+      {"none", v1::ERROR_FEEDBACK_NONE},
+      {"fp16", v1::ERROR_FEEDBACK_NONE},
+      {"bf16", v1::ERROR_FEEDBACK_NONE},
+      {"onebit", v1::ERROR_FEEDBACK_BOTH},
+      {"topk:ratio=0.01", v1::ERROR_FEEDBACK_BOTH},
+      {"randomk:ratio=0.01", v1::ERROR_FEEDBACK_BOTH},
+      {"randomk:ratio=0.01,unbiased=true", v1::ERROR_FEEDBACK_NONE},
+      {"dithering", v1::ERROR_FEEDBACK_NONE},
+  };
+  for (const auto& [spec, policy] : kRecommended) {
+    EXPECT_EQ(RecommendedErrorFeedback(*ParseCompressorSpec(spec)), policy) << spec;
+    EXPECT_TRUE(ValidateErrorFeedback(*ParseCompressorSpec(spec), policy).ok()) << spec;
+  }
+}
+
+TEST(MethodSpec, OnlyNoneSendsTensorsUncompressed) {
+  for (const MethodSpec* m : Methods()) {
+    EXPECT_EQ(MethodCompresses(m->id), m->id != v1::COMPRESSOR_ID_NONE) << m->name;
+  }
+  EXPECT_TRUE(MethodCompresses(static_cast<v1::CompressorId>(63)));  // unknown: the worst case
+}
+
+TEST(MethodSpec, AggregationModes) {
+  for (const MethodSpec* m : Methods()) {
+    EXPECT_EQ(m->aggregation, AggregationMode::kDecompressSumRecompress) << m->name;
+  }
+  EXPECT_EQ(AggregationModeName(AggregationMode::kDecompressSumRecompress),
+            "decompress-sum-recompress");
+  EXPECT_EQ(AggregationModeName(AggregationMode::kCompressedDomainSum), "compressed-domain-sum");
+  EXPECT_EQ(AggregationModeName(AggregationMode::kServerOptimizer), "server-optimizer");
+}
+
+// GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to '-'.
+std::string Anchor(const std::string& heading) {
+  std::string a;
+  for (char ch : heading) {
+    if (std::isalnum(static_cast<unsigned char>(ch))) {
+      a += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    } else if (ch == ' ' || ch == '-') {
+      a += '-';
+    }
+  }
+  return a;
+}
+
+TEST(MethodSpec, WireFormatSectionsExist) {
+  std::set<std::string> anchors;
+  std::istringstream doc(ReadSourceFile("docs/wire-format.md"));
+  for (std::string line; std::getline(doc, line);) {
+    if (line.rfind('#', 0) != 0) continue;
+    anchors.insert("wire-format.md#" + Anchor(line.substr(line.find_first_not_of("# "))));
+  }
+  for (const MethodSpec* m : Methods()) {
+    EXPECT_EQ(anchors.count(m->wire_format), 1u)
+        << m->name << ": no heading of docs/wire-format.md has the anchor " << m->wire_format;
+  }
+}
+
+std::string Cell(const std::string& text) {
+  std::string out;
+  for (char ch : text) {
+    if (ch == '|') out += '\\';
+    out += ch;
+  }
+  return out;
+}
+
+// The parameter table of docs/compressors.md, as the descriptors describe it.
+std::string ParamsTable() {
+  std::string t =
+      "| method | parameter | valid values | default | meaning |\n"
+      "|---|---|---|---|---|\n";
+  for (const MethodSpec* m : Methods()) {
+    if (m->params.empty()) {
+      t += "| `" + std::string(m->name) + "` | — | | | |\n";
+      continue;
+    }
+    for (size_t i = 0; i < m->params.size(); ++i) {
+      const ParamDoc& p = m->params[i];
+      t += "| " + (i == 0 ? "`" + std::string(m->name) + "`" : std::string()) + " | `" + p.name +
+           "` | " + Cell(p.values) + " | " + (*p.default_value ? p.default_value : "—") + " | " +
+           Cell(p.doc) + " |\n";
+    }
+  }
+  return t;
+}
+
+TEST(MethodSpec, DocsParameterTableMatchesTheDescriptors) {
+  const std::string doc = ReadSourceFile("docs/compressors.md");
+  const std::string begin = "<!-- method-params: begin -->\n";
+  const std::string end = "<!-- method-params: end -->";
+  const size_t b = doc.find(begin);
+  const size_t e = doc.find(end);
+  ASSERT_NE(b, std::string::npos) << "docs/compressors.md lacks " << begin;
+  ASSERT_NE(e, std::string::npos) << "docs/compressors.md lacks " << end;
+  EXPECT_EQ(doc.substr(b + begin.size(), e - b - begin.size()), ParamsTable())
+      << "docs/compressors.md's parameter table differs from the method descriptors; it should "
+         "read:\n"
+      << ParamsTable();
+}
+
+}  // namespace
+}  // namespace bitpush::compressors
