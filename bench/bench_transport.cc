@@ -47,6 +47,29 @@ using transport::Received;
 using transport::Transport;
 using Clock = std::chrono::steady_clock;
 
+// A private directory for the ipc:// sockets of one run (the driver's and the peer's), removed
+// with what is in it on every exit path of the driver.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    char tmpl[] = "/tmp/bitpush-bench-XXXXXX";
+    if (mkdtemp(tmpl) != nullptr) path_ = tmpl;
+  }
+  ~ScratchDir() {
+    if (path_.empty()) return;
+    for (const char* name : {"/transport.sock", "/transport.sock.peer"}) {
+      unlink((path_ + name).c_str());
+    }
+    rmdir(path_.c_str());
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 constexpr std::chrono::milliseconds kWait{30000};  // every wait in the benchmark is bounded
 constexpr size_t kRttBytes = 64;
 
@@ -221,6 +244,7 @@ int RunDriver(const Options& opt) {
   const int listener = ListenLoopback(&port, &error);
   if (listener < 0) return Fail(error);
 
+  ScratchDir scratch;  // declared before the links: removed after their sockets close
   std::vector<ZmqLink> links;
   std::string ipc_path;
   {
@@ -229,7 +253,8 @@ int RunDriver(const Options& opt) {
     links.push_back({"tcp", std::move(t).value()});
   }
   if (opt.ipc) {
-    ipc_path = "/tmp/bitpush-bench-" + std::to_string(getpid()) + ".sock";
+    if (scratch.path().empty()) return Fail(std::string("mkdtemp: ") + std::strerror(errno));
+    ipc_path = scratch.path() + "/transport.sock";
     auto t = NewZmq("bench:driver", "ipc://" + ipc_path);
     if (!t.ok()) return Fail(t.status().ToString());
     links.push_back({"ipc", std::move(t).value()});
@@ -258,7 +283,6 @@ int RunDriver(const Options& opt) {
   auto cleanup = [&] {
     kill(child, SIGKILL);
     waitpid(child, nullptr, 0);
-    if (!ipc_path.empty()) unlink((ipc_path + ".peer").c_str());
   };
 
   const int fd = accept(listener, nullptr, nullptr);
@@ -397,7 +421,6 @@ int RunDriver(const Options& opt) {
   }
   close(fd);
   for (ZmqLink& l : links) l.t->Close();
-  if (!ipc_path.empty()) unlink((ipc_path + ".peer").c_str());
   if (rc == 0 && opt.json) std::fputs(JsonArray(records).c_str(), stdout);
   return rc;
 }

@@ -69,6 +69,7 @@ class ReferenceLANS:
 
 import json  # noqa: E402
 import os  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -95,6 +96,13 @@ class Workers:
         self.jobs = [[f, kw] for f, kw in jobs]
         self.tmp = tempfile.mkdtemp(prefix="bitpush-clan-")
         self.procs, self.outs, self.logs = [], [], []
+        try:
+            self._start(cluster, workers)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, cluster, workers):
         for rank in range(workers):
             env = dict(os.environ)
             env.update({k: str(v) for k, v in cluster.env(rank).items()})
@@ -106,7 +114,29 @@ class Workers:
             self.outs.append(out)
             self.logs.append(log)
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        """Kills what still runs and removes the scratch directory (every exit path)."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in self.logs:
+            log.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
     def wait(self, timeout=240):
+        try:
+            return self._wait(timeout)
+        finally:
+            self.close()
+
+    def _wait(self, timeout):
         deadline = time.time() + timeout
         failed = None
         for p in self.procs:
@@ -124,7 +154,6 @@ class Workers:
         for rank, log in enumerate(self.logs):
             log.seek(0)
             logs.append("--- worker %d ---\n%s" % (rank, log.read()[-6000:]))
-            log.close()
         self.output = "\n".join(logs)
         if failed is not None:
             raise AssertionError("worker jobs %s failed (%s):\n%s"

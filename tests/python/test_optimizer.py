@@ -145,15 +145,15 @@ def test_killed_server_fails_clan_step_naming_it(tmp_path):
                               heartbeat_interval_ms=hb_ms,
                               heartbeat_timeout_ms=timeout_ms) as cluster:
         ready = tmp_path / "ready"
-        workers = h.start_workers(cluster, 2, [("w_train_until_error",
-                                                {"ready_file": str(ready), "seconds": 60})])
-        deadline = time.time() + 60
-        while not ready.exists():
-            assert time.time() < deadline, "workers never trained 5 steps"
-            time.sleep(0.02)
-        name = _kill_server(cluster, 1)
-        t_kill = time.time()
-        results = workers.wait(timeout=90)
+        with h.start_workers(cluster, 2, [("w_train_until_error",
+                                           {"ready_file": str(ready), "seconds": 60})]) as workers:
+            deadline = time.time() + 60
+            while not ready.exists():
+                assert time.time() < deadline, "workers never trained 5 steps"
+                time.sleep(0.02)
+            name = _kill_server(cluster, 1)
+            t_kill = time.time()
+            results = workers.wait(timeout=90)
     for rank, (r,) in enumerate(results):
         assert r["error"] is not None, (rank, r)
         assert r["type"] == "BitpushError", r

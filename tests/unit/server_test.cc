@@ -148,7 +148,10 @@ class MiniCluster {
   }
 
   Status Start() {
-    BP_ASSIGN_OR_RETURN(scheduler_, scheduler::Scheduler::Create({config_, hub_}));
+    scheduler::SchedulerOptions scheduler_options;
+    scheduler_options.cluster = config_;
+    scheduler_options.inproc_hub = hub_;
+    BP_ASSIGN_OR_RETURN(scheduler_, scheduler::Scheduler::Create(scheduler_options));
     scheduler_thread_ = std::thread([this] { scheduler_result_ = scheduler_->Run(); });
     std::vector<std::future<Status>> starts;
     for (uint32_t i = 0; i < servers_.size(); ++i) {
