@@ -11,7 +11,6 @@ PACKAGES=(
   # libraries
   libzmq3-dev cppzmq-dev             # transport (ZeroMQ)
   libprotobuf-dev protobuf-compiler  # wire messages
-  libtbb-dev                         # task arenas
   libyaml-cpp-dev                    # cluster YAML
   libspdlog-dev libfmt-dev           # logging
   libhwloc-dev libnuma-dev           # NUMA pinning
