@@ -13,14 +13,13 @@ PACKAGES=(
   libprotobuf-dev protobuf-compiler  # wire messages
   libyaml-cpp-dev                    # cluster YAML
   libspdlog-dev libfmt-dev           # logging
-  libhwloc-dev libnuma-dev           # NUMA pinning
+  libhwloc-dev                       # CPU and NUMA pinning
   pybind11-dev python3-pybind11      # Python binding
   python3-pytest                     # Python tests
   python3-torch python3-numpy        # PyTorch 1.13 (CPU) for /usr/bin/python3: bitpush.torch
   python3-sklearn python3-tqdm       # examples: digits data set, progress bars
   python3-matplotlib                 # benchmark plots
   libgtest-dev libgmock-dev googletest  # unit tests
-  libbenchmark-dev                   # micro-benchmarks
 )
 
 missing=()
