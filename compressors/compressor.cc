@@ -4,7 +4,6 @@
 #include <vector>
 
 #include "common/logging.h"
-
 #include "common/vector_ops.h"
 
 namespace bitpush::compressors {
@@ -124,8 +123,7 @@ Status CompressorBase::DecompressToFloat(ByteSpan payload, Span<float> out) {
 }
 
 Status CompressorBase::ValidateBody(ByteSpan, size_t, DType) {
-  return UnimplementedError(std::string(v1::CompressorId_Name(id_)) +
-                            ": no validate-only decoder");
+  return UnimplementedError(std::string(v1::CompressorId_Name(id_)) + ": no validate-only decoder");
 }
 
 size_t CompressorBase::AggregateBody(const ByteSpan*, size_t, size_t, DType, float, float*,
@@ -167,10 +165,8 @@ StatusOr<size_t> CompressorBase::AggregateCompress(Span<const ByteSpan> pushes, 
     }
     bodies.push_back(pushes[w].subspan(kPayloadHeaderBytes, h.body_bytes));
   }
-  const size_t body =
-      AggregateBody(bodies.data(), bodies.size(), n, dtype, scale,
-                    residual, ctx,
-                    out.data() + kPayloadHeaderBytes);
+  const size_t body = AggregateBody(bodies.data(), bodies.size(), n, dtype, scale, residual, ctx,
+                                    out.data() + kPayloadHeaderBytes);
   return FinishPayload(DType::kFloat32, n, body, out.data());
 }
 

@@ -125,8 +125,7 @@ TEST(Onebit, StreamingDecompressMatchesAtEveryAlignment) {
       for (size_t offset = 0; offset < 17; ++offset) {
         std::vector<float> buf(n + 40, 7.0f);
         float* out = buf.data() + offset;
-        ASSERT_TRUE(
-            c->Decompress({payload.data(), payload.size()}, TensorView(out, n)).ok());
+        ASSERT_TRUE(c->Decompress({payload.data(), payload.size()}, TensorView(out, n)).ok());
         ASSERT_EQ(0, std::memcmp(out, want.data(), n * 4))
             << IsaLevelName(isa) << " n " << n << " offset " << offset;
         for (size_t i = 0; i < offset; ++i) ASSERT_EQ(buf[i], 7.0f);

@@ -42,8 +42,8 @@ std::vector<uint8_t> Unfused(Compressor& c, const std::vector<std::vector<uint8_
   std::vector<float> acc(n);
   for (size_t w = 0; w < pushes.size(); ++w) {
     const ByteSpan p(pushes[w].data(), pushes[w].size());
-    const Status s = w == 0 ? c.DecompressToFloat(p, {acc.data(), n})
-                            : c.DecompressAdd(p, {acc.data(), n});
+    const Status s =
+        w == 0 ? c.DecompressToFloat(p, {acc.data(), n}) : c.DecompressAdd(p, {acc.data(), n});
     EXPECT_TRUE(s.ok()) << s.ToString();
   }
   if (scale != 1.0f) {
@@ -60,9 +60,8 @@ std::vector<uint8_t> Unfused(Compressor& c, const std::vector<std::vector<uint8_
   return out;
 }
 
-std::vector<uint8_t> Fused(Compressor& c, const std::vector<std::vector<uint8_t>>& pushes,
-                           size_t n, float scale, std::vector<float>* residual,
-                           const CompressContext& ctx) {
+std::vector<uint8_t> Fused(Compressor& c, const std::vector<std::vector<uint8_t>>& pushes, size_t n,
+                           float scale, std::vector<float>* residual, const CompressContext& ctx) {
   for (const auto& p : pushes) {
     const Status v = c.ValidatePayload({p.data(), p.size()}, n);
     EXPECT_TRUE(v.ok()) << v.ToString();
@@ -177,8 +176,8 @@ TEST(ServerRound, TopkMergeOfOverlappingPushesWithTiesAndNonFinite) {
             g[5] = -0.0f;
             if (variant == 1) g[17 + w] = std::numeric_limits<float>::infinity();
             if (variant == 2) g[200] = std::numeric_limits<float>::quiet_NaN();
-            pushes.push_back(testing::Compress(*worker_codec, ConstTensorView(g.data(), n),
-                                               {7, round}));
+            pushes.push_back(
+                testing::Compress(*worker_codec, ConstTensorView(g.data(), n), {7, round}));
           }
           const CompressContext ctx{7, round};
           const float scale = 1.0f / static_cast<float>(workers);
