@@ -1,9 +1,11 @@
 # bitpush — top-level commands. `make test` on a fresh machine installs the Debian packages,
-# configures, builds and runs every test (unit tests via ctest, then each fuzz target briefly).
-.PHONY: all deps configure build test unit asan asan-build fuzz bench demo lint clean
+# configures, builds and runs every test (unit tests via ctest in the release, ASan/UBSan and
+# TSan trees, then each fuzz target briefly) and the style checks (`make lint`).
+.PHONY: all deps configure build test unit asan asan-build tsan tsan-build fuzz bench demo lint clean
 
 BUILD      ?= build
 FUZZ_BUILD ?= build-fuzz
+TSAN_BUILD ?= build-tsan
 FUZZ_SECONDS ?= 4
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
@@ -32,11 +34,23 @@ asan-build: deps
 asan: asan-build
 	ctest --test-dir $(FUZZ_BUILD) --output-on-failure -j $(JOBS)
 
+# A third tree built by clang with ThreadSanitizer: the unit tests (label `unit`) again, so a
+# data race in the threads of the endpoint, scheduler, servers, engine or daemon fails CI.
+# tests/tsan.supp names what TSan cannot see into (uninstrumented libzmq).
+tsan-build: deps
+	CC=clang CXX=clang++ cmake -S . -B $(TSAN_BUILD) -G Ninja -DBITPUSH_TSAN=ON \
+	  -DBITPUSH_BUILD_BENCH=OFF -DBITPUSH_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(TSAN_BUILD) -j $(JOBS)
+
+tsan: tsan-build
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+	  ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) -L unit
+
 fuzz: asan-build
 	./tests/fuzz/run_fuzzers.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
-test: unit asan fuzz
-	@echo "make test: unit tests (release and ASan/UBSan) and fuzz targets passed"
+test: unit asan fuzz tsan lint
+	@echo "make test: unit tests (release, ASan/UBSan and TSan), fuzz targets and lint passed"
 
 bench: build
 	./$(BUILD)/bin/bitpush-bench compressors
@@ -53,12 +67,14 @@ demo: configure
 	./$(BUILD)/bin/bitpush launch --config deploy/examples/local.yaml -- \
 	  /usr/bin/python3 examples/train_digits.py --optimizer clan --compression onebit --epochs 40
 
-# Style: clang-format (no changes allowed) and clang-tidy (.clang-tidy) over the C++ sources.
-lint: configure
-	git ls-files '*.cc' '*.h' | xargs clang-format --dry-run -Werror
-	git ls-files 'common/*.cc' 'compressors/*.cc' 'scheduler/*.cc' 'server/*.cc' 'worker/*.cc' 'bench/*.cc' \
-	  'tests/harness/*.cc' \
-	  | xargs clang-tidy -p $(BUILD) --quiet
+# Style: clang-format (no changes allowed) and clang-tidy (.clang-tidy; any warning fails) over
+# the C++ sources, JOBS files at a time. Needs the release tree's compile_commands.json.
+LINT_TIDY_SOURCES = 'common/*.cc' 'compressors/*.cc' 'scheduler/*.cc' 'server/*.cc' 'worker/*.cc' \
+  'bench/*.cc' 'tests/harness/*.cc'
+lint: build
+	git ls-files '*.cc' '*.h' '*.cu' | xargs clang-format --dry-run -Werror
+	git ls-files $(LINT_TIDY_SOURCES) | xargs -P $(JOBS) -n 4 clang-tidy -p $(BUILD) --quiet \
+	  --warnings-as-errors='*'
 
 # Installs the daemons, systemd units, sysusers.d file and examples (docs/deploy.md) under
 # the configured prefix (CMAKE_ARGS=-DCMAKE_INSTALL_PREFIX=/usr; default /usr/local);
@@ -68,4 +84,4 @@ install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(FUZZ_BUILD) $(TSAN_BUILD)

@@ -7,7 +7,8 @@ set -euo pipefail
 PACKAGES=(
   # toolchain
   build-essential cmake ninja-build pkg-config git
-  clang lld libclang-rt-dev          # clang + libFuzzer/sanitizer runtimes for the fuzz targets
+  clang lld libclang-rt-dev          # clang + libFuzzer/sanitizer runtimes (fuzz, ASan, TSan trees)
+  clang-format clang-tidy            # make lint
   # libraries
   libzmq3-dev cppzmq-dev             # transport (ZeroMQ)
   libprotobuf-dev protobuf-compiler  # wire messages
