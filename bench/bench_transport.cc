@@ -64,7 +64,7 @@ class ScratchDir {
   }
   ScratchDir(const ScratchDir&) = delete;
   ScratchDir& operator=(const ScratchDir&) = delete;
-  const std::string& path() const { return path_; }
+  const std::string& Path() const { return path_; }
 
  private:
   std::string path_;
@@ -253,8 +253,8 @@ int RunDriver(const Options& opt) {
     links.push_back({"tcp", std::move(t).value()});
   }
   if (opt.ipc) {
-    if (scratch.path().empty()) return Fail(std::string("mkdtemp: ") + std::strerror(errno));
-    ipc_path = scratch.path() + "/transport.sock";
+    if (scratch.Path().empty()) return Fail(std::string("mkdtemp: ") + std::strerror(errno));
+    ipc_path = scratch.Path() + "/transport.sock";
     auto t = NewZmq("bench:driver", "ipc://" + ipc_path);
     if (!t.ok()) return Fail(t.status().ToString());
     links.push_back({"ipc", std::move(t).value()});

@@ -67,6 +67,7 @@
 #include "compressors/error_feedback.h"
 #include "compressors/registry.h"
 #include "scheduler/cluster_config.h"
+#include "tests/harness/reference_model.h"
 #include "tests/unit/test_util.h"
 #include "worker/client.h"
 #include "worker/gpu/device_memory.h"
@@ -94,132 +95,31 @@ void Say(const std::string& line) {
 // The input of process (node, local_rank), tensor t, round r, as raw bytes of `dtype`.
 std::vector<uint8_t> Input(uint32_t node, uint32_t local_rank, size_t t, uint64_t r, size_t n,
                            DType dtype) {
-  const std::vector<float> f =
-      testing::RandomFloats(n, 1000003ull * (node * 16 + local_rank + 1) + 7919 * t + 104729 * r);
-  std::vector<uint8_t> out(n * DTypeSize(dtype));
-  if (dtype == DType::kFloat32) {
-    std::memcpy(out.data(), f.data(), out.size());
-  } else {
-    ConvertFromFloat(f.data(), TensorView(out.data(), n, dtype), IsaLevel::kScalar);
-  }
-  return out;
+  return testing::ReferenceInput(node * 16ull + local_rank + 1, t, r, n, dtype);
 }
 
-// The reference of one tensor across all nodes (see the file comment).
-class Reference {
- public:
-  Reference(const scheduler::ClusterConfig& c, uint32_t index, size_t elements, DType dtype,
-            uint32_t nodes, uint32_t local_size)
-      : elements_(elements), dtype_(dtype), nodes_(nodes), local_size_(local_size) {
-    v1::CompressorConfig config = compressors::ParseCompressorSpec(c.compression.spec).value();
-    const bool compressed =
-        config.id() != v1::COMPRESSOR_ID_NONE &&
-        worker::AboveCompressThreshold(elements, dtype, c.compression.min_compress_bytes);
-    if (!compressed) config = compressors::ParseCompressorSpec("none").value();
-    const v1::ErrorFeedbackPolicy policy =
-        compressors::ParseErrorFeedbackPolicy(c.compression.error_feedback).value();
-    const std::vector<worker::PartitionRange> ranges =
-        worker::PartitionTensor(index, elements, dtype, c.compression.partition_bytes).value();
-    for (const worker::PartitionRange& r : ranges) {
-      Part p;
-      p.range = r;
-      for (uint32_t w = 0; w < nodes; ++w) {
-        p.worker.push_back(compressors::CreateCompressor(config).value());
-        p.worker_residual.push_back(compressed && compressors::WorkerKeepsResidual(policy)
-                                        ? std::make_unique<compressors::ResidualState>(r.elements)
-                                        : nullptr);
-      }
-      p.server = compressors::CreateCompressor(config).value();
-      if (compressed && compressors::ServerKeepsResidual(policy)) {
-        p.server_residual = std::make_unique<compressors::ResidualState>(r.elements);
-      }
-      parts_.push_back(std::move(p));
-    }
+// The reference of one tensor across all nodes (tests/harness/reference_model.h; see the file
+// comment). The cluster's options are valid (the trainer loaded them), so Create cannot fail.
+testing::ReferenceTensor Reference(const scheduler::ClusterConfig& c, uint32_t index,
+                                   size_t elements, DType dtype, uint32_t nodes,
+                                   uint32_t local_size) {
+  testing::ReferenceTensorOptions o;
+  o.spec = c.compression.spec;
+  o.error_feedback = c.compression.error_feedback;
+  o.min_compress_bytes = c.compression.min_compress_bytes;
+  o.partition_bytes = c.compression.partition_bytes;
+  o.index = index;
+  o.elements = elements;
+  o.dtype = dtype;
+  o.nodes = nodes;
+  o.local_size = local_size;
+  StatusOr<testing::ReferenceTensor> made = testing::ReferenceTensor::Create(o);
+  if (!made.ok()) {
+    Say("error: reference: " + made.status().ToString());
+    std::exit(3);
   }
-
-  // Node `w`'s worker residual, partitions in element order (empty: the tensor keeps none).
-  std::vector<float> WorkerResidual(uint32_t w) const {
-    std::vector<float> out;
-    for (const Part& p : parts_) {
-      if (!p.worker_residual[w]) return {};
-      const Span<const float> r = p.worker_residual[w]->residual();
-      out.insert(out.end(), r.begin(), r.end());
-    }
-    return out;
-  }
-  void RestoreWorkerResidual(uint32_t w, const std::vector<float>& saved) {
-    size_t at = 0;
-    for (Part& p : parts_) {
-      if (!p.worker_residual[w]) return;
-      const size_t n = p.worker_residual[w]->size();
-      (void)p.worker_residual[w]->Restore(Span<const float>(saved.data() + at, n));
-      at += n;
-    }
-  }
-
-  // inputs[w][p]: the inputs (raw bytes) of every process of every node for this round.
-  std::vector<uint8_t> Round(const std::vector<std::vector<std::vector<uint8_t>>>& inputs) {
-    const size_t esz = DTypeSize(dtype_);
-    std::vector<std::vector<uint8_t>> node(nodes_, std::vector<uint8_t>(elements_ * esz));
-    const float scale = local_size_ == 1 ? 1.0f : 1.0f / static_cast<float>(local_size_);
-    for (uint32_t w = 0; w < nodes_; ++w) {
-      std::vector<const void*> srcs;
-      for (uint32_t p = 0; p < local_size_; ++p) srcs.push_back(inputs[w][p].data());
-      worker::LocalReduceKernel(dtype_, srcs.data(), srcs.size(), node[w].data(), elements_, scale,
-                                BestIsaLevel());
-    }
-    std::vector<uint8_t> out(elements_ * esz);
-    for (Part& p : parts_) {
-      const size_t n = p.range.elements;
-      const compressors::CompressContext ctx{p.range.key, round_};
-      std::vector<float> acc(n, 0.0f);
-      for (uint32_t w = 0; w < nodes_; ++w) {
-        std::vector<uint8_t> push(p.worker[w]->MaxCompressedBytes(n, dtype_));
-        const ConstTensorView in(node[w].data() + p.range.offset * esz, n, dtype_);
-        StatusOr<size_t> bytes = p.worker_residual[w]
-                                     ? p.worker_residual[w]->Compress(*p.worker[w], in, ctx, push)
-                                     : p.worker[w]->Compress(in, ctx, push);
-        push.resize(*bytes);
-        (void)p.server->DecompressAdd(push, Span<float>(acc.data(), n));
-      }
-      if (nodes_ > 1) {
-        const float inv = 1.0f / static_cast<float>(nodes_);
-        for (float& v : acc) v *= inv;
-      }
-      std::vector<uint8_t> agg(p.server->MaxCompressedBytes(n, DType::kFloat32));
-      const ConstTensorView delta(acc.data(), n);
-      StatusOr<size_t> bytes = p.server_residual
-                                   ? p.server_residual->Compress(*p.server, delta, ctx, agg)
-                                   : p.server->Compress(delta, ctx, agg);
-      agg.resize(*bytes);
-      std::vector<float> decoded(n);
-      (void)p.server->Decompress(agg, TensorView(decoded.data(), n));
-      uint8_t* dst = out.data() + p.range.offset * esz;
-      if (dtype_ == DType::kFloat32) {
-        std::memcpy(dst, decoded.data(), n * sizeof(float));
-      } else {
-        ConvertFromFloat(decoded.data(), TensorView(dst, n, dtype_), BestIsaLevel());
-      }
-    }
-    ++round_;
-    return out;
-  }
-
- private:
-  struct Part {
-    worker::PartitionRange range;
-    std::vector<std::unique_ptr<compressors::Compressor>> worker;
-    std::vector<std::unique_ptr<compressors::ResidualState>> worker_residual;
-    std::unique_ptr<compressors::Compressor> server;
-    std::unique_ptr<compressors::ResidualState> server_residual;
-  };
-  size_t elements_;
-  DType dtype_;
-  uint32_t nodes_;
-  uint32_t local_size_;
-  uint64_t round_ = 0;
-  std::vector<Part> parts_;
-};
+  return std::move(made).value();
+}
 
 int HelloOnly(const std::string& socket, uint32_t major, uint32_t local_rank, uint32_t local_size) {
   auto ch = worker::ipc::Channel::Connect(socket, std::chrono::seconds(10));
@@ -278,8 +178,8 @@ class EfProbe {
       d->set_elements(kSizes[t]);
       d->set_dtype(static_cast<uint32_t>(kDTypes[t]));
       if (!Send(m)) return 4;
-      refs_.emplace_back(config_, static_cast<uint32_t>(t), kSizes[t], kDTypes[t], nodes,
-                         local_size_);
+      refs_.push_back(
+          Reference(config_, static_cast<uint32_t>(t), kSizes[t], kDTypes[t], nodes, local_size_));
       auto seg = worker::ipc::ShmSegment::Create(kSizes[t] * DTypeSize(kDTypes[t]));
       auto ef = worker::ipc::ShmSegment::Create(kSizes[t] * sizeof(float));
       if (!seg.ok() || !ef.ok()) return Fail("segments", "cannot create");
@@ -478,8 +378,9 @@ class EfProbe {
           all[w].push_back(Input(w, p, t, r, kSizes[t], kDTypes[t]));
         }
       }
-      const std::vector<uint8_t> want = refs_[t].Round(all);
-      if (std::memcmp(want.data(), data_[t].data(), want.size()) != 0) {
+      StatusOr<std::vector<uint8_t>> want = refs_[t].Round(all);
+      if (!want.ok()) return Fail("round " + std::to_string(r), want.status().ToString()) == 0;
+      if (std::memcmp(want->data(), data_[t].data(), want->size()) != 0) {
         return Fail("round " + std::to_string(r), "result of " + kNames[t] + " differs") == 0;
       }
     }
@@ -489,7 +390,7 @@ class EfProbe {
   const scheduler::ClusterConfig& config_;
   uint32_t node_, local_rank_, local_size_;
   std::unique_ptr<worker::ipc::Channel> ch_;
-  std::vector<Reference> refs_;
+  std::vector<testing::ReferenceTensor> refs_;
   std::vector<worker::ipc::ShmSegment> data_, ef_;
   std::vector<v1::LocalPushPullDone> done_;
   uint64_t seq_ = 0;
@@ -657,7 +558,7 @@ int main(int argc, char** argv) {
   const std::vector<DType>& dtypes = kDTypes;
   const std::vector<std::string>& names = kNames;
   std::vector<worker::TensorId> ids;
-  std::vector<Reference> refs;
+  std::vector<testing::ReferenceTensor> refs;
   auto declare = [&](size_t t) {
     auto id = (*client)->Declare(names[t], sizes[t], dtypes[t], worker::TensorOptions{});
     if (!id.ok()) {
@@ -670,8 +571,8 @@ int main(int argc, char** argv) {
   ids.resize(sizes.size());
   for (size_t t = 0; t < sizes.size(); ++t) {
     if ((late == 0 || t == 0) && !declare(t)) return 3;
-    refs.emplace_back(*config, static_cast<uint32_t>(t), sizes[t], dtypes[t], nodes,
-                      static_cast<uint32_t>(local_size));
+    refs.push_back(Reference(*config, static_cast<uint32_t>(t), sizes[t], dtypes[t], nodes,
+                             static_cast<uint32_t>(local_size)));
   }
   if (late == 0) {
     const Status committed = (*client)->CommitDeclarations();
@@ -720,10 +621,14 @@ int main(int argc, char** argv) {
           all[w].push_back(Input(w, p, t, it, sizes[t], dtypes[t]));
         }
       }
-      const std::vector<uint8_t> want = refs[t].Round(all);
+      StatusOr<std::vector<uint8_t>> want = refs[t].Round(all);
+      if (!want.ok()) {
+        Say("error: reference: " + want.status().ToString());
+        return 3;
+      }
       const size_t esz = DTypeSize(dtypes[t]);
       for (size_t i = 0; i < sizes[t]; ++i) {
-        if (std::memcmp(&want[i * esz], &out[t][i * esz], esz) != 0) {
+        if (std::memcmp(&(*want)[i * esz], &out[t][i * esz], esz) != 0) {
           Say("MISMATCH tensor '" + names[t] + "' round " + std::to_string(it) + " element " +
               std::to_string(i) + " differs from the reference");
           return 4;
@@ -767,7 +672,11 @@ int main(int argc, char** argv) {
         for (uint32_t w = 0; w < nodes; ++w) {
           std::vector<float> half = refs[t].WorkerResidual(w);
           for (float& v : half) v *= 0.5f;
-          refs[t].RestoreWorkerResidual(w, half);
+          const Status restored = refs[t].RestoreWorkerResidual(w, half);
+          if (!restored.ok()) {
+            Say("error: reference: " + restored.ToString());
+            return 3;
+          }
         }
       }
       Say("restored after iteration " + std::to_string(it));

@@ -31,6 +31,7 @@
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_client.h"
 #include "server/server.h"
+#include "tests/harness/reference_model.h"
 #include "tests/unit/test_util.h"
 #include "worker/client.h"
 #include "worker/partition.h"
@@ -38,9 +39,6 @@
 namespace bitpush::worker {
 namespace {
 
-using compressors::CompressContext;
-using compressors::Compressor;
-using compressors::ResidualState;
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
@@ -203,7 +201,7 @@ void OnEveryWorker(uint32_t workers, const std::function<void(uint32_t)>& fn) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The reference: the same compressor functions, applied here.
+// The reference: tests/harness/reference_model.h, the same compressor functions applied here.
 
 struct TensorDecl {
   std::string name;
@@ -214,107 +212,27 @@ struct TensorDecl {
   ReduceOp op = ReduceOp::kAverage;
 };
 
-class ReferenceTensor {
- public:
-  ReferenceTensor(const TensorDecl& d, uint32_t index, const ClusterOptions& o)
-      : decl_(d), workers_(o.workers) {
-    v1::CompressorConfig config =
-        compressors::ParseCompressorSpec(d.spec.empty() ? o.spec : d.spec).value();
-    compressed_ = config.id() != v1::COMPRESSOR_ID_NONE &&
-                  AboveCompressThreshold(d.elements, d.dtype, o.min_compress_bytes);
-    if (!compressed_) config = compressors::ParseCompressorSpec("none").value();
-    const v1::ErrorFeedbackPolicy policy =
-        compressors::ParseErrorFeedbackPolicy(o.error_feedback).value();
-    const std::vector<PartitionRange> ranges =
-        PartitionTensor(index, d.elements, d.dtype, o.partition_bytes).value();
-    for (const PartitionRange& r : ranges) {
-      Part p;
-      p.range = r;
-      for (uint32_t w = 0; w < o.workers; ++w) {
-        p.worker.push_back(compressors::CreateCompressor(config).value());
-        p.worker_residual.push_back(compressed_ && compressors::WorkerKeepsResidual(policy)
-                                        ? std::make_unique<ResidualState>(r.elements)
-                                        : nullptr);
-      }
-      p.server = compressors::CreateCompressor(config).value();
-      if (compressed_ && compressors::ServerKeepsResidual(policy)) {
-        p.server_residual = std::make_unique<ResidualState>(r.elements);
-      }
-      parts_.push_back(std::move(p));
-    }
-  }
-
-  bool compressed() const { return compressed_; }
-  size_t partitions() const { return parts_.size(); }
-
-  // The output every worker must get for this round's inputs (raw bytes of the dtype).
-  std::vector<uint8_t> Round(const std::vector<std::vector<uint8_t>>& inputs) {
-    const size_t esz = DTypeSize(decl_.dtype);
-    std::vector<uint8_t> out(decl_.elements * esz);
-    for (Part& p : parts_) {
-      const size_t n = p.range.elements;
-      const CompressContext ctx{p.range.key, round_};
-      std::vector<float> acc(n, 0.0f);
-      for (uint32_t w = 0; w < workers_; ++w) {
-        std::vector<uint8_t> push(p.worker[w]->MaxCompressedBytes(n, decl_.dtype));
-        const ConstTensorView in(inputs[w].data() + p.range.offset * esz, n, decl_.dtype);
-        StatusOr<size_t> bytes = p.worker_residual[w]
-                                     ? p.worker_residual[w]->Compress(*p.worker[w], in, ctx, push)
-                                     : p.worker[w]->Compress(in, ctx, push);
-        EXPECT_TRUE(bytes.ok()) << bytes.status().ToString();
-        push.resize(*bytes);
-        EXPECT_TRUE(p.server->DecompressAdd(push, Span<float>(acc.data(), n)).ok());
-      }
-      if (decl_.op == ReduceOp::kAverage && workers_ > 1) {
-        const float inv = 1.0f / static_cast<float>(workers_);
-        for (float& v : acc) v *= inv;
-      }
-      std::vector<uint8_t> agg(p.server->MaxCompressedBytes(n, DType::kFloat32));
-      const ConstTensorView delta(acc.data(), n);
-      StatusOr<size_t> bytes = p.server_residual
-                                   ? p.server_residual->Compress(*p.server, delta, ctx, agg)
-                                   : p.server->Compress(delta, ctx, agg);
-      EXPECT_TRUE(bytes.ok()) << bytes.status().ToString();
-      agg.resize(*bytes);
-      std::vector<float> decoded(n);
-      EXPECT_TRUE(p.server->Decompress(agg, TensorView(decoded.data(), n)).ok());
-      uint8_t* dst = out.data() + p.range.offset * esz;
-      if (decl_.dtype == DType::kFloat32) {
-        std::memcpy(dst, decoded.data(), n * sizeof(float));
-      } else {
-        ConvertFromFloat(decoded.data(), TensorView(dst, n, decl_.dtype), BestIsaLevel());
-      }
-    }
-    ++round_;
-    return out;
-  }
-
- private:
-  struct Part {
-    PartitionRange range;
-    std::vector<std::unique_ptr<Compressor>> worker;
-    std::vector<std::unique_ptr<ResidualState>> worker_residual;
-    std::unique_ptr<Compressor> server;
-    std::unique_ptr<ResidualState> server_residual;
-  };
-  TensorDecl decl_;
-  uint32_t workers_;
-  bool compressed_ = false;
-  uint64_t round_ = 0;
-  std::vector<Part> parts_;
-};
+// The reference tensor of declaration `index` in a cluster of these options.
+testing::ReferenceTensor MakeReference(const TensorDecl& d, uint32_t index,
+                                       const ClusterOptions& o) {
+  testing::ReferenceTensorOptions r;
+  r.spec = d.spec.empty() ? o.spec : d.spec;
+  r.error_feedback = o.error_feedback;
+  r.min_compress_bytes = o.min_compress_bytes;
+  r.partition_bytes = o.partition_bytes;
+  r.index = index;
+  r.elements = d.elements;
+  r.dtype = d.dtype;
+  r.nodes = o.workers;
+  r.average = d.op == ReduceOp::kAverage;
+  StatusOr<testing::ReferenceTensor> made = testing::ReferenceTensor::Create(r);
+  EXPECT_TRUE(made.ok()) << made.status().ToString();
+  return std::move(made).value();
+}
 
 // Deterministic input of worker w, tensor t, round r, as raw bytes of the dtype.
 std::vector<uint8_t> MakeInput(const TensorDecl& d, uint32_t w, size_t t, uint64_t r) {
-  const std::vector<float> f =
-      testing::RandomFloats(d.elements, 1000003 * (w + 1) + 7919 * t + 104729 * r);
-  std::vector<uint8_t> out(d.elements * DTypeSize(d.dtype));
-  if (d.dtype == DType::kFloat32) {
-    if (!f.empty()) std::memcpy(out.data(), f.data(), out.size());
-  } else {
-    ConvertFromFloat(f.data(), TensorView(out.data(), d.elements, d.dtype), IsaLevel::kScalar);
-  }
-  return out;
+  return testing::ReferenceInput(w + 1, t, r, d.elements, d.dtype);
 }
 
 // Declares `decls` on every worker (in order), runs `rounds` push_pulls of all of them on every
@@ -322,9 +240,9 @@ std::vector<uint8_t> MakeInput(const TensorDecl& d, uint32_t w, size_t t, uint64
 void RunAndCompare(TestCluster& c, const std::vector<TensorDecl>& decls, int rounds,
                    const std::function<void(int)>& after_round = nullptr) {
   const ClusterOptions& o = c.options();
-  std::vector<ReferenceTensor> ref;
+  std::vector<testing::ReferenceTensor> ref;
   for (size_t t = 0; t < decls.size(); ++t) {
-    ref.emplace_back(decls[t], static_cast<uint32_t>(t), o);
+    ref.push_back(MakeReference(decls[t], static_cast<uint32_t>(t), o));
   }
   std::vector<std::vector<TensorId>> ids(o.workers);
   for (uint32_t w = 0; w < o.workers; ++w) {
@@ -352,7 +270,9 @@ void RunAndCompare(TestCluster& c, const std::vector<TensorDecl>& decls, int rou
     for (size_t t = 0; t < decls.size(); ++t) {
       std::vector<std::vector<uint8_t>> per_worker;
       for (uint32_t w = 0; w < o.workers; ++w) per_worker.push_back(inputs[w][t]);
-      expected.push_back(ref[t].Round(per_worker));
+      StatusOr<std::vector<uint8_t>> want = ref[t].Round(per_worker);
+      ASSERT_TRUE(want.ok()) << want.status().ToString();
+      expected.push_back(std::move(want).value());
     }
     std::vector<std::string> errors(o.workers);
     OnEveryWorker(o.workers, [&](uint32_t w) {
