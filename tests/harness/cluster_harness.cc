@@ -61,6 +61,7 @@ scheduler::SchedulerClientOptions ClusterHarness::ClientOptions(v1::Role role,
   o.initial_backoff = milliseconds(10);
   o.max_backoff = milliseconds(200);
   o.barrier_timeout = options_.node_wait;
+  o.clock = options_.clock;
   return o;
 }
 
@@ -107,6 +108,7 @@ void ClusterHarness::RunScheduler(Runner* runner) {
   scheduler::SchedulerOptions so;
   so.cluster = config_;
   so.inproc_hub = hub_;
+  so.clock = options_.clock;
   StatusOr<std::unique_ptr<scheduler::Scheduler>> made =
       scheduler::Scheduler::Create(so, std::move(wrapped));
   if (!made.ok()) {

@@ -4,6 +4,9 @@
 // see each other) and then a caller-supplied role body. Used by the control-plane tests and
 // by later issues' server/worker integration tests.
 //
+// ClusterHarnessOptions::clock puts the whole cluster on one clock (tests/harness/manual_clock.h
+// for timing rules that must not depend on the machine's speed).
+//
 // Every endpoint is wrapped in a FaultyTransport whose FaultSwitch the test can reach through
 // faults("server:0") / faults("scheduler"): make a node silent (it stops being heard, like a
 // hung process) or crash its endpoint.
@@ -32,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "common/transport/transport.h"
 #include "scheduler/cluster_config.h"
@@ -77,6 +81,9 @@ struct ClusterHarnessOptions {
   std::chrono::milliseconds node_wait{10000};
   // Called for every node before it starts, to change its plan.
   std::function<void(const NodeId&, NodePlan&)> plan;
+  // The clock of the scheduler and every node's client (heartbeats, silence verdicts, bounded
+  // waits); null = the system clock. A testing::ManualClock makes timing rules deterministic.
+  std::shared_ptr<const bitpush::Clock> clock;
 };
 
 struct NodeResult {

@@ -17,6 +17,7 @@
 #include "scheduler/key_mapping.h"
 #include "scheduler/scheduler_client.h"
 #include "tests/harness/cluster_harness.h"
+#include "tests/harness/manual_clock.h"
 #include "tests/unit/test_util.h"
 
 namespace bitpush::testing {
@@ -542,6 +543,74 @@ TEST(Scheduler, SilentNodeIsDeclaredDeadAndEveryoneIsTold) {
 
 TEST(Scheduler, CrashedNodeIsDeclaredDeadAndEveryoneIsTold) {
   ExpectNodeDeathReported(/*crash=*/true);
+}
+
+// The same rule on a clock the test moves: however slow the machine, no verdict while the
+// silent node's last heartbeat is less than heartbeat_timeout old on the cluster's clock, and
+// the verdict once it is older. The clock moves one heartbeat interval at a time, with real
+// time between the steps for the live nodes' heartbeats to arrive.
+TEST(Scheduler, SilenceVerdictFollowsTheClusterClockNotTheMachine) {
+  auto clock = std::make_shared<ManualClock>();
+  ClusterHarnessOptions o;
+  o.num_servers = 2;
+  o.num_workers = 1;
+  o.heartbeat_interval = milliseconds(50);
+  o.heartbeat_timeout = milliseconds(400);
+  o.clock = clock;
+  std::atomic<bool> silent{false};
+  std::atomic<int> ended{0};
+  ClusterHarness* hp = nullptr;
+  o.server_body = [&](SchedulerClient& c) {
+    BP_RETURN_IF_ERROR(c.Barrier(v1::GROUP_ALL));
+    if (c.self().rank() == 1) {
+      hp->faults("server:1").SetSilent(true);
+      silent = true;
+    }
+    const Status s = c.WaitForShutdown(milliseconds(10000));
+    ++ended;
+    return s;
+  };
+  o.worker_body = [&](SchedulerClient& c) {
+    BP_RETURN_IF_ERROR(c.Barrier(v1::GROUP_ALL));
+    const Status s = c.WaitForShutdown(milliseconds(10000));
+    ++ended;
+    return s;
+  };
+  ClusterHarness h(o);
+  hp = &h;
+  ASSERT_TRUE(h.Start().ok());
+  const Clock::time_point real_deadline = Clock::now() + kJoin;
+  // Registration and the first barrier: the clock follows real time, at most (registration
+  // back-off and heartbeats run on it).
+  while (!silent && Clock::now() < real_deadline) {
+    clock->Advance(milliseconds(1));
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  ASSERT_TRUE(silent) << "the cluster never passed its first barrier";
+  // server:1 was last heard at most one interval before it fell silent: 6 intervals (300 ms)
+  // later on the cluster's clock it is still within the 400 ms timeout.
+  for (int step = 0; step < 6; ++step) {
+    clock->Advance(milliseconds(50));
+    std::this_thread::sleep_for(milliseconds(20));
+    ASSERT_EQ(ended.load(), 0) << "a verdict after " << (step + 1) * 50
+                               << " ms of the cluster's clock, before heartbeat_timeout";
+  }
+  // Past the timeout (and one check interval): the scheduler declares it dead and says so; the
+  // silent node ends too once it stops hearing the scheduler (on the same clock).
+  while (ended.load() < 3 && Clock::now() < real_deadline) {
+    clock->Advance(milliseconds(50));
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  const ClusterResult r = h.Join(kJoin);
+  for (const char* n : {"server:0", "worker:0"}) {
+    const NodeResult& nr = r.nodes.at(n);
+    EXPECT_EQ(nr.status.code(), StatusCode::kUnavailable) << n << ": " << nr.status.ToString();
+    EXPECT_CONTAINS(nr.status.message(), "server 1 at inproc://server:1 failed: no heartbeat for");
+  }
+  EXPECT_EQ(r.scheduler.status.code(), StatusCode::kUnavailable);
+  EXPECT_FALSE(r.nodes.at("server:1").status.ok());
+  EXPECT_NE(r.nodes.at("server:1").status.code(), StatusCode::kTimeout)
+      << "the silent node did not end by itself: " << r.nodes.at("server:1").status.ToString();
 }
 
 void ExpectSchedulerDeathDetected(bool crash) {
