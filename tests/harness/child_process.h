@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <fstream>
@@ -79,23 +80,27 @@ class TempDir {
   bool keep_ = false;
 };
 
-// A free TCP port on 127.0.0.1 (bound once at the kernel's choice, then released; another
-// process could take it meanwhile, which the cluster's start-up would report). -1 on error.
+// A free TCP port on 127.0.0.1 below Linux's ephemeral range (32768-60999), so it never
+// collides with the kernel's outgoing connections: the next port of a per-process walk of
+// 20000-32767 that binds (then released; another process could take it meanwhile, which the
+// cluster's start-up would report). -1 when none binds.
 inline int FreeTcpPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
+  constexpr int kFirst = 20000;
+  constexpr int kCount = 32768 - kFirst;
+  static std::atomic<int> next{static_cast<int>((getpid() * 7919u) % kCount)};
+  for (int tries = 0; tries < kCount; ++tries) {
+    const int port = kFirst + next.fetch_add(1) % kCount;
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    close(fd);
+    if (free) return port;
   }
-  close(fd);
-  return port;
+  return -1;
 }
 
 // One child process (execv of argv[0]) with stdout and stderr in one log file.

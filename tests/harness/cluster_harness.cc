@@ -2,6 +2,7 @@
 
 #include "common/logging.h"
 #include "fmt/format.h"
+#include "tests/harness/test_cluster.h"
 
 namespace bitpush::testing {
 
@@ -24,20 +25,16 @@ std::string ClusterResult::Describe() const {
 
 ClusterHarness::ClusterHarness(ClusterHarnessOptions options)
     : options_(std::move(options)), hub_(transport::NewInprocHub()) {
-  config_.source = "cluster_harness";
-  config_.transport = "inproc";
-  config_.scheduler_address = std::string("inproc://") + scheduler::kSchedulerPeerId;
-  for (uint32_t i = 0; i < options_.num_servers; ++i) {
-    config_.servers.push_back("inproc://" + scheduler::NodePeerId(v1::ROLE_SERVER, i));
-  }
-  for (uint32_t i = 0; i < options_.num_workers; ++i) {
-    config_.workers.push_back("inproc://" + scheduler::NodePeerId(v1::ROLE_WORKER, i));
-  }
-  config_.token = options_.token;
-  config_.heartbeat_interval = options_.heartbeat_interval;
-  config_.heartbeat_timeout = options_.heartbeat_timeout;
-  config_.startup_timeout = options_.startup_timeout;
-  config_.compression = options_.compression;
+  TestClusterOptions t;
+  t.source = "cluster_harness";
+  t.servers = options_.num_servers;
+  t.workers = options_.num_workers;
+  t.token = options_.token;
+  t.heartbeat_interval = options_.heartbeat_interval;
+  t.heartbeat_timeout = options_.heartbeat_timeout;
+  t.startup_timeout = options_.startup_timeout;
+  t.compression = options_.compression;
+  config_ = TestClusterConfig(t);
   faults_[scheduler::kSchedulerPeerId] = std::make_shared<FaultSwitch>();
   for (uint32_t i = 0; i < options_.num_servers; ++i) {
     faults_[scheduler::NodePeerId(v1::ROLE_SERVER, i)] = std::make_shared<FaultSwitch>();

@@ -107,8 +107,8 @@ class ClusterHarness {
   ClusterHarness(const ClusterHarness&) = delete;
   ClusterHarness& operator=(const ClusterHarness&) = delete;
 
-  // The generated cluster config: transport inproc, addresses inproc://scheduler,
-  // inproc://server:N, inproc://worker:N.
+  // The generated cluster config (TestClusterConfig, tests/harness/test_cluster.h): transport
+  // inproc, addresses inproc://scheduler, inproc://server:N, inproc://worker:N.
   const scheduler::ClusterConfig& config() const { return config_; }
   const std::shared_ptr<transport::InprocHub>& hub() const { return hub_; }
   // Client options for (role, rank) in this cluster, e.g. for an extra client in a test.

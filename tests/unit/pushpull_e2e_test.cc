@@ -32,6 +32,7 @@
 #include "scheduler/scheduler_client.h"
 #include "server/server.h"
 #include "tests/harness/reference_model.h"
+#include "tests/harness/test_cluster.h"
 #include "tests/unit/test_util.h"
 #include "worker/client.h"
 #include "worker/partition.h"
@@ -72,125 +73,49 @@ struct ClusterOptions {
   bool start_servers = true;
 };
 
+// The e2e tests' cluster: testing::ThreadCluster (tests/harness/test_cluster.h) built from
+// ClusterOptions.
 class TestCluster {
  public:
-  explicit TestCluster(const ClusterOptions& o) : options_(o), hub_(transport::NewInprocHub()) {
-    config_.source = "pushpull_e2e_test";
-    config_.transport = "inproc";
-    config_.scheduler_address = "inproc://scheduler";
-    for (uint32_t i = 0; i < o.servers; ++i) {
-      config_.servers.push_back("inproc://" + scheduler::NodePeerId(v1::ROLE_SERVER, i));
-    }
-    for (uint32_t i = 0; i < o.workers; ++i) {
-      config_.workers.push_back("inproc://" + scheduler::NodePeerId(v1::ROLE_WORKER, i));
-    }
-    config_.heartbeat_interval = milliseconds(50);
-    config_.heartbeat_timeout = milliseconds(500);
-    config_.startup_timeout = milliseconds(5000);
-    config_.compression.spec =
-        compressors::CompressorSpecString(compressors::ParseCompressorSpec(o.spec).value());
-    config_.compression.error_feedback = o.error_feedback;
-    config_.compression.overrides = o.overrides;
-    config_.compression.min_compress_bytes = o.min_compress_bytes;
-    config_.compression.partition_bytes = o.partition_bytes;
-    config_.server.engine_threads = 1;
-    config_.server.numa = "off";
-    config_.worker.compress_threads = o.compress_threads;
-    config_.worker.credit_bytes = o.credit_bytes;
-    config_.worker.op_timeout = o.op_timeout;
-  }
+  explicit TestCluster(const ClusterOptions& o) : options_(o), cluster_(ThreadOptions(o)) {}
 
-  ~TestCluster() { Close(); }
+  Status Start() { return cluster_.Start(); }
+  Status Shutdown() { return cluster_.Shutdown(milliseconds(10000)); }
+  void Close() { cluster_.Close(); }
 
-  Status Start() {
-    scheduler::SchedulerOptions so;
-    so.cluster = config_;
-    so.inproc_hub = hub_;
-    BP_ASSIGN_OR_RETURN(scheduler_, scheduler::Scheduler::Create(so));
-    scheduler_thread_ = std::thread([this] { scheduler_status_ = scheduler_->Run(); });
-    servers_.resize(options_.servers);
-    workers_.resize(options_.workers);
-    std::vector<Status> status(options_.servers + options_.workers);
-    std::vector<std::thread> threads;
-    // Create blocks until every node registered: one thread per node.
-    for (uint32_t s = 0; s < options_.servers && options_.start_servers; ++s) {
-      threads.emplace_back([this, s, &status] {
-        server::ServerOptions o;
-        o.cluster = config_;
-        o.rank = s;
-        o.inproc_hub = hub_;
-        auto made = server::Server::Create(o);
-        if (made.ok()) {
-          servers_[s] = std::move(made).value();
-        } else {
-          status[s] = made.status();
-        }
-      });
-    }
-    for (uint32_t w = 0; w < options_.workers; ++w) {
-      threads.emplace_back([this, w, &status] {
-        ClientOptions o;
-        o.cluster = config_;
-        o.rank = w;
-        o.inproc_hub = hub_;
-        auto made = Client::Create(o);
-        if (made.ok()) {
-          workers_[w] = std::move(made).value();
-        } else {
-          status[options_.servers + w] = made.status();
-        }
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    for (const Status& s : status) BP_RETURN_IF_ERROR(s);
-    return Status::Ok();
-  }
-
-  // Clean end: every worker Shutdown (Done + wait), every server and the scheduler end OK.
-  Status Shutdown() {
-    std::vector<Status> status(options_.workers);
-    std::vector<std::thread> threads;
-    for (uint32_t w = 0; w < options_.workers; ++w) {
-      threads.emplace_back(
-          [this, w, &status] { status[w] = workers_[w]->Shutdown(milliseconds(10000)); });
-    }
-    for (std::thread& t : threads) t.join();
-    for (const Status& s : status) BP_RETURN_IF_ERROR(s);
-    for (auto& s : servers_) {
-      if (s) BP_RETURN_IF_ERROR(s->Wait(milliseconds(10000)));
-    }
-    scheduler_thread_.join();
-    return scheduler_status_;
-  }
-
-  void Close() {
-    for (auto& w : workers_) {
-      if (w) w->Close();
-    }
-    for (auto& s : servers_) {
-      if (s) s->Close();
-    }
-    if (scheduler_thread_.joinable()) {
-      scheduler_->Stop();
-      scheduler_thread_.join();
-    }
-  }
-
-  Client& worker(uint32_t w) { return *workers_[w]; }
-  const scheduler::ClusterConfig& config() const { return config_; }
-  const std::shared_ptr<transport::InprocHub>& hub() const { return hub_; }
-  server::Server& server(uint32_t s) { return *servers_[s]; }
+  Client& worker(uint32_t w) { return cluster_.worker(w); }
+  const scheduler::ClusterConfig& config() const { return cluster_.config(); }
+  const std::shared_ptr<transport::InprocHub>& hub() const { return cluster_.hub(); }
+  server::Server& server(uint32_t s) { return cluster_.server(s); }
   const ClusterOptions& options() const { return options_; }
 
  private:
+  static testing::ThreadClusterOptions ThreadOptions(const ClusterOptions& o) {
+    testing::TestClusterOptions t;
+    t.source = "pushpull_e2e_test";
+    t.servers = o.servers;
+    t.workers = o.workers;
+    t.heartbeat_interval = milliseconds(50);
+    t.heartbeat_timeout = milliseconds(500);
+    t.startup_timeout = milliseconds(5000);
+    t.compression.spec = o.spec;
+    t.compression.error_feedback = o.error_feedback;
+    t.compression.overrides = o.overrides;
+    t.compression.min_compress_bytes = o.min_compress_bytes;
+    t.compression.partition_bytes = o.partition_bytes;
+    t.server.engine_threads = 1;
+    t.server.numa = "off";
+    t.worker.compress_threads = o.compress_threads;
+    t.worker.credit_bytes = o.credit_bytes;
+    t.worker.op_timeout = o.op_timeout;
+    testing::ThreadClusterOptions c;
+    c.config = testing::TestClusterConfig(t);
+    c.start_servers = o.start_servers;
+    return c;
+  }
+
   const ClusterOptions options_;
-  const std::shared_ptr<transport::InprocHub> hub_;
-  scheduler::ClusterConfig config_;
-  std::unique_ptr<scheduler::Scheduler> scheduler_;
-  std::thread scheduler_thread_;
-  Status scheduler_status_;
-  std::vector<std::unique_ptr<server::Server>> servers_;
-  std::vector<std::unique_ptr<Client>> workers_;
+  testing::ThreadCluster cluster_;
 };
 
 // Runs fn(w) on one thread per worker and joins them.

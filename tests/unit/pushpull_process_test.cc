@@ -21,6 +21,7 @@
 
 #include "scheduler/key_mapping.h"
 #include "tests/harness/child_process.h"
+#include "tests/harness/test_cluster.h"
 #include "tests/unit/test_util.h"
 #include "worker/partition.h"
 
@@ -66,34 +67,22 @@ class PushPullProcessTest : public ::testing::Test {
     children_.clear();  // kills and reaps what still runs
   }
 
-  // Writes the cluster YAML: every node on a free tcp port of 127.0.0.1, onebit with error
-  // feedback on both sides, 1 MiB partitions.
+  // Writes the cluster YAML (TestClusterConfig, tests/harness/test_cluster.h): every node on a
+  // free tcp port of 127.0.0.1, onebit with error feedback on both sides, 1 MiB partitions.
   void WriteConfig(int servers, int workers) {
-    std::set<int> used;
-    auto address = [&] {
-      int p = FreeTcpPort();
-      while (p > 0 && !used.insert(p).second) p = FreeTcpPort();
-      return "127.0.0.1:" + std::to_string(p);
-    };
-    std::ostringstream y;
-    y << "cluster:\n"
-      << "  scheduler: " << address() << "\n"
-      << "  servers: [";
-    for (int i = 0; i < servers; ++i) y << (i ? ", " : "") << address();
-    y << "]\n  workers: [";
-    for (int i = 0; i < workers; ++i) y << (i ? ", " : "") << address();
-    y << "]\n"
-      << "  heartbeat_interval_ms: " << kHeartbeatIntervalMs << "\n"
-      << "  heartbeat_timeout_ms: " << kHeartbeatTimeoutMs << "\n"
-      << "  startup_timeout_s: 10\n"
-      << "compression:\n"
-      << "  spec: onebit\n"
-      << "  error_feedback: both\n"
-      << "  partition_bytes: " << kPartitionBytes << "\n"
-      << "worker:\n"
-      << "  op_timeout_s: 20\n";
+    TestClusterOptions t;
+    t.servers = static_cast<uint32_t>(servers);
+    t.workers = static_cast<uint32_t>(workers);
+    t.transport = TestTransport::kTcp;
+    t.heartbeat_interval = milliseconds(kHeartbeatIntervalMs);
+    t.heartbeat_timeout = milliseconds(kHeartbeatTimeoutMs);
+    t.startup_timeout = milliseconds(10000);
+    t.compression.spec = "onebit";
+    t.compression.error_feedback = "both";
+    t.compression.partition_bytes = kPartitionBytes;
+    t.worker.op_timeout = milliseconds(20000);
     config_ = dir_.path() + "/cluster.yaml";
-    std::ofstream(config_) << y.str();
+    ASSERT_TRUE(WriteTestClusterYaml(TestClusterConfig(t), config_).ok());
   }
 
   Child* StartScheduler() {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tests/harness/child_process.h"
+#include "tests/harness/test_cluster.h"
 #include "tests/unit/test_util.h"
 
 #ifndef BITPUSH_SCHEDULER_BIN
@@ -56,35 +57,26 @@ class SchedulerProcessTest : public ::testing::Test {
     children_.clear();  // kills and reaps what still runs
   }
 
-  // Writes the cluster YAML; node addresses are ipc:// in the temp dir, or free tcp ports.
+  // Writes the cluster YAML (TestClusterConfig, tests/harness/test_cluster.h); node addresses
+  // are ipc:// in the temp dir, or free tcp ports.
   void WriteConfig(int servers, int workers, double startup_timeout_s, bool tcp_nodes = false) {
-    auto address = [&](const std::string& name) {
-      if (!tcp_nodes) return "ipc://" + dir_.path() + "/" + name + ".sock";
-      return "127.0.0.1:" + std::to_string(FreeTcpPort());
-    };
-    std::ostringstream y;
-    y << "cluster:\n"
-      << "  scheduler: " << scheduler_address_ << "\n"
-      << "  token: process-test-token\n"
-      << "  servers: [";
-    for (int i = 0; i < servers; ++i) {
-      server_addresses_.push_back(address("s" + std::to_string(i)));
-      y << (i ? ", " : "") << server_addresses_.back();
-    }
-    y << "]\n  workers: [";
-    for (int i = 0; i < workers; ++i) {
-      worker_addresses_.push_back(address("w" + std::to_string(i)));
-      y << (i ? ", " : "") << worker_addresses_.back();
-    }
-    y << "]\n"
-      << "  heartbeat_interval_ms: " << kHeartbeatIntervalMs << "\n"
-      << "  heartbeat_timeout_ms: " << kHeartbeatTimeoutMs << "\n"
-      << "  startup_timeout_s: " << startup_timeout_s << "\n"
-      << "compression:\n"
-      << "  spec: onebit\n"
-      << "  error_feedback: both\n";
+    TestClusterOptions t;
+    t.servers = static_cast<uint32_t>(servers);
+    t.workers = static_cast<uint32_t>(workers);
+    t.transport = tcp_nodes ? TestTransport::kTcp : TestTransport::kIpc;
+    t.ipc_dir = dir_.path();
+    t.scheduler_address = scheduler_address_;
+    t.token = "process-test-token";
+    t.heartbeat_interval = milliseconds(kHeartbeatIntervalMs);
+    t.heartbeat_timeout = milliseconds(kHeartbeatTimeoutMs);
+    t.startup_timeout = milliseconds(static_cast<int64_t>(startup_timeout_s * 1000));
+    t.compression.spec = "onebit";
+    t.compression.error_feedback = "both";
+    const scheduler::ClusterConfig c = TestClusterConfig(t);
+    server_addresses_ = c.servers;
+    worker_addresses_ = c.workers;
     config_ = dir_.path() + "/cluster.yaml";
-    std::ofstream(config_) << y.str();
+    ASSERT_TRUE(WriteTestClusterYaml(c, config_).ok());
   }
 
   Child* StartScheduler() {

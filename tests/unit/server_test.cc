@@ -20,6 +20,7 @@
 #include "proto/bitpush/v1/control.pb.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_client.h"
+#include "tests/harness/test_cluster.h"
 #include "tests/unit/compressor_test_util.h"
 #include "tests/unit/test_util.h"
 
@@ -115,81 +116,47 @@ class RawWorker {
   std::deque<Received> inbox_;
 };
 
-// Scheduler thread + S servers + W raw workers over one InprocHub.
+// Scheduler thread + S servers + W raw workers over one InprocHub: a testing::ThreadCluster
+// (tests/harness/test_cluster.h) whose workers are RawWorkers.
 class MiniCluster {
  public:
-  MiniCluster(uint32_t servers, uint32_t workers, scheduler::ServerSettings settings = {}) {
-    config_.source = "server_test";
-    config_.transport = "inproc";
-    config_.scheduler_address = "inproc://scheduler";
-    for (uint32_t i = 0; i < servers; ++i) {
-      config_.servers.push_back("inproc://" + scheduler::NodePeerId(v1::ROLE_SERVER, i));
-    }
-    for (uint32_t i = 0; i < workers; ++i) {
-      config_.workers.push_back("inproc://" + scheduler::NodePeerId(v1::ROLE_WORKER, i));
-    }
-    config_.heartbeat_interval = 50ms;
-    config_.heartbeat_timeout = 1000ms;
-    config_.startup_timeout = 10000ms;
-    config_.server = settings;
-    workers_.resize(workers);
-    servers_.resize(servers);
+  MiniCluster(uint32_t servers, uint32_t workers, scheduler::ServerSettings settings = {})
+      : workers_(workers) {
+    testing::TestClusterOptions t;
+    t.source = "server_test";
+    t.servers = servers;
+    t.workers = workers;
+    t.heartbeat_interval = 50ms;
+    t.heartbeat_timeout = 1000ms;
+    t.startup_timeout = 10000ms;
+    t.server = settings;
+    testing::ThreadClusterOptions o;
+    o.config = testing::TestClusterConfig(t);
+    o.start_workers = false;
+    o.custom_node = [this](v1::Role role, uint32_t rank) -> Status {
+      if (role != v1::ROLE_WORKER) return Status::Ok();
+      workers_[rank] = std::make_unique<RawWorker>();
+      return workers_[rank]->Start(cluster_->config(), rank, cluster_->hub());
+    };
+    cluster_ = std::make_unique<testing::ThreadCluster>(std::move(o));
   }
 
   ~MiniCluster() {
     for (auto& w : workers_) {
       if (w) w->Close();
     }
-    for (auto& s : servers_) {
-      if (s) s->Close();
-    }
-    if (scheduler_) scheduler_->Stop();
-    if (scheduler_thread_.joinable()) scheduler_thread_.join();
+    cluster_->Close();
   }
 
-  Status Start() {
-    scheduler::SchedulerOptions scheduler_options;
-    scheduler_options.cluster = config_;
-    scheduler_options.inproc_hub = hub_;
-    BP_ASSIGN_OR_RETURN(scheduler_, scheduler::Scheduler::Create(scheduler_options));
-    scheduler_thread_ = std::thread([this] { scheduler_result_ = scheduler_->Run(); });
-    std::vector<std::future<Status>> starts;
-    for (uint32_t i = 0; i < servers_.size(); ++i) {
-      starts.push_back(std::async(std::launch::async, [this, i]() -> Status {
-        ServerOptions o;
-        o.cluster = config_;
-        o.rank = i;
-        o.inproc_hub = hub_;
-        BP_ASSIGN_OR_RETURN(servers_[i], Server::Create(std::move(o)));
-        return Status::Ok();
-      }));
-    }
-    for (uint32_t i = 0; i < workers_.size(); ++i) {
-      starts.push_back(std::async(std::launch::async, [this, i]() -> Status {
-        workers_[i] = std::make_unique<RawWorker>();
-        return workers_[i]->Start(config_, i, hub_);
-      }));
-    }
-    Status first;
-    for (auto& f : starts) {
-      Status s = f.get();
-      if (first.ok() && !s.ok()) first = s;
-    }
-    return first;
-  }
+  Status Start() { return cluster_->Start(); }
 
   RawWorker& worker(uint32_t i) { return *workers_[i]; }
-  Server& server(uint32_t i) { return *servers_[i]; }
+  Server& server(uint32_t i) { return cluster_->server(i); }
   uint32_t OwnerOf(uint64_t key) { return workers_[0]->client().ServerForKey(key); }
 
  private:
-  scheduler::ClusterConfig config_;
-  std::shared_ptr<transport::InprocHub> hub_ = transport::NewInprocHub();
-  std::unique_ptr<scheduler::Scheduler> scheduler_;
-  std::thread scheduler_thread_;
-  Status scheduler_result_;
-  std::vector<std::unique_ptr<Server>> servers_;
   std::vector<std::unique_ptr<RawWorker>> workers_;
+  std::unique_ptr<testing::ThreadCluster> cluster_;
 };
 
 DataHeader Init(uint64_t key, size_t elements, const std::string& spec, bool server_ef = false) {

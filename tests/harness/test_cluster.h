@@ -1,0 +1,111 @@
+// The one way tests describe a cluster, and the one way they run real nodes as threads.
+//
+// TestClusterOptions -> TestClusterConfig(): the ClusterConfig of a test cluster, its node
+// addresses chosen by the transport: inproc:// names (threads as nodes: ClusterHarness,
+// ThreadCluster), free tcp ports of 127.0.0.1 or ipc:// sockets in a directory (real
+// processes). TestClusterYaml() writes that config as the YAML the daemons read
+// (`--config`), so a process test starts its scheduler, servers and workers from the same
+// description a threads-as-nodes test uses (cluster_config_test checks the round trip).
+//
+// ThreadCluster: the real Scheduler, Servers and worker Clients of one ClusterConfig as
+// threads of the test process over one InprocHub. Start blocks until every node registered;
+// a test may start some nodes itself (start_servers / start_workers = false, or a
+// custom_node hook that Start runs on the node's own thread).
+//
+// Owned by tests. Thread-safety: TestClusterConfig / TestClusterYaml are pure; a
+// ThreadCluster is driven from the test's thread (Start, Shutdown, Close, the destructor);
+// the Clients and Servers it hands out are thread-safe as documented in worker/ and server/.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "common/transport/transport.h"
+#include "scheduler/cluster_config.h"
+#include "scheduler/scheduler.h"
+#include "server/server.h"
+#include "worker/client.h"
+
+namespace bitpush::testing {
+
+enum class TestTransport {
+  kInproc,  // threads as nodes: inproc://scheduler, inproc://server:N, inproc://worker:N
+  kTcp,     // processes: tcp://127.0.0.1:<free port> for every node
+  kIpc,     // processes: ipc://<ipc_dir>/sN.sock, wN.sock for the nodes, tcp for the scheduler
+};
+
+struct TestClusterOptions {
+  uint32_t servers = 1;
+  uint32_t workers = 1;
+  TestTransport transport = TestTransport::kInproc;
+  std::string ipc_dir;            // kIpc: where the node sockets go
+  std::string scheduler_address;  // "" = chosen by the transport
+  std::string source = "test cluster";
+  std::string token;
+  // Short control-plane timing, for fast tests.
+  std::chrono::milliseconds heartbeat_interval{50};
+  std::chrono::milliseconds heartbeat_timeout{500};
+  std::chrono::milliseconds startup_timeout{5000};
+  scheduler::CompressionSettings compression;
+  scheduler::ServerSettings server;
+  scheduler::WorkerSettings worker;
+};
+
+// The cluster config the options describe (tcp ports are picked free now).
+scheduler::ClusterConfig TestClusterConfig(const TestClusterOptions& options);
+
+// `config` as cluster YAML: every key of the cluster, compression, server and worker sections
+// (not the host form's per-node training processes). The token is written as it is.
+std::string TestClusterYaml(const scheduler::ClusterConfig& config);
+
+// Writes TestClusterYaml(config) to `path`.
+Status WriteTestClusterYaml(const scheduler::ClusterConfig& config, const std::string& path);
+
+struct ThreadClusterOptions {
+  scheduler::ClusterConfig config;  // transport inproc
+  bool start_servers = true;        // false: the test brings its own server endpoints
+  bool start_workers = true;        // false: the test brings its own worker endpoints
+  // Called on its own thread for each node Start does not start itself (a role switched off
+  // above), concurrently with the others; its status is the node's start status.
+  std::function<Status(v1::Role role, uint32_t rank)> custom_node;
+};
+
+class ThreadCluster {
+ public:
+  explicit ThreadCluster(ThreadClusterOptions options);
+  ~ThreadCluster();  // Close()
+  ThreadCluster(const ThreadCluster&) = delete;
+  ThreadCluster& operator=(const ThreadCluster&) = delete;
+
+  // Starts the scheduler thread, then every node on its own thread (Create blocks until every
+  // node registered); the first node's error, if any.
+  Status Start();
+
+  // Clean end: every worker Shutdown (Done + wait), every server and the scheduler end OK.
+  Status Shutdown(std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
+
+  // Closes every worker and server and stops the scheduler (idempotent).
+  void Close();
+
+  worker::Client& worker(uint32_t w) { return *workers_.at(w); }
+  server::Server& server(uint32_t s) { return *servers_.at(s); }
+  const scheduler::ClusterConfig& config() const { return options_.config; }
+  const std::shared_ptr<transport::InprocHub>& hub() const { return hub_; }
+
+ private:
+  const ThreadClusterOptions options_;
+  const std::shared_ptr<transport::InprocHub> hub_;
+  std::unique_ptr<scheduler::Scheduler> scheduler_;
+  std::thread scheduler_thread_;
+  Status scheduler_status_;
+  std::vector<std::unique_ptr<server::Server>> servers_;
+  std::vector<std::unique_ptr<worker::Client>> workers_;
+};
+
+}  // namespace bitpush::testing
