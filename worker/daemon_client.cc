@@ -112,7 +112,7 @@ StatusOr<TensorId> DaemonClient::Declare(const std::string& name, size_t element
     id.index = t->decl.index();
     tensors_.push_back(std::move(t));
   }
-  const Status sent = ipc::SendLocalMessage(*channel_, m);
+  Status sent = ipc::SendLocalMessage(*channel_, m);
   if (!sent.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     if (error_.ok()) error_ = sent;  // the connection is unusable
@@ -241,7 +241,7 @@ PushPullHandle DaemonClient::PushPull(TensorId id, ConstTensorView input, Tensor
   // Sent without mu_: the reader must be able to take answers (and so the daemon to send
   // them) while this frame waits for room in the socket.
   lock.unlock();
-  const Status sent = ipc::SendLocalMessage(*channel_, m);
+  Status sent = ipc::SendLocalMessage(*channel_, m);
   if (!sent.ok()) {
     lock.lock();
     // The connection is unusable (the daemon is gone or not reading): sticky.
@@ -262,7 +262,7 @@ Status DaemonClient::Barrier() {
   }
   v1::LocalMessage m;
   m.mutable_barrier()->set_seq(seq);
-  const Status sent = ipc::SendLocalMessage(*channel_, m);
+  Status sent = ipc::SendLocalMessage(*channel_, m);
   std::unique_lock<std::mutex> lock(mu_);
   if (!sent.ok()) {
     if (error_.ok()) error_ = sent;
@@ -322,7 +322,7 @@ Status DaemonClient::ErrorFeedbackRequest(TensorId id, bool restore, Span<const 
   if (!t.verdict) {
     // The daemon knows the tensor once every local process declared it.
     lock.unlock();
-    const Status s = CommitDeclarations();
+    Status s = CommitDeclarations();
     lock.lock();
     if (!s.ok() && (!t.verdict || t.verdict->ok())) return s;
   }
@@ -354,7 +354,7 @@ Status DaemonClient::ErrorFeedbackRequest(TensorId id, bool restore, Span<const 
   slice->set_offset(0);
   slice->set_bytes(elements * sizeof(float));
   lock.unlock();
-  const Status sent = ipc::SendLocalMessage(*channel_, m);
+  Status sent = ipc::SendLocalMessage(*channel_, m);
   lock.lock();
   if (!sent.ok()) {
     if (error_.ok()) error_ = sent;

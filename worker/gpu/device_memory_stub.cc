@@ -43,7 +43,9 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   device_ = std::exchange(other.device_, -1);
   return *this;
 }
-DeviceBuffer::~DeviceBuffer() = default;
+// Out of line and not defaulted: the CUDA build's destructor frees device memory, so the
+// class must not become trivially destructible in the stub build.
+DeviceBuffer::~DeviceBuffer() {}  // NOLINT(modernize-use-equals-default)
 StatusOr<GpuIpcHandle> DeviceBuffer::ExportIpcHandle() const {
   return NotBuilt("DeviceBuffer::ExportIpcHandle");
 }
@@ -57,6 +59,8 @@ IpcMapping& IpcMapping::operator=(IpcMapping&& other) noexcept {
   device_ = std::exchange(other.device_, -1);
   return *this;
 }
-IpcMapping::~IpcMapping() = default;
+// Out of line and not defaulted: the CUDA build's destructor frees device memory, so the
+// class must not become trivially destructible in the stub build.
+IpcMapping::~IpcMapping() {}  // NOLINT(modernize-use-equals-default)
 
 }  // namespace bitpush::worker::gpu
