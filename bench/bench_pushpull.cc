@@ -30,8 +30,7 @@
 // overlap, so they do not add up to iter_ms): compress_ms, network_ms (push sent -> reply received,
 // includes the server's work), decompress_ms from ClientStats; server_ms = the servers'
 // engine_busy_ns / (warm-up + timed iterations). Peak RSS in MiB (ru_maxrss); server_owned_mb = the
-// bytes of the keys a server owns (the scheduler's key mapping), rss_target_mb = 4 x that + 64
-// (issue 4).
+// bytes of the keys a server owns (the scheduler's key mapping), rss_target_mb = 4 x that + 64.
 //
 // Every wait is bounded (--timeout-s per cluster): on a failing process the others get the
 // heartbeat bound to exit, then everything left is killed; the failure names the process and

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks `bitpush-bench compressors --json` output against the issue's targets (4 MiB, one
+"""Checks `bitpush-bench compressors --json` output against the compressor targets (4 MiB, one
 core, ratio_to_memcpy) and prints a Markdown table. Exit 1 if a target is missed.
 
 usage: compressor_targets.py AVX512.json [AVX2.json]

@@ -36,7 +36,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_COMPRESSORS = "none,fp16,onebit,topk:ratio=0.001,dithering:levels=15"
-# Ratio of the none round time to the compressor's that the issue asks for (2 workers x 2
+# Ratio of the none round time to the compressor's that the benchmark targets (2 workers x 2
 # servers, 100 MB, 1 Gbit/s); checked by prefix of the spec.
 TARGETS = {"onebit": 15.0, "topk:ratio=0.001": 30.0, "fp16": 1.8}
 SUBNET = "10.77.0."

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks `bitpush-bench pushpull --json` output against issue 4's targets (1 worker, 1 server,
+"""Checks `bitpush-bench pushpull --json` output against the push-pull targets (1 worker, 1 server,
 100 MiB in partitions of 4000 KiB; every figure a ratio within one run) and prints a Markdown
 table. Exit 1 if a target is missed.
 

@@ -1,4 +1,4 @@
-// Daemon: the per-node `bitpush-worker` daemon (issue 5, paper 001 §4.2) — it serves the
+// Daemon: the per-node `bitpush-worker` daemon (paper 001 §4.2) — it serves the
 // node's `local_size` training processes over a Unix socket (docs/local-ipc.md: Hello,
 // declarations, push_pulls with tensors in their shared memory), sums their gradients locally
 // (LocalReducer) and runs ONE worker Engine for the node, so compression and networking happen

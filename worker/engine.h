@@ -3,7 +3,7 @@
 // partition pipeline (compress with worker error feedback -> push -> pull -> decompress ->
 // complete), priorities, the credit that bounds memory, op deadlines and failures
 // (docs/data-plane.md, paper 001 Algorithms 3 and 4). The embedded `Client` (client.h) is a
-// thin wrapper; the multi-process daemon of the next issue shares this engine.
+// thin wrapper; the per-node daemon (worker/daemon.h) drives the same engine.
 //
 // Ownership: the Engine owns the node's NodeEndpoint and SchedulerClient, one
 // Tensor record per declaration (each partition's compressor instance, worker residual,

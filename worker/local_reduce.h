@@ -1,5 +1,5 @@
 // Intra-node reduce on the CPU: the worker daemon's sum of its local training processes'
-// gradients (issue 5), `dst[i] = scale * (src0[i] + src1[i] + ... + src(P-1)[i])`.
+// gradients, `dst[i] = scale * (src0[i] + src1[i] + ... + src(P-1)[i])`.
 //
 // Arithmetic, identical on every ISA level and for every thread count (tests check the bits):
 //  - every element is summed in fp32 in source order, ((s0 + s1) + s2) + ..., one rounding per

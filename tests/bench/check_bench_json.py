@@ -55,7 +55,7 @@ for isa in ("scalar", "avx2", "avx512"):
 
 assert "scalar" in ok_isas
 
-# `bitpush-bench localreduce --json`: the intra-node reduce (issue 5) vs memcpy in one run.
+# `bitpush-bench localreduce --json`: the intra-node reduce vs memcpy in one run.
 LOCALREDUCE_REQUIRED = {"procs", "mb", "dtype", "threads", "gbps", "memcpy_gbps",
                         "ratio_to_memcpy", "bytes", "elements", "isa", "non_temporal"}
 for args, procs, threads, dtype in (
@@ -82,7 +82,7 @@ for bad in (("--procs", "0"), ("--dtype", "int8"), ("--mb", "-3"), ("--isa", "ss
     r = run("localreduce", *bad)
     assert r.returncode == 2 and bad[-1] in r.stderr, (bad, r.stderr)
 
-# `bitpush-bench optimizer --json`: the LANS step vs the same update in torch ops (issue 6).
+# `bitpush-bench optimizer --json`: the LANS step vs the same update in torch ops.
 OPTIMIZER_REQUIRED = {"name", "params", "steps", "kernel", "params_per_s", "torch_params_per_s",
                       "speedup_vs_torch", "target", "met", "torch_skipped", "blocks"}
 for args in ((), ("--no-torch", "--isa", "scalar")):

@@ -1,8 +1,7 @@
 // ClusterHarness: a whole bitpush cluster as threads of one test process ("threads as
 // nodes"): a Scheduler thread plus S server and W worker threads, each node running a
 // SchedulerClient over the inproc transport (one InprocHub per harness, so harnesses never
-// see each other) and then a caller-supplied role body. Used by the control-plane tests and
-// by later issues' server/worker integration tests.
+// see each other) and then a caller-supplied role body. Used by the control-plane tests.
 //
 // ClusterHarnessOptions::clock puts the whole cluster on one clock (tests/harness/manual_clock.h
 // for timing rules that must not depend on the machine's speed).

@@ -1,4 +1,4 @@
-"""Helpers of the issue-6 optimizer tests (test_optimizer.py, test_convergence.py,
+"""Helpers of the optimizer tests (test_optimizer.py, test_convergence.py,
 test_examples.py): a reference LANS written with plain torch ops, and small runners that start
 worker processes against a bitpush.testing.LocalCluster.
 

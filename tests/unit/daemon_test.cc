@@ -1,4 +1,4 @@
-// The worker daemon as real processes on loopback (issue 5): bitpush-scheduler, 2
+// The worker daemon as real processes on loopback: bitpush-scheduler, 2
 // bitpush-server, 2 bitpush-worker daemons x 3 bitpush-test-trainer processes each
 // (tests/tools/test_trainer.cc: worker::Client in daemon mode). Checks:
 //  - pulled results equal the reference BIT FOR BIT (each trainer computes the average over all

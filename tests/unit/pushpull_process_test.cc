@@ -1,7 +1,7 @@
 // The data plane as real processes: bitpush-scheduler, bitpush-server and bitpush-test-worker
 // (bench/pushpull_worker.h) on loopback tcp with short heartbeats (100 ms interval, 1000 ms
 // timeout). Checks a clean run (every process exits 0 after every iteration completed) and
-// the crash scenario: a server SIGKILLed while workers are in the middle of rounds
+// the crash scenario: a server SIGKILLed while workers are in the middle of rounds
 // → every worker's pending handle fails, naming the server, and every worker exits within
 // heartbeat_timeout + 1 s of the kill. Every child is killed and reaped whatever happens
 // (tests/harness/child_process.h); every wait is bounded.
@@ -43,7 +43,8 @@ using std::chrono::milliseconds;
 
 constexpr int kHeartbeatIntervalMs = 100;
 constexpr int kHeartbeatTimeoutMs = 1000;
-// The bound: a dead server fails every pending handle within heartbeat_timeout + 1 s.
+// The failure-detection bound: a dead server fails every pending handle within heartbeat_timeout +
+// 1 s.
 constexpr int kDetectionBoundMs = kHeartbeatTimeoutMs + 1000;
 constexpr uint64_t kPartitionBytes = 1 << 20;
 

@@ -19,7 +19,7 @@ std::string Error(const std::string& spec) {
   return c.status().message();
 }
 
-TEST(Registry, IssueExamplesParse) {
+TEST(Registry, DocumentedSpecsParse) {
   EXPECT_EQ(Canon("none"), "none");
   EXPECT_EQ(Canon("fp16"), "fp16");
   EXPECT_EQ(Canon("bf16"), "bf16");

@@ -36,7 +36,7 @@ using std::chrono::milliseconds;
 
 constexpr int kHeartbeatIntervalMs = 100;
 constexpr int kHeartbeatTimeoutMs = 1000;
-// The bound: a death is reported within heartbeat_timeout + 1 s.
+// The failure-detection bound: a death is reported within heartbeat_timeout + 1 s.
 constexpr int kDetectionBoundMs = kHeartbeatTimeoutMs + 1000;
 
 class SchedulerProcessTest : public ::testing::Test {

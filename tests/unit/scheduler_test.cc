@@ -493,7 +493,7 @@ TEST(Scheduler, AnUnregisteredPeerIsIgnored) {
 }
 
 // A node that stops being heard (hung process, lost network): the scheduler declares it dead
-// and every other node hears who, within heartbeat_timeout + 1 s (the bound).
+// and every other node hears who, within heartbeat_timeout + 1 s (the failure-detection bound).
 void ExpectNodeDeathReported(bool crash) {
   ClusterHarnessOptions o;
   o.num_servers = 2;

@@ -1,5 +1,5 @@
 // Device memory shared between a training process and its node's bitpush-worker daemon (the
-// GPU path of issue 5, docs/local-ipc.md "GPU tensors"): a training process copies its CUDA
+// GPU path, docs/local-ipc.md "GPU tensors"): a training process copies its CUDA
 // gradient into a DeviceBuffer it owns and exports that buffer's CUDA IPC handle once; the
 // daemon maps the handle (IpcMapping) on the same GPU, found by PCI bus id because the two
 // processes may number devices differently (CUDA_VISIBLE_DEVICES), reduces from it and

@@ -1,4 +1,4 @@
-// The GPU half of the intra-node reduce (issue 5): the building blocks the worker daemon uses
+// The GPU half of the intra-node reduce: the building blocks the worker daemon uses
 // on a node whose training processes each drive one GPU.
 //
 // Pipeline (paper 001 §4.2: on GPUs the intra-node "compression" is the FP16 cast):

@@ -1,4 +1,4 @@
-"""CLAN / LANS and DistributedOptimizer: training with bitpush from PyTorch (issue 6).
+"""CLAN / LANS and DistributedOptimizer: training with bitpush from PyTorch.
 
 Both optimizers exchange gradients the Horovod way: a hook on each parameter's gradient
 accumulator starts ``push_pull_async`` of that gradient as soon as backward has produced it,
