@@ -4,9 +4,9 @@
 // --rank N` runs one (server/main.cc); tests run several in one process over inproc.
 //
 // Threads (docs/threading.md):
-//  - the SchedulerClient's I/O thread receives every message; for data messages it only
-//    parses the DataHeader, places new keys on an engine thread and queues the message there.
-//    It never decompresses or compresses.
+//  - the node endpoint's loop (bp-io) receives every message; the server's data handlers only
+//    place new keys on an engine thread and queue the message there (the endpoint parsed the
+//    DataHeader). They never decompress or compress.
 //  - engine threads (server.engine_threads, auto = CPUs - 1): each key sticks to one, chosen
 //    at its OP_INIT_KEY as the thread with the least weighted load (a key weighs its bytes,
 //    times kCompressedKeyWeight when it is compressed: compressed keys cost decompress-add per
@@ -14,8 +14,8 @@
 //    outright (no lock on key data), answers pulls and errors with Transport::Send (which is
 //    thread-safe). Pinned to cores spread over NUMA nodes unless server.numa is off
 //    (common/cpu_topology.h).
-//  - server 0 also checks the workers' tensor declarations (on its I/O thread; manifests are
-//    small).
+//  - server 0 also checks the workers' tensor declarations (on the endpoint's loop; manifests
+//    are small).
 //
 // Thread-safety: Create/Wait/Close from the owning thread; stats() from any thread.
 #pragma once
