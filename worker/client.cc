@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "worker/client_backend.h"
 #include "worker/daemon_client.h"
 #include "worker/engine.h"
 
@@ -53,6 +54,81 @@ bool PushPullHandle::Ready() const {
   return op_->done;
 }
 
+namespace {
+
+// Embedded mode: this process is the worker node; its Engine does everything.
+class EngineBackend final : public ClientBackend {
+ public:
+  explicit EngineBackend(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
+
+  StatusOr<TensorId> Declare(const std::string& name, size_t elements, DType dtype,
+                             const TensorOptions& options) override {
+    if (options.cuda) {
+      return UnimplementedError(fmt::format(
+          "Declare '{}': CUDA tensors need daemon mode (the node's bitpush-worker runs the GPU "
+          "reduce); in embedded mode copy the tensor to host memory",
+          name));
+    }
+    return engine_->Declare(name, elements, dtype, options);
+  }
+  Status CommitDeclarations() override { return engine_->CommitDeclarations(); }
+  PushPullHandle PushPull(TensorId tensor, ConstTensorView input, TensorView output) override {
+    return engine_->PushPull(tensor, input, output);
+  }
+  Status Barrier() override { return engine_->Barrier(); }
+  Status Shutdown(std::chrono::milliseconds timeout) override { return engine_->Shutdown(timeout); }
+  void Close() override { engine_->Close(); }
+  uint32_t rank() const override { return engine_->rank(); }
+  uint32_t num_workers() const override { return engine_->num_workers(); }
+  uint32_t num_servers() const override { return engine_->num_servers(); }
+  Status status() const override { return engine_->status(); }
+  ClientStats stats() const override { return engine_->stats(); }
+  StatusOr<std::vector<float>> ErrorFeedbackState(TensorId tensor) override {
+    return engine_->ErrorFeedbackState(tensor);
+  }
+  Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved) override {
+    return engine_->RestoreErrorFeedbackState(tensor, saved);
+  }
+
+ private:
+  const std::unique_ptr<Engine> engine_;
+};
+
+// Daemon mode: one of the node's training processes; the node's bitpush-worker does the rest.
+class DaemonBackend final : public ClientBackend {
+ public:
+  explicit DaemonBackend(std::unique_ptr<DaemonClient> daemon) : daemon_(std::move(daemon)) {}
+
+  StatusOr<TensorId> Declare(const std::string& name, size_t elements, DType dtype,
+                             const TensorOptions& options) override {
+    return daemon_->Declare(name, elements, dtype, options);
+  }
+  Status CommitDeclarations() override { return daemon_->CommitDeclarations(); }
+  PushPullHandle PushPull(TensorId tensor, ConstTensorView input, TensorView output) override {
+    return daemon_->PushPull(tensor, input, output);
+  }
+  Status Barrier() override { return daemon_->Barrier(); }
+  // The daemon bounds the clean end itself (its own op_timeout).
+  Status Shutdown(std::chrono::milliseconds) override { return daemon_->Shutdown(); }
+  void Close() override { daemon_->Close(); }
+  uint32_t rank() const override { return daemon_->node_rank(); }
+  uint32_t num_workers() const override { return daemon_->num_nodes(); }
+  uint32_t num_servers() const override { return 0; }  // unknown to a training process
+  Status status() const override { return daemon_->status(); }
+  ClientStats stats() const override { return daemon_->stats(); }
+  StatusOr<std::vector<float>> ErrorFeedbackState(TensorId tensor) override {
+    return daemon_->ErrorFeedbackState(tensor);
+  }
+  Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved) override {
+    return daemon_->RestoreErrorFeedbackState(tensor, saved);
+  }
+
+ private:
+  const std::unique_ptr<DaemonClient> daemon_;
+};
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (options.mode == ClientMode::kDaemon) {
     DaemonClientOptions d;
@@ -61,7 +137,7 @@ StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
     d.local_size = options.local_size;
     d.startup_timeout = options.cluster.startup_timeout;
     BP_ASSIGN_OR_RETURN(std::unique_ptr<DaemonClient> daemon, DaemonClient::Connect(d));
-    return std::unique_ptr<Client>(new Client(std::move(daemon)));
+    return std::unique_ptr<Client>(new Client(std::make_unique<DaemonBackend>(std::move(daemon))));
   }
   if (options.cluster.ProcessCountsDiffer()) {
     // An embedded node pushes its one gradient unscaled; with different counts per node only
@@ -77,12 +153,12 @@ StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   e.cluster = std::move(options.cluster);
   e.rank = options.rank;
   e.inproc_hub = std::move(options.inproc_hub);
+  e.clock = std::move(options.clock);
   BP_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(std::move(e)));
-  return std::unique_ptr<Client>(new Client(std::move(engine)));
+  return std::unique_ptr<Client>(new Client(std::make_unique<EngineBackend>(std::move(engine))));
 }
 
-Client::Client(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
-Client::Client(std::unique_ptr<DaemonClient> daemon) : daemon_(std::move(daemon)) {}
+Client::Client(std::unique_ptr<ClientBackend> backend) : backend_(std::move(backend)) {}
 
 Client::~Client() {
   Close();
@@ -90,14 +166,7 @@ Client::~Client() {
 
 StatusOr<TensorId> Client::Declare(const std::string& name, size_t elements, DType dtype,
                                    const TensorOptions& options) {
-  if (daemon_) return daemon_->Declare(name, elements, dtype, options);
-  if (options.cuda) {
-    return UnimplementedError(fmt::format(
-        "Declare '{}': CUDA tensors need daemon mode (the node's bitpush-worker runs the GPU "
-        "reduce); in embedded mode copy the tensor to host memory",
-        name));
-  }
-  return engine_->Declare(name, elements, dtype, options);
+  return backend_->Declare(name, elements, dtype, options);
 }
 
 StatusOr<TensorId> Client::Declare(const std::string& name, size_t elements, DType dtype,
@@ -109,54 +178,47 @@ StatusOr<TensorId> Client::Declare(const std::string& name, size_t elements, DTy
 }
 
 Status Client::CommitDeclarations() {
-  if (daemon_) return daemon_->CommitDeclarations();
-  return engine_->CommitDeclarations();
+  return backend_->CommitDeclarations();
 }
 
 PushPullHandle Client::PushPull(TensorId tensor, ConstTensorView input, TensorView output) {
-  if (daemon_) return daemon_->PushPull(tensor, input, output);
-  return engine_->PushPull(tensor, input, output);
+  return backend_->PushPull(tensor, input, output);
 }
 
 Status Client::Barrier() {
-  if (daemon_) return daemon_->Barrier();
-  return engine_->Barrier();
+  return backend_->Barrier();
 }
 
 Status Client::Shutdown(std::chrono::milliseconds timeout) {
-  if (daemon_) return daemon_->Shutdown();
-  return engine_->Shutdown(timeout);
+  return backend_->Shutdown(timeout);
 }
 
 void Client::Close() {
-  if (engine_) engine_->Close();
-  if (daemon_) daemon_->Close();
+  backend_->Close();
 }
 
 uint32_t Client::rank() const {
-  return daemon_ ? daemon_->node_rank() : engine_->rank();
+  return backend_->rank();
 }
 uint32_t Client::num_workers() const {
-  return daemon_ ? daemon_->num_nodes() : engine_->num_workers();
+  return backend_->num_workers();
 }
 uint32_t Client::num_servers() const {
-  return daemon_ ? 0 : engine_->num_servers();
+  return backend_->num_servers();
 }
 Status Client::status() const {
-  return daemon_ ? daemon_->status() : engine_->status();
+  return backend_->status();
 }
 ClientStats Client::stats() const {
-  return daemon_ ? daemon_->stats() : engine_->stats();
+  return backend_->stats();
 }
 
 StatusOr<std::vector<float>> Client::ErrorFeedbackState(TensorId tensor) const {
-  if (daemon_) return daemon_->ErrorFeedbackState(tensor);
-  return engine_->ErrorFeedbackState(tensor);
+  return backend_->ErrorFeedbackState(tensor);
 }
 
 Status Client::RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved) {
-  if (daemon_) return daemon_->RestoreErrorFeedbackState(tensor, saved);
-  return engine_->RestoreErrorFeedbackState(tensor, saved);
+  return backend_->RestoreErrorFeedbackState(tensor, saved);
 }
 
 }  // namespace bitpush::worker

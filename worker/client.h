@@ -27,16 +27,16 @@
 // op_timeout — completes the handle with a Status naming the cause (the server, the tensor,
 // the partition); later calls return the sticky error when the cluster is gone.
 //
-// Modes (ClientOptions::mode): kEmbedded (the default) runs the worker engine inside this
-// process — one Client is one worker node of the cluster YAML. kDaemon connects to the node's
-// `bitpush-worker` daemon (worker/daemon.h, docs/local-ipc.md) as local rank `local_rank` of
-// `local_size` training processes: the daemon sums the node's processes locally and runs one
-// engine for the node, so `output` receives the average (or sum) over ALL processes of all
-// nodes. Same API; in daemon mode Barrier waits for every process of every node (the daemon
-// gathers its processes, then joins the cluster's worker barrier), num_servers() is 0 (unknown to a
-// training process), rank()/num_workers() are the node's rank and the number of nodes, a dead
-// daemon fails every pending and later call with Unavailable naming it, and every wait is
-// bounded (startup_timeout for Hello and declarations, the daemon's op_timeout + 2 s for a
+// Modes (ClientOptions::mode, one ClientBackend each: client_backend.h): kEmbedded (the default)
+// runs the worker engine inside this process — one Client is one worker node of the cluster YAML.
+// kDaemon connects to the node's `bitpush-worker` daemon (worker/daemon.h, docs/local-ipc.md) as
+// local rank `local_rank` of `local_size` training processes: the daemon sums the node's processes
+// locally and runs one engine for the node, so `output` receives the average (or sum) over ALL
+// processes of all nodes. Same API; in daemon mode Barrier waits for every process of every node
+// (the daemon gathers its processes, then joins the cluster's worker barrier), num_servers() is 0
+// (unknown to a training process), rank()/num_workers() are the node's rank and the number of
+// nodes, a dead daemon fails every pending and later call with Unavailable naming it, and every
+// wait is bounded (startup_timeout for Hello and declarations, the daemon's op_timeout + 2 s for a
 // push_pull).
 //
 // Thread-safety: every method may be called from any thread. One push_pull per tensor may
@@ -49,6 +49,7 @@
 #include <memory>
 #include <string>
 
+#include "common/clock.h"
 #include "common/dtype.h"
 #include "common/status.h"
 #include "common/tensor_view.h"
@@ -57,8 +58,7 @@
 
 namespace bitpush::worker {
 
-class Engine;
-class DaemonClient;
+class ClientBackend;
 struct OpState;
 
 enum class ReduceOp { kAverage, kSum };
@@ -125,6 +125,9 @@ struct ClientOptions {
   // a mismatch).
   uint32_t local_rank = 0;
   uint32_t local_size = 1;
+  // Embedded mode: the clock of op deadlines, the declaration wait and the control plane's
+  // timers (EngineOptions::clock); null = the system clock. Tests pass a clock they advance.
+  std::shared_ptr<const Clock> clock;
 };
 
 struct ClientStats {
@@ -202,10 +205,9 @@ class Client {
   Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved);
 
  private:
-  explicit Client(std::unique_ptr<Engine> engine);
-  explicit Client(std::unique_ptr<DaemonClient> daemon);
-  std::unique_ptr<Engine> engine_;        // embedded mode
-  std::unique_ptr<DaemonClient> daemon_;  // daemon mode
+  explicit Client(std::unique_ptr<ClientBackend> backend);
+  // The node's engine (embedded) or its daemon connection (daemon mode): client_backend.h.
+  const std::unique_ptr<ClientBackend> backend_;
 };
 
 }  // namespace bitpush::worker
