@@ -177,6 +177,7 @@ Status ThreadCluster::Start() {
       o.cluster = options_.config;
       o.rank = w;
       o.inproc_hub = hub_;
+      o.clock = options_.worker_clock;
       StatusOr<std::unique_ptr<worker::Client>> made = worker::Client::Create(o);
       if (made.ok()) {
         workers_[w] = std::move(made).value();

@@ -74,6 +74,9 @@ struct ThreadClusterOptions {
   // Called on its own thread for each node Start does not start itself (a role switched off
   // above), concurrently with the others; its status is the node's start status.
   std::function<Status(v1::Role role, uint32_t rank)> custom_node;
+  // The clock of the worker Clients (op deadlines, the declaration wait, their control-plane
+  // timers); null = the system clock.
+  std::shared_ptr<const Clock> worker_clock;
 };
 
 class ThreadCluster {

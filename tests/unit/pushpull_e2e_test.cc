@@ -31,6 +31,7 @@
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_client.h"
 #include "server/server.h"
+#include "tests/harness/manual_clock.h"
 #include "tests/harness/reference_model.h"
 #include "tests/harness/test_cluster.h"
 #include "tests/unit/test_util.h"
@@ -71,6 +72,9 @@ struct ClusterOptions {
   uint32_t compress_threads = 1;
   // false: the test brings its own server endpoints (FakeServer).
   bool start_servers = true;
+  milliseconds heartbeat_timeout{500};
+  // The workers' clock; null = the system clock.
+  std::shared_ptr<const bitpush::Clock> worker_clock;
 };
 
 // The e2e tests' cluster: testing::ThreadCluster (tests/harness/test_cluster.h) built from
@@ -96,7 +100,7 @@ class TestCluster {
     t.servers = o.servers;
     t.workers = o.workers;
     t.heartbeat_interval = milliseconds(50);
-    t.heartbeat_timeout = milliseconds(500);
+    t.heartbeat_timeout = o.heartbeat_timeout;
     t.startup_timeout = milliseconds(5000);
     t.compression.spec = o.spec;
     t.compression.error_feedback = o.error_feedback;
@@ -111,6 +115,7 @@ class TestCluster {
     testing::ThreadClusterOptions c;
     c.config = testing::TestClusterConfig(t);
     c.start_servers = o.start_servers;
+    c.worker_clock = o.worker_clock;
     return c;
   }
 
@@ -687,6 +692,52 @@ TEST(PushPullE2e, OpTimeoutNamesTheTensorPartitionsAndServers) {
                 .code(),
             StatusCode::kTimeout);
   EXPECT_EQ(c.worker(0).stats().ops_failed, 2u);
+}
+
+// The same rule on a clock the test moves: the op fails when its deadline passes on the
+// worker's clock, not before, however long it sits in real time.
+TEST(PushPullE2e, OpTimeoutFollowsTheWorkersClock) {
+  auto clock = std::make_shared<testing::ManualClock>();
+  ClusterOptions o;
+  o.workers = 2;
+  o.servers = 1;
+  o.op_timeout = milliseconds(300);
+  // The workers' heartbeats follow their clock too: the scheduler must not mind the pauses.
+  o.heartbeat_timeout = milliseconds(60000);
+  o.worker_clock = clock;
+  TestCluster c(o);
+  // Registration and declarations with the clock following real time.
+  std::atomic<bool> ticking{true};
+  std::thread ticker([&] {
+    while (ticking) {
+      clock->Advance(milliseconds(1));
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+  });
+  const Status started = c.Start();
+  const size_t n = 3000;
+  std::vector<float> in(n, 1.0f), out(n);
+  std::vector<TensorId> ids(2);
+  OnEveryWorker(2, [&](uint32_t w) {
+    ids[w] = c.worker(w).Declare("late", n, DType::kFloat32).value();
+    EXPECT_TRUE(c.worker(w).CommitDeclarations().ok());
+  });
+  ticking = false;
+  ticker.join();
+  ASSERT_TRUE(started.ok()) << started.ToString();
+  // Worker 1 never pushes: worker 0's round cannot complete.
+  PushPullHandle h =
+      c.worker(0).PushPull(ids[0], ConstTensorView(in.data(), n), TensorView(out.data(), n));
+  EXPECT_EQ(h.Wait(milliseconds(400)).code(), StatusCode::kTimeout);  // only Wait's own bound
+  EXPECT_FALSE(h.Ready()) << "failed after 400 ms of real time with the clock standing still";
+  clock->Advance(milliseconds(250));
+  EXPECT_EQ(h.Wait(milliseconds(100)).code(), StatusCode::kTimeout);
+  EXPECT_FALSE(h.Ready()) << "failed 250 ms into a 300 ms op_timeout";
+  clock->Advance(milliseconds(100));
+  const Status s = h.Wait(milliseconds(10000));
+  EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.ToString();
+  EXPECT_CONTAINS(s.message(), "tensor 'late'");
+  EXPECT_CONTAINS(s.message(), "pushed round 0, no reply");
 }
 
 TEST(PushPullE2e, DeadServerFailsPendingHandlesNamingIt) {
