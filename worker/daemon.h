@@ -27,7 +27,7 @@
 // the node: its segments are unlinked at once, the pending rounds of the others fail with
 // Unavailable naming it ("local rank 1 (pid 4711)"), every other process gets LocalGoodbye with
 // that reason, the engine is closed (the cluster sees this worker gone) and Run returns the
-// error (bitpush-worker exits 1). No fault tolerance yet. The cluster failing (the
+// error (bitpush-worker exits 1): bitpush has no fault tolerance. The cluster failing (the
 // scheduler shut it down, a server died: the engine's sticky error) ends the node the same
 // way within half a second, whether or not a push_pull is in flight. Stop() (SIGTERM) ends the same
 // way with reason "shutting down", and Run returns OK. A declaration difference does not end the
@@ -63,6 +63,17 @@
 // I/O and dispatcher threads are started pinned to it), reduce cores and compression cores;
 // the poll loop runs on the caller's thread, unpinned.
 //
+// Pieces (one file each, named after what they do): worker/daemon.cc composes them and owns the
+// life cycle (Create, Run's poll loop, Stop, FailNode); daemon/session.cc (accepting training
+// processes, reading their messages, Hello, dropping a connection); daemon/declarations.cc
+// (gathering a tensor's declarations, the engine declaration for the node, the verdict);
+// daemon/gather.cc (checking and keeping each process's push_pull of a round, handing the
+// gathered round on, the gathering bound); daemon/round_executor.cc (the round and completion
+// threads); daemon/error_feedback.cc (the node residual's reads and restores); and two pieces
+// with their own state and threads: NodeBarrier (daemon/node_barrier.h, the barrier thread)
+// and GpuRounds (daemon/gpu_rounds.h, the NCCL group of the node's GPUs). The connection and
+// tensor state they share is daemon/daemon_state.h.
+//
 // Threads (docs/threading.md, "Worker daemon"): the caller of Run is the poll loop (listener,
 // every channel, a wake eventfd; it owns the connections and the tensors' gathering state);
 // "bp-dround" reduces and starts push_pulls; completion_threads x "bp-ddone" each take the next
@@ -90,6 +101,8 @@
 #include "common/status.h"
 #include "scheduler/cluster_config.h"
 #include "worker/client.h"
+#include "worker/daemon/gpu_rounds.h"
+#include "worker/daemon/node_barrier.h"
 #include "worker/daemon_client.h"
 #include "worker/engine.h"
 #include "worker/gpu/device_memory.h"
@@ -174,11 +187,6 @@ class Daemon {
     bool declare = false;  // not a round: declare `tensor` in the engine (DeclareForNode)
   };
 
-  struct BarrierJob {
-    uint64_t seq = 0;
-    std::vector<std::shared_ptr<ipc::Channel>> channels;  // every local process
-  };
-
   explicit Daemon(DaemonOptions options);
 
   // Poll loop (Run's thread).
@@ -188,7 +196,6 @@ class Daemon {
   void OnHello(Conn& c, const v1::LocalHello& h);
   void OnDeclare(Conn& c, const v1::LocalDeclare& d);
   void OnPushPull(Conn& c, const v1::LocalPushPull& p);
-  void OnBarrier(Conn& c, uint64_t seq);
   // Reads or restores the node's worker residual of a tensor through the sender's shared memory
   // (LocalErrorFeedback; see "Error-feedback state" above).
   void OnErrorFeedback(Conn& c, const v1::LocalErrorFeedback& e);
@@ -205,7 +212,6 @@ class Daemon {
   // verdict, engine id, node buffer). Poll loop: the verdict to the processes.
   void DeclareForNode(TensorState& t);
   void FinishDeclaration(TensorState& t);
-  void SendBarrierDone(ipc::Channel& ch, uint64_t seq, const Status& s);
   void MaybeDispatch(TensorState& t);
   void CheckGatherDeadlines();
   void FailNode(const Status& error, const Conn* dead);
@@ -215,14 +221,11 @@ class Daemon {
 
   // Round and completion threads.
   void RoundLoop();
-  // The GPU path of a CUDA tensor's round (round thread): FP16 cast + NCCL reduce to the root
-  // GPU + copy to pinned host memory, then fp32 x scale into the node buffer.
+  // The GPU path of a CUDA tensor's round (GpuRounds): the node's sum before the push (round
+  // thread), the result back to every process's GPU after the pull (completion thread).
   Status GpuReduce(RoundJob& job);
-  // After the pull (completion thread): fp16 into pinned memory, to the root GPU, NCCL
-  // broadcast, cast back into every process's staging buffer.
   Status GpuBroadcast(RoundJob& job);
   void DoneLoop();
-  void BarrierLoop();
 
   DaemonOptions options_;
   std::string socket_path_;
@@ -250,10 +253,6 @@ class Daemon {
   Status decl_error_;
   std::chrono::steady_clock::time_point decl_error_deadline_;
   std::set<uint32_t> joined_;  // local ranks that ever joined
-  // Barriers: the one being gathered (barrier_seq_) and early entrants of the next.
-  uint64_t barrier_seq_ = 0;
-  std::vector<std::shared_ptr<ipc::Channel>> barrier_waiting_;
-  std::vector<std::shared_ptr<ipc::Channel>> barrier_next_;
   bool ended_ = false;
   Status end_status_;
 
@@ -261,23 +260,18 @@ class Daemon {
   std::mutex mu_;
   std::condition_variable round_cv_;
   std::condition_variable done_cv_;
-  std::deque<std::unique_ptr<RoundJob>> round_queue_;      // guarded by mu_
-  std::deque<std::unique_ptr<RoundJob>> done_queue_;       // guarded by mu_
-  std::deque<std::unique_ptr<BarrierJob>> barrier_queue_;  // guarded by mu_
-  std::condition_variable barrier_cv_;
-  std::vector<TensorState*> finished_;  // guarded by mu_: rounds answered
-  std::vector<TensorState*> declared_;  // guarded by mu_: engine declarations done
-  Status node_error_;                   // guarded by mu_
-  bool stop_threads_ = false;           // guarded by mu_: round thread
-  bool stop_done_ = false;              // guarded by mu_: completion thread
+  std::deque<std::unique_ptr<RoundJob>> round_queue_;  // guarded by mu_
+  std::deque<std::unique_ptr<RoundJob>> done_queue_;   // guarded by mu_
+  std::vector<TensorState*> finished_;                 // guarded by mu_: rounds answered
+  std::vector<TensorState*> declared_;                 // guarded by mu_: engine declarations done
+  Status node_error_;                                  // guarded by mu_
+  bool stop_threads_ = false;                          // guarded by mu_: round thread
+  bool stop_done_ = false;                             // guarded by mu_: completion thread
   std::thread round_thread_;
-  std::thread barrier_thread_;
-  // The GPU path (CUDA tensors): one NCCL group over the local processes' GPUs (local-rank
-  // order), created at the first GPU round. gpu_mu_ serialises its collectives (the round
-  // thread's reduces and the completion threads' broadcasts).
-  std::mutex gpu_mu_;
-  std::unique_ptr<gpu::LocalGpuGroup> gpu_group_;  // guarded by gpu_mu_
-  std::vector<int> gpu_devices_;                   // guarded by gpu_mu_
+  // Barriers: gathered on the poll loop, the cluster's barrier on its own thread.
+  std::unique_ptr<NodeBarrier> barrier_;
+  // The GPU path (CUDA tensors): gpu_rounds.h.
+  std::unique_ptr<GpuRounds> gpu_;
   std::vector<std::thread> done_threads_;
 };
 

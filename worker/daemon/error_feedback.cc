@@ -1,0 +1,114 @@
+// The daemon's error-feedback state: reads and restores of the node's worker residual for the
+// local processes (LocalErrorFeedback; "Error-feedback state" in worker/daemon.h). Poll loop.
+// (Members of worker::Daemon, worker/daemon.h; the shared state is worker/daemon/daemon_state.h.)
+#include <fmt/format.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <utility>
+
+#include "common/logging.h"
+#include "common/vector_ops.h"
+#include "worker/daemon.h"
+#include "worker/daemon/daemon_state.h"
+#include "worker/ipc/local_protocol.h"
+
+namespace bitpush::worker {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+}  // namespace
+
+bool Daemon::RoundInEngine(const TensorState& t) {
+  if (!t.in_flight) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  return t.rounds_ended <= t.flight_round;
+}
+
+void Daemon::OnErrorFeedback(Conn& c, const v1::LocalErrorFeedback& e) {
+  const char* what = e.restore() ? "restoring the error-feedback state" : "error-feedback state";
+  auto answer = [&](const Status& s, uint64_t values, bool applied) {
+    v1::LocalMessage m;
+    v1::LocalErrorFeedbackDone* d = m.mutable_error_feedback_done();
+    d->set_seq(e.seq());
+    d->set_tensor(e.tensor());
+    d->set_status_code(static_cast<uint32_t>(s.code()));
+    d->set_message(s.message());
+    d->set_values(values);
+    d->set_applied(applied);
+    const Status sent = ipc::SendLocalMessage(*c.channel, m);
+    if (!sent.ok()) BP_LOG_DEBUG("{}: {}", label_, sent.ToString());
+  };
+  auto refuse = [&](const Status& s) { answer(s, 0, false); };
+  if (e.tensor() >= tensors_.size() || !tensors_[e.tensor()]->decided) {
+    return refuse(NotFoundError(
+        fmt::format("{}: {} of tensor #{} asked by {}: no such tensor declared by every local "
+                    "process",
+                    label_, what, e.tensor(), c.who)));
+  }
+  TensorState& t = *tensors_[e.tensor()];
+  const std::string name = t.first.name();
+  if (!t.verdict.ok()) return refuse(t.verdict);
+  if (!t.error.ok()) return refuse(t.error);
+  if (c.local_rank < t.present.size() && t.present[c.local_rank]) {
+    return refuse(FailedPreconditionError(
+        fmt::format("{}: {} of tensor '{}' asked by {}: its push_pull of round {} is in flight "
+                    "(handed in, waiting for the other local processes)",
+                    label_, what, name, c.who, t.round)));
+  }
+  if (RoundInEngine(t)) {
+    return refuse(FailedPreconditionError(
+        fmt::format("{}: {} of tensor '{}' asked by {}: round {} of it is in flight", label_, what,
+                    name, c.who, t.flight_round)));
+  }
+  const std::string slice_what = fmt::format("{}: {} of tensor '{}' ({} x float32) asked by {}",
+                                             label_, what, name, t.elements, c.who);
+  StatusOr<std::shared_ptr<ipc::ShmSegment>> seg =
+      MapSlice(c, e.slice(), t.elements * sizeof(float), slice_what);
+  if (!seg.ok()) return refuse(seg.status());
+  float* values =
+      reinterpret_cast<float*>(static_cast<uint8_t*>((*seg)->data()) + e.slice().offset());
+  if (!e.restore()) {
+    StatusOr<std::vector<float>> state = engine_->ErrorFeedbackState(t.engine_id);
+    if (!state.ok()) return refuse(state.status().WithContext(label_));
+    if (state->size() > t.elements) {
+      return refuse(
+          InternalError(fmt::format("{}: tensor '{}' keeps {} residual values for {} "
+                                    "elements",
+                                    label_, name, state->size(), t.elements)));
+    }
+    if (!state->empty()) std::memcpy(values, state->data(), state->size() * sizeof(float));
+    return answer(Status::Ok(), state->size(), false);
+  }
+  if (e.values() > t.elements) {
+    return refuse(InvalidArgumentError(
+        fmt::format("{}: {} values given, the tensor has {}", slice_what, e.values(), t.elements)));
+  }
+  const Span<const float> saved(values, e.values());
+  if (c.local_rank == 0) {
+    const Status s = engine_->RestoreErrorFeedbackState(t.engine_id, saved);
+    return s.ok() ? answer(s, e.values(), true) : refuse(s.WithContext(label_));
+  }
+  // Not local rank 0: checked like rank 0's (the size the tensor keeps), not applied.
+  StatusOr<std::vector<float>> kept = engine_->ErrorFeedbackState(t.engine_id);
+  if (!kept.ok()) return refuse(kept.status().WithContext(label_));
+  if (kept->empty() && !saved.empty()) {
+    return refuse(InvalidArgumentError(fmt::format(
+        "{}: it keeps no worker residual (uncompressed, or compression.error_feedback keeps none "
+        "on workers) but {} values were given",
+        slice_what, saved.size())));
+  }
+  if (!kept->empty() && saved.size() != kept->size()) {
+    return refuse(InvalidArgumentError(fmt::format("{}: {} values given, the tensor has {}",
+                                                   slice_what, saved.size(), t.elements)));
+  }
+  answer(Status::Ok(), e.values(), false);
+}
+
+}  // namespace bitpush::worker
