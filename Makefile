@@ -1,7 +1,8 @@
 # bitpush — top-level commands. `make test` on a fresh machine installs the Debian packages,
 # configures, builds and runs every test (unit tests via ctest in the release, ASan/UBSan and
 # TSan trees, then each fuzz target briefly) and the style checks (`make lint`).
-.PHONY: all deps configure build test unit asan asan-build tsan tsan-build fuzz bench demo lint clean
+.PHONY: all deps configure build test unit asan asan-build tsan tsan-build fuzz bench demo lint clean \
+  config-docs
 
 BUILD      ?= build
 FUZZ_BUILD ?= build-fuzz
@@ -67,6 +68,13 @@ demo: configure
 	cmake --build $(BUILD) -j $(JOBS) --target $(DEMO_TARGETS)
 	./$(BUILD)/bin/bitpush launch --config deploy/examples/local.yaml -- \
 	  /usr/bin/python3 examples/train_digits.py --optimizer clan --compression onebit --epochs 40
+
+# The key tables of docs/config.md, regenerated from the knob table (scheduler/cluster_knobs.cc);
+# the ctest test config_docs fails while they disagree.
+config-docs:
+	test -f $(BUILD)/build.ninja || $(MAKE) configure
+	cmake --build $(BUILD) --target bitpush-config-docs
+	./$(BUILD)/bin/bitpush-config-docs update docs/config.md
 
 # Style: clang-format (no changes allowed) and clang-tidy (.clang-tidy; any warning fails) over
 # the C++ sources, JOBS files at a time. Needs the release tree's compile_commands.json.

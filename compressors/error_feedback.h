@@ -6,7 +6,7 @@
 // CreateErrorFeedback), so a method with its own kind of error feedback brings it in its
 // folder.
 //
-// ResidualState is vanilla error feedback, the state of every method today: an fp32 residual
+// ResidualState is vanilla error feedback, the state every method keeps: an fp32 residual
 // e, updated through the compressor's fused kernels: q = x + e; send C(q); e <- q - C(q).
 //   - worker residual: x is the worker's (locally reduced) gradient partition;
 //   - server residual: x is the aggregate of the decompressed pushes (Algorithm 4's ẽ);

@@ -5,72 +5,24 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cmath>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
-#include <sstream>
 
-#include "compressors/registry.h"
+#include "compressors/spec_registry.h"
 #include "fmt/format.h"
+#include "scheduler/cluster_knobs.h"
 
 namespace bitpush::scheduler {
 
 namespace {
 
-constexpr int64_t kMaxHeartbeatIntervalMs = 60000;
-constexpr int64_t kMaxHeartbeatTimeoutMs = 3600000;
-constexpr double kMaxStartupTimeoutS = 86400;
-constexpr uint64_t kMaxLocalSize = 1024;
-// sun_path holds 108 bytes including the terminating NUL.
-constexpr size_t kMaxSocketPath = 107;
 // Host entries of cluster.servers / cluster.workers without `port:` take ports from here on,
 // host by host (docs/config.md).
 constexpr uint64_t kDefaultServerPort = 9100;
 constexpr uint64_t kDefaultWorkerPort = 9200;
-constexpr uint64_t kMaxNodesPerEntry = 1024;
 constexpr uint64_t kMaxGpusPerNode = 1024;
-
-// ---- rules shared by the YAML parser and ValidateClusterConfig (each returns "" if fine) ----
-
-std::string CheckHeartbeatInterval(int64_t ms) {
-  if (ms < 1 || ms > kMaxHeartbeatIntervalMs) {
-    return fmt::format("must be 1..{} (milliseconds), got {}", kMaxHeartbeatIntervalMs, ms);
-  }
-  return "";
-}
-
-std::string CheckHeartbeatTimeout(int64_t timeout_ms, int64_t interval_ms) {
-  if (timeout_ms < 1 || timeout_ms > kMaxHeartbeatTimeoutMs) {
-    return fmt::format("must be 1..{} (milliseconds), got {}", kMaxHeartbeatTimeoutMs, timeout_ms);
-  }
-  if (timeout_ms < 2 * interval_ms) {
-    return fmt::format(
-        "must be at least 2 x cluster.heartbeat_interval_ms ({} ms) so one late heartbeat is "
-        "not a death, got {}",
-        2 * interval_ms, timeout_ms);
-  }
-  return "";
-}
-
-std::string CheckStartupTimeoutMs(int64_t ms) {
-  if (ms < 1 || ms > static_cast<int64_t>(kMaxStartupTimeoutS * 1000)) {
-    return fmt::format("must be > 0 and <= {} (seconds), got {} ms", kMaxStartupTimeoutS, ms);
-  }
-  return "";
-}
-
-std::string CheckTransport(const std::string& t) {
-  if (t != "zmq" && t != "inproc") {
-    return fmt::format("unknown transport '{}'; valid: zmq, inproc", t);
-  }
-  return "";
-}
-
-std::string CheckPartitionBytes(uint64_t v) {
-  if (v == 0) return "must be > 0 (bytes)";
-  return "";
-}
 
 bool ParseUint(std::string_view text, uint64_t* out) {
   if (text.empty()) return false;
@@ -79,24 +31,11 @@ bool ParseUint(std::string_view text, uint64_t* out) {
   return ec == std::errc() && p == end;
 }
 
-bool ParseDouble(const std::string& text, double* out) {
-  if (text.empty()) return false;
-  std::istringstream in(text);
-  in.imbue(std::locale::classic());
-  in >> *out;
-  return !in.fail() && in.peek() == std::char_traits<char>::eof() && std::isfinite(*out);
-}
-
-// The host of a normalised address ("tcp://h:1" -> "h", "tcp://[::1]:1" -> "[::1]"); every
-// ipc:// and inproc:// address is on this host ("").
-std::string HostOf(const std::string& url) {
-  if (url.rfind("tcp://", 0) != 0) return "";
-  return url.substr(6, url.rfind(':') - 6);
-}
-
 // ---- YAML walking ----
 
-// One parse: the source name for messages and the first error met.
+// One parse: the source name for messages, the addresses taken so far and the first error met.
+// The keys of each section and how each scalar is parsed come from the knob table
+// (cluster_knobs.h); the structured keys have their own code here.
 class Parser {
  public:
   explicit Parser(std::string source) : source_(std::move(source)) {}
@@ -120,38 +59,40 @@ class Parser {
     YAML::Mark key_mark;
     YAML::Node value;
   };
-  // The entries of a mapping, rejecting non-scalar keys, duplicates and unknown names.
+  using EntryMap = std::map<std::string, Entry>;
+  // The entries of a mapping, rejecting non-scalar keys, duplicates and names not in `known`
+  // (listed in that order in the message).
   Status Entries(const YAML::Node& map, const YAML::Mark& map_mark, const std::string& prefix,
-                 const std::set<std::string>& known, std::map<std::string, Entry>* out);
+                 const std::vector<std::string>& known, EntryMap* out);
 
   Status Scalar(const Entry& e, const std::string& key, std::string* out) const;
   Status Uint(const Entry& e, const std::string& key, uint64_t* out) const;
   Status Address(const YAML::Node& node, const YAML::Mark& fallback, const std::string& key,
                  const std::string& backend, std::string* out) const;
 
-  Status ParseCluster(const Entry& section, ClusterConfig* c);
+  // One section: its scalar knobs by their type, then its structured knobs, then the rules
+  // of the knobs the file gives.
+  Status ParseSection(const std::string& section, const Entry& e, ClusterConfig* c);
+  Status ParseStructured(const ClusterKnob& knob, const Entry& e, const EntryMap& section,
+                         ClusterConfig* c);
   // cluster.servers / cluster.workers: a list of addresses and host entries, or one host
-  // entry (a mapping). Appends to c->servers or c->workers (and c->worker_nodes); `owner`
-  // maps each address to the key that took it.
-  Status ParseNodes(const Entry& e, bool servers, ClusterConfig* c,
-                    std::map<std::string, std::string>* owner);
+  // entry (a mapping). Appends to c->servers or c->workers (and c->worker_nodes).
+  Status ParseNodes(const Entry& e, bool servers, ClusterConfig* c);
   // One host entry ({host|hosts, count, port[, processes, gpus]}) at `key`.
   Status ParseHostEntry(const YAML::Node& node, const YAML::Mark& fallback, const std::string& key,
-                        bool servers, ClusterConfig* c, std::map<std::string, uint64_t>* next_port,
-                        std::map<std::string, std::string>* owner);
+                        bool servers, ClusterConfig* c, std::map<std::string, uint64_t>* next_port);
   Status ParseGpus(const Entry& e, const std::string& key, std::vector<uint32_t>* out) const;
-  Status ParseCompression(const Entry& section, ClusterConfig* c);
-  Status ParseServer(const Entry& section, ClusterConfig* c);
-  Status ParseWorker(const Entry& section, ClusterConfig* c);
-  // "auto" -> 0, else an integer in [1, max].
-  Status AutoCount(const Entry& e, const std::string& key, uint32_t max, uint32_t* out) const;
+  Status ParseOverrides(const Entry& e, ClusterConfig* c);
   Status ReadTokenFile(const Entry& e, std::string* out) const;
 
   const std::string source_;
+  // Addresses are unique across the cluster (one listener per address): address -> the key
+  // that took it.
+  std::map<std::string, std::string> owner_;
 };
 
 Status Parser::Entries(const YAML::Node& map, const YAML::Mark& map_mark, const std::string& prefix,
-                       const std::set<std::string>& known, std::map<std::string, Entry>* out) {
+                       const std::vector<std::string>& known, EntryMap* out) {
   const std::string where = prefix.empty() ? "top level" : prefix;
   if (!map.IsMap()) {
     return Error(map, map_mark, where,
@@ -166,7 +107,7 @@ Status Parser::Entries(const YAML::Node& map, const YAML::Mark& map_mark, const 
     std::string full = prefix;
     if (!full.empty()) full += ".";
     full += name;
-    if (known.count(name) == 0) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
       return Error(k, map_mark, full,
                    fmt::format("unknown key; valid keys of {}: {}", where, valid));
     }
@@ -231,94 +172,84 @@ Status Parser::ReadTokenFile(const Entry& e, std::string* out) const {
   return Status::Ok();
 }
 
-Status Parser::ParseCluster(const Entry& section, ClusterConfig* c) {
-  std::map<std::string, Entry> m;
-  BP_RETURN_IF_ERROR(Entries(section.value, section.key_mark, "cluster",
-                             {"scheduler", "transport", "token", "token_file", "servers", "workers",
-                              "heartbeat_interval_ms", "heartbeat_timeout_ms", "startup_timeout_s"},
-                             &m));
-  for (const char* required : {"scheduler", "servers", "workers"}) {
-    if (m.count(required) == 0) {
-      return Error(section.value, section.key_mark, std::string("cluster.") + required,
-                   "is required");
+Status Parser::ParseSection(const std::string& section, const Entry& e, ClusterConfig* c) {
+  EntryMap m;
+  BP_RETURN_IF_ERROR(Entries(e.value, e.key_mark, section, SectionKeys(section), &m));
+  std::vector<const ClusterKnob*> knobs;
+  for (const ClusterKnob& k : ClusterKnobs()) {
+    if (k.spec.section() == section) knobs.push_back(&k);
+  }
+  for (const ClusterKnob* k : knobs) {
+    if (k->spec.required && m.count(k->spec.key()) == 0) {
+      return Error(e.value, e.key_mark, k->spec.path, "is required");
     }
   }
-  if (auto it = m.find("transport"); it != m.end()) {
-    BP_RETURN_IF_ERROR(Scalar(it->second, "cluster.transport", &c->transport));
-    if (std::string p = CheckTransport(c->transport); !p.empty()) {
-      return Error(it->second.value, it->second.key_mark, "cluster.transport", p);
-    }
-  }
-  if (m.count("token") && m.count("token_file")) {
-    return Error(m["token_file"].value, m["token_file"].key_mark, "cluster.token_file",
-                 "set either cluster.token or cluster.token_file, not both");
-  }
-  if (auto it = m.find("token"); it != m.end()) {
-    BP_RETURN_IF_ERROR(Scalar(it->second, "cluster.token", &c->token));
-    if (c->token.empty()) {
-      return Error(it->second.value, it->second.key_mark, "cluster.token", "is empty");
-    }
-  }
-  if (auto it = m.find("token_file"); it != m.end()) {
-    BP_RETURN_IF_ERROR(ReadTokenFile(it->second, &c->token));
-  }
-
-  // Addresses: normalised, and unique across the cluster (one listener per address).
-  std::map<std::string, std::string> owner;  // address -> key that uses it
-  const Entry& sched = m["scheduler"];
-  BP_RETURN_IF_ERROR(Address(sched.value, sched.key_mark, "cluster.scheduler", c->transport,
-                             &c->scheduler_address));
-  owner[c->scheduler_address] = "cluster.scheduler";
-  BP_RETURN_IF_ERROR(ParseNodes(m["servers"], /*servers=*/true, c, &owner));
-  BP_RETURN_IF_ERROR(ParseNodes(m["workers"], /*servers=*/false, c, &owner));
-
-  uint64_t interval = c->heartbeat_interval.count();
-  if (auto it = m.find("heartbeat_interval_ms"); it != m.end()) {
-    BP_RETURN_IF_ERROR(Uint(it->second, "cluster.heartbeat_interval_ms", &interval));
-    if (std::string p =
-            CheckHeartbeatInterval(static_cast<int64_t>(std::min<uint64_t>(interval, INT64_MAX)));
-        !p.empty()) {
-      return Error(it->second.value, it->second.key_mark, "cluster.heartbeat_interval_ms", p);
-    }
-    c->heartbeat_interval = std::chrono::milliseconds(interval);
-  }
-  if (auto it = m.find("heartbeat_timeout_ms"); it != m.end()) {
-    uint64_t timeout = 0;
-    BP_RETURN_IF_ERROR(Uint(it->second, "cluster.heartbeat_timeout_ms", &timeout));
-    if (std::string p = CheckHeartbeatTimeout(
-            static_cast<int64_t>(std::min<uint64_t>(timeout, INT64_MAX)), interval);
-        !p.empty()) {
-      return Error(it->second.value, it->second.key_mark, "cluster.heartbeat_timeout_ms", p);
-    }
-    c->heartbeat_timeout = std::chrono::milliseconds(timeout);
-  } else if (std::string p = CheckHeartbeatTimeout(c->heartbeat_timeout.count(), interval);
-             !p.empty()) {
-    return Error(m["heartbeat_interval_ms"].value, m["heartbeat_interval_ms"].key_mark,
-                 "cluster.heartbeat_interval_ms",
-                 fmt::format("is too long for the default cluster.heartbeat_timeout_ms ({}): {}",
-                             c->heartbeat_timeout.count(), p));
-  }
-  if (auto it = m.find("startup_timeout_s"); it != m.end()) {
+  // Scalars first: the structured keys may depend on them (addresses on cluster.transport).
+  for (const ClusterKnob* k : knobs) {
+    auto it = m.find(k->spec.key());
+    if (it == m.end() || k->spec.structured()) continue;
     std::string text;
-    BP_RETURN_IF_ERROR(Scalar(it->second, "cluster.startup_timeout_s", &text));
-    double seconds = 0;
-    if (!ParseDouble(text, &seconds) || seconds <= 0 || seconds > kMaxStartupTimeoutS) {
-      return Error(it->second.value, it->second.key_mark, "cluster.startup_timeout_s",
-                   fmt::format("expected a number of seconds > 0 and <= {}, got '{}'",
-                               kMaxStartupTimeoutS, text));
+    BP_RETURN_IF_ERROR(Scalar(it->second, k->spec.path, &text));
+    StatusOr<config::KnobValue> v = config::ParseKnobValue(k->spec, text);
+    if (!v.ok()) {
+      return Error(it->second.value, it->second.key_mark, k->spec.path, v.status().message());
     }
-    c->startup_timeout =
-        std::chrono::milliseconds(std::max<int64_t>(1, std::llround(seconds * 1000)));
+    k->set(c, *v);
+  }
+  for (const ClusterKnob* k : knobs) {
+    auto it = m.find(k->spec.key());
+    if (it != m.end() && k->spec.structured()) {
+      BP_RETURN_IF_ERROR(ParseStructured(*k, it->second, m, c));
+    }
+  }
+  for (const ClusterKnob* k : knobs) {
+    auto it = m.find(k->spec.key());
+    if (k->rule == nullptr || it == m.end()) continue;
+    if (std::string p = k->rule(*c); !p.empty()) {
+      return Error(it->second.value, it->second.key_mark, k->spec.path, p);
+    }
+  }
+  // The default cluster.heartbeat_timeout_ms may be too short for the interval the file gives:
+  // name the key the file has.
+  if (auto it = m.find("heartbeat_interval_ms");
+      section == "cluster" && it != m.end() && m.count("heartbeat_timeout_ms") == 0) {
+    const ClusterKnob* timeout = FindClusterKnob("cluster.heartbeat_timeout_ms");
+    if (std::string p = timeout->rule(*c); !p.empty()) {
+      return Error(it->second.value, it->second.key_mark, "cluster.heartbeat_interval_ms",
+                   fmt::format("is too long for the default {} ({}): {}", timeout->spec.path,
+                               timeout->spec.default_text, p));
+    }
   }
   return Status::Ok();
 }
 
-Status Parser::ParseNodes(const Entry& e, bool servers, ClusterConfig* c,
-                          std::map<std::string, std::string>* owner) {
+Status Parser::ParseStructured(const ClusterKnob& knob, const Entry& e, const EntryMap& section,
+                               ClusterConfig* c) {
+  const std::string& path = knob.spec.path;
+  if (path == "cluster.scheduler") {
+    BP_RETURN_IF_ERROR(Address(e.value, e.key_mark, path, c->transport, &c->scheduler_address));
+    owner_[c->scheduler_address] = path;
+    return Status::Ok();
+  }
+  if (path == "cluster.token_file") {
+    if (section.count("token") != 0) {
+      return Error(e.value, e.key_mark, path,
+                   "set either cluster.token or cluster.token_file, not both");
+    }
+    return ReadTokenFile(e, &c->token);
+  }
+  if (path == "cluster.servers" || path == "cluster.workers") {
+    return ParseNodes(e, path == "cluster.servers", c);
+  }
+  if (path == "compression.overrides") return ParseOverrides(e, c);
+  return InternalError(path + " is declared structured but the parser has no code for it");
+}
+
+Status Parser::ParseNodes(const Entry& e, bool servers, ClusterConfig* c) {
   const std::string key = servers ? "cluster.servers" : "cluster.workers";
   std::map<std::string, uint64_t> next_port;  // host -> its next default port
   if (e.value.IsMap()) {
-    BP_RETURN_IF_ERROR(ParseHostEntry(e.value, e.key_mark, key, servers, c, &next_port, owner));
+    BP_RETURN_IF_ERROR(ParseHostEntry(e.value, e.key_mark, key, servers, c, &next_port));
   } else if (e.value.IsSequence()) {
     if (e.value.size() == 0) {
       return Error(e.value, e.key_mark, key, "needs at least one address or host");
@@ -327,17 +258,16 @@ Status Parser::ParseNodes(const Entry& e, bool servers, ClusterConfig* c,
       const YAML::Node item = e.value[i];
       const std::string item_key = fmt::format("{}[{}]", key, i);
       if (item.IsMap()) {
-        BP_RETURN_IF_ERROR(
-            ParseHostEntry(item, e.key_mark, item_key, servers, c, &next_port, owner));
+        BP_RETURN_IF_ERROR(ParseHostEntry(item, e.key_mark, item_key, servers, c, &next_port));
         continue;
       }
       std::string addr;
       BP_RETURN_IF_ERROR(Address(item, e.key_mark, item_key, c->transport, &addr));
-      if (auto o = owner->find(addr); o != owner->end()) {
+      if (auto o = owner_.find(addr); o != owner_.end()) {
         return Error(item, e.key_mark, item_key,
                      fmt::format("address {} is already used by {}", addr, o->second));
       }
-      (*owner)[addr] = item_key;
+      owner_[addr] = item_key;
       if (servers) {
         c->servers.push_back(addr);
       } else {
@@ -391,13 +321,10 @@ Status Parser::ParseGpus(const Entry& e, const std::string& key, std::vector<uin
 
 Status Parser::ParseHostEntry(const YAML::Node& node, const YAML::Mark& fallback,
                               const std::string& key, bool servers, ClusterConfig* c,
-                              std::map<std::string, uint64_t>* next_port,
-                              std::map<std::string, std::string>* owner) {
+                              std::map<std::string, uint64_t>* next_port) {
   std::map<std::string, Entry> m;
-  std::set<std::string> known = {"host", "hosts", "count", "port"};
-  if (!servers) known.insert({"processes", "gpus"});
   const YAML::Mark mark = node.Mark().is_null() ? fallback : node.Mark();
-  BP_RETURN_IF_ERROR(Entries(node, mark, key, known, &m));
+  BP_RETURN_IF_ERROR(Entries(node, mark, key, HostEntryKeys(servers), &m));
   if (c->transport != "zmq") {
     return Error(node, mark, key,
                  fmt::format("host entries need cluster.transport zmq (the transport is {}); "
@@ -429,9 +356,10 @@ Status Parser::ParseHostEntry(const YAML::Node& node, const YAML::Mark& fallback
   uint64_t count = 1;
   if (auto it = m.find("count"); it != m.end()) {
     BP_RETURN_IF_ERROR(Uint(it->second, key + ".count", &count));
-    if (count < 1 || count > kMaxNodesPerEntry) {
+    const config::KnobSpec& spec = *FindHostEntryKey(servers, "count");
+    if (count < spec.min || count > spec.max) {
       return Error(it->second.value, it->second.key_mark, key + ".count",
-                   fmt::format("expected 1..{} {} per host, got {}", kMaxNodesPerEntry,
+                   fmt::format("expected {}..{} {} per host, got {}", spec.min, spec.max,
                                servers ? "servers" : "worker nodes", count));
     }
   }
@@ -450,12 +378,14 @@ Status Parser::ParseHostEntry(const YAML::Node& node, const YAML::Mark& fallback
     BP_RETURN_IF_ERROR(ParseGpus(it->second, key + ".gpus", &w.gpus));
   }
   if (auto it = m.find("processes"); it != m.end()) {
-    uint64_t p = 0;
-    BP_RETURN_IF_ERROR(Uint(it->second, key + ".processes", &p));
-    if (p < 1 || p > kMaxLocalSize) {
-      return Error(it->second.value, it->second.key_mark, key + ".processes",
-                   fmt::format("expected 1..{} training processes, got {}", kMaxLocalSize, p));
+    std::string text;
+    BP_RETURN_IF_ERROR(Scalar(it->second, key + ".processes", &text));
+    StatusOr<config::KnobValue> v =
+        config::ParseKnobValue(*FindHostEntryKey(servers, "processes"), text);
+    if (!v.ok()) {
+      return Error(it->second.value, it->second.key_mark, key + ".processes", v.status().message());
     }
+    const uint64_t p = v->number;
     if (!w.gpus.empty() && p != w.gpus.size()) {
       return Error(it->second.value, it->second.key_mark, key + ".processes",
                    fmt::format("is {} but gpus gives {} device(s); one GPU per training process", p,
@@ -487,11 +417,11 @@ Status Parser::ParseHostEntry(const YAML::Node& node, const YAML::Mark& fallback
       StatusOr<std::string> addr =
           NormalizeAddress(fmt::format("{}:{}", host, first + j), c->transport);
       if (!addr.ok()) return Error(host_node, mark, host_key, addr.status().message());
-      if (auto o = owner->find(*addr); o != owner->end()) {
+      if (auto o = owner_.find(*addr); o != owner_.end()) {
         return Error(host_node, mark, node_key,
                      fmt::format("address {} is already used by {}", *addr, o->second));
       }
-      (*owner)[*addr] = node_key;
+      owner_[*addr] = node_key;
       if (servers) {
         c->servers.push_back(*addr);
       } else {
@@ -504,185 +434,43 @@ Status Parser::ParseHostEntry(const YAML::Node& node, const YAML::Mark& fallback
   return Status::Ok();
 }
 
-Status Parser::ParseCompression(const Entry& section, ClusterConfig* c) {
-  std::map<std::string, Entry> m;
-  BP_RETURN_IF_ERROR(Entries(
-      section.value, section.key_mark, "compression",
-      {"spec", "error_feedback", "min_compress_bytes", "partition_bytes", "overrides"}, &m));
-  CompressionSettings& s = c->compression;
-  if (auto it = m.find("overrides"); it != m.end()) {
-    const YAML::Node& list = it->second.value;
-    if (!list.IsSequence()) {
-      return Error(list, it->second.key_mark, "compression.overrides",
-                   "expected a list of {pattern: NAME-PATTERN, spec: SPEC}");
-    }
-    for (size_t i = 0; i < list.size(); ++i) {
-      const std::string key = fmt::format("compression.overrides[{}]", i);
-      std::map<std::string, Entry> o;
-      BP_RETURN_IF_ERROR(Entries(list[i], list[i].Mark(), key, {"pattern", "spec"}, &o));
-      CompressionSettings::Override ov;
-      for (const char* field : {"pattern", "spec"}) {
-        auto f = o.find(field);
-        if (f == o.end()) {
-          return Error(list[i], it->second.key_mark, key, fmt::format("needs '{}'", field));
-        }
-      }
-      BP_RETURN_IF_ERROR(Scalar(o.at("pattern"), key + ".pattern", &ov.pattern));
-      if (ov.pattern.empty()) {
-        return Error(o.at("pattern").value, o.at("pattern").key_mark, key + ".pattern",
-                     "must not be empty");
-      }
-      std::string text;
-      BP_RETURN_IF_ERROR(Scalar(o.at("spec"), key + ".spec", &text));
-      StatusOr<v1::CompressorConfig> cfg = compressors::ParseCompressorSpec(text);
-      if (!cfg.ok()) {
-        return Error(o.at("spec").value, o.at("spec").key_mark, key + ".spec",
-                     cfg.status().message());
-      }
-      ov.spec = compressors::CompressorSpecString(*cfg);
-      s.overrides.push_back(std::move(ov));
-    }
+Status Parser::ParseOverrides(const Entry& e, ClusterConfig* c) {
+  std::vector<std::string> entry_keys;
+  for (const config::KnobSpec& k : FindClusterKnob("compression.overrides")->spec.entry_keys) {
+    entry_keys.push_back(k.path);
   }
-  if (auto it = m.find("spec"); it != m.end()) {
-    std::string text;
-    BP_RETURN_IF_ERROR(Scalar(it->second, "compression.spec", &text));
-    StatusOr<v1::CompressorConfig> cfg = compressors::ParseCompressorSpec(text);
-    if (!cfg.ok()) {
-      return Error(it->second.value, it->second.key_mark, "compression.spec",
-                   cfg.status().message());
-    }
-    s.spec = compressors::CompressorSpecString(*cfg);
+  const config::KnobSpec& spec_knob = FindClusterKnob("compression.spec")->spec;
+  const YAML::Node& list = e.value;
+  if (!list.IsSequence()) {
+    return Error(list, e.key_mark, "compression.overrides",
+                 "expected a list of {pattern: NAME-PATTERN, spec: SPEC}");
   }
-  if (auto it = m.find("error_feedback"); it != m.end()) {
-    std::string text;
-    BP_RETURN_IF_ERROR(Scalar(it->second, "compression.error_feedback", &text));
-    StatusOr<v1::ErrorFeedbackPolicy> p = compressors::ParseErrorFeedbackPolicy(text);
-    if (!p.ok()) {
-      return Error(it->second.value, it->second.key_mark, "compression.error_feedback",
-                   p.status().message());
-    }
-    s.error_feedback = std::string(compressors::ErrorFeedbackPolicyName(*p));
-  }
-  if (auto it = m.find("min_compress_bytes"); it != m.end()) {
-    BP_RETURN_IF_ERROR(Uint(it->second, "compression.min_compress_bytes", &s.min_compress_bytes));
-  }
-  if (auto it = m.find("partition_bytes"); it != m.end()) {
-    BP_RETURN_IF_ERROR(Uint(it->second, "compression.partition_bytes", &s.partition_bytes));
-    if (std::string p = CheckPartitionBytes(s.partition_bytes); !p.empty()) {
-      return Error(it->second.value, it->second.key_mark, "compression.partition_bytes", p);
-    }
-  }
-  return Status::Ok();
-}
-
-Status Parser::AutoCount(const Entry& e, const std::string& key, uint32_t max,
-                         uint32_t* out) const {
-  std::string text;
-  BP_RETURN_IF_ERROR(Scalar(e, key, &text));
-  if (text == "auto") {
-    *out = 0;
-    return Status::Ok();
-  }
-  uint64_t v = 0;
-  if (!ParseUint(text, &v) || v < 1 || v > max) {
-    return Error(e.value, e.key_mark, key,
-                 fmt::format("expected 'auto' or an integer from 1 to {}, got '{}'", max, text));
-  }
-  *out = static_cast<uint32_t>(v);
-  return Status::Ok();
-}
-
-Status Parser::ParseServer(const Entry& section, ClusterConfig* c) {
-  std::map<std::string, Entry> m;
-  BP_RETURN_IF_ERROR(
-      Entries(section.value, section.key_mark, "server", {"engine_threads", "numa"}, &m));
-  if (auto it = m.find("engine_threads"); it != m.end()) {
-    BP_RETURN_IF_ERROR(
-        AutoCount(it->second, "server.engine_threads", 256, &c->server.engine_threads));
-  }
-  if (auto it = m.find("numa"); it != m.end()) {
-    std::string text;
-    BP_RETURN_IF_ERROR(Scalar(it->second, "server.numa", &text));
-    if (text != "auto" && text != "on" && text != "off") {
-      return Error(it->second.value, it->second.key_mark, "server.numa",
-                   fmt::format("unknown value '{}'; valid: auto, on, off", text));
-    }
-    c->server.numa = text;
-  }
-  return Status::Ok();
-}
-
-Status Parser::ParseWorker(const Entry& section, ClusterConfig* c) {
-  std::map<std::string, Entry> m;
-  BP_RETURN_IF_ERROR(Entries(section.value, section.key_mark, "worker",
-                             {"compress_threads", "credit_bytes", "local_size", "numa",
-                              "op_timeout_s", "reduce_threads", "socket"},
-                             &m));
-  WorkerSettings& w = c->worker;
-  if (auto it = m.find("reduce_threads"); it != m.end()) {
-    BP_RETURN_IF_ERROR(AutoCount(it->second, "worker.reduce_threads", 256, &w.reduce_threads));
-  }
-  if (auto it = m.find("numa"); it != m.end()) {
-    std::string text;
-    BP_RETURN_IF_ERROR(Scalar(it->second, "worker.numa", &text));
-    if (text != "auto" && text != "on" && text != "off") {
-      return Error(it->second.value, it->second.key_mark, "worker.numa",
-                   fmt::format("unknown value '{}'; valid: auto, on, off", text));
-    }
-    w.numa = text;
-  }
-  if (auto it = m.find("compress_threads"); it != m.end()) {
-    BP_RETURN_IF_ERROR(AutoCount(it->second, "worker.compress_threads", 256, &w.compress_threads));
-  }
-  if (auto it = m.find("credit_bytes"); it != m.end()) {
-    BP_RETURN_IF_ERROR(Uint(it->second, "worker.credit_bytes", &w.credit_bytes));
-    if (w.credit_bytes == 0) {
-      return Error(it->second.value, it->second.key_mark, "worker.credit_bytes", "must be > 0");
-    }
-  }
-  if (auto it = m.find("op_timeout_s"); it != m.end()) {
-    std::string text;
-    BP_RETURN_IF_ERROR(Scalar(it->second, "worker.op_timeout_s", &text));
-    double seconds = 0;
-    if (!ParseDouble(text, &seconds) || seconds <= 0 || seconds > kMaxStartupTimeoutS) {
-      return Error(it->second.value, it->second.key_mark, "worker.op_timeout_s",
-                   fmt::format("expected a number of seconds > 0 and <= {}, got '{}'",
-                               kMaxStartupTimeoutS, text));
-    }
-    w.op_timeout = std::chrono::milliseconds(std::max<int64_t>(1, std::llround(seconds * 1000)));
-  }
-  if (auto it = m.find("local_size"); it != m.end()) {
-    uint64_t v = 0;
-    BP_RETURN_IF_ERROR(Uint(it->second, "worker.local_size", &v));
-    if (v < 1 || v > kMaxLocalSize) {
-      return Error(it->second.value, it->second.key_mark, "worker.local_size",
-                   fmt::format("expected 1..{} training processes, got {}", kMaxLocalSize, v));
-    }
-    w.local_size = static_cast<uint32_t>(v);
-  }
-  if (auto it = m.find("socket"); it != m.end()) {
-    BP_RETURN_IF_ERROR(Scalar(it->second, "worker.socket", &w.socket));
-    const std::string longest =
-        w.SocketFor(static_cast<uint32_t>(std::max<size_t>(c->workers.size(), 1) - 1));
-    if (w.socket.empty() || longest.size() > kMaxSocketPath) {
-      return Error(
-          it->second.value, it->second.key_mark, "worker.socket",
-          fmt::format("expected a path of 1..{} bytes, got '{}'", kMaxSocketPath, longest));
-    }
-    if (w.socket.find("{rank}") == std::string::npos) {
-      // Worker nodes on one host would all listen at this path.
-      std::map<std::string, size_t> first_on_host;
-      for (size_t r = 0; r < c->workers.size(); ++r) {
-        const auto [at, fresh] = first_on_host.emplace(HostOf(c->workers[r]), r);
-        if (!fresh) {
-          return Error(it->second.value, it->second.key_mark, "worker.socket",
-                       fmt::format("workers {} and {} run on the same host, so their "
-                                   "bitpush-worker daemons would share '{}'; put {{rank}} in "
-                                   "the path (e.g. /run/bitpush/worker-{{rank}}.sock)",
-                                   at->second, r, w.socket));
-        }
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string key = fmt::format("compression.overrides[{}]", i);
+    EntryMap o;
+    BP_RETURN_IF_ERROR(Entries(list[i], list[i].Mark(), key, entry_keys, &o));
+    CompressionSettings::Override ov;
+    for (const char* field : {"pattern", "spec"}) {
+      auto f = o.find(field);
+      if (f == o.end()) {
+        return Error(list[i], e.key_mark, key, fmt::format("needs '{}'", field));
       }
     }
+    BP_RETURN_IF_ERROR(Scalar(o.at("pattern"), key + ".pattern", &ov.pattern));
+    if (ov.pattern.empty()) {
+      return Error(o.at("pattern").value, o.at("pattern").key_mark, key + ".pattern",
+                   "must not be empty");
+    }
+    std::string text;
+    BP_RETURN_IF_ERROR(Scalar(o.at("spec"), key + ".spec", &text));
+    // Canonical like compression.spec, by the same knob type.
+    StatusOr<config::KnobValue> spec = config::ParseKnobValue(spec_knob, text);
+    if (!spec.ok()) {
+      return Error(o.at("spec").value, o.at("spec").key_mark, key + ".spec",
+                   spec.status().message());
+    }
+    ov.spec = spec->text;
+    c->compression.overrides.push_back(std::move(ov));
   }
   return Status::Ok();
 }
@@ -705,22 +493,17 @@ StatusOr<ClusterConfig> Parser::Parse(std::string_view text) {
       return InvalidArgumentError(
           fmt::format("{}: empty config: the cluster section is required", source_));
     }
-    std::map<std::string, Entry> top;
-    BP_RETURN_IF_ERROR(
-        Entries(root, root.Mark(), "", {"cluster", "compression", "server", "worker"}, &top));
-    auto cl = top.find("cluster");
-    if (cl == top.end()) {
+    std::vector<std::string> sections = ClusterSections();
+    std::sort(sections.begin(), sections.end());
+    EntryMap top;
+    BP_RETURN_IF_ERROR(Entries(root, root.Mark(), "", sections, &top));
+    if (top.count("cluster") == 0) {
       return Error(root, root.Mark(), "cluster", "is required (the cluster section)");
     }
-    BP_RETURN_IF_ERROR(ParseCluster(cl->second, &c));
-    if (auto co = top.find("compression"); co != top.end()) {
-      BP_RETURN_IF_ERROR(ParseCompression(co->second, &c));
-    }
-    if (auto se = top.find("server"); se != top.end()) {
-      BP_RETURN_IF_ERROR(ParseServer(se->second, &c));
-    }
-    if (auto wo = top.find("worker"); wo != top.end()) {
-      BP_RETURN_IF_ERROR(ParseWorker(wo->second, &c));
+    for (const std::string& section : ClusterSections()) {
+      if (auto it = top.find(section); it != top.end()) {
+        BP_RETURN_IF_ERROR(ParseSection(section, it->second, &c));
+      }
     }
   } catch (const YAML::Exception& e) {
     // Not expected (the walk checks node types before access); never let it escape.
@@ -807,7 +590,13 @@ Status ValidateClusterConfig(const ClusterConfig& c) {
     return InvalidArgumentError(
         fmt::format("{}{}: {}", c.source.empty() ? "" : c.source + ": ", key, problem));
   };
-  if (std::string p = CheckTransport(c.transport); !p.empty()) return bad("cluster.transport", p);
+  // Every scalar knob: its type and bounds, with the parser's messages.
+  for (const ClusterKnob& k : ClusterKnobs()) {
+    if (k.get == nullptr) continue;
+    if (std::string p = config::CheckKnobValue(k.spec, k.get(c)); !p.empty()) {
+      return bad(k.spec.path, p);
+    }
+  }
   std::set<std::string> seen;
   auto check_address = [&](const std::string& key, const std::string& a) -> Status {
     StatusOr<std::string> n = NormalizeAddress(a, c.transport);
@@ -832,9 +621,10 @@ Status ValidateClusterConfig(const ClusterConfig& c) {
   for (size_t i = 0; i < c.worker_nodes.size(); ++i) {
     const WorkerNode& w = c.worker_nodes[i];
     const std::string key = fmt::format("cluster.workers[{}]", i);
-    if (w.processes > kMaxLocalSize) {
-      return bad(key + ".processes", fmt::format("expected 1..{} training processes, got {}",
-                                                 kMaxLocalSize, w.processes));
+    if (std::string p = config::CheckKnobValue(*FindHostEntryKey(false, "processes"),
+                                               config::KnobValue::Number(w.processes));
+        !p.empty()) {
+      return bad(key + ".processes", p);
     }
     if (!w.gpus.empty() && w.processes != w.gpus.size()) {
       return bad(key + ".processes",
@@ -845,38 +635,20 @@ Status ValidateClusterConfig(const ClusterConfig& c) {
       return bad(key + ".gpus", "lists a device twice (one GPU per training process)");
     }
   }
-  if (std::string p = CheckHeartbeatInterval(c.heartbeat_interval.count()); !p.empty()) {
-    return bad("cluster.heartbeat_interval_ms", p);
+  // The rules between knobs (heartbeat timeout vs interval, the daemon socket vs the workers).
+  for (const ClusterKnob& k : ClusterKnobs()) {
+    if (k.rule == nullptr) continue;
+    if (std::string p = k.rule(c); !p.empty()) return bad(k.spec.path, p);
   }
-  if (std::string p =
-          CheckHeartbeatTimeout(c.heartbeat_timeout.count(), c.heartbeat_interval.count());
-      !p.empty()) {
-    return bad("cluster.heartbeat_timeout_ms", p);
-  }
-  if (std::string p = CheckStartupTimeoutMs(c.startup_timeout.count()); !p.empty()) {
-    return bad("cluster.startup_timeout_s", p);
-  }
+  // Both parse: the knob checks above passed.
   StatusOr<v1::CompressorConfig> spec = compressors::ParseCompressorSpec(c.compression.spec);
-  if (!spec.ok()) return bad("compression.spec", spec.status().message());
-  if (compressors::CompressorSpecString(*spec) != c.compression.spec) {
-    return bad("compression.spec", fmt::format("'{}' is not canonical ('{}')", c.compression.spec,
-                                               compressors::CompressorSpecString(*spec)));
-  }
   StatusOr<v1::ErrorFeedbackPolicy> ef =
       compressors::ParseErrorFeedbackPolicy(c.compression.error_feedback);
+  if (!spec.ok()) return bad("compression.spec", spec.status().message());
   if (!ef.ok()) return bad("compression.error_feedback", ef.status().message());
-  if (spec->id() == v1::COMPRESSOR_ID_RANDOMK && spec->randomk().unbiased() &&
-      *ef != v1::ERROR_FEEDBACK_NONE) {
-    // Scaled random-k under error feedback: a kept element's residual becomes -(n/k - 1) q,
-    // so residuals grow without bound (to inf within ~100 rounds at k/n = 1/32).
-    return bad("compression.error_feedback",
-               fmt::format("'{}' with '{}' is refused: unbiased random-k is meant for "
-                           "error_feedback: none (Algorithm 3); its residual would grow without "
-                           "bound. Use error_feedback: none, or unbiased=false with error feedback",
-                           c.compression.error_feedback, c.compression.spec));
-  }
-  if (std::string p = CheckPartitionBytes(c.compression.partition_bytes); !p.empty()) {
-    return bad("compression.partition_bytes", p);
+  // What the method allows (its descriptor's rule, compressors/spec_registry.h).
+  if (Status s = compressors::ValidateErrorFeedback(*spec, *ef); !s.ok()) {
+    return bad("compression.error_feedback", s.message());
   }
   return Status::Ok();
 }
@@ -1019,76 +791,71 @@ std::string DescribeClusterConfig(const ClusterConfig& c) {
     for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
     return s + "]";
   };
-  std::string overrides = "[]";
-  if (!c.compression.overrides.empty()) {
-    overrides.clear();
-    for (const auto& o : c.compression.overrides) {
-      overrides += fmt::format("\n    - {{pattern: '{}', spec: '{}'}}", o.pattern, o.spec);
+  // The value of a structured knob; nullopt: not shown.
+  auto structured = [&](const std::string& path) -> std::optional<std::string> {
+    if (path == "cluster.scheduler") return c.scheduler_address;
+    if (path == "cluster.servers") return list(c.servers);
+    if (path == "cluster.workers") {
+      // Per worker node, when the host form set something:
+      // "\n    - tcp://gpu0:9200: 8 processes, gpus [0, 1]".
+      std::string nodes;
+      bool any_node_set = false;
+      for (uint32_t r = 0; r < c.workers.size(); ++r) {
+        any_node_set |= r < c.worker_nodes.size() &&
+                        (c.worker_nodes[r].processes != 0 || !c.worker_nodes[r].gpus.empty());
+      }
+      if (any_node_set) {
+        nodes = "\n  training_processes:    # per worker node";
+        for (uint32_t r = 0; r < c.workers.size(); ++r) {
+          const uint32_t p = c.ProcessesOnNode(r);
+          const std::vector<uint32_t>& g = c.GpusOnNode(r);
+          std::string gpus;
+          for (size_t i = 0; i < g.size(); ++i) gpus += (i ? ", " : "") + std::to_string(g[i]);
+          nodes += fmt::format("\n    - {}: {} processes, {}", c.workers[r],
+                               p == 0 ? std::string("auto") : std::to_string(p),
+                               g.empty() ? std::string("cpu") : "gpus [" + gpus + "]");
+        }
+      }
+      return list(c.workers) + nodes;
+    }
+    if (path == "compression.overrides") {
+      if (c.compression.overrides.empty()) return std::string("[]");
+      std::string out;
+      for (const auto& o : c.compression.overrides) {
+        out += fmt::format("\n    - {{pattern: '{}', spec: '{}'}}", o.pattern, o.spec);
+      }
+      return out;
+    }
+    return std::nullopt;  // cluster.token_file: read into the token
+  };
+  std::string out;
+  for (const std::string& section : ClusterSections()) {
+    if (!out.empty()) out += "\n";
+    if (section == "cluster") {
+      out += fmt::format("{:<24}# from {}", "cluster:", c.source.empty() ? "code" : c.source);
+    } else if (section == "compression") {
+      out +=
+          fmt::format("{:<24}# config hash {:016x}", "compression:", ConfigHash(ConfigFields(c)));
+    } else {
+      out += section + ":";
+    }
+    for (const ClusterKnob& k : ClusterKnobs()) {
+      if (k.spec.section() != section) continue;
+      const std::optional<std::string> value =
+          k.get != nullptr ? config::DescribeKnobValue(k.spec, k.get(c)) : structured(k.spec.path);
+      if (value) out += fmt::format("\n  {}: {}", k.spec.key(), *value);
     }
   }
-  // Per worker node, when the host form set something: "\n    - tcp://gpu0:9200: 8 processes, gpus
-  // [0, 1]".
-  std::string nodes;
-  bool any_node_set = false;
-  for (uint32_t r = 0; r < c.workers.size(); ++r) {
-    any_node_set |= r < c.worker_nodes.size() &&
-                    (c.worker_nodes[r].processes != 0 || !c.worker_nodes[r].gpus.empty());
+  return out;
+}
+
+std::string_view NumaModeName(NumaMode mode) {
+  switch (mode) {
+    case NumaMode::kAuto: return "auto";
+    case NumaMode::kOn: return "on";
+    case NumaMode::kOff: return "off";
   }
-  if (any_node_set) {
-    nodes = "\n  training_processes:    # per worker node";
-    for (uint32_t r = 0; r < c.workers.size(); ++r) {
-      const uint32_t p = c.ProcessesOnNode(r);
-      const std::vector<uint32_t>& g = c.GpusOnNode(r);
-      std::string gpus;
-      for (size_t i = 0; i < g.size(); ++i) gpus += (i ? ", " : "") + std::to_string(g[i]);
-      nodes += fmt::format("\n    - {}: {} processes, {}", c.workers[r],
-                           p == 0 ? std::string("auto") : std::to_string(p),
-                           g.empty() ? std::string("cpu") : "gpus [" + gpus + "]");
-    }
-  }
-  const int64_t startup_ms = c.startup_timeout.count();
-  const std::string startup = startup_ms % 1000 == 0
-                                  ? std::to_string(startup_ms / 1000)
-                                  : fmt::format("{:.3f}", static_cast<double>(startup_ms) / 1000);
-  return fmt::format(
-      "cluster:                # from {}\n"
-      "  scheduler: {}\n"
-      "  transport: {}\n"
-      "  token: {}\n"
-      "  servers: {}\n"
-      "  workers: {}{}\n"
-      "  heartbeat_interval_ms: {}\n"
-      "  heartbeat_timeout_ms: {}\n"
-      "  startup_timeout_s: {}\n"
-      "compression:            # config hash {:016x}\n"
-      "  spec: {}\n"
-      "  error_feedback: {}\n"
-      "  min_compress_bytes: {}\n"
-      "  partition_bytes: {}\n"
-      "  overrides: {}\n"
-      "server:\n"
-      "  engine_threads: {}\n"
-      "  numa: {}\n"
-      "worker:\n"
-      "  compress_threads: {}\n"
-      "  reduce_threads: {}\n"
-      "  numa: {}\n"
-      "  credit_bytes: {}\n"
-      "  op_timeout_s: {:.3f}\n"
-      "  local_size: {}\n"
-      "  socket: {}",
-      c.source.empty() ? "code" : c.source, c.scheduler_address, c.transport,
-      c.token.empty() ? "<none>" : "<set>", list(c.servers), list(c.workers), nodes,
-      c.heartbeat_interval.count(), c.heartbeat_timeout.count(), startup,
-      ConfigHash(ConfigFields(c)), c.compression.spec, c.compression.error_feedback,
-      c.compression.min_compress_bytes, c.compression.partition_bytes, overrides,
-      c.server.engine_threads == 0 ? "auto" : std::to_string(c.server.engine_threads),
-      c.server.numa,
-      c.worker.compress_threads == 0 ? "auto" : std::to_string(c.worker.compress_threads),
-      c.worker.reduce_threads == 0 ? "auto" : std::to_string(c.worker.reduce_threads),
-      c.worker.numa, c.worker.credit_bytes, static_cast<double>(c.worker.op_timeout.count()) / 1000,
-      c.worker.local_size == 0 ? "auto" : std::to_string(c.worker.local_size),
-      c.worker.socket.empty() ? "default" : c.worker.socket);
+  return "invalid";
 }
 
 std::string_view RoleName(v1::Role role) {

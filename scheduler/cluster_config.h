@@ -1,10 +1,15 @@
-// ClusterConfig: the `cluster:` and `compression:` sections of a cluster YAML (docs/config.md),
-// parsed and validated once, with addresses normalised to transport URLs.
+// ClusterConfig: the `cluster:`, `compression:`, `server:` and `worker:` sections of a cluster
+// YAML (docs/config.md), parsed and validated once, with addresses normalised to transport URLs.
 //
 // Every process of a cluster reads the same YAML: the scheduler to know whom to expect, each
 // server and worker to find its own listen address (the entry at its rank), the scheduler's
 // address, the cluster token and the settings it must agree on (ConfigFields()). Errors name
 // the file, the line and the key ("cluster.yaml:7: cluster.heartbeat_timeout_ms: ...").
+//
+// Each knob (its YAML key, type, bounds, flag, environment variable and doc line) is declared
+// once, in the knob table (scheduler/cluster_knobs.h); the parser, ValidateClusterConfig,
+// DescribeClusterConfig, the daemons' command lines and the tables of docs/config.md come from
+// it. A knob's default is the initial value of its field below.
 //
 // Owned by the scheduler module; servers and workers use it through bitpush_scheduler.
 // Thread-safety: plain values and pure functions.
@@ -22,18 +27,28 @@
 
 namespace bitpush::scheduler {
 
+// server.numa / worker.numa: whether threads are pinned to cores (common/cpu_topology.h).
+// kAuto pins when the topology can be read and warns otherwise; kOn fails start-up then; kOff
+// pins nothing.
+enum class NumaMode { kAuto, kOn, kOff };
+// "auto", "on", "off" (the YAML spelling).
+std::string_view NumaModeName(NumaMode mode);
+
+// The comments below say what a field holds in code; each key's type, bounds and doc line are
+// in the knob table (scheduler/cluster_knobs.cc), which checks them.
+
 // The `compression:` section. Every field takes part in config agreement (ConfigFields()).
 struct CompressionSettings {
   // compression.spec: compressor spec string (compressors/registry.h), stored canonical
-  // (CompressorSpecString), e.g. "onebit:scaled=true". Default "none".
+  // (CompressorSpecString), e.g. "onebit:scaled=true".
   std::string spec = "none";
-  // compression.error_feedback: none | worker | server | both. Default "none".
+  // compression.error_feedback: none | worker | server | both.
   std::string error_feedback = "none";
-  // compression.min_compress_bytes: tensors smaller than this (bytes) are sent uncompressed.
-  // Default 1 MiB (paper 001).
+  // compression.min_compress_bytes: tensors smaller than this (bytes) are sent uncompressed
+  // (paper 001's 1 MiB by default).
   uint64_t min_compress_bytes = 1048576;
   // compression.partition_bytes: a tensor is cut into partitions (keys) of at most this many
-  // bytes. Default 4096000 (BytePS's default). Must be > 0.
+  // bytes (BytePS's 4096000 by default).
   uint64_t partition_bytes = 4096000;
   // compression.overrides: per-tensor specs by name pattern (fnmatch: `*`, `?`, `[...]`), in
   // order; the first pattern matching a tensor's name gives its spec (canonical) when the
@@ -56,10 +71,9 @@ struct ServerSettings {
   // 0 = auto: the CPUs this process may use minus one for the I/O thread, at least 1, at
   // most 8.
   uint32_t engine_threads = 0;
-  // server.numa: auto | on | off. auto and on pin each engine thread to one core (spread over
-  // NUMA nodes, memory bound to the thread's node); on fails start-up when the topology
-  // cannot be read; off pins nothing.
-  std::string numa = "auto";
+  // server.numa: auto and on pin each engine thread to one core (spread over NUMA nodes,
+  // memory bound to the thread's node).
+  NumaMode numa = NumaMode::kAuto;
 };
 
 // The `worker:` section: how each worker's engine runs. Local tuning, not agreed.
@@ -71,25 +85,23 @@ struct WorkerSettings {
   // max(1, cores / 4), at most 8 (common/cpu_topology.h DefaultReduceThreads). In the daemon,
   // compress_threads' auto is the cores left after one network core and the reduce threads.
   uint32_t reduce_threads = 0;
-  // worker.numa: auto | on | off — the bitpush-worker daemon pins its threads to the CPU split
-  // of PlanWorkerCpus (network core, reduce cores, compress cores). on fails start-up when the
-  // topology cannot be read; auto then runs unpinned with a warning; off pins nothing.
-  std::string numa = "auto";
+  // worker.numa: the bitpush-worker daemon pins its threads to the CPU split of
+  // PlanWorkerCpus (network core, reduce cores, compress cores) unless kOff.
+  NumaMode numa = NumaMode::kAuto;
   // worker.credit_bytes: uncompressed bytes of partitions in flight (compressing, on the
   // wire, at the server, decompressing) at once; at least one partition always goes.
-  // Default 64 MiB.
   uint64_t credit_bytes = 64ull << 20;
   // worker.op_timeout_s: a push_pull not complete after this long fails with Timeout naming
-  // the partitions and servers it waited for. Default 300 s; the YAML accepts fractions.
+  // the partitions and servers it waited for.
   std::chrono::milliseconds op_timeout{300000};
   // worker.local_size: training processes on this node served by its bitpush-worker daemon
   // (worker/daemon.h). 0 = not set: the daemon takes it from the first accepted Hello
-  // (--local-size overrides). 1..1024.
+  // (--local-size overrides).
   uint32_t local_size = 0;
   // worker.socket: the Unix socket path of the node's bitpush-worker daemon; `{rank}` in it
   // becomes the node's rank (SocketFor), needed when one host runs several worker nodes. "" = the
   // default DefaultDaemonSocketPath(rank) (worker/daemon.h: /tmp/bitpush-<uid>-worker-<rank>.sock);
-  // --socket overrides. At most 107 bytes (sun_path).
+  // --socket overrides. At most 107 bytes after expansion (sun_path).
   std::string socket;
 
   // `socket` with every "{rank}" replaced by `rank`; "" when socket is not set.
@@ -101,7 +113,7 @@ struct WorkerSettings {
 // (`{host: gpu0, processes: 8, gpus: 8}`); the address form leaves both unset.
 struct WorkerNode {
   // Training processes on this node. 0 = not set: worker.local_size, else the daemon's first
-  // Hello (ClusterConfig::ProcessesOnNode). 1..1024.
+  // Hello (ClusterConfig::ProcessesOnNode).
   uint32_t processes = 0;
   // CUDA device indices of the node's training processes, one per process in local-rank order
   // (local rank r uses gpus[r]). Empty = CPU processes. Distinct; when set, processes equals
@@ -133,14 +145,12 @@ struct ClusterConfig {
   // (e.g. empty in configs built in code) means the remaining nodes set nothing.
   std::vector<WorkerNode> worker_nodes;
   // cluster.heartbeat_interval_ms: how often the scheduler and each node send heartbeats.
-  // Default 1000 ms; 1..60000.
   std::chrono::milliseconds heartbeat_interval{1000};
-  // cluster.heartbeat_timeout_ms: silence after which a peer is declared dead. Default 5000 ms;
-  // at least 2 x heartbeat_interval, at most 3600000.
+  // cluster.heartbeat_timeout_ms: silence after which a peer is declared dead (at least
+  // 2 x heartbeat_interval).
   std::chrono::milliseconds heartbeat_timeout{5000};
   // cluster.startup_timeout_s: how long the scheduler waits for every node to register, and
-  // how long a node retries an unanswering scheduler. Default 60 s; > 0, <= 86400; the YAML
-  // accepts fractions (0.5).
+  // how long a node retries an unanswering scheduler (the YAML accepts fractions: 0.5).
   std::chrono::milliseconds startup_timeout{60000};
   // The `compression:` section.
   CompressionSettings compression;

@@ -6,10 +6,10 @@
 // partition (worker/partition.h); server rank = (Mix64(tensor ^ seed) + partition) mod
 // num_servers, with Mix64 the SplitMix64 finaliser of common/counter_rng.h. A tensor's
 // partitions go round robin from a hashed first server, so every big tensor is split evenly
-// (within one partition) over the servers, and small tensors spread by the hash. The older
-// SCHEME_MIX64_MOD (Mix64(key ^ seed) mod num_servers, every key hashed) is still understood;
-// it balances only on average: the 26 partitions of a 100 MiB tensor landed 8 / 18 on two
-// servers, which made that server's link the bottleneck. Changing a scheme or its constants
+// (within one partition) over the servers, and small tensors spread by the hash. Nodes also
+// understand SCHEME_MIX64_MOD (Mix64(key ^ seed) mod num_servers, every key hashed), which
+// balances only on average: the 26 partitions of a 100 MiB tensor land 8 / 18 on two
+// servers, and the busier server's link sets the round time. Changing a scheme or its constants
 // changes where keys live: it needs a new Scheme value.
 //
 // Owned by the scheduler module. Thread-safety: pure functions.

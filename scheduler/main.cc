@@ -1,6 +1,6 @@
 // bitpush-scheduler: the control-plane daemon of one cluster.
 //
-//   bitpush-scheduler --config cluster.yaml [--log-level info]
+//   bitpush-scheduler --config cluster.yaml [--set KEY=VALUE]... [--log-level info]
 //
 // Exit status: 0 clean shutdown (every worker said Done) or stopped by SIGINT/SIGTERM (as
 // asked: `systemctl stop` leaves the unit inactive, not failed); 1 a failure (a node missing
@@ -15,59 +15,23 @@
 #include "common/logging.h"
 #include "common/sd_notify.h"
 #include "common/termination_signals.h"
-#include "scheduler/cluster_config.h"
+#include "scheduler/daemon_command_line.h"
 #include "scheduler/scheduler.h"
 
 namespace {
 
-constexpr char kUsage[] =
-    "usage: bitpush-scheduler --config CLUSTER.yaml [--log-level trace|debug|info|warn|error]\n"
-    "Runs the control plane of the cluster described by CLUSTER.yaml (docs/config.md).\n"
+constexpr char kSummary[] =
+    "Runs the control plane of the cluster described by CLUSTER.yaml (docs/config.md).";
+constexpr char kExitStatus[] =
     "Exit status: 0 clean shutdown or stopped by SIGINT/SIGTERM, 1 failure, 2 usage or config "
-    "error.\n";
-
-int Usage(const std::string& error) {
-  std::fprintf(stderr, "bitpush-scheduler: %s\n%s", error.c_str(), kUsage);
-  return 2;
-}
+    "error.";
 
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace bitpush;
-  std::string config_path;
-  std::string log_level = "info";
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](const char* flag) -> const char* {
-      if (i + 1 >= argc) return nullptr;
-      (void)flag;
-      return argv[++i];
-    };
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (arg == "--config") {
-      const char* v = value("--config");
-      if (v == nullptr) return Usage("--config needs a path");
-      config_path = v;
-    } else if (arg == "--log-level") {
-      const char* v = value("--log-level");
-      if (v == nullptr) return Usage("--log-level needs a level");
-      log_level = v;
-    } else {
-      return Usage("unknown argument '" + arg + "'");
-    }
-  }
-  if (config_path.empty()) return Usage("--config is required");
-  if (!SetLogLevel(log_level)) return Usage("unknown log level '" + log_level + "'");
-
-  StatusOr<scheduler::ClusterConfig> config = scheduler::LoadClusterConfig(config_path);
-  if (!config.ok()) {
-    std::fprintf(stderr, "bitpush-scheduler: config error: %s\n",
-                 config.status().message().c_str());
-    return 2;
-  }
+  scheduler::DaemonCommandLine cli({"bitpush-scheduler", kSummary, kExitStatus, {}});
+  if (int exit_code = cli.ParseOrExit(argc, argv); exit_code >= 0) return exit_code;
 
   // SIGINT/SIGTERM stop the scheduler from their own thread (common/termination_signals.h).
   std::atomic<scheduler::Scheduler*> running{nullptr};
@@ -79,7 +43,7 @@ int main(int argc, char** argv) {
   });
 
   scheduler::SchedulerOptions options;
-  options.cluster = *config;
+  options.cluster = cli.config();
   StatusOr<std::unique_ptr<scheduler::Scheduler>> sched =
       scheduler::Scheduler::Create(std::move(options));
   if (!sched.ok()) {

@@ -65,7 +65,7 @@ struct SchedulerClientOptions {
   // The protocol version announced (tests change it to check the scheduler's refusal).
   uint32_t protocol_major = kProtocolMajor;
   uint32_t protocol_minor = kProtocolMinor;
-  // Sent in RegisterRequest (e.g. "transport:zmq", "isa:avx512"); informational today.
+  // Sent in RegisterRequest (e.g. "data:v1"); the scheduler does not read them.
   std::vector<std::string> capabilities;
   // Pause after the first unanswered registration attempt; doubles up to max_backoff.
   std::chrono::milliseconds initial_backoff{100};

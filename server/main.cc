@@ -1,6 +1,7 @@
 // bitpush-server: one compression server of a cluster.
 //
-//   bitpush-server --config cluster.yaml --rank N [--stats-json PATH] [--log-level info]
+//   bitpush-server --config cluster.yaml --rank N [--stats-json PATH] [--set KEY=VALUE]...
+//                  [--log-level info]
 //
 // Registers with the scheduler as server N, aggregates the keys the scheduler's mapping gives
 // it (docs/data-plane.md) until the cluster shuts down. --stats-json writes the server's
@@ -19,22 +20,16 @@
 #include "common/logging.h"
 #include "common/sd_notify.h"
 #include "common/termination_signals.h"
-#include "scheduler/cluster_config.h"
+#include "scheduler/daemon_command_line.h"
 #include "server/server.h"
 
 namespace {
 
-constexpr char kUsage[] =
-    "usage: bitpush-server --config CLUSTER.yaml --rank N [--stats-json PATH]\n"
-    "                      [--log-level trace|debug|info|warn|error]\n"
-    "Runs server N of the cluster described by CLUSTER.yaml (docs/config.md).\n"
+constexpr char kSummary[] =
+    "Runs server N of the cluster described by CLUSTER.yaml (docs/config.md).";
+constexpr char kExitStatus[] =
     "Exit status: 0 clean shutdown or stopped by SIGINT/SIGTERM, 1 failure, 2 usage or config "
-    "error.\n";
-
-int Usage(const std::string& error) {
-  std::fprintf(stderr, "bitpush-server: %s\n%s", error.c_str(), kUsage);
-  return 2;
-}
+    "error.";
 
 void WriteStats(const std::string& path, const bitpush::server::Server& server) {
   const bitpush::server::ServerStats s = server.stats();
@@ -60,49 +55,19 @@ void WriteStats(const std::string& path, const bitpush::server::Server& server) 
 
 int main(int argc, char** argv) {
   using namespace bitpush;
-  std::string config_path;
-  std::string stats_path;
-  std::string log_level = "info";
-  long rank = -1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (arg == "--config" || arg == "--rank" || arg == "--stats-json" ||
-               arg == "--log-level") {
-      if (!has_value) return Usage(arg + " needs a value");
-      const std::string v = argv[++i];
-      if (arg == "--config") {
-        config_path = v;
-      } else if (arg == "--stats-json") {
-        stats_path = v;
-      } else if (arg == "--log-level") {
-        log_level = v;
-      } else {
-        char* end = nullptr;
-        rank = std::strtol(v.c_str(), &end, 10);
-        if (v.empty() || *end != '\0' || rank < 0) {
-          return Usage("--rank needs a non-negative integer, got '" + v + "'");
-        }
-      }
-    } else {
-      return Usage("unknown argument '" + arg + "'");
-    }
-  }
-  if (config_path.empty()) return Usage("--config is required");
-  if (rank < 0) return Usage("--rank is required");
-  if (!SetLogLevel(log_level)) return Usage("unknown log level '" + log_level + "'");
-
-  StatusOr<scheduler::ClusterConfig> config = scheduler::LoadClusterConfig(config_path);
-  if (!config.ok()) {
-    std::fprintf(stderr, "bitpush-server: config error: %s\n", config.status().message().c_str());
-    return 2;
-  }
-  if (static_cast<size_t>(rank) >= config->servers.size()) {
-    return Usage("--rank " + std::to_string(rank) + " but " + config_path + " lists " +
-                 std::to_string(config->servers.size()) + " server(s)");
+  scheduler::DaemonCommandLine cli(
+      {"bitpush-server",
+       kSummary,
+       kExitStatus,
+       {{"--rank", "N", "this server's rank in cluster.servers", config::FlagKind::kCount, true},
+        {"--stats-json", "PATH", "write the server's counters as JSON at exit"}}});
+  if (int exit_code = cli.ParseOrExit(argc, argv); exit_code >= 0) return exit_code;
+  const scheduler::ClusterConfig& config = cli.config();
+  const uint64_t rank = cli.flags().count("--rank", 0);
+  const std::string stats_path = cli.flags().text("--stats-json");
+  if (rank >= config.servers.size()) {
+    return cli.UsageError("--rank " + std::to_string(rank) + " but " + cli.config_path() +
+                          " lists " + std::to_string(config.servers.size()) + " server(s)");
   }
 
   // SIGINT/SIGTERM close the server from their own thread (common/termination_signals.h).
@@ -115,7 +80,7 @@ int main(int argc, char** argv) {
   });
 
   server::ServerOptions options;
-  options.cluster = *config;
+  options.cluster = config;
   options.rank = static_cast<uint32_t>(rank);
   StatusOr<std::unique_ptr<server::Server>> srv = server::Server::Create(std::move(options));
   if (!srv.ok()) {

@@ -147,11 +147,11 @@ Status Server::Impl::Start() {
   if (threads == 0) threads = std::clamp<size_t>(AllowedCpuCount() - 1, 1, 8);
 
   std::vector<CpuSlot> plan;
-  if (settings.numa != "off") {
+  if (settings.numa != scheduler::NumaMode::kOff) {
     StatusOr<std::vector<CpuSlot>> cores = ProcessCores();
     if (cores.ok()) {
       plan = PlanEngineThreads(*cores, threads, options_.rank);
-    } else if (settings.numa == "on") {
+    } else if (settings.numa == scheduler::NumaMode::kOn) {
       return cores.status().WithContext("server.numa is on");
     } else {
       BP_LOG_WARN("server {}: engine threads not pinned: {}", options_.rank,

@@ -45,8 +45,9 @@ struct ServerOptions {
 struct ServerStats {
   uint64_t keys = 0;
   uint64_t pushes_accepted = 0;
-  uint64_t pushes_rejected = 0;  // every refused request answered with OP_ERROR
-  uint64_t replies_sent = 0;     // OP_PULL_REPLY messages
+  // Requests refused (answered with OP_ERROR) and data messages from non-workers (dropped).
+  uint64_t pushes_rejected = 0;
+  uint64_t replies_sent = 0;  // OP_PULL_REPLY messages
   uint64_t rounds_published = 0;
   uint64_t bytes_received = 0;  // push payload bytes
   uint64_t bytes_sent = 0;      // reply payload bytes

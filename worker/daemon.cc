@@ -36,10 +36,6 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Create(DaemonOptions options) {
         fmt::format("bitpush-worker: rank {} but the cluster has {} workers", options.rank,
                     options.cluster.workers.size()));
   }
-  const std::string& numa = options.cluster.worker.numa;
-  if (numa != "auto" && numa != "on" && numa != "off") {
-    return InvalidArgumentError(fmt::format("worker.numa must be auto, on or off, got '{}'", numa));
-  }
   if (options.completion_threads == 0) {
     return InvalidArgumentError("DaemonOptions.completion_threads must be >= 1");
   }
@@ -85,10 +81,10 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Create(DaemonOptions options) {
   d->compress_threads_ = o.cluster.worker.compress_threads != 0
                              ? o.cluster.worker.compress_threads
                              : DefaultCompressThreads(core_count, d->reduce_threads_);
-  if (o.cluster.worker.numa != "off") {
+  if (o.cluster.worker.numa != scheduler::NumaMode::kOff) {
     if (cores.ok()) {
       d->cpu_plan_ = PlanWorkerCpus(*cores, d->reduce_threads_, d->compress_threads_);
-    } else if (o.cluster.worker.numa == "on") {
+    } else if (o.cluster.worker.numa == scheduler::NumaMode::kOn) {
       return cores.status().WithContext("worker.numa is on");
     } else {
       BP_LOG_WARN("{}: threads not pinned: {}", d->label_, cores.status().ToString());

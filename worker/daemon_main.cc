@@ -1,7 +1,7 @@
 // bitpush-worker: the per-node worker daemon (worker/daemon.h, docs/local-ipc.md).
 //
-//   bitpush-worker --config cluster.yaml --rank N [--socket PATH] [--local-size P]
-//                  [--reduce-threads T] [--no-sweep] [--log-level info]
+//   bitpush-worker --config cluster.yaml --rank N [--no-sweep] [--socket PATH] [--local-size P]
+//                  [--reduce-threads T] [--set KEY=VALUE]... [--log-level info]
 //
 // Is worker N of the cluster for the node's P training processes (worker::Client in daemon
 // mode), which connect to PATH (default: worker.socket of the YAML, else
@@ -24,85 +24,38 @@
 #include "common/logging.h"
 #include "common/sd_notify.h"
 #include "common/termination_signals.h"
-#include "scheduler/cluster_config.h"
+#include "scheduler/daemon_command_line.h"
 #include "worker/daemon.h"
 
 namespace {
 
-constexpr char kUsage[] =
-    "usage: bitpush-worker --config CLUSTER.yaml --rank N [--socket PATH] [--local-size P]\n"
-    "                      [--reduce-threads T] [--no-sweep]\n"
-    "                      [--log-level trace|debug|info|warn|error]\n"
-    "Runs the worker daemon of node N for its P training processes (docs/local-ipc.md).\n"
-    "Exit status: 0 clean end or SIGINT/SIGTERM, 1 failure, 2 usage or config error.\n";
-
-int Usage(const std::string& error) {
-  std::fprintf(stderr, "bitpush-worker: %s\n%s", error.c_str(), kUsage);
-  return 2;
-}
-
-bool ParseCount(const std::string& v, long* out) {
-  char* end = nullptr;
-  *out = std::strtol(v.c_str(), &end, 10);
-  return !v.empty() && *end == '\0' && *out >= 0;
-}
+constexpr char kSummary[] =
+    "Runs the worker daemon of node N for its P training processes (docs/local-ipc.md).";
+constexpr char kExitStatus[] =
+    "Exit status: 0 clean end or SIGINT/SIGTERM, 1 failure, 2 usage or config error.";
 
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace bitpush;
-  std::string config_path;
-  std::string socket_path;
-  std::string log_level = "info";
-  long rank = -1;
-  long local_size = 0;
-  long reduce_threads = 0;
-  bool sweep = true;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (arg == "--no-sweep") {
-      sweep = false;
-      continue;
-    }
-    if (arg != "--config" && arg != "--rank" && arg != "--socket" && arg != "--local-size" &&
-        arg != "--reduce-threads" && arg != "--log-level") {
-      return Usage("unknown argument '" + arg + "'");
-    }
-    if (i + 1 >= argc) return Usage(arg + " needs a value");
-    const std::string v = argv[++i];
-    if (arg == "--config") {
-      config_path = v;
-    } else if (arg == "--socket") {
-      socket_path = v;
-    } else if (arg == "--log-level") {
-      log_level = v;
-    } else if (arg == "--rank") {
-      if (!ParseCount(v, &rank))
-        return Usage("--rank needs a non-negative integer, got '" + v + "'");
-    } else if (arg == "--local-size") {
-      if (!ParseCount(v, &local_size) || local_size < 1 || local_size > 1024) {
-        return Usage("--local-size needs 1..1024, got '" + v + "'");
-      }
-    } else if (!ParseCount(v, &reduce_threads) || reduce_threads < 1 || reduce_threads > 256) {
-      return Usage("--reduce-threads needs 1..256, got '" + v + "'");
-    }
+  // --socket, --local-size and --reduce-threads come from the knob table (worker.socket,
+  // worker.local_size, worker.reduce_threads: scheduler/cluster_knobs.cc).
+  scheduler::DaemonCommandLine cli(
+      {"bitpush-worker",
+       kSummary,
+       kExitStatus,
+       {{"--rank", "N", "this node's rank in cluster.workers", config::FlagKind::kCount, true},
+        {"--no-sweep", "", "keep other processes' leftover shared-memory segments",
+         config::FlagKind::kSwitch}}});
+  if (int exit_code = cli.ParseOrExit(argc, argv); exit_code >= 0) return exit_code;
+  const scheduler::ClusterConfig& config = cli.config();
+  const uint64_t rank_flag = cli.flags().count("--rank", 0);
+  if (rank_flag >= config.workers.size()) {
+    return cli.UsageError("--rank " + std::to_string(rank_flag) + " but " + cli.config_path() +
+                          " lists " + std::to_string(config.workers.size()) + " worker(s)");
   }
-  if (config_path.empty()) return Usage("--config is required");
-  if (rank < 0) return Usage("--rank is required");
-  if (!SetLogLevel(log_level)) return Usage("unknown log level '" + log_level + "'");
-  StatusOr<scheduler::ClusterConfig> config = scheduler::LoadClusterConfig(config_path);
-  if (!config.ok()) {
-    std::fprintf(stderr, "bitpush-worker: config error: %s\n", config.status().message().c_str());
-    return 2;
-  }
-  if (static_cast<size_t>(rank) >= config->workers.size()) {
-    return Usage("--rank " + std::to_string(rank) + " but " + config_path + " lists " +
-                 std::to_string(config->workers.size()) + " worker(s)");
-  }
+  const long rank = static_cast<long>(rank_flag);
+  const std::string socket_path = cli.knob_flag("worker.socket").value_or(config::KnobValue{}).text;
 
   // SIGINT/SIGTERM stop the daemon from their own thread (common/termination_signals.h).
   std::atomic<worker::Daemon*> running{nullptr};
@@ -113,7 +66,7 @@ int main(int argc, char** argv) {
     // startup timeout: end now. The socket file of a daemon that never ran is removed here.
     if (running.load() == nullptr) {
       const std::string path =
-          worker::DaemonSocketPath(socket_path, *config, static_cast<uint32_t>(rank));
+          worker::DaemonSocketPath(socket_path, config, static_cast<uint32_t>(rank));
       unlink(path.c_str());
       std::fprintf(stderr, "bitpush-worker node %ld: interrupted while starting\n", rank);
       _exit(0);
@@ -121,12 +74,12 @@ int main(int argc, char** argv) {
   });
 
   worker::DaemonOptions o;
-  o.cluster = *config;
+  o.cluster = config;  // --reduce-threads is in it (a knob flag that sets the knob)
   o.rank = static_cast<uint32_t>(rank);
   o.socket_path = socket_path;
-  o.local_size = static_cast<uint32_t>(local_size);
-  o.reduce_threads = static_cast<uint32_t>(reduce_threads);
-  o.sweep_stale_segments = sweep;
+  o.local_size = static_cast<uint32_t>(
+      cli.knob_flag("worker.local_size").value_or(config::KnobValue{}).number);
+  o.sweep_stale_segments = !cli.flags().has("--no-sweep");
   StatusOr<std::unique_ptr<worker::Daemon>> daemon = worker::Daemon::Create(std::move(o));
   int code = 0;
   if (!daemon.ok()) {

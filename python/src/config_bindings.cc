@@ -1,7 +1,9 @@
 // `bitpush._C.load_cluster_config(path)`: the cluster YAML read by the C++ parser
-// (scheduler/cluster_config.h), for `bitpush check-config` and `bitpush launch`
-// (python/bitpush/launch.py, docs/launch.md). One parser: the launcher never re-implements
-// the YAML rules, so a file it accepts is a file every daemon accepts.
+// (scheduler/cluster_config.h), for `bitpush check-config`, `bitpush launch`
+// (python/bitpush/launch.py, docs/launch.md) and bitpush.torch (the cluster's
+// compression.error_feedback, the per-node process counts). `bitpush._C.knobs()`: the knob
+// table (scheduler/cluster_knobs.h). One parser: the Python package never reads the YAML
+// itself, so a file it accepts is a file every daemon accepts, with the same values.
 //
 // Thread-safety: the function holds no state; it releases nothing (parsing is quick).
 #include <pybind11/pybind11.h>
@@ -11,6 +13,7 @@
 
 #include "python/src/status_error.h"
 #include "scheduler/cluster_config.h"
+#include "scheduler/cluster_knobs.h"
 #include "worker/daemon_client.h"
 
 namespace bitpush::python {
@@ -42,6 +45,13 @@ void BindConfig(py::module_& m) {
         d["worker_sockets"] = sockets;
         d["processes_differ"] = c.ProcessCountsDiffer();
         d["description"] = scheduler::DescribeClusterConfig(c);
+        // Every scalar knob's canonical value by its path (secrets left out).
+        py::dict knobs;
+        for (const scheduler::ClusterKnob& k : scheduler::ClusterKnobs()) {
+          if (k.get == nullptr || k.spec.secret) continue;
+          knobs[py::str(k.spec.path)] = config::FormatKnobValue(k.spec, k.get(c));
+        }
+        d["knobs"] = knobs;
         return d;
       },
       py::arg("path"),
@@ -49,9 +59,31 @@ void BindConfig(py::module_& m) {
       "servers, workers (normalised URLs), transport, worker_local_size (0 = unset), "
       "worker_socket ('' = default), per worker node worker_processes (0 = unset), "
       "worker_gpus (device indices, [] = CPU) and worker_sockets (the daemon's socket path), "
-      "processes_differ (nodes run different numbers of processes) and description (the "
-      "effective config as text). A bad file raises BitpushError whose message names the "
-      "file, line and key.");
+      "processes_differ (nodes run different numbers of processes), description (the "
+      "effective config as text) and knobs ({'worker.op_timeout_s': '300', ...}: every "
+      "scalar knob but the token, in canonical text; docs/config.md). A bad file raises "
+      "BitpushError whose message names the file, line and key.");
+  m.def(
+      "knobs",
+      [] {
+        py::list out;
+        for (const scheduler::ClusterKnob& k : scheduler::ClusterKnobs()) {
+          py::dict d;
+          d["path"] = k.spec.path;
+          d["type"] = config::KnobTypeDoc(k.spec);
+          d["default"] = k.spec.default_text;
+          d["scalar"] = k.get != nullptr;
+          d["flag"] = k.spec.flag.name;
+          d["env"] = k.spec.env;
+          d["doc"] = k.spec.doc;
+          out.append(d);
+        }
+        return out;
+      },
+      "The knob table of the cluster YAML (docs/config.md): a list of dicts with path "
+      "('worker.op_timeout_s'), type, default (canonical text), scalar (False for the "
+      "structured keys: addresses, hosts, overrides, token_file), flag and env (the "
+      "command-line flag and environment variable, '' when none) and doc.");
 }
 
 }  // namespace bitpush::python

@@ -14,5 +14,5 @@ PYBIND11_MODULE(_C, m) {
   bitpush::python::RegisterStatusError(m);
   bitpush::python::BindClient(m);
   bitpush::python::BindLans(m);
-  bitpush::python::BindConfig(m);  // config_bindings.cc: load_cluster_config
+  bitpush::python::BindConfig(m);  // config_bindings.cc: load_cluster_config, knobs
 }

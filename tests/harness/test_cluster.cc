@@ -107,12 +107,12 @@ std::string TestClusterYaml(const scheduler::ClusterConfig& c) {
   if (c.server.engine_threads != 0) {
     y += fmt::format("  engine_threads: {}\n", c.server.engine_threads);
   }
-  y += "  numa: " + c.server.numa + "\n";
+  y += "  numa: " + std::string(scheduler::NumaModeName(c.server.numa)) + "\n";
   const scheduler::WorkerSettings& w = c.worker;
   y += "worker:\n";
   if (w.compress_threads != 0) y += fmt::format("  compress_threads: {}\n", w.compress_threads);
   if (w.reduce_threads != 0) y += fmt::format("  reduce_threads: {}\n", w.reduce_threads);
-  y += "  numa: " + w.numa + "\n";
+  y += "  numa: " + std::string(scheduler::NumaModeName(w.numa)) + "\n";
   y += fmt::format("  credit_bytes: {}\n", w.credit_bytes);
   y += "  op_timeout_s: " + Seconds(w.op_timeout) + "\n";
   if (w.local_size != 0) y += fmt::format("  local_size: {}\n", w.local_size);

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "common/logging.h"
-#include "scheduler/cluster_config.h"
+#include "scheduler/daemon_command_line.h"
 #include "scheduler/scheduler_client.h"
 
 namespace {
@@ -24,65 +24,32 @@ namespace {
 using namespace bitpush;
 using std::chrono::milliseconds;
 
-constexpr char kUsage[] =
-    "usage: bitpush-test-node --config CLUSTER.yaml --role server|worker --rank N\n"
-    "                         [--run-ms M] [--barriers K] [--shutdown-wait-ms W]\n"
-    "                         [--log-level trace|debug|info|warn|error]\n";
-
-int Usage(const std::string& error) {
-  std::fprintf(stderr, "bitpush-test-node: %s\n%s", error.c_str(), kUsage);
-  return 2;
-}
-
-bool ParseInt(const char* text, long long* out) {
-  char* end = nullptr;
-  *out = std::strtoll(text, &end, 10);
-  return end != text && *end == '\0' && *out >= 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string config_path, role_name, log_level = "info";
-  long long rank = -1, run_ms = 0, barriers = 0, shutdown_wait_ms = -1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (i + 1 >= argc) return Usage(arg + " needs a value (or is unknown)");
-    const char* v = argv[++i];
-    if (arg == "--config") {
-      config_path = v;
-    } else if (arg == "--role") {
-      role_name = v;
-    } else if (arg == "--log-level") {
-      log_level = v;
-    } else if (arg == "--rank" || arg == "--run-ms" || arg == "--barriers" ||
-               arg == "--shutdown-wait-ms") {
-      long long n = 0;
-      if (!ParseInt(v, &n)) return Usage(arg + " needs a non-negative integer, got '" + v + "'");
-      (arg == "--rank"       ? rank
-       : arg == "--run-ms"   ? run_ms
-       : arg == "--barriers" ? barriers
-                             : shutdown_wait_ms) = n;
-    } else {
-      return Usage("unknown argument '" + arg + "'");
-    }
-  }
-  if (config_path.empty() || role_name.empty() || rank < 0) {
-    return Usage("--config, --role and --rank are required");
-  }
-  if (!SetLogLevel(log_level)) return Usage("unknown log level '" + log_level + "'");
+  scheduler::DaemonCommandLine cli(
+      {"bitpush-test-node",
+       "",
+       "",
+       {{"--role", "server|worker", "the node's role", config::FlagKind::kText, true},
+        {"--rank", "N", "the node's rank", config::FlagKind::kCount, true},
+        {"--run-ms", "M", "heartbeat this long after the barriers (default 0)",
+         config::FlagKind::kCount},
+        {"--barriers", "K", "barriers of group all to pass (default 0)", config::FlagKind::kCount},
+        {"--shutdown-wait-ms", "W", "bound on the wait for the scheduler's shutdown",
+         config::FlagKind::kCount}}});
+  if (int exit_code = cli.ParseOrExit(argc, argv); exit_code >= 0) return exit_code;
+  const std::string role_name = cli.flags().text("--role");
   StatusOr<v1::Role> role = scheduler::ParseNodeRole(role_name);
-  if (!role.ok()) return Usage(role.status().message());
-  StatusOr<scheduler::ClusterConfig> config = scheduler::LoadClusterConfig(config_path);
-  if (!config.ok()) {
-    std::fprintf(stderr, "bitpush-test-node: config error: %s\n",
-                 config.status().message().c_str());
-    return 2;
-  }
+  if (!role.ok()) return cli.UsageError(role.status().message());
+  const scheduler::ClusterConfig* config = &cli.config();
+  const long long rank = static_cast<long long>(cli.flags().count("--rank", 0));
+  const long long run_ms = static_cast<long long>(cli.flags().count("--run-ms", 0));
+  const long long barriers = static_cast<long long>(cli.flags().count("--barriers", 0));
+  long long shutdown_wait_ms =
+      cli.flags().has("--shutdown-wait-ms")
+          ? static_cast<long long>(cli.flags().count("--shutdown-wait-ms", 0))
+          : -1;
   const std::string label = role_name + " " + std::to_string(rank);
   auto fail = [&](const Status& s) {
     std::fprintf(stderr, "bitpush-test-node %s: error: %s\n", label.c_str(), s.ToString().c_str());

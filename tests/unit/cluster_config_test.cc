@@ -158,7 +158,7 @@ TEST(ClusterConfig, BadValuesNameKeyAndLine) {
 TEST(ClusterConfig, ServerAndWorkerSections) {
   const ClusterConfig d = Parse(kMinimal);
   EXPECT_EQ(d.server.engine_threads, 0u);  // auto
-  EXPECT_EQ(d.server.numa, "auto");
+  EXPECT_EQ(d.server.numa, NumaMode::kAuto);
   EXPECT_EQ(d.worker.compress_threads, 0u);
   EXPECT_EQ(d.worker.credit_bytes, 64ull << 20);
   EXPECT_EQ(d.worker.op_timeout.count(), 300000);
@@ -167,7 +167,7 @@ TEST(ClusterConfig, ServerAndWorkerSections) {
                                 "worker:\n  compress_threads: auto\n  credit_bytes: 8192\n"
                                 "  op_timeout_s: 2.5\n");
   EXPECT_EQ(c.server.engine_threads, 3u);
-  EXPECT_EQ(c.server.numa, "off");
+  EXPECT_EQ(c.server.numa, NumaMode::kOff);
   EXPECT_EQ(c.worker.compress_threads, 0u);
   EXPECT_EQ(c.worker.credit_bytes, 8192u);
   EXPECT_EQ(c.worker.op_timeout.count(), 2500);
@@ -192,13 +192,13 @@ TEST(ClusterConfig, WorkerDaemonKeys) {
   EXPECT_EQ(d.worker.local_size, 0u);      // from the first Hello
   EXPECT_EQ(d.worker.socket, "");          // the default path
   EXPECT_EQ(d.worker.reduce_threads, 0u);  // auto
-  EXPECT_EQ(d.worker.numa, "auto");
+  EXPECT_EQ(d.worker.numa, NumaMode::kAuto);
   const ClusterConfig c =
       Parse(std::string(kMinimal) +
             "worker:\n  local_size: 3\n  socket: /tmp/bp-node.sock\n  reduce_threads: 2\n"
             "  numa: off\n");
   EXPECT_EQ(c.worker.reduce_threads, 2u);
-  EXPECT_EQ(c.worker.numa, "off");
+  EXPECT_EQ(c.worker.numa, NumaMode::kOff);
   EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  numa: maybe\n"),
                   "cluster.yaml:6: worker.numa: unknown value 'maybe'; valid: auto, on, off");
   EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  reduce_threads: 0\n"),

@@ -108,7 +108,7 @@ class TestCluster {
     t.compression.min_compress_bytes = o.min_compress_bytes;
     t.compression.partition_bytes = o.partition_bytes;
     t.server.engine_threads = 1;
-    t.server.numa = "off";
+    t.server.numa = scheduler::NumaMode::kOff;
     t.worker.compress_threads = o.compress_threads;
     t.worker.credit_bytes = o.credit_bytes;
     t.worker.op_timeout = o.op_timeout;

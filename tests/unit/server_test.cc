@@ -444,7 +444,7 @@ TEST(Server, DeclarationsAreComparedAcrossWorkers) {
 TEST(Server, KeysArePlacedByWeightedLoad) {
   scheduler::ServerSettings settings;
   settings.engine_threads = 2;
-  settings.numa = "off";
+  settings.numa = scheduler::NumaMode::kOff;
   MiniCluster c(1, 1, settings);
   ASSERT_TRUE(c.Start().ok());
   RawWorker& w = c.worker(0);

@@ -64,10 +64,10 @@ TEST(TestClusterYaml, EverySettingRoundTripsOverIpc) {
   o.compression.partition_bytes = 32768;
   o.compression.overrides = {{"embed.*", "none"}, {"*.bias", "onebit"}};
   o.server.engine_threads = 3;
-  o.server.numa = "off";
+  o.server.numa = scheduler::NumaMode::kOff;
   o.worker.compress_threads = 2;
   o.worker.reduce_threads = 1;
-  o.worker.numa = "on";
+  o.worker.numa = scheduler::NumaMode::kOn;
   o.worker.credit_bytes = 1 << 20;
   o.worker.op_timeout = milliseconds(12345);
   o.worker.local_size = 4;

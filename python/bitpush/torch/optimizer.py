@@ -29,7 +29,6 @@ import contextlib
 import importlib
 import math
 import os
-import re
 
 import torch
 
@@ -56,64 +55,26 @@ def _is_uncompressed(spec):
 
 def cluster_error_feedback():
     """The cluster's compression.error_feedback ("none", "worker", "server", "both"), or None
-    when it cannot be determined.
+    when no cluster config is known (not initialised and BITPUSH_CONFIG unset).
 
-    Asks bitpush.torch when it exposes the running cluster's config, else reads the YAML named
-    by BITPUSH_CONFIG (the launcher's and LocalCluster's environment; read through
-    bitpush._env, the package's one reader of environment variables).
+    The value comes from the C++ parser (bitpush._C.load_cluster_config, the one reader of the
+    cluster YAML): the config this process was initialised with, else the YAML named by
+    BITPUSH_CONFIG (the launcher's and LocalCluster's environment; read through bitpush._env,
+    the package's one reader of environment variables). A config the parser refuses raises
+    BitpushError naming the file, line and key.
     """
-    bp = _bp()
-    for attr in ("cluster_config", "config"):
-        fn = getattr(bp, attr, None)
-        if callable(fn):
-            try:
-                cfg = fn()
-            except Exception:  # not initialised, or not that API
-                cfg = None
-            ef = _ef_from_config(cfg)
-            if ef is not None:
-                return ef
     path = None
-    fn = getattr(bp, "config_path", None)
+    fn = getattr(_bp(), "config_path", None)
     if callable(fn):
         try:
             path = fn()
-        except Exception:
+        except Exception:  # not initialised
             path = None
     if not path:
         path = importlib.import_module("bitpush._env").bootstrap().config
-    if path and os.path.exists(path):
-        return _ef_from_yaml(path)
-    return None
-
-
-def _ef_from_config(cfg):
-    if cfg is None:
+    if not path or not os.path.exists(path):
         return None
-    if isinstance(cfg, dict):
-        comp = cfg.get("compression", cfg)
-        if isinstance(comp, dict) and "error_feedback" in comp:
-            return str(comp["error_feedback"])
-        return None
-    comp = getattr(cfg, "compression", cfg)
-    ef = getattr(comp, "error_feedback", None)
-    return None if ef is None else str(ef)
-
-
-def _ef_from_yaml(path):
-    try:
-        import yaml  # noqa: PLC0415 (optional dependency)
-
-        with open(path) as f:
-            doc = yaml.safe_load(f) or {}
-        comp = doc.get("compression") or {}
-        return str(comp.get("error_feedback", "none"))
-    except ImportError:
-        pass
-    # Without PyYAML: the key is unique in the schema (docs/config.md).
-    with open(path) as f:
-        m = re.search(r"^\s*error_feedback:\s*([A-Za-z]+)", f.read(), re.M)
-    return m.group(1) if m else "none"
+    return _C().load_cluster_config(path)["knobs"]["compression.error_feedback"]
 
 
 class _GradientExchange:

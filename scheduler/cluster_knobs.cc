@@ -1,0 +1,468 @@
+#include "scheduler/cluster_knobs.h"
+
+#include <algorithm>
+#include <map>
+
+#include "compressors/spec_registry.h"
+#include "fmt/format.h"
+
+namespace bitpush::scheduler {
+
+namespace {
+
+using config::Knob;
+using config::KnobSpec;
+using config::KnobValue;
+
+// sun_path holds 108 bytes including the terminating NUL.
+constexpr size_t kMaxSocketPath = 107;
+
+// ---- binding a knob to its field ----
+
+KnobValue ToValue(uint32_t v) {
+  return KnobValue::Number(v);
+}
+KnobValue ToValue(uint64_t v) {
+  return KnobValue::Number(v);
+}
+KnobValue ToValue(std::chrono::milliseconds v) {
+  return KnobValue::Number(static_cast<uint64_t>(std::max<int64_t>(0, v.count())));
+}
+KnobValue ToValue(const std::string& v) {
+  return KnobValue::Text(v);
+}
+KnobValue ToValue(NumaMode v) {
+  return KnobValue::Text(std::string(NumaModeName(v)));
+}
+
+// The values come from ParseKnobValue, so they are inside the knob's bounds.
+void FromValue(const KnobValue& v, uint32_t* f) {
+  *f = static_cast<uint32_t>(v.number);
+}
+void FromValue(const KnobValue& v, uint64_t* f) {
+  *f = v.number;
+}
+void FromValue(const KnobValue& v, std::chrono::milliseconds* f) {
+  *f = std::chrono::milliseconds(static_cast<int64_t>(std::min<uint64_t>(v.number, INT64_MAX)));
+}
+void FromValue(const KnobValue& v, std::string* f) {
+  *f = v.text;
+}
+void FromValue(const KnobValue& v, NumaMode* f) {
+  for (NumaMode m : {NumaMode::kAuto, NumaMode::kOn, NumaMode::kOff}) {
+    if (NumaModeName(m) == v.text) *f = m;
+  }
+}
+
+struct Binding {
+  KnobValue (*get)(const ClusterConfig&);
+  void (*set)(ClusterConfig*, const KnobValue&);
+};
+
+// A field of ClusterConfig itself (cluster: keys).
+template <auto kField>
+Binding Top() {
+  return {[](const ClusterConfig& c) { return ToValue(c.*kField); },
+          [](ClusterConfig* c, const KnobValue& v) { FromValue(v, &(c->*kField)); }};
+}
+
+// A field of one of ClusterConfig's section structs.
+template <auto kSection, auto kField>
+Binding In() {
+  return {[](const ClusterConfig& c) { return ToValue((c.*kSection).*kField); },
+          [](ClusterConfig* c, const KnobValue& v) { FromValue(v, &((c->*kSection).*kField)); }};
+}
+
+ClusterKnob Scalar(KnobSpec spec, Binding b, std::string (*rule)(const ClusterConfig&) = nullptr) {
+  return ClusterKnob{std::move(spec), b.get, b.set, rule};
+}
+
+ClusterKnob Structured(KnobSpec spec) {
+  return ClusterKnob{std::move(spec), nullptr, nullptr};
+}
+
+// ---- custom value types ----
+
+StatusOr<std::string> CanonicalCompressorSpec(std::string_view text) {
+  BP_ASSIGN_OR_RETURN(v1::CompressorConfig config, compressors::ParseCompressorSpec(text));
+  return compressors::CompressorSpecString(config);
+}
+
+StatusOr<std::string> CanonicalErrorFeedback(std::string_view text) {
+  BP_ASSIGN_OR_RETURN(v1::ErrorFeedbackPolicy policy, compressors::ParseErrorFeedbackPolicy(text));
+  return std::string(compressors::ErrorFeedbackPolicyName(policy));
+}
+
+// ---- rules between knobs ----
+
+std::string HeartbeatTimeoutRule(const ClusterConfig& c) {
+  const int64_t timeout = c.heartbeat_timeout.count();
+  const int64_t interval = c.heartbeat_interval.count();
+  if (timeout >= 2 * interval) return "";
+  return fmt::format(
+      "must be at least 2 x cluster.heartbeat_interval_ms ({} ms) so one late heartbeat is not "
+      "a death, got {}",
+      2 * interval, timeout);
+}
+
+// The host of a normalised address ("tcp://h:1" -> "h", "tcp://[::1]:1" -> "[::1]"); every
+// ipc:// and inproc:// address is on this host ("").
+std::string HostOf(const std::string& url) {
+  if (url.rfind("tcp://", 0) != 0) return "";
+  return url.substr(6, url.rfind(':') - 6);
+}
+
+std::string WorkerSocketRule(const ClusterConfig& c) {
+  const WorkerSettings& w = c.worker;
+  if (w.socket.empty()) return "";  // the default path
+  const std::string longest =
+      w.SocketFor(static_cast<uint32_t>(std::max<size_t>(c.workers.size(), 1) - 1));
+  if (longest.size() > kMaxSocketPath) {
+    return fmt::format("expected a path of 1..{} bytes, got '{}'", kMaxSocketPath, longest);
+  }
+  if (w.socket.find("{rank}") != std::string::npos) return "";
+  // Worker nodes on one host would all listen at this path.
+  std::map<std::string, size_t> first_on_host;
+  for (size_t r = 0; r < c.workers.size(); ++r) {
+    const auto [at, fresh] = first_on_host.emplace(HostOf(c.workers[r]), r);
+    if (!fresh) {
+      return fmt::format(
+          "workers {} and {} run on the same host, so their bitpush-worker daemons would share "
+          "'{}'; put {{rank}} in the path (e.g. /run/bitpush/worker-{{rank}}.sock)",
+          at->second, r, w.socket);
+    }
+  }
+  return "";
+}
+
+// ---- the keys of list entries ----
+
+std::vector<KnobSpec> HostEntrySpecs(bool servers) {
+  std::vector<KnobSpec> keys = {
+      Knob("host")
+          .Structured("host name or IP")
+          .Optional("", "—")
+          .Doc("The machine. Exactly one of `host` and `hosts`. An IPv6 literal is written bare "
+               "(`\"::1\"`) and bracketed in the address."),
+      Knob("hosts")
+          .Structured("list of hosts")
+          .Optional("", "—")
+          .Doc("The same entry on each of these machines, in order."),
+      Knob("count")
+          .Integer(1, 1024, "")
+          .Default("1")
+          .Doc("Servers (or worker nodes) on each host, at consecutive ports. Several worker nodes "
+               "on one host make sense for testing (`local.yaml`); on real machines a node is a "
+               "machine."),
+      Knob("port")
+          .Integer(1, 65535, "")
+          .Optional("", "the host's next free default")
+          .Doc("The first port on each host; the entry's nodes listen at `port`, `port`+1, ... "
+               "Without it, a host's server ports are taken from 9100 upwards and its worker "
+               "ports from 9200 upwards, continuing after any earlier entry on that host."),
+  };
+  if (servers) return keys;
+  keys.push_back(
+      Knob("processes")
+          .Integer(1, 1024, "training processes")
+          .Optional("", "`len(gpus)`, else `worker.local_size`")
+          .Doc("*workers only.* Training processes on each node. More than one: the launcher "
+               "starts the node's `bitpush-worker` daemon, which sums them "
+               "(docs/local-ipc.md)."));
+  keys.push_back(
+      Knob("gpus")
+          .Structured("integer N, or a list of device indices")
+          .Optional("", "none (CPU)")
+          .Doc("*workers only.* The CUDA devices of each node's training processes, by local "
+               "rank: `gpus: 4` = `[0, 1, 2, 3]`; a list gives the order (`[3, 2, 1, 0]`: local "
+               "rank 0 uses device 3). Distinct; one GPU per training process, so `processes`, "
+               "when also given, must equal the number of devices. The launcher passes each "
+               "process its device (`BITPUSH_GPU`), and `bitpush.torch.init()` makes it torch's "
+               "current device."));
+  return keys;
+}
+
+std::vector<ClusterKnob> BuildTable() {
+  std::vector<ClusterKnob> t = {
+      // ---- cluster: ----
+      Structured(Knob("cluster.scheduler")
+                     .Structured("address")
+                     .Required()
+                     .Doc("Where the scheduler listens; every node connects here.")),
+      Scalar(Knob("cluster.transport")
+                 .Enum({"zmq", "inproc"}, "transport")
+                 .Doc("The transport backend: ZeroMQ over TCP (or `ipc://` Unix sockets). "
+                      "`inproc` only makes sense for clusters inside one process (tests, "
+                      "embedded use); host entries need `zmq`. RDMA is not implemented."),
+             Top<&ClusterConfig::transport>()),
+      Scalar(Knob("cluster.token")
+                 .String(1)
+                 .Optional("none")
+                 .Secret()
+                 .Doc("Shared secret. When the scheduler's YAML sets it, every node must present "
+                      "the same token or its registration is refused (\"cluster token "
+                      "mismatch\"); a node that presents a token to a scheduler without one is "
+                      "refused too. Never printed."),
+             Top<&ClusterConfig::token>()),
+      Structured(Knob("cluster.token_file")
+                     .Structured("path")
+                     .Optional("none")
+                     .Doc("Reads the token from a file instead (trailing whitespace and newline "
+                          "stripped; the file must hold a non-empty token). A relative path is "
+                          "relative to the YAML file's directory. Set `token` or `token_file`, "
+                          "not both.")),
+      Structured(Knob("cluster.servers")
+                     .Structured("addresses or hosts")
+                     .Required()
+                     .EntryKeys(HostEntrySpecs(/*servers=*/true))
+                     .Doc("The servers, in rank order (see \"Servers and workers\" below). At "
+                          "least one.")),
+      Structured(Knob("cluster.workers")
+                     .Structured("addresses or hosts")
+                     .Required()
+                     .EntryKeys(HostEntrySpecs(/*servers=*/false))
+                     .Doc("The worker nodes — one per training machine — in rank order, with "
+                          "their training processes and GPUs. At least one.")),
+      Scalar(Knob("cluster.heartbeat_interval_ms")
+                 .Millis(1, 60000)
+                 .Doc("How often the scheduler sends a heartbeat to every node and every node to "
+                      "the scheduler."),
+             Top<&ClusterConfig::heartbeat_interval>()),
+      Scalar(Knob("cluster.heartbeat_timeout_ms")
+                 .Millis(1, 3600000)
+                 .Doc("Silence after which a peer is declared dead (the scheduler about a node, "
+                      "a node about the scheduler). At least 2 × `heartbeat_interval_ms`."),
+             Top<&ClusterConfig::heartbeat_timeout>(), &HeartbeatTimeoutRule),
+      Scalar(Knob("cluster.startup_timeout_s")
+                 .Seconds(86400)
+                 .Doc("How long the scheduler waits for every node to register (then it exits "
+                      "naming each missing node), and how long a node keeps retrying a "
+                      "scheduler that does not answer."),
+             Top<&ClusterConfig::startup_timeout>()),
+
+      // ---- compression: (every key takes part in config agreement) ----
+      Scalar(Knob("compression.spec")
+                 .Custom(&CanonicalCompressorSpec, "compressor spec")
+                 .Agreed()
+                 .Doc("The compressor (`docs/compressors.md`): `none`, `fp16`, `bf16`, "
+                      "`onebit[:scaled=...]`, `topk:ratio=R\\|k=K`, `randomk:...`, "
+                      "`dithering:...`. Stored canonical (`onebit` → `onebit:scaled=true`), so "
+                      "equivalent spellings agree."),
+             In<&ClusterConfig::compression, &CompressionSettings::spec>()),
+      Scalar(Knob("compression.error_feedback")
+                 .Custom(&CanonicalErrorFeedback, "`none` \\| `worker` \\| `server` \\| `both`")
+                 .Agreed()
+                 .Doc("Where error-feedback residuals are kept (paper 001: `both`). Refused with "
+                      "`randomk:...,unbiased=true` unless `none` (its residual would grow "
+                      "without bound)."),
+             In<&ClusterConfig::compression, &CompressionSettings::error_feedback>()),
+      Scalar(Knob("compression.min_compress_bytes")
+                 .Bytes(0)
+                 .Agreed()
+                 .Doc("Tensors smaller than this are sent uncompressed."),
+             In<&ClusterConfig::compression, &CompressionSettings::min_compress_bytes>()),
+      Scalar(Knob("compression.partition_bytes")
+                 .Bytes(1)
+                 .Agreed()
+                 .Doc("Tensors are cut into partitions (keys) of at most this size."),
+             In<&ClusterConfig::compression, &CompressionSettings::partition_bytes>()),
+      Structured(
+          Knob("compression.overrides")
+              .Structured("list of `{pattern, spec}`")
+              .Optional("none")
+              .Agreed()
+              .EntryKeys({Knob("pattern").Structured("name pattern"),
+                          Knob("spec").Structured("compressor spec")})
+              .Doc("Per-tensor compressor by tensor name: the first `pattern` (shell-style "
+                   "`fnmatch`: `*`, `?`, `[...]`) matching a tensor's name gives its `spec` "
+                   "(canonicalised like `spec`), when the tensor is declared without a spec of "
+                   "its own (an explicit spec — `TensorOptions::compression`, Python's "
+                   "`compression=` — wins). Unmatched tensors take `spec`. Errors name the "
+                   "entry: `compression.overrides[1].spec: unknown compressor 'twobit'`. "
+                   "Example: `overrides: [{pattern: '*.bias', spec: none}, {pattern: 'embed*', "
+                   "spec: 'topk:ratio=0.01'}]`.")),
+
+      // ---- server: (local tuning, not agreed) ----
+      Scalar(Knob("server.engine_threads")
+                 .AutoCount(256)
+                 .Doc("Threads that aggregate and compress; each key sticks to one, placed by "
+                      "weighted load (a compressed key weighs 4× its bytes). `auto` = CPUs in "
+                      "the process's affinity mask − 1 (the I/O thread), clamped to 1..8."),
+             In<&ClusterConfig::server, &ServerSettings::engine_threads>()),
+      Scalar(Knob("server.numa")
+                 .Enum({"auto", "on", "off"})
+                 .Doc("`auto`/`on`: pin each engine thread to its own core (hwloc topology, the "
+                      "process's affinity mask honoured, NUMA nodes taken in turn, offset by "
+                      "rank × threads so co-located servers use different cores); key buffers "
+                      "are first-touched by their pinned thread, so they live on its node. `on` "
+                      "fails start-up when the topology cannot be read; `auto` then runs "
+                      "unpinned with a warning; `off` pins nothing."),
+             In<&ClusterConfig::server, &ServerSettings::numa>()),
+
+      // ---- worker: (local tuning, not agreed) ----
+      Scalar(Knob("worker.compress_threads")
+                 .AutoCount(256)
+                 .Doc("The (de)compression pool. `auto` = CPUs in the process's affinity mask, "
+                      "clamped to 1..8; in the `bitpush-worker` daemon, the cores left after the "
+                      "network core and the reduce threads, `max(1, C - 1 - reduce_threads)`, "
+                      "at most 8."),
+             In<&ClusterConfig::worker, &WorkerSettings::compress_threads>()),
+      Scalar(Knob("worker.reduce_threads")
+                 .AutoCount(256)
+                 .Flag("--reduce-threads", "T", "bitpush-worker")
+                 .Doc("`bitpush-worker`: threads summing the training processes' tensors "
+                      "(`worker/local_reduce.h`). `auto` = `max(1, C / 4)`, at most 8, with C "
+                      "the cores in the daemon's affinity mask."),
+             In<&ClusterConfig::worker, &WorkerSettings::reduce_threads>()),
+      Scalar(Knob("worker.numa")
+                 .Enum({"auto", "on", "off"})
+                 .Doc("`bitpush-worker`: pin the daemon's threads to its CPU split — one network "
+                      "core (I/O, dispatcher, round and completion threads), then one core per "
+                      "reduce thread, then one per compression thread, in core order node by "
+                      "node (`common/cpu_topology.h`, docs/threading.md). `on` fails start-up "
+                      "when the topology cannot be read; `auto` then runs unpinned with a "
+                      "warning; `off` pins nothing."),
+             In<&ClusterConfig::worker, &WorkerSettings::numa>()),
+      Scalar(Knob("worker.credit_bytes")
+                 .Bytes(1)
+                 .Doc("Uncompressed bytes of partitions in flight at once (compressing, on the "
+                      "wire, at the server, decompressing); one partition always goes."),
+             In<&ClusterConfig::worker, &WorkerSettings::credit_bytes>()),
+      Scalar(Knob("worker.op_timeout_s")
+                 .Seconds(86400)
+                 .Doc("A push_pull not complete after this long fails with Timeout naming what "
+                      "it waited for."),
+             In<&ClusterConfig::worker, &WorkerSettings::op_timeout>()),
+      Scalar(Knob("worker.local_size")
+                 .Integer(1, 1024, "training processes")
+                 .Optional("auto", "unset")
+                 .Flag("--local-size", "P", "bitpush-worker", /*sets_knob=*/false)
+                 .Doc("Training processes of the worker nodes whose `cluster.workers` entry sets "
+                      "no `processes`/`gpus` (the node daemon, `worker/daemon.h`, serves this "
+                      "many). Unset: the first accepted Hello decides. `bitpush-worker "
+                      "--local-size P` gives one daemon its count, over its node's (refused "
+                      "when the nodes' counts differ and P is not the node's)."),
+             In<&ClusterConfig::worker, &WorkerSettings::local_size>()),
+      Scalar(Knob("worker.socket")
+                 .Path(1)
+                 .Optional("default", "`/tmp/bitpush-<uid>-worker-<rank>.sock`")
+                 .Flag("--socket", "PATH", "bitpush-worker", /*sets_knob=*/false)
+                 .Env("BITPUSH_DAEMON_SOCKET")
+                 .Doc("The Unix socket of the node's `bitpush-worker`, where daemon-mode clients "
+                      "connect (`ClientOptions::daemon_socket`). `{rank}` is replaced by the "
+                      "node's rank, and is required when two worker nodes share a host (they "
+                      "would listen at the same path otherwise). At most 107 bytes after "
+                      "expansion. `bitpush-worker --socket PATH` (the daemon) and "
+                      "`BITPUSH_DAEMON_SOCKET` (a training process) give one process the path "
+                      "as is (no `{rank}`)."),
+             In<&ClusterConfig::worker, &WorkerSettings::socket>(), &WorkerSocketRule),
+  };
+  // A knob's default is its field's initial value: declared once, in cluster_config.h.
+  const ClusterConfig defaults;
+  for (ClusterKnob& k : t) {
+    if (k.get != nullptr) k.spec.default_text = FormatKnobValue(k.spec, k.get(defaults));
+  }
+  return t;
+}
+
+std::string SectionTable(const std::string& section) {
+  std::string out = config::KnobDocHeader();
+  for (const ClusterKnob& k : ClusterKnobs()) {
+    if (k.spec.section() == section) out += "\n" + config::KnobDocRow(k.spec);
+  }
+  return out;
+}
+
+std::string FlagsTable() {
+  std::string out =
+      "| knob | command-line flag | what the flag does | environment variable |\n"
+      "|---|---|---|---|";
+  for (const ClusterKnob& k : ClusterKnobs()) {
+    const config::KnobFlag& f = k.spec.flag;
+    if (f.name.empty() && k.spec.env.empty()) continue;
+    const std::string flag =
+        f.name.empty() ? "" : fmt::format("`{} {}` (`{}`)", f.name, f.value_name, f.program);
+    const std::string what = f.name.empty() ? ""
+                             : f.sets_knob  ? "sets the knob"
+                                            : "the program's own value (see the knob)";
+    const std::string env = k.spec.env.empty() ? "" : "`" + k.spec.env + "`";
+    out += fmt::format("\n| `{}` | {} | {} | {} |", k.spec.path, flag, what, env);
+  }
+  return out;
+}
+
+}  // namespace
+
+const std::vector<std::string>& ClusterSections() {
+  static const std::vector<std::string> kSections = {"cluster", "compression", "server", "worker"};
+  return kSections;
+}
+
+const std::vector<ClusterKnob>& ClusterKnobs() {
+  static const std::vector<ClusterKnob> kTable = BuildTable();
+  return kTable;
+}
+
+const ClusterKnob* FindClusterKnob(std::string_view path) {
+  for (const ClusterKnob& k : ClusterKnobs()) {
+    if (k.spec.path == path) return &k;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> SectionKeys(std::string_view section) {
+  std::vector<std::string> keys;
+  for (const ClusterKnob& k : ClusterKnobs()) {
+    if (k.spec.section() == section) keys.push_back(k.spec.key());
+  }
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+std::vector<std::string> HostEntryKeys(bool servers) {
+  std::vector<std::string> keys;
+  const ClusterKnob* k = FindClusterKnob(servers ? "cluster.servers" : "cluster.workers");
+  for (const KnobSpec& e : k->spec.entry_keys) keys.push_back(e.path);
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+const KnobSpec* FindHostEntryKey(bool servers, std::string_view key) {
+  const ClusterKnob* k = FindClusterKnob(servers ? "cluster.servers" : "cluster.workers");
+  for (const KnobSpec& e : k->spec.entry_keys) {
+    if (e.path == key) return &e;
+  }
+  return nullptr;
+}
+
+Status SetClusterKnob(ClusterConfig* config, std::string_view path, std::string_view text) {
+  const ClusterKnob* k = FindClusterKnob(path);
+  if (k == nullptr) {
+    std::string valid;
+    for (const ClusterKnob& o : ClusterKnobs()) {
+      if (o.set != nullptr) valid += (valid.empty() ? "" : ", ") + o.spec.path;
+    }
+    return InvalidArgumentError(fmt::format("{}: unknown knob; valid: {}", path, valid));
+  }
+  if (k->set == nullptr) {
+    return InvalidArgumentError(fmt::format(
+        "{}: takes {}, which only the YAML can give (docs/config.md)", path, k->spec.type_doc));
+  }
+  BP_ASSIGN_OR_RETURN(KnobValue v, config::ParseKnob(k->spec, text));
+  k->set(config, v);
+  return Status::Ok();
+}
+
+config::DocBlocks ClusterKnobDocBlocks() {
+  config::DocBlocks blocks;
+  for (const std::string& s : ClusterSections()) blocks.emplace_back(s, SectionTable(s));
+  std::string hosts = config::KnobDocHeader("key of a host entry");
+  for (const KnobSpec& e : FindClusterKnob("cluster.workers")->spec.entry_keys) {
+    hosts += "\n" + config::KnobDocRow(e);
+  }
+  blocks.emplace_back("host-entry", hosts);
+  blocks.emplace_back("flags", FlagsTable());
+  return blocks;
+}
+
+}  // namespace bitpush::scheduler
