@@ -35,17 +35,52 @@ import time
 
 from . import _env, _proc
 
-__all__ = ["LocalCluster", "WorkerResult", "free_ports"]
+__all__ = ["LocalCluster", "WorkerResult", "free_ports", "ephemeral_port_range"]
+
+
+# free_ports draws from [_FIRST_PORT, the start of the kernel's ephemeral range): a port the
+# kernel hands out itself (bind to 0) lies inside that range, where once released it can be
+# taken at any moment as the local port of some outgoing connection before the daemon that was
+# meant to listen on it starts.
+_FIRST_PORT = 20000
+_next_port = [None]
+
+
+def ephemeral_port_range():
+    """(low, high) of Linux's ephemeral ports (/proc/sys/net/ipv4/ip_local_port_range)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def free_ports(n):
-    """n distinct TCP ports free on 127.0.0.1 right now (held open together, then released)."""
+    """n distinct TCP ports free on 127.0.0.1 right now, below the ephemeral range (held open
+    together, then released). Raises RuntimeError when fewer than n are free there."""
+    low, _ = ephemeral_port_range()
+    first = _FIRST_PORT if low > _FIRST_PORT + n else 1024
+    count = low - first
+    if _next_port[0] is None:
+        _next_port[0] = (os.getpid() * 7919) % count
     socks = []
     try:
-        for _ in range(n):
+        for _ in range(count):
+            if len(socks) == n:
+                break
+            port = first + _next_port[0] % count
+            _next_port[0] += 1
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
+        if len(socks) < n:
+            raise RuntimeError("free_ports: only %d of %d ports free in %d..%d"
+                               % (len(socks), n, first, low - 1))
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
