@@ -4,6 +4,9 @@
 // compression.error_feedback, the per-node process counts). `bitpush._C.knobs()`: the knob
 // table (scheduler/cluster_knobs.h). One parser: the Python package never reads the YAML
 // itself, so a file it accepts is a file every daemon accepts, with the same values.
+// `bitpush._C.compressor_spec(spec)`: a compressor spec checked and printed canonically by
+// the same registry, so bitpush.torch refuses a mistyped spec when it is given, not at the
+// first step.
 //
 // Thread-safety: the function holds no state; it releases nothing (parsing is quick).
 #include <pybind11/pybind11.h>
@@ -11,6 +14,7 @@
 
 #include <string>
 
+#include "compressors/spec_registry.h"
 #include "python/src/status_error.h"
 #include "scheduler/cluster_config.h"
 #include "scheduler/cluster_knobs.h"
@@ -63,6 +67,15 @@ void BindConfig(py::module_& m) {
       "effective config as text) and knobs ({'worker.op_timeout_s': '300', ...}: every "
       "scalar knob but the token, in canonical text; docs/config.md). A bad file raises "
       "BitpushError whose message names the file, line and key.");
+  m.def(
+      "compressor_spec",
+      [](const std::string& spec) {
+        return compressors::CompressorSpecString(
+            ValueOrThrow(compressors::ParseCompressorSpec(spec)));
+      },
+      "The canonical form of a compressor spec ('onebit' -> 'onebit:scaled=true'; "
+      "docs/compressors.md), parsed by the spec registry the daemons use. A bad spec raises "
+      "BitpushError naming the problem ('unknown compressor ...', 'unknown parameter ...').");
   m.def(
       "knobs",
       [] {

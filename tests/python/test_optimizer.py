@@ -95,6 +95,27 @@ def test_error_feedback_mismatch_names_the_yaml_key(tmp_path, monkeypatch):
     bp.CLAN(model.parameters(), compression="onebit", error_feedback=True).remove_hooks()
 
 
+def test_a_mistyped_spec_is_refused_where_it_is_given():
+    # Before the first step: no cluster runs here, so a check deferred to the first
+    # push_pull would not fire at all.
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(ValueError, match=r"^CLAN: compression 'onebt': unknown compressor "
+                                         r"'onebt'; valid compressors: none, fp16"):
+        bp.CLAN(model.parameters(), compression="onebt")
+    with pytest.raises(ValueError, match=r"^CLAN: compression 'topk:ratio=2': .*out of range"):
+        bp.CLAN(model.parameters(), compression="topk:ratio=2")
+    with pytest.raises(ValueError, match=r"^DistributedOptimizer: compression "
+                                         r"'onebit:scaled=maybe': .*'maybe'"):
+        bp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                named_parameters=model.named_parameters(),
+                                compression="onebit:scaled=maybe")
+    with pytest.raises(ValueError, match=r"^PushPullHookState: compression 'fp61'"):
+        bp.PushPullHookState(compression="fp61")
+    # Valid specs, in any spelling the registry accepts, still construct.
+    bp.CLAN(model.parameters(), compression="topk:ratio=0.01").remove_hooks()
+    assert bp.PushPullHookState(compression="fp16").compression == "fp16"
+
+
 def test_unsupported_parameters_are_refused():
     w = torch.nn.Parameter(torch.randn(4, 3).t())  # non-contiguous
     with pytest.raises(ValueError, match="not contiguous"):

@@ -620,6 +620,19 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     b.wait()
 
 
+def _check_compression(compression, what):
+    """Raises ValueError naming `what` when `compression` (a compressor spec; None = the
+    cluster's compression.spec) does not parse, so a mistyped spec fails where it is given
+    rather than at the first push_pull. Returns it unchanged."""
+    if compression is None:
+        return None
+    try:
+        _C.compressor_spec(str(compression))
+    except BitpushError as e:
+        raise ValueError("%s: compression '%s': %s" % (what, compression, e)) from None
+    return compression
+
+
 from . import hooks as _hooks, optimizer as _optimizer  # noqa: E402
 
 __all__ += list(getattr(_optimizer, "__all__", [])) + list(getattr(_hooks, "__all__", []))

@@ -45,7 +45,7 @@ class PushPullHookState:
     """
 
     def __init__(self, compression="none", prefix="ddp"):
-        self.compression = compression
+        self.compression = _bp()._check_compression(compression, "PushPullHookState")
         self.prefix = prefix
         self._queue = None
         self._thread = None

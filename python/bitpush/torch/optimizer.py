@@ -112,6 +112,7 @@ class _GradientExchange:
         else:
             self._bp_names = {id(p): "param.%d" % i for i, p in enumerate(params)}
         self._bp_params = [p for p in params if p.requires_grad]
+        _bp()._check_compression(compression, what)
         self._bp_compression = "none" if compression is None else str(compression)
         self._bp_passes = int(backward_passes_per_step)
         self._bp_delay = {id(p): self._bp_passes for p in self._bp_params}
@@ -286,6 +287,7 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
         torch.optim.Optimizer.__init__(self, params, defaults)
         for i, p in enumerate(q for g in self.param_groups for q in g["params"]):
             _check_param(p, i, named_parameters)
+        _bp()._check_compression(compression, type(self).__name__)
         self.compression = "none" if compression is None else str(compression)
         self.error_feedback = bool(error_feedback)
         self._check_error_feedback()
