@@ -20,8 +20,9 @@ import torch
 def add_common_args(parser, default_lr):
     parser.add_argument("--optimizer", choices=["clan", "lans", "adam", "sgd"], default="clan")
     parser.add_argument("--compression", default=None,
-                        help="compressor spec of the gradients (docs/compressors.md); default "
-                        "onebit for clan, none otherwise")
+                        help="compressor spec of the gradients (docs/compressors.md); default: "
+                        "the cluster YAML's compression.spec under bitpush launch; without it "
+                        "(the example's own local cluster) onebit for clan, none otherwise")
     parser.add_argument("--no-error-feedback", action="store_true",
                         help="clan: paper 001 Algorithm 3 (for unbiased compressors such as "
                         "dithering) instead of Algorithm 4")
@@ -48,9 +49,29 @@ def add_common_args(parser, default_lr):
 def resolve(args):
     if args.lr is None:
         args.lr = args.default_lr[args.optimizer]
-    if args.compression is None:
+    if args.compression is None and not os.environ.get("BITPUSH_CONFIG"):
+        # The example builds its own cluster from these arguments; under a launcher the
+        # cluster YAML decides (None).
         args.compression = "onebit" if args.optimizer == "clan" else "none"
     return args
+
+
+def effective_compression(args):
+    """The spec the gradients go with: --compression, else the cluster's (call after
+    bitpush.torch.init)."""
+    import bitpush.torch as bp
+
+    if args.optimizer == "lans":
+        return "none"
+    return args.compression if args.compression is not None else bp.cluster_compression()
+
+
+def error_feedback_on(args):
+    """Whether the gradients keep error feedback (compressed, in a cluster that keeps it)."""
+    import bitpush.torch as bp
+
+    compressed = effective_compression(args).split(":")[0] not in ("", "none")
+    return compressed and bp.cluster_error_feedback() != "none"
 
 
 def lr_scheduler(args, opt, total_steps):
@@ -74,7 +95,8 @@ def lr_scheduler(args, opt, total_steps):
 
 
 def cluster_error_feedback(args):
-    """The local cluster's compression.error_feedback for these arguments."""
+    """The compression.error_feedback of the example's own local cluster for these
+    arguments."""
     compressed = args.compression.split(":")[0] not in ("", "none")
     if args.optimizer == "clan" and compressed and not args.no_error_feedback:
         return "both"  # paper 001 Algorithm 4: worker and server residuals
@@ -128,7 +150,8 @@ def build_optimizer(args, model, prefix=""):
     if args.optimizer == "clan":
         return bp.CLAN(params, lr=args.lr, weight_decay=args.weight_decay,
                        compression=args.compression,
-                       error_feedback=not args.no_error_feedback, named_parameters=named)
+                       error_feedback=False if args.no_error_feedback else None,
+                       named_parameters=named)
     if args.optimizer == "lans":
         return bp.LANS(params, lr=args.lr, weight_decay=args.weight_decay,
                        named_parameters=named)

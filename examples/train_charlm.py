@@ -5,7 +5,7 @@ Python standard library's sources shipped with the machine (/usr/lib/python3.11/
 10%); each worker trains on its contiguous shard of the training text; the validation loss
 (nats per byte) is reported.
 
-    PYTHONPATH=build-py/python /usr/bin/python3 examples/train_charlm.py \
+    PYTHONPATH=build/python /usr/bin/python3 examples/train_charlm.py \
         --optimizer clan --compression topk:ratio=0.01 --steps 300 --json charlm.json
 
 Without BITPUSH_CONFIG it starts its own loopback cluster and --workers processes of itself
@@ -139,8 +139,9 @@ def run(args, prefix=""):
     val_loss = sum(losses) / len(losses)
     if hasattr(opt, "remove_hooks"):
         opt.remove_hooks()
-    return {"example": "charlm", "optimizer": args.optimizer, "compression": args.compression,
-            "error_feedback": ex.cluster_error_feedback(args) != "none", "seed": args.seed,
+    return {"example": "charlm", "optimizer": args.optimizer,
+            "compression": ex.effective_compression(args),
+            "error_feedback": ex.error_feedback_on(args), "seed": args.seed,
             "workers": size, "steps": total, "final_train_loss": loss_avg,
             "val_loss": val_loss, "val_bits_per_byte": val_loss / math.log(2),
             "wall_time_s": wall, "bytes_pushed": ex.bytes_pushed() - pushed0,

@@ -3,7 +3,7 @@
 bitpush: each worker trains on its shard of the training split, gradients are averaged
 through the cluster (CLAN compresses them), and the test split's accuracy is reported.
 
-    PYTHONPATH=build-py/python /usr/bin/python3 examples/train_digits.py \
+    PYTHONPATH=build/python /usr/bin/python3 examples/train_digits.py \
         --optimizer clan --compression onebit --epochs 10 --json digits.json
 
 Without BITPUSH_CONFIG it starts its own loopback cluster and --workers processes of itself
@@ -103,8 +103,9 @@ def run(args, prefix=""):
         acc = (model(x_te).argmax(1) == y_te).float().mean().item() * 100.0
     if hasattr(opt, "remove_hooks"):
         opt.remove_hooks()
-    return {"example": "digits", "optimizer": args.optimizer, "compression": args.compression,
-            "error_feedback": ex.cluster_error_feedback(args) != "none", "seed": args.seed,
+    return {"example": "digits", "optimizer": args.optimizer,
+            "compression": ex.effective_compression(args),
+            "error_feedback": ex.error_feedback_on(args), "seed": args.seed,
             "workers": size, "steps": step, "final_train_loss": loss_avg,
             "test_accuracy": acc, "wall_time_s": wall,
             "bytes_pushed": ex.bytes_pushed() - pushed0,

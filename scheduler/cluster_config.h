@@ -45,8 +45,9 @@ struct CompressionSettings {
   // compression.error_feedback: none | worker | server | both.
   std::string error_feedback = "none";
   // compression.min_compress_bytes: tensors smaller than this (bytes) are sent uncompressed
-  // (paper 001's 1 MiB by default).
-  uint64_t min_compress_bytes = 1048576;
+  // (4 KiB by default: below it compressing saves no measurable time; docs/config.md,
+  // "Compression threshold").
+  uint64_t min_compress_bytes = 4096;
   // compression.partition_bytes: a tensor is cut into partitions (keys) of at most this many
   // bytes (BytePS's 4096000 by default).
   uint64_t partition_bytes = 4096000;

@@ -259,7 +259,8 @@ std::vector<ClusterKnob> BuildTable() {
       Scalar(Knob("compression.min_compress_bytes")
                  .Bytes(0)
                  .Agreed()
-                 .Doc("Tensors smaller than this are sent uncompressed."),
+                 .Doc("Tensors smaller than this are sent uncompressed (the default is measured: "
+                      "\"Compression threshold\" below)."),
              In<&ClusterConfig::compression, &CompressionSettings::min_compress_bytes>()),
       Scalar(Knob("compression.partition_bytes")
                  .Bytes(1)

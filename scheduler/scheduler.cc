@@ -211,9 +211,9 @@ void Scheduler::RegisterHandlers() {
                            HandleBarrier(*slot, m.barrier_request());
                        });
   endpoint_->OnControl(v1::ControlMessage::kDone, nodes,
-                       [this](const Sender& from, const v1::ControlMessage&) {
+                       [this](const Sender& from, const v1::ControlMessage& m) {
                          if (draining_) return;
-                         if (Slot* slot = HeardFrom(from)) HandleDone(*slot);
+                         if (Slot* slot = HeardFrom(from)) HandleDone(*slot, m.done());
                        });
   endpoint_->OnControl(v1::ControlMessage::kShutdownAck, nodes,
                        [this](const Sender& from, const v1::ControlMessage&) {
@@ -470,7 +470,7 @@ void Scheduler::HandleBarrier(Slot& slot, const v1::BarrierRequest& req) {
   std::fill(b.arrived.begin(), b.arrived.end(), false);
 }
 
-void Scheduler::HandleDone(Slot& slot) {
+void Scheduler::HandleDone(Slot& slot, const v1::Done& done) {
   if (slot.role != v1::ROLE_WORKER) {
     BP_LOG_WARN("scheduler: {} sent Done, but only workers do; ignored", slot.name);
     return;
@@ -484,7 +484,20 @@ void Scheduler::HandleDone(Slot& slot) {
   ++workers_done_;
   BP_LOG_INFO("scheduler: {} is done [{}/{} workers]", slot.name, workers_done_,
               cluster_.workers.size());
-  if (workers_done_ == cluster_.workers.size()) finished_ = Status::Ok();
+  if (workers_done_ == cluster_.workers.size()) {
+    finished_ = Status::Ok();
+    return;
+  }
+  if (done.rounds().empty())
+    return;  // the worker's rounds are unknown (it failed, or pushed nothing)
+  v1::ControlMessage m;
+  *m.mutable_worker_finished()->mutable_node() = InfoOf(slot);
+  *m.mutable_worker_finished()->mutable_rounds() = done.rounds();
+  for (const Slot& other : slots_) {
+    if (other.role != v1::ROLE_WORKER || !other.registered || other.dead || other.done) continue;
+    Status st = SendTo(other.name, m);
+    if (!st.ok()) BP_LOG_DEBUG("scheduler: cannot tell {}: {}", other.name, st.ToString());
+  }
 }
 
 void Scheduler::SendHeartbeats() {

@@ -114,7 +114,9 @@ class Scheduler {
   Slot* HeardFrom(const node::Sender& sender);
   void HandleRegister(const std::string& from, const v1::RegisterRequest& req);
   void HandleBarrier(Slot& slot, const v1::BarrierRequest& req);
-  void HandleDone(Slot& slot);
+  // Marks the worker done and forwards its rounds (WorkerFinished) to the workers still
+  // running, whose rounds beyond them can no longer complete.
+  void HandleDone(Slot& slot, const v1::Done& done);
   void Refuse(const std::string& from, const v1::RegisterRequest& req, Slot* slot,
               const std::string& error);
   void SendAssignments();

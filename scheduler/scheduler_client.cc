@@ -129,7 +129,7 @@ void SchedulerClient::Attach() {
        {v1::ControlMessage::kHeartbeat, v1::ControlMessage::kRegisterAccepted,
         v1::ControlMessage::kRegisterRefused, v1::ControlMessage::kAssignment,
         v1::ControlMessage::kBarrierRelease, v1::ControlMessage::kNodeFailed,
-        v1::ControlMessage::kShutdown}) {
+        v1::ControlMessage::kShutdown, v1::ControlMessage::kWorkerFinished}) {
     endpoint_->OnControl(kind, scheduler, [this](const Sender&, const v1::ControlMessage& m) {
       HandleFromScheduler(m);
     });
@@ -355,7 +355,7 @@ Status SchedulerClient::Barrier(v1::Group group, milliseconds timeout) {
   return e;
 }
 
-Status SchedulerClient::Done() {
+Status SchedulerClient::Done(const std::vector<uint64_t>& rounds) {
   if (options_.role != v1::ROLE_WORKER) {
     return InvalidArgumentError(fmt::format("{}: only workers send Done", label_));
   }
@@ -368,7 +368,8 @@ Status SchedulerClient::Done() {
     done_sent_ = true;
   }
   v1::ControlMessage m;
-  m.mutable_done();
+  v1::Done* done = m.mutable_done();
+  for (uint64_t r : rounds) done->add_rounds(r);
   if (Status s = SendToScheduler(m); !s.ok()) {
     Status e = Status(s.code(), fmt::format("{}: sending Done: {}", label_, s.message()));
     Fail(e);
@@ -474,6 +475,17 @@ void SchedulerClient::HandleFromScheduler(const v1::ControlMessage& msg) {
       Fail(UnavailableError(fmt::format("{} {} at {} failed: {} (reported by the scheduler at {})",
                                         RoleName(f.node().role()), f.node().rank(),
                                         f.node().address(), f.reason(), sched)));
+      return;
+    }
+    case v1::ControlMessage::kWorkerFinished: {
+      const v1::WorkerFinished& f = msg.worker_finished();
+      if (options_.role != v1::ROLE_WORKER || f.node().role() != v1::ROLE_WORKER) return;
+      BP_LOG_DEBUG("{}: worker {} is done (told by the scheduler at {})", label_, f.node().rank(),
+                   sched);
+      if (options_.on_worker_finished) {
+        options_.on_worker_finished(f.node().rank(),
+                                    std::vector<uint64_t>(f.rounds().begin(), f.rounds().end()));
+      }
       return;
     }
     case v1::ControlMessage::kShutdown: {

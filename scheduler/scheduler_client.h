@@ -74,6 +74,9 @@ struct SchedulerClientOptions {
   std::chrono::milliseconds barrier_timeout{600000};
   // Called once with the first (sticky) error, on the thread that detected it.
   std::function<void(const Status&)> on_error;
+  // Workers: called on the I/O thread when the scheduler says another worker is done, with that
+  // worker's rank and the rounds it completed of each tensor (WorkerFinished).
+  std::function<void(uint32_t worker, const std::vector<uint64_t>& rounds)> on_worker_finished;
   // The clock of heartbeats, silence verdicts, registration back-off and every bounded wait;
   // null = the endpoint's clock.
   std::shared_ptr<const Clock> clock;
@@ -116,8 +119,10 @@ class SchedulerClient {
   Status Barrier(v1::Group group);
   Status Barrier(v1::Group group, std::chrono::milliseconds timeout);
 
-  // Workers: tells the scheduler this worker is done. Idempotent.
-  Status Done();
+  // Workers: tells the scheduler this worker is done, with the push_pulls it completed of each
+  // tensor (by declaration index: Done's `rounds`, which the scheduler forwards to the other
+  // workers as WorkerFinished). Idempotent.
+  Status Done(const std::vector<uint64_t>& rounds = {});
 
   // OK once the scheduler shut the cluster down cleanly; the sticky error if any; Timeout
   // "no shutdown from the scheduler at ADDR within N ms" otherwise.

@@ -299,8 +299,14 @@ void Server::Impl::RegisterHandlers() {
                                   options_.rank, *worker, m.header.size())));
   });
   endpoint_->OnEvent(Plane::kData, [this](const Sender& from, const transport::TransportEvent& ev) {
-    if (ev.kind != transport::TransportEvent::Kind::kPeerConnected) {
+    // A lost connection is not a verdict (workers close theirs at a clean shutdown): the
+    // scheduler's heartbeats decide, and tell this server when a worker died. A failed send
+    // is: the worker misses that reply.
+    if (ev.kind == transport::TransportEvent::Kind::kSendFailed) {
       BP_LOG_WARN("server {}: {}: {}", options_.rank, from.peer, ev.status.ToString());
+    } else {
+      BP_LOG_DEBUG("server {}: transport event about {}: {}", options_.rank, from.peer,
+                   ev.status.ok() ? std::string("connected") : ev.status.ToString());
     }
   });
 }

@@ -54,6 +54,14 @@ bool PushPullHandle::Ready() const {
   return op_->done;
 }
 
+uint64_t PushPullHandle::bytes_pushed() const {
+  return op_ ? op_->bytes_pushed.load() : 0;
+}
+
+uint64_t PushPullHandle::bytes_pulled() const {
+  return op_ ? op_->bytes_pulled.load() : 0;
+}
+
 namespace {
 
 // Embedded mode: this process is the worker node; its Engine does everything.
@@ -137,7 +145,8 @@ StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
     d.local_size = options.local_size;
     d.startup_timeout = options.cluster.startup_timeout;
     BP_ASSIGN_OR_RETURN(std::unique_ptr<DaemonClient> daemon, DaemonClient::Connect(d));
-    return std::unique_ptr<Client>(new Client(std::make_unique<DaemonBackend>(std::move(daemon))));
+    return std::unique_ptr<Client>(new Client(std::make_unique<DaemonBackend>(std::move(daemon)),
+                                              options.cluster.compression));
   }
   if (options.cluster.ProcessCountsDiffer()) {
     // An embedded node pushes its one gradient unscaled; with different counts per node only
@@ -149,16 +158,19 @@ StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
         options.rank,
         options.cluster.source.empty() ? "the cluster config" : options.cluster.source));
   }
+  scheduler::CompressionSettings compression = options.cluster.compression;
   EngineOptions e;
   e.cluster = std::move(options.cluster);
   e.rank = options.rank;
   e.inproc_hub = std::move(options.inproc_hub);
   e.clock = std::move(options.clock);
   BP_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(std::move(e)));
-  return std::unique_ptr<Client>(new Client(std::make_unique<EngineBackend>(std::move(engine))));
+  return std::unique_ptr<Client>(
+      new Client(std::make_unique<EngineBackend>(std::move(engine)), std::move(compression)));
 }
 
-Client::Client(std::unique_ptr<ClientBackend> backend) : backend_(std::move(backend)) {}
+Client::Client(std::unique_ptr<ClientBackend> backend, scheduler::CompressionSettings compression)
+    : backend_(std::move(backend)), compression_(std::move(compression)) {}
 
 Client::~Client() {
   Close();
@@ -166,7 +178,14 @@ Client::~Client() {
 
 StatusOr<TensorId> Client::Declare(const std::string& name, size_t elements, DType dtype,
                                    const TensorOptions& options) {
-  return backend_->Declare(name, elements, dtype, options);
+  StatusOr<TensorId> id = backend_->Declare(name, elements, dtype, options);
+  if (!id.ok()) return id;
+  StatusOr<TensorCompression> plan =
+      DecideCompression(compression_, name, elements, dtype, options.compression);
+  std::lock_guard<std::mutex> lock(declared_mu_);
+  if (declared_.size() <= id->index) declared_.resize(id->index + 1);
+  if (plan.ok()) declared_[id->index] = std::move(plan).value();
+  return id;
 }
 
 StatusOr<TensorId> Client::Declare(const std::string& name, size_t elements, DType dtype,
@@ -219,6 +238,25 @@ StatusOr<std::vector<float>> Client::ErrorFeedbackState(TensorId tensor) const {
 
 Status Client::RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved) {
   return backend_->RestoreErrorFeedbackState(tensor, saved);
+}
+
+StatusOr<std::string> Client::DescribeCompression(const std::vector<TensorId>& tensors) const {
+  BP_ASSIGN_OR_RETURN(std::vector<TensorCompression> plans, CompressionOf(tensors));
+  return worker::DescribeCompression(plans, compression_.min_compress_bytes);
+}
+
+StatusOr<std::vector<TensorCompression>> Client::CompressionOf(
+    const std::vector<TensorId>& tensors) const {
+  std::vector<TensorCompression> plans;
+  plans.reserve(tensors.size());
+  std::lock_guard<std::mutex> lock(declared_mu_);
+  for (TensorId t : tensors) {
+    if (t.index >= declared_.size() || declared_[t.index].name.empty()) {
+      return NotFoundError(fmt::format("DescribeCompression: tensor #{} is not declared", t.index));
+    }
+    plans.push_back(declared_[t.index]);
+  }
+  return plans;
 }
 
 }  // namespace bitpush::worker

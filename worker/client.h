@@ -47,7 +47,9 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/dtype.h"
@@ -55,6 +57,7 @@
 #include "common/tensor_view.h"
 #include "common/transport/transport.h"
 #include "scheduler/cluster_config.h"
+#include "worker/compression_plan.h"
 
 namespace bitpush::worker {
 
@@ -95,6 +98,10 @@ class PushPullHandle {
   // `timeout` without failing the operation.
   Status Wait(std::chrono::milliseconds timeout) const;
   bool Ready() const;
+  // The compressed payload bytes the operation sent to and received from the servers (final
+  // once it completed; 0 for a default-constructed handle or a daemon-mode operation).
+  uint64_t bytes_pushed() const;
+  uint64_t bytes_pulled() const;
 
  private:
   std::shared_ptr<OpState> op_;
@@ -134,8 +141,10 @@ struct ClientStats {
   uint64_t ops_completed = 0;
   uint64_t ops_failed = 0;
   uint64_t partitions_pushed = 0;
-  uint64_t bytes_pushed = 0;  // compressed payload bytes sent
-  uint64_t bytes_pulled = 0;  // compressed payload bytes received
+  // Compressed payload bytes sent to / received from the servers. Daemon mode: the node's
+  // bytes of the rounds this process took part in (its daemon reports them with each result).
+  uint64_t bytes_pushed = 0;
+  uint64_t bytes_pulled = 0;
   // Cumulative time in each stage, over all partitions (ns; stages overlap across partitions).
   uint64_t compress_ns = 0;
   uint64_t network_ns = 0;  // push sent -> reply received (includes the server's time)
@@ -204,10 +213,24 @@ class Client {
   StatusOr<std::vector<float>> ErrorFeedbackState(TensorId tensor) const;
   Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved);
 
+  // One line, beginning "compression: ", saying how many of `tensors` (and how many bytes)
+  // travel compressed, by spec, and which go raw and why (spec "none", or below
+  // compression.min_compress_bytes): worker/compression_plan.h. The decision is the engine's
+  // rule applied to this process's copy of the cluster config (in daemon mode the node's
+  // daemon applies it to its copy, which config agreement keeps equal). NotFound for a tensor
+  // that was never declared.
+  StatusOr<std::string> DescribeCompression(const std::vector<TensorId>& tensors) const;
+  // The decisions behind it, one per tensor (what each travels with, and why).
+  StatusOr<std::vector<TensorCompression>> CompressionOf(
+      const std::vector<TensorId>& tensors) const;
+
  private:
-  explicit Client(std::unique_ptr<ClientBackend> backend);
+  Client(std::unique_ptr<ClientBackend> backend, scheduler::CompressionSettings compression);
   // The node's engine (embedded) or its daemon connection (daemon mode): client_backend.h.
   const std::unique_ptr<ClientBackend> backend_;
+  const scheduler::CompressionSettings compression_;
+  mutable std::mutex declared_mu_;
+  std::vector<TensorCompression> declared_;  // by TensorId::index; guarded by declared_mu_
 };
 
 }  // namespace bitpush::worker

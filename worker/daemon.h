@@ -216,7 +216,8 @@ class Daemon {
   void CheckGatherDeadlines();
   void FailNode(const Status& error, const Conn* dead);
   void DropConn(Conn& c);
-  void SendDone(ipc::Channel& ch, uint32_t tensor, uint64_t round, const Status& s);
+  void SendDone(ipc::Channel& ch, uint32_t tensor, uint64_t round, const Status& s,
+                uint64_t bytes_pushed = 0, uint64_t bytes_pulled = 0);
   std::chrono::milliseconds NextPollTimeout() const;
 
   // Round and completion threads.

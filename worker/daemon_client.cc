@@ -435,6 +435,8 @@ void DaemonClient::OnDone(const v1::LocalPushPullDone& done) {
   } else {
     ++stats_.ops_failed;
   }
+  stats_.bytes_pushed += done.bytes_pushed();
+  stats_.bytes_pulled += done.bytes_pulled();
   op->Complete(std::move(s));
 }
 

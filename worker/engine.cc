@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "common/vector_ops.h"
 #include "compressors/registry.h"
+#include "worker/compression_plan.h"
 
 namespace bitpush::worker {
 
@@ -115,6 +116,9 @@ Status Engine::Start(EngineOptions& options) {
   so.initial_backoff = options.initial_backoff;
   so.max_backoff = options.max_backoff;
   so.on_error = [this](const Status& s) { OnClusterError(s); };
+  so.on_worker_finished = [this](uint32_t worker, const std::vector<uint64_t>& rounds) {
+    OnWorkerFinished(worker, rounds);
+  };
   BP_ASSIGN_OR_RETURN(client_, scheduler::SchedulerClient::Create(std::move(so), endpoint_.get()));
   RegisterHandlers();
   endpoint_->Start();
@@ -160,14 +164,23 @@ void Engine::Close() {
 }
 
 Status Engine::Shutdown(milliseconds timeout) {
+  std::vector<uint64_t> rounds;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return CancelledError(label_ + ": the client was closed");
+    // What the others can still pair with — only when this worker's rounds are in step with
+    // the servers (no failed push_pull): otherwise the others learn of the failure from the
+    // scheduler, and an early "this worker is done" would hide it.
+    bool in_step = cluster_error_.ok();
+    for (const auto& t : tensors_) in_step = in_step && t->error.ok();
+    if (in_step) {
+      for (const auto& t : tensors_) rounds.push_back(t->rounds_done);
+    }
     shutting_down_ = true;
     FailAllLocked(CancelledError(label_ + ": the client is shutting down"));
   }
   decl_cv_.notify_all();
-  BP_RETURN_IF_ERROR(client_->Done());
+  BP_RETURN_IF_ERROR(client_->Done(rounds));
   return client_->WaitForShutdown(timeout);
 }
 
@@ -271,10 +284,9 @@ StatusOr<TensorId> Engine::Declare(const std::string& name, size_t elements, DTy
     }
     index = static_cast<uint32_t>(tensors_.size());
   }
-  const std::string spec =
-      options.compression.empty() ? cluster_.compression.SpecForTensor(name) : options.compression;
-  StatusOr<v1::CompressorConfig> config = compressors::ParseCompressorSpec(spec);
-  if (!config.ok()) return config.status().WithContext(what + ": compression");
+  StatusOr<TensorCompression> plan =
+      DecideCompression(cluster_.compression, name, elements, dtype, options.compression);
+  if (!plan.ok()) return plan.status().WithContext(what + ": compression");
 
   auto t = std::make_unique<Tensor>();
   t->index = index;
@@ -282,13 +294,8 @@ StatusOr<TensorId> Engine::Declare(const std::string& name, size_t elements, DTy
   t->elements = elements;
   t->dtype = dtype;
   t->options = options;
-  t->compressed = compressors::MethodCompresses(config->id()) &&
-                  AboveCompressThreshold(elements, dtype, cluster_.compression.min_compress_bytes);
-  if (t->compressed) {
-    t->config = *config;
-  } else {
-    BP_ASSIGN_OR_RETURN(t->config, compressors::ParseCompressorSpec("none"));
-  }
+  t->compressed = plan->compressed();
+  t->config = std::move(plan->config);
   t->spec = compressors::CompressorSpecString(t->config);
 
   StatusOr<std::vector<PartitionRange>> ranges =
@@ -506,6 +513,8 @@ PushPullHandle Engine::PushPull(TensorId id, ConstTensorView input, TensorView o
         what + ": a push_pull of this tensor is already in flight; wait for its handle first");
   } else if (!t->committed) {
     error = InternalError(what + ": the tensor's declaration is not committed");
+  } else if (std::optional<Status> blocked = FinishedWorkerBlocksLocked(*t)) {
+    error = *blocked;
   }
   if (!error.ok()) {
     ++stats_.ops_failed;
@@ -675,6 +684,7 @@ void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpStat
     p.pushed_at = EngineClock::now();
     ++stats_.partitions_pushed;
     stats_.bytes_pushed += *bytes;
+    op->bytes_pushed += *bytes;
   }
   const Status sent = endpoint_->Send(p.peer, std::move(msg));
   std::lock_guard<std::mutex> lock(mu_);
@@ -829,6 +839,7 @@ void Engine::OnReply(const std::string& from, const v1::DataHeader& h, transport
   }
   transport::Buffer payload = std::move(msg.frames[0]);
   stats_.bytes_pulled += payload.size();
+  op->bytes_pulled += payload.size();
   p.stage = Stage::kDecompressing;
   ++op->active_jobs;
   if (!pool_->Post([this, t, j, op,
@@ -872,6 +883,36 @@ void Engine::OnError(const std::string& from, const v1::DataHeader& h) {
                                         label_, ServerLabel(from), h.key(), t->name, j, h.round(),
                                         h.error())));
   MaybeFinishLocked(*t, op);
+}
+
+std::optional<Status> Engine::FinishedWorkerBlocksLocked(const Tensor& t) const {
+  if (t.partitions.empty()) return std::nullopt;  // completes without the servers
+  for (const auto& [worker, rounds] : finished_workers_) {
+    const uint64_t theirs = t.index < rounds.size() ? rounds[t.index] : 0;
+    if (t.rounds_done < theirs) continue;
+    return FailedPreconditionError(fmt::format(
+        "{}: push_pull of tensor '{}' (its push_pull #{} here) cannot complete: worker {} is "
+        "done after {} push_pull{} of it (its training ended). The workers ran different "
+        "numbers of steps (uneven data?): give every worker the same number of steps, e.g. "
+        "the same number of batches per epoch (drop the last partial batch)",
+        label_, t.name, t.rounds_done + 1, worker, theirs, theirs == 1 ? "" : "s"));
+  }
+  return std::nullopt;
+}
+
+void Engine::OnWorkerFinished(uint32_t worker, const std::vector<uint64_t>& rounds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (worker == rank_) return;
+  finished_workers_[worker] = rounds;
+  for (const auto& tp : tensors_) {
+    Tensor& t = *tp;
+    if (!t.op || t.op->failed) continue;
+    if (std::optional<Status> blocked = FinishedWorkerBlocksLocked(t)) {
+      std::shared_ptr<OpState> op = t.op;
+      FailOpLocked(t, op, *blocked);
+      MaybeFinishLocked(t, op);
+    }
+  }
 }
 
 void Engine::OnClusterError(const Status& error) {
@@ -956,6 +997,7 @@ void Engine::MaybeFinishLocked(Tensor& t, const std::shared_ptr<OpState>& op) {
     ++stats_.ops_failed;
   } else {
     ++stats_.ops_completed;
+    ++t.rounds_done;
   }
   op->Complete(op->failed ? op->error : Status::Ok());
 }

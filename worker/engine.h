@@ -53,6 +53,7 @@
 // Nothing sends on the transport or calls the SchedulerClient while holding mu_.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -101,6 +102,10 @@ struct OpState {
   bool failed = false;
   bool finished = false;  // completion signalled (or about to be)
   Status error;
+  // Compressed payload bytes this op sent to and received from the servers (the daemon reports
+  // them to its processes with the round's result).
+  std::atomic<uint64_t> bytes_pushed{0};
+  std::atomic<uint64_t> bytes_pulled{0};
 
   // Completion: guarded by mu.
   std::mutex mu;
@@ -193,6 +198,7 @@ class Engine {
     bool committed = false;       // declaration checked and keys announced
     Status error;                 // sticky: failed declaration, or a push_pull failed mid-way
     std::shared_ptr<OpState> op;  // the push_pull in flight
+    uint64_t rounds_done = 0;     // push_pulls completed OK (the round number of the next one)
   };
 
   struct Ready {
@@ -216,6 +222,12 @@ class Engine {
   void OnError(const std::string& from, const v1::DataHeader& h);
   void OnDeclareVerdict(uint64_t epoch, Status verdict);
   void OnClusterError(const Status& error);
+  // SchedulerClientOptions::on_worker_finished: fails the push_pulls that can no longer
+  // complete (their round is beyond what that worker pushed), now and later.
+  void OnWorkerFinished(uint32_t worker, const std::vector<uint64_t>& rounds);
+  // Why tensor `t`'s next round (t.rounds_done) cannot complete, if a finished worker did not
+  // push it.
+  std::optional<Status> FinishedWorkerBlocksLocked(const Tensor& t) const;
 
   // A pool job's first step: if its op already failed, give the partition back and end the
   // job (true).
@@ -235,6 +247,9 @@ class Engine {
 
   // Helpers (caller holds mu_).
   void FailOpLocked(Tensor& t, const std::shared_ptr<OpState>& op, const Status& error);
+  // Other workers that are done: rank -> the push_pulls each completed of each tensor (by
+  // index; guarded by mu_).
+  std::map<uint32_t, std::vector<uint64_t>> finished_workers_;
   // Moves `p` (partition of tensor `t`) to kIdle, returning its credit if it held some.
   void SetIdleLocked(Tensor& t, Partition& p);
   // Takes the credit for queued partition `j` of `t` and posts its compress job.

@@ -14,6 +14,9 @@ BITPUSH_BIN_DIR            where bitpush-scheduler/-server/-worker live (LocalCl
                            default: the build tree this package was built in)
 BITPUSH_GPU                the CUDA device of this process (the YAML's gpus of its node,
                            by local rank); init() makes it torch's current device
+BITPUSH_LOG_LEVEL          the level of this process's bitpush log: trace, debug, info,
+                           warn (the default), error or off; warn and below also print the
+                           one `compression:` line at the start of training
 BITPUSH_ROLE, BITPUSH_SCHEDULER, BITPUSH_RANK, BITPUSH_SIZE
                            informational, set by the launcher: "worker", the scheduler's
                            address, this process's global rank and the process count (what
@@ -34,12 +37,15 @@ MODE = "BITPUSH_MODE"
 DAEMON_SOCKET = "BITPUSH_DAEMON_SOCKET"
 BIN_DIR = "BITPUSH_BIN_DIR"
 GPU = "BITPUSH_GPU"
+LOG_LEVEL = "BITPUSH_LOG_LEVEL"
 ROLE = "BITPUSH_ROLE"
 SCHEDULER = "BITPUSH_SCHEDULER"
 RANK = "BITPUSH_RANK"
 SIZE = "BITPUSH_SIZE"
 
 MODES = ("embedded", "daemon")
+LOG_LEVELS = ("trace", "debug", "info", "warn", "error", "off")
+DEFAULT_LOG_LEVEL = "warn"
 
 
 @dataclass
@@ -52,6 +58,7 @@ class Bootstrap:
     mode: Optional[str] = None
     daemon_socket: Optional[str] = None
     gpu: Optional[int] = None
+    log_level: Optional[str] = None
 
 
 def _int(name: str, minimum: int) -> Optional[int]:
@@ -77,9 +84,23 @@ def bootstrap() -> Bootstrap:
     mode = _str(MODE)
     if mode is not None and mode not in MODES:
         raise ValueError(f"{MODE}={mode!r}: must be one of {', '.join(MODES)}")
+    log_level = _str(LOG_LEVEL)
+    if log_level is not None:
+        log_level = normalize_log_level(log_level, LOG_LEVEL)
     return Bootstrap(config=_str(CONFIG), worker_rank=_int(WORKER_RANK, 0),
                      local_rank=_int(LOCAL_RANK, 0), local_size=_int(LOCAL_SIZE, 1),
-                     mode=mode, daemon_socket=_str(DAEMON_SOCKET), gpu=_int(GPU, 0))
+                     mode=mode, daemon_socket=_str(DAEMON_SOCKET), gpu=_int(GPU, 0),
+                     log_level=log_level)
+
+
+def normalize_log_level(level: str, what: str) -> str:
+    """`level` in its canonical spelling ("warning" -> "warn", "err" -> "error"); ValueError
+    naming `what` for anything else."""
+    value = str(level).strip().lower()
+    value = {"warning": "warn", "err": "error", "critical": "error"}.get(value, value)
+    if value not in LOG_LEVELS:
+        raise ValueError(f"{what}={level!r}: must be one of {', '.join(LOG_LEVELS)}")
+    return value
 
 
 def bin_dir() -> Optional[str]:
@@ -91,4 +112,4 @@ def names() -> dict:
     """The variable names, for code that builds an environment for a child process."""
     return {"config": CONFIG, "worker_rank": WORKER_RANK, "local_rank": LOCAL_RANK,
             "local_size": LOCAL_SIZE, "mode": MODE, "daemon_socket": DAEMON_SOCKET,
-            "bin_dir": BIN_DIR, "gpu": GPU}
+            "bin_dir": BIN_DIR, "gpu": GPU, "log_level": LOG_LEVEL}

@@ -159,7 +159,7 @@ class _Launch:
         return os.path.join(self.args.bin_dir, name)
 
     def log_args(self):
-        return ["--log-level", self.args.log_level] if self.args.log_level else []
+        return ["--log-level", self.args.log_level]
 
     def start(self, label, kind, argv, env=None):
         c = _Child(label, kind, argv, env, self.out, self.out_lock)
@@ -206,7 +206,7 @@ class _Launch:
                 env.update({_env.CONFIG: self.config_path, _env.WORKER_RANK: str(n),
                             _env.LOCAL_RANK: str(r), _env.LOCAL_SIZE: str(local_size),
                             _env.MODE: "daemon" if daemon else "embedded",
-                            _env.BIN_DIR: a.bin_dir,
+                            _env.BIN_DIR: a.bin_dir, _env.LOG_LEVEL: a.log_level,
                             # Informational (init() does not need them): for scripts that
                             # want their identity before init, e.g. to log from rank 0 only.
                             _env.ROLE: "worker", _env.SCHEDULER: cfg["scheduler"],
@@ -396,8 +396,12 @@ def _parser():
     lp.add_argument("--shutdown-timeout-s", type=float, default=30.0,
                     help="after every training process exited 0, how long the cluster roles "
                     "may take to end by themselves (default 30)")
-    lp.add_argument("--log-level", default=None,
-                    help="passed to the scheduler, servers and daemons")
+    lp.add_argument("--log-level", default=_env.DEFAULT_LOG_LEVEL,
+                    help="of every process it starts: the scheduler, servers and daemons "
+                    "(--log-level) and the training processes' in-process workers (%s): %s "
+                    "(default %s: warnings, errors and the one 'compression:' line; info "
+                    "adds each process's start-up and shutdown)"
+                    % (_env.LOG_LEVEL, ", ".join(_env.LOG_LEVELS), _env.DEFAULT_LOG_LEVEL))
     lp.add_argument("--bin-dir", default=None,
                     help="where bitpush-scheduler/-server/-worker are (default "
                     "BITPUSH_BIN_DIR, else this build's bin dir)")
@@ -421,6 +425,11 @@ def main(argv=None):
         return _check_config(args.config)
 
     args.command = command
+    try:
+        args.log_level = _env.normalize_log_level(args.log_level, "--log-level")
+    except ValueError as e:
+        print("bitpush launch: %s" % e, file=sys.stderr)
+        return EXIT_USAGE
     if args.local_size is not None and args.local_size < 1:
         print("bitpush launch: --local-size must be at least 1", file=sys.stderr)
         return EXIT_USAGE

@@ -19,8 +19,11 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/dtype.h"
+#include "common/logging.h"
+#include "compressors/spec_registry.h"
 #include "python/src/bindings.h"
 #include "python/src/status_error.h"
 #include "scheduler/cluster_config.h"
@@ -310,7 +313,49 @@ void BindClient(py::module_& m) {
           "The cluster's sticky error as (code, message); ('OK', '') while healthy.")
       .def(
           "stats", [](const PyClient& self) { return StatsDict(self.Get()->stats()); },
-          "The worker's counters (worker::ClientStats) as a dict.");
+          "The worker's counters (worker::ClientStats) as a dict.")
+      .def(
+          "describe_compression",
+          [](const PyClient& self, const std::vector<uint32_t>& indices) {
+            std::vector<worker::TensorId> ids;
+            ids.reserve(indices.size());
+            for (uint32_t i : indices) ids.push_back(worker::TensorId{i});
+            return ValueOrThrow(self.Get()->DescribeCompression(ids));
+          },
+          py::arg("indices"),
+          "The 'compression: ...' line of these declared tensors (worker::Client::"
+          "DescribeCompression): how many travel compressed, by spec, and which raw and why.")
+      .def(
+          "compression_of",
+          [](const PyClient& self, const std::vector<uint32_t>& indices) {
+            std::vector<worker::TensorId> ids;
+            ids.reserve(indices.size());
+            for (uint32_t i : indices) ids.push_back(worker::TensorId{i});
+            py::list out;
+            for (const worker::TensorCompression& t :
+                 ValueOrThrow(self.Get()->CompressionOf(ids))) {
+              out.append(py::make_tuple(compressors::CompressorSpecString(t.config),
+                                        t.compressed() ? "compressed"
+                                        : t.why == worker::TensorCompression::Why::kSpecNone
+                                            ? "spec none"
+                                            : "below min_compress_bytes"));
+            }
+            return out;
+          },
+          py::arg("indices"),
+          "Per declared tensor: (the spec it travels with, canonical; why: 'compressed', "
+          "'spec none' or 'below min_compress_bytes').");
+  m.def(
+      "set_log_level",
+      [](const std::string& level) {
+        if (!SetLogLevel(level)) {
+          throw StatusError(InvalidArgumentError(
+              "log level '" + level + "': expected trace, debug, info, warn, error or off"));
+        }
+      },
+      py::arg("level"),
+      "Sets the level of this process's bitpush log (the in-process worker engine): trace, "
+      "debug, info, warn, error or off.");
 }
 
 }  // namespace bitpush::python

@@ -8,6 +8,7 @@ outside the square root, MXNet's gradient normalisation, and the trust-ratio fal
 """
 
 import math
+import warnings
 
 import torch
 
@@ -226,6 +227,120 @@ def w_clan_vs_reference(steps=20, lr=0.02, weight_decay=0.01, passes=1, compress
                                for a, b in zip(model.parameters(), ref)))
     opt.remove_hooks()
     return {"max_abs_diff": worst, "step": opt.state_dict()["state"][0]["step"]}
+
+
+def w_default_compression(steps=2):
+    """CLAN, DistributedOptimizer and push_pull with no compression argument, one after the
+    other: the compression_report of each one's tensors, CLAN's error_feedback and each one's
+    pushed bytes."""
+    import bitpush.torch as bp
+
+    out = {}
+    for what in ("clan", "dsgd"):
+        model = _make_model(0)
+        named = [("%s.%s" % (what, n), p) for n, p in model.named_parameters()]
+        if what == "clan":
+            opt = bp.CLAN(model.parameters(), lr=0.01, named_parameters=named)
+            out["clan_error_feedback"] = opt.error_feedback
+        else:
+            opt = bp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                          named_parameters=named)
+        before = bp.stats()["bytes_pushed"]
+        for step in range(steps):
+            opt.zero_grad()
+            x, y = _batch(bp.rank(), step)
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+        opt.remove_hooks()
+        out[what] = bp.compression_report([n for n, _ in named])
+        out[what + "_bytes"] = bp.stats()["bytes_pushed"] - before
+    bp.push_pull(torch.ones(64), "plain")
+    out["push_pull"] = bp.compression_report(["plain"])
+    return out
+
+
+def _clan_steps(model, opt, first, count):
+    import bitpush.torch as bp
+
+    for step in range(first, first + count):
+        opt.zero_grad()
+        x, y = _batch(bp.rank(), step)
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+
+
+def _clan(model, prefix):
+    import bitpush.torch as bp
+
+    named = [(prefix + n, p) for n, p in model.named_parameters()]
+    return bp.CLAN([p for _, p in named], lr=0.02, named_parameters=named)
+
+
+def w_checkpoint_first(path, before, after):
+    """In one cluster: the uninterrupted run of before + after steps (tensors 'u.'), and the
+    first `before` steps of the same run (tensors 'c.') ending in save_checkpoint(path).
+    Returns the uninterrupted run's parameters."""
+    import bitpush.torch as bp
+
+    model = _make_model(0)
+    opt = _clan(model, "u.")
+    _clan_steps(model, opt, 0, before + after)
+    opt.remove_hooks()
+    reference = [p.detach().clone() for p in model.parameters()]
+    model = _make_model(0)
+    opt = _clan(model, "c.")
+    _clan_steps(model, opt, 0, before)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bp.save_checkpoint(path, model, opt)
+    opt.remove_hooks()
+    return {"reference": [t.tolist() for t in reference],
+            "warnings": [str(w.message) for w in caught]}
+
+
+def w_checkpoint_resume(path, before, after, compression=None):
+    """A fresh job (new processes, new cluster) resumes from `path` and runs `after` more
+    steps; returns its parameters, or the load's refusal."""
+    import bitpush.torch as bp
+
+    model = _make_model(7)  # other initial values: the checkpoint must replace them
+    named = [("c." + n, p) for n, p in model.named_parameters()]
+    opt = bp.CLAN([p for _, p in named], lr=0.02, named_parameters=named,
+                  compression=compression)
+    try:
+        bp.load_checkpoint(path, model, opt)
+    except ValueError as e:
+        opt.remove_hooks()
+        return {"refused": str(e)}
+    _clan_steps(model, opt, before, after)
+    opt.remove_hooks()
+    return {"params": [p.detach().tolist() for p in model.parameters()]}
+
+
+def w_rank0_state_dict_everywhere(steps=2):
+    """The habit save_checkpoint replaces: rank 0's optimizer.state_dict() loaded by every
+    worker. Returns None or the refusal."""
+    import bitpush.torch as bp
+
+    model = _make_model(0)
+    opt = _clan(model, "h.")
+    _clan_steps(model, opt, 0, steps)
+    # Rank 0's state dict, as bytes, to every worker.
+    mine = torch.frombuffer(bytearray(_save(opt.state_dict()).getvalue()), dtype=torch.uint8)
+    size = torch.tensor([float(mine.numel())])
+    bp.broadcast_parameters([("habit.size", size)], root_rank=0)
+    buf = mine if bp.rank() == 0 else torch.zeros(int(size.item()), dtype=torch.uint8)
+    bp.broadcast_parameters([("habit.blob", buf)], root_rank=0)
+    import io
+
+    loaded = torch.load(io.BytesIO(buf.numpy().tobytes()))
+    try:
+        opt.load_state_dict(loaded)
+        result = None
+    except ValueError as e:
+        result = str(e)
+    opt.remove_hooks()
+    return result
 
 
 def w_distributed_sgd(steps=10, lr=0.1, passes=1, prefix="dsgd."):

@@ -130,6 +130,15 @@ def core_worker():
         time.sleep(1.5)
         out["late"] = bp.push_pull(t, "late")
 
+    # Horovod-style: allreduce without a name, from one line in a loop (one tensor, reused),
+    # op=Sum, the Compression namespace.
+    out["noname"] = [bp.allreduce(torch.full((5,), float(r + k))) for k in range(3)]
+    out["noname_sum"] = bp.allreduce(torch.full((2,), float(r + 1)), op=bp.Sum)
+    out["noname_fp16"] = bp.push_pull(torch.full((4,), float(r + 1)),
+                                      compression=bp.Compression.fp16)
+    out["noname_report"] = bp.compression_report(
+        [n for n in bp._require().declarations if n.startswith("noname.")])
+
     s = bp.stats()
     out["stats"] = s
     bp.shutdown()
@@ -152,6 +161,29 @@ def test_ranks_and_sizes(core_run):
     for r, out in enumerate(core_run):
         assert out["ids"] == (r, 2, 0, 1, r, 2, "embedded", True)
         assert out["after_shutdown"] is False
+
+
+def test_horovod_style_allreduce_needs_no_name_and_reuses_one_tensor_per_line(core_run):
+    for out in core_run:
+        # ranks 0 and 1 push r + k: the average is k + 0.5; the loop's 3 calls are 1 tensor.
+        assert [t.tolist() for t in out["noname"]] == [[k + 0.5] * 5 for k in range(3)]
+        assert out["noname_sum"].tolist() == [3.0, 3.0]
+        assert out["noname_fp16"].tolist() == [1.5] * 4
+        # 3 call sites: the loop's line, the op=Sum line and the push_pull line.
+        assert "of 3 tensors" in out["noname_report"], out["noname_report"]
+        assert "fp16 on 1" in out["noname_report"], out["noname_report"]
+
+
+def test_compression_namespace_builds_checked_specs():
+    assert bp.Compression.none == "none" and bp.Compression.fp16 == "fp16"
+    assert bp.Compression.default is None
+    assert bp.Compression.topk(ratio=0.01) == "topk:ratio=0.01"
+    assert bp.Compression.randomk(ratio=0.5, unbiased=True) == "randomk:ratio=0.5,unbiased=true"
+    assert bp.Compression.dithering(levels=7) == "dithering:levels=7"
+    with pytest.raises(ValueError, match=r"Compression.topk: compression 'topk:ratio=2'"):
+        bp.Compression.topk(ratio=2)
+    with pytest.raises(ValueError, match=r"give average or op, not both"):
+        bp.allreduce(torch.ones(1), average=True, op=bp.Sum)
 
 
 def test_none_fp32_average_and_sum_exact(core_run):
@@ -252,6 +284,40 @@ def test_stats(core_run):
         s = out["stats"]
         assert s["bytes_pushed"] > 0 and s["bytes_pulled"] > 0
         assert s["ops_completed"] >= 10 and s["ops_failed"] == 0
+
+
+# -------------------------------------------------------------------------------------------
+# Workers that run different numbers of steps (uneven data).
+
+def uneven_worker(steps):
+    bp.init()
+    out = {"error": None, "code": None, "failed_at": None}
+    start = time.monotonic()
+    try:
+        for k in range(steps[bp.rank()]):
+            bp.push_pull(torch.ones(8), "uneven.w")
+    except bitpush.BitpushError as e:
+        out.update(error=str(e), code=e.code, failed_at=k)
+    out["seconds"] = time.monotonic() - start
+    bp.shutdown(20)
+    return out
+
+
+def test_uneven_step_counts_fail_fast_naming_the_finished_worker(local_cluster):
+    # Rank 0 pushes 3 rounds and ends; rank 1's 4th round would wait for a push that never
+    # comes. It fails as soon as the scheduler says rank 0 is done (the op timeout is 30 s
+    # here), with a message that names the cause; then both shut down cleanly.
+    c = local_cluster(workers=WORKERS, op_timeout_s=30)
+    results = c.run_workers(uneven_worker, args=({0: 3, 1: 4},), timeout=60)
+    assert all(r.ok for r in results), c.describe(results)
+    first, second = results[0].value, results[1].value
+    assert first["error"] is None, first
+    assert second["code"] == "FailedPrecondition" and second["failed_at"] == 3, second
+    assert ("push_pull of tensor 'uneven.w' (its push_pull #4 here) cannot complete: worker 0 "
+            "is done after 3 push_pulls of it" in second["error"]), second
+    assert "different numbers of steps" in second["error"], second
+    assert second["seconds"] < 10, second
+    assert all(rc == 0 for rc in c.wait_exit(10).values())
 
 
 # -------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ launcher, and the config check.
 Each test writes its own YAML with free loopback ports into a temporary directory whose path
 is in every child's command line, so leftovers are found by scanning /proc for it.
 """
+import json
 import os
 import re
 import signal
@@ -139,7 +140,8 @@ def _run(args, timeout=90):
 
 def test_launch_two_nodes_average_and_prefixes(tmp):
     cfg = _write_yaml(tmp, workers=2)
-    r = _run(["launch", "--config", cfg, "--", PY, "-c", PUSH_PULL, tmp])
+    # --log-level info: the roles' start-up lines show every prefix.
+    r = _run(["launch", "--config", cfg, "--log-level", "info", "--", PY, "-c", PUSH_PULL, tmp])
     assert r.returncode == 0, r.stdout
     assert "[train 0.0] rank 0 of 2 ok avg=1.50" in r.stdout, r.stdout
     assert "[train 1.0] rank 1 of 2 ok avg=1.50" in r.stdout, r.stdout
@@ -341,3 +343,74 @@ def test_shipped_examples_are_valid():
     for name in ("local.yaml", "multi-host.yaml"):
         r = _run(["check-config", os.path.join(root, "deploy", "examples", name)], timeout=30)
         assert r.returncode == 0, (name, r.stdout)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DIGITS = [PY, os.path.join(ROOT, "examples", "train_digits.py"), "--epochs", "1", "--no-progress"]
+
+
+def _local_yaml(d, socket_dir=None):
+    """deploy/examples/local.yaml with free ports (its servers and workers as explicit lists)
+    and, for daemon runs, the daemons' sockets in `d`; every other setting is the example's."""
+    with open(os.path.join(ROOT, "deploy", "examples", "local.yaml")) as f:
+        text = f.read()
+    ports = free_ports(5)
+    text = re.sub(r"(?m)^  scheduler: .*$", "  scheduler: 127.0.0.1:%d" % ports[0], text)
+    text = re.sub(r"(?m)^  servers: .*$", "  servers: [127.0.0.1:%d, 127.0.0.1:%d]"
+                  % tuple(ports[1:3]), text)
+    text = re.sub(r"(?m)^  workers: .*$", "  workers: [127.0.0.1:%d, 127.0.0.1:%d]"
+                  % tuple(ports[3:5]), text)
+    text += "  socket: %s/w{rank}.sock\n" % d
+    path = os.path.join(d, "local.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def test_the_example_run_prints_at_most_20_lines_with_the_compression_line(tmp):
+    r = _run(["launch", "--config", _local_yaml(tmp), "--"] + DIGITS)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0, r.stdout
+    assert len(lines) <= 20, "%d lines:\n%s" % (len(lines), r.stdout)
+    # The digits MLP at the default threshold: its 3 weight matrices 1-bit, its 3 biases raw.
+    compression = [l for l in lines if l.startswith("[train 0.0] compression: ")]
+    assert compression == [
+        "[train 0.0] compression: onebit:scaled=true on 3 of 6 tensors (101.0 KiB of 102.0 KiB, "
+        "99.0%); raw: 3 tensors (1.0 KiB) below compression.min_compress_bytes=4096; "
+        "error_feedback: both"], r.stdout
+    # A clean shutdown is not a warning.
+    assert "disconnected" not in r.stdout and "[warning]" not in r.stdout, r.stdout
+
+
+def test_log_level_reaches_every_process_including_the_in_process_worker(tmp):
+    r = _run(["launch", "--config", _local_yaml(tmp), "--log-level", "info", "--"] + DIGITS)
+    assert r.returncode == 0, r.stdout
+    assert len(r.stdout.splitlines()) > 20, r.stdout
+    for role in ("[scheduler]", "[server 0]", "[train 0.0]", "[train 1.0]"):
+        assert re.search(r"(?m)^%s .*\[info\]" % re.escape(role), r.stdout), (role, r.stdout)
+    assert re.search(r"(?m)^\[train 1\.0\] .*worker 1: registered with the scheduler", r.stdout)
+    assert "[train 0.0] compression: onebit" in r.stdout
+    r = _run(["launch", "--config", _local_yaml(tmp), "--log-level", "error", "--"] + DIGITS)
+    assert r.returncode == 0, r.stdout
+    assert "compression:" not in r.stdout and "[info]" not in r.stdout, r.stdout
+    r = _run(["launch", "--config", _local_yaml(tmp), "--log-level", "loud", "--"] + DIGITS)
+    assert r.returncode == 2 and "--log-level='loud'" in r.stdout, r.stdout
+
+
+def test_daemon_mode_counts_bytes_pushed_and_ranks_every_process(tmp):
+    # --local-size 2 over the example's `processes: 1`: 2 nodes x 2 processes, one daemon per
+    # node. Every process must get its own rank (4 shards), and the node's bytes are reported
+    # to its processes: the same bytes as the embedded run of the same model and steps.
+    summaries = {}
+    for mode, extra in (("embedded", []), ("daemon", ["--local-size", "2"])):
+        out = os.path.join(tmp, mode + ".json")
+        r = _run(["launch", "--config", _local_yaml(tmp)] + extra + ["--"] + DIGITS +
+                 ["--steps", "5", "--json", out])
+        assert r.returncode == 0, r.stdout
+        with open(out) as f:
+            summaries[mode] = json.load(f)
+    assert summaries["embedded"]["workers"] == 2, summaries
+    assert summaries["daemon"]["workers"] == 4, summaries
+    assert summaries["embedded"]["steps"] == summaries["daemon"]["steps"] == 5, summaries
+    assert summaries["embedded"]["bytes_pushed"] > 0, summaries
+    assert summaries["daemon"]["bytes_pushed"] == summaries["embedded"]["bytes_pushed"], summaries

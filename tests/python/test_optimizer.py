@@ -95,6 +95,38 @@ def test_error_feedback_mismatch_names_the_yaml_key(tmp_path, monkeypatch):
     bp.CLAN(model.parameters(), compression="onebit", error_feedback=True).remove_hooks()
 
 
+def test_the_yaml_is_the_one_source_of_compression_defaults(tmp_path, monkeypatch):
+    # CLAN's error feedback follows the cluster's compression.error_feedback when not given
+    # (it was True, so a YAML saying none refused a CLAN built with no arguments).
+    model = torch.nn.Linear(3, 2)
+    monkeypatch.setenv("BITPUSH_CONFIG", _yaml(tmp_path, "none"))
+    opt = bp.CLAN(model.parameters())
+    assert opt.compression is None and opt.error_feedback is False
+    opt.remove_hooks()
+    monkeypatch.setenv("BITPUSH_CONFIG", _yaml(tmp_path, "both"))
+    opt = bp.CLAN(model.parameters())
+    assert opt.error_feedback is True
+    opt.remove_hooks()
+    assert bp.PushPullHookState().compression is None
+
+
+def test_every_api_compresses_with_the_yaml_spec_when_given_none():
+    # One cluster whose YAML says onebit with worker error feedback; 64-byte threshold: the
+    # 7x16, 16x5 weights and the 16-element bias are compressed, the 5x3 weight and the
+    # 5- and 3-element biases are not. CLAN, DistributedOptimizer (it defaulted to "none")
+    # and push_pull all follow it.
+    with testing.LocalCluster(workers=1, servers=1, compression="onebit",
+                              error_feedback="worker", min_compress_bytes=64) as cluster:
+        (r,), = h.run_workers(cluster, 1, [("w_default_compression", {})])
+    line = ("compression: onebit:scaled=true on 3 of 6 tensors (832 B of 924 B, 90.0%); raw: "
+            "3 tensors (92 B) below compression.min_compress_bytes=64; error_feedback: worker")
+    assert r["clan"] == line, r
+    assert r["dsgd"] == line, r
+    assert r["clan_error_feedback"] is True, r
+    assert r["dsgd_bytes"] == r["clan_bytes"] < 924, r
+    assert r["push_pull"].startswith("compression: onebit:scaled=true on 1 of 1 tensor "), r
+
+
 def test_a_mistyped_spec_is_refused_where_it_is_given():
     # Before the first step: no cluster runs here, so a check deferred to the first
     # push_pull would not fire at all.

@@ -92,7 +92,7 @@ TEST(ClusterConfig, Defaults) {
   EXPECT_EQ(c.startup_timeout, milliseconds(60000));
   EXPECT_EQ(c.compression.spec, "none");
   EXPECT_EQ(c.compression.error_feedback, "none");
-  EXPECT_EQ(c.compression.min_compress_bytes, 1048576u);
+  EXPECT_EQ(c.compression.min_compress_bytes, 4096u);
   EXPECT_EQ(c.compression.partition_bytes, 4096000u);
 }
 

@@ -334,7 +334,7 @@ TEST_F(RefusalTest, ConfigDifferenceNamesEveryField) {
   EXPECT_CONTAINS(s.message(), "config differs from the scheduler's: compression.spec is '" + topk +
                                    "' here but 'onebit:scaled=true' on the scheduler; "
                                    "compression.min_compress_bytes is '1' here but "
-                                   "'1048576' on the scheduler");
+                                   "'4096' on the scheduler");
   EXPECT_EQ(s.message().find("partition_bytes"), std::string::npos) << s.message();
   FinishCluster();
 }

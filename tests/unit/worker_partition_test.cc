@@ -1,7 +1,10 @@
 // worker/partition.h: how tensors are cut into keys — partition sizes per dtype, the last
-// partial partition, keys, the compression threshold — exact values.
+// partial partition, keys, the compression threshold — exact values; worker/compression_plan.h:
+// which tensors travel compressed, why, and the `compression:` line that says so.
 #include <gtest/gtest.h>
 
+#include "compressors/spec_registry.h"
+#include "worker/compression_plan.h"
 #include "worker/partition.h"
 
 namespace bitpush::worker {
@@ -79,6 +82,83 @@ TEST(WorkerPartition, CompressionThresholdTestsTheWholeTensor) {
   EXPECT_TRUE(AboveCompressThreshold(2500, DType::kFloat32, 8192));
   EXPECT_TRUE(AboveCompressThreshold(0, DType::kFloat32, 0));
   EXPECT_FALSE(AboveCompressThreshold(0, DType::kFloat32, 1));
+}
+
+scheduler::CompressionSettings Settings(const std::string& spec, uint64_t min_bytes) {
+  scheduler::CompressionSettings c;
+  c.spec = spec;
+  c.min_compress_bytes = min_bytes;
+  return c;
+}
+
+TEST(CompressionPlan, DecidesBySpecAndSizeAndSaysWhy) {
+  const scheduler::CompressionSettings c = Settings("onebit", 4096);
+  using Why = TensorCompression::Why;
+  // 1024 fp32 = 4096 bytes: compressed with the cluster's spec.
+  StatusOr<TensorCompression> t = DecideCompression(c, "w", 1024, DType::kFloat32, "");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->why, Why::kCompressed);
+  EXPECT_EQ(t->bytes, 4096u);
+  EXPECT_EQ(t->requested, "onebit:scaled=true");
+  EXPECT_EQ(compressors::CompressorSpecString(t->config), "onebit:scaled=true");
+  // One element less: raw, below the threshold.
+  t = DecideCompression(c, "b", 1023, DType::kFloat32, "");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->why, Why::kBelowThreshold);
+  EXPECT_EQ(compressors::CompressorSpecString(t->config), "none");
+  // The declaration's own spec wins over the cluster's; "none" is raw whatever the size.
+  t = DecideCompression(c, "w", 1 << 20, DType::kFloat32, "none");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->why, Why::kSpecNone);
+  t = DecideCompression(c, "w", 1 << 20, DType::kFloat32, "topk:ratio=0.5");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->why, Why::kCompressed);
+  EXPECT_EQ(t->requested.rfind("topk:", 0), 0u) << t->requested;
+  // A bad spec is an error naming it.
+  t = DecideCompression(c, "w", 1024, DType::kFloat32, "onebti");
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("onebti"), std::string::npos) << t.status().ToString();
+}
+
+TEST(CompressionPlan, TheDefaultThresholdCompressesASmallModelsWeights) {
+  // A 64x128 weight (32 KiB) is compressed at the default min_compress_bytes; a 128-element
+  // bias (512 B) is not (docs/config.md has the measurement behind the default).
+  scheduler::CompressionSettings c;
+  c.spec = "onebit";
+  EXPECT_EQ(c.min_compress_bytes, 4096u);
+  EXPECT_TRUE(DecideCompression(c, "fc.weight", 64 * 128, DType::kFloat32, "")->compressed());
+  EXPECT_FALSE(DecideCompression(c, "fc.bias", 128, DType::kFloat32, "")->compressed());
+}
+
+TEST(CompressionPlan, TheLineCountsTensorsAndBytesBySpecAndReason) {
+  const scheduler::CompressionSettings c = Settings("onebit", 4096);
+  std::vector<TensorCompression> ts;
+  auto add = [&](const std::string& name, size_t elements, const std::string& spec) {
+    StatusOr<TensorCompression> t = DecideCompression(c, name, elements, DType::kFloat32, spec);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    ts.push_back(*t);
+  };
+  // The digits MLP: 64x128, 128, 128x128, 128, 128x10, 10.
+  add("0.weight", 8192, "");
+  add("0.bias", 128, "");
+  add("2.weight", 16384, "");
+  add("2.bias", 128, "");
+  add("4.weight", 1280, "");
+  add("4.bias", 10, "");
+  EXPECT_EQ(DescribeCompression(ts, 4096),
+            "compression: onebit:scaled=true on 3 of 6 tensors (101.0 KiB of 102.0 KiB, 99.0%); "
+            "raw: 3 tensors (1.0 KiB) below compression.min_compress_bytes=4096");
+  add("emb", 1 << 20, "none");
+  add("head", 1 << 18, "fp16");
+  EXPECT_EQ(DescribeCompression(ts, 4096),
+            "compression: fp16 on 1, onebit:scaled=true on 3 of 8 tensors (1.1 MiB of 5.1 MiB, "
+            "21.5%); raw: 3 tensors (1.0 KiB) below compression.min_compress_bytes=4096, "
+            "1 tensor (4.0 MiB) with spec none");
+  std::vector<TensorCompression> raw(ts.begin() + 6, ts.begin() + 7);
+  EXPECT_EQ(DescribeCompression(raw, 4096),
+            "compression: none of 1 tensor (4.0 MiB) compressed; raw: 1 tensor (4.0 MiB) with "
+            "spec none");
+  EXPECT_EQ(DescribeCompression({}, 4096), "compression: no tensors declared");
 }
 
 }  // namespace

@@ -26,13 +26,16 @@ using std::chrono::milliseconds;
 
 }  // namespace
 
-void Daemon::SendDone(ipc::Channel& ch, uint32_t tensor, uint64_t round, const Status& s) {
+void Daemon::SendDone(ipc::Channel& ch, uint32_t tensor, uint64_t round, const Status& s,
+                      uint64_t bytes_pushed, uint64_t bytes_pulled) {
   v1::LocalMessage m;
   v1::LocalPushPullDone* d = m.mutable_push_pull_done();
   d->set_tensor(tensor);
   d->set_round(round);
   d->set_status_code(static_cast<uint32_t>(s.code()));
   d->set_message(s.message());
+  d->set_bytes_pushed(bytes_pushed);
+  d->set_bytes_pulled(bytes_pulled);
   const Status sent = ipc::SendLocalMessage(ch, m);
   if (!sent.ok()) BP_LOG_DEBUG("{}: {}", label_, sent.ToString());
 }

@@ -128,7 +128,8 @@ void Daemon::DoneLoop() {
               DataLossError(fmt::format("{}: output of {}: {}", label_, slot.who, size.message()));
         }
       }
-      SendDone(*slot.channel, t.index, job->round, mine);
+      SendDone(*slot.channel, t.index, job->round, mine, job->handle.bytes_pushed(),
+               job->handle.bytes_pulled());
     }
     job.reset();  // drops the mappings a dead process's segments may still hold
     {

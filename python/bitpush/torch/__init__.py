@@ -15,6 +15,7 @@ Thread-safety: every function may be called from any thread; the C++ calls run w
 released. One push_pull per name may be in flight at a time.
 """
 import atexit
+import os
 import sys
 import threading
 import warnings
@@ -29,7 +30,8 @@ __all__ = [
     "local_size", "node_rank", "num_nodes", "mode", "config_path", "gpu", "push_pull",
     "push_pull_inplace", "push_pull_async", "synchronize", "poll", "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "stats", "declare",
-    "error_feedback_state", "restore_error_feedback_state",
+    "error_feedback_state", "restore_error_feedback_state", "compression_report",
+    "Compression", "allreduce", "allreduce_async", "allreduce_", "Average", "Sum",
 ]
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -60,8 +62,10 @@ class _Declaration:
 
 
 class _State:
-    def __init__(self, client, config, local_rank, local_size, mode, gpu=None):
+    def __init__(self, client, config, local_rank, local_size, mode, gpu=None,
+                 log_level=_env.DEFAULT_LOG_LEVEL):
         self.client = client
+        self.log_level = log_level
         self.config = config
         self.node_rank = client.rank
         self.num_nodes = client.num_workers
@@ -71,8 +75,11 @@ class _State:
         self.gpu = gpu
         # Global ranks: nodes in YAML order, each with its processes. The YAML's per-node
         # counts when it gives every node's (they may differ), else local_size everywhere.
+        # A YAML count that is not this node's local_size was overridden (bitpush launch
+        # --local-size, which applies one count to every node).
         counts = _C.load_cluster_config(config)["worker_processes"]
-        if len(counts) == self.num_nodes and all(counts):
+        if len(counts) == self.num_nodes and all(counts) and \
+                counts[self.node_rank] == local_size:
             self.rank_offset = sum(counts[:self.node_rank])
             self.total_processes = sum(counts)
         else:
@@ -150,7 +157,7 @@ class Handle:
 # Lifecycle
 
 def init(config=None, *, rank=None, local_rank=None, local_size=None, mode=None,
-         daemon_socket=None):
+         daemon_socket=None, log_level=None):
     """Connects this process to the bitpush cluster.
 
     Arguments override the environment (BITPUSH_CONFIG, BITPUSH_WORKER_RANK,
@@ -160,6 +167,8 @@ def init(config=None, *, rank=None, local_rank=None, local_size=None, mode=None,
         local_rank / local_size: this process among the node's training processes (0 / 1).
         mode: "embedded" (this process is the worker) or "daemon" (through the node's
             bitpush-worker); default daemon when local_size > 1.
+        log_level: of this process's bitpush log (BITPUSH_LOG_LEVEL): trace, debug, info,
+            warn (default: warnings, errors and the `compression:` line), error or off.
     Blocks until the cluster is assembled (bounded by cluster.startup_timeout_s). Raises
     ValueError naming a missing or bad setting, BitpushError when the cluster refuses.
     """
@@ -172,6 +181,8 @@ def init(config=None, *, rank=None, local_rank=None, local_size=None, mode=None,
     local_size = local_size if local_size is not None else env.local_size
     mode = mode if mode is not None else env.mode
     daemon_socket = daemon_socket if daemon_socket is not None else env.daemon_socket
+    log_level = _env.normalize_log_level(log_level, "bitpush.torch.init(log_level)") \
+        if log_level is not None else (env.log_level or _env.DEFAULT_LOG_LEVEL)
     missing = []
     if config is None:
         missing.append("the cluster config (init(config='cluster.yaml') or %s)" % names["config"])
@@ -206,10 +217,11 @@ def init(config=None, *, rank=None, local_rank=None, local_size=None, mode=None,
                 warnings.warn("%s=%d but this torch has no CUDA device; training on the CPU"
                               % (names["gpu"], gpu))
                 gpu = None
+        _C.set_log_level(log_level)
         client = _C.Client(str(config), int(rank), mode, local_rank, local_size,
                            daemon_socket or "")
         try:
-            _state = _State(client, str(config), local_rank, local_size, mode, gpu)
+            _state = _State(client, str(config), local_rank, local_size, mode, gpu, log_level)
         except BaseException:
             client.close()
             raise
@@ -346,9 +358,71 @@ def _declare(s, name, numel, dtype, compression, average, priority, cuda=False):
     return have.index, False
 
 
-def push_pull_async(tensor, name, compression=None, average=True, priority=0, output=None):
+class Compression:
+    """Compressor specs by name, for users of Horovod's and BytePS's ``Compression``: every
+    attribute is a spec string (docs/compressors.md), accepted wherever a ``compression``
+    argument is. ``Compression.default`` (None) is the cluster YAML's compression.spec.
+
+        bp.push_pull(grad, "w", compression=bp.Compression.fp16)
+        bp.CLAN(params, compression=bp.Compression.topk(ratio=0.01))
+    """
+    default = None
+    none = "none"
+    fp16 = "fp16"
+    bf16 = "bf16"
+    onebit = "onebit"
+
+    @staticmethod
+    def spec(method, **params):
+        """The spec of `method` with `params` ("topk", ratio=0.01 -> "topk:ratio=0.01");
+        ValueError naming the problem when the registry refuses it."""
+        text = str(method)
+        if params:
+            text += ":" + ",".join("%s=%s" % (k, str(v).lower() if isinstance(v, bool) else v)
+                                   for k, v in sorted(params.items()))
+        return _check_compression(text, "Compression.%s" % method)
+
+    @staticmethod
+    def topk(**params):
+        """Top-k sparsification: ``topk(ratio=0.01)`` or ``topk(k=1000)``."""
+        return Compression.spec("topk", **params)
+
+    @staticmethod
+    def randomk(**params):
+        """Random-k sparsification: ``randomk(ratio=0.01)``, ``unbiased=True`` ..."""
+        return Compression.spec("randomk", **params)
+
+    @staticmethod
+    def dithering(**params):
+        """Stochastic dithering: ``dithering(levels=15)`` ..."""
+        return Compression.spec("dithering", **params)
+
+
+Average = "average"
+Sum = "sum"
+
+
+def _default_name(tensor, depth):
+    """The name of a push_pull given none: where it was called (the file's base name, the
+    function and the line, `depth` frames up) and the tensor's numel and dtype. Every process
+    runs the same code, so every process derives the same names, and a loop that pushes from
+    one line reuses one tensor instead of declaring a new one per call (Horovod's per-call
+    counter would grow the servers' keys without bound)."""
+    f = sys._getframe(depth + 1)
+    code = f.f_code
+    return "noname.%s:%s:%d.%dx%s" % (os.path.basename(code.co_filename), code.co_name,
+                                      f.f_lineno, tensor.numel(),
+                                      _DTYPES.get(tensor.dtype, str(tensor.dtype)))
+
+
+def push_pull_async(tensor, name=None, compression=None, average=True, priority=0,
+                    output=None, _depth=1):
     """Starts a push_pull of `tensor` under `name` and returns a Handle.
 
+    name: the tensor's identity (see the module doc). None: derived from the call site and
+        the tensor's numel and dtype (``noname.<file>:<function>:<line>.<numel>x<dtype>``), so
+        one line pushing one kind of tensor (a loss, a metric) needs no name; give one when a
+        line pushes several tensors or two calls of it can be in flight at once.
     compression: a compressor spec ("none", "onebit", "topk:ratio=0.01", ...; None = the
         cluster's compression.spec). average: True = the average over every training process,
         False = their sum. priority: lower goes first. output: where the result goes (a
@@ -356,8 +430,11 @@ def push_pull_async(tensor, name, compression=None, average=True, priority=0, ou
         new tensor. Neither tensor may be touched until the handle completed.
     """
     s = _require()
+    if name is None and isinstance(tensor, torch.Tensor):
+        name = _default_name(tensor, _depth)
     if not isinstance(name, str) or not name:
-        raise TypeError("bitpush: push_pull needs a non-empty tensor name, got %r" % (name,))
+        raise TypeError("bitpush: push_pull needs a non-empty tensor name or None, got %r"
+                        % (name,))
     _check_tensor(tensor, name)
     if output is None:
         output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
@@ -441,6 +518,37 @@ def restore_error_feedback_state(name, residual):
     s.client.restore_error_feedback_state(d.index, data)
 
 
+def compression_report(names=None):
+    """One line, beginning ``compression:``, saying how many of the declared tensors `names`
+    (default: every tensor this process declared but bitpush's own broadcast and barrier
+    tensors) travel compressed, by spec, and their bytes, and which go raw and why (spec
+    "none", or below the cluster's compression.min_compress_bytes), plus the cluster's
+    compression.error_feedback. CLAN and DistributedOptimizer print it once, from rank 0,
+    after their first exchange (docs/training.md)."""
+    s = _require()
+    with s.lock:
+        if names is None:
+            names = [n for n in s.declarations
+                     if not n.startswith(_BROADCAST_PREFIX) and n != "bitpush.barrier"]
+        missing = [n for n in names if n not in s.declarations]
+        if missing:
+            raise _error("NotFound", "bitpush: compression_report: tensor '%s' was never "
+                         "declared or pushed" % missing[0])
+        indices = [s.declarations[n].index for n in names]
+    line = s.client.describe_compression(indices)
+    ef = _C.load_cluster_config(s.config)["knobs"]["compression.error_feedback"]
+    return "%s; error_feedback: %s" % (line, ef)
+
+
+def _announce_compression(names):
+    """Prints compression_report(names) to stderr from rank 0, unless the log level is error
+    or off (an optimizer calls it once, at its first exchange)."""
+    s = _state
+    if s is None or s.log_level in ("error", "off") or rank() != 0:
+        return
+    print(compression_report(names), file=sys.stderr, flush=True)
+
+
 def synchronize(handle, timeout=None):
     """Waits for `handle` and returns its output tensor (raises BitpushError on failure)."""
     if not isinstance(handle, Handle):
@@ -454,15 +562,48 @@ def poll(handle):
     return handle.ready()
 
 
-def push_pull(tensor, name, compression=None, average=True, priority=0):
+def push_pull(tensor, name=None, compression=None, average=True, priority=0):
     """The push_pull of `tensor` (see push_pull_async) into a new tensor; blocks."""
-    return synchronize(push_pull_async(tensor, name, compression, average, priority))
+    return synchronize(push_pull_async(tensor, name, compression, average, priority,
+                                       _depth=2))
 
 
-def push_pull_inplace(tensor, name, compression=None, average=True, priority=0):
+def push_pull_inplace(tensor, name=None, compression=None, average=True, priority=0):
     """push_pull with the result written back into `tensor` (contiguous); returns it."""
     return synchronize(push_pull_async(tensor, name, compression, average, priority,
-                                       output=tensor))
+                                       output=tensor, _depth=2))
+
+
+def _average(average, op, what):
+    if op is None:
+        return True if average is None else bool(average)
+    if average is not None:
+        raise ValueError("bitpush.%s: give average or op, not both" % what)
+    if op not in (Average, Sum):
+        raise ValueError("bitpush.%s: op must be bitpush.torch.Average or bitpush.torch.Sum, "
+                         "got %r" % (what, op))
+    return op == Average
+
+
+def allreduce_async(tensor, average=None, name=None, compression=None, op=None, priority=0):
+    """Horovod's ``allreduce_async`` over bitpush: push_pull_async with Horovod's argument
+    order; ``op`` is Average (the default) or Sum. compression None = the cluster's spec."""
+    return push_pull_async(tensor, name, compression, _average(average, op, "allreduce_async"),
+                           priority, _depth=2)
+
+
+def allreduce(tensor, average=None, name=None, compression=None, op=None, priority=0):
+    """Horovod's ``allreduce`` over bitpush: the average (or, with op=Sum, the sum) of
+    `tensor` over every training process, as a new tensor; blocks."""
+    return synchronize(push_pull_async(tensor, name, compression,
+                                       _average(average, op, "allreduce"), priority, _depth=2))
+
+
+def allreduce_(tensor, average=None, name=None, compression=None, op=None, priority=0):
+    """Horovod's in-place ``allreduce_``: the result written into `tensor`; returns it."""
+    return synchronize(push_pull_async(tensor, name, compression,
+                                       _average(average, op, "allreduce_"), priority,
+                                       output=tensor, _depth=2))
 
 
 def barrier():
@@ -633,9 +774,11 @@ def _check_compression(compression, what):
     return compression
 
 
-from . import hooks as _hooks, optimizer as _optimizer  # noqa: E402
+from . import checkpoint as _checkpoint, hooks as _hooks, optimizer as _optimizer  # noqa: E402
 
-__all__ += list(getattr(_optimizer, "__all__", [])) + list(getattr(_hooks, "__all__", []))
+__all__ += list(getattr(_optimizer, "__all__", [])) + list(getattr(_hooks, "__all__", [])) + \
+    list(getattr(_checkpoint, "__all__", []))
 
 from .optimizer import *  # noqa
 from .hooks import *  # noqa
+from .checkpoint import *  # noqa

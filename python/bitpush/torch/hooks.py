@@ -5,7 +5,7 @@ bitpush instead of the process group's all-reduce.
     dist.init_process_group("gloo", ...)          # DDP still needs a process group
     bp.init()
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    ddp.register_comm_hook(bp.PushPullHookState(compression="none"), bp.push_pull_hook)
+    ddp.register_comm_hook(bp.PushPullHookState(), bp.push_pull_hook)
 
 DDP (torch 1.13) calls the hook once per bucket during backward, in bucket order, from the
 autograd thread; the hook starts ``push_pull_async`` of the bucket's flat buffer (in place) and
@@ -39,12 +39,13 @@ def _bp():
 class PushPullHookState:
     """The state argument of ``register_comm_hook`` for ``push_pull_hook``.
 
-    compression: the compressor spec of every bucket ("none", "fp16", "onebit", ...). The
-        cluster's compression.error_feedback applies as for any tensor.
+    compression: the compressor spec of every bucket ("none", "fp16", "onebit", ...); None
+        (the default) = the cluster YAML's, as for push_pull. The cluster's
+        compression.error_feedback applies as for any tensor.
     prefix: tensor-name prefix (one per DDP module when a process wraps several).
     """
 
-    def __init__(self, compression="none", prefix="ddp"):
+    def __init__(self, compression=None, prefix="ddp"):
         self.compression = _bp()._check_compression(compression, "PushPullHookState")
         self.prefix = prefix
         self._queue = None

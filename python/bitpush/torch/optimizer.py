@@ -32,7 +32,8 @@ import os
 
 import torch
 
-__all__ = ["CLAN", "LANS", "DistributedOptimizer", "cluster_error_feedback"]
+__all__ = ["CLAN", "LANS", "DistributedOptimizer", "cluster_error_feedback",
+           "cluster_compression"]
 
 
 def _bp():
@@ -63,6 +64,17 @@ def cluster_error_feedback():
     the package's one reader of environment variables). A config the parser refuses raises
     BitpushError naming the file, line and key.
     """
+    return _cluster_knob("compression.error_feedback")
+
+
+def cluster_compression():
+    """The cluster's compression.spec (canonical, e.g. "onebit:scaled=true"): what a tensor
+    declared without a spec of its own gets (unless a compression.overrides pattern matches its
+    name), or None when no cluster config is known. Read like cluster_error_feedback()."""
+    return _cluster_knob("compression.spec")
+
+
+def _cluster_knob(key):
     path = None
     fn = getattr(_bp(), "config_path", None)
     if callable(fn):
@@ -74,7 +86,7 @@ def cluster_error_feedback():
         path = importlib.import_module("bitpush._env").bootstrap().config
     if not path or not os.path.exists(path):
         return None
-    return _C().load_cluster_config(path)["knobs"]["compression.error_feedback"]
+    return _C().load_cluster_config(path)["knobs"][key]
 
 
 class _GradientExchange:
@@ -113,7 +125,9 @@ class _GradientExchange:
             self._bp_names = {id(p): "param.%d" % i for i, p in enumerate(params)}
         self._bp_params = [p for p in params if p.requires_grad]
         _bp()._check_compression(compression, what)
-        self._bp_compression = "none" if compression is None else str(compression)
+        # None: every tensor gets the cluster's spec (compression.spec, or the first matching
+        # compression.overrides pattern), as push_pull does.
+        self._bp_compression = None if compression is None else str(compression)
         self._bp_passes = int(backward_passes_per_step)
         self._bp_delay = {id(p): self._bp_passes for p in self._bp_params}
         self._bp_handles = {}  # id(p) -> (p, handle)
@@ -180,6 +194,8 @@ class _GradientExchange:
         for p in self._bp_params:
             if id(p) not in self._bp_handles:
                 self._bp_start(p)
+        if not self._bp_declared:
+            _bp()._announce_compression([self._bp_name(p) for p in self._bp_params])
         self._bp_declared = True
         bp = _bp()
         try:
@@ -249,11 +265,14 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
         params: parameters or parameter groups (fp32, contiguous; CPU or CUDA).
         lr, betas, eps, weight_decay: η, (β1, β2), ε and λ of LANS (per group).
         compression: the compressor spec of every gradient ("onebit", "topk:ratio=0.01",
-            "dithering:levels=63", "none", ...; docs/compressors.md). Tensors below the
-            cluster's compression.min_compress_bytes travel uncompressed whatever the spec.
-        error_feedback: True = Algorithm 4 (the cluster's compression.error_feedback must be
-            "worker" or "both"); False = Algorithm 3 (it must be "none"). Ignored when
-            compression is "none".
+            "dithering:levels=63", "none", ...; docs/compressors.md); None (the default) = the
+            cluster YAML's (compression.spec and compression.overrides), as for push_pull.
+            Tensors below the cluster's compression.min_compress_bytes travel uncompressed
+            whatever the spec.
+        error_feedback: None (the default) = whatever the cluster runs (the YAML's
+            compression.error_feedback: "worker" or "both" is Algorithm 4, "none" Algorithm 3);
+            True / False assert Algorithm 4 / 3 and are refused, naming the YAML key, when the
+            cluster runs otherwise. Not checked when the gradients go uncompressed.
         eps_inside_sqrt: ε inside the square root (Algorithm 2 as printed) instead of
             sqrt(v^) + ε (the paper's proof, MXNet; default).
         normalize_grad: divide g~ by its block L2 norm first (MXNet LANS; the paper does not).
@@ -264,7 +283,7 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
-                 compression="onebit", error_feedback=True, eps_inside_sqrt=False,
+                 compression=None, error_feedback=None, eps_inside_sqrt=False,
                  normalize_grad=False, trust_ratio_fallback=True, phi_bounds=None,
                  named_parameters=None, backward_passes_per_step=1):
         if not lr >= 0.0:
@@ -288,17 +307,20 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
         for i, p in enumerate(q for g in self.param_groups for q in g["params"]):
             _check_param(p, i, named_parameters)
         _bp()._check_compression(compression, type(self).__name__)
-        self.compression = "none" if compression is None else str(compression)
-        self.error_feedback = bool(error_feedback)
+        self.compression = None if compression is None else str(compression)
+        self.error_feedback = None if error_feedback is None else bool(error_feedback)
         self._check_error_feedback()
         self._exchange_init(named_parameters, self.compression, backward_passes_per_step,
                             type(self).__name__)
 
     def _check_error_feedback(self):
-        if _is_uncompressed(self.compression):
-            return
+        spec = self.compression if self.compression is not None else cluster_compression()
         ef = cluster_error_feedback()
-        if ef is None:
+        if self.error_feedback is None and ef is not None:
+            self.error_feedback = ef in ("worker", "both")  # the cluster's, whatever it is
+        if _is_uncompressed(spec):
+            return
+        if ef is None or self.error_feedback is None:
             return  # unknown (no cluster yet): the user's responsibility, docs/training.md
         if self.error_feedback and ef not in ("worker", "both"):
             raise ValueError(
@@ -364,10 +386,13 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
         # The worker's error-feedback residuals (paper 001 Algorithm 4's e_i) come from the
         # engine (embedded) or the node's daemon (daemon mode); the servers' residuals stay on
         # the servers (docs/training.md, "Checkpoints").
+        residuals = self._bp_ef_state()
         sd["bitpush"] = {"compression": self.compression,
                          "error_feedback": self.error_feedback,
                          "names": [self._bp_name(p) for p in self._bp_params],
-                         "ef_residuals": self._bp_ef_state()}
+                         "ef_residuals": residuals,
+                         # Whose residuals these are: every node keeps its own.
+                         "node": _bp().node_rank() if residuals else None}
         return sd
 
     def load_state_dict(self, state_dict):
@@ -378,6 +403,14 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
             if meta.get("names") is not None and list(meta["names"]) != names:
                 raise ValueError("load_state_dict: the checkpoint's tensors %r are not this "
                                  "optimizer's %r" % (meta["names"][:4], names[:4]))
+            node = meta.get("node")
+            if meta.get("ef_residuals") and node is not None and node != _bp().node_rank():
+                raise ValueError(
+                    "load_state_dict: the checkpoint holds node %d's worker error-feedback "
+                    "residuals, but this process is on node %d, whose residuals differ (a "
+                    "checkpoint saved by one worker and loaded by all would diverge); save "
+                    "and load with bitpush.torch.save_checkpoint / load_checkpoint, which "
+                    "keep every node's" % (node, _bp().node_rank()))
         super().load_state_dict(state_dict)
         if meta is not None:
             self._bp_restore_ef_state(meta.get("ef_residuals"))
@@ -449,10 +482,13 @@ class _DistributedOptimizer:
         return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
 
 
-def DistributedOptimizer(optimizer, named_parameters=None, compression="none",
+def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step=1):
     """Wraps a torch optimizer so that every gradient is averaged over the bitpush workers
     before its step().
+
+    compression: the compressor spec of every gradient; None (the default) = the cluster
+    YAML's (compression.spec and compression.overrides), as for push_pull and CLAN.
 
     Hooks start push_pull_async of each gradient during backward; ``synchronize()`` waits and
     writes the averaged gradients into p.grad (clip them there, then call ``step()`` inside

@@ -1,0 +1,188 @@
+"""Job checkpoints: ``save_checkpoint`` / ``load_checkpoint`` (docs/training.md, "Checkpoints").
+
+    bp.save_checkpoint("ckpt/step1000.pt", model, optimizer)   # every process calls it
+    ...
+    bp.load_checkpoint("ckpt/step1000.pt", model, optimizer)   # every process of the new job
+
+A checkpoint is one file written by rank 0 (`path`: the model and optimizer state, which every
+process holds identically, and the job's metadata) plus one file per worker node written by
+that node's local rank 0 (`path.node<k>`: the node's worker error-feedback residuals, which
+differ between nodes). Both calls are collective: every training process calls them, and they
+return once every process's part is written (read). Loading checks the job first and refuses,
+naming the field, a checkpoint of another world (processes, nodes), another error-feedback
+mode, other compressors for the optimizer's tensors, or other model shapes.
+
+What resumes bit for bit: the model, the optimizer (moments, steps, hyper-parameters) and the
+worker residuals. The servers' residuals (compression.error_feedback server or both) are not
+in the checkpoint: the resumed run starts them from zero, and save_checkpoint warns.
+
+Thread-safety: call from the training thread, with no push_pull in flight.
+"""
+
+import os
+import warnings
+
+import torch
+
+__all__ = ["save_checkpoint", "load_checkpoint"]
+
+FORMAT = 1
+_MAGIC = "bitpush-checkpoint"
+
+
+def _bp():
+    import importlib
+
+    return importlib.import_module("bitpush.torch")
+
+
+def _node_path(path, node):
+    return "%s.node%d" % (path, node)
+
+
+def _tensor_names(optimizer):
+    if not hasattr(optimizer, "_bp_params"):
+        raise TypeError("bitpush checkpoints take a bitpush optimizer (CLAN, LANS or "
+                        "DistributedOptimizer), got %s" % type(optimizer).__name__)
+    return [optimizer._bp_name(p) for p in optimizer._bp_params]
+
+
+def _declare_all(optimizer):
+    """Declares the optimizer's tensors in parameter order, as its first exchange would (a
+    no-op for the ones already declared)."""
+    bp = _bp()
+    for p in optimizer._bp_params:
+        bp.declare(optimizer._bp_name(p), p.detach(), compression=optimizer._bp_spec(p),
+                   average=True)
+
+
+def _job(optimizer, model):
+    """What a checkpoint must agree with: world, error feedback, compressors, shapes."""
+    bp = _bp()
+    s = bp._require()
+    _declare_all(optimizer)
+    names = _tensor_names(optimizer)
+    with s.lock:
+        indices = [s.declarations[n].index for n in names]
+    travels = s.client.compression_of(indices)
+    return {
+        "world": {"processes": bp.size(), "nodes": bp.num_nodes(),
+                  "local_size": bp.local_size()},
+        "error_feedback": bp.cluster_error_feedback(),
+        "tensors": [[n, spec] for n, (spec, _) in zip(names, travels)],
+        "model": [[k, list(v.shape), str(v.dtype)] for k, v in model.state_dict().items()],
+    }
+
+
+def _barrier(what):
+    bp = _bp()
+    try:
+        bp.barrier()
+    except bp.BitpushError as e:
+        raise bp.BitpushError("%s: waiting for every process: %s" % (what, e)) from e
+
+
+def save_checkpoint(path, model, optimizer):
+    """Writes the job's checkpoint (collective: every training process calls it with the same
+    `path`, after the same step). Returns `path`."""
+    bp = _bp()
+    path = os.fspath(path)
+    job = _job(optimizer, model)
+    residuals = {}
+    for p in optimizer._bp_params:
+        name = optimizer._bp_name(p)
+        r = bp.error_feedback_state(name)
+        if r is not None:
+            residuals[name] = r
+    if bp.local_rank() == 0:
+        _save(_node_path(path, bp.node_rank()),
+              {"magic": _MAGIC, "format": FORMAT, "node": bp.node_rank(),
+               "world": job["world"], "residuals": residuals})
+    if bp.rank() == 0:
+        if job["error_feedback"] in ("server", "both"):
+            warnings.warn("bitpush.save_checkpoint: compression.error_feedback is %s, and the "
+                          "servers' residuals are not part of the checkpoint: a run resumed "
+                          "from %s starts them from zero (it is not bit-identical to an "
+                          "uninterrupted run; the worker state is)"
+                          % (job["error_feedback"], path), stacklevel=2)
+        sd = optimizer.state_dict()
+        sd.pop("bitpush", None)  # the residuals live in the node files
+        _save(path, {"magic": _MAGIC, "format": FORMAT, "job": job,
+                     "model": model.state_dict(), "optimizer": sd})
+    _barrier("bitpush.save_checkpoint(%r)" % path)
+    return path
+
+
+def _save(path, obj):
+    d = os.path.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    torch.save(obj, tmp)
+    os.replace(tmp, path)  # a reader never sees half a file
+
+
+def _load(path, what):
+    try:
+        obj = torch.load(path, map_location="cpu")
+    except FileNotFoundError:
+        raise FileNotFoundError("bitpush.load_checkpoint: %s %s does not exist" % (what, path)) \
+            from None
+    if not isinstance(obj, dict) or obj.get("magic") != _MAGIC:
+        raise ValueError("bitpush.load_checkpoint: %s is not a bitpush checkpoint (written by "
+                         "bitpush.torch.save_checkpoint)" % path)
+    if obj.get("format") != FORMAT:
+        raise ValueError("bitpush.load_checkpoint: %s has format %r; this bitpush reads %d"
+                         % (path, obj.get("format"), FORMAT))
+    return obj
+
+
+def _refuse(path, field, theirs, ours):
+    raise ValueError("bitpush.load_checkpoint: %s does not fit this job: %s is %s in the "
+                     "checkpoint but %s here" % (path, field, theirs, ours))
+
+
+def _check_job(path, saved, job):
+    for k in ("processes", "nodes", "local_size"):
+        if saved["world"][k] != job["world"][k]:
+            _refuse(path, "world.%s" % k, saved["world"][k], job["world"][k])
+    if saved["error_feedback"] != job["error_feedback"]:
+        _refuse(path, "compression.error_feedback", repr(saved["error_feedback"]),
+                repr(job["error_feedback"]))
+    theirs = dict((n, s) for n, s in saved["tensors"])
+    ours = dict((n, s) for n, s in job["tensors"])
+    if list(theirs) != list(ours):
+        missing = [n for n in ours if n not in theirs] or [n for n in theirs if n not in ours]
+        _refuse(path, "the optimizer's tensors", "%d tensors" % len(theirs),
+                "%d (first difference: '%s')" % (len(ours), missing[0] if missing else "order"))
+    for n in ours:
+        if theirs[n] != ours[n]:
+            _refuse(path, "the compressor of tensor '%s'" % n, repr(theirs[n]), repr(ours[n]))
+    shapes = dict((k, (tuple(s), d)) for k, s, d in saved["model"])
+    for k, s, d in job["model"]:
+        if k not in shapes:
+            _refuse(path, "model entry '%s'" % k, "absent", "present")
+        if shapes[k] != (tuple(s), d):
+            _refuse(path, "the shape of model entry '%s'" % k, "%s %s" % shapes[k],
+                    "%s %s" % (tuple(s), d))
+    if len(shapes) != len(job["model"]):
+        extra = sorted(set(shapes) - set(k for k, _, _ in job["model"]))
+        _refuse(path, "model entry '%s'" % extra[0], "present", "absent")
+
+
+def load_checkpoint(path, model, optimizer):
+    """Restores a checkpoint written by save_checkpoint (collective: every training process of
+    the new job calls it, before its first step). Refuses, naming the field, a checkpoint of
+    another job (ValueError)."""
+    bp = _bp()
+    path = os.fspath(path)
+    main = _load(path, "checkpoint")
+    job = _job(optimizer, model)
+    _check_job(path, main["job"], job)
+    node = _load(_node_path(path, bp.node_rank()), "the node's part of the checkpoint")
+    if node.get("node") != bp.node_rank():
+        _refuse(_node_path(path, bp.node_rank()), "node", node.get("node"), bp.node_rank())
+    model.load_state_dict(main["model"])
+    optimizer.load_state_dict(main["optimizer"])
+    optimizer._bp_restore_ef_state(node["residuals"])
+    _barrier("bitpush.load_checkpoint(%r)" % path)
