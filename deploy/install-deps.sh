@@ -20,6 +20,8 @@ PACKAGES=(
   python3-torch python3-numpy        # PyTorch 1.13 (CPU) for /usr/bin/python3: bitpush.torch
   python3-sklearn python3-tqdm       # examples: digits data set, progress bars
   python3-matplotlib                 # benchmark plots
+  slurm-wlm munge                    # tests/python/test_slurm.py: a one-node slurmctld + slurmd
+                                     # (munge authenticates them) for `bitpush launch --slurm`
   libgtest-dev libgmock-dev googletest  # unit tests
 )
 

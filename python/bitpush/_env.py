@@ -24,6 +24,11 @@ BITPUSH_ROLE, BITPUSH_SCHEDULER, BITPUSH_RANK, BITPUSH_SIZE
 =========================  ==========================================================
 
 Arguments given to ``bitpush.torch.init`` override these.
+
+`bitpush launch --slurm` (bitpush/slurm.py, docs/launch.md) reads the Slurm environment through
+``slurm_environ()``: the SLURM_* variables, CUDA_VISIBLE_DEVICES, TMPDIR, and
+BITPUSH_SLURM_TASKS_PER_NODE, which the launcher sets for the srun step it starts (the job's
+SLURM_TASKS_PER_NODE; srun gives the step its own).
 """
 import os
 from dataclasses import dataclass
@@ -42,6 +47,7 @@ ROLE = "BITPUSH_ROLE"
 SCHEDULER = "BITPUSH_SCHEDULER"
 RANK = "BITPUSH_RANK"
 SIZE = "BITPUSH_SIZE"
+SLURM_TASKS_PER_NODE = "BITPUSH_SLURM_TASKS_PER_NODE"
 
 MODES = ("embedded", "daemon")
 LOG_LEVELS = ("trace", "debug", "info", "warn", "error", "off")
@@ -113,3 +119,9 @@ def names() -> dict:
     return {"config": CONFIG, "worker_rank": WORKER_RANK, "local_rank": LOCAL_RANK,
             "local_size": LOCAL_SIZE, "mode": MODE, "daemon_socket": DAEMON_SOCKET,
             "bin_dir": BIN_DIR, "gpu": GPU, "log_level": LOG_LEVEL}
+
+
+def slurm_environ() -> dict:
+    """The variables `bitpush launch --slurm` reads (bitpush/slurm.py), as a dict."""
+    extra = (SLURM_TASKS_PER_NODE, "CUDA_VISIBLE_DEVICES", "TMPDIR")
+    return {k: v for k, v in os.environ.items() if k.startswith("SLURM") or k in extra}

@@ -1,6 +1,7 @@
 """`bitpush launch` and `bitpush check-config` (docs/launch.md).
 
     bitpush launch --config cluster.yaml [--host NAME] [-- COMMAND ...]
+    bitpush launch --slurm [--config overlay.yaml] [-- COMMAND ...]
     bitpush check-config cluster.yaml
 
 `launch` starts the roles of the cluster YAML that live on this host — the scheduler, the
@@ -10,6 +11,9 @@ bootstrap environment (docs/python.md) — prefixes every
 output line with its process ("[server 0] "), and supervises them: the first process that
 fails stops all the others (SIGTERM, then SIGKILL after --grace-s) and the launcher exits 1
 naming it and its last line. SIGINT/SIGTERM to the launcher stop everything the same way.
+
+`launch --slurm` builds the cluster from a Slurm allocation instead of a host list (the YAML is
+written by bitpush/slurm.py; then everything above applies unchanged).
 
 `check-config` parses the YAML with the C++ parser (bitpush._C.load_cluster_config, the one
 every daemon uses) and prints the effective config; exit 2 on a bad file.
@@ -381,9 +385,15 @@ def _parser():
     sub.required = True
     lp = sub.add_parser("launch", help="start this host's roles of a cluster YAML "
                         "[and a training command per worker process]",
-                        usage="bitpush launch --config FILE [--host NAME] [options] "
-                        "[-- COMMAND ...]")
-    lp.add_argument("--config", required=True, help="the cluster YAML (docs/config.md)")
+                        usage="bitpush launch {--config FILE [--host NAME] | --slurm "
+                        "[--config OVERLAY]} [options] [-- COMMAND ...]")
+    lp.add_argument("--config", help="the cluster YAML (docs/config.md); with --slurm an "
+                    "optional overlay: the YAML without the cluster's hosts")
+    lp.add_argument("--slurm", action="store_true",
+                    help="inside a Slurm allocation: build the cluster from the Slurm "
+                    "environment (docs/launch.md, 'Slurm')")
+    lp.add_argument("--servers-per-node", type=int, default=None, metavar="K",
+                    help="with --slurm: servers on every node (default 1)")
     lp.add_argument("--host", action="append", metavar="NAME",
                     help="start the roles whose address has this host (repeatable); default: "
                     "loopback addresses and this machine's names")
@@ -413,6 +423,7 @@ def _parser():
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    launcher_argv = [sys.executable, "-m", "bitpush.launch"] + argv  # for --slurm's srun
     command = []
     if "--" in argv:
         i = argv.index("--")
@@ -434,8 +445,22 @@ def main(argv=None):
         print("bitpush launch: --local-size must be at least 1", file=sys.stderr)
         return EXIT_USAGE
     args.bin_dir = os.path.abspath(args.bin_dir or _default_bin_dir() or ".")
-    config_path = os.path.abspath(args.config)
     from . import BitpushError
+    if args.slurm:
+        from . import slurm
+        try:
+            args.config = slurm.setup(args, launcher_argv, _load_config,
+                                      lambda text: print("bitpush launch: " + text,
+                                                         flush=True))
+        except (ValueError, BitpushError) as e:
+            print("bitpush launch: %s" % e, file=sys.stderr)
+            return EXIT_USAGE
+    elif args.config is None or args.servers_per_node is not None:
+        print("bitpush launch: %s" % ("--servers-per-node goes with --slurm" if args.config
+                                      else "--config is required (or --slurm inside a Slurm "
+                                      "allocation)"), file=sys.stderr)
+        return EXIT_USAGE
+    config_path = os.path.abspath(args.config)
     try:
         config = _load_config(config_path)
     except BitpushError as e:
