@@ -5,9 +5,11 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "scheduler/node_metrics.h"
 #include "worker/client_backend.h"
 #include "worker/daemon_client.h"
 #include "worker/engine.h"
+#include "worker/engine_metrics.h"
 
 namespace bitpush::worker {
 
@@ -56,10 +58,17 @@ bool PushPullHandle::Ready() const {
 
 namespace {
 
-// Embedded mode: this process is the worker node; its Engine does everything.
+// Embedded mode: this process is the worker node; its Engine does everything, and it serves
+// the node's metrics when metrics.port is set.
 class EngineBackend final : public ClientBackend {
  public:
-  explicit EngineBackend(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
+  EngineBackend(std::unique_ptr<Engine> engine, std::unique_ptr<scheduler::NodeMetrics> metrics)
+      : engine_(std::move(engine)), metrics_(std::move(metrics)) {
+    if (metrics_) {
+      registration_ = metrics_->registry().Add(
+          [e = engine_.get()](metrics::MetricSet& set) { AddEngineMetrics(*e, set); });
+    }
+  }
 
   StatusOr<TensorId> Declare(const std::string& name, size_t elements, DType dtype,
                              const TensorOptions& options) override {
@@ -91,7 +100,10 @@ class EngineBackend final : public ClientBackend {
   }
 
  private:
+  // Destroyed in reverse: the collector goes first, then the exporter, then the engine.
   const std::unique_ptr<Engine> engine_;
+  const std::unique_ptr<scheduler::NodeMetrics> metrics_;
+  metrics::Registry::Registration registration_;
 };
 
 // Daemon mode: one of the node's training processes; the node's bitpush-worker does the rest.
@@ -149,13 +161,19 @@ StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
         options.rank,
         options.cluster.source.empty() ? "the cluster config" : options.cluster.source));
   }
+  // The node's metrics (docs/metrics.md), bound before registration so a taken port fails
+  // before the cluster counts this worker.
+  BP_ASSIGN_OR_RETURN(
+      std::unique_ptr<scheduler::NodeMetrics> metrics,
+      scheduler::NodeMetrics::Start(options.cluster, v1::ROLE_WORKER, options.rank));
   EngineOptions e;
   e.cluster = std::move(options.cluster);
   e.rank = options.rank;
   e.inproc_hub = std::move(options.inproc_hub);
   e.clock = std::move(options.clock);
   BP_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(std::move(e)));
-  return std::unique_ptr<Client>(new Client(std::make_unique<EngineBackend>(std::move(engine))));
+  return std::unique_ptr<Client>(
+      new Client(std::make_unique<EngineBackend>(std::move(engine), std::move(metrics))));
 }
 
 Client::Client(std::unique_ptr<ClientBackend> backend) : backend_(std::move(backend)) {}
