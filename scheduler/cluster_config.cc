@@ -553,8 +553,7 @@ uint32_t ClusterConfig::MetricsPort(v1::Role role, uint32_t rank) const {
   switch (role) {
     case v1::ROLE_SCHEDULER: return metrics.port;
     case v1::ROLE_SERVER: return metrics.port + 1 + rank;
-    case v1::ROLE_WORKER:
-      return metrics.port + 1 + static_cast<uint32_t>(servers.size()) + rank;
+    case v1::ROLE_WORKER: return metrics.port + 1 + static_cast<uint32_t>(servers.size()) + rank;
     default: return 0;
   }
 }

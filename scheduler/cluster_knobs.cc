@@ -104,8 +104,8 @@ StatusOr<std::string> CanonicalBindAddress(std::string_view text) {
   if (inet_pton(AF_INET, t.c_str(), &v4) == 1 || inet_pton(AF_INET6, t.c_str(), &v6) == 1) {
     return t;
   }
-  return InvalidArgumentError(fmt::format(
-      "expected an IPv4 or IPv6 address (127.0.0.1, 0.0.0.0, ::1, ::), got '{}'", t));
+  return InvalidArgumentError(
+      fmt::format("expected an IPv4 or IPv6 address (127.0.0.1, 0.0.0.0, ::1, ::), got '{}'", t));
 }
 
 // ---- rules between knobs ----
@@ -171,8 +171,8 @@ std::string MetricsPortRule(const ClusterConfig& c) {
     std::string address;
     uint32_t metrics_port;
   };
-  std::vector<Node> all = {{"the scheduler", c.scheduler_address,
-                            c.MetricsPort(v1::ROLE_SCHEDULER, 0)}};
+  std::vector<Node> all = {
+      {"the scheduler", c.scheduler_address, c.MetricsPort(v1::ROLE_SCHEDULER, 0)}};
   for (uint32_t r = 0; r < c.servers.size(); ++r) {
     all.push_back({fmt::format("server {}", r), c.servers[r], c.MetricsPort(v1::ROLE_SERVER, r)});
   }
@@ -473,7 +473,7 @@ std::string FlagsTable() {
 
 const std::vector<std::string>& ClusterSections() {
   static const std::vector<std::string> kSections = {"cluster", "compression", "server", "worker",
-                                                       "metrics"};
+                                                     "metrics"};
   return kSections;
 }
 

@@ -63,8 +63,10 @@ int main(int argc, char** argv) {
   }
   metrics::Registry::Registration scheduler_metrics;
   if (*node_metrics) {
-    scheduler_metrics = (*node_metrics)->registry().Add(
-        [s = sched->get()](metrics::MetricSet& set) { scheduler::AddSchedulerMetrics(*s, set); });
+    scheduler_metrics =
+        (*node_metrics)->registry().Add([s = sched->get()](metrics::MetricSet& set) {
+          scheduler::AddSchedulerMetrics(*s, set);
+        });
   }
   // systemd (Type=notify, docs/deploy.md): ready once the endpoint is bound.
   if (Status n = NotifyReady("listening at " + (*sched)->address()); !n.ok()) {

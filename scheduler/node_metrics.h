@@ -27,7 +27,7 @@ class NodeMetrics {
   // Null when config.metrics.port is 0. Errors name the key: "metrics.port: server 1 cannot
   // listen at 127.0.0.1:19101: Address already in use".
   static StatusOr<std::unique_ptr<NodeMetrics>> Start(const ClusterConfig& config, v1::Role role,
-                                                       uint32_t rank);
+                                                      uint32_t rank);
 
   ~NodeMetrics();  // Stop()
   NodeMetrics(const NodeMetrics&) = delete;

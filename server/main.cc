@@ -100,8 +100,9 @@ int main(int argc, char** argv) {
   running = srv->get();
   metrics::Registry::Registration server_metrics;
   if (*node_metrics) {
-    server_metrics = (*node_metrics)->registry().Add(
-        [s = srv->get()](metrics::MetricSet& set) { server::AddServerMetrics(*s, set); });
+    server_metrics = (*node_metrics)->registry().Add([s = srv->get()](metrics::MetricSet& set) {
+      server::AddServerMetrics(*s, set);
+    });
   }
   // systemd (Type=notify, docs/deploy.md): ready once registered, assigned and serving.
   if (Status n = NotifyReady("server " + std::to_string(rank) + " serving"); !n.ok()) {

@@ -62,7 +62,7 @@ struct EngineThreadInfo {
   int cpu = -1;        // pinned core (-1: not pinned)
   int numa_node = -1;  // its NUMA node (-1: unknown)
   uint64_t keys = 0;
-  uint64_t load = 0;  // weighted bytes placed on it
+  uint64_t load = 0;    // weighted bytes placed on it
   uint64_t queued = 0;  // messages waiting for it when engine_threads() was called
 };
 

@@ -109,9 +109,10 @@ int main(int argc, char** argv) {
     running.store(daemon->get());
     metrics::Registry::Registration engine_metrics;
     if (*node_metrics) {
-      engine_metrics = (*node_metrics)->registry().Add([d = daemon->get()](metrics::MetricSet& set) {
-        worker::AddEngineMetrics(d->engine(), set);
-      });
+      engine_metrics =
+          (*node_metrics)->registry().Add([d = daemon->get()](metrics::MetricSet& set) {
+            worker::AddEngineMetrics(d->engine(), set);
+          });
     }
     if (signals.received()) (*daemon)->Stop();
     const Status s = (*daemon)->Run();

@@ -30,8 +30,7 @@ void AddEngineMetrics(const Engine& engine, metrics::MetricSet& set) {
       "included), decompress.";
   set.Counter(kStage, kStageHelp, static_cast<double>(s.compress_ns) / 1e9,
               {{"stage", "compress"}});
-  set.Counter(kStage, kStageHelp, static_cast<double>(s.network_ns) / 1e9,
-              {{"stage", "network"}});
+  set.Counter(kStage, kStageHelp, static_cast<double>(s.network_ns) / 1e9, {{"stage", "network"}});
   set.Counter(kStage, kStageHelp, static_cast<double>(s.decompress_ns) / 1e9,
               {{"stage", "decompress"}});
   set.Gauge("bitpush_worker_bytes_in_flight",

@@ -32,9 +32,8 @@ void LogFromMhd(void* cls, const char* format, va_list args) {
 
 MHD_Result Answer(MHD_Connection* connection, unsigned int code, const std::string& body,
                   bool allow_get) {
-  MHD_Response* response =
-      MHD_create_response_from_buffer(body.size(), const_cast<char*>(body.data()),
-                                      MHD_RESPMEM_MUST_COPY);
+  MHD_Response* response = MHD_create_response_from_buffer(
+      body.size(), const_cast<char*>(body.data()), MHD_RESPMEM_MUST_COPY);
   if (response == nullptr) return MHD_NO;  // out of memory: MHD closes the connection
   MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE,
                           code == MHD_HTTP_OK ? kContentType : "text/plain; charset=utf-8");
@@ -45,18 +44,16 @@ MHD_Result Answer(MHD_Connection* connection, unsigned int code, const std::stri
 }
 
 // Runs on libmicrohttpd's thread; nothing may throw into the C library.
-MHD_Result HandleRequest(void* cls, MHD_Connection* connection, const char* url,
-                         const char* method, const char* /*version*/,
-                         const char* /*upload_data*/, size_t* /*upload_data_size*/,
-                         void** /*con_cls*/) {
+MHD_Result HandleRequest(void* cls, MHD_Connection* connection, const char* url, const char* method,
+                         const char* /*version*/, const char* /*upload_data*/,
+                         size_t* /*upload_data_size*/, void** /*con_cls*/) {
   const auto* registry = static_cast<const Registry*>(cls);
   try {
     if (std::strcmp(method, MHD_HTTP_METHOD_GET) != 0) {
       return Answer(connection, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET is served\n", true);
     }
     if (std::strcmp(url, "/metrics") != 0) {
-      return Answer(connection, MHD_HTTP_NOT_FOUND, "not found; metrics are at /metrics\n",
-                    false);
+      return Answer(connection, MHD_HTTP_NOT_FOUND, "not found; metrics are at /metrics\n", false);
     }
     return Answer(connection, MHD_HTTP_OK, registry->Render(), false);
   } catch (const std::exception& e) {
@@ -86,8 +83,8 @@ StatusOr<BoundSocket> Listen(const ExporterOptions& o) {
     v6->sin6_port = htons(o.port);
     len = sizeof(sockaddr_in6);
   } else {
-    return InvalidArgumentError(fmt::format(
-        "{}: bind address '{}' is not an IPv4 or IPv6 literal", o.label, o.bind_address));
+    return InvalidArgumentError(fmt::format("{}: bind address '{}' is not an IPv4 or IPv6 literal",
+                                            o.label, o.bind_address));
   }
   const int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
@@ -95,7 +92,8 @@ StatusOr<BoundSocket> Listen(const ExporterOptions& o) {
   }
   const int one = 1;
   (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // restart after TIME_WAIT
-  if (addr.ss_family == AF_INET6) (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+  if (addr.ss_family == AF_INET6)
+    (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(fd, kListenBacklog) != 0) {
     const int err = errno;
     close(fd);
@@ -166,8 +164,8 @@ void Exporter::Stop() {
 
 std::string Exporter::url() const {
   const bool v6 = options_.bind_address.find(':') != std::string::npos;
-  return fmt::format(v6 ? "http://[{}]:{}/metrics" : "http://{}:{}/metrics",
-                     options_.bind_address, port_);
+  return fmt::format(v6 ? "http://[{}]:{}/metrics" : "http://{}:{}/metrics", options_.bind_address,
+                     port_);
 }
 
 }  // namespace bitpush::metrics

@@ -60,15 +60,14 @@ void AddProcessMetrics(MetricSet& set) {
   }
   rusage usage{};
   if (getrusage(RUSAGE_SELF, &usage) == 0) {
-    const double seconds = static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
-                           static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) /
-                               1e6;
+    const double seconds =
+        static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+        static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
     set.Counter("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.",
                 seconds);
   }
   if (const int64_t fds = OpenFds(); fds >= 0) {
-    set.Gauge("process_open_fds", "Number of open file descriptors.",
-              static_cast<uint64_t>(fds));
+    set.Gauge("process_open_fds", "Number of open file descriptors.", static_cast<uint64_t>(fds));
   }
 }
 

@@ -74,9 +74,8 @@ MetricSet::Family& MetricSet::FamilyFor(std::string_view name, std::string_view 
                                         MetricType type) {
   if (auto it = index_.find(name); it != index_.end()) {
     Family& f = families_[it->second];
-    BP_CHECK(f.type == type && f.help == help,
-             "metric {} added as {} '{}' and as {} '{}'", name, TypeName(f.type), f.help,
-             TypeName(type), help);
+    BP_CHECK(f.type == type && f.help == help, "metric {} added as {} '{}' and as {} '{}'", name,
+             TypeName(f.type), f.help, TypeName(type), help);
     return f;
   }
   BP_CHECK(ValidMetricName(name), "'{}' is not a valid metric name", name);
@@ -86,8 +85,7 @@ MetricSet::Family& MetricSet::FamilyFor(std::string_view name, std::string_view 
 }
 
 void MetricSet::AddSample(std::string_view name, std::string_view help, MetricType type,
-                          std::string_view suffix, const Labels& labels,
-                          const std::string& value) {
+                          std::string_view suffix, const Labels& labels, const std::string& value) {
   Family& f = FamilyFor(name, help, type);
   std::string line = f.name;
   line += suffix;

@@ -47,8 +47,7 @@ class MetricSet {
   // A value that goes up and down.
   void Gauge(std::string_view name, std::string_view help, uint64_t value,
              const Labels& labels = {});
-  void Gauge(std::string_view name, std::string_view help, double value,
-             const Labels& labels = {});
+  void Gauge(std::string_view name, std::string_view help, double value, const Labels& labels = {});
   // A summary without quantiles: `name_count` observations that add up to `name_sum`.
   void Summary(std::string_view name, std::string_view help, uint64_t count, double sum,
                const Labels& labels = {});

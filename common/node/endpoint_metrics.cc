@@ -6,8 +6,7 @@ void AddEndpointMetrics(const EndpointStats& s, metrics::MetricSet& set) {
   constexpr char kMessages[] = "bitpush_transport_messages_total";
   constexpr char kMessagesHelp[] = "Messages sent and received by this node's endpoint.";
   set.Counter(kMessages, kMessagesHelp, s.transport.messages_sent, {{"direction", "sent"}});
-  set.Counter(kMessages, kMessagesHelp, s.transport.messages_received,
-              {{"direction", "received"}});
+  set.Counter(kMessages, kMessagesHelp, s.transport.messages_received, {{"direction", "received"}});
   constexpr char kBytes[] = "bitpush_transport_bytes_total";
   constexpr char kBytesHelp[] =
       "Bytes on the wire (headers and payload frames) sent and received by this node's endpoint.";

@@ -18,8 +18,8 @@
 namespace bitpush::testing {
 
 struct HttpAnswer {
-  int status = 0;     // 0: no answer (connection refused, timeout, garbage)
-  std::string head;   // status line and headers
+  int status = 0;    // 0: no answer (connection refused, timeout, garbage)
+  std::string head;  // status line and headers
   std::string body;
 };
 
@@ -42,7 +42,8 @@ inline HttpAnswer HttpRequest(int port, const std::string& method, const std::st
   }
   const std::string request =
       method + " " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n" + extra_headers + "\r\n";
-  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) {
+  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
     close(fd);
     return answer;
   }

@@ -195,20 +195,24 @@ TEST_F(MetricsProcessTest, EveryRoleServesGrowingCountersDuringARun) {
   for (uint32_t s = 0; s < kServers; ++s) {
     const std::string& b = first[1 + s];
     const std::string& a = second[1 + s];
-    EXPECT_EQ(SampleValue(a, "bitpush_node_info{role=\"server\",rank=\"" + std::to_string(s) +
-                                 "\"}"),
-              1);
+    EXPECT_EQ(
+        SampleValue(a, "bitpush_node_info{role=\"server\",rank=\"" + std::to_string(s) + "\"}"), 1);
     ExpectGrew(b, a, "bitpush_server_rounds_published_total");
     ExpectGrew(b, a, "bitpush_server_pushes_total{result=\"accepted\"}");
-    ExpectGrew(b, a, "bitpush_server_payload_bytes_total{direction=\"in\",encoding=\"compressed\"}");
+    ExpectGrew(b, a,
+               "bitpush_server_payload_bytes_total{direction=\"in\",encoding=\"compressed\"}");
     ExpectGrew(b, a, "bitpush_server_payload_bytes_total{direction=\"in\",encoding=\"raw\"}");
-    ExpectGrew(b, a, "bitpush_server_payload_bytes_total{direction=\"out\",encoding=\"compressed\"}");
+    ExpectGrew(b, a,
+               "bitpush_server_payload_bytes_total{direction=\"out\",encoding=\"compressed\"}");
     ExpectGrew(b, a, "bitpush_transport_bytes_total{direction=\"received\"}");
     EXPECT_EQ(SampleValue(a, "bitpush_server_pushes_total{result=\"rejected\"}"), 0);
     EXPECT_GE(SampleValue(a, "bitpush_server_engine_queue_depth{thread=\"0\"}"), 0);
     // onebit: about 32x fewer bytes than raw fp32.
-    EXPECT_GT(SampleValue(a, "bitpush_server_payload_bytes_total{direction=\"in\",encoding=\"raw\"}"),
-              10 * SampleValue(a, "bitpush_server_payload_bytes_total{direction=\"in\",encoding=\"compressed\"}"));
+    EXPECT_GT(
+        SampleValue(a, "bitpush_server_payload_bytes_total{direction=\"in\",encoding=\"raw\"}"),
+        10 *
+            SampleValue(
+                a, "bitpush_server_payload_bytes_total{direction=\"in\",encoding=\"compressed\"}"));
   }
   // Workers (embedded): push_pulls, bytes, stage time.
   for (uint32_t w = 0; w < kWorkers; ++w) {
@@ -216,7 +220,8 @@ TEST_F(MetricsProcessTest, EveryRoleServesGrowingCountersDuringARun) {
     const std::string& a = second[1 + kServers + w];
     ExpectGrew(b, a, "bitpush_worker_push_pulls_total{result=\"completed\"}");
     ExpectGrew(b, a, "bitpush_worker_partitions_pushed_total");
-    ExpectGrew(b, a, "bitpush_worker_payload_bytes_total{direction=\"push\",encoding=\"compressed\"}");
+    ExpectGrew(b, a,
+               "bitpush_worker_payload_bytes_total{direction=\"push\",encoding=\"compressed\"}");
     ExpectGrew(b, a, "bitpush_worker_payload_bytes_total{direction=\"push\",encoding=\"raw\"}");
     ExpectGrew(b, a, "bitpush_worker_payload_bytes_total{direction=\"pull\",encoding=\"raw\"}");
     ExpectGrew(b, a, "bitpush_worker_stage_seconds_total{stage=\"compress\"}");
@@ -245,19 +250,21 @@ TEST_F(MetricsProcessTest, TheWorkerDaemonServesItsNodesMetrics) {
     if (early.status != 200) std::this_thread::sleep_for(milliseconds(50));
   }
   ASSERT_EQ(early.status, 200);
-  Child* trainer = Add("trainer 0.0",
-                       {BITPUSH_TEST_TRAINER_BIN, "--config", path_, "--node", "0", "--local-rank",
-                        "0", "--local-size", "1", "--socket", socket, "--iters", "40",
-                        "--pause-ms", "40"},
-                       "trainer.log");
+  Child* trainer =
+      Add("trainer 0.0",
+          {BITPUSH_TEST_TRAINER_BIN, "--config", path_, "--node", "0", "--local-rank", "0",
+           "--local-size", "1", "--socket", socket, "--iters", "40", "--pause-ms", "40"},
+          "trainer.log");
   ASSERT_TRUE(WaitForOutput(*trainer, "iteration 3 ok", milliseconds(20000)));
   const std::string b = Scrape(v1::ROLE_WORKER, 0);
   ASSERT_TRUE(WaitForOutput(*trainer, "iteration 15 ok", milliseconds(20000)));
   const std::string a = Scrape(v1::ROLE_WORKER, 0);
   EXPECT_EQ(SampleValue(a, "bitpush_node_info{role=\"worker\",rank=\"0\"}"), 1);
   ExpectGrew(b, a, "bitpush_worker_push_pulls_total{result=\"completed\"}");
-  ExpectGrew(b, a, "bitpush_worker_payload_bytes_total{direction=\"push\",encoding=\"compressed\"}");
-  ExpectGrew(b, a, "bitpush_worker_payload_bytes_total{direction=\"pull\",encoding=\"compressed\"}");
+  ExpectGrew(b, a,
+             "bitpush_worker_payload_bytes_total{direction=\"push\",encoding=\"compressed\"}");
+  ExpectGrew(b, a,
+             "bitpush_worker_payload_bytes_total{direction=\"pull\",encoding=\"compressed\"}");
   ExpectGrew(b, a, "bitpush_transport_bytes_total{direction=\"sent\"}");
   std::vector<Child*> all;
   for (auto& c : children_) all.push_back(c.get());

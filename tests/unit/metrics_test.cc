@@ -40,10 +40,8 @@ TEST(MetricSet, RendersTheTextFormatExactly) {
   set.Summary("bitpush_stage_seconds", "Stage time.", 4, 1.5, {{"stage", "compress"}});
   set.Gauge("bitpush_odd", "Odd values.", std::numeric_limits<double>::infinity(),
             {{"v", "q\"uote\\back\nline"}});
-  set.Gauge("bitpush_odd", "Odd values.", -std::numeric_limits<double>::infinity(),
-            {{"v", "neg"}});
-  set.Gauge("bitpush_odd", "Odd values.", std::numeric_limits<double>::quiet_NaN(),
-            {{"v", "nan"}});
+  set.Gauge("bitpush_odd", "Odd values.", -std::numeric_limits<double>::infinity(), {{"v", "neg"}});
+  set.Gauge("bitpush_odd", "Odd values.", std::numeric_limits<double>::quiet_NaN(), {{"v", "nan"}});
   EXPECT_EQ(set.Render(),
             "# HELP bitpush_x_total Things done.\n"
             "# TYPE bitpush_x_total counter\n"
@@ -149,9 +147,8 @@ std::unique_ptr<Exporter> StartExporter(const Registry* registry, ExporterOption
 TEST(Exporter, ServesMetricsOverHttpAndNothingElse) {
   Registry registry;
   std::atomic<uint64_t> rounds{0};
-  Registry::Registration r = registry.Add([&](MetricSet& s) {
-    s.Counter("bitpush_test_rounds_total", "Rounds.", rounds.load());
-  });
+  Registry::Registration r = registry.Add(
+      [&](MetricSet& s) { s.Counter("bitpush_test_rounds_total", "Rounds.", rounds.load()); });
   std::unique_ptr<Exporter> e = StartExporter(&registry);
   ASSERT_NE(e, nullptr);
   ASSERT_LT(e->port(), 32768);
@@ -160,9 +157,10 @@ TEST(Exporter, ServesMetricsOverHttpAndNothingElse) {
   HttpAnswer a = HttpGet(e->port(), "/metrics");
   ASSERT_EQ(a.status, 200) << a.head;
   EXPECT_CONTAINS(a.head, "Content-Type: text/plain; version=0.0.4; charset=utf-8");
-  EXPECT_EQ(a.body, "# HELP bitpush_test_rounds_total Rounds.\n"
-                    "# TYPE bitpush_test_rounds_total counter\n"
-                    "bitpush_test_rounds_total 0\n");
+  EXPECT_EQ(a.body,
+            "# HELP bitpush_test_rounds_total Rounds.\n"
+            "# TYPE bitpush_test_rounds_total counter\n"
+            "bitpush_test_rounds_total 0\n");
   rounds = 5;
   // Values are read at scrape time; a query string is ignored.
   EXPECT_EQ(SampleValue(HttpGet(e->port(), "/metrics?x=1").body, "bitpush_test_rounds_total"), 5);
@@ -267,8 +265,8 @@ TEST(MetricsKnobs, PortAndBindAddressAreValidatedNamingTheKey) {
   const std::string head =
       "cluster:\n  scheduler: 127.0.0.1:19000\n  servers: [127.0.0.1:19100, 127.0.0.1:19101]\n"
       "  workers: [127.0.0.1:19200, 127.0.0.1:19201]\n";
-  StatusOr<scheduler::ClusterConfig> ok =
-      scheduler::ParseClusterConfig(head + "metrics:\n  port: 19400\n  bind_address: '::1'\n", "c.yaml");
+  StatusOr<scheduler::ClusterConfig> ok = scheduler::ParseClusterConfig(
+      head + "metrics:\n  port: 19400\n  bind_address: '::1'\n", "c.yaml");
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->metrics.port, 19400u);
   EXPECT_EQ(ok->metrics.bind_address, "::1");
@@ -293,8 +291,9 @@ TEST(MetricsKnobs, PortAndBindAddressAreValidatedNamingTheKey) {
       {"metrics:\n  bind_address: localhost\n",
        "metrics.bind_address: expected an IPv4 or IPv6 address (127.0.0.1, 0.0.0.0, ::1, ::), "
        "got 'localhost'"},
-      {"metrics:\n  prot: 1\n", "metrics.prot: unknown key; valid keys of metrics: "
-                                "bind_address, port"},
+      {"metrics:\n  prot: 1\n",
+       "metrics.prot: unknown key; valid keys of metrics: "
+       "bind_address, port"},
   };
   for (const Case& k : cases) {
     StatusOr<scheduler::ClusterConfig> c = scheduler::ParseClusterConfig(head + k.yaml, "c.yaml");
