@@ -15,6 +15,7 @@ PACKAGES=(
   libyaml-cpp-dev                    # cluster YAML
   libspdlog-dev libfmt-dev           # logging
   libhwloc-dev                       # CPU and NUMA pinning
+  libmicrohttpd-dev                  # /metrics over HTTP (one polling thread, bounded connections)
   pybind11-dev python3-pybind11      # Python binding
   python3-pytest                     # Python tests
   python3-torch python3-numpy        # PyTorch 1.13 (CPU) for /usr/bin/python3: bitpush.torch

@@ -548,6 +548,16 @@ const std::vector<uint32_t>& ClusterConfig::GpusOnNode(uint32_t rank) const {
   return rank < worker_nodes.size() ? worker_nodes[rank].gpus : kNone;
 }
 
+uint32_t ClusterConfig::MetricsPort(v1::Role role, uint32_t rank) const {
+  if (metrics.port == 0) return 0;
+  switch (role) {
+    case v1::ROLE_SCHEDULER: return metrics.port;
+    case v1::ROLE_SERVER: return metrics.port + 1 + rank;
+    case v1::ROLE_WORKER: return metrics.port + 1 + static_cast<uint32_t>(servers.size()) + rank;
+    default: return 0;
+  }
+}
+
 uint64_t ClusterConfig::TotalProcesses() const {
   uint64_t total = 0;
   for (uint32_t r = 0; r < workers.size(); ++r) {

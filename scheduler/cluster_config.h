@@ -109,6 +109,17 @@ struct WorkerSettings {
   std::string SocketFor(uint32_t rank) const;
 };
 
+// The `metrics:` section: Prometheus text over HTTP from every process of the cluster
+// (docs/metrics.md). Local: not part of config agreement.
+struct MetricsSettings {
+  // metrics.port: the scheduler's metrics port; server r listens at port + 1 + r and worker
+  // node n at port + 1 + (number of servers) + n, each on its own host. 0 = off (no thread, no
+  // socket).
+  uint32_t port = 0;
+  // metrics.bind_address: the IPv4 or IPv6 literal every metrics listener binds.
+  std::string bind_address = "127.0.0.1";
+};
+
 // One worker node (machine) of `cluster.workers`: what the launcher and the node's
 // bitpush-worker daemon need beyond its address. Written in the host form of the YAML
 // (`{host: gpu0, processes: 8, gpus: 8}`); the address form leaves both unset.
@@ -158,6 +169,8 @@ struct ClusterConfig {
   // The `server:` and `worker:` sections (local tuning).
   ServerSettings server;
   WorkerSettings worker;
+  // The `metrics:` section.
+  MetricsSettings metrics;
 
   // Number of nodes the scheduler waits for.
   size_t num_nodes() const { return servers.size() + workers.size(); }
@@ -175,6 +188,9 @@ struct ClusterConfig {
   bool ProcessCountsDiffer() const;
   // The listen address of (role, rank); "" if there is no such entry.
   std::string NodeAddress(v1::Role role, uint32_t rank) const;
+  // The metrics port of (role, rank) by the rule of MetricsSettings::port (ROLE_SCHEDULER
+  // ignores the rank); 0 when metrics are off.
+  uint32_t MetricsPort(v1::Role role, uint32_t rank) const;
 };
 
 // Reads and parses the file at `path`. Errors are InvalidArgument "PATH:LINE: KEY: problem"

@@ -1,6 +1,10 @@
 #include "scheduler/cluster_knobs.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 
 #include "compressors/spec_registry.h"
@@ -93,6 +97,17 @@ StatusOr<std::string> CanonicalErrorFeedback(std::string_view text) {
   return std::string(compressors::ErrorFeedbackPolicyName(policy));
 }
 
+StatusOr<std::string> CanonicalBindAddress(std::string_view text) {
+  const std::string t(text);
+  in6_addr v6{};
+  in_addr v4{};
+  if (inet_pton(AF_INET, t.c_str(), &v4) == 1 || inet_pton(AF_INET6, t.c_str(), &v6) == 1) {
+    return t;
+  }
+  return InvalidArgumentError(
+      fmt::format("expected an IPv4 or IPv6 address (127.0.0.1, 0.0.0.0, ::1, ::), got '{}'", t));
+}
+
 // ---- rules between knobs ----
 
 std::string HeartbeatTimeoutRule(const ClusterConfig& c) {
@@ -130,6 +145,49 @@ std::string WorkerSocketRule(const ClusterConfig& c) {
           "workers {} and {} run on the same host, so their bitpush-worker daemons would share "
           "'{}'; put {{rank}} in the path (e.g. /run/bitpush/worker-{{rank}}.sock)",
           at->second, r, w.socket);
+    }
+  }
+  return "";
+}
+
+// The port of a normalised tcp:// address; 0 for other schemes.
+uint32_t PortOf(const std::string& url) {
+  if (url.rfind("tcp://", 0) != 0) return 0;
+  return static_cast<uint32_t>(std::strtoul(url.c_str() + url.rfind(':') + 1, nullptr, 10));
+}
+
+// Every node's metrics port fits below 65536 and is no cluster listen port of its host.
+std::string MetricsPortRule(const ClusterConfig& c) {
+  if (c.metrics.port == 0) return "";
+  const uint64_t nodes = 1 + c.servers.size() + c.workers.size();
+  if (c.metrics.port + nodes - 1 > 65535) {
+    return fmt::format(
+        "must be at most {} so the {} metrics ports from it (scheduler, {} server(s), {} "
+        "worker(s)) fit, got {}",
+        65536 - nodes, nodes, c.servers.size(), c.workers.size(), c.metrics.port);
+  }
+  struct Node {
+    std::string name;
+    std::string address;
+    uint32_t metrics_port;
+  };
+  std::vector<Node> all = {
+      {"the scheduler", c.scheduler_address, c.MetricsPort(v1::ROLE_SCHEDULER, 0)}};
+  for (uint32_t r = 0; r < c.servers.size(); ++r) {
+    all.push_back({fmt::format("server {}", r), c.servers[r], c.MetricsPort(v1::ROLE_SERVER, r)});
+  }
+  for (uint32_t r = 0; r < c.workers.size(); ++r) {
+    all.push_back({fmt::format("worker {}", r), c.workers[r], c.MetricsPort(v1::ROLE_WORKER, r)});
+  }
+  for (const Node& n : all) {
+    for (const Node& other : all) {
+      if (PortOf(other.address) == n.metrics_port && HostOf(other.address) == HostOf(n.address) &&
+          !HostOf(n.address).empty()) {
+        return fmt::format(
+            "{}'s metrics port {} (metrics.port {} + its offset, docs/metrics.md) is the port "
+            "of {} at {}; pick metrics ports apart from the cluster's",
+            n.name, n.metrics_port, c.metrics.port, other.name, other.address);
+      }
     }
   }
   return "";
@@ -357,6 +415,26 @@ std::vector<ClusterKnob> BuildTable() {
                       "`BITPUSH_DAEMON_SOCKET` (a training process) give one process the path "
                       "as is (no `{rank}`)."),
              In<&ClusterConfig::worker, &WorkerSettings::socket>(), &WorkerSocketRule),
+
+      // ---- metrics: (local, not agreed) ----
+      Scalar(Knob("metrics.port")
+                 .Integer(0, 65535, "")
+                 .Optional("off", "`0` (off)")
+                 .Doc("Prometheus metrics over HTTP (`GET /metrics`, docs/metrics.md). The "
+                      "scheduler listens at `port`, server r at `port` + 1 + r, worker node n "
+                      "at `port` + 1 + (number of servers) + n, each on its own host (the "
+                      "`bitpush-worker` daemon, or the training process when the node runs "
+                      "without one). `0`: no metrics (no thread, no socket). Every one of those "
+                      "ports must be ≤ 65535 and none a cluster address's port on the same "
+                      "host; pick them below 32768, as the cluster's."),
+             In<&ClusterConfig::metrics, &MetricsSettings::port>(), &MetricsPortRule),
+      Scalar(Knob("metrics.bind_address")
+                 .Custom(&CanonicalBindAddress, "IPv4 or IPv6 address")
+                 .Doc("The address the metrics listeners bind on every host: `127.0.0.1` "
+                      "(this machine only), `0.0.0.0` or `::` (every interface, for a "
+                      "Prometheus server elsewhere; the metrics carry no secret, but anyone who "
+                      "reaches the port can read them)."),
+             In<&ClusterConfig::metrics, &MetricsSettings::bind_address>()),
   };
   // A knob's default is its field's initial value: declared once, in cluster_config.h.
   const ClusterConfig defaults;
@@ -395,7 +473,8 @@ std::string FlagsTable() {
 }  // namespace
 
 const std::vector<std::string>& ClusterSections() {
-  static const std::vector<std::string> kSections = {"cluster", "compression", "server", "worker"};
+  static const std::vector<std::string> kSections = {"cluster", "compression", "server", "worker",
+                                                     "metrics"};
   return kSections;
 }
 

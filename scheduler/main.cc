@@ -16,7 +16,9 @@
 #include "common/sd_notify.h"
 #include "common/termination_signals.h"
 #include "scheduler/daemon_command_line.h"
+#include "scheduler/node_metrics.h"
 #include "scheduler/scheduler.h"
+#include "scheduler/scheduler_metrics.h"
 
 namespace {
 
@@ -51,6 +53,21 @@ int main(int argc, char** argv) {
     return 1;
   }
   running = sched->get();
+  // metrics.port (docs/metrics.md).
+  StatusOr<std::unique_ptr<scheduler::NodeMetrics>> node_metrics =
+      scheduler::NodeMetrics::Start(cli.config(), v1::ROLE_SCHEDULER, 0);
+  if (!node_metrics.ok()) {
+    std::fprintf(stderr, "bitpush-scheduler: error: %s\n",
+                 node_metrics.status().ToString().c_str());
+    return 1;
+  }
+  metrics::Registry::Registration scheduler_metrics;
+  if (*node_metrics) {
+    scheduler_metrics =
+        (*node_metrics)->registry().Add([s = sched->get()](metrics::MetricSet& set) {
+          scheduler::AddSchedulerMetrics(*s, set);
+        });
+  }
   // systemd (Type=notify, docs/deploy.md): ready once the endpoint is bound.
   if (Status n = NotifyReady("listening at " + (*sched)->address()); !n.ok()) {
     BP_LOG_WARN("bitpush-scheduler: {}", n.ToString());
@@ -59,6 +76,7 @@ int main(int argc, char** argv) {
   (void)NotifyStopping();
   signals.Stop();
   running = nullptr;
+  scheduler_metrics.Reset();  // no scrape reads the scheduler from here on
   sched->reset();
   if (signals.received() && result.code() == StatusCode::kCancelled) {
     // Stopped as asked; the nodes learn it from the scheduler's Shutdown or its silence.

@@ -107,6 +107,19 @@ void Scheduler::Stop() {
   stop_requested_.store(true);
 }
 
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s;
+  s.nodes_expected = cluster_.servers.size() + cluster_.workers.size();
+  s.nodes_registered = stat_registered_.load(std::memory_order_relaxed);
+  s.nodes_dead = stat_dead_.load(std::memory_order_relaxed);
+  s.workers_done = stat_done_.load(std::memory_order_relaxed);
+  s.registrations_refused = stat_refused_.load(std::memory_order_relaxed);
+  s.barriers_released = stat_barriers_.load(std::memory_order_relaxed);
+  s.heartbeat_rounds = stat_heartbeats_.load(std::memory_order_relaxed);
+  s.endpoint = endpoint_->stats();
+  return s;
+}
+
 Status Scheduler::SendTo(const std::string& peer, const v1::ControlMessage& msg) {
   return endpoint_->SendControl(peer, msg);
 }
@@ -275,6 +288,7 @@ void Scheduler::Refuse(const std::string& from, const v1::RegisterRequest& req, 
   BP_LOG_WARN("scheduler: refused registration from '{}' at {} ({}:{}): {}", from, req.address(),
               req.host(), req.pid(), error);
   if (slot != nullptr) slot->last_refusal = error;
+  stat_refused_.fetch_add(1, std::memory_order_relaxed);
   v1::ControlMessage m;
   m.mutable_register_refused()->set_error(error);
   m.mutable_register_refused()->mutable_scheduler_version()->set_major(kProtocolMajor);
@@ -379,6 +393,7 @@ void Scheduler::HandleRegister(const std::string& from, const v1::RegisterReques
     slot.pid = req.pid();
     slot.last_refusal.clear();
     ++registered_;
+    stat_registered_.store(registered_, std::memory_order_relaxed);
     BP_LOG_INFO("scheduler: {} {} registered from {} ({}:{}) [{}/{}]", role, req.rank(),
                 slot.address, slot.host, slot.pid, registered_, slots_.size());
   }
@@ -466,6 +481,7 @@ void Scheduler::HandleBarrier(Slot& slot, const v1::BarrierRequest& req) {
     if (!st.ok()) BP_LOG_WARN("scheduler: cannot release {}: {}", s.name, st.ToString());
   }
   ++b.next_id;
+  stat_barriers_.fetch_add(1, std::memory_order_relaxed);
   b.count = 0;
   std::fill(b.arrived.begin(), b.arrived.end(), false);
 }
@@ -482,6 +498,7 @@ void Scheduler::HandleDone(Slot& slot, const v1::Done& done) {
   if (slot.done) return;
   slot.done = true;
   ++workers_done_;
+  stat_done_.store(workers_done_, std::memory_order_relaxed);
   BP_LOG_INFO("scheduler: {} is done [{}/{} workers]", slot.name, workers_done_,
               cluster_.workers.size());
   if (workers_done_ == cluster_.workers.size()) {
@@ -503,6 +520,7 @@ void Scheduler::HandleDone(Slot& slot, const v1::Done& done) {
 void Scheduler::SendHeartbeats() {
   v1::ControlMessage m;
   m.mutable_heartbeat()->set_seq(++heartbeat_seq_);
+  stat_heartbeats_.fetch_add(1, std::memory_order_relaxed);
   for (const Slot& s : slots_) {
     if (!s.registered || s.dead) continue;
     Status st = SendTo(s.name, m);
@@ -523,6 +541,7 @@ std::optional<Status> Scheduler::CheckDeadNodes(time_point now) {
   for (size_t i : dead) {
     Slot& s = slots_[i];
     s.dead = true;
+    stat_dead_.fetch_add(1, std::memory_order_relaxed);
     const std::string reason =
         fmt::format("no heartbeat for {} ms (heartbeat timeout {} ms)", Ms(now - s.last_heard),
                     cluster_.heartbeat_timeout.count());

@@ -16,8 +16,9 @@
 // registers its control-plane handlers on it and runs the loop itself (NodeEndpoint::Poll).
 //
 // Thread-safety: Run() is called once, by one thread, which owns all scheduler state (a
-// single-threaded event loop: the endpoint's handlers run on the Run thread). Stop() and
-// address() may be called from any thread.
+// single-threaded event loop: the endpoint's handlers run on the Run thread). Stop(),
+// address() and stats() may be called from any thread (stats() reads counters the loop
+// publishes in atomics).
 #pragma once
 
 #include <atomic>
@@ -50,6 +51,18 @@ struct SchedulerOptions {
   std::shared_ptr<const Clock> clock;
 };
 
+// What the scheduler has seen so far (docs/metrics.md).
+struct SchedulerStats {
+  uint64_t nodes_expected = 0;         // servers + workers of the YAML
+  uint64_t nodes_registered = 0;       // registered so far (dead ones included)
+  uint64_t nodes_dead = 0;             // declared dead
+  uint64_t workers_done = 0;           // workers that sent Done
+  uint64_t registrations_refused = 0;  // RegisterRefused answers sent
+  uint64_t barriers_released = 0;      // over all groups
+  uint64_t heartbeat_rounds = 0;       // times a heartbeat went to every live node
+  node::EndpointStats endpoint;
+};
+
 class Scheduler {
  public:
   // Validates the options and binds the scheduler's endpoint (named kSchedulerPeerId at
@@ -78,6 +91,8 @@ class Scheduler {
 
   // The scheduler's resolved listen address.
   std::string address() const;
+
+  SchedulerStats stats() const;
 
  private:
   using time_point = Clock::time_point;
@@ -142,6 +157,14 @@ class Scheduler {
 
   std::atomic<bool> stop_requested_{false};
   bool ran_ = false;
+
+  // Published by the Run thread for stats() (relaxed: independent counters).
+  std::atomic<uint64_t> stat_registered_{0};
+  std::atomic<uint64_t> stat_dead_{0};
+  std::atomic<uint64_t> stat_done_{0};
+  std::atomic<uint64_t> stat_refused_{0};
+  std::atomic<uint64_t> stat_barriers_{0};
+  std::atomic<uint64_t> stat_heartbeats_{0};
 
   // Run()'s state (the Run thread only).
   std::vector<Slot> slots_;  // servers in rank order, then workers in rank order

@@ -21,7 +21,9 @@
 #include "common/sd_notify.h"
 #include "common/termination_signals.h"
 #include "scheduler/daemon_command_line.h"
+#include "scheduler/node_metrics.h"
 #include "server/server.h"
+#include "server/server_metrics.h"
 
 namespace {
 
@@ -79,6 +81,14 @@ int main(int argc, char** argv) {
     s->Close();
   });
 
+  // metrics.port (docs/metrics.md): served from before registration to the end.
+  StatusOr<std::unique_ptr<scheduler::NodeMetrics>> node_metrics =
+      scheduler::NodeMetrics::Start(config, v1::ROLE_SERVER, static_cast<uint32_t>(rank));
+  if (!node_metrics.ok()) {
+    std::fprintf(stderr, "bitpush-server: error: %s\n", node_metrics.status().ToString().c_str());
+    return 1;
+  }
+
   server::ServerOptions options;
   options.cluster = config;
   options.rank = static_cast<uint32_t>(rank);
@@ -88,6 +98,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   running = srv->get();
+  metrics::Registry::Registration server_metrics;
+  if (*node_metrics) {
+    server_metrics = (*node_metrics)->registry().Add([s = srv->get()](metrics::MetricSet& set) {
+      server::AddServerMetrics(*s, set);
+    });
+  }
   // systemd (Type=notify, docs/deploy.md): ready once registered, assigned and serving.
   if (Status n = NotifyReady("server " + std::to_string(rank) + " serving"); !n.ok()) {
     BP_LOG_WARN("bitpush-server: {}", n.ToString());
@@ -101,6 +117,7 @@ int main(int argc, char** argv) {
   const bool interrupted = signals.received();
   (*srv)->Close();
   if (!stats_path.empty()) WriteStats(stats_path, **srv);
+  server_metrics.Reset();  // no scrape reads the server from here on
   srv->reset();
   if (interrupted) {
     BP_LOG_INFO("bitpush-server: stopped by a signal");

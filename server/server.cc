@@ -64,6 +64,7 @@ class Server::Impl {
   uint32_t Rank() const { return options_.rank; }
   ServerStats Stats() const;
   std::vector<EngineThreadInfo> EngineThreads() const;
+  node::EndpointStats EndpointStats() const { return endpoint_->stats(); }
 
  private:
   struct KeyEntry {
@@ -131,6 +132,8 @@ class Server::Impl {
   std::atomic<uint64_t> rounds_published_{0};
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> raw_bytes_received_{0};
+  std::atomic<uint64_t> raw_bytes_sent_{0};
   std::atomic<uint64_t> engine_busy_ns_{0};
   std::atomic<uint64_t> keys_{0};
   std::atomic<bool> closed_{false};
@@ -243,6 +246,8 @@ ServerStats Server::Impl::Stats() const {
   s.rounds_published = rounds_published_.load();
   s.bytes_received = bytes_received_.load();
   s.bytes_sent = bytes_sent_.load();
+  s.raw_bytes_received = raw_bytes_received_.load();
+  s.raw_bytes_sent = raw_bytes_sent_.load();
   s.engine_busy_ns = engine_busy_ns_.load();
   return s;
 }
@@ -257,6 +262,10 @@ std::vector<EngineThreadInfo> Server::Impl::EngineThreads() const {
     }
     info.keys = e->keys.load();
     info.load = e->load.load();
+    {
+      std::lock_guard<std::mutex> lock(e->mu);
+      info.queued = e->queue.size();
+    }
     out.push_back(info);
   }
   return out;
@@ -561,6 +570,7 @@ void Server::Impl::HandlePush(Engine& engine, Task& task) {
   }
   ++pushes_accepted_;
   bytes_received_ += frames[0].size();
+  raw_bytes_received_ += h.element_count() * DTypeSize(static_cast<DType>(h.dtype()));
   entry.waiting.emplace_back(task.worker, h.round());
   for (const KeyState::LateRejection& late : entry.state->TakeLateRejections()) {
     --pushes_accepted_;
@@ -596,6 +606,7 @@ void Server::Impl::ServeWaiting(KeyEntry& entry) {
     reply.set_dtype(static_cast<uint32_t>(DType::kFloat32));
     reply.set_byte_count(payload->size());
     bytes_sent_ += payload->size();
+    raw_bytes_sent_ += state.spec().elements * DTypeSize(DType::kFloat32);
     ++replies_sent_;
     SendToWorker(worker, std::move(reply), {std::move(payload).value()});
   }
@@ -651,6 +662,10 @@ ServerStats Server::stats() const {
 }
 std::vector<EngineThreadInfo> Server::engine_threads() const {
   return impl_->EngineThreads();
+}
+
+node::EndpointStats Server::endpoint_stats() const {
+  return impl_->EndpointStats();
 }
 
 }  // namespace bitpush::server

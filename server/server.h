@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "common/node/endpoint.h"
 #include "common/status.h"
 #include "common/transport/transport.h"
 #include "scheduler/cluster_config.h"
@@ -51,6 +52,9 @@ struct ServerStats {
   uint64_t rounds_published = 0;
   uint64_t bytes_received = 0;  // push payload bytes
   uint64_t bytes_sent = 0;      // reply payload bytes
+  // The same payloads uncompressed (element count x dtype size of their data headers).
+  uint64_t raw_bytes_received = 0;
+  uint64_t raw_bytes_sent = 0;
   uint64_t engine_busy_ns = 0;  // time engine threads spent on key work
 };
 
@@ -58,7 +62,8 @@ struct EngineThreadInfo {
   int cpu = -1;        // pinned core (-1: not pinned)
   int numa_node = -1;  // its NUMA node (-1: unknown)
   uint64_t keys = 0;
-  uint64_t load = 0;  // weighted bytes placed on it
+  uint64_t load = 0;    // weighted bytes placed on it
+  uint64_t queued = 0;  // messages waiting for it when engine_threads() was called
 };
 
 class Server {
@@ -81,6 +86,8 @@ class Server {
   uint32_t rank() const;
   ServerStats stats() const;
   std::vector<EngineThreadInfo> engine_threads() const;
+  // The endpoint's counters (any thread).
+  node::EndpointStats endpoint_stats() const;
 
  private:
   class Impl;

@@ -5,9 +5,11 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "scheduler/node_metrics.h"
 #include "worker/client_backend.h"
 #include "worker/daemon_client.h"
 #include "worker/engine.h"
+#include "worker/engine_metrics.h"
 
 namespace bitpush::worker {
 
@@ -64,10 +66,17 @@ uint64_t PushPullHandle::bytes_pulled() const {
 
 namespace {
 
-// Embedded mode: this process is the worker node; its Engine does everything.
+// Embedded mode: this process is the worker node; its Engine does everything, and it serves
+// the node's metrics when metrics.port is set.
 class EngineBackend final : public ClientBackend {
  public:
-  explicit EngineBackend(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
+  EngineBackend(std::unique_ptr<Engine> engine, std::unique_ptr<scheduler::NodeMetrics> metrics)
+      : engine_(std::move(engine)), metrics_(std::move(metrics)) {
+    if (metrics_) {
+      registration_ = metrics_->registry().Add(
+          [e = engine_.get()](metrics::MetricSet& set) { AddEngineMetrics(*e, set); });
+    }
+  }
 
   StatusOr<TensorId> Declare(const std::string& name, size_t elements, DType dtype,
                              const TensorOptions& options) override {
@@ -99,7 +108,10 @@ class EngineBackend final : public ClientBackend {
   }
 
  private:
+  // Destroyed in reverse: the collector goes first, then the exporter, then the engine.
   const std::unique_ptr<Engine> engine_;
+  const std::unique_ptr<scheduler::NodeMetrics> metrics_;
+  metrics::Registry::Registration registration_;
 };
 
 // Daemon mode: one of the node's training processes; the node's bitpush-worker does the rest.
@@ -159,6 +171,11 @@ StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
         options.cluster.source.empty() ? "the cluster config" : options.cluster.source));
   }
   scheduler::CompressionSettings compression = options.cluster.compression;
+  // The node's metrics (docs/metrics.md), bound before registration so a taken port fails
+  // before the cluster counts this worker.
+  BP_ASSIGN_OR_RETURN(
+      std::unique_ptr<scheduler::NodeMetrics> metrics,
+      scheduler::NodeMetrics::Start(options.cluster, v1::ROLE_WORKER, options.rank));
   EngineOptions e;
   e.cluster = std::move(options.cluster);
   e.rank = options.rank;
@@ -166,7 +183,8 @@ StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   e.clock = std::move(options.clock);
   BP_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(std::move(e)));
   return std::unique_ptr<Client>(
-      new Client(std::make_unique<EngineBackend>(std::move(engine)), std::move(compression)));
+      new Client(std::make_unique<EngineBackend>(std::move(engine), std::move(metrics)),
+                 std::move(compression)));
 }
 
 Client::Client(std::unique_ptr<ClientBackend> backend, scheduler::CompressionSettings compression)

@@ -145,12 +145,20 @@ struct ClientStats {
   // bytes of the rounds this process took part in (its daemon reports them with each result).
   uint64_t bytes_pushed = 0;
   uint64_t bytes_pulled = 0;
+  // The same partitions uncompressed (elements x the tensor's dtype size): pushed, and pulled
+  // (replies decoded into the output). Embedded mode only (0 in daemon mode).
+  uint64_t raw_bytes_pushed = 0;
+  uint64_t raw_bytes_pulled = 0;
   // Cumulative time in each stage, over all partitions (ns; stages overlap across partitions).
   uint64_t compress_ns = 0;
   uint64_t network_ns = 0;  // push sent -> reply received (includes the server's time)
   uint64_t decompress_ns = 0;
   // Peak uncompressed bytes in flight (bounded by credit_bytes, or one partition).
   uint64_t peak_bytes_in_flight = 0;
+  // At the moment stats() was taken: uncompressed bytes in flight, partitions queued for the
+  // credit (embedded engine only; 0 in daemon mode).
+  uint64_t bytes_in_flight = 0;
+  uint64_t partitions_queued = 0;
 };
 
 class Client {

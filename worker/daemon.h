@@ -164,6 +164,8 @@ class Daemon {
   const WorkerCpuPlan& cpu_plan() const { return cpu_plan_; }
   uint32_t reduce_threads() const { return reduce_threads_; }
   uint32_t compress_threads() const { return compress_threads_; }
+  // The node's engine (its stats for metrics: any thread).
+  const Engine& engine() const { return *engine_; }
 
  private:
   struct Conn;

@@ -25,7 +25,9 @@
 #include "common/sd_notify.h"
 #include "common/termination_signals.h"
 #include "scheduler/daemon_command_line.h"
+#include "scheduler/node_metrics.h"
 #include "worker/daemon.h"
+#include "worker/engine_metrics.h"
 
 namespace {
 
@@ -73,6 +75,15 @@ int main(int argc, char** argv) {
     }
   });
 
+  // metrics.port (docs/metrics.md): served from before registration to the end.
+  StatusOr<std::unique_ptr<scheduler::NodeMetrics>> node_metrics =
+      scheduler::NodeMetrics::Start(config, v1::ROLE_WORKER, static_cast<uint32_t>(rank));
+  if (!node_metrics.ok()) {
+    std::fprintf(stderr, "bitpush-worker node %ld: %s\n", rank,
+                 node_metrics.status().ToString().c_str());
+    return 1;
+  }
+
   worker::DaemonOptions o;
   o.cluster = config;  // --reduce-threads is in it (a knob flag that sets the knob)
   o.rank = static_cast<uint32_t>(rank);
@@ -96,6 +107,13 @@ int main(int argc, char** argv) {
       BP_LOG_WARN("bitpush-worker node {}: {}", rank, n.ToString());
     }
     running.store(daemon->get());
+    metrics::Registry::Registration engine_metrics;
+    if (*node_metrics) {
+      engine_metrics =
+          (*node_metrics)->registry().Add([d = daemon->get()](metrics::MetricSet& set) {
+            worker::AddEngineMetrics(d->engine(), set);
+          });
+    }
     if (signals.received()) (*daemon)->Stop();
     const Status s = (*daemon)->Run();
     (void)NotifyStopping();
@@ -108,6 +126,7 @@ int main(int argc, char** argv) {
       std::printf("bitpush-worker node %ld: %s\n", rank,
                   signals.received() ? "stopped by a signal" : "clean shutdown");
     }
+    engine_metrics.Reset();  // no scrape reads the daemon from here on
     daemon->reset();
   }
   signals.Stop();

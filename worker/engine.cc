@@ -253,7 +253,14 @@ Status Engine::RestoreErrorFeedbackState(TensorId id, Span<const float> saved) {
 
 ClientStats Engine::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  ClientStats s = stats_;
+  s.bytes_in_flight = in_flight_bytes_;
+  s.partitions_queued = ready_.size();
+  return s;
+}
+
+node::EndpointStats Engine::endpoint_stats() const {
+  return endpoint_->stats();
 }
 
 std::optional<Status> Engine::StoppedLocked() const {
@@ -685,6 +692,7 @@ void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpStat
     ++stats_.partitions_pushed;
     stats_.bytes_pushed += *bytes;
     op->bytes_pushed += *bytes;
+    stats_.raw_bytes_pushed += p.range.elements * DTypeSize(t->dtype);
   }
   const Status sent = endpoint_->Send(p.peer, std::move(msg));
   std::lock_guard<std::mutex> lock(mu_);
@@ -718,6 +726,7 @@ void Engine::DecompressAndComplete(Tensor* t, uint32_t j, const std::shared_ptr<
   const EngineClock::time_point t1 = EngineClock::now();
   std::lock_guard<std::mutex> lock(mu_);
   stats_.decompress_ns += Ns(t1 - t0);
+  if (s.ok()) stats_.raw_bytes_pulled += n * DTypeSize(t->dtype);
   if (!op->failed) {
     if (s.ok()) {
       --op->remaining;

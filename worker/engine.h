@@ -158,6 +158,8 @@ class Engine {
   uint32_t num_servers() const { return num_servers_; }
   Status status() const;
   ClientStats stats() const;
+  // The endpoint's counters (any thread).
+  node::EndpointStats endpoint_stats() const;
   // Client::ErrorFeedbackState / RestoreErrorFeedbackState (client.h).
   StatusOr<std::vector<float>> ErrorFeedbackState(TensorId tensor) const;
   Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved);

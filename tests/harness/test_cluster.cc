@@ -117,6 +117,11 @@ std::string TestClusterYaml(const scheduler::ClusterConfig& c) {
   y += "  op_timeout_s: " + Seconds(w.op_timeout) + "\n";
   if (w.local_size != 0) y += fmt::format("  local_size: {}\n", w.local_size);
   if (!w.socket.empty()) y += "  socket: " + Quoted(w.socket) + "\n";
+  if (c.metrics.port != 0) {
+    y += "metrics:\n";
+    y += fmt::format("  port: {}\n", c.metrics.port);
+    y += "  bind_address: " + Quoted(c.metrics.bind_address) + "\n";
+  }
   return y;
 }
 

@@ -61,7 +61,8 @@ struct TestClusterOptions {
 scheduler::ClusterConfig TestClusterConfig(const TestClusterOptions& options);
 
 // `config` as cluster YAML: every key of the cluster, compression, server and worker sections
-// (not the host form's per-node training processes). The token is written as it is.
+// (not the host form's per-node training processes), and the metrics section when its port is
+// set. The token is written as it is.
 std::string TestClusterYaml(const scheduler::ClusterConfig& config);
 
 // Writes TestClusterYaml(config) to `path`.

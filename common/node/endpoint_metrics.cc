@@ -1,0 +1,27 @@
+#include "common/node/endpoint_metrics.h"
+
+namespace bitpush::node {
+
+void AddEndpointMetrics(const EndpointStats& s, metrics::MetricSet& set) {
+  constexpr char kMessages[] = "bitpush_transport_messages_total";
+  constexpr char kMessagesHelp[] = "Messages sent and received by this node's endpoint.";
+  set.Counter(kMessages, kMessagesHelp, s.transport.messages_sent, {{"direction", "sent"}});
+  set.Counter(kMessages, kMessagesHelp, s.transport.messages_received, {{"direction", "received"}});
+  constexpr char kBytes[] = "bitpush_transport_bytes_total";
+  constexpr char kBytesHelp[] =
+      "Bytes on the wire (headers and payload frames) sent and received by this node's endpoint.";
+  set.Counter(kBytes, kBytesHelp, s.transport.bytes_sent, {{"direction", "sent"}});
+  set.Counter(kBytes, kBytesHelp, s.transport.bytes_received, {{"direction", "received"}});
+  set.Counter("bitpush_endpoint_messages_dispatched_total",
+              "Messages handed to a registered handler.", s.dispatched);
+  constexpr char kRefused[] = "bitpush_endpoint_messages_refused_total";
+  constexpr char kRefusedHelp[] =
+      "Messages the endpoint refused, by reason: sender_role (a role that may not send the "
+      "type), malformed_header, unhandled_type, transport (not valid bitpush traffic).";
+  set.Counter(kRefused, kRefusedHelp, s.refused, {{"reason", "sender_role"}});
+  set.Counter(kRefused, kRefusedHelp, s.malformed, {{"reason", "malformed_header"}});
+  set.Counter(kRefused, kRefusedHelp, s.unhandled, {{"reason", "unhandled_type"}});
+  set.Counter(kRefused, kRefusedHelp, s.transport.malformed_dropped, {{"reason", "transport"}});
+}
+
+}  // namespace bitpush::node
