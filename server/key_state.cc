@@ -312,6 +312,13 @@ Span<const float> KeyState::server_residual() const {
   return residual_ ? residual_->residual() : Span<const float>();
 }
 
+bool KeyState::RoundOpen() const {
+  for (const Round& r : slots_) {
+    if (r.active) return true;
+  }
+  return false;
+}
+
 Status KeyState::RestoreServerResidual(Span<const float> saved) {
   if (!residual_) {
     return FailedPreconditionError(

@@ -128,6 +128,8 @@ class KeyState {
   // The server residual ẽ (empty without server_residual); for checkpoints and tests.
   Span<const float> server_residual() const;
   Status RestoreServerResidual(Span<const float> saved);
+  // A round of the key has pushes not yet pulled by every worker (its residual is in use).
+  bool RoundOpen() const;
 
  private:
   struct Round {

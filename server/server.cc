@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -109,6 +110,8 @@ class Server::Impl {
   void EngineLoop(Engine& engine);
   void HandleInit(Engine& engine, const Task& task);
   void HandlePush(Engine& engine, Task& task);
+  // OP_STATE_READ / OP_STATE_WRITE: the key's server residual out of / into a checkpoint.
+  void HandleState(Engine& engine, const Task& task);
   void ServeWaiting(KeyEntry& entry);
 
   // Any thread.
@@ -291,6 +294,11 @@ void Server::Impl::RegisterHandlers() {
                     [this](const Sender& from, DataHeader& h, Message& m) {
                       if (std::optional<uint32_t> w = CheckedWorker(from, h)) QueuePush(*w, h, m);
                     });
+  for (DataHeader::Op op : {DataHeader::OP_STATE_READ, DataHeader::OP_STATE_WRITE}) {
+    endpoint_->OnData(op, workers, [this](const Sender& from, DataHeader& h, Message& m) {
+      if (std::optional<uint32_t> w = CheckedWorker(from, h)) QueuePush(*w, h, m);
+    });
+  }
   endpoint_->OnUnhandledData([this](const Sender& from, DataHeader& h, Message&) {
     if (std::optional<uint32_t> w = CheckedWorker(from, h)) {
       SendError(*w, h.op(), h.key(), h.round(),
@@ -381,8 +389,9 @@ void Server::Impl::QueuePush(uint32_t worker, DataHeader& header, Message& msg) 
   if (it == placement_.end()) {
     SendError(worker, header.op(), header.key(), header.round(),
               NotFoundError(fmt::format("key {} is unknown here: no OP_INIT_KEY declared it "
-                                        "(push from worker {}, round {})",
-                                        header.key(), worker, header.round())));
+                                        "({} from worker {}, round {})",
+                                        header.key(), DataHeader::Op_Name(header.op()), worker,
+                                        header.round())));
     return;
   }
   Engine& e = *engines_[it->second];
@@ -476,6 +485,9 @@ void Server::Impl::EngineLoop(Engine& engine) {
     const Clock::time_point start = Clock::now();
     if (task.header.op() == DataHeader::OP_INIT_KEY) {
       HandleInit(engine, task);
+    } else if (task.header.op() == DataHeader::OP_STATE_READ ||
+               task.header.op() == DataHeader::OP_STATE_WRITE) {
+      HandleState(engine, task);
     } else {
       HandlePush(engine, task);
     }
@@ -581,6 +593,53 @@ void Server::Impl::HandlePush(Engine& engine, Task& task) {
   }
   rounds_published_ += entry.state->stats().rounds_published - published_before;
   ServeWaiting(entry);
+}
+
+void Server::Impl::HandleState(Engine& engine, const Task& task) {
+  const DataHeader& h = task.header;
+  auto it = engine.key_states.find(h.key());
+  if (it == engine.key_states.end()) {
+    SendError(
+        task.worker, h.op(), h.key(), 0,
+        NotFoundError(fmt::format("key {} is unknown here: its OP_INIT_KEY was refused", h.key())));
+    return;
+  }
+  KeyState& state = *it->second.state;
+  DataHeader reply;
+  reply.set_op(DataHeader::OP_STATE_REPLY);
+  reply.set_key(h.key());
+  reply.set_refused_op(h.op());  // which request this answers
+  if (h.op() == DataHeader::OP_STATE_READ) {
+    const Span<const float> residual = state.server_residual();
+    const size_t bytes = residual.size() * sizeof(float);
+    reply.set_element_count(residual.size());
+    reply.set_byte_count(bytes);
+    SendToWorker(task.worker, std::move(reply), {Buffer::Copy(residual.data(), bytes)});
+    return;
+  }
+  const std::vector<Buffer>& frames = task.message.frames;
+  Status s;
+  if (frames.size() != 1 || frames[0].size() % sizeof(float) != 0) {
+    s =
+        DataLossError(fmt::format("key {}: a residual to restore is one frame of float32, got {} "
+                                  "frame(s) of {} bytes",
+                                  h.key(), frames.size(), frames.empty() ? 0 : frames[0].size()));
+  } else if (state.RoundOpen()) {
+    s = FailedPreconditionError(fmt::format(
+        "key {}: a round is open (pushed, not yet pulled by every worker); restore the server "
+        "residual before the first push_pull",
+        h.key()));
+  } else if (!(frames[0].size() == 0 && state.server_residual().size() == 0)) {
+    std::vector<float> values(frames[0].size() / sizeof(float));
+    if (!values.empty()) std::memcpy(values.data(), frames[0].data(), frames[0].size());
+    s = state.RestoreServerResidual(values);
+  }
+  if (!s.ok()) {
+    SendError(task.worker, h.op(), h.key(), 0,
+              s.WithContext(fmt::format("server {}: restoring key {}", options_.rank, h.key())));
+    return;
+  }
+  SendToWorker(task.worker, std::move(reply), {});
 }
 
 void Server::Impl::ServeWaiting(KeyEntry& entry) {

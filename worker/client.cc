@@ -106,6 +106,12 @@ class EngineBackend final : public ClientBackend {
   Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved) override {
     return engine_->RestoreErrorFeedbackState(tensor, saved);
   }
+  StatusOr<std::vector<float>> ServerErrorFeedbackState(TensorId tensor) override {
+    return engine_->ServerErrorFeedbackState(tensor);
+  }
+  Status RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved) override {
+    return engine_->RestoreServerErrorFeedbackState(tensor, saved);
+  }
 
  private:
   // Destroyed in reverse: the collector goes first, then the exporter, then the engine.
@@ -113,6 +119,10 @@ class EngineBackend final : public ClientBackend {
   const std::unique_ptr<scheduler::NodeMetrics> metrics_;
   metrics::Registry::Registration registration_;
 };
+
+constexpr char kServerStateInDaemonMode[] =
+    "the servers' error-feedback residuals are read and restored by an embedded worker; in "
+    "daemon mode the node's bitpush-worker does not relay them";
 
 // Daemon mode: one of the node's training processes; the node's bitpush-worker does the rest.
 class DaemonBackend final : public ClientBackend {
@@ -141,6 +151,12 @@ class DaemonBackend final : public ClientBackend {
   }
   Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved) override {
     return daemon_->RestoreErrorFeedbackState(tensor, saved);
+  }
+  StatusOr<std::vector<float>> ServerErrorFeedbackState(TensorId) override {
+    return UnimplementedError(kServerStateInDaemonMode);
+  }
+  Status RestoreServerErrorFeedbackState(TensorId, Span<const float>) override {
+    return UnimplementedError(kServerStateInDaemonMode);
   }
 
  private:
@@ -256,6 +272,14 @@ StatusOr<std::vector<float>> Client::ErrorFeedbackState(TensorId tensor) const {
 
 Status Client::RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved) {
   return backend_->RestoreErrorFeedbackState(tensor, saved);
+}
+
+StatusOr<std::vector<float>> Client::ServerErrorFeedbackState(TensorId tensor) {
+  return backend_->ServerErrorFeedbackState(tensor);
+}
+
+Status Client::RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved) {
+  return backend_->RestoreServerErrorFeedbackState(tensor, saved);
 }
 
 StatusOr<std::string> Client::DescribeCompression(const std::vector<TensorId>& tensors) const {

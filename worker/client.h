@@ -217,9 +217,19 @@ class Client {
   // the daemon's op_timeout + 2 s, errors name the daemon); a restore is applied from local rank
   // 0 and checked but not applied from the others (every process restores the same checkpoint:
   // docs/local-ipc.md "Error-feedback state"); a daemon older than 1.3 is Unimplemented.
-  // The server residual ẽ stays on the servers and is not part of a worker checkpoint.
   StatusOr<std::vector<float>> ErrorFeedbackState(TensorId tensor) const;
   Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved);
+
+  // The server residual ẽ of `tensor` (compression.error_feedback server/both: paper 001
+  // Algorithm 4's server side), its partitions' in element order, read from the servers that
+  // own them (OP_STATE_READ; docs/data-plane.md); empty when the tensor keeps none. Restore
+  // writes a saved one back (OP_STATE_WRITE), before the tensor's first push_pull of the run
+  // (the servers refuse it while a round of a key is open). One worker reads and restores for
+  // the cluster (every worker sees the same servers). Bounded by op_timeout; the declaration is
+  // committed first if needed. FailedPrecondition while a push_pull of the tensor is in flight.
+  // Daemon mode: Unimplemented (the daemon does not relay them).
+  StatusOr<std::vector<float>> ServerErrorFeedbackState(TensorId tensor);
+  Status RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved);
 
   // One line, beginning "compression: ", saying how many of `tensors` (and how many bytes)
   // travel compressed, by spec, and which go raw and why (spec "none", or below

@@ -43,6 +43,8 @@ class ClientBackend {
 
   virtual StatusOr<std::vector<float>> ErrorFeedbackState(TensorId tensor) = 0;
   virtual Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved) = 0;
+  virtual StatusOr<std::vector<float>> ServerErrorFeedbackState(TensorId tensor) = 0;
+  virtual Status RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved) = 0;
 };
 
 }  // namespace bitpush::worker

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "common/logging.h"
@@ -150,6 +151,7 @@ void Engine::Close() {
     FailAllLocked(CancelledError(label_ + ": the client was closed"));
   }
   decl_cv_.notify_all();
+  state_cv_.notify_all();
   // No more messages (no more decompress jobs) once the I/O thread is joined.
   if (endpoint_) endpoint_->Close();
   if (client_) client_->Close();
@@ -752,6 +754,10 @@ void Engine::RegisterHandlers() {
                     [this](const Sender& from, v1::DataHeader& h, transport::Message& m) {
                       OnReply(from.peer, h, m);
                     });
+  endpoint_->OnData(v1::DataHeader::OP_STATE_REPLY, servers,
+                    [this](const Sender& from, v1::DataHeader& h, transport::Message& m) {
+                      OnStateReply(from.peer, h, m);
+                    });
   endpoint_->OnData(v1::DataHeader::OP_ERROR, servers,
                     [this](const Sender& from, v1::DataHeader& h, transport::Message&) {
                       OnError(from.peer, h);
@@ -877,6 +883,18 @@ void Engine::OnError(const std::string& from, const v1::DataHeader& h) {
     decl_cv_.notify_all();
     return;
   }
+  if (h.refused_op() == v1::DataHeader::OP_STATE_READ ||
+      h.refused_op() == v1::DataHeader::OP_STATE_WRITE) {
+    auto call = state_calls_.find(h.key());
+    if (call != state_calls_.end() && call->second.peer == from && !call->second.done) {
+      call->second.done = true;
+      call->second.status = RemoteStatus(
+          h.error_code(), fmt::format("{}: {} refused the server residual of key {}: {}", label_,
+                                      ServerLabel(from), h.key(), h.error()));
+      state_cv_.notify_all();
+    }
+    return;
+  }
   if (!push_match) {
     BP_LOG_WARN("{}: {} reported an error for key {} round {} with no such push in flight: {}",
                 label_, ServerLabel(from), h.key(), h.round(), h.error());
@@ -892,6 +910,136 @@ void Engine::OnError(const std::string& from, const v1::DataHeader& h) {
                                         label_, ServerLabel(from), h.key(), t->name, j, h.round(),
                                         h.error())));
   MaybeFinishLocked(*t, op);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Server error-feedback state (checkpoints)
+
+StatusOr<std::vector<float>> Engine::ServerErrorFeedbackState(TensorId tensor) {
+  std::vector<float> out;
+  BP_RETURN_IF_ERROR(ServerStateCall(tensor, /*write=*/false, {}, &out));
+  return out;
+}
+
+Status Engine::RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved) {
+  return ServerStateCall(tensor, /*write=*/true, saved, nullptr);
+}
+
+Status Engine::ServerStateCall(TensorId id, bool write, Span<const float> saved,
+                               std::vector<float>* out) {
+  const char* what = write ? "RestoreServerErrorFeedbackState" : "ServerErrorFeedbackState";
+  bool needs_commit = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (id.index >= tensors_.size()) {
+      return InvalidArgumentError(fmt::format("{}: no tensor #{}", what, id.index));
+    }
+    needs_commit = !tensors_[id.index]->committed;
+  }
+  // The servers know a tensor's keys once its declaration is committed.
+  if (needs_commit) BP_RETURN_IF_ERROR(CommitDeclarations());
+  std::lock_guard<std::mutex> call_lock(state_call_mu_);
+  std::vector<std::pair<std::string, transport::Message>> sends;
+  Tensor* t = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::optional<Status> stopped = StoppedLocked()) return *stopped;
+    t = tensors_[id.index].get();
+    const std::string name = fmt::format("{} of tensor '{}'", what, t->name);
+    if (!t->error.ok()) return t->error.WithContext(name);
+    if (t->op) return FailedPreconditionError(name + ": a push_pull of it is in flight");
+    if (write && !saved.empty() && saved.size() != t->elements) {
+      return InvalidArgumentError(
+          fmt::format("{}: {} values given, the tensor has {}", name, saved.size(), t->elements));
+    }
+    state_calls_.clear();
+    for (const Partition& p : t->partitions) state_calls_[p.range.key].peer = p.peer;
+  }
+  for (const Partition& p : t->partitions) {
+    v1::DataHeader h;
+    h.set_op(write ? v1::DataHeader::OP_STATE_WRITE : v1::DataHeader::OP_STATE_READ);
+    h.set_key(p.range.key);
+    h.set_sender(rank_);
+    std::vector<transport::Buffer> frames;
+    if (write) {
+      const size_t n = saved.empty() ? 0 : p.range.elements;
+      const float* from = saved.empty() ? nullptr : saved.data() + p.range.offset;
+      h.set_element_count(n);
+      h.set_byte_count(n * sizeof(float));
+      frames.push_back(transport::Buffer::Copy(from, n * sizeof(float)));
+    }
+    const Status sent = endpoint_->SendData(p.peer, h, std::move(frames));
+    if (!sent.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      state_calls_.clear();
+      return sent.WithContext(fmt::format("{}: {} of tensor '{}' (key {}) to server {}", label_,
+                                          what, t->name, p.range.key, p.server));
+    }
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool answered = state_cv_.wait_for(lock, cluster_.worker.op_timeout, [&] {
+    if (!cluster_error_.ok() || closed_) return true;
+    for (const auto& [key, call] : state_calls_) {
+      if (!call.done) return false;
+    }
+    return true;
+  });
+  std::map<uint64_t, StateCall> calls = std::move(state_calls_);
+  state_calls_.clear();
+  if (!cluster_error_.ok()) return cluster_error_;
+  if (closed_) return CancelledError(label_ + ": the client was closed");
+  if (!answered) {
+    for (const auto& [key, call] : calls) {
+      if (!call.done) {
+        return TimeoutError(
+            fmt::format("{}: {} of tensor '{}': no answer from {} for key {} "
+                        "within {} ms (worker.op_timeout)",
+                        label_, what, t->name, ServerLabel(call.peer), key,
+                        cluster_.worker.op_timeout.count()));
+      }
+    }
+  }
+  for (const auto& [key, call] : calls) BP_RETURN_IF_ERROR(call.status);
+  if (out != nullptr) {
+    out->clear();
+    bool any = false;
+    for (const Partition& p : t->partitions) any = any || !calls[p.range.key].values.empty();
+    if (!any) return Status::Ok();  // no partition keeps a server residual
+    out->reserve(t->elements);
+    for (const Partition& p : t->partitions) {
+      const std::vector<float>& v = calls[p.range.key].values;
+      if (v.size() != p.range.elements) {
+        return DataLossError(fmt::format(
+            "{}: {} of tensor '{}': {} sent {} values for key {}, which has {}", label_, what,
+            t->name, ServerLabel(p.peer), v.size(), p.range.key, p.range.elements));
+      }
+      out->insert(out->end(), v.begin(), v.end());
+    }
+  }
+  return Status::Ok();
+}
+
+void Engine::OnStateReply(const std::string& from, const v1::DataHeader& h,
+                          const transport::Message& m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto call = state_calls_.find(h.key());
+  if (call == state_calls_.end() || call->second.peer != from || call->second.done) {
+    BP_LOG_WARN("{}: {} sent a server-state reply for key {} that nobody asked for", label_,
+                ServerLabel(from), h.key());
+    return;
+  }
+  StateCall& c = call->second;
+  c.done = true;
+  if (h.refused_op() == v1::DataHeader::OP_STATE_READ) {
+    if (m.frames.size() != 1 || m.frames[0].size() % sizeof(float) != 0) {
+      c.status = DataLossError(fmt::format("{}: {} sent a malformed server residual of key {}",
+                                           label_, ServerLabel(from), h.key()));
+    } else {
+      c.values.resize(m.frames[0].size() / sizeof(float));
+      if (!c.values.empty()) std::memcpy(c.values.data(), m.frames[0].data(), m.frames[0].size());
+    }
+  }
+  state_cv_.notify_all();
 }
 
 std::optional<Status> Engine::FinishedWorkerBlocksLocked(const Tensor& t) const {
@@ -931,6 +1079,7 @@ void Engine::OnClusterError(const Status& error) {
     FailAllLocked(error);
   }
   decl_cv_.notify_all();
+  state_cv_.notify_all();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -49,7 +49,8 @@
 // step with the servers: later push_pulls of it fail with that error (sticky per tensor).
 //
 // Thread-safety: every public method may be called from any thread.
-// Locks, outermost first: declare_mu_ / decl_mu_ -> mu_ -> {TaskPool's lock, an OpState's mu}.
+// Locks, outermost first: state_call_mu_ -> declare_mu_ / decl_mu_ -> mu_ -> {TaskPool's lock,
+// an OpState's mu}.
 // Nothing sends on the transport or calls the SchedulerClient while holding mu_.
 #pragma once
 
@@ -163,6 +164,10 @@ class Engine {
   // Client::ErrorFeedbackState / RestoreErrorFeedbackState (client.h).
   StatusOr<std::vector<float>> ErrorFeedbackState(TensorId tensor) const;
   Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved);
+  // Client::ServerErrorFeedbackState / RestoreServerErrorFeedbackState (client.h): one
+  // OP_STATE_READ / OP_STATE_WRITE per partition to its server, bounded by op_timeout.
+  StatusOr<std::vector<float>> ServerErrorFeedbackState(TensorId tensor);
+  Status RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved);
   uint32_t compress_threads() const { return pool_ ? pool_->size() : 0; }
 
  private:
@@ -249,6 +254,19 @@ class Engine {
 
   // Helpers (caller holds mu_).
   void FailOpLocked(Tensor& t, const std::shared_ptr<OpState>& op, const Status& error);
+  // The server-state calls (one at a time: state_call_mu_, outermost): one per partition key,
+  // answered by OP_STATE_REPLY or OP_ERROR (guarded by mu_).
+  struct StateCall {
+    std::string peer;
+    bool done = false;
+    Status status;
+    std::vector<float> values;
+  };
+  Status ServerStateCall(TensorId id, bool write, Span<const float> saved, std::vector<float>* out);
+  void OnStateReply(const std::string& from, const v1::DataHeader& h, const transport::Message& m);
+  std::mutex state_call_mu_;
+  std::map<uint64_t, StateCall> state_calls_;
+  std::condition_variable state_cv_;
   // Other workers that are done: rank -> the push_pulls each completed of each tensor (by
   // index; guarded by mu_).
   std::map<uint32_t, std::vector<uint64_t>> finished_workers_;

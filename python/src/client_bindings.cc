@@ -236,6 +236,43 @@ void BindClient(py::module_& m) {
           "Puts a saved residual (float32 bytes) back into tensor `index`. Daemon mode: "
           "applied from local rank 0, checked but not applied from the others.")
       .def(
+          "server_error_feedback_state",
+          [](const PyClient& self, uint32_t index) {
+            auto c = self.Get();
+            StatusOr<std::vector<float>> state = InternalError("not read");
+            {
+              py::gil_scoped_release nogil;
+              state = c->ServerErrorFeedbackState(worker::TensorId{index});
+            }
+            const std::vector<float> v = ValueOrThrow(std::move(state));
+            return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+          },
+          py::arg("index"),
+          "The servers' error-feedback residual of tensor `index` as float32 bytes (empty when "
+          "it keeps none); embedded mode.")
+      .def(
+          "restore_server_error_feedback_state",
+          [](const PyClient& self, uint32_t index, const py::bytes& saved) {
+            auto c = self.Get();
+            const std::string raw = saved;
+            if (raw.size() % sizeof(float) != 0) {
+              ThrowIfError(InvalidArgumentError(
+                  "restore_server_error_feedback_state: " + std::to_string(raw.size()) +
+                  " bytes is not a whole number of float32"));
+            }
+            std::vector<float> v(raw.size() / sizeof(float));
+            if (!raw.empty()) std::memcpy(v.data(), raw.data(), raw.size());
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c->RestoreServerErrorFeedbackState(worker::TensorId{index}, v);
+            }
+            ThrowIfError(s);
+          },
+          py::arg("index"), py::arg("saved"),
+          "Writes a saved server residual (float32 bytes) back to the servers of tensor "
+          "`index`, before its first push_pull; embedded mode.")
+      .def(
           "commit_declarations",
           [](const PyClient& self) {
             auto c = self.Get();

@@ -1,6 +1,7 @@
 """Job checkpoints (bitpush.torch.save_checkpoint / load_checkpoint, docs/training.md): a run
 of N steps, checkpointed, every process gone, resumed by a new job for M more steps ends with
-the parameters of an uninterrupted N + M run, bit for bit; a checkpoint of another job is
+the parameters of an uninterrupted N + M run, bit for bit (error feedback none, worker and both:
+the servers' residuals travel through the checkpoint); a checkpoint of another job is
 refused naming the field; the "rank 0 saves, everyone loads" habit with state_dict is refused.
 
 Each case runs two clusters: the first runs the uninterrupted reference and the first N steps
@@ -38,7 +39,7 @@ def _resume(path, spec, ef, compression=None):
 
 
 @pytest.mark.parametrize("spec", ["onebit", "topk:ratio=0.25"])
-@pytest.mark.parametrize("ef", ["none", "worker"])
+@pytest.mark.parametrize("ef", ["none", "worker", "both"])
 def test_resumed_job_is_bit_identical_to_the_uninterrupted_run(tmp_path, spec, ef):
     path, first = _first(tmp_path, spec, ef)
     assert os.path.exists(path) and os.path.exists(path + ".node0") and \
@@ -47,20 +48,16 @@ def test_resumed_job_is_bit_identical_to_the_uninterrupted_run(tmp_path, spec, e
     resumed = _resume(path, spec, ef)
     for rank in range(2):
         assert resumed[rank]["params"] == first[rank]["reference"], (spec, ef, rank)
+    if ef == "both":  # the servers' residuals are in the main file
+        saved = torch.load(path)["server_residuals"]
+        assert set(saved) == {"c.0.weight", "c.0.bias", "c.2.weight"}, saved
+        assert all(v.abs().sum() > 0 for v in saved.values()), saved
     # The nodes' residuals differ, and they mattered: rank 1 loading node 0's would diverge.
-    if ef == "worker":
+    if ef in ("worker", "both"):
         n0 = torch.load(path + ".node0")["residuals"]
         n1 = torch.load(path + ".node1")["residuals"]
         assert n0 and set(n0) == set(n1)
         assert any(not torch.equal(n0[k], n1[k]) for k in n0)
-
-
-def test_error_feedback_both_warns_that_server_residuals_are_not_saved(tmp_path):
-    path, first = _first(tmp_path, "onebit", "both")
-    assert any("servers' residuals are not part of the checkpoint" in w
-               for w in first[0]["warnings"]), first
-    resumed = _resume(path, "onebit", "both")
-    assert all("params" in r for r in resumed)
 
 
 def test_a_checkpoint_of_another_job_is_refused_naming_the_field(tmp_path):

@@ -291,5 +291,41 @@ TEST(KeyState, ServerResidualTelescopesAndSlotsAreReused) {
   EXPECT_EQ(k->oldest_round(), 200u);
 }
 
+TEST(KeyState, AResidualRestoredBetweenRoundsContinuesTheRunExactly) {
+  // Checkpoint restore (OP_STATE_WRITE): a key restored with another key's residual after
+  // round 0 publishes round 1 exactly as that key does; a round is open from its first push
+  // until every worker pulled it.
+  const size_t n = 512;
+  auto a = Make("onebit", 2, true, n);
+  auto b = Make("onebit", 2, true, n);
+  auto codec = Codec("onebit");
+  // The gradients of training step `step`, pushed as round `round`.
+  auto push_round = [&](KeyState& k, uint64_t round, uint64_t step) {
+    for (uint32_t w = 0; w < 2; ++w) {
+      const auto g = RandomFloats(n, 11 * step + w);
+      const auto p = Compress(*codec, ConstTensorView(g.data(), n));
+      EXPECT_TRUE(k.Push(w, round, {p.data(), p.size()}).ok());
+      if (w == 0) EXPECT_TRUE(k.RoundOpen());
+    }
+  };
+  EXPECT_FALSE(a->RoundOpen());
+  push_round(*a, 0, 0);
+  ASSERT_TRUE(a->Pull(0, 0).ok());
+  EXPECT_TRUE(a->RoundOpen());  // worker 1 has not pulled yet
+  ASSERT_TRUE(a->Pull(1, 0).ok());
+  EXPECT_FALSE(a->RoundOpen());
+  const std::vector<float> saved(a->server_residual().begin(), a->server_residual().end());
+  ASSERT_TRUE(b->RestoreServerResidual(saved).ok());
+  push_round(*a, 1, 1);
+  // b starts its own round numbering at 0, as a new cluster does.
+  push_round(*b, 0, 1);
+  auto pa = a->Pull(0, 1);
+  auto pb = b->Pull(0, 0);
+  ASSERT_TRUE(pa.ok() && pb.ok());
+  EXPECT_EQ(Bytes(*pa), Bytes(*pb));
+  EXPECT_EQ(0, std::memcmp(a->server_residual().data(), b->server_residual().data(), n * 4));
+  EXPECT_FALSE(b->RestoreServerResidual(std::vector<float>(n - 1)).ok());  // size must match
+}
+
 }  // namespace
 }  // namespace bitpush::server

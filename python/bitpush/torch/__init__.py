@@ -31,6 +31,7 @@ __all__ = [
     "push_pull_inplace", "push_pull_async", "synchronize", "poll", "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "stats", "declare",
     "error_feedback_state", "restore_error_feedback_state", "compression_report",
+    "server_error_feedback_state", "restore_server_error_feedback_state",
     "Compression", "allreduce", "allreduce_async", "allreduce_", "Average", "Sum",
 ]
 
@@ -547,6 +548,38 @@ def _announce_compression(names):
     if s is None or s.log_level in ("error", "off") or rank() != 0:
         return
     print(compression_report(names), file=sys.stderr, flush=True)
+
+
+def server_error_feedback_state(name):
+    """The servers' error-feedback residual of tensor `name` (paper 001 Algorithm 4's ẽ, kept
+    with compression.error_feedback server or both) as a 1-D float32 CPU tensor, read from the
+    servers that own its keys, or None when it keeps none. One process reads it for the
+    cluster (save_checkpoint: rank 0). Embedded mode (a daemon-mode process gets a
+    BitpushError, Unimplemented)."""
+    s = _require()
+    with s.lock:
+        d = s.declarations.get(name)
+    if d is None:
+        raise _error("NotFound", "bitpush: tensor '%s' was never declared or pushed" % name)
+    raw = s.client.server_error_feedback_state(d.index)
+    if not raw:
+        return None
+    return torch.frombuffer(bytearray(raw), dtype=torch.float32).clone()
+
+
+def restore_server_error_feedback_state(name, residual):
+    """Writes a residual saved by server_error_feedback_state back to the servers, before the
+    tensor's first push_pull of the run (declare it first). One process restores it for the
+    cluster (load_checkpoint: rank 0)."""
+    s = _require()
+    with s.lock:
+        d = s.declarations.get(name)
+    if d is None:
+        raise _error("NotFound", "bitpush: tensor '%s' is not declared; call declare() before "
+                     "restoring its servers' error-feedback state" % name)
+    data = b"" if residual is None else \
+        residual.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+    s.client.restore_server_error_feedback_state(d.index, data)
 
 
 def synchronize(handle, timeout=None):

@@ -12,9 +12,12 @@ return once every process's part is written (read). Loading checks the job first
 naming the field, a checkpoint of another world (processes, nodes), another error-feedback
 mode, other compressors for the optimizer's tensors, or other model shapes.
 
-What resumes bit for bit: the model, the optimizer (moments, steps, hyper-parameters) and the
-worker residuals. The servers' residuals (compression.error_feedback server or both) are not
-in the checkpoint: the resumed run starts them from zero, and save_checkpoint warns.
+What resumes bit for bit: the model, the optimizer (moments, steps, hyper-parameters), the
+worker residuals and — compression.error_feedback server or both — the servers' residuals,
+which rank 0 reads from the servers into `path` (worker::Client::ServerErrorFeedbackState) and
+writes back on load before the first step. Rounds need no saving: a new cluster numbers them
+from 0 on workers and servers alike. In daemon mode the node's bitpush-worker does not relay
+the servers' residuals: save_checkpoint warns that the resumed run starts them from zero.
 
 Thread-safety: call from the training thread, with no push_pull in flight.
 """
@@ -61,6 +64,7 @@ def _job(optimizer, model):
     bp = _bp()
     s = bp._require()
     _declare_all(optimizer)
+    s.client.commit_declarations()  # collective: the servers know every key afterwards
     names = _tensor_names(optimizer)
     with s.lock:
         indices = [s.declarations[n].index for n in names]
@@ -99,16 +103,25 @@ def save_checkpoint(path, model, optimizer):
               {"magic": _MAGIC, "format": FORMAT, "node": bp.node_rank(),
                "world": job["world"], "residuals": residuals})
     if bp.rank() == 0:
+        server_residuals = {}
         if job["error_feedback"] in ("server", "both"):
-            warnings.warn("bitpush.save_checkpoint: compression.error_feedback is %s, and the "
-                          "servers' residuals are not part of the checkpoint: a run resumed "
-                          "from %s starts them from zero (it is not bit-identical to an "
-                          "uninterrupted run; the worker state is)"
-                          % (job["error_feedback"], path), stacklevel=2)
+            if bp.mode() == "daemon":
+                warnings.warn("bitpush.save_checkpoint: compression.error_feedback is %s, and "
+                              "in daemon mode the servers' residuals are not part of the "
+                              "checkpoint: a run resumed from %s starts them from zero (it is "
+                              "not bit-identical to an uninterrupted run; the worker state is)"
+                              % (job["error_feedback"], path), stacklevel=2)
+            else:
+                for p in optimizer._bp_params:
+                    name = optimizer._bp_name(p)
+                    r = bp.server_error_feedback_state(name)
+                    if r is not None:
+                        server_residuals[name] = r
         sd = optimizer.state_dict()
         sd.pop("bitpush", None)  # the residuals live in the node files
         _save(path, {"magic": _MAGIC, "format": FORMAT, "job": job,
-                     "model": model.state_dict(), "optimizer": sd})
+                     "model": model.state_dict(), "optimizer": sd,
+                     "server_residuals": server_residuals})
     _barrier("bitpush.save_checkpoint(%r)" % path)
     return path
 
@@ -185,4 +198,7 @@ def load_checkpoint(path, model, optimizer):
     model.load_state_dict(main["model"])
     optimizer.load_state_dict(main["optimizer"])
     optimizer._bp_restore_ef_state(node["residuals"])
+    if bp.rank() == 0:
+        for name, r in main.get("server_residuals", {}).items():
+            bp.restore_server_error_feedback_state(name, r)
     _barrier("bitpush.load_checkpoint(%r)" % path)
