@@ -203,6 +203,8 @@ class Client {
   uint32_t rank() const;
   uint32_t num_workers() const;
   uint32_t num_servers() const;
+  // This process's copy of the cluster's compression settings.
+  const scheduler::CompressionSettings& compression() const { return compression_; }
   // The cluster's sticky error (OK while healthy).
   Status status() const;
   ClientStats stats() const;

@@ -17,6 +17,8 @@ StatusOr<TensorCompression> DecideCompression(const scheduler::CompressionSettin
   BP_ASSIGN_OR_RETURN(v1::CompressorConfig config, compressors::ParseCompressorSpec(given));
   TensorCompression t;
   t.name = name;
+  t.elements = elements;
+  t.dtype = dtype;
   t.bytes = static_cast<uint64_t>(elements) * DTypeSize(dtype);
   t.requested = compressors::CompressorSpecString(config);
   if (!compressors::MethodCompresses(config.id())) {

@@ -28,6 +28,8 @@ struct TensorCompression {
     kBelowThreshold,  // smaller than compression.min_compress_bytes
   };
   std::string name;
+  size_t elements = 0;
+  DType dtype = DType::kFloat32;
   uint64_t bytes = 0;
   std::string requested;        // the spec asked for, canonical (CompressorSpecString)
   v1::CompressorConfig config;  // what the tensor travels with ("none" unless kCompressed)

@@ -35,6 +35,7 @@
 #include "tests/harness/reference_model.h"
 #include "tests/harness/test_cluster.h"
 #include "tests/unit/test_util.h"
+#include "worker/checkpoint.h"
 #include "worker/client.h"
 #include "worker/partition.h"
 
@@ -739,6 +740,114 @@ TEST(PushPullE2e, OpTimeoutFollowsTheWorkersClock) {
   EXPECT_CONTAINS(s.message(), "tensor 'late'");
   EXPECT_CONTAINS(s.message(), "pushed round 0, no reply");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints (worker/checkpoint.h): a job of N rounds saved, every node gone, a new cluster
+// resumed for M rounds gives the outputs of an uninterrupted N + M run, bit for bit.
+
+// Runs rounds [first, first + count) of `decls` (inputs MakeInput(.., r)) on every worker of
+// `c`; returns the last round's outputs [w][t]. With `checkpoint`, loads it first / saves it
+// after (every worker, collectively).
+std::vector<std::vector<std::vector<uint8_t>>> RunRounds(TestCluster& c,
+                                                         const std::vector<TensorDecl>& decls,
+                                                         int first, int count,
+                                                         const std::string& load,
+                                                         const std::string& save) {
+  const uint32_t workers = c.options().workers;
+  std::vector<std::vector<std::vector<uint8_t>>> outputs(workers);
+  OnEveryWorker(workers, [&](uint32_t w) {
+    std::vector<TensorId> ids;
+    for (const TensorDecl& d : decls) {
+      StatusOr<TensorId> id = c.worker(w).Declare(d.name, d.elements, d.dtype, TensorOptions{});
+      ASSERT_TRUE(id.ok()) << id.status().ToString();
+      ids.push_back(*id);
+    }
+    if (!load.empty()) {
+      const Status s = LoadCheckpoint(c.worker(w), ids, load);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+    }
+    for (const TensorDecl& d : decls) outputs[w].emplace_back(d.elements * DTypeSize(d.dtype));
+    for (int r = first; r < first + count; ++r) {
+      for (size_t t = 0; t < decls.size(); ++t) {
+        const std::vector<uint8_t> in = MakeInput(decls[t], w, t, static_cast<uint64_t>(r));
+        const Status s =
+            c.worker(w)
+                .PushPull(ids[t], ConstTensorView(in.data(), decls[t].elements, decls[t].dtype),
+                          TensorView(outputs[w][t].data(), decls[t].elements, decls[t].dtype))
+                .Wait();
+        ASSERT_TRUE(s.ok()) << s.ToString();
+      }
+    }
+    if (!save.empty()) {
+      const Status s = SaveCheckpoint(c.worker(w), ids, save);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+    }
+  });
+  return outputs;
+}
+
+class Resume : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(Resume, AResumedJobMatchesTheUninterruptedRunBitForBit) {
+  const auto& [spec, ef] = GetParam();
+  ClusterOptions o;
+  o.workers = 2;
+  o.servers = 2;
+  o.spec = spec;
+  o.error_feedback = ef;
+  o.min_compress_bytes = 0;
+  o.partition_bytes = 1024;  // several partitions, on both servers
+  const std::vector<TensorDecl> decls = {{"w", 700, DType::kFloat32}, {"b", 33, DType::kFloat32}};
+  const int before = 3, after = 2;
+  char dir[] = "/tmp/bitpush-ckpt-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/job";
+
+  TestCluster whole(o);
+  ASSERT_TRUE(whole.Start().ok());
+  const auto reference = RunRounds(whole, decls, 0, before + after, "", "");
+  ASSERT_TRUE(whole.Shutdown().ok());
+
+  {
+    TestCluster first(o);
+    ASSERT_TRUE(first.Start().ok());
+    RunRounds(first, decls, 0, before, "", path);
+    ASSERT_TRUE(first.Shutdown().ok());
+  }
+  TestCluster resumed(o);
+  ASSERT_TRUE(resumed.Start().ok());
+  const auto outputs = RunRounds(resumed, decls, before, after, path, "");
+  ASSERT_TRUE(resumed.Shutdown().ok());
+  EXPECT_EQ(outputs, reference);
+
+  // A job with another compressor is refused naming the tensor and both specs.
+  o.spec = spec == "onebit" ? "topk:ratio=0.5" : "onebit";
+  TestCluster other(o);
+  ASSERT_TRUE(other.Start().ok());
+  OnEveryWorker(2, [&](uint32_t w) {
+    StatusOr<TensorId> id = other.worker(w).Declare("w", 700, DType::kFloat32, TensorOptions{});
+    ASSERT_TRUE(id.ok());
+    StatusOr<TensorId> id2 = other.worker(w).Declare("b", 33, DType::kFloat32, TensorOptions{});
+    ASSERT_TRUE(id2.ok());
+    const Status s = LoadCheckpoint(other.worker(w), {*id, *id2}, path);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find("does not fit this job: the compressor of tensor #0 ('w')"),
+              std::string::npos)
+        << s.ToString();
+  });
+  other.Close();
+  for (uint32_t w = 0; w < 2; ++w) std::remove(CheckpointNodePath(path, w).c_str());
+  rmdir(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(PushPullE2e, Resume,
+                         ::testing::Combine(::testing::Values("onebit", "topk:ratio=0.1"),
+                                            ::testing::Values("none", "worker", "both")),
+                         [](const ::testing::TestParamInfo<Resume::ParamType>& info) {
+                           std::string name =
+                               std::get<0>(info.param).substr(0, 4) + "_" + std::get<1>(info.param);
+                           return name;
+                         });
 
 TEST(PushPullE2e, DeadServerFailsPendingHandlesNamingIt) {
   ClusterOptions o;
