@@ -6,6 +6,7 @@ worker saw; the tests below check it piece by piece. Separate clusters: a declar
 differs between the workers, a server killed mid-training. In-process: init errors.
 """
 import signal
+import threading
 import time
 
 import pytest
@@ -139,6 +140,22 @@ def core_worker():
     out["noname_report"] = bp.compression_report(
         [n for n in bp._require().declarations if n.startswith("noname.")])
 
+    # A push_pull that waits for its tensor to be ready (a CUDA event on a GPU; a gate here)
+    # returns at once and starts on the starter thread once the tensor is ready.
+    class Gate:
+        def __init__(self):
+            self.open = threading.Event()
+
+        def synchronize(self):
+            self.open.wait(30)
+
+    gate = Gate()
+    h = bp.push_pull_async(torch.full((6,), float(r + 1)), "deferred", _ready=gate)
+    time.sleep(0.2)
+    out["deferred_pending"] = not h.ready()
+    gate.open.set()
+    out["deferred"] = bp.synchronize(h).clone()
+
     s = bp.stats()
     out["stats"] = s
     bp.shutdown()
@@ -172,6 +189,39 @@ def test_horovod_style_allreduce_needs_no_name_and_reuses_one_tensor_per_line(co
         # 3 call sites: the loop's line, the op=Sum line and the push_pull line.
         assert "of 3 tensors" in out["noname_report"], out["noname_report"]
         assert "fp16 on 1" in out["noname_report"], out["noname_report"]
+
+
+def test_a_push_pull_waiting_for_its_tensor_starts_once_it_is_ready(core_run):
+    for out in core_run:
+        assert out["deferred_pending"] is True
+        assert out["deferred"].tolist() == [1.5] * 6
+
+
+def cuda_overlap_worker():
+    bp.init()
+    x = torch.randn(2048, 2048, device="cuda")
+    for _ in range(50):  # queued on the current stream; still running when the push starts
+        x = torch.tanh(x @ x)
+    g = x.sum(0).contiguous()
+    h = bp.push_pull_async(g, "gpu.g")
+    busy = not torch.cuda.current_stream().query()
+    avg = bp.synchronize(h).cpu()
+    want = g.cpu()
+    bp.shutdown()
+    return busy, avg.shape == want.shape
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU (torch.cuda.is_available() is False here)")
+def test_a_cuda_push_pull_returns_while_the_stream_still_computes(local_cluster):
+    # The hook path must not synchronize the stream: push_pull_async of a gradient whose
+    # kernels are still queued returns while they run (an event, waited for off-thread).
+    c = local_cluster(workers=WORKERS)
+    results = c.run_workers(cuda_overlap_worker, timeout=120)
+    assert all(r.ok for r in results), c.describe(results)
+    for r in results:
+        busy, shaped = r.value
+        assert busy and shaped, r.value
 
 
 def test_compression_namespace_builds_checked_specs():

@@ -87,6 +87,7 @@ class _State:
             self.rank_offset = self.node_rank * local_size
             self.total_processes = self.num_nodes * local_size
         self.lock = threading.Lock()
+        self.starter = None  # _Starter, on the first deferred push_pull
         self.declarations = {}  # name -> _Declaration
         self.in_flight = {}  # name -> Handle (keeps the tensors alive while C++ uses them)
 
@@ -101,6 +102,68 @@ def _require():
         raise _error("FailedPrecondition",
                      "bitpush.torch is not initialized: call bitpush.torch.init() first")
     return s
+
+
+class _DeferredStart:
+    """A push_pull that starts once `ready` (a torch.cuda.Event recorded after the tensor's
+    producer on its stream) completed: the starter thread waits on the event — never on the
+    whole stream, and never on the caller's thread — then starts the C++ push_pull. Behaves
+    like the C++ handle (ready(), wait(timeout_ms)) from then on."""
+
+    __slots__ = ("_started", "_inner", "_error")
+
+    def __init__(self):
+        self._started = threading.Event()
+        self._inner = None
+        self._error = None
+
+    def ready(self):
+        if not self._started.is_set():
+            return False
+        return self._error is not None or self._inner.ready()
+
+    def wait(self, timeout_ms=None):
+        if timeout_ms is None:
+            while not self._started.wait(0.1):
+                pass
+        elif not self._started.wait(timeout_ms / 1000.0):
+            raise _error("Timeout", "bitpush: push_pull not started after %d ms: its tensor is "
+                         "not ready on the GPU yet" % timeout_ms)
+        if self._error is not None:
+            raise self._error
+        self._inner.wait(timeout_ms)
+
+
+class _Starter:
+    """The thread that starts deferred push_pulls in the order they were asked for (one per
+    process, started on first use)."""
+
+    def __init__(self):
+        import queue
+        self._queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="bitpush-cuda-start",
+                                        daemon=True)
+        self._thread.start()
+
+    def submit(self, ready, start, deferred):
+        self._queue.put((ready, start, deferred))
+
+    def close(self):
+        self._queue.put(None)
+
+    def _run(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            ready, start, deferred = item
+            try:
+                ready.synchronize()
+                deferred._inner = start()
+            except BaseException as e:  # delivered to whoever waits on the handle
+                deferred._error = e if isinstance(e, BitpushError) else \
+                    _error("Internal", "bitpush: starting a deferred push_pull: %s" % e)
+            deferred._started.set()
 
 
 class Handle:
@@ -238,6 +301,8 @@ def shutdown(timeout=30.0):
     if s is None:
         return
     try:
+        if s.starter is not None:
+            s.starter.close()
         s.client.shutdown(float(timeout))
     finally:
         s.client.close()
@@ -417,7 +482,7 @@ def _default_name(tensor, depth):
 
 
 def push_pull_async(tensor, name=None, compression=None, average=True, priority=0,
-                    output=None, _depth=1):
+                    output=None, _depth=1, _ready=None):
     """Starts a push_pull of `tensor` under `name` and returns a Handle.
 
     name: the tensor's identity (see the module doc). None: derived from the call site and
@@ -451,14 +516,20 @@ def push_pull_async(tensor, name=None, compression=None, average=True, priority=
         raise ValueError("bitpush: tensor '%s' is on %s but its output on %s"
                          % (name, tensor.device, output.device))
     # CUDA tensors: in daemon mode the daemon's GPU path (FP16 cast + NCCL on the node's GPUs,
-    # docs/local-ipc.md "GPU tensors") reads them, once the gradient is complete on the current
-    # stream; in embedded mode they are staged through host memory.
+    # docs/local-ipc.md "GPU tensors") reads them; in embedded mode they are staged through
+    # pinned host memory by a copy queued on the current stream. Either way the push_pull
+    # starts once an event recorded after them on the current stream completed (waited for by
+    # the starter thread: the caller — backward's hook — goes on queueing kernels).
     on_gpu = tensor.device.type == "cuda" and s.mode == "daemon"
     staged = None
+    ready = _ready
     if tensor.device.type == "cuda":
-        torch.cuda.current_stream(tensor.device).synchronize()
+        stream = torch.cuda.current_stream(tensor.device)
         if not on_gpu:
-            staged = tensor.detach().to("cpu")
+            staged = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            staged.copy_(tensor.detach(), non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record(stream)
     index, first = _declare(s, name, tensor.numel(), dtype, spec, bool(average), int(priority),
                             on_gpu)
     with s.lock:
@@ -469,8 +540,18 @@ def push_pull_async(tensor, name=None, compression=None, average=True, priority=
                          "its handle first" % name)
         tensor_d = tensor.detach() if staged is None else staged
         output_d = output.detach() if staged is None else staged
-        h = s.client.push_pull(index, tensor_d.data_ptr(), output_d.data_ptr(), tensor.numel(),
-                               dtype, name)
+
+        def start():
+            return s.client.push_pull(index, tensor_d.data_ptr(), output_d.data_ptr(),
+                                      tensor.numel(), dtype, name)
+
+        if ready is None:
+            h = start()
+        else:
+            h = _DeferredStart()
+            if s.starter is None:
+                s.starter = _Starter()
+            s.starter.submit(ready, start, h)
         handle = Handle(h, s, name, tensor_d, output, staged)
         s.in_flight[name] = handle
     return handle
