@@ -508,6 +508,24 @@ TEST_P(TransportContract, CloseUnblocksReceiveAndIsIdempotent) {
   EXPECT_LT(Clock::now() - close_b, milliseconds(3000));
 }
 
+TEST_P(TransportContract, AHostNameIsListenedOnAtItsAddress) {
+  // A YAML names machines (ps0:9000); ZeroMQ alone would take "localhost" for an interface.
+  if (GetParam().kind != Kind::kZmqTcp) GTEST_SKIP() << "tcp addresses only";
+  TransportOptions o = Options("named");
+  o.listen_address = "tcp://localhost:0";
+  auto named = Make(o);
+  ASSERT_TRUE(named);
+  EXPECT_EQ(named->address().rfind("tcp://127.0.0.1:", 0), 0u) << named->address();
+  auto b = Make("b");
+  ASSERT_TRUE(b);
+  ASSERT_TRUE(b->Connect("named", named->address()).ok());
+  Message m;
+  m.header = "hello";
+  ASSERT_TRUE(b->Send("named", std::move(m)).ok());
+  auto got = named->Receive(std::chrono::milliseconds(5000));
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+}
+
 TEST_P(TransportContract, BadOptionsAreInvalidArgumentAndBusyAddressIsUnavailable) {
   TransportOptions o = Options("a");
   o.backend = "carrier-pigeon";

@@ -1,5 +1,7 @@
 #include "common/transport/zmq/transport.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -99,6 +101,9 @@ struct PeerShared {
   size_t io_held = 0;          // taken by the I/O thread, not yet handed to ZeroMQ
   Status last_error;           // why the peer is kDisconnected
 };
+
+// The address zmq_bind is given for `listen` (host names resolved; see the definition).
+StatusOr<std::string> BindableAddress(const std::string& listen);
 
 // Hands a peer's sockets (created by the calling thread) to the I/O thread, or retires them.
 struct Command {
@@ -246,7 +251,10 @@ Status ZmqTransport::Start() {
                                      ZMQ_EVENT_HANDSHAKE_FAILED_AUTH,
                                  &router_monitor_));
 
-  std::string bind_address = listen;
+  StatusOr<std::string> bindable = BindableAddress(listen);
+  if (!bindable.ok())
+    return Status(bindable.status().code(), Prefix() + bindable.status().message());
+  std::string bind_address = *bindable;
   if (listen.rfind("tcp://", 0) == 0 && bind_address.size() > 2 &&
       bind_address.compare(bind_address.size() - 2, 2, ":0") == 0) {
     bind_address.replace(bind_address.size() - 1, 1, "*");  // any free port
@@ -271,6 +279,43 @@ Status ZmqTransport::Start() {
   address_ = resolved;
   io_thread_ = std::thread([this] { IoLoop(); });
   return Status::Ok();
+}
+
+// ZeroMQ binds "tcp://NAME:port" to the network interface called NAME, not to the host NAME:
+// a YAML that names its machines (ps0:9000) would fail with "No such device". A tcp address
+// whose host is neither an IP literal nor "*" is therefore resolved first (its first IPv4
+// address, else its first IPv6 one); one that does not resolve is left to ZeroMQ (an
+// interface name).
+StatusOr<std::string> BindableAddress(const std::string& listen) {
+  if (listen.rfind("tcp://", 0) != 0) return listen;
+  const std::string rest = listen.substr(6);
+  const size_t colon = rest.rfind(':');
+  if (colon == std::string::npos) return listen;
+  const std::string host = rest.substr(0, colon);
+  if (host.empty() || host == "*" || host[0] == '[') return listen;
+  in_addr v4;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return listen;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) return listen;
+  std::string v4_text, v6_text;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    char text[INET6_ADDRSTRLEN] = {};
+    if (a->ai_family == AF_INET && v4_text.empty()) {
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr, text, sizeof(text));
+      v4_text = text;
+    } else if (a->ai_family == AF_INET6 && v6_text.empty()) {
+      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr, text,
+                sizeof(text));
+      v6_text = fmt::format("[{}]", text);
+    }
+  }
+  freeaddrinfo(found);
+  const std::string& ip = v4_text.empty() ? v6_text : v4_text;
+  if (ip.empty()) return listen;
+  return "tcp://" + ip + rest.substr(colon);
 }
 
 Status ZmqTransport::OpenMonitor(void* socket, int events, void** monitor) {
