@@ -145,6 +145,39 @@ py::dict StatsDict(const worker::ClientStats& s) {
   return d;
 }
 
+// A residual read by `read` (ErrorFeedbackState or ServerErrorFeedbackState) as float32 bytes.
+template <typename Read>
+py::bytes ResidualBytes(const PyClient& self, uint32_t index, Read read) {
+  auto c = self.Get();
+  StatusOr<std::vector<float>> state = InternalError("not read");
+  {
+    py::gil_scoped_release nogil;
+    state = ((*c).*read)(worker::TensorId{index});
+  }
+  const std::vector<float> v = ValueOrThrow(std::move(state));
+  return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// Float32 bytes handed to `restore` (RestoreErrorFeedbackState or its server twin).
+template <typename Restore>
+void RestoreResidual(const PyClient& self, uint32_t index, const py::bytes& saved, const char* what,
+                     Restore restore) {
+  auto c = self.Get();
+  const std::string raw = saved;
+  if (raw.size() % sizeof(float) != 0) {
+    ThrowIfError(InvalidArgumentError(std::string(what) + ": " + std::to_string(raw.size()) +
+                                      " bytes is not a whole number of float32"));
+  }
+  std::vector<float> v(raw.size() / sizeof(float));
+  if (!raw.empty()) std::memcpy(v.data(), raw.data(), raw.size());
+  Status s;
+  {
+    py::gil_scoped_release nogil;
+    s = ((*c).*restore)(worker::TensorId{index}, v);
+  }
+  ThrowIfError(s);
+}
+
 }  // namespace
 
 void BindClient(py::module_& m) {
@@ -200,14 +233,7 @@ void BindClient(py::module_& m) {
       .def(
           "error_feedback_state",
           [](const PyClient& self, uint32_t index) {
-            auto c = self.Get();
-            StatusOr<std::vector<float>> state = InternalError("not read");
-            {
-              py::gil_scoped_release nogil;
-              state = c->ErrorFeedbackState(worker::TensorId{index});
-            }
-            const std::vector<float> v = ValueOrThrow(std::move(state));
-            return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+            return ResidualBytes(self, index, &Client::ErrorFeedbackState);
           },
           py::arg("index"),
           "The worker error-feedback residual of tensor `index` as float32 bytes (empty when "
@@ -216,21 +242,8 @@ void BindClient(py::module_& m) {
       .def(
           "restore_error_feedback_state",
           [](const PyClient& self, uint32_t index, const py::bytes& saved) {
-            auto c = self.Get();
-            const std::string raw = saved;
-            if (raw.size() % sizeof(float) != 0) {
-              ThrowIfError(InvalidArgumentError(
-                  "restore_error_feedback_state: " + std::to_string(raw.size()) +
-                  " bytes is not a whole number of float32"));
-            }
-            std::vector<float> v(raw.size() / sizeof(float));
-            if (!raw.empty()) std::memcpy(v.data(), raw.data(), raw.size());
-            Status s;
-            {
-              py::gil_scoped_release nogil;
-              s = c->RestoreErrorFeedbackState(worker::TensorId{index}, v);
-            }
-            ThrowIfError(s);
+            RestoreResidual(self, index, saved, "restore_error_feedback_state",
+                            &Client::RestoreErrorFeedbackState);
           },
           py::arg("index"), py::arg("saved"),
           "Puts a saved residual (float32 bytes) back into tensor `index`. Daemon mode: "
@@ -238,14 +251,7 @@ void BindClient(py::module_& m) {
       .def(
           "server_error_feedback_state",
           [](const PyClient& self, uint32_t index) {
-            auto c = self.Get();
-            StatusOr<std::vector<float>> state = InternalError("not read");
-            {
-              py::gil_scoped_release nogil;
-              state = c->ServerErrorFeedbackState(worker::TensorId{index});
-            }
-            const std::vector<float> v = ValueOrThrow(std::move(state));
-            return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+            return ResidualBytes(self, index, &Client::ServerErrorFeedbackState);
           },
           py::arg("index"),
           "The servers' error-feedback residual of tensor `index` as float32 bytes (empty when "
@@ -253,21 +259,8 @@ void BindClient(py::module_& m) {
       .def(
           "restore_server_error_feedback_state",
           [](const PyClient& self, uint32_t index, const py::bytes& saved) {
-            auto c = self.Get();
-            const std::string raw = saved;
-            if (raw.size() % sizeof(float) != 0) {
-              ThrowIfError(InvalidArgumentError(
-                  "restore_server_error_feedback_state: " + std::to_string(raw.size()) +
-                  " bytes is not a whole number of float32"));
-            }
-            std::vector<float> v(raw.size() / sizeof(float));
-            if (!raw.empty()) std::memcpy(v.data(), raw.data(), raw.size());
-            Status s;
-            {
-              py::gil_scoped_release nogil;
-              s = c->RestoreServerErrorFeedbackState(worker::TensorId{index}, v);
-            }
-            ThrowIfError(s);
+            RestoreResidual(self, index, saved, "restore_server_error_feedback_state",
+                            &Client::RestoreServerErrorFeedbackState);
           },
           py::arg("index"), py::arg("saved"),
           "Writes a saved server residual (float32 bytes) back to the servers of tensor "

@@ -569,35 +569,47 @@ def declare(name, tensor, compression=None, average=True, priority=0):
              on_gpu)
 
 
+def _declared(s, name, what):
+    with s.lock:
+        d = s.declarations.get(name)
+    if d is None:
+        raise _error("NotFound", "bitpush: %s: tensor '%s' is not declared; call declare() (or "
+                     "push it) first" % (what, name))
+    return d
+
+
+def _read_residual(name, call):
+    """A residual read by the client's `call` as a 1-D float32 CPU tensor, or None."""
+    s = _require()
+    raw = getattr(s.client, call)(_declared(s, name, call).index)
+    if not raw:
+        return None
+    return torch.frombuffer(bytearray(raw), dtype=torch.float32).clone()
+
+
+def _write_residual(name, residual, call):
+    """Hands `residual` (a tensor, or None for a tensor that keeps none) to the client's
+    `call`."""
+    s = _require()
+    d = _declared(s, name, call)
+    data = b"" if residual is None else \
+        residual.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+    getattr(s.client, call)(d.index, data)
+
+
 def error_feedback_state(name):
     """The worker error-feedback residual of tensor `name` (paper 001 Algorithm 4's e_i) as a
     1-D float32 CPU tensor, or None when it keeps none (uncompressed, or the cluster keeps no
     worker residual). In daemon mode the residual is the node's, kept by its bitpush-worker:
     every process of the node reads the same values."""
-    s = _require()
-    with s.lock:
-        d = s.declarations.get(name)
-    if d is None:
-        raise _error("NotFound", "bitpush: tensor '%s' was never declared or pushed" % name)
-    raw = s.client.error_feedback_state(d.index)
-    if not raw:
-        return None
-    return torch.frombuffer(bytearray(raw), dtype=torch.float32).clone()
+    return _read_residual(name, "error_feedback_state")
 
 
 def restore_error_feedback_state(name, residual):
     """Puts a residual saved by error_feedback_state back (declare the tensor first). In
     daemon mode every process of the node restores the same checkpoint and the daemon applies
     local rank 0's (the others' are checked, not applied)."""
-    s = _require()
-    with s.lock:
-        d = s.declarations.get(name)
-    if d is None:
-        raise _error("NotFound", "bitpush: tensor '%s' is not declared; call declare() (or push "
-                     "it) before restoring its error-feedback state" % name)
-    data = b"" if residual is None else \
-        residual.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
-    s.client.restore_error_feedback_state(d.index, data)
+    _write_residual(name, residual, "restore_error_feedback_state")
 
 
 def compression_report(names=None):
@@ -637,30 +649,14 @@ def server_error_feedback_state(name):
     servers that own its keys, or None when it keeps none. One process reads it for the
     cluster (save_checkpoint: rank 0). Embedded mode (a daemon-mode process gets a
     BitpushError, Unimplemented)."""
-    s = _require()
-    with s.lock:
-        d = s.declarations.get(name)
-    if d is None:
-        raise _error("NotFound", "bitpush: tensor '%s' was never declared or pushed" % name)
-    raw = s.client.server_error_feedback_state(d.index)
-    if not raw:
-        return None
-    return torch.frombuffer(bytearray(raw), dtype=torch.float32).clone()
+    return _read_residual(name, "server_error_feedback_state")
 
 
 def restore_server_error_feedback_state(name, residual):
     """Writes a residual saved by server_error_feedback_state back to the servers, before the
     tensor's first push_pull of the run (declare it first). One process restores it for the
     cluster (load_checkpoint: rank 0)."""
-    s = _require()
-    with s.lock:
-        d = s.declarations.get(name)
-    if d is None:
-        raise _error("NotFound", "bitpush: tensor '%s' is not declared; call declare() before "
-                     "restoring its servers' error-feedback state" % name)
-    data = b"" if residual is None else \
-        residual.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
-    s.client.restore_server_error_feedback_state(d.index, data)
+    _write_residual(name, residual, "restore_server_error_feedback_state")
 
 
 def synchronize(handle, timeout=None):
