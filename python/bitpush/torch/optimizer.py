@@ -280,12 +280,21 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
         phi_bounds: (lower, upper) clamp of φ(‖x‖); None = identity.
         named_parameters: (name, param) pairs for the tensor names (else "param.<index>").
         backward_passes_per_step: backward passes accumulated locally before the push.
+        error_feedback_decay: γ in [0, 1]: after every step each worker error-feedback
+            residual e_i is multiplied by γ (leaky error feedback), so what the compressor
+            dropped is paid back within a few steps instead of being carried indefinitely.
+            0.2 (the default) is measured on the examples (docs/training.md, "Compressed
+            training at the examples' defaults"); 1.0 keeps the whole residual (paper 001
+            Algorithm 4 as printed). Acts only on tensors that keep a worker residual
+            (compressed, compression.error_feedback worker or both); the servers' residuals
+            are not touched.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
                  compression=None, error_feedback=None, eps_inside_sqrt=False,
                  normalize_grad=False, trust_ratio_fallback=True, phi_bounds=None,
-                 named_parameters=None, backward_passes_per_step=1):
+                 named_parameters=None, backward_passes_per_step=1,
+                 error_feedback_decay=0.2):
         if not lr >= 0.0:
             raise ValueError("lr must be >= 0, got %r" % (lr,))
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -310,6 +319,11 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
         self.compression = None if compression is None else str(compression)
         self.error_feedback = None if error_feedback is None else bool(error_feedback)
         self._check_error_feedback()
+        if not 0.0 <= error_feedback_decay <= 1.0:
+            raise ValueError("%s: error_feedback_decay must be in [0, 1] (1 keeps the whole "
+                             "residual), got %r" % (type(self).__name__, error_feedback_decay))
+        self.error_feedback_decay = float(error_feedback_decay)
+        self._ef_decay_names = None  # the tensors with a worker residual, after the 1st step
         self._exchange_init(named_parameters, self.compression, backward_passes_per_step,
                             type(self).__name__)
 
@@ -334,6 +348,20 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
                 "runs compression.error_feedback: %s; set compression.error_feedback: none in "
                 "the cluster YAML, or pass error_feedback=True" % (type(self).__name__, ef))
 
+    def _decay_error_feedback(self):
+        # Every round of this step is complete (synchronize), and the next push of a tensor
+        # starts after this: its residual is stable here. In daemon mode every process of a
+        # node reads the node's residual and the daemon applies local rank 0's restore.
+        if self.error_feedback_decay == 1.0:
+            return
+        bp = _bp()
+        if self._ef_decay_names is None:
+            self._ef_decay_names = [self._bp_name(p) for p in self._bp_params
+                                    if bp.error_feedback_state(self._bp_name(p)) is not None]
+        for name in self._ef_decay_names:
+            r = bp.error_feedback_state(name)
+            bp.restore_error_feedback_state(name, r.mul_(self.error_feedback_decay))
+
     def _lans_options(self, group):
         o = _C().LansOptions()
         o.beta1, o.beta2 = float(group["betas"][0]), float(group["betas"][1])
@@ -354,6 +382,7 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._bp_sync_for_step()
+        self._decay_error_feedback()
         C = _C()
         for group in self.param_groups:
             options = self._lans_options(group)
@@ -433,7 +462,7 @@ class LANS(CLAN):
                  eps_inside_sqrt=False, normalize_grad=False, trust_ratio_fallback=True,
                  phi_bounds=None, named_parameters=None, backward_passes_per_step=1):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         compression="none", error_feedback=False,
+                         compression="none", error_feedback=False, error_feedback_decay=1.0,
                          eps_inside_sqrt=eps_inside_sqrt, normalize_grad=normalize_grad,
                          trust_ratio_fallback=trust_ratio_fallback, phi_bounds=phi_bounds,
                          named_parameters=named_parameters,
