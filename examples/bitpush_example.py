@@ -28,8 +28,8 @@ def add_common_args(parser, default_lr):
                         "dithering) instead of Algorithm 4")
     parser.add_argument("--error-feedback-decay", type=float, default=None,
                         help="clan: multiply the worker error-feedback residuals by this after "
-                        "every step (default: CLAN's, 0.2; 1.0 keeps the whole residual, paper "
-                        "001 Algorithm 4 as printed)")
+                        "every step (default: CLAN's: 0.2 for onebit, 1.0 for the other "
+                        "compressors; 1.0 keeps the whole residual, paper 001 Algorithm 4)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=None,
                         help="learning rate (default: %s)" % default_lr)
