@@ -36,7 +36,7 @@ __all__ = ["CLAN", "LANS", "DistributedOptimizer", "cluster_error_feedback",
            "cluster_compression", "ONEBIT_ERROR_FEEDBACK_DECAY"]
 
 # CLAN's default error_feedback_decay for onebit-compressed tensors: the worker residual is
-# multiplied by it after every step. Chosen from the digits and charlm measurements in
+# multiplied by it before every push. Chosen from the digits and charlm measurements in
 # docs/training.md ("Compressed training at the examples' defaults"; 0.1..0.3 are within noise
 # of each other, 1.0 is paper 001's Algorithm 4 as printed).
 ONEBIT_ERROR_FEEDBACK_DECAY = 0.2
@@ -286,12 +286,12 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
         phi_bounds: (lower, upper) clamp of φ(‖x‖); None = identity.
         named_parameters: (name, param) pairs for the tensor names (else "param.<index>").
         backward_passes_per_step: backward passes accumulated locally before the push.
-        error_feedback_decay: γ in [0, 1]: after every step each worker error-feedback
-            residual e_i is multiplied by γ (leaky error feedback), so what the compressor
-            dropped is paid back within a few steps instead of being carried on. None (the
-            default) = per tensor, by its compressor: ONEBIT_ERROR_FEEDBACK_DECAY (0.2) for
-            onebit, 1.0 for the others (top-k and random-k send few elements a step: their
-            residual is the gradient still waiting its turn); measured in docs/training.md,
+        error_feedback_decay: γ in [0, 1]: before each step's first push every worker
+            error-feedback residual e_i is multiplied by γ (leaky error feedback), so what the
+            compressor dropped is paid back within a few steps instead of being carried on.
+            None (the default) = per tensor, by its compressor: ONEBIT_ERROR_FEEDBACK_DECAY
+            (0.2) for onebit, 1.0 for the others (top-k and random-k send few elements a step:
+            their residual is the gradient still waiting its turn); measured in docs/training.md,
             "Compressed training at the examples' defaults". 1.0 keeps the whole residual
             (paper 001 Algorithm 4 as printed). Acts only on tensors that keep a worker
             residual (compressed, compression.error_feedback worker or both); the servers'
@@ -378,6 +378,8 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
         self._ef_restored = self._ef_restored or bool(residuals)
 
     def _decay_error_feedback(self):
+        if self.error_feedback_decay == 1.0:
+            return  # Algorithm 4 as printed (and LANS)
         bp = _bp()
         if self._ef_decays is None:
             if not self._bp_declared and not self._ef_restored:
