@@ -26,6 +26,10 @@ def add_common_args(parser, default_lr):
     parser.add_argument("--no-error-feedback", action="store_true",
                         help="clan: paper 001 Algorithm 3 (for unbiased compressors such as "
                         "dithering) instead of Algorithm 4")
+    parser.add_argument("--error-feedback-decay", type=float, default=None,
+                        help="clan: multiply the worker error-feedback residuals by this after "
+                        "every step (default: CLAN's: 0.2 for onebit, 1.0 for the other "
+                        "compressors; 1.0 keeps the whole residual, paper 001 Algorithm 4)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=None,
                         help="learning rate (default: %s)" % default_lr)
@@ -148,10 +152,13 @@ def build_optimizer(args, model, prefix=""):
     named = [(prefix + n, p) for n, p in model.named_parameters()]
     params = [p for _, p in named]
     if args.optimizer == "clan":
+        extra = {}
+        if args.error_feedback_decay is not None:
+            extra["error_feedback_decay"] = args.error_feedback_decay
         return bp.CLAN(params, lr=args.lr, weight_decay=args.weight_decay,
                        compression=args.compression,
                        error_feedback=False if args.no_error_feedback else None,
-                       named_parameters=named)
+                       named_parameters=named, **extra)
     if args.optimizer == "lans":
         return bp.LANS(params, lr=args.lr, weight_decay=args.weight_decay,
                        named_parameters=named)

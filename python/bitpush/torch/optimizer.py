@@ -33,7 +33,13 @@ import os
 import torch
 
 __all__ = ["CLAN", "LANS", "DistributedOptimizer", "cluster_error_feedback",
-           "cluster_compression"]
+           "cluster_compression", "ONEBIT_ERROR_FEEDBACK_DECAY"]
+
+# CLAN's default error_feedback_decay for onebit-compressed tensors: the worker residual is
+# multiplied by it before every push. Chosen from the digits and charlm measurements in
+# docs/training.md ("Compressed training at the examples' defaults"; 0.1..0.3 are within noise
+# of each other, 1.0 is paper 001's Algorithm 4 as printed).
+ONEBIT_ERROR_FEEDBACK_DECAY = 0.2
 
 
 def _bp():
@@ -280,12 +286,23 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
         phi_bounds: (lower, upper) clamp of φ(‖x‖); None = identity.
         named_parameters: (name, param) pairs for the tensor names (else "param.<index>").
         backward_passes_per_step: backward passes accumulated locally before the push.
+        error_feedback_decay: γ in [0, 1]: before each step's first push every worker
+            error-feedback residual e_i is multiplied by γ (leaky error feedback), so what the
+            compressor dropped is paid back within a few steps instead of being carried on.
+            None (the default) = per tensor, by its compressor: ONEBIT_ERROR_FEEDBACK_DECAY
+            (0.2) for onebit, 1.0 for the others (top-k and random-k send few elements a step:
+            their residual is the gradient still waiting its turn); measured in docs/training.md,
+            "Compressed training at the examples' defaults". 1.0 keeps the whole residual
+            (paper 001 Algorithm 4 as printed). Acts only on tensors that keep a worker
+            residual (compressed, compression.error_feedback worker or both); the servers'
+            residuals are not touched.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
                  compression=None, error_feedback=None, eps_inside_sqrt=False,
                  normalize_grad=False, trust_ratio_fallback=True, phi_bounds=None,
-                 named_parameters=None, backward_passes_per_step=1):
+                 named_parameters=None, backward_passes_per_step=1,
+                 error_feedback_decay=None):
         if not lr >= 0.0:
             raise ValueError("lr must be >= 0, got %r" % (lr,))
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -310,6 +327,19 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
         self.compression = None if compression is None else str(compression)
         self.error_feedback = None if error_feedback is None else bool(error_feedback)
         self._check_error_feedback()
+        if error_feedback_decay is not None:
+            if not 0.0 <= error_feedback_decay <= 1.0:
+                raise ValueError("%s: error_feedback_decay must be in [0, 1] (1 keeps the "
+                                 "whole residual), got %r"
+                                 % (type(self).__name__, error_feedback_decay))
+            error_feedback_decay = float(error_feedback_decay)
+        self.error_feedback_decay = error_feedback_decay
+        self._ef_decays = None  # [(name, γ)] of the tensors to decay, once they are declared
+        self._ef_restored = False
+        # Decay before the next push rather than right after the exchange: between steps
+        # (state_dict, checkpoints) every process of a node reads the same residual, and a
+        # restored run decays it at the same point as the uninterrupted one.
+        self._ef_decay_pending = True
         self._exchange_init(named_parameters, self.compression, backward_passes_per_step,
                             type(self).__name__)
 
@@ -334,6 +364,45 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
                 "runs compression.error_feedback: %s; set compression.error_feedback: none in "
                 "the cluster YAML, or pass error_feedback=True" % (type(self).__name__, ef))
 
+    def _bp_start(self, p):
+        if self._ef_decay_pending:
+            # The first push of a step: none of this optimizer's rounds is in flight.
+            self._ef_decay_pending = False
+            self._decay_error_feedback()
+        super()._bp_start(p)
+
+    def _bp_restore_ef_state(self, residuals):
+        # (load_state_dict and load_checkpoint): the restored residuals are decayed before the
+        # first push, as the uninterrupted run decays them before its next one.
+        super()._bp_restore_ef_state(residuals)
+        self._ef_restored = self._ef_restored or bool(residuals)
+
+    def _decay_error_feedback(self):
+        if self.error_feedback_decay == 1.0:
+            return  # Algorithm 4 as printed (and LANS)
+        bp = _bp()
+        if self._ef_decays is None:
+            if not self._bp_declared and not self._ef_restored:
+                return  # nothing declared yet: every residual is still zero
+            self._ef_decays = []
+            # In daemon mode the residual is the node's and the daemon applies local rank 0's
+            # restore; the node's other processes leave it to that one.
+            if bp.mode() == "daemon" and bp.local_rank() != 0:
+                return
+            for p in self._bp_params:
+                name = self._bp_name(p)
+                if bp.error_feedback_state(name) is None:
+                    continue  # uncompressed, or the cluster keeps no worker residual
+                gamma = self.error_feedback_decay
+                if gamma is None:
+                    gamma = (ONEBIT_ERROR_FEEDBACK_DECAY if _compressor_method(name) == "onebit"
+                             else 1.0)
+                if gamma != 1.0:
+                    self._ef_decays.append((name, gamma))
+        for name, gamma in self._ef_decays:
+            r = bp.error_feedback_state(name)
+            bp.restore_error_feedback_state(name, r.mul_(gamma))
+
     def _lans_options(self, group):
         o = _C().LansOptions()
         o.beta1, o.beta2 = float(group["betas"][0]), float(group["betas"][1])
@@ -354,6 +423,7 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._bp_sync_for_step()
+        self._ef_decay_pending = True
         C = _C()
         for group in self.param_groups:
             options = self._lans_options(group)
@@ -433,11 +503,20 @@ class LANS(CLAN):
                  eps_inside_sqrt=False, normalize_grad=False, trust_ratio_fallback=True,
                  phi_bounds=None, named_parameters=None, backward_passes_per_step=1):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         compression="none", error_feedback=False,
+                         compression="none", error_feedback=False, error_feedback_decay=1.0,
                          eps_inside_sqrt=eps_inside_sqrt, normalize_grad=normalize_grad,
                          trust_ratio_fallback=trust_ratio_fallback, phi_bounds=phi_bounds,
                          named_parameters=named_parameters,
                          backward_passes_per_step=backward_passes_per_step)
+
+
+def _compressor_method(name):
+    """The compressor method ("onebit", "topk", ...) tensor `name` travels with, as the engine
+    resolved it (CLAN's spec, else the cluster's compression.spec or a matching
+    compression.overrides pattern): the first word of its compression_report line."""
+    line = _bp().compression_report([name])  # "compression: onebit:scaled=true on 1 of 1 ..."
+    words = line.split(None, 2)
+    return words[1].split(":")[0] if len(words) > 1 else ""
 
 
 def _check_param(p, index, named_parameters):
