@@ -511,12 +511,14 @@ class LANS(CLAN):
 
 
 def _compressor_method(name):
-    """The compressor method ("onebit", "topk", ...) tensor `name` travels with, as the engine
-    resolved it (CLAN's spec, else the cluster's compression.spec or a matching
-    compression.overrides pattern): the first word of its compression_report line."""
-    line = _bp().compression_report([name])  # "compression: onebit:scaled=true on 1 of 1 ..."
-    words = line.split(None, 2)
-    return words[1].split(":")[0] if len(words) > 1 else ""
+    """The compressor method ("onebit", "topk", ..., "none") tensor `name` travels with, as the
+    engine's rule resolves it (CLAN's spec, else the cluster's compression.spec or a matching
+    compression.overrides pattern; "none" below compression.min_compress_bytes)."""
+    s = _bp()._require()
+    with s.lock:
+        index = s.declarations[name].index
+    spec, _why = s.client.compression_of([index])[0]
+    return spec.split(":")[0]
 
 
 def _check_param(p, index, named_parameters):
