@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -203,6 +204,18 @@ inline bool WaitAll(const std::vector<Child*>& children, ProcessClock::time_poin
     if (ProcessClock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+}
+
+// For a failed test's report: each child's label, how it ended, and its output (the last
+// `tail_lines` lines; 0 = all of it).
+inline std::string DescribeChildren(const std::vector<std::unique_ptr<Child>>& children,
+                                    int tail_lines = 0) {
+  std::string out;
+  for (const auto& c : children) {
+    out += "---- " + c->label() + " (" + c->ExitDescription() + ") ----\n" +
+           (tail_lines > 0 ? TailLines(c->output(), tail_lines) : c->output());
+  }
+  return out;
 }
 
 // Polls `child`'s output until it contains `text`, at most `timeout`.

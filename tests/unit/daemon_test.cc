@@ -81,12 +81,7 @@ std::vector<std::string> SegmentsOf(const std::vector<pid_t>& pids) {
 class DaemonTest : public ::testing::Test {
  protected:
   void TearDown() override {
-    if (HasFailure()) {
-      for (const auto& c : children_) {
-        std::cerr << "---- " << c->label() << " (" << c->ExitDescription() << ") ----\n"
-                  << TailLines(c->output(), 30);
-      }
-    }
+    if (HasFailure()) std::cerr << DescribeChildren(children_, 30);
     children_.clear();
   }
 

@@ -72,12 +72,7 @@ int PortOf(const std::string& url) {
 class MetricsProcessTest : public ::testing::Test {
  protected:
   void TearDown() override {
-    if (HasFailure()) {
-      for (const auto& c : children_) {
-        std::cerr << "---- " << c->label() << " (" << c->ExitDescription() << ") ----\n"
-                  << c->output();
-      }
-    }
+    if (HasFailure()) std::cerr << DescribeChildren(children_);
     children_.clear();  // kills and reaps what still runs
   }
 

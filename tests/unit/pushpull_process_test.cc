@@ -59,12 +59,7 @@ size_t CountOccurrences(const std::string& text, const std::string& needle) {
 class PushPullProcessTest : public ::testing::Test {
  protected:
   void TearDown() override {
-    if (HasFailure()) {
-      for (const auto& c : children_) {
-        std::cerr << "---- " << c->label() << " (" << c->ExitDescription() << ") ----\n"
-                  << c->output();
-      }
-    }
+    if (HasFailure()) std::cerr << DescribeChildren(children_);
     children_.clear();  // kills and reaps what still runs
   }
 
