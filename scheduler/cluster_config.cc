@@ -509,6 +509,13 @@ StatusOr<ClusterConfig> Parser::Parse(std::string_view text) {
     // Not expected (the walk checks node types before access); never let it escape.
     return InvalidArgumentError(fmt::format("{}:{}: {}", source_, e.mark.line + 1, e.msg));
   }
+  // Paths in the security section are relative to the file, like cluster.token_file.
+  for (std::string* path : {&c.security.keys_dir, &c.security.key_file, &c.security.public_keys}) {
+    if (!path->empty() && (*path)[0] != '/') {
+      const size_t slash = source_.rfind('/');
+      if (slash != std::string::npos) *path = source_.substr(0, slash + 1) + *path;
+    }
+  }
   BP_RETURN_IF_ERROR(ValidateClusterConfig(c));
   return c;
 }
@@ -857,6 +864,10 @@ std::string DescribeClusterConfig(const ClusterConfig& c) {
     }
   }
   return out;
+}
+
+std::string_view SecurityModeName(SecurityMode mode) {
+  return mode == SecurityMode::kCurve ? "curve" : "none";
 }
 
 std::string_view NumaModeName(NumaMode mode) {

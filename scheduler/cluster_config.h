@@ -34,6 +34,12 @@ enum class NumaMode { kAuto, kOn, kOff };
 // "auto", "on", "off" (the YAML spelling).
 std::string_view NumaModeName(NumaMode mode);
 
+// security.mode: how nodes prove who they are on the wire (docs/security.md). kNone: they do
+// not (trusted networks, benchmarks); kCurve: ZeroMQ CURVE with one key pair per node.
+enum class SecurityMode { kNone, kCurve };
+// "none", "curve" (the YAML spelling).
+std::string_view SecurityModeName(SecurityMode mode);
+
 // The comments below say what a field holds in code; each key's type, bounds and doc line are
 // in the knob table (scheduler/cluster_knobs.cc), which checks them.
 
@@ -120,6 +126,21 @@ struct MetricsSettings {
   std::string bind_address = "127.0.0.1";
 };
 
+// The `security:` section (docs/security.md). Local: each node reads its own key; a node whose
+// mode differs from its peers' fails their security handshake, naming the mode.
+struct SecuritySettings {
+  // security.mode.
+  SecurityMode mode = SecurityMode::kNone;
+  // security.keys_dir: the directory `bitpush keygen` writes (one key file per node and
+  // `public_keys`); a relative path in a file is relative to the file's directory. "" = none.
+  std::string keys_dir;
+  // security.key_file: this node's key file. "" = $BITPUSH_KEY_FILE, else
+  // $CREDENTIALS_DIRECTORY/bitpush.key when systemd passes one, else keys_dir/<node>.key.
+  std::string key_file;
+  // security.public_keys: the cluster's public keys. "" = keys_dir/public_keys.
+  std::string public_keys;
+};
+
 // One worker node (machine) of `cluster.workers`: what the launcher and the node's
 // bitpush-worker daemon need beyond its address. Written in the host form of the YAML
 // (`{host: gpu0, processes: 8, gpus: 8}`); the address form leaves both unset.
@@ -171,6 +192,8 @@ struct ClusterConfig {
   WorkerSettings worker;
   // The `metrics:` section.
   MetricsSettings metrics;
+  // The `security:` section.
+  SecuritySettings security;
 
   // Number of nodes the scheduler waits for.
   size_t num_nodes() const { return servers.size() + workers.size(); }

@@ -38,6 +38,9 @@ KnobValue ToValue(const std::string& v) {
 KnobValue ToValue(NumaMode v) {
   return KnobValue::Text(std::string(NumaModeName(v)));
 }
+KnobValue ToValue(SecurityMode v) {
+  return KnobValue::Text(std::string(SecurityModeName(v)));
+}
 
 // The values come from ParseKnobValue, so they are inside the knob's bounds.
 void FromValue(const KnobValue& v, uint32_t* f) {
@@ -51,6 +54,10 @@ void FromValue(const KnobValue& v, std::chrono::milliseconds* f) {
 }
 void FromValue(const KnobValue& v, std::string* f) {
   *f = v.text;
+}
+void FromValue(const KnobValue& v, SecurityMode* f) {
+  *f =
+      v.text == SecurityModeName(SecurityMode::kCurve) ? SecurityMode::kCurve : SecurityMode::kNone;
 }
 void FromValue(const KnobValue& v, NumaMode* f) {
   for (NumaMode m : {NumaMode::kAuto, NumaMode::kOn, NumaMode::kOff}) {
@@ -435,6 +442,41 @@ std::vector<ClusterKnob> BuildTable() {
                       "Prometheus server elsewhere; the metrics carry no secret, but anyone who "
                       "reaches the port can read them)."),
              In<&ClusterConfig::metrics, &MetricsSettings::bind_address>()),
+
+      // ---- security: (local; docs/security.md) ----
+      Scalar(Knob("security.mode")
+                 .Enum({"none", "curve"})
+                 .Doc("`curve`: every connection is encrypted and authenticated with ZeroMQ "
+                      "CURVE, one key pair per node (`bitpush keygen`); a node is admitted only "
+                      "with a key `public_keys` lists, and a message counts as sent by the node "
+                      "that key belongs to. `none`: no proof of identity, for trusted networks "
+                      "and benchmarks (the scheduler warns once when an address is not "
+                      "loopback). Every node of a cluster needs the same mode."),
+             In<&ClusterConfig::security, &SecuritySettings::mode>()),
+      Scalar(Knob("security.keys_dir")
+                 .Path(1)
+                 .Optional("none")
+                 .Doc("The directory `bitpush keygen` writes: one key file per node "
+                      "(`scheduler.key`, `server-0.key`, `worker-0.key`, mode 0600) and "
+                      "`public_keys`. A relative path is relative to the YAML file's "
+                      "directory. A node needs its own key file and `public_keys` only."),
+             In<&ClusterConfig::security, &SecuritySettings::keys_dir>()),
+      Scalar(Knob("security.key_file")
+                 .Path(1)
+                 .Optional("default",
+                           "`$BITPUSH_KEY_FILE`, else "
+                           "`$CREDENTIALS_DIRECTORY/bitpush.key` under systemd, else "
+                           "`keys_dir/<node>.key`")
+                 .Env("BITPUSH_KEY_FILE")
+                 .Doc("This node's key file, for a YAML that one node reads alone (set it with "
+                      "`--set security.key_file=PATH` on a daemon, or `BITPUSH_KEY_FILE`). "
+                      "Refused when its group or others may access it."),
+             In<&ClusterConfig::security, &SecuritySettings::key_file>()),
+      Scalar(Knob("security.public_keys")
+                 .Path(1)
+                 .Optional("default", "`keys_dir/public_keys`")
+                 .Doc("The cluster's public keys, one `name key` line per node."),
+             In<&ClusterConfig::security, &SecuritySettings::public_keys>()),
   };
   // A knob's default is its field's initial value: declared once, in cluster_config.h.
   const ClusterConfig defaults;
@@ -473,8 +515,8 @@ std::string FlagsTable() {
 }  // namespace
 
 const std::vector<std::string>& ClusterSections() {
-  static const std::vector<std::string> kSections = {"cluster", "compression", "server", "worker",
-                                                     "metrics"};
+  static const std::vector<std::string> kSections = {"cluster", "compression", "server",
+                                                     "worker",  "metrics",     "security"};
   return kSections;
 }
 

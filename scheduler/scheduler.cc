@@ -7,6 +7,7 @@
 #include "common/transport/protocol.h"
 #include "fmt/format.h"
 #include "scheduler/key_mapping.h"
+#include "scheduler/node_security.h"
 
 namespace bitpush::scheduler {
 
@@ -58,6 +59,7 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
   e.listen_address = options.cluster.scheduler_address;
   e.backend = options.cluster.transport;
   e.inproc_hub = options.inproc_hub;
+  BP_RETURN_IF_ERROR(ConfigureNodeEndpoint(options.cluster, &e));
   e.clock = options.clock;
   StatusOr<std::unique_ptr<node::NodeEndpoint>> endpoint =
       node::NodeEndpoint::Create(std::move(e), std::move(transport));
@@ -65,6 +67,9 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
     if (injected) return endpoint.status();
     return endpoint.status().WithContext(
         fmt::format("scheduler: cannot listen at {}", options.cluster.scheduler_address));
+  }
+  if (std::string warning = InsecureModeWarning(options.cluster); !warning.empty()) {
+    BP_LOG_WARN("scheduler: {}", warning);
   }
   std::unique_ptr<Scheduler> s(new Scheduler(std::move(options), std::move(endpoint).value()));
   s->RegisterHandlers();
@@ -301,7 +306,7 @@ void Scheduler::Refuse(const std::string& from, const v1::RegisterRequest& req, 
     BP_LOG_WARN("scheduler: cannot answer '{}': {}", from, addr.status().message());
     return;
   }
-  Status s = endpoint_->Connect(alias, *addr);
+  Status s = endpoint_->Connect(alias, *addr, from);
   if (s.ok()) s = SendTo(alias, m);
   if (!s.ok()) BP_LOG_WARN("scheduler: cannot send the refusal to '{}': {}", from, s.ToString());
 }

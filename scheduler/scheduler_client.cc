@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "fmt/format.h"
 #include "scheduler/key_mapping.h"
+#include "scheduler/node_security.h"
 
 namespace bitpush::scheduler {
 
@@ -88,6 +89,7 @@ StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(
   e.listen_address = address;
   e.backend = options.cluster.transport;
   e.inproc_hub = options.inproc_hub;
+  BP_RETURN_IF_ERROR(ConfigureNodeEndpoint(options.cluster, &e));
   e.clock = options.clock;
   const bool injected = transport != nullptr;
   StatusOr<std::unique_ptr<node::NodeEndpoint>> made =

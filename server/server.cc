@@ -19,6 +19,7 @@
 #include "common/node/endpoint.h"
 #include "compressors/registry.h"
 #include "proto/bitpush/v1/control.pb.h"
+#include "scheduler/node_security.h"
 #include "scheduler/scheduler_client.h"
 #include "server/key_state.h"
 
@@ -182,6 +183,7 @@ Status Server::Impl::Start() {
   eo.listen_address = cluster.servers[options_.rank];
   eo.backend = cluster.transport;
   eo.inproc_hub = options_.inproc_hub;
+  BP_RETURN_IF_ERROR(scheduler::ConfigureNodeEndpoint(cluster, &eo));
   StatusOr<std::unique_ptr<node::NodeEndpoint>> endpoint = node::NodeEndpoint::Create(eo);
   if (!endpoint.ok()) {
     return endpoint.status().WithContext(

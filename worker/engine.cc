@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "common/vector_ops.h"
 #include "compressors/registry.h"
+#include "scheduler/node_security.h"
 #include "worker/compression_plan.h"
 
 namespace bitpush::worker {
@@ -99,6 +100,7 @@ Status Engine::Start(EngineOptions& options) {
   eo.listen_address = cluster_.workers[rank_];
   eo.backend = cluster_.transport;
   eo.inproc_hub = options.inproc_hub;
+  BP_RETURN_IF_ERROR(scheduler::ConfigureNodeEndpoint(cluster_, &eo));
   eo.clock = clock_;
   const bool injected = options.transport != nullptr;
   StatusOr<std::unique_ptr<node::NodeEndpoint>> endpoint =

@@ -53,6 +53,9 @@ StatusOr<std::unique_ptr<NodeEndpoint>> NodeEndpoint::Create(
     t.name = name;
     t.listen_address = options.listen_address;
     t.inproc_hub = options.inproc_hub;
+    t.security = options.security;
+    t.max_message_bytes = options.max_message_bytes;
+    t.max_connections = options.max_connections;
     BP_ASSIGN_OR_RETURN(transport, transport::CreateTransport(t));
   } else if (transport->name() != name) {
     return InvalidArgumentError(
@@ -299,6 +302,11 @@ void NodeEndpoint::RejectLocked(Plane plane, const Sender& sender,
 
 Status NodeEndpoint::Connect(const transport::PeerId& peer, const std::string& address) {
   return transport_->Connect(peer, address);
+}
+
+Status NodeEndpoint::Connect(const transport::PeerId& peer, const std::string& address,
+                             const transport::PeerId& key_owner) {
+  return transport_->Connect(peer, address, key_owner);
 }
 
 void NodeEndpoint::Disconnect(const transport::PeerId& peer) {

@@ -82,6 +82,11 @@ struct NodeEndpointOptions {
   std::shared_ptr<const Clock> clock;
   // Longest wait of the loop while no timer is due (Close wakes it at once in any case).
   std::chrono::milliseconds idle_wait{1000};
+  // How the node proves who it is and learns who sent each message, and the bounds on what a
+  // peer can make it hold (transport.h; scheduler/node_security.h fills them from the config).
+  transport::TransportSecurity security;
+  uint64_t max_message_bytes = uint64_t{1} << 32;
+  size_t max_connections = 1024;
 };
 
 struct EndpointStats {
@@ -152,6 +157,9 @@ class NodeEndpoint {
   // ---- sending ----
 
   Status Connect(const transport::PeerId& peer, const std::string& address);
+  // `peer` is an alias of the node `key_owner`, which it must prove to be (Transport::Connect).
+  Status Connect(const transport::PeerId& peer, const std::string& address,
+                 const transport::PeerId& key_owner);
   void Disconnect(const transport::PeerId& peer);
   Status Send(const transport::PeerId& peer, transport::Message message);
   Status SendControl(const transport::PeerId& peer, const v1::ControlMessage& message);

@@ -27,6 +27,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <variant>
@@ -62,6 +63,33 @@ struct TransportStats {
   uint64_t bytes_sent = 0;  // header + frames
   uint64_t bytes_received = 0;
   uint64_t malformed_dropped = 0;  // frames/connections that were not valid bitpush traffic
+  // Security (TransportSecurity): connections refused by authentication (an unknown key, a
+  // failed or mismatched security handshake), messages refused because a newer connection
+  // authenticated as the same node took over, connections shut because max_connections were
+  // open.
+  uint64_t auth_refused = 0;
+  uint64_t identity_refused = 0;
+  uint64_t connections_refused = 0;
+};
+
+// How an endpoint proves who it is and learns who sent each message (docs/security.md).
+//  - kNone: no proof. A message's sender is the name the connecting peer gives itself; anyone
+//    who reaches the port can claim any name. For trusted networks and benchmarks.
+//  - kCurve (zmq backend): ZeroMQ CURVE. Every connection is encrypted and authenticated with
+//    the endpoints' key pairs; a connection is admitted only with a public key listed in
+//    peer_keys, and every message it carries is reported as sent by the PeerId that key is
+//    bound to, whatever name the peer gives itself. Connect(peer) expects the peer to prove
+//    the key peer_keys lists for it.
+// The inproc backend has no wire and ignores the mode.
+struct TransportSecurity {
+  enum class Mode { kNone, kCurve };
+  Mode mode = Mode::kNone;
+  // kCurve: this endpoint's key pair, Z85 text (40 characters each).
+  std::string public_key;
+  std::string secret_key;
+  // kCurve: every node this endpoint may hear from or send to, PeerId -> public key (Z85).
+  // Each key names exactly one PeerId.
+  std::map<PeerId, std::string> peer_keys;
 };
 
 class InprocHub;
@@ -81,6 +109,14 @@ struct TransportOptions {
   // it may block before failing with Unavailable.
   size_t max_queued_per_peer = 1024;
   std::chrono::milliseconds send_block_timeout{30000};
+  TransportSecurity security;
+  // Largest message part (header or frame) accepted from a peer; a peer that sends a larger
+  // one is disconnected before its bytes are buffered. The node sets it from the
+  // configuration (the largest legal frame).
+  uint64_t max_message_bytes = uint64_t{1} << 32;
+  // Connections accepted at once; a connection beyond it is shut as soon as it is accepted
+  // and counted in connections_refused.
+  size_t max_connections = 1024;
 };
 
 class Transport {
@@ -92,7 +128,13 @@ class Transport {
   virtual std::string address() const = 0;
 
   // Makes `peer` (listening at `address`) reachable by name. Idempotent for the same address.
-  virtual Status Connect(const PeerId& peer, const std::string& address) = 0;
+  Status Connect(const PeerId& peer, const std::string& address) {
+    return Connect(peer, address, peer);
+  }
+  // The same, for a peer reached under another name (an alias) that must prove the identity
+  // of `key_owner` (TransportSecurity::peer_keys[key_owner] under kCurve).
+  virtual Status Connect(const PeerId& peer, const std::string& address,
+                         const PeerId& key_owner) = 0;
   // Forgets `peer`; later sends to it fail with NotFound.
   virtual void Disconnect(const PeerId& peer) = 0;
 

@@ -51,8 +51,10 @@ class FaultyTransport final : public transport::Transport {
 
   const transport::PeerId& name() const override { return inner_->name(); }
   std::string address() const override { return inner_->address(); }
-  Status Connect(const transport::PeerId& peer, const std::string& address) override {
-    return inner_->Connect(peer, address);
+  using transport::Transport::Connect;
+  Status Connect(const transport::PeerId& peer, const std::string& address,
+                 const transport::PeerId& key_owner) override {
+    return inner_->Connect(peer, address, key_owner);
   }
   void Disconnect(const transport::PeerId& peer) override { inner_->Disconnect(peer); }
   Status Send(const transport::PeerId& peer, transport::Message msg) override {

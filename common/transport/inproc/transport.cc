@@ -144,7 +144,9 @@ class InprocTransport final : public Transport {
   const PeerId& name() const override { return options_.name; }
   std::string address() const override { return options_.listen_address; }
 
-  Status Connect(const PeerId& peer, const std::string& address) override {
+  using Transport::Connect;
+  // No wire, nothing to authenticate: key_owner is not used.
+  Status Connect(const PeerId& peer, const std::string& address, const PeerId&) override {
     if (peer.empty()) return InvalidArgumentError(Prefix() + "Connect: empty peer name");
     if (address.rfind(kScheme, 0) != 0 || address.size() == sizeof(kScheme) - 1) {
       return InvalidArgumentError(Prefix() + fmt::format("Connect to '{}': address '{}' is not "

@@ -16,11 +16,13 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "common/log_limiter.h"
 #include "common/logging.h"
 #include "common/transport/zmq/framing.h"
 #include "fmt/format.h"
@@ -33,9 +35,14 @@ constexpr int kCloseLingerMs = 2000;
 // Frames below this size are copied into / out of ZeroMQ messages: cheaper than the
 // bookkeeping of a zero-copy hand-over.
 constexpr size_t kCopyBelowBytes = 4096;
-// Largest incoming ZeroMQ part accepted; a peer that sends more is disconnected by ZeroMQ
-// (protects the receiver from absurd lengths in garbage that passes the greeting).
-constexpr int64_t kMaxPartBytes = int64_t{1} << 32;
+// Largest part a DEALER accepts: it never reads what its peer sends, so anything beyond the
+// handshake is refused (a hostile listener cannot fill our memory through it).
+constexpr int64_t kDealerMaxPartBytes = 64 * 1024;
+// How long a connection may take for the ZMTP greeting and security handshake.
+constexpr int kHandshakeMs = 10000;
+// The ZAP endpoint libzmq asks to authenticate CURVE clients (RFC 27), and our domain.
+constexpr char kZapEndpoint[] = "inproc://zeromq.zap.01";
+constexpr char kZapDomain[] = "bitpush";
 // Messages taken from the ROUTER per wake-up before looking at other sockets.
 constexpr int kReceiveBatch = 256;
 constexpr int kMaxSockets = 4096;
@@ -135,7 +142,8 @@ class ZmqTransport final : public Transport {
 
   const PeerId& name() const override { return options_.name; }
   std::string address() const override { return address_; }
-  Status Connect(const PeerId& peer, const std::string& address) override;
+  using Transport::Connect;
+  Status Connect(const PeerId& peer, const std::string& address, const PeerId& key_owner) override;
   void Disconnect(const PeerId& peer) override;
   Status Send(const PeerId& peer, Message msg) override;
   StatusOr<Received> Receive(std::chrono::milliseconds timeout) override;
@@ -159,7 +167,12 @@ class ZmqTransport final : public Transport {
   int SendMessage(void* dealer, const Message& m);
   bool InboxHasRoom();
   void ReadRouter();
+  // kCurve: the sender of a received message (its key's PeerId), or "" when the message is
+  // refused (counted); kNone: the routing id.
+  PeerId SenderOf(const PeerId& routing_id, zmq_msg_t* first_part);
   void ReadRouterMonitor();
+  Status LoadCurveKeys();
+  void AnswerZap();
   void ReadPeerMonitor(const PeerId& name, IoPeer* p);
   void PushEvent(const PeerId& peer, TransportEvent::Kind kind, Status status);
 
@@ -168,7 +181,12 @@ class ZmqTransport final : public Transport {
   void* ctx_ = nullptr;
   void* router_ = nullptr;
   void* router_monitor_ = nullptr;
+  void* zap_ = nullptr;  // kCurve: the ZAP handler (REP), owned by the I/O thread once started
   int wake_fd_ = -1;
+  const bool curve_ = options_.security.mode == TransportSecurity::Mode::kCurve;
+  // kCurve: 32-byte public key -> the PeerId it is bound to; this endpoint's keys (binary).
+  std::map<std::string, PeerId> key_names_;
+  std::string public_key_, secret_key_;
   std::thread io_thread_;
   std::atomic<uint64_t> monitor_seq_{0};
   std::mutex close_mu_;  // serialises Close
@@ -196,12 +214,21 @@ class ZmqTransport final : public Transport {
 
   // I/O thread only.
   std::map<PeerId, IoPeer> io_peers_;
+  // kCurve: the connection (file descriptor) each authenticated PeerId speaks through, and
+  // connections a newer one of the same PeerId took over (their messages are refused).
+  std::map<PeerId, int> bound_fd_;
+  std::set<int> superseded_fds_;
+  size_t open_connections_ = 0;  // accepted, not yet disconnected
+  LogLimiter log_limiter_;
 
   std::atomic<uint64_t> messages_sent_{0};
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> messages_received_{0};
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> malformed_dropped_{0};
+  std::atomic<uint64_t> auth_refused_{0};
+  std::atomic<uint64_t> identity_refused_{0};
+  std::atomic<uint64_t> connections_refused_{0};
 };
 
 // Refuses an ipc:// path that a live process listens on (ZeroMQ would silently unlink it and
@@ -223,6 +250,43 @@ Status CheckIpcPathFree(const std::string& address) {
   return Status::Ok();
 }
 
+// A Z85 key (40 characters) as its 32 bytes; "" when it is not one.
+std::string DecodeZ85Key(const std::string& z85) {
+  if (z85.size() != 40) return "";
+  std::string out(32, '\0');
+  if (zmq_z85_decode(reinterpret_cast<uint8_t*>(out.data()), z85.c_str()) == nullptr) return "";
+  return out;
+}
+
+Status ZmqTransport::LoadCurveKeys() {
+  const TransportSecurity& sec = options_.security;
+  public_key_ = DecodeZ85Key(sec.public_key);
+  secret_key_ = DecodeZ85Key(sec.secret_key);
+  if (public_key_.empty() || secret_key_.empty()) {
+    return InvalidArgumentError(Prefix() +
+                                "security mode curve needs this endpoint's public and secret "
+                                "keys as Z85 text of 40 characters");
+  }
+  char derived[41];
+  if (zmq_curve_public(derived, sec.secret_key.c_str()) != 0 || sec.public_key != derived) {
+    return InvalidArgumentError(Prefix() + "the secret key does not belong to the public key");
+  }
+  for (const auto& [peer, z85] : sec.peer_keys) {
+    const std::string key = DecodeZ85Key(z85);
+    if (key.empty()) {
+      return InvalidArgumentError(
+          Prefix() + fmt::format("the public key of '{}' is not Z85 text of 40 characters", peer));
+    }
+    auto [it, fresh] = key_names_.emplace(key, peer);
+    if (!fresh) {
+      return InvalidArgumentError(Prefix() + fmt::format("'{}' and '{}' have the same public key; "
+                                                         "each node needs its own",
+                                                         it->second, peer));
+    }
+  }
+  return Status::Ok();
+}
+
 Status ZmqTransport::Start() {
   const std::string& listen = options_.listen_address;
   if (!HasScheme(listen)) {
@@ -236,20 +300,42 @@ Status ZmqTransport::Start() {
   if (!ctx_) return InternalError(Prefix() + "zmq_ctx_new: " + ZmqError());
   zmq_ctx_set(ctx_, ZMQ_MAX_SOCKETS, kMaxSockets);
 
+  if (curve_) {
+    BP_RETURN_IF_ERROR(LoadCurveKeys());
+    // The ZAP handler must exist before the ROUTER accepts anyone: without one, libzmq admits
+    // CURVE clients unauthenticated.
+    zap_ = zmq_socket(ctx_, ZMQ_REP);
+    if (!zap_) return InternalError(Prefix() + "zmq_socket(REP): " + ZmqError());
+    SetInt(zap_, ZMQ_LINGER, 0);
+    if (zmq_bind(zap_, kZapEndpoint) != 0) {
+      return InternalError(Prefix() + "binding the ZAP handler: " + ZmqError());
+    }
+  }
   router_ = zmq_socket(ctx_, ZMQ_ROUTER);
   if (!router_) return InternalError(Prefix() + "zmq_socket(ROUTER): " + ZmqError());
-  SetInt(router_, ZMQ_LINGER, 0);           // receive only
-  SetInt(router_, ZMQ_ROUTER_HANDOVER, 1);  // a restarted peer takes over its name
+  SetInt(router_, ZMQ_LINGER, 0);  // receive only
+  // kNone: a restarted peer takes over its name (the routing id it gives itself). kCurve:
+  // peers give no routing id (ZeroMQ numbers the connections); the sender is the PeerId of
+  // the connection's key, and a takeover is decided by SenderOf between connections of the
+  // same key.
+  SetInt(router_, ZMQ_ROUTER_HANDOVER, curve_ ? 0 : 1);
   SetInt(router_, ZMQ_RCVHWM,
          static_cast<int>(std::min<size_t>(options_.max_queued_per_peer, 1 << 30)));
-  const int64_t max_part = kMaxPartBytes;
+  const int64_t max_part =
+      static_cast<int64_t>(std::min<uint64_t>(options_.max_message_bytes, uint64_t{1} << 62));
   zmq_setsockopt(router_, ZMQ_MAXMSGSIZE, &max_part, sizeof(max_part));
+  SetInt(router_, ZMQ_HANDSHAKE_IVL, kHandshakeMs);
+  if (curve_) {
+    SetInt(router_, ZMQ_CURVE_SERVER, 1);
+    zmq_setsockopt(router_, ZMQ_CURVE_SECRETKEY, secret_key_.data(), secret_key_.size());
+    zmq_setsockopt(router_, ZMQ_ZAP_DOMAIN, kZapDomain, sizeof(kZapDomain) - 1);
+  }
   if (listen.find('[') != std::string::npos) SetInt(router_, ZMQ_IPV6, 1);
-  BP_RETURN_IF_ERROR(OpenMonitor(router_,
-                                 ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                                     ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                     ZMQ_EVENT_HANDSHAKE_FAILED_AUTH,
-                                 &router_monitor_));
+  BP_RETURN_IF_ERROR(
+      OpenMonitor(router_,
+                  ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                      ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED,
+                  &router_monitor_));
 
   StatusOr<std::string> bindable = BindableAddress(listen);
   if (!bindable.ok())
@@ -340,13 +426,25 @@ void ZmqTransport::Wake() {
   (void)!write(wake_fd_, &one, sizeof(one));
 }
 
-Status ZmqTransport::Connect(const PeerId& peer, const std::string& address) {
+Status ZmqTransport::Connect(const PeerId& peer, const std::string& address,
+                             const PeerId& key_owner) {
   if (peer.empty()) return InvalidArgumentError(Prefix() + "Connect: empty peer name");
   if (!HasScheme(address)) {
     return InvalidArgumentError(
         Prefix() + fmt::format("Connect to '{}': address '{}' is not tcp://HOST:PORT or "
                                "ipc://PATH",
                                peer, address));
+  }
+  std::string server_key;
+  if (curve_) {
+    auto key = options_.security.peer_keys.find(key_owner);
+    if (key == options_.security.peer_keys.end()) {
+      return InvalidArgumentError(
+          Prefix() + fmt::format("Connect to '{}': no public key for '{}' in the cluster's key "
+                                 "list (security.public_keys)",
+                                 peer, key_owner));
+    }
+    server_key = DecodeZ85Key(key->second);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -368,7 +466,19 @@ Status ZmqTransport::Connect(const PeerId& peer, const std::string& address) {
   if (!dealer) {
     return UnavailableError(Prefix() + fmt::format("Connect to '{}': {}", peer, ZmqError()));
   }
-  zmq_setsockopt(dealer, ZMQ_ROUTING_ID, options_.name.data(), options_.name.size());
+  if (curve_) {
+    // No routing id: the receiver names us by our key, not by what we call ourselves.
+    SetInt(dealer, ZMQ_CURVE_SERVER, 0);
+    zmq_setsockopt(dealer, ZMQ_CURVE_SERVERKEY, server_key.data(), server_key.size());
+    zmq_setsockopt(dealer, ZMQ_CURVE_PUBLICKEY, public_key_.data(), public_key_.size());
+    zmq_setsockopt(dealer, ZMQ_CURVE_SECRETKEY, secret_key_.data(), secret_key_.size());
+  } else {
+    zmq_setsockopt(dealer, ZMQ_ROUTING_ID, options_.name.data(), options_.name.size());
+  }
+  const int64_t dealer_max_part = kDealerMaxPartBytes;
+  zmq_setsockopt(dealer, ZMQ_MAXMSGSIZE, &dealer_max_part, sizeof(dealer_max_part));
+  SetInt(dealer, ZMQ_RCVHWM, 1);
+  SetInt(dealer, ZMQ_HANDSHAKE_IVL, kHandshakeMs);
   SetInt(dealer, ZMQ_LINGER, kCloseLingerMs);
   SetInt(dealer, ZMQ_IMMEDIATE, 1);  // queue only on live connections: nothing stale on reconnect
   SetInt(dealer, ZMQ_SNDHWM,
@@ -377,7 +487,10 @@ Status ZmqTransport::Connect(const PeerId& peer, const std::string& address) {
   SetInt(dealer, ZMQ_RECONNECT_IVL_MAX, 1000);
   if (address.find('[') != std::string::npos) SetInt(dealer, ZMQ_IPV6, 1);
   void* monitor = nullptr;
-  Status s = OpenMonitor(dealer, ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED, &monitor);
+  Status s = OpenMonitor(dealer,
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH,
+                         &monitor);
   if (s.ok() && zmq_connect(dealer, address.c_str()) != 0) {
     s = InvalidArgumentError(Prefix() +
                              fmt::format("Connect to '{}' at '{}': {}", peer, address, ZmqError()));
@@ -519,8 +632,9 @@ void ZmqTransport::Close() {
   } else {  // Start failed part-way: close what it opened
     if (router_monitor_) zmq_close(router_monitor_);
     if (router_) zmq_close(router_);
+    if (zap_) zmq_close(zap_);
   }
-  router_ = router_monitor_ = nullptr;
+  router_ = router_monitor_ = zap_ = nullptr;
   if (ctx_) zmq_ctx_term(ctx_);  // waits at most kCloseLingerMs for messages to flush
   ctx_ = nullptr;
   std::deque<Received> dropped;
@@ -543,6 +657,9 @@ TransportStats ZmqTransport::stats() const {
   s.messages_received = messages_received_.load(std::memory_order_relaxed);
   s.bytes_received = bytes_received_.load(std::memory_order_relaxed);
   s.malformed_dropped = malformed_dropped_.load(std::memory_order_relaxed);
+  s.auth_refused = auth_refused_.load(std::memory_order_relaxed);
+  s.identity_refused = identity_refused_.load(std::memory_order_relaxed);
+  s.connections_refused = connections_refused_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -572,6 +689,7 @@ void ZmqTransport::IoLoop() {
     items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
     items.push_back({router_, 0, static_cast<short>(InboxHasRoom() ? ZMQ_POLLIN : 0), 0});
     items.push_back({router_monitor_, 0, ZMQ_POLLIN, 0});
+    items.push_back({zap_, -1, static_cast<short>(zap_ ? ZMQ_POLLIN : 0), 0});
     for (auto& [name, p] : io_peers_) {
       items.push_back({p.monitor, 0, ZMQ_POLLIN, 0});
       items.push_back({p.dealer, 0, static_cast<short>(p.pending.empty() ? 0 : ZMQ_POLLOUT), 0});
@@ -586,10 +704,11 @@ void ZmqTransport::IoLoop() {
       uint64_t count;
       (void)!read(wake_fd_, &count, sizeof(count));
     }
-    if (items[1].revents & ZMQ_POLLIN) ReadRouter();
+    if (items[3].revents & ZMQ_POLLIN) AnswerZap();
     if (items[2].revents & ZMQ_POLLIN) ReadRouterMonitor();
+    if (items[1].revents & ZMQ_POLLIN) ReadRouter();
     for (size_t i = 0; i < item_peers.size(); ++i) {
-      if (items[3 + 2 * i].revents & ZMQ_POLLIN) {
+      if (items[4 + 2 * i].revents & ZMQ_POLLIN) {
         ReadPeerMonitor(*item_peers[i].first, item_peers[i].second);
       }
       // POLLOUT on a dealer: its pending messages go out at the top of the loop.
@@ -599,6 +718,7 @@ void ZmqTransport::IoLoop() {
   io_peers_.clear();
   zmq_close(router_monitor_);
   zmq_close(router_);
+  if (zap_) zmq_close(zap_);  // after the ROUTER: no connection is admitted without it
 }
 
 void ZmqTransport::ApplyCommands(std::deque<Command>* commands) {
@@ -746,7 +866,7 @@ void ZmqTransport::ReadRouter() {
       if (err != EAGAIN) BP_LOG_WARN("{}receive: {}", Prefix(), zmq_strerror(err));
       break;
     }
-    PeerId from(static_cast<const char*>(zmq_msg_data(&id)), zmq_msg_size(&id));
+    const PeerId routing_id(static_cast<const char*>(zmq_msg_data(&id)), zmq_msg_size(&id));
     bool more = zmq_msg_more(&id);
     zmq_msg_close(&id);
     while (more) {
@@ -755,10 +875,14 @@ void ZmqTransport::ReadRouter() {
       if (zmq_msg_recv(&parts.back(), router_, ZMQ_DONTWAIT) < 0) break;  // not for a ROUTER
       more = zmq_msg_more(&parts.back());
     }
+    PeerId from = parts.empty() ? routing_id : SenderOf(routing_id, &parts[0]);
     const uint8_t* header = nullptr;
     size_t header_bytes = 0;
-    Status parsed = CheckMessage(from, parts, &header, &header_bytes);
-    if (!parsed.ok()) {
+    Status parsed =
+        from.empty() && curve_ ? Status::Ok() : CheckMessage(from, parts, &header, &header_bytes);
+    if (from.empty() && curve_) {
+      // Refused and counted by SenderOf.
+    } else if (!parsed.ok()) {
       malformed_dropped_.fetch_add(1, std::memory_order_relaxed);
       BP_LOG_DEBUG("{}dropped a malformed message from '{}': {}", Prefix(), from, parsed.message());
     } else {
@@ -794,8 +918,96 @@ void ZmqTransport::ReadRouter() {
   in_cv_.notify_one();
 }
 
+PeerId ZmqTransport::SenderOf(const PeerId& routing_id, zmq_msg_t* first_part) {
+  if (!curve_) return routing_id;
+  const char* user = zmq_msg_gets(first_part, "User-Id");
+  if (user == nullptr || *user == '\0') {  // cannot happen behind our ZAP handler
+    auth_refused_.fetch_add(1, std::memory_order_relaxed);
+    return "";
+  }
+  PeerId id(user);
+  const int fd = zmq_msg_get(first_part, ZMQ_SRCFD);
+  auto bound = bound_fd_.find(id);
+  if (bound != bound_fd_.end() && bound->second == fd) return id;
+  if (superseded_fds_.count(fd) != 0) {
+    ReadRouterMonitor();  // file descriptors are reused: a waiting disconnect may free this one
+  }
+  if (superseded_fds_.count(fd) != 0) {
+    identity_refused_.fetch_add(1, std::memory_order_relaxed);
+    uint64_t suppressed = 0;
+    if (log_limiter_.Allow("identity:" + id, &suppressed)) {
+      BP_LOG_WARN(
+          "{}refused a message from an older connection of '{}': a newer connection "
+          "authenticated with the same key took over{}",
+          Prefix(), id,
+          suppressed ? fmt::format(" ({} more since the last report)", suppressed) : "");
+    }
+    return "";
+  }
+  bound = bound_fd_.find(id);
+  if (bound != bound_fd_.end() && bound->second >= 0) {
+    superseded_fds_.insert(bound->second);
+    BP_LOG_INFO(
+        "{}'{}' speaks through a new connection, authenticated with the same key; its "
+        "older connection is no longer heard",
+        Prefix(), id);
+  }
+  bound_fd_[id] = fd;
+  return id;
+}
+
+void ZmqTransport::AnswerZap() {
+  while (true) {
+    std::vector<std::string> frames;
+    bool more = true;
+    while (more) {
+      zmq_msg_t m;
+      zmq_msg_init(&m);
+      if (zmq_msg_recv(&m, zap_, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m);
+        if (frames.empty()) return;
+        break;
+      }
+      frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+      more = zmq_msg_more(&m);
+      zmq_msg_close(&m);
+    }
+    // RFC 27: version, request id, domain, address, routing id, mechanism, credentials.
+    const std::string version = frames.size() > 0 ? frames[0] : "1.0";
+    const std::string request_id = frames.size() > 1 ? frames[1] : "";
+    const std::string address = frames.size() > 3 ? frames[3] : "?";
+    std::string status = "400", text, user;
+    if (frames.size() >= 7 && frames[5] == "CURVE" && frames[6].size() == 32) {
+      auto it = key_names_.find(frames[6]);
+      if (it != key_names_.end()) {
+        status = "200";
+        text = "OK";
+        user = it->second;
+      } else {
+        char z85[41] = {};
+        zmq_z85_encode(z85, reinterpret_cast<const uint8_t*>(frames[6].data()), 32);
+        text = fmt::format("public key {} is not in the cluster's key list", z85);
+      }
+    } else {
+      text = "not a CURVE request";
+    }
+    if (status != "200") {
+      uint64_t suppressed = 0;
+      if (log_limiter_.Allow("address:" + address, &suppressed)) {
+        BP_LOG_WARN("{}refused a connection from {}: {}{}", Prefix(), address, text,
+                    suppressed ? fmt::format(" ({} more since the last report)", suppressed) : "");
+      }
+    }
+    const std::string reply[] = {version, request_id, status, text, user, ""};
+    for (size_t i = 0; i < 6; ++i) {
+      zmq_send(zap_, reply[i].data(), reply[i].size(), i + 1 < 6 ? ZMQ_SNDMORE : 0);
+    }
+  }
+}
+
 // A monitor event: a 6-byte part (u16 event, u32 value) and a part with the endpoint address.
-bool ReadMonitorEvent(void* monitor, uint16_t* event, std::string* endpoint) {
+bool ReadMonitorEvent(void* monitor, uint16_t* event, std::string* endpoint,
+                      uint32_t* value = nullptr) {
   zmq_msg_t m;
   zmq_msg_init(&m);
   if (zmq_msg_recv(&m, monitor, ZMQ_DONTWAIT) < 0) {
@@ -804,6 +1016,11 @@ bool ReadMonitorEvent(void* monitor, uint16_t* event, std::string* endpoint) {
   }
   *event = 0;
   if (zmq_msg_size(&m) >= 2) std::memcpy(event, zmq_msg_data(&m), sizeof(*event));
+  if (value != nullptr) {
+    *value = 0;
+    if (zmq_msg_size(&m) >= 6)
+      std::memcpy(value, static_cast<const char*>(zmq_msg_data(&m)) + 2, 4);
+  }
   bool more = zmq_msg_more(&m);
   endpoint->clear();
   while (more) {
@@ -819,10 +1036,46 @@ bool ReadMonitorEvent(void* monitor, uint16_t* event, std::string* endpoint) {
 
 void ZmqTransport::ReadRouterMonitor() {
   uint16_t event;
+  uint32_t value;
   std::string endpoint;
-  while (ReadMonitorEvent(router_monitor_, &event, &endpoint)) {
-    if (event & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                 ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)) {
+  while (ReadMonitorEvent(router_monitor_, &event, &endpoint, &value)) {
+    const int fd = static_cast<int>(value);
+    if (event == ZMQ_EVENT_ACCEPTED) {
+      if (++open_connections_ > options_.max_connections) {
+        // Shut, not closed: ZeroMQ owns the descriptor and cleans up when it reads the end.
+        shutdown(fd, SHUT_RDWR);
+        connections_refused_.fetch_add(1, std::memory_order_relaxed);
+        uint64_t suppressed = 0;
+        if (log_limiter_.Allow("connections", &suppressed)) {
+          BP_LOG_WARN(
+              "{}refused a connection: {} are open, the limit is {}{}", Prefix(),
+              open_connections_ - 1, options_.max_connections,
+              suppressed ? fmt::format(" ({} more since the last report)", suppressed) : "");
+        }
+      }
+    } else if (event == ZMQ_EVENT_DISCONNECTED) {
+      if (open_connections_ > 0) --open_connections_;
+      superseded_fds_.erase(fd);
+      for (auto it = bound_fd_.begin(); it != bound_fd_.end();) {
+        it = it->second == fd ? bound_fd_.erase(it) : std::next(it);
+      }
+    } else if (curve_ && (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ||
+                          (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
+                           value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH))) {
+      // An unknown key (logged by AnswerZap), or a peer that does not speak CURVE.
+      auth_refused_.fetch_add(1, std::memory_order_relaxed);
+      if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+        uint64_t suppressed = 0;
+        if (log_limiter_.Allow("mechanism", &suppressed)) {
+          BP_LOG_WARN(
+              "{}refused a connection that does not speak CURVE (security.mode none on "
+              "the other side, or not a bitpush node){}",
+              Prefix(),
+              suppressed ? fmt::format(" ({} more since the last report)", suppressed) : "");
+        }
+      }
+    } else if (event & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                        ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)) {
       malformed_dropped_.fetch_add(1, std::memory_order_relaxed);
       BP_LOG_DEBUG("{}dropped a connection that failed the ZMTP handshake (event {:#x})", Prefix(),
                    event);
@@ -843,6 +1096,20 @@ void ZmqTransport::ReadPeerMonitor(const PeerId& name, IoPeer* p) {
         p->shared->last_error = Status::Ok();
       }
       if (reconnected) PushEvent(name, TransportEvent::Kind::kPeerConnected, Status::Ok());
+    } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ||
+               event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+      uint64_t suppressed = 0;
+      if (log_limiter_.Allow("handshake:" + name, &suppressed)) {
+        BP_LOG_WARN("{}the security handshake with '{}' at {} failed ({}); retrying{}", Prefix(),
+                    name, p->shared->address,
+                    event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
+                        ? "it refused this node's key: is this node's public key in its "
+                          "security.public_keys?"
+                    : curve_ ? "is security.mode curve on that node too, and its key the one "
+                               "security.public_keys lists?"
+                             : "is security.mode none on that node too?",
+                    suppressed ? fmt::format(" ({} more since the last report)", suppressed) : "");
+      }
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
       std::deque<Message> dropped;
       Status why;
