@@ -456,10 +456,13 @@ std::vector<ClusterKnob> BuildTable() {
       Scalar(Knob("security.keys_dir")
                  .Path(1)
                  .Optional("none")
+                 .Env("BITPUSH_KEYS_DIR")
                  .Doc("The directory `bitpush keygen` writes: one key file per node "
                       "(`scheduler.key`, `server-0.key`, `worker-0.key`, mode 0600) and "
                       "`public_keys`. A relative path is relative to the YAML file's "
-                      "directory. A node needs its own key file and `public_keys` only."),
+                      "directory. A node needs its own key file and `public_keys` only. "
+                      "`BITPUSH_KEYS_DIR` overrides it (`bitpush launch` sets it to the keys it "
+                      "generates for a single-host cluster that has none)."),
              In<&ClusterConfig::security, &SecuritySettings::keys_dir>()),
       Scalar(Knob("security.key_file")
                  .Path(1)

@@ -15,13 +15,6 @@
 namespace bitpush::scheduler {
 namespace {
 
-std::vector<std::string> NodeNames(const ClusterConfig& c) {
-  std::vector<std::string> names = {kSchedulerPeerId};
-  for (uint32_t r = 0; r < c.servers.size(); ++r) names.push_back(NodePeerId(v1::ROLE_SERVER, r));
-  for (uint32_t r = 0; r < c.workers.size(); ++r) names.push_back(NodePeerId(v1::ROLE_WORKER, r));
-  return names;
-}
-
 // The host of a tcp:// address ("" for other schemes).
 std::string HostOf(const std::string& address) {
   if (address.rfind("tcp://", 0) != 0) return "";
@@ -39,6 +32,20 @@ bool IsLoopbackHost(const std::string& host) {
 
 }  // namespace
 
+std::vector<std::string> ClusterNodeNames(const ClusterConfig& c) {
+  std::vector<std::string> names = {kSchedulerPeerId};
+  for (uint32_t r = 0; r < c.servers.size(); ++r) names.push_back(NodePeerId(v1::ROLE_SERVER, r));
+  for (uint32_t r = 0; r < c.workers.size(); ++r) names.push_back(NodePeerId(v1::ROLE_WORKER, r));
+  return names;
+}
+
+std::string KeysDir(const ClusterConfig& c) {
+  if (const char* env = std::getenv("BITPUSH_KEYS_DIR"); env != nullptr && *env != '\0') {
+    return env;
+  }
+  return c.security.keys_dir;
+}
+
 std::string NodeKeyFile(const ClusterConfig& c, const std::string& node) {
   if (const char* env = std::getenv("BITPUSH_KEY_FILE"); env != nullptr && *env != '\0') {
     return env;
@@ -48,16 +55,16 @@ std::string NodeKeyFile(const ClusterConfig& c, const std::string& node) {
     std::string path = std::string(creds) + "/bitpush.key";
     if (access(path.c_str(), F_OK) == 0) return path;
   }
-  if (!c.security.keys_dir.empty()) {
-    return c.security.keys_dir + "/" + security::KeyFileName(node);
+  if (const std::string dir = KeysDir(c); !dir.empty()) {
+    return dir + "/" + security::KeyFileName(node);
   }
   return "";
 }
 
 std::string PublicKeysFile(const ClusterConfig& c) {
   if (!c.security.public_keys.empty()) return c.security.public_keys;
-  if (!c.security.keys_dir.empty()) {
-    return c.security.keys_dir + "/" + security::kPublicKeysFileName;
+  if (const std::string dir = KeysDir(c); !dir.empty()) {
+    return dir + "/" + security::kPublicKeysFileName;
   }
   return "";
 }
@@ -77,7 +84,7 @@ StatusOr<transport::TransportSecurity> NodeTransportSecurity(const ClusterConfig
   }
   BP_ASSIGN_OR_RETURN(security::CurveKeyPair pair, security::ReadNodeKeyFile(key_file, node));
   BP_ASSIGN_OR_RETURN(auto keys, security::ReadPublicKeys(list_file));
-  const std::vector<std::string> names = NodeNames(c);
+  const std::vector<std::string> names = ClusterNodeNames(c);
   const std::set<std::string> known(names.begin(), names.end());
   std::vector<std::string> missing, foreign;
   for (const std::string& n : names) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "common/node/endpoint.h"
 #include "common/status.h"
@@ -16,6 +17,10 @@
 
 namespace bitpush::scheduler {
 
+// security.keys_dir, overridden by $BITPUSH_KEYS_DIR ("" when neither is set).
+std::string KeysDir(const ClusterConfig& c);
+// The names of the cluster's nodes: "scheduler", "server:0".., "worker:0"...
+std::vector<std::string> ClusterNodeNames(const ClusterConfig& c);
 // The path of `node`'s key file: security.key_file (or $BITPUSH_KEY_FILE, which overrides it),
 // else $CREDENTIALS_DIRECTORY/bitpush.key when systemd passed credentials and that file
 // exists, else keys_dir/<KeyFileName(node)>. "" when none is configured.

@@ -187,9 +187,8 @@ StatusOr<std::map<std::string, std::string>> ReadPublicKeys(const std::string& p
   int line_no = 0;
   while (std::getline(in, line)) {
     ++line_no;
-    if (const size_t hash = line.find('#'); hash != std::string::npos) line.resize(hash);
     line = Trim(line);
-    if (line.empty()) continue;
+    if (line.empty() || line[0] == '#') continue;  // '#' is a Z85 digit: comments are whole lines
     std::istringstream words(line);
     std::string name, key, extra;
     words >> name >> key >> extra;

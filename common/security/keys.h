@@ -9,7 +9,7 @@
 //  - The cluster's public keys ("public_keys"; public, any mode): one line per node,
 //        scheduler <Z85>
 //        server:0 <Z85>
-//    ('#' starts a comment). Each name and each key appears once.
+//    (a line starting with '#' is a comment). Each name and each key appears once.
 //
 // Pure functions over files; thread-safe.
 #pragma once

@@ -25,10 +25,12 @@ thread that forked); one reader thread per child copies its merged stdout/stderr
 """
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -170,12 +172,20 @@ class _Launch:
         self.children.append(c)
         return c
 
+    def _local(self):
+        wanted = set(self.args.host or [])
+        names = _local_names()
+        return lambda url: _is_local(_host_of(url), wanted, names)
+
+    def runs_every_node(self):
+        """Whether the scheduler, every server and every worker node run on this host."""
+        cfg, local = self.config, self._local()
+        return all(local(u) for u in [cfg["scheduler"]] + cfg["servers"] + cfg["workers"])
+
     def plan(self):
         """[(label, kind, argv, env)] in start order, for the roles on this host."""
         cfg, a = self.config, self.args
-        wanted = set(a.host or [])
-        names = _local_names()
-        local = lambda url: _is_local(_host_of(url), wanted, names)  # noqa: E731
+        local = self._local()
         differ = cfg["processes_differ"]
         counts = [a.local_size or p or 1 for p in cfg["worker_processes"]]
         plan = []
@@ -378,10 +388,42 @@ def _check_config(path):
     return EXIT_OK
 
 
+def _keygen(args):
+    from . import BitpushError, _C
+    try:
+        written = _C.write_cluster_keys(os.path.abspath(args.config), args.out or "",
+                                        args.force)
+    except BitpushError as e:
+        print("bitpush keygen: %s" % e, file=sys.stderr)
+        return EXIT_USAGE
+    for path in written:
+        print("bitpush keygen: wrote %s" % path)
+    if len(written) == 1:
+        print("bitpush keygen: every node's key file existed and was kept (--force replaces "
+              "them); public_keys lists them")
+    print("bitpush keygen: give each node its own <node>.key (mode 0600) and public_keys "
+          "(docs/security.md)")
+    return EXIT_OK
+
+
+def _needs_ephemeral_keys(config, all_local):
+    """True when the YAML asks for CURVE but names no keys at all, and every node of it runs
+    under this launcher: then keys made for this run are as good as any (no other host needs
+    them). A multi-host cluster without keys is left to the daemons, whose error names the
+    missing files."""
+    knobs = config["knobs"]
+    if knobs.get("security.mode") != "curve" or not all_local:
+        return False
+    if os.environ.get("BITPUSH_KEYS_DIR") or os.environ.get("BITPUSH_KEY_FILE"):
+        return False
+    return not any(knobs.get(k) for k in ("security.keys_dir", "security.key_file",
+                                          "security.public_keys"))
+
+
 def _parser():
     p = argparse.ArgumentParser(prog="bitpush", description="bitpush cluster launcher "
                                 "(docs/launch.md)")
-    sub = p.add_subparsers(dest="cmd", metavar="{launch,check-config}")
+    sub = p.add_subparsers(dest="cmd", metavar="{launch,check-config,keygen}")
     sub.required = True
     lp = sub.add_parser("launch", help="start this host's roles of a cluster YAML "
                         "[and a training command per worker process]",
@@ -418,6 +460,14 @@ def _parser():
     cp = sub.add_parser("check-config", help="validate a cluster YAML and print the "
                         "effective config")
     cp.add_argument("config")
+    kp = sub.add_parser("keygen", help="write a CURVE key pair per node of a cluster YAML and "
+                        "the cluster's public_keys (docs/security.md)")
+    kp.add_argument("--config", required=True, help="the cluster YAML")
+    kp.add_argument("--out", default=None, metavar="DIR",
+                    help="where to write them (default: the YAML's security.keys_dir)")
+    kp.add_argument("--force", action="store_true",
+                    help="replace existing key files (every node then needs the new "
+                    "public_keys)")
     return p
 
 
@@ -434,6 +484,11 @@ def main(argv=None):
             print("bitpush check-config: takes no COMMAND", file=sys.stderr)
             return EXIT_USAGE
         return _check_config(args.config)
+    if args.cmd == "keygen":
+        if command:
+            print("bitpush keygen: takes no COMMAND", file=sys.stderr)
+            return EXIT_USAGE
+        return _keygen(args)
 
     args.command = command
     try:
@@ -480,7 +535,22 @@ def main(argv=None):
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    return launch.run()
+    keys_dir = None
+    if _needs_ephemeral_keys(config, launch.runs_every_node()):
+        from . import _C
+        keys_dir = tempfile.mkdtemp(prefix="bitpush-keys-")  # 0700
+        try:
+            _C.write_cluster_keys(config_path, keys_dir, False)
+        except BitpushError as e:
+            shutil.rmtree(keys_dir, ignore_errors=True)
+            print("bitpush launch: %s" % e, file=sys.stderr)
+            return EXIT_USAGE
+        os.environ["BITPUSH_KEYS_DIR"] = keys_dir  # every child inherits it
+    try:
+        return launch.run()
+    finally:
+        if keys_dir is not None:
+            shutil.rmtree(keys_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

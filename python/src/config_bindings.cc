@@ -14,10 +14,12 @@
 
 #include <string>
 
+#include "common/security/keys.h"
 #include "compressors/spec_registry.h"
 #include "python/src/status_error.h"
 #include "scheduler/cluster_config.h"
 #include "scheduler/cluster_knobs.h"
+#include "scheduler/node_security.h"
 #include "worker/daemon_client.h"
 
 namespace bitpush::python {
@@ -67,6 +69,33 @@ void BindConfig(py::module_& m) {
       "effective config as text) and knobs ({'worker.op_timeout_s': '300', ...}: every "
       "scalar knob but the token, in canonical text; docs/config.md). A bad file raises "
       "BitpushError whose message names the file, line and key.");
+  m.def(
+      "write_cluster_keys",
+      [](const std::string& path, std::string out_dir, bool overwrite) {
+        scheduler::ClusterConfig c = ValueOrThrow(scheduler::LoadClusterConfig(path));
+        if (out_dir.empty()) out_dir = scheduler::KeysDir(c);
+        if (out_dir.empty()) {
+          throw StatusError(InvalidArgumentError(
+              path + ": security.keys_dir is not set: give the directory (--out DIR)"));
+        }
+        return ValueOrThrow(
+            security::WriteClusterKeys(out_dir, scheduler::ClusterNodeNames(c), overwrite));
+      },
+      py::arg("path"), py::arg("out_dir") = "", py::arg("overwrite") = false,
+      "`bitpush keygen`: a CURVE key file for every node of the cluster YAML at `path` "
+      "(scheduler.key, server-0.key, worker-0.key; mode 0600) and public_keys, in out_dir "
+      "(default: the YAML's security.keys_dir). Existing key files are kept (and listed) "
+      "unless overwrite. Returns the paths written. docs/security.md.");
+  m.def(
+      "check_node_security",
+      [](const std::string& path, const std::string& node) {
+        scheduler::ClusterConfig c = ValueOrThrow(scheduler::LoadClusterConfig(path));
+        ThrowIfError(scheduler::NodeTransportSecurity(c, node).status());
+      },
+      py::arg("path"), py::arg("node"),
+      "Raises BitpushError naming the file and the problem when node ('scheduler', "
+      "'server:0', 'worker:1') could not start under the YAML's security settings (its key "
+      "file, its mode, the public key list).");
   m.def(
       "compressor_spec",
       [](const std::string& spec) {

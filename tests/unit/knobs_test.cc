@@ -174,7 +174,8 @@ TEST(ClusterKnobs, EveryKnobIsDeclaredOnceWithADocLine) {
   }
   // The flag and environment variable names the programs and users already use.
   EXPECT_EQ(flags, (std::set<std::string>{"--reduce-threads", "--local-size", "--socket"}));
-  EXPECT_EQ(envs, (std::set<std::string>{"BITPUSH_DAEMON_SOCKET", "BITPUSH_KEY_FILE"}));
+  EXPECT_EQ(envs, (std::set<std::string>{"BITPUSH_DAEMON_SOCKET", "BITPUSH_KEY_FILE",
+                                         "BITPUSH_KEYS_DIR"}));
   EXPECT_EQ(scheduler::SectionKeys("server"), (std::vector<std::string>{"engine_threads", "numa"}));
 }
 
