@@ -107,8 +107,8 @@ struct WorkerSettings {
   uint32_t local_size = 0;
   // worker.socket: the Unix socket path of the node's bitpush-worker daemon; `{rank}` in it
   // becomes the node's rank (SocketFor), needed when one host runs several worker nodes. "" = the
-  // default DefaultDaemonSocketPath(rank) (worker/daemon.h: /tmp/bitpush-<uid>-worker-<rank>.sock);
-  // --socket overrides. At most 107 bytes after expansion (sun_path).
+  // default DefaultDaemonSocketPath(rank) (worker/daemon_client.h: worker-<rank>.sock in the
+  // user's private socket directory); --socket overrides. At most 107 bytes after expansion (sun_path).
   std::string socket;
 
   // `socket` with every "{rank}" replaced by `rank`; "" when socket is not set.

@@ -125,7 +125,7 @@ struct ClientOptions {
   // Embedded (default) or daemon mode (see the file comment).
   ClientMode mode = ClientMode::kEmbedded;
   // Daemon mode: the daemon's Unix socket; "" = cluster.worker.socket, or when that is empty
-  // DefaultDaemonSocketPath(rank) (/tmp/bitpush-<uid>-worker-<rank>.sock).
+  // DefaultDaemonSocketPath(rank) (<private dir>/worker-<rank>.sock, daemon_client.h).
   std::string daemon_socket;
   // Daemon mode: this process's local rank (0..local_size-1, unique on the node) and the
   // number of training processes on the node (every one must say the same; the daemon refuses

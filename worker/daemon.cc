@@ -29,6 +29,12 @@ constexpr milliseconds kMaxPollWait{500};
 
 Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {}
 
+DaemonStats Daemon::stats() const {
+  DaemonStats s;
+  s.refused_connections = refused_connections_.load(std::memory_order_relaxed);
+  return s;
+}
+
 StatusOr<std::unique_ptr<Daemon>> Daemon::Create(DaemonOptions options) {
   BP_RETURN_IF_ERROR(scheduler::ValidateClusterConfig(options.cluster));
   if (options.rank >= options.cluster.workers.size()) {

@@ -118,7 +118,7 @@ struct DaemonOptions {
   scheduler::ClusterConfig cluster;
   uint32_t rank = 0;
   // The Unix socket to listen on; "" = cluster.worker.socket, or when that is empty
-  // DefaultDaemonSocketPath(rank) (/tmp/bitpush-<uid>-worker-<rank>.sock).
+  // DefaultDaemonSocketPath(rank) (<private dir>/worker-<rank>.sock, daemon_client.h).
   std::string socket_path;
   // Training processes to serve; 0 = cluster.worker.local_size, and when that is 0 too, the
   // first accepted Hello decides.
@@ -138,6 +138,16 @@ struct DaemonOptions {
   // inproc backend only.
   std::shared_ptr<transport::InprocHub> inproc_hub;
 };
+
+// What the daemon counted. Read with Daemon::stats() from any thread.
+struct DaemonStats {
+  // Connections to the socket refused because the peer runs as another user (SO_PEERCRED;
+  // docs/local-ipc.md). Each is logged, at most one message per kRefusalLogInterval.
+  uint64_t refused_connections = 0;
+};
+
+// The least time between two log messages about refused connections (DaemonStats).
+inline constexpr std::chrono::seconds kRefusalLogInterval{5};
 
 class Daemon {
  public:
@@ -159,6 +169,7 @@ class Daemon {
   void Stop();
 
   const std::string& socket_path() const { return socket_path_; }
+  DaemonStats stats() const;
   // The CPU split in use (empty CPU lists when not pinned: worker.numa off, or auto without a
   // readable topology) and the resolved thread counts.
   const WorkerCpuPlan& cpu_plan() const { return cpu_plan_; }
@@ -246,6 +257,10 @@ class Daemon {
   std::unique_ptr<LocalReducer> reducer_;
   int wake_fd_ = -1;
   std::atomic<bool> stop_requested_{false};
+
+  // Refused connections (DaemonStats): counted on the poll loop, read by any thread.
+  std::atomic<uint64_t> refused_connections_{0};
+  std::chrono::steady_clock::time_point last_refusal_log_{};  // poll loop
 
   // Poll-loop state.
   std::vector<std::unique_ptr<Conn>> conns_;

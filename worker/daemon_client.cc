@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "worker/engine.h"
 #include "worker/ipc/local_protocol.h"
+#include "worker/ipc/socket_dir.h"
 
 namespace bitpush::worker {
 
@@ -30,7 +31,7 @@ Status StatusFromCode(uint32_t code, const std::string& message) {
 }  // namespace
 
 std::string DefaultDaemonSocketPath(uint32_t rank) {
-  return fmt::format("/tmp/bitpush-{}-worker-{}.sock", getuid(), rank);
+  return ipc::DefaultSocketPath(rank);
 }
 
 std::string DaemonSocketPath(const std::string& explicit_path,

@@ -51,8 +51,9 @@
 
 namespace bitpush::worker {
 
-// The daemon's default socket path for node `rank`: /tmp/bitpush-<uid>-worker-<rank>.sock
-// (per user, so two users' nodes on one machine never collide).
+// The daemon's default socket path for node `rank`: <dir>/worker-<rank>.sock in the user's
+// private socket directory (ipc::DefaultSocketPath: $RUNTIME_DIRECTORY, else
+// $XDG_RUNTIME_DIR/bitpush, else /tmp/bitpush-<uid>; worker/ipc/socket_dir.h).
 std::string DefaultDaemonSocketPath(uint32_t rank);
 
 // The socket of node `rank`'s daemon: `explicit_path` when set (--socket,
@@ -79,6 +80,8 @@ class DaemonClient {
  public:
   // Connects (retrying while the daemon is not up yet), sends Hello and waits for the reply:
   // a refusal is FailedPrecondition "the bitpush-worker daemon refused local rank R: <reason>".
+  // Before the Hello, Channel::Connect checks the socket's directory and that the daemon runs
+  // as this process's user (FailedPrecondition naming both uids and the path; nothing sent).
   static StatusOr<std::unique_ptr<DaemonClient>> Connect(const DaemonClientOptions& options);
 
   ~DaemonClient();  // Close()

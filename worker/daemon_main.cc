@@ -4,8 +4,8 @@
 //                  [--reduce-threads T] [--set KEY=VALUE]... [--log-level info]
 //
 // Is worker N of the cluster for the node's P training processes (worker::Client in daemon
-// mode), which connect to PATH (default: worker.socket of the YAML, else
-// /tmp/bitpush-<uid>-worker-<N>.sock). At start it removes the shared-memory segments of
+// mode), which connect to PATH (default: worker.socket of the YAML, else worker-<N>.sock in
+// the user's private socket directory, worker/ipc/socket_dir.h). At start it removes the shared-memory segments of
 // crashed processes of this user (SweepStaleSegments); --no-sweep skips that (tests that run
 // beside other tests of the same user, which may be inspecting such leftovers). Prints
 // "bitpush-worker node N: listening at PATH" on stdout once the socket is up.
@@ -27,6 +27,7 @@
 #include "scheduler/daemon_command_line.h"
 #include "scheduler/node_metrics.h"
 #include "worker/daemon.h"
+#include "worker/daemon_metrics.h"
 #include "worker/engine_metrics.h"
 
 namespace {
@@ -112,6 +113,7 @@ int main(int argc, char** argv) {
       engine_metrics =
           (*node_metrics)->registry().Add([d = daemon->get()](metrics::MetricSet& set) {
             worker::AddEngineMetrics(d->engine(), set);
+            worker::AddDaemonMetrics(*d, set);
           });
     }
     if (signals.received()) (*daemon)->Stop();

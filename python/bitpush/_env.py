@@ -9,7 +9,8 @@ BITPUSH_LOCAL_RANK         this process's rank on its node (default 0)
 BITPUSH_LOCAL_SIZE         training processes on the node (default 1)
 BITPUSH_MODE               embedded | daemon (default: daemon when local size > 1)
 BITPUSH_DAEMON_SOCKET      the node daemon's Unix socket (optional; default: the YAML's
-                           worker.socket, else /tmp/bitpush-<uid>-worker-<rank>.sock)
+                           worker.socket, else worker-<rank>.sock in the user's private
+                           socket directory, computed by the C++ library: docs/local-ipc.md)
 BITPUSH_BIN_DIR            where bitpush-scheduler/-server/-worker live (LocalCluster;
                            default: the build tree this package was built in)
 BITPUSH_GPU                the CUDA device of this process (the YAML's gpus of its node,

@@ -1,5 +1,7 @@
 """The cluster YAML as Python sees it: only through the C++ parser (bitpush._C.knobs,
 bitpush._C.load_cluster_config; docs/config.md), never by reading the file itself."""
+import os
+
 import pytest
 
 from bitpush import _C
@@ -55,6 +57,21 @@ def test_error_feedback_comes_from_the_cpp_parser(tmp_path, monkeypatch):
         optimizer.cluster_error_feedback()
     monkeypatch.delenv("BITPUSH_CONFIG")
     assert optimizer.cluster_error_feedback() is None
+
+
+def test_default_daemon_socket_is_in_the_private_directory(tmp_path, monkeypatch):
+    """One rule for the daemon and its clients (C++ computes it; docs/local-ipc.md)."""
+    path = _write(tmp_path, MINIMAL)
+    monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert _C.load_cluster_config(path)["worker_sockets"] == [
+        str(tmp_path / "bitpush" / "worker-0.sock")]
+    monkeypatch.setenv("RUNTIME_DIRECTORY", "/run/bitpush")  # systemd's RuntimeDirectory=
+    assert _C.load_cluster_config(path)["worker_sockets"] == ["/run/bitpush/worker-0.sock"]
+    monkeypatch.delenv("RUNTIME_DIRECTORY")
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert _C.load_cluster_config(path)["worker_sockets"] == [
+        "/tmp/bitpush-%d/worker-0.sock" % os.geteuid()]
 
 
 def test_environment_variables_of_knobs_are_the_ones_the_package_reads():

@@ -28,6 +28,20 @@ using std::chrono::milliseconds;
 void Daemon::AcceptOne() {
   StatusOr<std::unique_ptr<ipc::Channel>> ch = listener_->Accept(milliseconds(0));
   if (!ch.ok()) {
+    const uint64_t refused = listener_->refused();
+    if (refused != refused_connections_.load(std::memory_order_relaxed)) {
+      // A peer of another user: counted always, logged at most once per interval (anyone may
+      // knock at the socket as often as they like).
+      refused_connections_.store(refused, std::memory_order_relaxed);
+      const Clock::time_point now = Clock::now();
+      if (last_refusal_log_ == Clock::time_point{} ||
+          now - last_refusal_log_ >= kRefusalLogInterval) {
+        last_refusal_log_ = now;
+        BP_LOG_WARN("{}: {} ({} connection(s) of other users refused so far)", label_,
+                    ch.status().message(), refused);
+      }
+      return;
+    }
     if (ch.status().code() != StatusCode::kTimeout) {
       BP_LOG_WARN("{}: {}", label_, ch.status().ToString());
     }

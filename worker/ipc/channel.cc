@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "common/logging.h"
+#include "worker/ipc/socket_dir.h"
 
 namespace bitpush::worker::ipc {
 namespace {
@@ -124,29 +125,46 @@ StatusOr<std::unique_ptr<Channel>> Channel::Connect(const std::string& path,
   const Clock::time_point deadline = Clock::now() + timeout;
   auto backoff = std::chrono::milliseconds(10);
   int attempts = 0;
-  int last_err = 0;
+  std::string last_error;
   for (;;) {
     ++attempts;
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) return InternalError(fmt::format("socket(AF_UNIX): {}", ErrnoText(errno)));
-    SizeBuffers(fd, options);
-    if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
-      StatusOr<PeerCredentials> cred = ReadPeerCredentials(fd);
-      if (!cred.ok()) {
-        close(fd);
-        return cred.status();
+    // The directory first: a socket in a directory others control proves nothing. Not there
+    // yet (the daemon makes it): retry like a missing socket.
+    if (Status dir = CheckSocketDirectory(path, /*create=*/false); !dir.ok()) {
+      if (dir.code() != StatusCode::kNotFound) return dir;
+      last_error = dir.message();
+    } else {
+      int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      if (fd < 0) return InternalError(fmt::format("socket(AF_UNIX): {}", ErrnoText(errno)));
+      SizeBuffers(fd, options);
+      if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
+        StatusOr<PeerCredentials> cred = ReadPeerCredentials(fd);
+        if (!cred.ok()) {
+          close(fd);
+          return cred.status();
+        }
+        // Before anything is sent: a listener of another user is not our daemon.
+        if (cred->uid != SocketUser()) {
+          close(fd);
+          return FailedPreconditionError(fmt::format(
+              "refusing the bitpush-worker daemon at {}: the process listening there (pid {}) "
+              "runs as {}, but this training process runs as {}; the daemon must run as the "
+              "same user (nothing was sent to it)",
+              path, cred->pid, DescribeUid(cred->uid), DescribeUid(SocketUser())));
+        }
+        std::string name = fmt::format("bitpush-worker daemon at {} (pid {})", path, cred->pid);
+        return std::unique_ptr<Channel>(new Channel(fd, *cred, std::move(name), options));
       }
-      std::string name = fmt::format("bitpush-worker daemon at {} (pid {})", path, cred->pid);
-      return std::unique_ptr<Channel>(new Channel(fd, *cred, std::move(name), options));
-    }
-    last_err = errno;
-    close(fd);
-    // Nobody listening yet (the daemon may start after us) or its backlog is full: retry.
-    const bool retry =
-        last_err == ENOENT || last_err == ECONNREFUSED || last_err == EAGAIN || last_err == EINTR;
-    if (!retry) {
-      return UnavailableError(fmt::format("cannot connect to the bitpush-worker daemon at {}: {}",
-                                          path, ErrnoText(last_err)));
+      const int err = errno;
+      close(fd);
+      // Nobody listening yet (the daemon may start after us, or a dead one left its file) or
+      // its backlog is full: retry.
+      const bool retry = err == ENOENT || err == ECONNREFUSED || err == EAGAIN || err == EINTR;
+      if (!retry) {
+        return UnavailableError(fmt::format(
+            "cannot connect to the bitpush-worker daemon at {}: {}", path, ErrnoText(err)));
+      }
+      last_error = ErrnoText(err);
     }
     if (Clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - Clock::now()));
@@ -154,7 +172,7 @@ StatusOr<std::unique_ptr<Channel>> Channel::Connect(const std::string& path,
   }
   return TimeoutError(fmt::format(
       "no bitpush-worker daemon accepted at {} within {} ms ({} attempts; last error: {})", path,
-      timeout.count(), attempts, ErrnoText(last_err)));
+      timeout.count(), attempts, last_error));
 }
 
 Status Channel::Send(std::string_view payload) {
@@ -261,6 +279,7 @@ StatusOr<std::unique_ptr<Listener>> Listener::Listen(const std::string& path,
                                                      const ChannelOptions& options) {
   BP_RETURN_IF_ERROR(options.Validate());
   BP_ASSIGN_OR_RETURN(sockaddr_un addr, MakeAddress(path));
+  BP_RETURN_IF_ERROR(CheckSocketDirectory(path, /*create=*/true));
   struct stat st {};
   if (lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
@@ -272,13 +291,31 @@ StatusOr<std::unique_ptr<Listener>> Listener::Listen(const std::string& path,
     if (probe < 0) return InternalError(fmt::format("socket(AF_UNIX): {}", ErrnoText(errno)));
     const bool live = connect(probe, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0 ||
                       errno == EAGAIN;
+    std::string holder;
+    if (live) {
+      StatusOr<PeerCredentials> who = ReadPeerCredentials(probe);
+      if (who.ok() && who->pid != 0) {
+        holder = fmt::format(" (pid {}, {})", who->pid, DescribeUid(who->uid));
+      }
+    }
     close(probe);
     if (live) {
       return FailedPreconditionError(
-          fmt::format("cannot listen at {}: another process is listening there", path));
+          fmt::format("cannot listen at {}: another process is listening there{}", path, holder));
     }
-    BP_LOG_INFO("replacing the stale socket {}", path);
-    unlink(path.c_str());
+    // Only our own leftover is ours to remove.
+    if (st.st_uid != SocketUser()) {
+      return FailedPreconditionError(fmt::format(
+          "cannot listen at {}: a stale socket file of {} is there (nobody listens); it is not "
+          "this process's ({}), so it is left alone: its owner or an administrator must "
+          "remove it",
+          path, DescribeUid(st.st_uid), DescribeUid(SocketUser())));
+    }
+    BP_LOG_INFO("replacing the stale socket {} (its daemon is gone)", path);
+    if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+      return FailedPreconditionError(fmt::format("cannot remove the stale socket {}: {}", path,
+                                                 ErrnoText(errno)));
+    }
   }
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return InternalError(fmt::format("socket(AF_UNIX): {}", ErrnoText(errno)));
@@ -317,11 +354,13 @@ StatusOr<std::unique_ptr<Channel>> Listener::Accept(std::chrono::milliseconds ti
         close(fd);
         return cred.status();
       }
-      if (cred->uid != getuid()) {
+      if (cred->uid != SocketUser()) {
         close(fd);
+        refused_.fetch_add(1, std::memory_order_relaxed);
         return FailedPreconditionError(fmt::format(
-            "refused a connection at {} from pid {}: uid {} is not this daemon's uid {}", path_,
-            cred->pid, cred->uid, getuid()));
+            "refused a connection at {} from pid {}: it runs as {}, this daemon as {} (only "
+            "processes of the daemon's user may connect)",
+            path_, cred->pid, DescribeUid(cred->uid), DescribeUid(SocketUser())));
       }
       SizeBuffers(fd, options_);
       return std::unique_ptr<Channel>(

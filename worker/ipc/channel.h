@@ -11,8 +11,9 @@
 // through the channel: they live in shared memory (shm_segment.h).
 //
 // Identity: both sides learn the other's pid/uid from the kernel (SO_PEERCRED), never from a
-// message: the daemon names a dead training process by it, and Accept refuses peers of
-// another user. Errors name the peer (peer_name(): "pid N" until the daemon labels it, e.g.
+// message: the daemon names a dead training process by it, Accept refuses peers of another
+// user, and Connect refuses a listener of another user before sending anything. Both check
+// the socket's directory first (socket_dir.h). Errors name the peer (peer_name(): "pid N" until the daemon labels it, e.g.
 // "local rank 2 (pid N)").
 //
 // Every wait is bounded: Connect retries a missing or busy daemon until its timeout, Receive
@@ -68,8 +69,11 @@ struct PeerCredentials {
 class Channel {
  public:
   // Connects to the daemon listening at `path`, retrying (10 ms back-off doubling to 200 ms)
-  // while nobody listens there yet or its backlog is full. Timeout after `timeout` naming the
-  // path, the attempts and the last error.
+  // while nobody listens there yet, its directory does not exist yet, or its backlog is full.
+  // Timeout after `timeout` naming the path, the attempts and the last error. Before any byte
+  // is sent: the socket's directory must pass CheckSocketDirectory (socket_dir.h), and the
+  // listening process must run as this process's user (SO_PEERCRED); otherwise
+  // FailedPrecondition naming the path, the directory or both uids.
   static StatusOr<std::unique_ptr<Channel>> Connect(const std::string& path,
                                                     std::chrono::milliseconds timeout,
                                                     const ChannelOptions& options = {});
@@ -114,9 +118,11 @@ class Channel {
 
 class Listener {
  public:
-  // Binds a Unix socket at `path` (mode 0600) and listens. A stale socket file (nobody
-  // accepting there) is replaced; a path where a live process listens is FailedPrecondition
-  // naming it, as is a path that exists and is not a socket.
+  // Binds a Unix socket at `path` (mode 0600) and listens. Its directory must pass
+  // CheckSocketDirectory (socket_dir.h; the default directory is created 0700 when missing).
+  // A stale socket file of this user (nobody accepting there) is replaced; a path where a live
+  // process listens is FailedPrecondition naming it, as is a stale socket of another user and a
+  // path that exists and is not a socket.
   static StatusOr<std::unique_ptr<Listener>> Listen(const std::string& path,
                                                     const ChannelOptions& options = {});
 
@@ -124,9 +130,12 @@ class Listener {
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
 
-  // Waits at most `timeout` for a connection. A peer of another user is refused
-  // (FailedPrecondition naming its pid and uid; the listener stays usable).
+  // Waits at most `timeout` for a connection. A peer of another user is refused and counted
+  // (FailedPrecondition naming the path, its pid and both uids; the listener stays usable).
   StatusOr<std::unique_ptr<Channel>> Accept(std::chrono::milliseconds timeout);
+
+  // Connections refused so far because the peer runs as another user. Any thread.
+  uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
 
   // Wakes a pending Accept (Cancelled) and makes later ones fail. Idempotent.
   void Shutdown();
@@ -142,6 +151,7 @@ class Listener {
   const std::string path_;
   const ChannelOptions options_;
   std::atomic<bool> shut_down_{false};
+  std::atomic<uint64_t> refused_{0};
 };
 
 }  // namespace bitpush::worker::ipc
