@@ -411,7 +411,10 @@ std::vector<ClusterKnob> BuildTable() {
              In<&ClusterConfig::worker, &WorkerSettings::local_size>()),
       Scalar(Knob("worker.socket")
                  .Path(1)
-                 .Optional("default", "`/tmp/bitpush-<uid>-worker-<rank>.sock`")
+                 .Optional("default",
+                           "`worker-<rank>.sock` in the user's private socket directory "
+                           "(`$RUNTIME_DIRECTORY`, else `$XDG_RUNTIME_DIR/bitpush`, else "
+                           "`/tmp/bitpush-<uid>`; docs/local-ipc.md)")
                  .Flag("--socket", "PATH", "bitpush-worker", /*sets_knob=*/false)
                  .Env("BITPUSH_DAEMON_SOCKET")
                  .Doc("The Unix socket of the node's `bitpush-worker`, where daemon-mode clients "
