@@ -136,8 +136,9 @@ void SchedulerClient::Attach() {
       HandleFromScheduler(m);
     });
   }
-  endpoint_->OnUnhandledControl(
-      [this](const Sender&, const v1::ControlMessage& m) { HandleFromScheduler(m); });
+  endpoint_->OnUnhandledControl([this](const Sender& from, const v1::ControlMessage& m) {
+    if (from.Is(v1::ROLE_SCHEDULER)) HandleFromScheduler(m);  // a newer scheduler's type
+  });
   endpoint_->OnRejected(Plane::kControl, [this](const Sender&, const transport::Message&,
                                                 node::NodeEndpoint::Rejection, std::string_view) {
     BP_LOG_WARN("{}: dropped a malformed control message from the scheduler", label_);

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "common/cpu_topology.h"
+#include "common/log_limiter.h"
 #include "common/logging.h"
 #include "common/node/endpoint.h"
 #include "compressors/registry.h"
@@ -132,6 +133,21 @@ class Server::Impl {
 
   std::atomic<uint64_t> pushes_accepted_{0};
   std::atomic<uint64_t> pushes_rejected_{0};
+  // Refusals are logged at most once per interval per peer (LogLimiter): a peer that sends
+  // garbage in a loop cannot grow the log. Engine threads and the loop share it.
+  std::mutex log_mu_;
+  LogLimiter log_limiter_;
+  // True when a line about `key` may be logged; *suffix then says how many were suppressed.
+  bool MayLog(const std::string& key, std::string* suffix) {
+    uint64_t suppressed = 0;
+    bool ok;
+    {
+      std::lock_guard<std::mutex> lock(log_mu_);
+      ok = log_limiter_.Allow(key, &suppressed);
+    }
+    *suffix = suppressed ? fmt::format(" ({} more since the last report)", suppressed) : "";
+    return ok;
+  }
   std::atomic<uint64_t> replies_sent_{0};
   std::atomic<uint64_t> rounds_published_{0};
   std::atomic<uint64_t> bytes_received_{0};
@@ -333,8 +349,11 @@ void Server::Impl::RegisterHandlers() {
 std::optional<uint32_t> Server::Impl::WorkerOf(const node::Sender& sender) {
   if (!sender.Is(v1::ROLE_WORKER) || sender.node->rank >= num_workers_) {
     ++pushes_rejected_;
-    BP_LOG_WARN("server {}: dropped a data message from '{}', which is not a worker of the cluster",
-                options_.rank, sender.peer);
+    if (std::string more; MayLog("peer:" + sender.peer, &more)) {
+      BP_LOG_WARN("server {}: dropped a data message from '{}', which is not a worker of the "
+                  "cluster{}",
+                  options_.rank, sender.peer, more);
+    }
     return std::nullopt;
   }
   return sender.node->rank;
@@ -678,8 +697,10 @@ void Server::Impl::ServeWaiting(KeyEntry& entry) {
 void Server::Impl::SendError(uint32_t worker, DataHeader::Op refused, uint64_t key, uint64_t round,
                              const Status& status) {
   ++pushes_rejected_;
-  BP_LOG_WARN("server {}: refused a request from worker {}: {}", options_.rank, worker,
-              status.ToString());
+  if (std::string more; MayLog(fmt::format("worker:{}", worker), &more)) {
+    BP_LOG_WARN("server {}: refused a request from worker {}: {}{}", options_.rank, worker,
+                status.ToString(), more);
+  }
   DataHeader h;
   h.set_op(DataHeader::OP_ERROR);
   h.set_key(key);

@@ -287,6 +287,13 @@ void NodeEndpoint::DispatchDataLocked(const Sender& sender, transport::Message& 
 void NodeEndpoint::RejectLocked(Plane plane, const Sender& sender,
                                 const transport::Message& message, Rejection why,
                                 std::string_view detail) {
+  // Counted always (stats), reported at most once per interval per sender and reason.
+  uint64_t suppressed = 0;
+  if (!reject_limiter_.Allow(fmt::format("{}/{}/{}", sender.peer, Index(plane),
+                                         why == Rejection::kMalformed ? "m" : "r"),
+                             &suppressed)) {
+    return;
+  }
   if (const RejectHandler& h = rejected_[Index(plane)]) {
     h(sender, message, why, detail);
     return;

@@ -12,7 +12,9 @@
 // type and the set of roles that may send it; the sender's role comes from the transport's
 // name for it (common/node/identity.h), never from a payload field. A message from another
 // role, one whose header does not parse and one of a type nobody handles go to the plane's
-// refused / malformed / unhandled handler (default: logged and counted).
+// refused / malformed / unhandled handler (default: logged and counted). Refused and malformed
+// messages are all counted, but the handler (which logs) hears of at most one per 10 s per
+// sender and reason, so a peer sending garbage in a loop cannot grow the log.
 //
 // Loop. Start() runs the loop on the endpoint's own I/O thread ("bp-io"); a process that owns
 // its loop (the scheduler) calls Poll() instead. Timers registered with AddTimer run on the
@@ -47,6 +49,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/log_limiter.h"
 #include "common/node/identity.h"
 #include "common/status.h"
 #include "common/transport/transport.h"
@@ -220,6 +223,8 @@ class NodeEndpoint {
   std::mutex dispatch_mu_;
   bool held_[2] = {false, false};                 // guarded by dispatch_mu_
   std::deque<transport::Received> held_msgs_[2];  // guarded by dispatch_mu_
+
+  LogLimiter reject_limiter_;  // guarded by dispatch_mu_
 
   std::atomic<bool> closed_{false};
   std::thread io_thread_;

@@ -17,11 +17,23 @@ void AddEndpointMetrics(const EndpointStats& s, metrics::MetricSet& set) {
   constexpr char kRefused[] = "bitpush_endpoint_messages_refused_total";
   constexpr char kRefusedHelp[] =
       "Messages the endpoint refused, by reason: sender_role (a role that may not send the "
-      "type), malformed_header, unhandled_type, transport (not valid bitpush traffic).";
+      "type), malformed_header, unhandled_type, transport (not valid bitpush traffic), "
+      "superseded_connection (an older connection of a node a newer one took over).";
   set.Counter(kRefused, kRefusedHelp, s.refused, {{"reason", "sender_role"}});
   set.Counter(kRefused, kRefusedHelp, s.malformed, {{"reason", "malformed_header"}});
   set.Counter(kRefused, kRefusedHelp, s.unhandled, {{"reason", "unhandled_type"}});
   set.Counter(kRefused, kRefusedHelp, s.transport.malformed_dropped, {{"reason", "transport"}});
+  set.Counter(kRefused, kRefusedHelp, s.transport.identity_refused,
+              {{"reason", "superseded_connection"}});
+  constexpr char kConnRefused[] = "bitpush_transport_connections_refused_total";
+  constexpr char kConnRefusedHelp[] =
+      "Connections refused, by reason: authentication (a key the cluster does not list, or a "
+      "peer that does not speak the cluster's security mode), limit (more than the node's "
+      "connection cap at once).";
+  set.Counter(kConnRefused, kConnRefusedHelp, s.transport.auth_refused,
+              {{"reason", "authentication"}});
+  set.Counter(kConnRefused, kConnRefusedHelp, s.transport.connections_refused,
+              {{"reason", "limit"}});
 }
 
 }  // namespace bitpush::node
