@@ -155,6 +155,28 @@ TEST(ClusterConfig, BadValuesNameKeyAndLine) {
                   "cluster.yaml:5: cluster.heartbeat_interval_ms: expected a single value");
 }
 
+TEST(ClusterConfig, SizesAboveTheirBoundNameKeyValueAndBound) {
+  const std::string base = std::string(kMinimal) + "compression:\n  spec: none\n";
+  EXPECT_CONTAINS(Error(base + "  partition_bytes: 1000000000000\n"),
+                  "cluster.yaml:7: compression.partition_bytes: must be 1..1073741824 (bytes), "
+                  "got 1000000000000");
+  EXPECT_CONTAINS(Error(base + "  partition_bytes: 1e12\n"),
+                  "cluster.yaml:7: compression.partition_bytes: expected a non-negative integer, "
+                  "got '1e12'");
+  EXPECT_EQ(Parse(base + "  partition_bytes: 1073741824\n").compression.partition_bytes,
+            uint64_t{1} << 30);
+  EXPECT_CONTAINS(Error(base + "  min_compress_bytes: 1099511627777\n"),
+                  "compression.min_compress_bytes: must be 0..1099511627776 (bytes), got "
+                  "1099511627777");
+  EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  credit_bytes: 99999999999999999\n"),
+                  "cluster.yaml:6: worker.credit_bytes: must be 1..1099511627776 (bytes), got "
+                  "99999999999999999");
+  // The defaults are inside.
+  const ClusterConfig d = Parse(kMinimal);
+  EXPECT_EQ(d.compression.partition_bytes, 4096000u);
+  EXPECT_EQ(d.worker.credit_bytes, 64ull << 20);
+}
+
 TEST(ClusterConfig, ServerAndWorkerSections) {
   const ClusterConfig d = Parse(kMinimal);
   EXPECT_EQ(d.server.engine_threads, 0u);  // auto
@@ -177,7 +199,7 @@ TEST(ClusterConfig, ServerAndWorkerSections) {
   EXPECT_CONTAINS(Error(std::string(kMinimal) + "server:\n  numa: yes\n"),
                   "cluster.yaml:6: server.numa: unknown value 'yes'; valid: auto, on, off");
   EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  credit_bytes: 0\n"),
-                  "cluster.yaml:6: worker.credit_bytes: must be > 0");
+                  "cluster.yaml:6: worker.credit_bytes: must be 1..1099511627776 (bytes), got 0");
   EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  op_timeout_s: never\n"),
                   "cluster.yaml:6: worker.op_timeout_s: expected a number of seconds");
   EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  threads: 2\n"),
@@ -258,7 +280,8 @@ TEST(ClusterConfig, BadCompressionNamesKeyAndLine) {
                   "cluster.yaml:6: compression.error_feedback: unknown error-feedback policy "
                   "'always'");
   m = Error(std::string(kMinimal) + "compression:\n  partition_bytes: 0\n");
-  EXPECT_CONTAINS(m, "cluster.yaml:6: compression.partition_bytes: must be > 0");
+  EXPECT_CONTAINS(
+      m, "cluster.yaml:6: compression.partition_bytes: must be 1..1073741824 (bytes), got 0");
   m = Error(std::string(kMinimal) + "compression:\n  min_compress_bytes: -5\n");
   EXPECT_CONTAINS(m, "cluster.yaml:6: compression.min_compress_bytes: expected a non-negative");
 }
