@@ -273,7 +273,9 @@ std::vector<ClusterKnob> BuildTable() {
                      .Doc("Reads the token from a file instead (trailing whitespace and newline "
                           "stripped; the file must hold a non-empty token). A relative path is "
                           "relative to the YAML file's directory. Set `token` or `token_file`, "
-                          "not both.")),
+                          "not both. The file must be its owner's alone: any group or other "
+                          "permission bit (mode & 077) is refused, naming the file and its mode "
+                          "(`chmod 600 FILE`, owned by the user the node runs as).")),
       Structured(Knob("cluster.servers")
                      .Structured("addresses or hosts")
                      .Required()

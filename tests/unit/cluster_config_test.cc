@@ -4,11 +4,13 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <string>
 
+#include "fmt/format.h"
 #include "tests/unit/test_util.h"
 
 namespace bitpush::scheduler {
@@ -348,6 +350,13 @@ class TempDir {
     std::ofstream(p) << text;
     return p;
   }
+  // A file only its owner may access, as a secret must be.
+  std::string WriteSecret(const std::string& name, const std::string& text,
+                          mode_t mode = 0600) const {
+    const std::string p = Write(name, text);
+    EXPECT_EQ(chmod(p.c_str(), mode), 0) << p;
+    return p;
+  }
 
  private:
   std::string path_;
@@ -355,14 +364,14 @@ class TempDir {
 
 TEST(ClusterConfig, TokenFileRelativeToTheConfig) {
   TempDir dir;
-  dir.Write("token", "from-a-file\n");
+  dir.WriteSecret("token", "from-a-file\n");
   const std::string path = dir.Write("c.yaml", MinimalWith("token_file: token"));
   StatusOr<ClusterConfig> c = LoadClusterConfig(path);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->token, "from-a-file");
   EXPECT_EQ(c->source, path);
 
-  dir.Write("empty", "\n");
+  dir.WriteSecret("empty", "\n");
   c = LoadClusterConfig(dir.Write("e.yaml", MinimalWith("token_file: empty")));
   ASSERT_FALSE(c.ok());
   EXPECT_CONTAINS(c.status().message(), "e.yaml:5: cluster.token_file: ");
@@ -370,11 +379,38 @@ TEST(ClusterConfig, TokenFileRelativeToTheConfig) {
 
   c = LoadClusterConfig(dir.Write("m.yaml", MinimalWith("token_file: missing")));
   ASSERT_FALSE(c.ok());
-  EXPECT_CONTAINS(c.status().message(), "cannot read " + dir.path() + "/missing");
+  EXPECT_CONTAINS(c.status().message(), dir.path() + "/missing: cannot open: No such file");
 
   EXPECT_CONTAINS(Error(MinimalWith("token: a\n  token_file: b")),
                   "cluster.yaml:6: cluster.token_file: set either cluster.token or "
                   "cluster.token_file, not both");
+}
+
+TEST(ClusterConfig, TokenFileOthersMayAccessIsRefusedNamingTheFileItsModeAndTheFix) {
+  TempDir dir;
+  for (const mode_t mode : {0640, 0604, 0620, 0660, 0644, 0610}) {
+    const std::string name = fmt::format("token-{:o}", mode);
+    const std::string token = dir.WriteSecret(name, "s3cret\n", mode);
+    StatusOr<ClusterConfig> c =
+        LoadClusterConfig(dir.Write("c.yaml", MinimalWith("token_file: " + name)));
+    ASSERT_FALSE(c.ok()) << std::oct << mode;
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    const std::string m = c.status().message();
+    EXPECT_CONTAINS(m, "c.yaml:5: cluster.token_file: ");
+    EXPECT_CONTAINS(m, token);
+    EXPECT_CONTAINS(m, fmt::format("has mode {:04o}", mode));
+    EXPECT_CONTAINS(m, "chmod 600 " + token);
+    EXPECT_EQ(m.find("s3cret"), std::string::npos) << "the token leaked into: " << m;
+  }
+  // Owner-only modes are accepted.
+  for (const mode_t mode : {0600, 0400, 0700}) {
+    const std::string name = fmt::format("token-{:o}", mode);
+    dir.WriteSecret(name, "s3cret\n", mode);
+    StatusOr<ClusterConfig> c =
+        LoadClusterConfig(dir.Write("c.yaml", MinimalWith("token_file: " + name)));
+    ASSERT_TRUE(c.ok()) << std::oct << mode << ": " << c.status().ToString();
+    EXPECT_EQ(c->token, "s3cret");
+  }
 }
 
 TEST(ClusterConfig, MissingFileIsNotFound) {
