@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 
+#include "common/secret_file.h"
 #include "compressors/spec_registry.h"
 #include "fmt/format.h"
 #include "scheduler/cluster_knobs.h"
@@ -158,9 +159,10 @@ Status Parser::ReadTokenFile(const Entry& e, std::string* out) const {
     const size_t slash = source_.rfind('/');
     if (slash != std::string::npos) path = source_.substr(0, slash + 1) + path;
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Error(e.value, e.key_mark, "cluster.token_file", "cannot read " + path);
-  std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Only the owner may access it (common/secret_file.h): a token others can read is no secret.
+  StatusOr<std::string> read = ReadSecretFile(path, "the token file");
+  if (!read.ok()) return Error(e.value, e.key_mark, "cluster.token_file", read.status().message());
+  std::string token = std::move(read).value();
   while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ' ||
                             token.back() == '\t')) {
     token.pop_back();

@@ -221,7 +221,8 @@ struct ClusterConfig {
 StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path);
 
 // Parses YAML text; `source` names it in messages (and is the directory base for a relative
-// cluster.token_file: relative paths resolve against dirname(source)).
+// cluster.token_file: relative paths resolve against dirname(source)). The token file is read
+// with ReadSecretFile (common/secret_file.h): one its group or others may access is refused.
 StatusOr<ClusterConfig> ParseClusterConfig(std::string_view yaml_text, const std::string& source);
 
 // Checks the invariants of a config built in code (the harness and tests build them without

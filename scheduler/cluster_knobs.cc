@@ -20,6 +20,11 @@ using config::KnobValue;
 
 // sun_path holds 108 bytes including the terminating NUL.
 constexpr size_t kMaxSocketPath = 107;
+// A partition is one transport message (its uncompressed bytes for `none`); the zmq transport
+// refuses message parts above 4 GiB, and a bigger partition only delays the pipeline.
+constexpr uint64_t kMaxPartitionBytes = uint64_t{1} << 30;
+// Byte counts no machine holds in memory: a value above is a typo (a missing unit, 1e15).
+constexpr uint64_t kMaxMemoryBytes = uint64_t{1} << 40;
 
 // ---- binding a knob to its field ----
 
@@ -275,7 +280,9 @@ std::vector<ClusterKnob> BuildTable() {
                      .Doc("Reads the token from a file instead (trailing whitespace and newline "
                           "stripped; the file must hold a non-empty token). A relative path is "
                           "relative to the YAML file's directory. Set `token` or `token_file`, "
-                          "not both.")),
+                          "not both. The file must be its owner's alone: any group or other "
+                          "permission bit (mode & 077) is refused, naming the file and its mode "
+                          "(`chmod 600 FILE`, owned by the user the node runs as).")),
       Structured(Knob("cluster.servers")
                      .Structured("addresses or hosts")
                      .Required()
@@ -322,15 +329,16 @@ std::vector<ClusterKnob> BuildTable() {
                       "without bound)."),
              In<&ClusterConfig::compression, &CompressionSettings::error_feedback>()),
       Scalar(Knob("compression.min_compress_bytes")
-                 .Bytes(0)
+                 .Bytes(0, kMaxMemoryBytes)
                  .Agreed()
                  .Doc("Tensors smaller than this are sent uncompressed (the default is measured: "
                       "\"Compression threshold\" below)."),
              In<&ClusterConfig::compression, &CompressionSettings::min_compress_bytes>()),
       Scalar(Knob("compression.partition_bytes")
-                 .Bytes(1)
+                 .Bytes(1, kMaxPartitionBytes)
                  .Agreed()
-                 .Doc("Tensors are cut into partitions (keys) of at most this size."),
+                 .Doc("Tensors are cut into partitions (keys) of at most this size. At most 1 "
+                      "GiB: a partition travels as one transport message."),
              In<&ClusterConfig::compression, &CompressionSettings::partition_bytes>()),
       Structured(
           Knob("compression.overrides")
@@ -390,7 +398,7 @@ std::vector<ClusterKnob> BuildTable() {
                       "warning; `off` pins nothing."),
              In<&ClusterConfig::worker, &WorkerSettings::numa>()),
       Scalar(Knob("worker.credit_bytes")
-                 .Bytes(1)
+                 .Bytes(1, kMaxMemoryBytes)
                  .Doc("Uncompressed bytes of partitions in flight at once (compressing, on the "
                       "wire, at the server, decompressing); one partition always goes."),
              In<&ClusterConfig::worker, &WorkerSettings::credit_bytes>()),

@@ -496,17 +496,26 @@ void SchedulerClient::HandleFromScheduler(const v1::ControlMessage& msg) {
       ack.mutable_shutdown_ack();
       (void)SendToScheduler(ack);
       const std::string error = msg.shutdown().error();
+      Status verdict;
       if (!error.empty()) {
-        Fail(RemoteError(
-            fmt::format("the scheduler at {} shut the cluster down: {}", sched, error)));
+        verdict =
+            RemoteError(fmt::format("the scheduler at {} shut the cluster down: {}", sched, error));
+        Fail(verdict);
       } else {
         BP_LOG_INFO("{}: clean shutdown from the scheduler", label_);
+        // The scheduler shuts down cleanly only once every worker sent Done (scheduler.h).
+        verdict = CancelledError(fmt::format(
+            "the scheduler at {} shut the cluster down (clean shutdown: every worker sent Done)",
+            sched));
       }
+      bool first = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
+        first = !shutdown_;
         shutdown_ = true;
       }
       cv_.notify_all();
+      if (first && options_.on_shutdown) options_.on_shutdown(verdict);
       return;
     }
     default:

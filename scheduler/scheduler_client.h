@@ -74,6 +74,12 @@ struct SchedulerClientOptions {
   std::chrono::milliseconds barrier_timeout{600000};
   // Called once with the first (sticky) error, on the thread that detected it.
   std::function<void(const Status&)> on_error;
+  // Called once on the I/O thread when the scheduler's Shutdown arrives, clean or not, with its
+  // verdict: for an error shutdown the sticky RemoteError ("the scheduler at ADDR shut the
+  // cluster down: REASON", on_error has seen it first); for a clean one Cancelled "the scheduler
+  // at ADDR shut the cluster down (clean shutdown: every worker sent Done)". A worker that did
+  // not send Done learns here that its job ended under it.
+  std::function<void(const Status& verdict)> on_shutdown;
   // Workers: called on the I/O thread when the scheduler says another worker is done, with that
   // worker's rank and the rounds it completed of each tensor (WorkerFinished).
   std::function<void(uint32_t worker, const std::vector<uint64_t>& rounds)> on_worker_finished;

@@ -119,6 +119,7 @@ Status Engine::Start(EngineOptions& options) {
   so.initial_backoff = options.initial_backoff;
   so.max_backoff = options.max_backoff;
   so.on_error = [this](const Status& s) { OnClusterError(s); };
+  so.on_shutdown = [this](const Status& verdict) { OnShutdownVerdict(verdict); };
   so.on_worker_finished = [this](uint32_t worker, const std::vector<uint64_t>& rounds) {
     OnWorkerFinished(worker, rounds);
   };
@@ -184,7 +185,11 @@ Status Engine::Shutdown(milliseconds timeout) {
     FailAllLocked(CancelledError(label_ + ": the client is shutting down"));
   }
   decl_cv_.notify_all();
-  BP_RETURN_IF_ERROR(client_->Done(rounds));
+  if (Status done = client_->Done(rounds); !done.ok()) {
+    // After the scheduler's shutdown the cluster's own reason beats "the cluster has shut down".
+    std::lock_guard<std::mutex> lock(mu_);
+    return cluster_error_.ok() ? done : cluster_error_;
+  }
   return client_->WaitForShutdown(timeout);
 }
 
@@ -1079,6 +1084,25 @@ void Engine::OnClusterError(const Status& error) {
     std::lock_guard<std::mutex> lock(mu_);
     if (cluster_error_.ok()) cluster_error_ = error;
     FailAllLocked(error);
+  }
+  decl_cv_.notify_all();
+  state_cv_.notify_all();
+}
+
+void Engine::OnShutdownVerdict(const Status& verdict) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Shutdown() sent this worker's Done: the end it asked for. After Close nothing waits.
+    if (shutting_down_ || closed_) return;
+    // An error shutdown is the sticky error already (on_error came first); a clean one reached a
+    // worker that is still training: its job ended under it, so everything fails now (sticky,
+    // like a cluster error) rather than at op_timeout.
+    if (cluster_error_.ok()) {
+      cluster_error_ = Status(verdict.code(), fmt::format("{}: {} before this worker finished (it "
+                                                          "sent no Done)",
+                                                          label_, verdict.message()));
+    }
+    FailAllLocked(cluster_error_);
   }
   decl_cv_.notify_all();
   state_cv_.notify_all();

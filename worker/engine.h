@@ -42,7 +42,9 @@
 // compressor state needs no lock and at most one job touches it at a time.
 //
 // Failures: a server's OP_ERROR, a failed Send, op_timeout, the cluster's sticky error
-// (SchedulerClient::on_error, e.g. a server declared dead), Shutdown and Close all complete
+// (SchedulerClient::on_error, e.g. a server declared dead), the scheduler's Shutdown reaching a
+// worker that did not ask for it (SchedulerClient::on_shutdown, clean or not: the verdict becomes
+// the sticky error, so status() reports it), Shutdown and Close all complete
 // the affected handles with a Status naming the cause; never a hang. An op's handle is
 // signalled only once no job touches its input/output any more, so the caller may free them
 // as soon as Wait returns. A tensor whose push_pull failed after it started has rounds out of
@@ -229,6 +231,9 @@ class Engine {
   void OnError(const std::string& from, const v1::DataHeader& h);
   void OnDeclareVerdict(uint64_t epoch, Status verdict);
   void OnClusterError(const Status& error);
+  // SchedulerClientOptions::on_shutdown: a Shutdown this worker did not ask for (no Shutdown()
+  // call) fails every pending and later call with the scheduler's verdict (sticky).
+  void OnShutdownVerdict(const Status& verdict);
   // SchedulerClientOptions::on_worker_finished: fails the push_pulls that can no longer
   // complete (their round is beyond what that worker pushed), now and later.
   void OnWorkerFinished(uint32_t worker, const std::vector<uint64_t>& rounds);

@@ -2,7 +2,7 @@
 
     bitpush launch --config cluster.yaml [--host NAME] [-- COMMAND ...]
     bitpush launch --slurm [--config overlay.yaml] [-- COMMAND ...]
-    bitpush check-config cluster.yaml
+    bitpush check-config [--no-resolve] cluster.yaml
 
 `launch` starts the roles of the cluster YAML that live on this host — the scheduler, the
 servers, and for each worker node a bitpush-worker daemon (when it runs more than one training
@@ -16,7 +16,8 @@ naming it and its last line. SIGINT/SIGTERM to the launcher stop everything the 
 written by bitpush/slurm.py; then everything above applies unchanged).
 
 `check-config` parses the YAML with the C++ parser (bitpush._C.load_cluster_config, the one
-every daemon uses) and prints the effective config; exit 2 on a bad file.
+every daemon uses), resolves every host name of its addresses (unless --no-resolve) and prints
+the effective config; exit 2 on a bad file or a name that does not resolve.
 
 Children run in their own session (so a terminal's Ctrl-C reaches the launcher only, which
 then stops them in order) with PR_SET_PDEATHSIG=SIGKILL (so nothing outlives a launcher that
@@ -375,13 +376,77 @@ def _default_bin_dir():
         return None
 
 
-def _check_config(path):
+# How long check-config waits for the resolver (all names at once): getaddrinfo has no
+# timeout of its own, and a dead DNS server can stall it for minutes.
+_RESOLVE_TIMEOUT_S = 15.0
+
+
+def _cluster_hosts(cfg):
+    """(key, node, host) of every tcp:// address of the config, scheduler first, in rank order."""
+    out = [("cluster.scheduler", "the scheduler", _host_of(cfg["scheduler"]))]
+    out += [("cluster.servers", "server %d" % r, _host_of(a)) for r, a in enumerate(cfg["servers"])]
+    out += [("cluster.workers", "worker node %d" % r, _host_of(a))
+            for r, a in enumerate(cfg["workers"])]
+    return [(key, node, host) for key, node, host in out if host is not None]
+
+
+def _unresolved_hosts(cfg, timeout_s=_RESOLVE_TIMEOUT_S):
+    """One line per host of the config that does not resolve (getaddrinfo), naming the key and
+    the node where it appears; [] when every one does. Each distinct name is looked up once, all
+    at once on daemon threads, so a hung resolver costs at most `timeout_s` in all."""
+    entries = _cluster_hosts(cfg)
+    results = {}
+    lock = threading.Lock()
+
+    def resolve(host):
+        try:
+            socket.getaddrinfo(host, None, 0, socket.SOCK_STREAM)
+            why = None
+        except (OSError, UnicodeError) as e:
+            why = str(e)
+        with lock:
+            results[host] = why
+
+    threads = {}
+    for _, _, host in entries:
+        if host not in threads:
+            threads[host] = threading.Thread(target=resolve, args=(host,), daemon=True,
+                                             name="resolve-" + host)
+            threads[host].start()
+    deadline = time.monotonic() + timeout_s
+    for t in threads.values():
+        t.join(max(0.0, deadline - time.monotonic()))
+    lines, named = [], set()
+    for key, node, host in entries:
+        with lock:
+            done, why = host in results, results.get(host)
+        if done and why is None:
+            continue
+        if not done:
+            why = "no answer from the resolver within %g s" % timeout_s
+        first = host not in named
+        named.add(host)
+        lines.append("%s: %s's host '%s' does not resolve: %s%s"
+                     % (key, node, host, why, "" if first else " (as above)"))
+    return lines
+
+
+def _check_config(path, resolve=True):
     from . import BitpushError
     try:
         cfg = _load_config(path)
     except BitpushError as e:
         print("bitpush check-config: %s" % e, file=sys.stderr)
         return EXIT_USAGE
+    if resolve:
+        unresolved = _unresolved_hosts(cfg)
+        if unresolved:
+            for line in unresolved:
+                print("bitpush check-config: %s: %s" % (path, line), file=sys.stderr)
+            print("bitpush check-config: %s: fix the name or the resolver (DNS, /etc/hosts), "
+                  "or pass --no-resolve to check a file for machines whose names resolve "
+                  "elsewhere" % path, file=sys.stderr)
+            return EXIT_USAGE
     sys.stdout.write(cfg["description"].rstrip("\n") + "\n")
     print("bitpush check-config: %s is valid: scheduler %s, %d server(s), %d worker node(s)"
           % (path, cfg["scheduler"], len(cfg["servers"]), len(cfg["workers"])))
@@ -460,6 +525,9 @@ def _parser():
     cp = sub.add_parser("check-config", help="validate a cluster YAML and print the "
                         "effective config")
     cp.add_argument("config")
+    cp.add_argument("--no-resolve", action="store_true",
+                    help="do not resolve the host names of the addresses (a file written for "
+                    "machines whose names resolve only there)")
     kp = sub.add_parser("keygen", help="write a CURVE key pair per node of a cluster YAML and "
                         "the cluster's public_keys (docs/security.md)")
     kp.add_argument("--config", required=True, help="the cluster YAML")
@@ -483,7 +551,7 @@ def main(argv=None):
         if command:
             print("bitpush check-config: takes no COMMAND", file=sys.stderr)
             return EXIT_USAGE
-        return _check_config(args.config)
+        return _check_config(args.config, resolve=not args.no_resolve)
     if args.cmd == "keygen":
         if command:
             print("bitpush keygen: takes no COMMAND", file=sys.stderr)

@@ -94,8 +94,8 @@ ns_main() {
   # The user the units run as, as a package install would create it (docs/deploy.md).
   systemd-sysusers "$prefix/lib/sysusers.d/bitpush.conf"
   getent passwd bitpush >/dev/null
-  chgrp bitpush /etc/bitpush/token
-  chmod 0640 /etc/bitpush/token
+  chown bitpush:bitpush /etc/bitpush/token
+  chmod 0600 /etc/bitpush/token
   set +e
   # container=: systemd skips what a container manager owns (udev, kernel modules, sysctl,
   # the console) — this is a shared kernel, like a container.
@@ -349,7 +349,7 @@ cluster:
   scheduler: 127.0.0.1:47100
   servers: [127.0.0.1:47101, 127.0.0.1:47102]     # bitpush-server@0, @1
   workers: [127.0.0.1:47111]                      # BITPUSH_WORKER_RANK=0
-  token_file: /etc/bitpush/token                  # root:bitpush 0640
+  token_file: /etc/bitpush/token                  # bitpush:bitpush 0600
   heartbeat_interval_ms: 200
   heartbeat_timeout_ms: 2000
   startup_timeout_s: 60

@@ -213,6 +213,10 @@ Status ThreadCluster::Shutdown(milliseconds timeout) {
   return scheduler_status_;
 }
 
+void ThreadCluster::StopScheduler() {
+  if (scheduler_) scheduler_->Stop();
+}
+
 void ThreadCluster::Close() {
   for (auto& w : workers_) {
     if (w) w->Close();

@@ -97,6 +97,10 @@ class ThreadCluster {
   // Closes every worker and server and stops the scheduler (idempotent).
   void Close();
 
+  // Stops the scheduler (Scheduler::Stop): it shuts the cluster down with the error "scheduler
+  // interrupted", as SIGTERM does to bitpush-scheduler; Close joins its thread.
+  void StopScheduler();
+
   worker::Client& worker(uint32_t w) { return *workers_.at(w); }
   server::Server& server(uint32_t s) { return *servers_.at(s); }
   const scheduler::ClusterConfig& config() const { return options_.config; }

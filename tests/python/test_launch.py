@@ -338,10 +338,39 @@ def test_check_config_good_and_bad(tmp):
     assert r.returncode == 2 and "heartbeat_intervall_ms" in r.stdout, r.stdout
 
 
+def test_check_config_names_a_host_that_does_not_resolve(tmp):
+    # RFC 2606: .invalid never resolves.
+    bad = "no-such-host.invalid"
+    cases = [
+        ("127.0.0.1:9000", "[127.0.0.1:9101]", "[127.0.0.1:9201, %s:9202]" % bad,
+         "cluster.workers: worker node 1's host '%s' does not resolve" % bad),
+        ("%s:9000" % bad, "[127.0.0.1:9101]", "[127.0.0.1:9201]",
+         "cluster.scheduler: the scheduler's host '%s' does not resolve" % bad),
+        # The host form: the name of a `hosts` list, named for the node it expands to.
+        ("127.0.0.1:9000", "{hosts: [127.0.0.1, %s], count: 1, port: 9101}" % bad,
+         "[127.0.0.1:9201]", "cluster.servers: server 1's host '%s' does not resolve" % bad),
+    ]
+    for scheduler, servers, workers, expected in cases:
+        cfg = _write_host_yaml(tmp, scheduler, servers, workers)
+        r = _run(["check-config", cfg], timeout=60)
+        assert r.returncode == 2, r.stdout
+        assert expected in r.stdout, r.stdout
+        assert "is valid" not in r.stdout, r.stdout
+        # Checking syntax and values only is still possible.
+        r = _run(["check-config", "--no-resolve", cfg], timeout=30)
+        assert r.returncode == 0 and "is valid" in r.stdout, r.stdout
+    # Names that resolve pass.
+    cfg = _write_host_yaml(tmp, "localhost:9000", "[localhost:9101]", "[127.0.0.1:9201]")
+    r = _run(["check-config", cfg], timeout=60)
+    assert r.returncode == 0 and "is valid" in r.stdout, r.stdout
+
+
 def test_shipped_examples_are_valid():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for name in ("local.yaml", "multi-host.yaml"):
-        r = _run(["check-config", os.path.join(root, "deploy", "examples", name)], timeout=30)
+    # multi-host.yaml names example machines (example.net): syntax and values only.
+    for name, extra in (("local.yaml", []), ("multi-host.yaml", ["--no-resolve"])):
+        r = _run(["check-config"] + extra + [os.path.join(root, "deploy", "examples", name)],
+                 timeout=30)
         assert r.returncode == 0, (name, r.stdout)
 
 

@@ -4,11 +4,13 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <string>
 
+#include "fmt/format.h"
 #include "tests/unit/test_util.h"
 
 namespace bitpush::scheduler {
@@ -155,6 +157,28 @@ TEST(ClusterConfig, BadValuesNameKeyAndLine) {
                   "cluster.yaml:5: cluster.heartbeat_interval_ms: expected a single value");
 }
 
+TEST(ClusterConfig, SizesAboveTheirBoundNameKeyValueAndBound) {
+  const std::string base = std::string(kMinimal) + "compression:\n  spec: none\n";
+  EXPECT_CONTAINS(Error(base + "  partition_bytes: 1000000000000\n"),
+                  "cluster.yaml:7: compression.partition_bytes: must be 1..1073741824 (bytes), "
+                  "got 1000000000000");
+  EXPECT_CONTAINS(Error(base + "  partition_bytes: 1e12\n"),
+                  "cluster.yaml:7: compression.partition_bytes: expected a non-negative integer, "
+                  "got '1e12'");
+  EXPECT_EQ(Parse(base + "  partition_bytes: 1073741824\n").compression.partition_bytes,
+            uint64_t{1} << 30);
+  EXPECT_CONTAINS(Error(base + "  min_compress_bytes: 1099511627777\n"),
+                  "compression.min_compress_bytes: must be 0..1099511627776 (bytes), got "
+                  "1099511627777");
+  EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  credit_bytes: 99999999999999999\n"),
+                  "cluster.yaml:6: worker.credit_bytes: must be 1..1099511627776 (bytes), got "
+                  "99999999999999999");
+  // The defaults are inside.
+  const ClusterConfig d = Parse(kMinimal);
+  EXPECT_EQ(d.compression.partition_bytes, 4096000u);
+  EXPECT_EQ(d.worker.credit_bytes, 64ull << 20);
+}
+
 TEST(ClusterConfig, ServerAndWorkerSections) {
   const ClusterConfig d = Parse(kMinimal);
   EXPECT_EQ(d.server.engine_threads, 0u);  // auto
@@ -177,7 +201,7 @@ TEST(ClusterConfig, ServerAndWorkerSections) {
   EXPECT_CONTAINS(Error(std::string(kMinimal) + "server:\n  numa: yes\n"),
                   "cluster.yaml:6: server.numa: unknown value 'yes'; valid: auto, on, off");
   EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  credit_bytes: 0\n"),
-                  "cluster.yaml:6: worker.credit_bytes: must be > 0");
+                  "cluster.yaml:6: worker.credit_bytes: must be 1..1099511627776 (bytes), got 0");
   EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  op_timeout_s: never\n"),
                   "cluster.yaml:6: worker.op_timeout_s: expected a number of seconds");
   EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  threads: 2\n"),
@@ -258,7 +282,8 @@ TEST(ClusterConfig, BadCompressionNamesKeyAndLine) {
                   "cluster.yaml:6: compression.error_feedback: unknown error-feedback policy "
                   "'always'");
   m = Error(std::string(kMinimal) + "compression:\n  partition_bytes: 0\n");
-  EXPECT_CONTAINS(m, "cluster.yaml:6: compression.partition_bytes: must be > 0");
+  EXPECT_CONTAINS(
+      m, "cluster.yaml:6: compression.partition_bytes: must be 1..1073741824 (bytes), got 0");
   m = Error(std::string(kMinimal) + "compression:\n  min_compress_bytes: -5\n");
   EXPECT_CONTAINS(m, "cluster.yaml:6: compression.min_compress_bytes: expected a non-negative");
 }
@@ -325,6 +350,13 @@ class TempDir {
     std::ofstream(p) << text;
     return p;
   }
+  // A file only its owner may access, as a secret must be.
+  std::string WriteSecret(const std::string& name, const std::string& text,
+                          mode_t mode = 0600) const {
+    const std::string p = Write(name, text);
+    EXPECT_EQ(chmod(p.c_str(), mode), 0) << p;
+    return p;
+  }
 
  private:
   std::string path_;
@@ -332,14 +364,14 @@ class TempDir {
 
 TEST(ClusterConfig, TokenFileRelativeToTheConfig) {
   TempDir dir;
-  dir.Write("token", "from-a-file\n");
+  dir.WriteSecret("token", "from-a-file\n");
   const std::string path = dir.Write("c.yaml", MinimalWith("token_file: token"));
   StatusOr<ClusterConfig> c = LoadClusterConfig(path);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->token, "from-a-file");
   EXPECT_EQ(c->source, path);
 
-  dir.Write("empty", "\n");
+  dir.WriteSecret("empty", "\n");
   c = LoadClusterConfig(dir.Write("e.yaml", MinimalWith("token_file: empty")));
   ASSERT_FALSE(c.ok());
   EXPECT_CONTAINS(c.status().message(), "e.yaml:5: cluster.token_file: ");
@@ -347,11 +379,38 @@ TEST(ClusterConfig, TokenFileRelativeToTheConfig) {
 
   c = LoadClusterConfig(dir.Write("m.yaml", MinimalWith("token_file: missing")));
   ASSERT_FALSE(c.ok());
-  EXPECT_CONTAINS(c.status().message(), "cannot read " + dir.path() + "/missing");
+  EXPECT_CONTAINS(c.status().message(), dir.path() + "/missing: cannot open: No such file");
 
   EXPECT_CONTAINS(Error(MinimalWith("token: a\n  token_file: b")),
                   "cluster.yaml:6: cluster.token_file: set either cluster.token or "
                   "cluster.token_file, not both");
+}
+
+TEST(ClusterConfig, TokenFileOthersMayAccessIsRefusedNamingTheFileItsModeAndTheFix) {
+  TempDir dir;
+  for (const mode_t mode : {0640, 0604, 0620, 0660, 0644, 0610}) {
+    const std::string name = fmt::format("token-{:o}", mode);
+    const std::string token = dir.WriteSecret(name, "s3cret\n", mode);
+    StatusOr<ClusterConfig> c =
+        LoadClusterConfig(dir.Write("c.yaml", MinimalWith("token_file: " + name)));
+    ASSERT_FALSE(c.ok()) << std::oct << mode;
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    const std::string m = c.status().message();
+    EXPECT_CONTAINS(m, "c.yaml:5: cluster.token_file: ");
+    EXPECT_CONTAINS(m, token);
+    EXPECT_CONTAINS(m, fmt::format("has mode {:04o}", mode));
+    EXPECT_CONTAINS(m, "chmod 600 " + token);
+    EXPECT_EQ(m.find("s3cret"), std::string::npos) << "the token leaked into: " << m;
+  }
+  // Owner-only modes are accepted.
+  for (const mode_t mode : {0600, 0400, 0700}) {
+    const std::string name = fmt::format("token-{:o}", mode);
+    dir.WriteSecret(name, "s3cret\n", mode);
+    StatusOr<ClusterConfig> c =
+        LoadClusterConfig(dir.Write("c.yaml", MinimalWith("token_file: " + name)));
+    ASSERT_TRUE(c.ok()) << std::oct << mode << ": " << c.status().ToString();
+    EXPECT_EQ(c->token, "s3cret");
+  }
 }
 
 TEST(ClusterConfig, MissingFileIsNotFound) {

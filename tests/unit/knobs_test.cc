@@ -179,6 +179,43 @@ TEST(ClusterKnobs, EveryKnobIsDeclaredOnceWithADocLine) {
   EXPECT_EQ(scheduler::SectionKeys("server"), (std::vector<std::string>{"engine_threads", "numa"}));
 }
 
+// Every number in the YAML has an upper bound a real cluster stays far below, so a typo (1e12,
+// a missing unit) is an error naming the key, the value and the bound, not a value the code
+// then multiplies or allocates.
+TEST(ClusterKnobs, EveryNumericKnobHasAnUpperBound) {
+  std::vector<KnobSpec> specs;
+  for (const scheduler::ClusterKnob& k : scheduler::ClusterKnobs()) {
+    specs.push_back(k.spec);
+    for (const KnobSpec& e : k.spec.entry_keys) specs.push_back(e);
+  }
+  size_t numeric = 0;
+  for (const KnobSpec& s : specs) {
+    switch (s.type) {
+      case config::KnobType::kInteger:
+      case config::KnobType::kBytes:
+      case config::KnobType::kMillis:
+      case config::KnobType::kSeconds:
+      case config::KnobType::kAutoCount:
+        ++numeric;
+        // 2^40: a TiB, a count or a number of ms or s no cluster comes near.
+        EXPECT_LE(s.max, uint64_t{1} << 40) << s.path << " has no sensible upper bound";
+        break;
+      default: break;
+    }
+  }
+  EXPECT_GE(numeric, 15u);
+  const scheduler::ClusterKnob* partition =
+      scheduler::FindClusterKnob("compression.partition_bytes");
+  ASSERT_NE(partition, nullptr);
+  // A partition is one transport message: at most 1 GiB.
+  EXPECT_EQ(partition->spec.max, uint64_t{1} << 30);
+  StatusOr<KnobValue> too_big = config::ParseKnob(partition->spec, "1000000000000");
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().message(),
+            "compression.partition_bytes: must be 1..1073741824 (bytes), got 1000000000000");
+  EXPECT_TRUE(config::ParseKnob(partition->spec, "1073741824").ok());
+}
+
 TEST(ClusterKnobs, ValidateChecksTheServerAndWorkerSections) {
   ASSERT_TRUE(ValidateClusterConfig(Valid()).ok());
   struct Case {
