@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/secret_file.h"
 #include "fmt/format.h"
 
 namespace bitpush::security {
@@ -28,39 +29,27 @@ std::string Trim(const std::string& s) {
   return s.substr(b, e - b + 1);
 }
 
-// Reads a whole file (at most 1 MiB). `private_file`: refuse a file its group or others may
-// access. The mode checked is the file's, after symlinks (a credential handed over by systemd
-// may be one).
-StatusOr<std::string> ReadFile(const std::string& path, bool private_file, const char* what) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+// The public key list: public, so any mode; read like a secret file otherwise (one open,
+// a regular file, at most 1 MiB).
+StatusOr<std::string> ReadPublicFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
-    const int err = errno;
-    std::string msg = fmt::format("cannot read {} {}: {}", what, path, std::strerror(err));
-    return err == ENOENT ? NotFoundError(msg) : FailedPreconditionError(msg);
+    return NotFoundError(
+        fmt::format("cannot open public key list {}: {}", path, std::strerror(errno)));
   }
   struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 20)) {
     close(fd);
-    return InvalidArgumentError(fmt::format("{} {} is not a regular file", what, path));
-  }
-  if (private_file && (st.st_mode & 077) != 0) {
-    close(fd);
-    return FailedPreconditionError(fmt::format(
-        "{} {} has mode {:04o}: its group or others may access it; a secret must be readable by "
-        "its owner only (chmod 600 {})",
-        what, path, st.st_mode & 07777, path));
+    return InvalidArgumentError(
+        fmt::format("public key list {} is not a regular file of at most 1 MiB", path));
   }
   std::string text;
   char buf[4096];
   while (true) {
     const ssize_t n = read(fd, buf, sizeof(buf));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
+    if (n <= 0 || text.size() > (1u << 20)) break;
     text.append(buf, static_cast<size_t>(n));
-    if (text.size() > (1u << 20)) {
-      close(fd);
-      return InvalidArgumentError(fmt::format("{} {} is larger than 1 MiB", what, path));
-    }
   }
   close(fd);
   return text;
@@ -135,7 +124,7 @@ std::string FormatPublicKeys(const std::map<std::string, std::string>& keys,
 }
 
 StatusOr<CurveKeyPair> ReadNodeKeyFile(const std::string& path, const std::string& node) {
-  BP_ASSIGN_OR_RETURN(std::string text, ReadFile(path, /*private_file=*/true, "key file"));
+  BP_ASSIGN_OR_RETURN(std::string text, ReadSecretFile(path, "key file"));
   std::map<std::string, std::string> fields;
   std::istringstream in(text);
   std::string line;
@@ -179,7 +168,7 @@ StatusOr<CurveKeyPair> ReadNodeKeyFile(const std::string& path, const std::strin
 }
 
 StatusOr<std::map<std::string, std::string>> ReadPublicKeys(const std::string& path) {
-  BP_ASSIGN_OR_RETURN(std::string text, ReadFile(path, /*private_file=*/false, "public key list"));
+  BP_ASSIGN_OR_RETURN(std::string text, ReadPublicFile(path));
   std::map<std::string, std::string> keys;
   std::set<std::string> seen_keys;
   std::istringstream in(text);

@@ -1059,12 +1059,14 @@ void ZmqTransport::ReadRouterMonitor() {
       for (auto it = bound_fd_.begin(); it != bound_fd_.end();) {
         it = it->second == fd ? bound_fd_.erase(it) : std::next(it);
       }
-    } else if (curve_ && (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ||
-                          (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
-                           value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH))) {
-      // An unknown key (logged by AnswerZap), or a peer that does not speak CURVE.
+    } else if (curve_ && (event & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                                   ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                   ZMQ_EVENT_HANDSHAKE_FAILED_AUTH))) {
+      // Under CURVE every failed handshake is a peer that did not authenticate: an unknown key
+      // (logged by AnswerZap), a peer that does not speak CURVE (whichever side notices the
+      // mismatch first, the other sees the connection end), or bytes that are not ZMTP.
       auth_refused_.fetch_add(1, std::memory_order_relaxed);
-      if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+      if (event != ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
         uint64_t suppressed = 0;
         if (log_limiter_.Allow("mechanism", &suppressed)) {
           BP_LOG_WARN(
