@@ -75,6 +75,7 @@ config-docs:
 	test -f $(BUILD)/build.ninja || $(MAKE) configure
 	cmake --build $(BUILD) --target bitpush-config-docs
 	./$(BUILD)/bin/bitpush-config-docs update docs/config.md
+	./$(BUILD)/bin/bitpush-config-docs update docs/security.md
 
 # Style: clang-format (no changes allowed) and clang-tidy (.clang-tidy; any warning fails) over
 # the C++ sources, JOBS files at a time. Needs the release tree's compile_commands.json.

@@ -1,5 +1,6 @@
 // bitpush-config-docs: the tables of docs/config.md, generated from the knob table
-// (scheduler/cluster_knobs.h). A build tool; not installed.
+// (scheduler/cluster_knobs.h), and of docs/security.md ("Who may send what"), generated from
+// the authorization table (common/node/authorization.h). A build tool; not installed.
 //
 //   bitpush-config-docs print                       every generated block, with its markers
 //   bitpush-config-docs update FILE [--output OUT]  FILE with its blocks regenerated, written
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "common/config/doc_blocks.h"
+#include "common/node/authorization.h"
 #include "scheduler/cluster_knobs.h"
 
 namespace {
@@ -53,11 +55,15 @@ int main(int argc, char** argv) {
   }
   const std::string& path = args[1];
   const std::string& out_path = args.size() == 4 ? args[3] : path;
+  // docs/security.md carries the authorization table; every other file the knob tables.
+  const bool security = path.size() >= 11 && path.compare(path.size() - 11, 11, "security.md") == 0;
+  const config::DocBlocks security_blocks = {{"authorization", node::AuthorizationTable()}};
   std::ifstream in(path, std::ios::binary);
   if (!in) return Fail("cannot read " + path);
   const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   StatusOr<std::string> updated =
-      config::ReplaceGeneratedBlocks(doc, scheduler::kKnobDocTag, blocks);
+      security ? config::ReplaceGeneratedBlocks(doc, "tables", security_blocks)
+               : config::ReplaceGeneratedBlocks(doc, scheduler::kKnobDocTag, blocks);
   if (!updated.ok()) return Fail(path + ": " + updated.status().message());
   std::ofstream out(out_path, std::ios::binary | std::ios::trunc);
   out << *updated;

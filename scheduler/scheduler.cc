@@ -71,6 +71,13 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
   if (std::string warning = InsecureModeWarning(options.cluster); !warning.empty()) {
     BP_LOG_WARN("scheduler: {}", warning);
   }
+  if (options.cluster.security.mode == SecurityMode::kCurve &&
+      options.cluster.transport != "inproc") {
+    BP_LOG_INFO(
+        "scheduler: security.mode curve: every connection is authenticated and encrypted "
+        "with the keys of {} nodes",
+        options.cluster.num_nodes() + 1);
+  }
   std::unique_ptr<Scheduler> s(new Scheduler(std::move(options), std::move(endpoint).value()));
   s->RegisterHandlers();
   return s;
@@ -197,7 +204,6 @@ Status Scheduler::Run() {
 
 void Scheduler::RegisterHandlers() {
   using node::Plane;
-  using node::RoleSet;
   using node::Sender;
   endpoint_->OnEvent(Plane::kControl,
                      [this](const Sender&, const transport::TransportEvent& ev) { OnEvent(ev); });
@@ -213,27 +219,26 @@ void Scheduler::RegisterHandlers() {
       });
   // Anyone may ask to register (HandleRegister checks who it is); everything else comes from
   // registered nodes.
-  endpoint_->OnControl(v1::ControlMessage::kRegisterRequest, RoleSet::AnyPeer(),
+  endpoint_->OnControl(v1::ControlMessage::kRegisterRequest,
                        [this](const Sender& from, const v1::ControlMessage& m) {
                          if (!draining_) HandleRegister(from.peer, m.register_request());
                        });
-  const RoleSet nodes = RoleSet::Of(v1::ROLE_SERVER, v1::ROLE_WORKER);
-  endpoint_->OnControl(v1::ControlMessage::kHeartbeat, nodes,
+  endpoint_->OnControl(v1::ControlMessage::kHeartbeat,
                        [this](const Sender& from, const v1::ControlMessage&) {
                          if (!draining_) HeardFrom(from);
                        });
-  endpoint_->OnControl(v1::ControlMessage::kBarrierRequest, nodes,
+  endpoint_->OnControl(v1::ControlMessage::kBarrierRequest,
                        [this](const Sender& from, const v1::ControlMessage& m) {
                          if (draining_) return;
                          if (Slot* slot = HeardFrom(from))
                            HandleBarrier(*slot, m.barrier_request());
                        });
-  endpoint_->OnControl(v1::ControlMessage::kDone, nodes,
+  endpoint_->OnControl(v1::ControlMessage::kDone,
                        [this](const Sender& from, const v1::ControlMessage& m) {
                          if (draining_) return;
                          if (Slot* slot = HeardFrom(from)) HandleDone(*slot, m.done());
                        });
-  endpoint_->OnControl(v1::ControlMessage::kShutdownAck, nodes,
+  endpoint_->OnControl(v1::ControlMessage::kShutdownAck,
                        [this](const Sender& from, const v1::ControlMessage&) {
                          if (draining_) {
                            // Any node the shutdown was sent to may acknowledge it.

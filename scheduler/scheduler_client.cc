@@ -126,15 +126,13 @@ SchedulerClient::SchedulerClient(SchedulerClientOptions options, node::NodeEndpo
 void SchedulerClient::Attach() {
   using node::Plane;
   using node::Sender;
-  const node::RoleSet scheduler = node::RoleSet::Of(v1::ROLE_SCHEDULER);
   for (v1::ControlMessage::BodyCase kind :
        {v1::ControlMessage::kHeartbeat, v1::ControlMessage::kRegisterAccepted,
         v1::ControlMessage::kRegisterRefused, v1::ControlMessage::kAssignment,
         v1::ControlMessage::kBarrierRelease, v1::ControlMessage::kNodeFailed,
         v1::ControlMessage::kShutdown, v1::ControlMessage::kWorkerFinished}) {
-    endpoint_->OnControl(kind, scheduler, [this](const Sender&, const v1::ControlMessage& m) {
-      HandleFromScheduler(m);
-    });
+    endpoint_->OnControl(
+        kind, [this](const Sender&, const v1::ControlMessage& m) { HandleFromScheduler(m); });
   }
   endpoint_->OnUnhandledControl([this](const Sender& from, const v1::ControlMessage& m) {
     if (from.Is(v1::ROLE_SCHEDULER)) HandleFromScheduler(m);  // a newer scheduler's type

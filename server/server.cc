@@ -297,23 +297,19 @@ std::vector<EngineThreadInfo> Server::Impl::EngineThreads() const {
 void Server::Impl::RegisterHandlers() {
   using node::Plane;
   using node::Sender;
-  const node::RoleSet workers = node::RoleSet::Of(v1::ROLE_WORKER);
-  endpoint_->OnData(DataHeader::OP_DECLARE, workers,
-                    [this](const Sender& from, DataHeader& h, Message& m) {
-                      if (std::optional<uint32_t> w = CheckedWorker(from, h)) {
-                        HandleDeclare(*w, h, m);
-                      }
-                    });
-  endpoint_->OnData(DataHeader::OP_INIT_KEY, workers,
-                    [this](const Sender& from, DataHeader& h, Message& m) {
-                      if (std::optional<uint32_t> w = CheckedWorker(from, h)) PlaceInit(*w, h, m);
-                    });
-  endpoint_->OnData(DataHeader::OP_PUSH, workers,
-                    [this](const Sender& from, DataHeader& h, Message& m) {
-                      if (std::optional<uint32_t> w = CheckedWorker(from, h)) QueuePush(*w, h, m);
-                    });
+  endpoint_->OnData(DataHeader::OP_DECLARE, [this](const Sender& from, DataHeader& h, Message& m) {
+    if (std::optional<uint32_t> w = CheckedWorker(from, h)) {
+      HandleDeclare(*w, h, m);
+    }
+  });
+  endpoint_->OnData(DataHeader::OP_INIT_KEY, [this](const Sender& from, DataHeader& h, Message& m) {
+    if (std::optional<uint32_t> w = CheckedWorker(from, h)) PlaceInit(*w, h, m);
+  });
+  endpoint_->OnData(DataHeader::OP_PUSH, [this](const Sender& from, DataHeader& h, Message& m) {
+    if (std::optional<uint32_t> w = CheckedWorker(from, h)) QueuePush(*w, h, m);
+  });
   for (DataHeader::Op op : {DataHeader::OP_STATE_READ, DataHeader::OP_STATE_WRITE}) {
-    endpoint_->OnData(op, workers, [this](const Sender& from, DataHeader& h, Message& m) {
+    endpoint_->OnData(op, [this](const Sender& from, DataHeader& h, Message& m) {
       if (std::optional<uint32_t> w = CheckedWorker(from, h)) QueuePush(*w, h, m);
     });
   }
@@ -350,9 +346,10 @@ std::optional<uint32_t> Server::Impl::WorkerOf(const node::Sender& sender) {
   if (!sender.Is(v1::ROLE_WORKER) || sender.node->rank >= num_workers_) {
     ++pushes_rejected_;
     if (std::string more; MayLog("peer:" + sender.peer, &more)) {
-      BP_LOG_WARN("server {}: dropped a data message from '{}', which is not a worker of the "
-                  "cluster{}",
-                  options_.rank, sender.peer, more);
+      BP_LOG_WARN(
+          "server {}: dropped a data message from '{}', which is not a worker of the "
+          "cluster{}",
+          options_.rank, sender.peer, more);
     }
     return std::nullopt;
   }

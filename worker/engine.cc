@@ -756,20 +756,19 @@ void Engine::DecompressAndComplete(Tensor* t, uint32_t j, const std::shared_ptr<
 void Engine::RegisterHandlers() {
   using node::Plane;
   using node::Sender;
-  const node::RoleSet servers = node::RoleSet::Of(v1::ROLE_SERVER);
-  endpoint_->OnData(v1::DataHeader::OP_PULL_REPLY, servers,
+  endpoint_->OnData(v1::DataHeader::OP_PULL_REPLY,
                     [this](const Sender& from, v1::DataHeader& h, transport::Message& m) {
                       OnReply(from.peer, h, m);
                     });
-  endpoint_->OnData(v1::DataHeader::OP_STATE_REPLY, servers,
+  endpoint_->OnData(v1::DataHeader::OP_STATE_REPLY,
                     [this](const Sender& from, v1::DataHeader& h, transport::Message& m) {
                       OnStateReply(from.peer, h, m);
                     });
-  endpoint_->OnData(v1::DataHeader::OP_ERROR, servers,
+  endpoint_->OnData(v1::DataHeader::OP_ERROR,
                     [this](const Sender& from, v1::DataHeader& h, transport::Message&) {
                       OnError(from.peer, h);
                     });
-  endpoint_->OnData(v1::DataHeader::OP_DECLARE_REPLY, servers,
+  endpoint_->OnData(v1::DataHeader::OP_DECLARE_REPLY,
                     [this](const Sender& from, v1::DataHeader& h, transport::Message&) {
                       if (from.peer == kServer0) {
                         OnDeclareVerdict(h.round(), Status::Ok());

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "common/node/authorization.h"
 
 namespace bitpush::node {
 
@@ -85,6 +86,20 @@ std::string NodeEndpoint::address() const {
 }
 
 // ---- registration ----
+
+void NodeEndpoint::OnControl(v1::ControlMessage::BodyCase kind, ControlHandler handler) {
+  const MessageRule* rule = FindControlRule(options_.self.role, kind);
+  BP_CHECK(rule != nullptr, "NodeEndpoint: no authorization rule for control message {} at a {}",
+           static_cast<int>(kind), RoleName(options_.self.role));
+  OnControl(kind, rule->senders, std::move(handler));
+}
+
+void NodeEndpoint::OnData(v1::DataHeader::Op op, DataHandler handler) {
+  const MessageRule* rule = FindDataRule(options_.self.role, op);
+  BP_CHECK(rule != nullptr, "NodeEndpoint: no authorization rule for data op {} at a {}",
+           v1::DataHeader::Op_Name(op), RoleName(options_.self.role));
+  OnData(op, rule->senders, std::move(handler));
+}
 
 void NodeEndpoint::OnControl(v1::ControlMessage::BodyCase kind, RoleSet senders,
                              ControlHandler handler) {
@@ -241,8 +256,12 @@ void NodeEndpoint::DispatchControlLocked(const Sender& sender, transport::Messag
     if (unhandled_control_) {
       unhandled_control_(sender, msg);
     } else {
-      BP_LOG_WARN("{}: unexpected control message (case {}) from '{}'", label_,
-                  static_cast<int>(msg.body_case()), sender.peer);
+      uint64_t suppressed = 0;
+      if (reject_limiter_.Allow(sender.peer + "/unhandled", &suppressed)) {
+        BP_LOG_WARN(
+            "{}: unexpected control message (case {}) from '{}' ({} more since the last report)",
+            label_, static_cast<int>(msg.body_case()), sender.peer, suppressed);
+      }
     }
     return;
   }
@@ -269,8 +288,13 @@ void NodeEndpoint::DispatchDataLocked(const Sender& sender, transport::Message& 
     if (unhandled_data_) {
       unhandled_data_(sender, header, message);
     } else {
-      BP_LOG_WARN("{}: dropped an unexpected data message (op {}) from '{}'", label_,
-                  static_cast<int>(header.op()), sender.peer);
+      uint64_t suppressed = 0;
+      if (reject_limiter_.Allow(sender.peer + "/unhandled", &suppressed)) {
+        BP_LOG_WARN(
+            "{}: dropped an unexpected data message (op {}) from '{}' ({} more since the last "
+            "report)",
+            label_, static_cast<int>(header.op()), sender.peer, suppressed);
+      }
     }
     return;
   }

@@ -128,9 +128,14 @@ class NodeEndpoint {
 
   // ---- registration (before Start / the first Poll) ----
 
-  // Control-plane messages of `kind` from `senders`. One handler per kind.
+  // Control-plane messages of `kind`, from the senders common/node/authorization.h lists for
+  // this node's role (a kind the table does not list for it is a bug: BP_CHECK). One handler
+  // per kind.
+  void OnControl(v1::ControlMessage::BodyCase kind, ControlHandler handler);
+  // Data-plane messages with `op`, from the senders the table lists. One handler per op.
+  void OnData(v1::DataHeader::Op op, DataHandler handler);
+  // The same with explicit senders, for tests of the endpoint itself; nodes use the table.
   void OnControl(v1::ControlMessage::BodyCase kind, RoleSet senders, ControlHandler handler);
-  // Data-plane messages with `op` from `senders`. One handler per op.
   void OnData(v1::DataHeader::Op op, RoleSet senders, DataHandler handler);
   // Control / data messages of a type no handler is registered for (default: logged, counted).
   void OnUnhandledControl(ControlHandler handler);

@@ -479,7 +479,7 @@ def _needs_ephemeral_keys(config, all_local):
     knobs = config["knobs"]
     if knobs.get("security.mode") != "curve" or not all_local:
         return False
-    if os.environ.get("BITPUSH_KEYS_DIR") or os.environ.get("BITPUSH_KEY_FILE"):
+    if os.environ.get(_env.KEYS_DIR) or os.environ.get(_env.KEY_FILE):
         return False
     return not any(knobs.get(k) for k in ("security.keys_dir", "security.key_file",
                                           "security.public_keys"))
@@ -613,7 +613,7 @@ def main(argv=None):
             shutil.rmtree(keys_dir, ignore_errors=True)
             print("bitpush launch: %s" % e, file=sys.stderr)
             return EXIT_USAGE
-        os.environ["BITPUSH_KEYS_DIR"] = keys_dir  # every child inherits it
+        os.environ[_env.KEYS_DIR] = keys_dir  # every child inherits it
     try:
         return launch.run()
     finally:

@@ -78,4 +78,5 @@ def test_environment_variables_of_knobs_are_the_ones_the_package_reads():
     # A knob's environment variable is declared in the C++ table; bitpush._env reads it.
     from bitpush import _env
     by_env = {k["env"]: k["path"] for k in _C.knobs() if k["env"]}
-    assert by_env == {_env.DAEMON_SOCKET: "worker.socket"}
+    assert by_env == {_env.DAEMON_SOCKET: "worker.socket", _env.KEYS_DIR: "security.keys_dir",
+                      _env.KEY_FILE: "security.key_file"}

@@ -6,6 +6,7 @@ Each test writes its own YAML with free loopback ports into a temporary director
 is in every child's command line, so leftovers are found by scanning /proc for it.
 """
 import json
+import glob
 import os
 import re
 import signal
@@ -389,11 +390,21 @@ def _local_yaml(d, socket_dir=None):
                   % tuple(ports[1:3]), text)
     text = re.sub(r"(?m)^  workers: .*$", "  workers: [127.0.0.1:%d, 127.0.0.1:%d]"
                   % tuple(ports[3:5]), text)
-    text += "  socket: %s/w{rank}.sock\n" % d
+    text = re.sub(r"(?m)^worker:\n", "worker:\n  socket: %s/w{rank}.sock\n" % d, text)
     path = os.path.join(d, "local.yaml")
     with open(path, "w") as f:
         f.write(text)
     return path
+
+
+def test_the_example_runs_with_curve_on_keys_made_for_the_run(tmp):
+    # deploy/examples/local.yaml asks for security.mode curve and names no keys: the launcher
+    # makes them (every node is on this host), hands them to every process, removes them after.
+    before = set(glob.glob("/tmp/bitpush-keys-*"))
+    r = _run(["launch", "--log-level", "info", "--config", _local_yaml(tmp), "--"] + DIGITS)
+    assert r.returncode == 0, r.stdout
+    assert "security.mode curve: every connection is authenticated and encrypted" in r.stdout
+    assert set(glob.glob("/tmp/bitpush-keys-*")) == before
 
 
 def test_the_example_run_prints_at_most_20_lines_with_the_compression_line(tmp):

@@ -10,10 +10,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "common/node/authorization.h"
 #include "common/node/endpoint.h"
 #include "common/node/identity.h"
 #include "common/transport/factory.h"
@@ -209,6 +212,69 @@ TEST(NodeEndpoint, RefusedMalformedAndUnhandledMessagesGoToTheirHandlers) {
   EXPECT_EQ(s.malformed, 1u);
   EXPECT_EQ(s.unhandled, 1u);
   EXPECT_EQ(s.dispatched, 0u);
+}
+
+TEST(NodeEndpoint, TheAuthorizationTableDecidesWhoMaySendWhat) {
+  // Done only from workers, Shutdown only from the scheduler: a server's Done and a worker's
+  // Shutdown are refused before any handler sees them.
+  auto hub = transport::NewInprocHub();
+  auto scheduler = Make(hub, {v1::ROLE_SCHEDULER, 0});
+  auto server = Make(hub, {v1::ROLE_SERVER, 0});
+  auto worker = Make(hub, {v1::ROLE_WORKER, 0});
+  std::vector<std::string> done_from, shutdown_from;
+  scheduler->OnControl(ControlMessage::kDone, [&](const Sender& from, const ControlMessage&) {
+    done_from.push_back(from.peer);
+  });
+  server->OnControl(ControlMessage::kShutdown, [&](const Sender& from, const ControlMessage&) {
+    shutdown_from.push_back(from.peer);
+  });
+  ASSERT_TRUE(server->Connect(kSchedulerPeerId, scheduler->address()).ok());
+  ASSERT_TRUE(worker->Connect(kSchedulerPeerId, scheduler->address()).ok());
+  ASSERT_TRUE(worker->Connect("server:0", server->address()).ok());
+  ASSERT_TRUE(scheduler->Connect("server:0", server->address()).ok());
+  ASSERT_TRUE(server->Send(kSchedulerPeerId, ControlOf(ControlMessage::kDone)).ok());
+  ASSERT_TRUE(worker->Send(kSchedulerPeerId, ControlOf(ControlMessage::kDone)).ok());
+  ControlMessage shutdown;
+  shutdown.mutable_shutdown();
+  Message m;
+  shutdown.SerializeToString(&m.header);
+  ASSERT_TRUE(worker->Send("server:0", m).ok());
+  ASSERT_TRUE(scheduler->Send("server:0", m).ok());
+  ASSERT_TRUE(
+      PollUntil(*scheduler, [&] { return scheduler->stats().refused + done_from.size() == 2; }));
+  // Between two nodes without the scheduler everything is data plane: the worker's "Shutdown"
+  // is not even a control message there, and never reaches the Shutdown handler.
+  auto server_seen = [&] {
+    const EndpointStats st = server->stats();
+    return st.refused + st.malformed + st.unhandled + shutdown_from.size();
+  };
+  ASSERT_TRUE(PollUntil(*server, [&] { return server_seen() == 2; }));
+  EXPECT_EQ(done_from, std::vector<std::string>{"worker:0"});
+  EXPECT_EQ(shutdown_from, std::vector<std::string>{"scheduler"});
+  EXPECT_EQ(scheduler->stats().refused, 1u);
+  // Every rule names a receiver, and each (receiver, message) has one rule.
+  std::set<std::tuple<int, bool, int>> seen;
+  for (const MessageRule& r : MessageRules()) {
+    EXPECT_TRUE(seen.emplace(r.receiver, r.control, r.type).second) << r.name;
+    EXPECT_FALSE(r.checks.empty()) << r.name;
+  }
+  EXPECT_EQ(FindControlRule(v1::ROLE_WORKER, ControlMessage::kDone), nullptr);
+}
+
+TEST(NodeEndpoint, RefusalsReachTheHandlerAtMostOncePerIntervalPerSenderButAreAllCounted) {
+  auto hub = transport::NewInprocHub();
+  auto server = Make(hub, {v1::ROLE_SERVER, 0});
+  auto mallory = Raw(hub, "mallory");
+  int reported = 0;
+  server->OnData(DataHeader::OP_PUSH, [&](const Sender&, DataHeader&, Message&) {});
+  server->OnRejected(Plane::kData, [&](const Sender&, const Message&, NodeEndpoint::Rejection,
+                                       std::string_view) { ++reported; });
+  ASSERT_TRUE(mallory->Connect("server:0", server->address()).ok());
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_TRUE(mallory->Send("server:0", DataMessage(DataHeader::OP_PUSH)).ok());
+  }
+  ASSERT_TRUE(PollUntil(*server, [&] { return server->stats().refused == 200; }));
+  EXPECT_EQ(reported, 1);
 }
 
 TEST(NodeEndpoint, ThePlaneIsControlExactlyWhenTheSchedulerIsAtAnEnd) {
