@@ -1070,4 +1070,27 @@ int RunPushPullWorkerMode(int argc, char** argv) {
   return RunPushPullWorker("bitpush-bench pushpull-worker", argc, argv);
 }
 
+// `bitpush-bench pushpull-keygen CLUSTER.yaml DIR` (hidden; bench/emulated_network.py
+// --security curve): a key pair per node of the YAML's cluster and its public_keys, written into
+// DIR (created 0700 if missing; existing key files are kept). Exit 0, 1 on an error, 2 usage.
+int RunPushPullKeygenMode(int argc, char** argv) {
+  constexpr char kProgram[] = "bitpush-bench pushpull-keygen";
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s CLUSTER.yaml DIR\n", kProgram);
+    return 2;
+  }
+  StatusOr<scheduler::ClusterConfig> c = scheduler::LoadClusterConfig(argv[1]);
+  if (!c.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kProgram, c.status().message().c_str());
+    return 2;
+  }
+  StatusOr<std::vector<std::string>> written =
+      security::WriteClusterKeys(argv[2], scheduler::ClusterNodeNames(*c), /*overwrite=*/false);
+  if (!written.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kProgram, written.status().ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace bitpush::bench
