@@ -12,6 +12,7 @@ int RunLocalReduceBench(int argc, char** argv);
 int RunOptimizerBench(int argc, char** argv);
 int RunPushPullBench(int argc, char** argv);
 int RunPushPullWorkerMode(int argc, char** argv);
+int RunPushPullKeygenMode(int argc, char** argv);
 }  // namespace bitpush::bench
 
 namespace {
@@ -44,6 +45,7 @@ const Command kCommands[] = {
      "on one thread vs the same update in plain torch ops",
      bitpush::bench::RunOptimizerBench},
     {"pushpull-worker", nullptr, bitpush::bench::RunPushPullWorkerMode},
+    {"pushpull-keygen", nullptr, bitpush::bench::RunPushPullKeygenMode},
 };
 
 void Usage(FILE* out) {

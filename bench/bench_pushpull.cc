@@ -22,6 +22,14 @@
 // reference for a push_pull, which moves the bytes both ways at once, where both directions
 // share the same CPUs (loopback); ratio_to_raw_tcp_duplex = goodput / it.
 //
+// --security none,curve (or the flag repeated): each compressor's cluster runs once per mode, in
+// the order given, in this one invocation. Under curve the YAML has security.mode curve and
+// keys_dir = a private temporary directory (mkdtemp, 0700) holding a key pair per node
+// (security::WriteClusterKeys), shared by the curve clusters and removed when the benchmark
+// exits (also on SIGINT/SIGTERM/SIGHUP); $BITPUSH_KEYS_DIR, $BITPUSH_KEY_FILE and
+// $CREDENTIALS_DIRECTORY are cleared for the children so that those keys are the ones used.
+// security_ratio = goodput / the goodput of the same compressor under security none.
+//
 // --link-gbit R: the servers (and the raw TCP peer) run in a network namespace of their own,
 // behind a veth pair shaped to R Gbit/s each way (tc tbf), 10.251.X.1 (root namespace:
 // scheduler, workers, driver) <-> 10.251.X.2 (servers); the namespace and the veth pair are
@@ -50,6 +58,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <set>
@@ -61,9 +70,11 @@
 #include "bench/bench_util.h"
 #include "bench/pushpull_worker.h"
 #include "bench/raw_tcp.h"
+#include "common/security/keys.h"
 #include "compressors/registry.h"
 #include "scheduler/cluster_config.h"
 #include "scheduler/key_mapping.h"
+#include "scheduler/node_security.h"
 #include "tests/harness/child_process.h"
 #include "worker/partition.h"
 
@@ -85,6 +96,7 @@ struct Options {
   double mb = 100;
   long long partition_kb = 4000;
   std::vector<std::string> compressors;
+  std::vector<std::string> securities;  // "none", "curve"; each compressor runs under each
   std::string error_feedback = "auto";
   long long min_compress_bytes = 1048576;
   int iters = 10;
@@ -110,7 +122,7 @@ void PrintHelp() {
       "         [--partition-kb 4000] [--compressor SPEC[,SPEC...]] [--iters 10] [--warmup 2]\n"
       "         [--tensors 1] [--error-feedback auto|none|worker|server|both]\n"
       "         [--min-compress-bytes 1048576] [--raw-reps 5] [--timeout-s 300] [--keep-dir]\n"
-      "         [--link-gbit R]\n"
+      "         [--link-gbit R] [--security none|curve[,...]]\n"
       "Runs a real cluster on loopback per compressor (bitpush-scheduler, S bitpush-server,\n"
       "W workers) and times N PushPull+Wait iterations of MB MiB of fp32 per worker (in K equal\n"
       "tensors), in partitions of partition-kb x 1024 bytes. --compressor takes a list (one\n"
@@ -120,7 +132,11 @@ void PrintHelp() {
       "bytes streamed one way over one loopback TCP socket in the same run, and\n"
       "raw_tcp_duplex_gbps: per direction, the same bytes sent both ways at once.\n"
       "--link-gbit R (root, needs ip and tc): the servers run in a network namespace behind a\n"
-      "veth pair shaped to R Gbit/s each way (tc tbf); the raw TCP references cross it too.\n");
+      "veth pair shaped to R Gbit/s each way (tc tbf); the raw TCP references cross it too.\n"
+      "--security takes a list (default none; the flag may repeat): each compressor runs once\n"
+      "per mode; curve = ZeroMQ CURVE with a key pair per node, generated into a private\n"
+      "temporary directory removed at exit. security_ratio = goodput / the same compressor's\n"
+      "goodput under none.\n");
 }
 
 int Fail(const std::string& what) {
@@ -300,33 +316,50 @@ class RawReference {
   Series stream_, duplex_;
 };
 
-// ---- --link-gbit: the emulated link ---------------------------------------------------------
+// ---- clean-up on a signal: the emulated link, the keys directory ----------------------------
 
 // For the signal handler: what to remove if the run is interrupted (async-signal-safe: fork,
-// execv, waitpid only).
+// execv, waitpid only). Empty: nothing of that kind to remove.
 char g_ip_tool[512];
 char g_netns[64];
 char g_veth[32];
+char g_rm_tool[512];
+char g_keys_dir[512];
 
-void RemoveLinkOnSignal(int sig) {
-  const char* const lists[2][5] = {{g_ip_tool, "link", "del", g_veth, nullptr},
-                                   {g_ip_tool, "netns", "del", g_netns, nullptr}};
-  for (const auto& argv : lists) {
-    const pid_t p = fork();
-    if (p == 0) {
-      const int devnull = open("/dev/null", O_WRONLY);
-      if (devnull >= 0) {
-        dup2(devnull, 1);
-        dup2(devnull, 2);
-      }
-      execv(g_ip_tool, const_cast<char* const*>(argv));
-      _exit(127);
+void RunOnSignal(const char* const* argv) {
+  const pid_t p = fork();
+  if (p == 0) {
+    const int devnull = open("/dev/null", O_WRONLY);
+    if (devnull >= 0) {
+      dup2(devnull, 1);
+      dup2(devnull, 2);
     }
-    if (p > 0) waitpid(p, nullptr, 0);
+    execv(argv[0], const_cast<char* const*>(argv));
+    _exit(127);
+  }
+  if (p > 0) waitpid(p, nullptr, 0);
+}
+
+void CleanUpOnSignal(int sig) {
+  if (g_keys_dir[0] != '\0') {
+    const char* const argv[] = {g_rm_tool, "-rf", g_keys_dir, nullptr};
+    RunOnSignal(argv);
+  }
+  if (g_netns[0] != '\0') {
+    const char* const link[] = {g_ip_tool, "link", "del", g_veth, nullptr};
+    const char* const netns[] = {g_ip_tool, "netns", "del", g_netns, nullptr};
+    RunOnSignal(link);
+    RunOnSignal(netns);
   }
   signal(sig, SIG_DFL);
   raise(sig);
 }
+
+void CleanUpOnSignals() {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, CleanUpOnSignal);
+}
+
+// ---- --link-gbit: the emulated link ---------------------------------------------------------
 
 std::string FindTool(const std::string& name) {
   std::string path = getenv("PATH") != nullptr ? getenv("PATH") : "";
@@ -403,7 +436,7 @@ class EmulatedLink {
     std::snprintf(g_ip_tool, sizeof(g_ip_tool), "%s", ip_.c_str());
     std::snprintf(g_netns, sizeof(g_netns), "%s", netns_.c_str());
     std::snprintf(g_veth, sizeof(g_veth), "%s", veth_root_.c_str());
-    for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, RemoveLinkOnSignal);
+    CleanUpOnSignals();
     created_ = true;
 
     // tbf: rate R, a bucket of 1 ms at that rate (at least 256 KiB: GSO packets of 64 KiB
@@ -438,7 +471,7 @@ class EmulatedLink {
     if (!created_) return;
     Shell(ip_ + " link del " + veth_root_);  // both ends of the pair
     Shell(ip_ + " netns del " + netns_);
-    for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, SIG_DFL);
+    g_netns[0] = '\0';
     created_ = false;
   }
 
@@ -464,11 +497,59 @@ class EmulatedLink {
   std::string ip_, tc_, netns_, veth_root_, veth_ns_;
 };
 
+// ---- --security curve: the nodes' keys ------------------------------------------------------
+
+// A key pair per node of the benchmark's clusters (scheduler, server:0.., worker:0..) and the
+// public_keys listing them (security::WriteClusterKeys), in a private temporary directory
+// (mkdtemp: mode 0700) that Remove() / the destructor delete, and the signal handler if the run
+// is interrupted. Every curve cluster of the run uses them: node names do not depend on the
+// addresses.
+class BenchKeys {
+ public:
+  ~BenchKeys() { Remove(); }
+
+  Status Create(int servers, int workers) {
+    std::string dir = "/tmp/bp-bench-keys-XXXXXX";
+    if (mkdtemp(dir.data()) == nullptr) {
+      return InternalError(std::string("cannot create the keys directory under /tmp: ") +
+                           std::strerror(errno));
+    }
+    dir_ = dir;
+    const std::string rm = FindTool("rm");
+    if (!rm.empty() && dir_.size() < sizeof(g_keys_dir) && rm.size() < sizeof(g_rm_tool)) {
+      std::snprintf(g_rm_tool, sizeof(g_rm_tool), "%s", rm.c_str());
+      std::snprintf(g_keys_dir, sizeof(g_keys_dir), "%s", dir_.c_str());
+      CleanUpOnSignals();
+    }
+    scheduler::ClusterConfig shape;
+    shape.servers.resize(static_cast<size_t>(servers));
+    shape.workers.resize(static_cast<size_t>(workers));
+    StatusOr<std::vector<std::string>> written =
+        security::WriteClusterKeys(dir_, scheduler::ClusterNodeNames(shape), /*overwrite=*/false);
+    if (!written.ok()) return written.status().WithContext("--security curve");
+    return Status::Ok();
+  }
+
+  const std::string& dir() const { return dir_; }
+
+  void Remove() {
+    if (dir_.empty()) return;
+    g_keys_dir[0] = '\0';
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+    dir_.clear();
+  }
+
+ private:
+  std::string dir_;
+};
+
 // ---- one cluster ----------------------------------------------------------------------------
 
 struct ClusterResult {
   std::string spec;
   std::string error_feedback;
+  std::string security;
   double goodput_gbps = 0;
   double best_iter_gbps = 0;
   double iter_ms = 0;
@@ -482,11 +563,17 @@ struct ClusterResult {
 
 class ClusterRun {
  public:
+  // keys_dir: the nodes' keys when security is "curve".
   ClusterRun(const Options& opt, const NetPlan& net, std::string spec, std::string ef,
-             std::string bin_dir)
-      : opt_(opt), net_(net), dir_("bp-bench"), bin_dir_(std::move(bin_dir)) {
+             std::string security, std::string keys_dir, std::string bin_dir)
+      : opt_(opt),
+        net_(net),
+        dir_("bp-bench"),
+        bin_dir_(std::move(bin_dir)),
+        keys_dir_(std::move(keys_dir)) {
     result_.spec = std::move(spec);
     result_.error_feedback = std::move(ef);
+    result_.security = std::move(security);
   }
   ~ClusterRun() {
     children_.clear();  // kills and reaps what still runs
@@ -568,6 +655,11 @@ class ClusterRun {
       << "  partition_bytes: " << opt_.partition_kb * 1024 << "\n"
       << "worker:\n"
       << "  op_timeout_s: " << opt_.timeout_s << "\n";
+    if (result_.security == "curve") {
+      y << "security:\n"
+        << "  mode: curve\n"
+        << "  keys_dir: \"" << keys_dir_ << "\"\n";
+    }
     const std::string yaml = y.str();
     config_path_ = dir_.path() + "/cluster.yaml";
     std::ofstream(config_path_) << yaml;
@@ -706,6 +798,7 @@ class ClusterRun {
   const NetPlan& net_;
   testing::TempDir dir_;
   std::string bin_dir_;
+  std::string keys_dir_;
   std::string config_path_;
   std::vector<std::unique_ptr<Child>> children_;
   Child* scheduler_ = nullptr;
@@ -725,7 +818,10 @@ int RunDriver(const Options& opt) {
                   " (build it: ninja " + b + ")");
     }
   }
-  std::vector<std::pair<std::string, std::string>> runs;  // spec, error_feedback
+  struct RunSpec {
+    std::string spec, error_feedback, security;
+  };
+  std::vector<RunSpec> runs;  // per compressor, one per security mode (adjacent: fair ratios)
   for (const std::string& spec : opt.compressors) {
     StatusOr<std::string> ef = ErrorFeedbackFor(spec, opt.error_feedback);
     if (!ef.ok()) return Fail("--compressor '" + spec + "': " + ef.status().message());
@@ -740,7 +836,15 @@ int RunDriver(const Options& opt) {
       std::fprintf(stderr, "%s: %s\n", kName, c.status().message().c_str());
       return 2;
     }
-    runs.emplace_back(spec, *ef);
+    for (const std::string& security : opt.securities) runs.push_back({spec, *ef, security});
+  }
+  // The keys of the curve clusters are the ones in their YAML, whatever this environment says.
+  for (const char* var : {"BITPUSH_KEYS_DIR", "BITPUSH_KEY_FILE", "CREDENTIALS_DIRECTORY"}) {
+    unsetenv(var);
+  }
+  BenchKeys keys;
+  if (std::find(opt.securities.begin(), opt.securities.end(), "curve") != opt.securities.end()) {
+    if (Status s = keys.Create(opt.servers, opt.workers); !s.ok()) return Fail(s.ToString());
   }
 
   const uint64_t tensor_bytes =
@@ -760,12 +864,15 @@ int RunDriver(const Options& opt) {
   }
 
   std::vector<ClusterResult> results;
-  for (const auto& [spec, ef] : runs) {
-    ClusterRun run(opt, net, spec, ef, bin_dir);
+  for (const RunSpec& spec : runs) {
+    ClusterRun run(opt, net, spec.spec, spec.error_feedback, spec.security, keys.dir(), bin_dir);
     StatusOr<ClusterResult> r = run.Run();
-    if (!r.ok()) return Fail(spec + ": " + r.status().ToString());
+    if (!r.ok()) {
+      return Fail(spec.spec + " (security " + spec.security + "): " + r.status().ToString());
+    }
     results.push_back(*r);
   }
+  keys.Remove();
   if (Status s = raw.MeasureBoth(tensor_bytes, message, opt.raw_reps, /*warmup=*/false); !s.ok()) {
     return Fail(s.ToString());
   }
@@ -788,15 +895,25 @@ int RunDriver(const Options& opt) {
                 raw.MedianGbps());
     std::printf("raw TCP both ways at once, per direction: %.2f GB/s (best), %.2f GB/s (median)\n",
                 duplex_gbps, raw.DuplexMedianGbps());
-    std::printf("%-28s %-5s %8s %8s %8s %9s %9s %9s %9s %9s %9s %10s\n", "compressor", "ef",
-                "goodput", "x raw", "x duplex", "iter_ms", "compress", "network", "server",
-                "decomp", "srv_rss", "rss_target");
+    std::printf("%-28s %-5s %-5s %8s %8s %8s %8s %9s %9s %9s %9s %9s %9s %10s\n", "compressor",
+                "ef", "sec", "goodput", "x raw", "x duplex", "x sec", "iter_ms", "compress",
+                "network", "server", "decomp", "srv_rss", "rss_target");
   }
+  // The goodput of the run of `spec` under `security` (NaN when there is none).
+  auto goodput_of = [&](const std::string& spec, const std::string& security) {
+    for (const ClusterResult& r : results) {
+      if (r.spec == spec && r.security == security) return r.goodput_gbps;
+    }
+    return static_cast<double>(NAN);
+  };
   for (const ClusterResult& r : results) {
-    const double none_gbps = results.front().spec == "none" ? results.front().goodput_gbps : NAN;
+    // ratio_to_none: against the none compressor under the same security, when it runs first.
+    const double none_gbps = results.front().spec == "none" ? goodput_of("none", r.security) : NAN;
+    const double security_ratio = r.goodput_gbps / goodput_of(r.spec, "none");
     JsonRecord rec;
     rec.Add("compressor", r.spec)
         .Add("error_feedback", r.error_feedback)
+        .Add("security", r.security)
         .Add("workers", opt.workers)
         .Add("servers", opt.servers)
         .Add("mb", opt.mb)
@@ -814,6 +931,7 @@ int RunDriver(const Options& opt) {
         .Add("ratio_to_raw_tcp_duplex", r.goodput_gbps / duplex_gbps)
         .Add("link_gbit", opt.link_gbit)
         .Add("ratio_to_none", r.goodput_gbps / none_gbps)
+        .Add("security_ratio", security_ratio)
         .Add("iter_ms", r.iter_ms)
         .Add("compress_ms", r.compress_ms)
         .Add("network_ms", r.network_ms)
@@ -833,11 +951,12 @@ int RunDriver(const Options& opt) {
         .Add("wall_seconds", r.wall_seconds);
     records.push_back(rec);
     if (!opt.json) {
-      std::printf("%-28s %-5s %8.3f %8.2f %8.2f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f\n",
-                  r.spec.c_str(), r.error_feedback.c_str(), r.goodput_gbps,
-                  r.goodput_gbps / raw_gbps, r.goodput_gbps / duplex_gbps, r.iter_ms, r.compress_ms,
-                  r.network_ms, r.server_ms, r.decompress_ms, r.server_peak_rss_mb,
-                  4 * r.server_owned_mb + 64);
+      std::printf(
+          "%-28s %-5s %-5s %8.3f %8.2f %8.2f %8.2f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f\n",
+          r.spec.c_str(), r.error_feedback.c_str(), r.security.c_str(), r.goodput_gbps,
+          r.goodput_gbps / raw_gbps, r.goodput_gbps / duplex_gbps, security_ratio, r.iter_ms,
+          r.compress_ms, r.network_ms, r.server_ms, r.decompress_ms, r.server_peak_rss_mb,
+          4 * r.server_owned_mb + 64);
     }
   }
   if (opt.json) std::fputs(JsonArray(records).c_str(), stdout);
@@ -885,6 +1004,16 @@ int ParseArgs(int argc, char** argv, Options* o) {
       const std::vector<std::string> specs = SplitSpecs(v);
       if (specs.empty()) bad(v);
       o->compressors.insert(o->compressors.end(), specs.begin(), specs.end());
+    } else if (a == "--security") {
+      const char* v = next();
+      const std::vector<std::string> modes = SplitSpecs(v);
+      if (modes.empty()) bad(v);
+      for (const std::string& m : modes) {
+        if (m != "none" && m != "curve") bad(v);
+        if (std::find(o->securities.begin(), o->securities.end(), m) == o->securities.end()) {
+          o->securities.push_back(m);
+        }
+      }
     } else if (a == "--error-feedback") {
       const std::string v = next();
       if (v != "auto" && !compressors::ParseErrorFeedbackPolicy(v).ok()) bad(v.c_str());
@@ -916,6 +1045,7 @@ int ParseArgs(int argc, char** argv, Options* o) {
     }
   }
   if (o->compressors.empty()) o->compressors.push_back("none");
+  if (o->securities.empty()) o->securities.push_back("none");
   for (const std::string& spec : o->compressors) {
     StatusOr<v1::CompressorConfig> c = compressors::ParseCompressorSpec(spec);
     if (!c.ok()) {
@@ -938,6 +1068,29 @@ int RunPushPullBench(int argc, char** argv) {
 
 int RunPushPullWorkerMode(int argc, char** argv) {
   return RunPushPullWorker("bitpush-bench pushpull-worker", argc, argv);
+}
+
+// `bitpush-bench pushpull-keygen CLUSTER.yaml DIR` (hidden; bench/emulated_network.py
+// --security curve): a key pair per node of the YAML's cluster and its public_keys, written into
+// DIR (created 0700 if missing; existing key files are kept). Exit 0, 1 on an error, 2 usage.
+int RunPushPullKeygenMode(int argc, char** argv) {
+  constexpr char kProgram[] = "bitpush-bench pushpull-keygen";
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s CLUSTER.yaml DIR\n", kProgram);
+    return 2;
+  }
+  StatusOr<scheduler::ClusterConfig> c = scheduler::LoadClusterConfig(argv[1]);
+  if (!c.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kProgram, c.status().message().c_str());
+    return 2;
+  }
+  StatusOr<std::vector<std::string>> written =
+      security::WriteClusterKeys(argv[2], scheduler::ClusterNodeNames(*c), /*overwrite=*/false);
+  if (!written.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kProgram, written.status().ToString().c_str());
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace bitpush::bench

@@ -6,6 +6,11 @@ bridge in a hub namespace. Runs the real binaries inside the namespaces. Needs r
     sudo /usr/bin/python3 bench/emulated_network.py --workers 2 --servers 2 --mb 100 \
         --gbit 1 [--delay-ms D] [--loss-pct P] [--train] [--out bench-out/emulated-network]
 
+--security none,curve runs every compressor once per security mode (security_ratio: the
+round time under none / under this mode); curve clusters use a key pair per node written by
+`bitpush-bench pushpull-keygen` into a private temporary directory (0700), named as keys_dir
+in their YAML and removed on exit.
+
 --train also trains examples/train_digits.py and examples/train_charlm.py across the same
 network, each with LANS uncompressed and CLAN + onebit (error feedback both), and plots their
 loss against wall-clock time.
@@ -27,10 +32,12 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -230,7 +237,8 @@ def tail(path, n=15):
         return ""
 
 
-def write_yaml(path, net, servers, workers, spec, ef, min_compress_bytes, timeout_s, tuning):
+def write_yaml(path, net, servers, workers, spec, ef, min_compress_bytes, timeout_s, tuning,
+               keys_dir=None):
     y = ["cluster:",
          "  scheduler: %s:9000" % net.ip("sched"),
          "  servers: [%s]" % ", ".join("%s:9100" % net.ip("s%d" % i) for i in range(servers)),
@@ -249,6 +257,8 @@ def write_yaml(path, net, servers, workers, spec, ef, min_compress_bytes, timeou
          "worker:",
          "  op_timeout_s: %d" % timeout_s,
          "  compress_threads: %s" % (tuning.compress_threads or "auto")]
+    if keys_dir:
+        y += ["security:", "  mode: curve", '  keys_dir: "%s"' % keys_dir]
     with open(path, "w") as f:
         f.write("\n".join(y) + "\n")
 
@@ -266,11 +276,12 @@ def start_control(procs, args, net, yaml, tag):
 
 # ---- (a) push_pull rounds --------------------------------------------------------------------
 
-def run_pushpull(args, net, spec):
+def run_pushpull(args, net, spec, security="none", keys_dir=None):
     ef = error_feedback_for(spec)
-    tag = re.sub(r"[^A-Za-z0-9]+", "_", spec)
+    tag = re.sub(r"[^A-Za-z0-9]+", "_", spec) + ("" if security == "none" else "-" + security)
     yaml = os.path.join(args.work, tag + ".yaml")
-    write_yaml(yaml, net, args.servers, args.workers, spec, ef, 1 << 20, args.timeout_s, args)
+    write_yaml(yaml, net, args.servers, args.workers, spec, ef, 1 << 20, args.timeout_s, args,
+               keys_dir if security == "curve" else None)
     procs = Procs()
     t0 = time.time()
     try:
@@ -301,7 +312,7 @@ def run_pushpull(args, net, spec):
     best = max(r["best_iter_seconds"] for r in recs)
     pushed = statistics.mean(r["bytes_pushed"] / iters for r in recs)
     pulled = statistics.mean(r["bytes_pulled"] / iters for r in recs)
-    return {"compressor": spec, "error_feedback": ef,
+    return {"compressor": spec, "error_feedback": ef, "security": security,
             "median_round_ms": median * 1e3, "best_round_ms": best * 1e3,
             "mean_round_ms": max(r["loop_seconds"] for r in recs) / iters * 1e3,
             "per_worker_median_round_ms": [r["median_iter_seconds"] * 1e3 for r in recs],
@@ -391,7 +402,8 @@ def plot(out_dir, rows, training, title):
 
     paths = []
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    names = [r["compressor"] for r in rows]
+    names = [r["compressor"] + ("" if r["security"] == "none" else " (%s)" % r["security"])
+             for r in rows]
     ms = [r["median_round_ms"] for r in rows]
     bars = ax.bar(range(len(rows)), ms, color="tab:blue")
     for b, r in zip(bars, rows):
@@ -441,18 +453,19 @@ def quality(t):
 
 
 def table(rows, full_size):
-    lines = ["| compressor | error feedback | round (ms, median) | push B/round/worker | "
-             "speedup vs none | target | met |",
-             "|---|---|---:|---:|---:|---:|---|"]
+    lines = ["| compressor | error feedback | security | round (ms, median) | "
+             "push B/round/worker | speedup vs none | x security none | target | met |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         target = r.get("target_speedup")
         met = "" if target is None else ("yes" if r["target_met"] else "**no**")
         if target is not None and not full_size:
             met += " (not the target's setup)"
-        lines.append("| %s | %s | %.1f | %.0f | %s | %s | %s |" % (
-            r["compressor"], r["error_feedback"], r["median_round_ms"],
+        lines.append("| %s | %s | %s | %.1f | %.0f | %s | %s | %s | %s |" % (
+            r["compressor"], r["error_feedback"], r["security"], r["median_round_ms"],
             r["push_bytes_per_round_per_worker"],
             "%.2fx" % r["speedup_vs_none"] if r.get("speedup_vs_none") else "-",
+            "%.2fx" % r["security_ratio"] if r.get("security_ratio") else "-",
             "%gx" % target if target else "-", met))
     return "\n".join(lines)
 
@@ -471,6 +484,9 @@ def parse_args(argv=None):
                         "and settle over about ten rounds")
     p.add_argument("--compressors", default=DEFAULT_COMPRESSORS,
                    help="comma-separated specs (default %(default)s)")
+    p.add_argument("--security", action="append", default=None,
+                   help="security modes, comma-separated (none, curve; the flag may repeat): "
+                        "every compressor runs once per mode (default none)")
     p.add_argument("--gbit", type=float, default=1.0, help="per node, each direction")
     p.add_argument("--delay-ms", type=float, default=0.0, help="netem delay per node link")
     p.add_argument("--loss-pct", type=float, default=0.0, help="netem loss per node link")
@@ -500,6 +516,14 @@ def parse_args(argv=None):
         p.error("--servers 1..80, --workers 1..150 (addresses in %s0/24)" % SUBNET)
     if not re.match(r"^[A-Za-z0-9_.-]{1,40}$", args.prefix):
         p.error("--prefix: letters, digits, _ . - only, at most 40")
+    modes = []
+    for item in args.security or ["none"]:
+        for m in item.split(","):
+            if m not in ("none", "curve"):
+                p.error("--security: '%s' is not a mode (none, curve)" % m)
+            if m not in modes:
+                modes.append(m)
+    args.security = modes
     args.train_examples = [e for e in args.train_examples.split(",") if e]
     for e in args.train_examples:
         if e not in EXAMPLES:
@@ -535,16 +559,27 @@ def main(argv=None):
     net = Network(args.prefix, args.servers, args.workers, args.gbit, args.delay_ms,
                   args.loss_pct)
     rows, training = [], []
+    keys_dir = None
     try:
         remove_stale(args.prefix)
+        if "curve" in args.security:
+            # A key pair per node (the names depend only on the counts), private to this run.
+            keys_dir = tempfile.mkdtemp(prefix="bp-emnet-keys-")
+            shape = os.path.join(args.work, "keygen.yaml")
+            write_yaml(shape, net, args.servers, args.workers, "none", "none", 1 << 20,
+                       args.timeout_s, args)
+            sh([os.path.join(args.bin_dir, "bitpush-bench"), "pushpull-keygen", shape,
+                keys_dir])
         net.create()
         log("network up: %d namespaces under %s-*, %g Gbit/s per node each way"
             % (len(net.created), args.prefix, args.gbit))
         for spec in specs:
-            log("push_pull %s: %d workers x %d servers, %g MiB, %d+%d rounds"
-                % (spec, args.workers, args.servers, args.mb, args.warmup, args.iters))
-            rows.append(run_pushpull(args, net, spec))
-            log("  median round %.1f ms" % rows[-1]["median_round_ms"])
+            for security in args.security:
+                log("push_pull %s (security %s): %d workers x %d servers, %g MiB, %d+%d rounds"
+                    % (spec, security, args.workers, args.servers, args.mb, args.warmup,
+                       args.iters))
+                rows.append(run_pushpull(args, net, spec, security, keys_dir))
+                log("  median round %.1f ms" % rows[-1]["median_round_ms"])
         if args.train:
             for example in args.train_examples:
                 for opt, comp in TRAIN_RUNS:
@@ -563,12 +598,21 @@ def main(argv=None):
             signal.signal(sig, signal.SIG_IGN)
         net.remove()
         remove_stale(args.prefix)
+        if keys_dir:
+            shutil.rmtree(keys_dir, ignore_errors=True)
 
-    none = next((r for r in rows if r["compressor"] == "none"), None)
+    def find(spec, security):
+        return next((r for r in rows if r["compressor"] == spec and r["security"] == security),
+                    None)
+
     full_size = (args.workers, args.servers, args.mb, args.gbit) == (2, 2, 100, 1) \
         and args.delay_ms == 0 and args.loss_pct == 0
     for r in rows:
+        none = find("none", r["security"])
         r["speedup_vs_none"] = none["median_round_ms"] / r["median_round_ms"] if none else None
+        plain = find(r["compressor"], "none")
+        r["security_ratio"] = (plain["median_round_ms"] / r["median_round_ms"]
+                               if plain else None)
         target = TARGETS.get(r["compressor"])
         if target is not None and r["speedup_vs_none"]:
             r["target_speedup"] = target
@@ -579,6 +623,7 @@ def main(argv=None):
         if args.delay_ms or args.loss_pct else "")
     result = {"setup": {"workers": args.workers, "servers": args.servers, "mb": args.mb,
                         "iters": args.iters, "warmup": args.warmup, "cpus": os.cpu_count(),
+                        "security": args.security,
                         "targets_apply": full_size},
               "link": net.link_settings(), "pushpull": rows}
     if training:

@@ -8,12 +8,16 @@ usage: pushpull_targets.py RESULT.json
                                             below, prints its JSON, then checks it)
 
   BENCH pushpull --json --workers 1 --servers 1 --mb 100 --partition-kb 4000 \\
-        --compressor none,onebit --iters 20
+        --compressor none,onebit --security none,curve --iters 20
 
-Targets:
+Targets (the first two on the records under security none):
   none                      goodput_gbps >= 0.6 x raw_tcp_gbps of the same run
   onebit (error feedback)   goodput_gbps >= 2 x the none goodput of the same run
+  none under curve          goodput_gbps >= 0.8 x none under security none (security_ratio)
+  onebit under curve        goodput_gbps >= 0.95 x onebit under security none (security_ratio)
   every record              server_peak_rss_mb <= 4 x server_owned_mb + 64 (rss_target_mb)
+The security targets are checked when the JSON has curve records (a record without a
+`security` field ran under none).
 
 Also printed, for information (not a target): none goodput / raw_tcp_duplex_gbps, the raw TCP
 throughput per direction when both ends send at once (ratio_to_raw_tcp_duplex): a push_pull
@@ -24,7 +28,8 @@ import subprocess
 import sys
 
 RUN_ARGS = ["pushpull", "--json", "--workers", "1", "--servers", "1", "--mb", "100",
-            "--partition-kb", "4000", "--compressor", "none,onebit", "--iters", "20"]
+            "--partition-kb", "4000", "--compressor", "none,onebit", "--security", "none,curve",
+            "--iters", "20"]
 
 
 def load():
@@ -42,10 +47,12 @@ def load():
 
 
 records = load()
-by_spec = {r["compressor"].split(":")[0]: r for r in records}
+by_spec = {r["compressor"].split(":")[0]: r for r in records
+           if r.get("security", "none") == "none"}
+curve = {r["compressor"].split(":")[0]: r for r in records if r.get("security") == "curve"}
 for need in ("none", "onebit"):
     if need not in by_spec:
-        sys.exit(f"no '{need}' record: run with --compressor none,onebit")
+        sys.exit(f"no '{need}' record under security none: run with --compressor none,onebit")
 none, onebit = by_spec["none"], by_spec["onebit"]
 if onebit["error_feedback"] == "none":
     sys.exit("the onebit record ran without error feedback; the target is onebit with it")
@@ -83,9 +90,18 @@ if "raw_tcp_duplex_gbps" in none:
 ratio = onebit["goodput_gbps"] / none["goodput_gbps"]
 row(f"onebit (ef {onebit['error_feedback']}) goodput / none", ratio, 2.0,
     f"{onebit['goodput_gbps']:.3f} / {none['goodput_gbps']:.3f} = {ratio:.2f}")
+for name, need in (("none", 0.8), ("onebit", 0.95)):
+    if name in curve:
+        c, n = curve[name], by_spec[name]
+        ratio = c["goodput_gbps"] / n["goodput_gbps"]
+        row(f"{c['compressor']}: goodput under curve / under none", ratio, need,
+            f"{c['goodput_gbps']:.3f} / {n['goodput_gbps']:.3f} = {ratio:.2f}")
+if not curve:
+    print("| (info) security targets | no curve records (--security none,curve) | — | "
+          "not checked |")
 for r in records:
     headroom = r["rss_target_mb"] / r["server_peak_rss_mb"]
-    row(f"{r['compressor']}: server RSS within 4 x owned + 64 MB", headroom, 1.0,
+    row(f"{r['compressor']}{' (curve)' if r.get('security') == 'curve' else ''}: server RSS within 4 x owned + 64 MB", headroom, 1.0,
         f"{r['server_peak_rss_mb']:.0f} MB of {r['rss_target_mb']:.0f} MB "
         f"({r['server_owned_mb']:.0f} MB owned)")
 print("\nall targets met" if ok else "\nSOME TARGETS MISSED")

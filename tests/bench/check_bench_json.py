@@ -4,6 +4,7 @@
 rely on. Runs tiny configurations (compressors: at every ISA level this CPU has; localreduce:
 1 MiB per process; pushpull: a 2-worker, 2-server cluster of 1 MiB) and checks the records (not the speed: speed targets live in the benchmark, not in
 tests)."""
+import glob
 import json
 import subprocess
 import sys
@@ -115,7 +116,8 @@ PUSHPULL_REQUIRED = {
     "worker_peak_rss_mb", "ratio_to_raw_tcp", "mb", "partition_kb", "iters", "error_feedback",
     "compress_ms", "network_ms", "server_ms", "decompress_ms", "iter_ms", "server_owned_mb",
     "rss_target_mb", "ratio_to_none", "wire_compression_ratio", "raw_tcp_median_gbps",
-    "raw_tcp_duplex_gbps", "raw_tcp_duplex_median_gbps", "ratio_to_raw_tcp_duplex", "link_gbit"}
+    "raw_tcp_duplex_gbps", "raw_tcp_duplex_median_gbps", "ratio_to_raw_tcp_duplex", "link_gbit",
+    "security", "security_ratio"}
 r = run("pushpull", "--json", "--mb", "1", "--partition-kb", "256", "--iters", "2", "--warmup",
         "1", "--workers", "2", "--servers", "2", "--compressor", "none,onebit", "--raw-reps", "1",
         "--timeout-s", "60")
@@ -137,6 +139,7 @@ for rec in records:
         < 1e-3 * rec["ratio_to_raw_tcp_duplex"], rec
     assert rec["raw_tcp_duplex_median_gbps"] <= rec["raw_tcp_duplex_gbps"], rec  # best >= median
     assert rec["link_gbit"] == 0, rec  # loopback unless --link-gbit
+    assert rec["security"] == "none" and rec["security_ratio"] == 1, rec  # --security: none
     assert abs(rec["rss_target_mb"] - (4 * rec["server_owned_mb"] + 64)) < 1e-6, rec
     assert rec["pushes_rejected"] == 0, rec
 assert records[0]["raw_tcp_gbps"] == records[1]["raw_tcp_gbps"], "one raw TCP reference per run"
@@ -145,6 +148,34 @@ assert records[0]["raw_tcp_duplex_gbps"] == records[1]["raw_tcp_duplex_gbps"], \
 assert records[0]["error_feedback"] == "none" and records[1]["error_feedback"] == "both", records
 assert records[0]["ratio_to_none"] == 1, records[0]
 assert records[1]["wire_compression_ratio"] > 10, records[1]  # 1 bit per value, plus headers
+# --security none,curve: each compressor once per mode in one run; curve clusters get a key pair
+# per node in a private temporary directory that is gone when the benchmark exits.
+keys_before = set(glob.glob("/tmp/bp-bench-keys-*"))
+r = run("pushpull", "--json", "--mb", "1", "--partition-kb", "256", "--iters", "2", "--warmup",
+        "1", "--compressor", "none", "--security", "none,curve", "--security", "curve",
+        "--raw-reps", "1", "--timeout-s", "60")
+assert r.returncode == 0, r.stderr
+records = json.loads(r.stdout)
+assert [(x["compressor"], x["security"]) for x in records] == \
+    [("none", "none"), ("none", "curve")], records
+for rec in records:
+    missing = PUSHPULL_REQUIRED - rec.keys()
+    assert not missing, f"pushpull record {rec} lacks {missing}"
+    assert rec["goodput_gbps"] > 0 and rec["pushes_rejected"] == 0, rec
+    assert rec["ratio_to_none"] == 1, rec  # against none under the same security
+assert records[0]["security_ratio"] == 1, records[0]
+assert abs(records[1]["security_ratio"] - records[1]["goodput_gbps"] /
+           records[0]["goodput_gbps"]) < 1e-3 * records[1]["security_ratio"], records
+assert set(glob.glob("/tmp/bp-bench-keys-*")) <= keys_before, "the keys directory was left"
+r = run("pushpull", "--json", "--mb", "1", "--partition-kb", "256", "--iters", "1", "--warmup",
+        "0", "--security", "curve", "--raw-reps", "1", "--timeout-s", "60")
+assert r.returncode == 0, r.stderr
+records = json.loads(r.stdout)
+assert [x["security"] for x in records] == ["curve"], records
+assert records[0]["security_ratio"] is None, records  # no run under none to compare with
+for bad in ("tls", "none,plain", ""):
+    r = run("pushpull", "--security", bad)
+    assert r.returncode == 2 and "--security" in r.stderr, (bad, r.stderr)
 r = run("pushpull", "--compressor", "randomk:ratio=0.01,unbiased=true", "--error-feedback",
         "both")
 assert r.returncode == 2 and "unbiased random-k" in r.stderr, r.stderr

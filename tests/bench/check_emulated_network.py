@@ -1,12 +1,14 @@
 #!/usr/bin/python3
 """The bench/emulated_network.py contract, checked with a small run: 2 worker namespaces,
-1 server, 4 MiB, compressors none + onebit over 1 Gbit/s links. Checks results.json's fields
-and that no namespace with the run's prefix is left. Exits 77 (skip) when not root or when
+1 server, 4 MiB, compressors none + onebit over 1 Gbit/s links; then 1 worker, 1 server, 1 MiB
+of none under --security none,curve. Checks results.json's fields and that no namespace with
+the run's prefix (and no keys directory) is left. Exits 77 (skip) when not root or when
 network namespaces cannot be created here.
 
     /usr/bin/python3 tests/bench/check_emulated_network.py BIN_DIR
 """
 
+import glob
 import json
 import os
 import subprocess
@@ -94,8 +96,38 @@ def main():
         for plot in res["plots"]:
             if not os.path.getsize(plot) > 0:
                 fail("empty plot " + plot)
-    print("OK: none %.1f ms, onebit %.1f ms per round; no namespace left"
-          % (rows["none"]["median_round_ms"], rows["onebit"]["median_round_ms"]))
+    none_ms, onebit_ms = rows["none"]["median_round_ms"], rows["onebit"]["median_round_ms"]
+
+    # --security none,curve: one cluster per mode; the curve one with keys of its own.
+    keys_before = set(glob.glob("/tmp/bp-emnet-keys-*"))
+    with tempfile.TemporaryDirectory(prefix="bp-emnet-") as out:
+        cmd = ["/usr/bin/python3", os.path.join(REPO, "bench", "emulated_network.py"),
+               "--workers", "1", "--servers", "1", "--mb", "1", "--iters", "2", "--warmup", "1",
+               "--compressors", "none", "--security", "none,curve", "--gbit", "10",
+               "--prefix", prefix, "--out", out, "--bin-dir", bin_dir, "--timeout-s", "30",
+               "--no-plots"]
+        print(" ".join(cmd), flush=True)
+        r = subprocess.run(cmd, timeout=120)
+        left = [n for n in netns_names() if n.startswith(prefix)]
+        if left:
+            fail("namespaces left behind: %s" % left)
+        if set(glob.glob("/tmp/bp-emnet-keys-*")) - keys_before:
+            fail("the keys directory was left behind")
+        if r.returncode != 0:
+            fail("emulated_network.py --security none,curve exited %d" % r.returncode)
+        with open(os.path.join(out, "results.json")) as f:
+            res = json.load(f)
+        got = [(row["compressor"], row["security"]) for row in res["pushpull"]]
+        if got != [("none", "none"), ("none", "curve")]:
+            fail("--security none,curve ran %s" % got)
+        curve = res["pushpull"][1]
+        if not curve["median_round_ms"] > 0 or not curve.get("security_ratio"):
+            fail("curve row %s" % curve)
+        with open(os.path.join(out, "work", "none-curve.yaml")) as f:
+            if "mode: curve" not in f.read():
+                fail("the curve cluster's YAML has no security.mode curve")
+    print("OK: none %.1f ms, onebit %.1f ms per round; curve/none %.2f; no namespace left"
+          % (none_ms, onebit_ms, curve["security_ratio"]))
     return 0
 
 
