@@ -2,9 +2,11 @@
 # Boots a real systemd (PID 1 of new pid+mount+net+cgroup namespaces) with the installed bitpush
 # units and checks that they work: Type=notify readiness, the hardening (ProtectSystem=strict,
 # PrivateTmp, PrivateDevices, NoNewPrivileges, RuntimeDirectory=bitpush, User=bitpush from the
-# sysusers.d file) not breaking the daemons, a training process talking to the worker daemon's
-# socket under /run/bitpush, a clean end (every unit stops by itself with exit status 0, after
-# READY=1 and STOPPING=1 datagrams), and `systemctl stop` (SIGTERM ends each daemon by itself).
+# sysusers.d file) not breaking the daemons, CURVE (security.mode: curve: each node's key,
+# root:root 0600 on disk, reaches its daemon through LoadCredential=; a peer without CURVE is
+# refused), a training process talking to the worker daemon's socket under /run/bitpush, a clean
+# end (every unit stops by itself with exit status 0, after READY=1 and STOPPING=1 datagrams),
+# and `systemctl stop` (SIGTERM ends each daemon by itself).
 # docs/deploy.md ("Tests") says what it covers.
 #
 #   boot_systemd_units.sh BUILD_DIR INSTALL_PREFIX
@@ -13,8 +15,10 @@
 # of /etc with /etc/bitpush/{cluster.yaml,worker.env,token}, a target that pulls in
 # bitpush-scheduler, bitpush-server@0, @1, bitpush-worker and a checker unit. Then a cgroup2
 # child cgroup (removed at the end) is entered and `unshare -C -p -f -m -n` runs this script
-# as `--ns` (PID 1 of the namespaces), which mounts the views below and execs systemd with
-# --unit=bitpush-sdboot.target. Inside the namespace:
+# as `--ns` (PID 1 of the namespaces), which mounts the views below, writes the keys as
+# docs/deploy.md says (`bitpush keygen --config /etc/bitpush/cluster.yaml --out
+# /etc/bitpush/keys` with this build's `bitpush`, root:root 0600, worker-0.key as worker.key) and
+# execs systemd with --unit=bitpush-sdboot.target. Inside the namespace:
 #   /              read-only (a bind remount: the host's files cannot change)
 #   /etc           the private copy (systemd-sysusers creates the user `bitpush` there)
 #   PREFIX         the staged install over the host's PREFIX (overlay, else a bind mount)
@@ -24,7 +28,8 @@
 #   /sys/fs/cgroup cgroup2, rooted at the child cgroup (cgroup namespace)
 #   network        only `lo` (127.0.0.1; the host's interfaces are not visible)
 # The checker unit (this script as `--check`, After= the four services) records each unit's
-# state and the hardening in force on its process, runs one bitpush-test-trainer as `bitpush`
+# state, the hardening in force on its process and its key in $CREDENTIALS_DIRECTORY, that a
+# non-CURVE peer is refused, runs one bitpush-test-trainer as `bitpush`
 # against /run/bitpush/worker.sock (a few push_pulls, checked bit for bit), waits for every
 # unit to end, starts and `systemctl stop`s them once more, and writes result lines and
 # the units' journals to a directory shared with the outside, which prints them. Every wait is
@@ -52,9 +57,10 @@ find_systemd() {
 }
 
 # ---------------------------------------------------------------------------------------------
-# --ns SHARED PREFIX: PID 1 of the new namespaces; sets up the mounts, then becomes systemd.
+# --ns SHARED PREFIX BUILD: PID 1 of the new namespaces; sets up the mounts and the keys, then
+# becomes systemd.
 ns_main() {
-  local shared=$1 prefix=$2 systemd
+  local shared=$1 prefix=$2 build=$3 systemd
   set -e
   systemd=$(find_systemd)
   # Private propagation (unshare does it too): nothing mounted here reaches the host.
@@ -96,6 +102,22 @@ ns_main() {
   getent passwd bitpush >/dev/null
   chown bitpush:bitpush /etc/bitpush/token
   chmod 0600 /etc/bitpush/token
+  # The keys (security.mode: curve), as docs/deploy.md writes them for a systemd deployment:
+  # root:root 0600 key files that only systemd (root) reads, handed to each unit by
+  # LoadCredential=; the directory and public_keys readable by bitpush (security.public_keys).
+  # All nodes run on this one machine, so it keeps every key; the worker unit's is worker.key.
+  "$build/bin/bitpush" keygen --config /etc/bitpush/cluster.yaml --out /etc/bitpush/keys
+  mv /etc/bitpush/keys/worker-0.key /etc/bitpush/keys/worker.key
+  chown -R root:root /etc/bitpush/keys
+  chmod 0755 /etc/bitpush/keys
+  chmod 0600 /etc/bitpush/keys/*.key
+  chmod 0644 /etc/bitpush/keys/public_keys
+  # Shared propagation inside the namespace, as a booted host (systemd makes / rshared when it
+  # is not in a container) or a container manager has it: systemd mounts each unit's
+  # $CREDENTIALS_DIRECTORY from a helper process's mount namespace, and the mount reaches
+  # systemd's own namespace only by propagation (with private mounts the unit finds an empty
+  # directory). The peer groups are new and this namespace's own: nothing reaches the host.
+  mount --make-rshared /
   set +e
   # container=: systemd skips what a container manager owns (udev, kernel modules, sysctl,
   # the console) — this is a shared kernel, like a container.
@@ -145,11 +167,46 @@ check_main() {
         say "FAIL $u: /tmp is not a systemd-private directory (PrivateTmp not in force)"
       fi
     fi
+    # Its CURVE key came through LoadCredential=: the file on disk is root's alone (the daemon,
+    # as bitpush, could not open it), its copy in $CREDENTIALS_DIRECTORY is bitpush's alone (the
+    # daemon refuses a key file its group or others may access), and the daemon runs with it.
+    local key creds copy disk
+    key=$(key_of "$u")
+    creds=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n 's/^CREDENTIALS_DIRECTORY=//p')
+    copy=$(stat -c '%U %a' "$creds/bitpush.key" 2>&1)
+    disk=$(stat -c '%U:%G %a' "/etc/bitpush/keys/$key" 2>&1)
+    if [ -n "$creds" ] && [ "$disk" = "root:root 600" ] && [ "${copy% *}" = bitpush ] &&
+       [ $((0${copy#* } & 077)) = 0 ] && cmp -s "$creds/bitpush.key" "/etc/bitpush/keys/$key" &&
+       ! setpriv --reuid=bitpush --regid=bitpush --init-groups -- \
+         cat "/etc/bitpush/keys/$key" >/dev/null 2>&1; then
+      say "PASS $u key: /etc/bitpush/keys/$key ($disk, unreadable by bitpush) as $creds/bitpush.key ($copy)"
+    else
+      say "FAIL $u key: /etc/bitpush/keys/$key is '$disk' (want root:root 600, unreadable by bitpush), CREDENTIALS_DIRECTORY='$creds', its bitpush.key '$copy' (want bitpush's alone, the same bytes)"
+    fi
   done
   if [ -S /run/bitpush/worker.sock ] && [ "$(stat -c %U /run/bitpush)" = bitpush ]; then
     say "PASS /run/bitpush/worker.sock exists (RuntimeDirectory owned by bitpush)"
   else
     say "FAIL /run/bitpush/worker.sock missing or /run/bitpush not owned by bitpush: $(ls -la /run/bitpush 2>&1 | tr '\n' ' ')"
+  fi
+
+  # CURVE in force on the wire: a ZMTP 3.0 greeting offering the NULL mechanism (what a node of
+  # security.mode none sends) to the scheduler's port is refused, and the scheduler says why.
+  if (exec 3<>/dev/tcp/127.0.0.1/47100 &&
+      { printf '\xff'; head -c 8 /dev/zero; printf '\x7f\x03\x00NULL'; head -c 48 /dev/zero; } >&3 &&
+      sleep 1) 2>/dev/null; then
+    local i=0
+    until journalctl -b --no-pager -u bitpush-scheduler.service |
+          grep -q "refused a connection that does not speak CURVE" || [ $i -ge 50 ]; do
+      sleep 0.2; i=$((i + 1))
+    done
+    if [ $i -lt 50 ]; then
+      say "PASS a peer without CURVE is refused (the scheduler logged it)"
+    else
+      say "FAIL a NULL-mechanism ZMTP greeting to the scheduler was not refused as 'does not speak CURVE'"
+    fi
+  else
+    say "FAIL could not send a ZMTP greeting to the scheduler at 127.0.0.1:47100"
   fi
 
   if grep -q '^FAIL' "$out/result"; then
@@ -263,6 +320,15 @@ check_main() {
   say "END"
 }
 
+# The key file under /etc/bitpush/keys that unit $1 loads (LoadCredential=).
+key_of() {
+  case $1 in
+    bitpush-scheduler.service) echo scheduler.key ;;
+    bitpush-server@*.service) local n=${1#bitpush-server@}; echo "server-${n%.service}.key" ;;
+    bitpush-worker.service) echo worker.key ;;
+  esac
+}
+
 save_journals() {
   journalctl --sync >/dev/null 2>&1
   for u in $kUnits; do
@@ -293,6 +359,8 @@ outer_main() {
   [ -d "$prefix" ] || skip "install prefix $prefix does not exist here (the test mounts the staged install over it)"
   case $prefix in /|/usr) skip "install prefix $prefix: the test mounts over it; use e.g. /usr/local" ;; esac
   [ -x "$build/bin/bitpush-test-trainer" ] || fail "$build/bin/bitpush-test-trainer not built"
+  [ -x "$build/bin/bitpush" ] && [ -d "$build/python/bitpush" ] ||
+    fail "$build/bin/bitpush (bitpush keygen) not built (target bitpush_python)"
 
   local timeout_s=${BITPUSH_SDBOOT_TIMEOUT:-150}
   W=$(mktemp -d "${TMPDIR:-/tmp}/bitpush-sdboot.XXXXXX") || fail "mktemp"
@@ -353,6 +421,9 @@ cluster:
   heartbeat_interval_ms: 200
   heartbeat_timeout_ms: 2000
   startup_timeout_s: 60
+security:
+  mode: curve                                     # keys: /etc/bitpush/keys (ns_main)
+  public_keys: /etc/bitpush/keys/public_keys
 compression:
   spec: onebit
   error_feedback: both
@@ -389,7 +460,7 @@ EOF
   mkdir "$CG" || fail "mkdir $CG"
   (
     echo $BASHPID >"$CG/cgroup.procs" || exit 1
-    exec unshare -C -p -f -m -n --mount-proc "$W/boot_systemd_units.sh" --ns "$W" "$prefix"
+    exec unshare -C -p -f -m -n --mount-proc "$W/boot_systemd_units.sh" --ns "$W" "$prefix" "$build"
   ) >"$W/boot.log" 2>&1 </dev/null &
   UNSHARE_PID=$!
   # Should this script be SIGKILLed (no trap runs), a watchdog still kills the namespace once

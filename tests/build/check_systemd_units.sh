@@ -4,6 +4,9 @@
 # names an installed executable. Any line verify prints fails the check (it reports unknown
 # keys as warnings with exit status 0). Exit 77 (ctest SKIP_RETURN_CODE) without
 # systemd-analyze. verify does not resolve User=/Group= (the sysusers.d user need not exist).
+# Also: each unit loads its node's CURVE key with LoadCredential=bitpush.key:/etc/bitpush/keys/...
+# (docs/deploy.md, "Keys"), and the installed cluster.yaml asks for CURVE with a public_keys path
+# (and parses, with this build's `bitpush check-config`, when it is built).
 #
 #   check_systemd_units.sh BUILD_DIR INSTALL_PREFIX
 set -u
@@ -47,6 +50,26 @@ for u in "$units"/*.service; do
   grep -q "^ExecStart=$prefix/bin/" "$u" || { echo "FAIL: $u: ExecStart= not under $prefix/bin"; fail=1; }
   if grep -q '@[A-Z_]*@' "$u"; then echo "FAIL: $u: unsubstituted @VAR@"; fail=1; fi
 done
+for pair in bitpush-scheduler.service:scheduler.key 'bitpush-server@.service:server-%i.key' \
+            bitpush-worker.service:worker.key; do
+  u=${pair%%:*}; key=${pair#*:}
+  n=$(grep -c '^LoadCredential=' "$units/$u")
+  if [ "$n" != 1 ] || ! grep -qx "LoadCredential=bitpush.key:/etc/bitpush/keys/$key" "$units/$u"; then
+    echo "FAIL: $u: want exactly LoadCredential=bitpush.key:/etc/bitpush/keys/$key"; fail=1
+  fi
+done
+yaml="$root$prefix/share/bitpush/cluster.yaml"
+if ! grep -qx '  mode: curve' "$yaml" ||
+   ! grep -qx '  public_keys: /etc/bitpush/keys/public_keys' "$yaml"; then
+  echo "FAIL: $yaml: want security.mode curve and public_keys /etc/bitpush/keys/public_keys"; fail=1
+fi
+if [ -x "$build/bin/bitpush" ] && [ -d "$build/python/bitpush" ]; then
+  if out=$("$build/bin/bitpush" check-config --no-resolve "$yaml" 2>&1); then
+    echo "ok: $prefix/share/bitpush/cluster.yaml parses (bitpush check-config)"
+  else
+    echo "FAIL: bitpush check-config --no-resolve $yaml:"; echo "$out"; fail=1
+  fi
+fi
 
 # The root needs the stock units (sysinit.target, ...) for default dependencies, and ours
 # where systemd looks for them: /usr/lib/systemd/system inside the root.
