@@ -185,6 +185,8 @@ class LocalCluster:
         op_timeout_s: worker.op_timeout_s.
         local_size: training processes per node; > 1 starts one bitpush-worker daemon per node
             (the processes use daemon mode).
+        security: security.mode, "none" or "curve"; with "curve" a key per node is generated
+            into <dir>/keys (docs/security.md).
         extra: more YAML, as {section: {key: value}} merged over the generated keys.
         bin_dir: where the binaries are (default BITPUSH_BIN_DIR, else this build's bin dir).
         keep_dir: keep the temporary directory (config, logs) after exit.
@@ -193,7 +195,8 @@ class LocalCluster:
     def __init__(self, workers=2, servers=2, compression="none", error_feedback="none",
                  min_compress_bytes=0, partition_bytes=None, heartbeat_interval_ms=100,
                  heartbeat_timeout_ms=1000, startup_timeout_s=30, op_timeout_s=30,
-                 local_size=1, extra=None, bin_dir=None, keep_dir=False, log_level=None):
+                 local_size=1, extra=None, bin_dir=None, keep_dir=False, log_level=None,
+                 security="none"):
         if workers < 1 or servers < 1 or local_size < 1:
             raise ValueError("LocalCluster needs at least one worker, server and local process")
         self.workers = workers
@@ -234,6 +237,9 @@ class LocalCluster:
             sections["compression"]["partition_bytes"] = partition_bytes
         if local_size > 1:
             sections["worker"]["local_size"] = local_size
+        if security != "none":
+            sections["security"] = {"mode": security,
+                                    "keys_dir": os.path.join(self.dir, "keys")}
         for section, keys in (extra or {}).items():
             sections.setdefault(section, {}).update(keys)
         with open(self.config_path, "w") as f:
@@ -241,6 +247,9 @@ class LocalCluster:
                 f.write("%s:\n" % section)
                 for k, v in keys.items():
                     f.write("  %s: %s\n" % (k, _yaml_scalar(v)))
+        if security != "none":
+            from . import _C
+            _C.write_cluster_keys(self.config_path, os.path.join(self.dir, "keys"), False)
         self.scheduler = None
         self.server_procs = []
         self.daemon_procs = []
