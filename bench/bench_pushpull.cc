@@ -530,7 +530,7 @@ class BenchKeys {
     return Status::Ok();
   }
 
-  const std::string& dir() const { return dir_; }
+  const std::string& Dir() const { return dir_; }
 
   void Remove() {
     if (dir_.empty()) return;
@@ -865,7 +865,7 @@ int RunDriver(const Options& opt) {
 
   std::vector<ClusterResult> results;
   for (const RunSpec& spec : runs) {
-    ClusterRun run(opt, net, spec.spec, spec.error_feedback, spec.security, keys.dir(), bin_dir);
+    ClusterRun run(opt, net, spec.spec, spec.error_feedback, spec.security, keys.Dir(), bin_dir);
     StatusOr<ClusterResult> r = run.Run();
     if (!r.ok()) {
       return Fail(spec.spec + " (security " + spec.security + "): " + r.status().ToString());

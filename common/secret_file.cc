@@ -22,7 +22,7 @@ class Fd {
   }
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
+  int Get() const { return fd_; }
 
  private:
   const int fd_;
@@ -32,11 +32,11 @@ class Fd {
 
 StatusOr<std::string> ReadSecretFile(const std::string& path, std::string_view what) {
   const Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
-  if (fd.get() < 0) {
+  if (fd.Get() < 0) {
     return NotFoundError(fmt::format("{} {}: cannot open: {}", what, path, std::strerror(errno)));
   }
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) {
+  if (::fstat(fd.Get(), &st) != 0) {
     return UnavailableError(fmt::format("{} {}: fstat: {}", what, path, std::strerror(errno)));
   }
   if (!S_ISREG(st.st_mode)) {
@@ -59,7 +59,7 @@ StatusOr<std::string> ReadSecretFile(const std::string& path, std::string_view w
   std::string content;
   char buf[4096];
   for (;;) {
-    const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    const ssize_t n = ::read(fd.Get(), buf, sizeof(buf));
     if (n < 0) {
       if (errno == EINTR) continue;
       return UnavailableError(fmt::format("{} {}: read: {}", what, path, std::strerror(errno)));

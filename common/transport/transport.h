@@ -64,9 +64,9 @@ struct TransportStats {
   uint64_t bytes_received = 0;
   uint64_t malformed_dropped = 0;  // frames/connections that were not valid bitpush traffic
   // Security (TransportSecurity): connections refused by authentication (under kCurve: an
-  // unknown key, or any failed handshake: another mechanism, bytes that are not ZMTP), messages refused because a newer connection
-  // authenticated as the same node took over, connections shut because max_connections were
-  // open.
+  // unknown key, or any failed handshake: another mechanism, bytes that are not ZMTP), messages
+  // refused because a newer connection authenticated as the same node took over, connections shut
+  // because max_connections were open.
   uint64_t auth_refused = 0;
   uint64_t identity_refused = 0;
   uint64_t connections_refused = 0;

@@ -1059,9 +1059,9 @@ void ZmqTransport::ReadRouterMonitor() {
       for (auto it = bound_fd_.begin(); it != bound_fd_.end();) {
         it = it->second == fd ? bound_fd_.erase(it) : std::next(it);
       }
-    } else if (curve_ && (event & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                                   ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                   ZMQ_EVENT_HANDSHAKE_FAILED_AUTH))) {
+    } else if (curve_ &&
+               (event & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                         ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH))) {
       // Under CURVE every failed handshake is a peer that did not authenticate: an unknown key
       // (logged by AnswerZap), a peer that does not speak CURVE (whichever side notices the
       // mismatch first, the other sees the connection end), or bytes that are not ZMTP.
