@@ -108,7 +108,8 @@ struct WorkerSettings {
   // worker.socket: the Unix socket path of the node's bitpush-worker daemon; `{rank}` in it
   // becomes the node's rank (SocketFor), needed when one host runs several worker nodes. "" = the
   // default DefaultDaemonSocketPath(rank) (worker/daemon_client.h: worker-<rank>.sock in the
-  // user's private socket directory); --socket overrides. At most 107 bytes after expansion (sun_path).
+  // user's private socket directory); --socket overrides. At most 107 bytes after expansion
+  // (sun_path).
   std::string socket;
 
   // `socket` with every "{rank}" replaced by `rank`; "" when socket is not set.
