@@ -5,10 +5,10 @@
 //
 // Is worker N of the cluster for the node's P training processes (worker::Client in daemon
 // mode), which connect to PATH (default: worker.socket of the YAML, else worker-<N>.sock in
-// the user's private socket directory, worker/ipc/socket_dir.h). At start it removes the shared-memory segments of
-// crashed processes of this user (SweepStaleSegments); --no-sweep skips that (tests that run
-// beside other tests of the same user, which may be inspecting such leftovers). Prints
-// "bitpush-worker node N: listening at PATH" on stdout once the socket is up.
+// the user's private socket directory, worker/ipc/socket_dir.h). At start it removes the
+// shared-memory segments of crashed processes of this user (SweepStaleSegments); --no-sweep skips
+// that (tests that run beside other tests of the same user, which may be inspecting such
+// leftovers). Prints "bitpush-worker node N: listening at PATH" on stdout once the socket is up.
 //
 // Exit status: 0 after a clean end (every training process said Goodbye and the cluster shut
 // down) or SIGINT/SIGTERM (pending rounds fail, Goodbye to every process, the socket file is

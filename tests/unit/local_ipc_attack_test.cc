@@ -37,8 +37,9 @@ using std::chrono::milliseconds;
 
 constexpr uid_t kNobody = 65534;
 
-#define EXPECT_CONTAINS(text, part) \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) << "'" << (part) << "' not in: " << (text)
+#define EXPECT_CONTAINS(text, part)                          \
+  EXPECT_NE(std::string(text).find(part), std::string::npos) \
+      << "'" << (part) << "' not in: " << (text)
 
 // A forked child running `body`, optionally as another user, with a pipe for lines to the
 // parent. Dies with the parent; SIGKILLed and reaped by the destructor.
@@ -282,7 +283,7 @@ TEST_F(LocalIpcAttack, DaemonRefusesAndCountsClientsOfAnotherUser) {
       self.Tell("connected");
       char buf[16];
       self.Tell(Readable(fd, 3000) && recv(fd, buf, sizeof(buf), 0) <= 0 ? "closed by the daemon"
-                                                                          : "still open");
+                                                                         : "still open");
       return 0;
     });
   };
@@ -375,8 +376,8 @@ TEST_F(LocalIpcAttack, PrivateDirectoryMustBeOursAndClosedToOthers) {
     EXPECT_EQ(ModeOf(dir), "0700");
   }
   ASSERT_EQ(chmod(dir.c_str(), 0750), 0);
-  for (const Status& s : {Listener::Listen(path).status(),
-                          Channel::Connect(path, milliseconds(100)).status()}) {
+  for (const Status& s :
+       {Listener::Listen(path).status(), Channel::Connect(path, milliseconds(100)).status()}) {
     EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
     EXPECT_CONTAINS(s.message(), "refusing the private socket directory " + dir);
     EXPECT_CONTAINS(s.message(), fmt::format("owner uid {}", geteuid()));
@@ -387,8 +388,8 @@ TEST_F(LocalIpcAttack, PrivateDirectoryMustBeOursAndClosedToOthers) {
   const std::string real = base_.path() + "/real";
   ASSERT_EQ(mkdir(real.c_str(), 0700), 0);
   ASSERT_EQ(symlink(real.c_str(), dir.c_str()), 0);
-  for (const Status& s : {Listener::Listen(path).status(),
-                          Channel::Connect(path, milliseconds(100)).status()}) {
+  for (const Status& s :
+       {Listener::Listen(path).status(), Channel::Connect(path, milliseconds(100)).status()}) {
     EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
     EXPECT_CONTAINS(s.message(), "it is a symbolic link");
   }

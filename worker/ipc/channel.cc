@@ -161,8 +161,8 @@ StatusOr<std::unique_ptr<Channel>> Channel::Connect(const std::string& path,
       // its backlog is full: retry.
       const bool retry = err == ENOENT || err == ECONNREFUSED || err == EAGAIN || err == EINTR;
       if (!retry) {
-        return UnavailableError(fmt::format(
-            "cannot connect to the bitpush-worker daemon at {}: {}", path, ErrnoText(err)));
+        return UnavailableError(fmt::format("cannot connect to the bitpush-worker daemon at {}: {}",
+                                            path, ErrnoText(err)));
       }
       last_error = ErrnoText(err);
     }
@@ -313,8 +313,8 @@ StatusOr<std::unique_ptr<Listener>> Listener::Listen(const std::string& path,
     }
     BP_LOG_INFO("replacing the stale socket {} (its daemon is gone)", path);
     if (unlink(path.c_str()) != 0 && errno != ENOENT) {
-      return FailedPreconditionError(fmt::format("cannot remove the stale socket {}: {}", path,
-                                                 ErrnoText(errno)));
+      return FailedPreconditionError(
+          fmt::format("cannot remove the stale socket {}: {}", path, ErrnoText(errno)));
     }
   }
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);

@@ -13,8 +13,8 @@
 // Identity: both sides learn the other's pid/uid from the kernel (SO_PEERCRED), never from a
 // message: the daemon names a dead training process by it, Accept refuses peers of another
 // user, and Connect refuses a listener of another user before sending anything. Both check
-// the socket's directory first (socket_dir.h). Errors name the peer (peer_name(): "pid N" until the daemon labels it, e.g.
-// "local rank 2 (pid N)").
+// the socket's directory first (socket_dir.h). Errors name the peer (peer_name(): "pid N" until the
+// daemon labels it, e.g. "local rank 2 (pid N)").
 //
 // Every wait is bounded: Connect retries a missing or busy daemon until its timeout, Receive
 // takes a timeout, Send waits at most ChannelOptions::send_timeout for room. Failures:

@@ -61,9 +61,9 @@ Status CheckPrivateDirectory(const std::string& dir, bool create) {
   }
   const std::string refuse = fmt::format("refusing the private socket directory {}", dir);
   if (S_ISLNK(st.st_mode)) {
-    return FailedPreconditionError(fmt::format(
-        "{}: it is a symbolic link (owned by {}); it must be a real directory", refuse,
-        DescribeUid(st.st_uid)));
+    return FailedPreconditionError(
+        fmt::format("{}: it is a symbolic link (owned by {}); it must be a real directory", refuse,
+                    DescribeUid(st.st_uid)));
   }
   if (!S_ISDIR(st.st_mode)) {
     return FailedPreconditionError(fmt::format("{}: it is not a directory", refuse));
