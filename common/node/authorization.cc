@@ -28,80 +28,85 @@ std::string_view ReceiverName(v1::Role r) {
 
 }  // namespace
 
+// What the scheduler sends to every node, received alike by servers and workers (the scheduler
+// client of each).
+std::vector<MessageRule> FromScheduler(v1::Role receiver) {
+  const RoleSet scheduler = RoleSet::Of(kScheduler);
+  auto rule = [&](ControlMessage::BodyCase kind, std::string_view name, std::string_view checks) {
+    return Control(receiver, kind, name, scheduler, "scheduler", checks);
+  };
+  return {
+      rule(ControlMessage::kRegisterAccepted, "RegisterAccepted",
+           "answers this node's pending registration"),
+      rule(ControlMessage::kRegisterRefused, "RegisterRefused",
+           "answers this node's pending registration"),
+      rule(ControlMessage::kAssignment, "Assignment", "after this node registered"),
+      rule(ControlMessage::kHeartbeat, "Heartbeat", "—"),
+      rule(ControlMessage::kBarrierRelease, "BarrierRelease",
+           "releases a barrier this node waits in"),
+      rule(ControlMessage::kNodeFailed, "NodeFailed", "—"),
+      rule(ControlMessage::kShutdown, "Shutdown",
+           receiver == kWorker
+               ? "fails every pending and later operation at once, naming the shutdown"
+               : "—"),
+      rule(ControlMessage::kWorkerFinished, "WorkerFinished", "—"),
+  };
+}
+
 const std::vector<MessageRule>& MessageRules() {
   static const RoleSet kNodes = RoleSet::Of(kServer, kWorker);
-  static const RoleSet kFromScheduler = RoleSet::Of(kScheduler);
   static const RoleSet kWorkers = RoleSet::Of(kWorker);
   static const RoleSet kServers = RoleSet::Of(kServer);
-  static const std::vector<MessageRule> kRules = {
-      // ---- received by the scheduler ----
-      Control(kScheduler, ControlMessage::kRegisterRequest, "RegisterRequest", RoleSet::AnyPeer(),
-              "anyone (refused unless a node)",
-              "protocol version; cluster token; the (role, rank) it registers is the sender's "
-              "own; the address is that rank's in the YAML; no other live registration of the "
-              "slot; config agreement"),
-      Control(kScheduler, ControlMessage::kHeartbeat, "Heartbeat", kNodes, "server, worker",
-              "the sender is registered and alive"),
-      Control(kScheduler, ControlMessage::kBarrierRequest, "BarrierRequest", kNodes,
-              "server, worker", "the sender is registered; counts for the sender's own slot"),
-      Control(kScheduler, ControlMessage::kDone, "Done", kWorkers, "worker",
-              "the sender is registered and assigned; marks the sender's own slot done (a "
-              "worker cannot finish another)"),
-      Control(kScheduler, ControlMessage::kShutdownAck, "ShutdownAck", kNodes, "server, worker",
-              "the sender is a node the shutdown was sent to"),
-      // ---- received by servers and workers (the scheduler client) ----
-      Control(kServer, ControlMessage::kRegisterAccepted, "RegisterAccepted", kFromScheduler,
-              "scheduler", "answers this node's pending registration"),
-      Control(kServer, ControlMessage::kRegisterRefused, "RegisterRefused", kFromScheduler,
-              "scheduler", "answers this node's pending registration"),
-      Control(kServer, ControlMessage::kAssignment, "Assignment", kFromScheduler, "scheduler",
-              "after this node registered"),
-      Control(kServer, ControlMessage::kHeartbeat, "Heartbeat", kFromScheduler, "scheduler", "—"),
-      Control(kServer, ControlMessage::kBarrierRelease, "BarrierRelease", kFromScheduler,
-              "scheduler", "releases a barrier this node waits in"),
-      Control(kServer, ControlMessage::kNodeFailed, "NodeFailed", kFromScheduler, "scheduler", "—"),
-      Control(kServer, ControlMessage::kShutdown, "Shutdown", kFromScheduler, "scheduler", "—"),
-      Control(kServer, ControlMessage::kWorkerFinished, "WorkerFinished", kFromScheduler,
-              "scheduler", "—"),
-      Control(kWorker, ControlMessage::kRegisterAccepted, "RegisterAccepted", kFromScheduler,
-              "scheduler", "answers this node's pending registration"),
-      Control(kWorker, ControlMessage::kRegisterRefused, "RegisterRefused", kFromScheduler,
-              "scheduler", "answers this node's pending registration"),
-      Control(kWorker, ControlMessage::kAssignment, "Assignment", kFromScheduler, "scheduler",
-              "after this node registered"),
-      Control(kWorker, ControlMessage::kHeartbeat, "Heartbeat", kFromScheduler, "scheduler", "—"),
-      Control(kWorker, ControlMessage::kBarrierRelease, "BarrierRelease", kFromScheduler,
-              "scheduler", "releases a barrier this node waits in"),
-      Control(kWorker, ControlMessage::kNodeFailed, "NodeFailed", kFromScheduler, "scheduler", "—"),
-      Control(kWorker, ControlMessage::kShutdown, "Shutdown", kFromScheduler, "scheduler",
-              "fails every pending and later operation at once, naming the shutdown"),
-      Control(kWorker, ControlMessage::kWorkerFinished, "WorkerFinished", kFromScheduler,
-              "scheduler", "—"),
-      // ---- received by servers (data plane) ----
-      Data(kServer, DataHeader::OP_DECLARE, "OP_DECLARE", kWorkers, "worker",
-           "server 0 only; the header's sender is the authenticated worker's rank"),
-      Data(kServer, DataHeader::OP_INIT_KEY, "OP_INIT_KEY", kWorkers, "worker",
-           "the header's sender is the authenticated rank; the key belongs to this server under "
-           "the key mapping"),
-      Data(kServer, DataHeader::OP_PUSH, "OP_PUSH", kWorkers, "worker",
-           "the header's sender is the authenticated rank; a declared key of this server; the "
-           "worker's next round (each worker's rounds in order, a bounded number in flight); one "
-           "push per worker and round; the payload matches the key's compressor, size and "
-           "dtype"),
-      Data(kServer, DataHeader::OP_STATE_READ, "OP_STATE_READ", kWorkers, "worker",
-           "the header's sender is the authenticated rank; a declared key of this server"),
-      Data(kServer, DataHeader::OP_STATE_WRITE, "OP_STATE_WRITE", kWorkers, "worker",
-           "as OP_STATE_READ; refused while a round of the key is open"),
-      // ---- received by workers (data plane) ----
-      Data(kWorker, DataHeader::OP_PULL_REPLY, "OP_PULL_REPLY", kServers, "server",
-           "answers a push this worker has outstanding (key, round) at that server"),
-      Data(kWorker, DataHeader::OP_STATE_REPLY, "OP_STATE_REPLY", kServers, "server",
-           "answers a state request this worker has outstanding"),
-      Data(kWorker, DataHeader::OP_ERROR, "OP_ERROR", kServers, "server",
-           "names a request this worker has outstanding"),
-      Data(kWorker, DataHeader::OP_DECLARE_REPLY, "OP_DECLARE_REPLY", kServers, "server",
-           "answers this worker's declaration"),
-  };
+  static const std::vector<MessageRule> kRules = [] {
+    std::vector<MessageRule> rules = {
+        // ---- received by the scheduler ----
+        Control(kScheduler, ControlMessage::kRegisterRequest, "RegisterRequest", RoleSet::AnyPeer(),
+                "anyone (refused unless a node)",
+                "protocol version; cluster token; the (role, rank) it registers is the sender's "
+                "own; the address is that rank's in the YAML; no other live registration of the "
+                "slot; config agreement"),
+        Control(kScheduler, ControlMessage::kHeartbeat, "Heartbeat", kNodes, "server, worker",
+                "the sender is registered and alive"),
+        Control(kScheduler, ControlMessage::kBarrierRequest, "BarrierRequest", kNodes,
+                "server, worker", "the sender is registered; counts for the sender's own slot"),
+        Control(kScheduler, ControlMessage::kDone, "Done", kWorkers, "worker",
+                "the sender is registered and assigned; marks the sender's own slot done (a "
+                "worker cannot finish another)"),
+        Control(kScheduler, ControlMessage::kShutdownAck, "ShutdownAck", kNodes, "server, worker",
+                "the sender is a node the shutdown was sent to"),
+    };
+    for (v1::Role node : {kServer, kWorker}) {
+      for (MessageRule& r : FromScheduler(node)) rules.push_back(r);
+    }
+    const std::vector<MessageRule> data = {
+        // ---- received by servers (data plane) ----
+        Data(kServer, DataHeader::OP_DECLARE, "OP_DECLARE", kWorkers, "worker",
+             "server 0 only; the header's sender is the authenticated worker's rank"),
+        Data(kServer, DataHeader::OP_INIT_KEY, "OP_INIT_KEY", kWorkers, "worker",
+             "the header's sender is the authenticated rank; the key belongs to this server under "
+             "the key mapping"),
+        Data(kServer, DataHeader::OP_PUSH, "OP_PUSH", kWorkers, "worker",
+             "the header's sender is the authenticated rank; a declared key of this server; the "
+             "worker's next round (each worker's rounds in order, a bounded number in flight); one "
+             "push per worker and round; the payload matches the key's compressor, size and "
+             "dtype"),
+        Data(kServer, DataHeader::OP_STATE_READ, "OP_STATE_READ", kWorkers, "worker",
+             "the header's sender is the authenticated rank; a declared key of this server"),
+        Data(kServer, DataHeader::OP_STATE_WRITE, "OP_STATE_WRITE", kWorkers, "worker",
+             "as OP_STATE_READ; refused while a round of the key is open"),
+        // ---- received by workers (data plane) ----
+        Data(kWorker, DataHeader::OP_PULL_REPLY, "OP_PULL_REPLY", kServers, "server",
+             "answers a push this worker has outstanding (key, round) at that server"),
+        Data(kWorker, DataHeader::OP_STATE_REPLY, "OP_STATE_REPLY", kServers, "server",
+             "answers a state request this worker has outstanding"),
+        Data(kWorker, DataHeader::OP_ERROR, "OP_ERROR", kServers, "server",
+             "names a request this worker has outstanding"),
+        Data(kWorker, DataHeader::OP_DECLARE_REPLY, "OP_DECLARE_REPLY", kServers, "server",
+             "answers this worker's declaration"),
+    };
+    rules.insert(rules.end(), data.begin(), data.end());
+    return rules;
+  }();
   return kRules;
 }
 

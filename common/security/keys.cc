@@ -123,9 +123,11 @@ std::string FormatPublicKeys(const std::map<std::string, std::string>& keys,
   return out;
 }
 
-StatusOr<CurveKeyPair> ReadNodeKeyFile(const std::string& path, const std::string& node) {
-  BP_ASSIGN_OR_RETURN(std::string text, ReadSecretFile(path, "key file"));
-  std::map<std::string, std::string> fields;
+// Calls fn(line_no, line) for every line of `text` that is neither empty nor a comment (a
+// line starting with '#': '#' is a Z85 digit, so comments are whole lines), trimmed; stops at
+// the first error fn returns.
+template <typename F>
+Status ForEachLine(const std::string& text, F fn) {
   std::istringstream in(text);
   std::string line;
   int line_no = 0;
@@ -133,6 +135,15 @@ StatusOr<CurveKeyPair> ReadNodeKeyFile(const std::string& path, const std::strin
     ++line_no;
     line = Trim(line);
     if (line.empty() || line[0] == '#') continue;
+    BP_RETURN_IF_ERROR(fn(line_no, line));
+  }
+  return Status::Ok();
+}
+
+StatusOr<CurveKeyPair> ReadNodeKeyFile(const std::string& path, const std::string& node) {
+  BP_ASSIGN_OR_RETURN(std::string text, ReadSecretFile(path, "key file"));
+  std::map<std::string, std::string> fields;
+  BP_RETURN_IF_ERROR(ForEachLine(text, [&](int line_no, const std::string& line) -> Status {
     const size_t colon = line.find(':');
     if (colon == std::string::npos) {
       return InvalidArgumentError(
@@ -144,7 +155,8 @@ StatusOr<CurveKeyPair> ReadNodeKeyFile(const std::string& path, const std::strin
           "key file {}:{}: unknown field '{}' (valid: node, public, secret)", path, line_no, key));
     }
     fields[key] = Trim(line.substr(colon + 1));
-  }
+    return Status::Ok();
+  }));
   for (const char* f : {"node", "public", "secret"}) {
     if (fields.count(f) == 0) {
       return InvalidArgumentError(fmt::format("key file {}: no `{}:` line", path, f));
@@ -171,13 +183,7 @@ StatusOr<std::map<std::string, std::string>> ReadPublicKeys(const std::string& p
   BP_ASSIGN_OR_RETURN(std::string text, ReadPublicFile(path));
   std::map<std::string, std::string> keys;
   std::set<std::string> seen_keys;
-  std::istringstream in(text);
-  std::string line;
-  int line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    line = Trim(line);
-    if (line.empty() || line[0] == '#') continue;  // '#' is a Z85 digit: comments are whole lines
+  BP_RETURN_IF_ERROR(ForEachLine(text, [&](int line_no, const std::string& line) -> Status {
     std::istringstream words(line);
     std::string name, key, extra;
     words >> name >> key >> extra;
@@ -199,7 +205,8 @@ StatusOr<std::map<std::string, std::string>> ReadPublicKeys(const std::string& p
           "public key list {}:{}: the key of '{}' is another node's too; each node needs its own",
           path, line_no, name));
     }
-  }
+    return Status::Ok();
+  }));
   return keys;
 }
 
