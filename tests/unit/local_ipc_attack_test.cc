@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "tests/harness/child_process.h"
+#include "tests/harness/forked_child.h"
 #include "worker/daemon_client.h"
 #include "worker/ipc/channel.h"
 #include "worker/ipc/socket_dir.h"
@@ -41,80 +42,7 @@ constexpr uid_t kNobody = 65534;
   EXPECT_NE(std::string(text).find(part), std::string::npos) \
       << "'" << (part) << "' not in: " << (text)
 
-// A forked child running `body`, optionally as another user, with a pipe for lines to the
-// parent. Dies with the parent; SIGKILLed and reaped by the destructor.
-class Forked {
- public:
-  Forked(std::optional<uid_t> as, const std::function<int(Forked&)>& body) {
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      close(fds[0]);
-      write_fd_ = fds[1];
-      if (as) {
-        if (setgroups(0, nullptr) != 0 || setgid(*as) != 0 || setuid(*as) != 0) _exit(100);
-      }
-      _exit(body(*this));
-    }
-    close(fds[1]);
-    read_fd_ = fds[0];
-  }
-  ~Forked() {
-    if (pid_ > 0 && !reaped_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (read_fd_ >= 0) close(read_fd_);
-  }
-  Forked(const Forked&) = delete;
-  Forked& operator=(const Forked&) = delete;
-
-  pid_t pid() const { return pid_; }
-  void Tell(const std::string& line) {
-    const std::string l = line + "\n";
-    (void)!write(write_fd_, l.data(), l.size());
-  }
-  // The next line, or "" on EOF or after `timeout`.
-  std::string NextLine(milliseconds timeout = milliseconds(5000)) {
-    const Clock::time_point deadline = Clock::now() + timeout;
-    for (;;) {
-      if (size_t nl = buffered_.find('\n'); nl != std::string::npos) {
-        std::string line = buffered_.substr(0, nl);
-        buffered_.erase(0, nl + 1);
-        return line;
-      }
-      pollfd p{read_fd_, POLLIN, 0};
-      const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
-      if (left <= 0 || poll(&p, 1, static_cast<int>(left)) <= 0) return "";
-      char buf[256];
-      const ssize_t n = read(read_fd_, buf, sizeof(buf));
-      if (n <= 0) return "";
-      buffered_.append(buf, static_cast<size_t>(n));
-    }
-  }
-  // The exit code (bounded wait), or -1.
-  int Wait(milliseconds timeout = milliseconds(5000)) {
-    const Clock::time_point deadline = Clock::now() + timeout;
-    while (Clock::now() < deadline) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        reaped_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(milliseconds(2));
-    }
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int read_fd_ = -1;
-  int write_fd_ = -1;
-  bool reaped_ = false;
-  std::string buffered_;
-};
+using Forked = bitpush::testing::ForkedChild;
 
 sockaddr_un Address(const std::string& path) {
   sockaddr_un a{};
@@ -323,7 +251,7 @@ TEST_F(LocalIpcAttack, DaemonLeavesAStaleSocketOfAnotherUserAlone) {
     const sockaddr_un a = Address(path);
     return bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof(a)) == 0 ? 0 : 1;
   });
-  ASSERT_EQ(other.Wait(), 0);
+  ASSERT_EQ(other.WaitExitCode(), 0);
   auto listener = Listener::Listen(path);
   ASSERT_FALSE(listener.ok());
   EXPECT_EQ(listener.status().code(), StatusCode::kFailedPrecondition);
@@ -346,7 +274,7 @@ TEST_F(LocalIpcAttack, AStaleSocketOfOurOwnInThePrivateDirectoryIsReplaced) {
   ASSERT_EQ(crashed.NextLine(), "listening");
   EXPECT_EQ(ModeOf(PrivateDir()), "0700");  // created by Listen
   kill(crashed.pid(), SIGKILL);
-  crashed.Wait();
+  crashed.WaitExitCode();
   ASSERT_NE(ModeOf(path), "missing");  // left behind
   auto again = Listener::Listen(path);
   ASSERT_TRUE(again.ok()) << again.status().ToString();

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "tests/harness/child_process.h"
+#include "tests/harness/forked_child.h"
 #include "worker/daemon_client.h"
 #include "worker/ipc/channel.h"
 #include "worker/ipc/local_protocol.h"
@@ -53,85 +54,7 @@ std::vector<std::string> ShmEntriesOf(pid_t pid) {
   return out;
 }
 
-// A forked child running a function, with a pipe to send lines to the parent. The child
-// dies with the parent (PR_SET_PDEATHSIG) and is SIGKILLed and reaped by the destructor.
-class ForkedChild {
- public:
-  // `body` runs in the child; its return value is the exit code, passed to `exit` (atexit
-  // handlers run) or `_exit`.
-  ForkedChild(const std::function<int(ForkedChild&)>& body, bool run_atexit = false) {
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      close(fds[0]);
-      write_fd_ = fds[1];
-      int code = body(*this);
-      if (run_atexit) exit(code);
-      _exit(code);
-    }
-    close(fds[1]);
-    read_fd_ = fds[0];
-  }
-  ~ForkedChild() {
-    if (pid_ > 0 && !reaped_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (read_fd_ >= 0) close(read_fd_);
-  }
-  ForkedChild(const ForkedChild&) = delete;
-  ForkedChild& operator=(const ForkedChild&) = delete;
-
-  pid_t pid() const { return pid_; }
-
-  // Child side: one line to the parent.
-  void Tell(const std::string& line) {
-    std::string l = line + "\n";
-    (void)!write(write_fd_, l.data(), l.size());
-  }
-  // Parent side: the next line (empty on EOF or after `timeout`).
-  std::string NextLine(milliseconds timeout = milliseconds(5000)) {
-    const Clock::time_point deadline = Clock::now() + timeout;
-    for (;;) {
-      size_t nl = buffered_.find('\n');
-      if (nl != std::string::npos) {
-        std::string line = buffered_.substr(0, nl);
-        buffered_.erase(0, nl + 1);
-        return line;
-      }
-      pollfd p{read_fd_, POLLIN, 0};
-      int left = static_cast<int>(std::max<int64_t>(
-          0, std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count()));
-      if (poll(&p, 1, left) <= 0) return "";
-      char buf[256];
-      ssize_t n = read(read_fd_, buf, sizeof(buf));
-      if (n <= 0) return "";
-      buffered_.append(buf, static_cast<size_t>(n));
-    }
-  }
-  // Parent side: waits (bounded) for the exit; the raw wait status, or -1 on timeout.
-  int Wait(milliseconds timeout = milliseconds(5000)) {
-    const Clock::time_point deadline = Clock::now() + timeout;
-    while (Clock::now() < deadline) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        reaped_ = true;
-        return status;
-      }
-      std::this_thread::sleep_for(milliseconds(2));
-    }
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int read_fd_ = -1;
-  int write_fd_ = -1;
-  bool reaped_ = false;
-  std::string buffered_;
-};
+using bitpush::testing::ForkedChild;
 
 // ---------------------------------------------------------------- shared memory
 
