@@ -90,14 +90,17 @@ int DaemonCommandLine::ParseOrExit(int argc, char** argv) {
   switch (Parse(args)) {
     case Outcome::kHelp: std::fputs(Usage().c_str(), stdout); return 0;
     case Outcome::kUsageError: return UsageError(error_);
-    case Outcome::kConfigError:
-      std::fprintf(stderr, "%s: config error: %s\n", spec_.program.c_str(), error_.c_str());
-      return 2;
+    case Outcome::kConfigError: return ConfigError(error_);
     case Outcome::kRun: break;
   }
   const std::string level = flags_.has(kLogLevel) ? flags_.text(kLogLevel) : kDefaultLogLevel;
   if (!SetLogLevel(level)) return UsageError("unknown log level '" + level + "'");
   return -1;
+}
+
+int DaemonCommandLine::ConfigError(const std::string& problem) const {
+  std::fprintf(stderr, "%s: config error: %s\n", spec_.program.c_str(), problem.c_str());
+  return 2;
 }
 
 int DaemonCommandLine::UsageError(const std::string& problem) const {

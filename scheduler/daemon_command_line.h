@@ -49,6 +49,9 @@ class DaemonCommandLine {
   // Prints "PROGRAM: problem" and the usage on stderr; returns 2 (for checks main() makes
   // after parsing, e.g. a rank beyond the YAML's list).
   int UsageError(const std::string& problem) const;
+  // Prints "PROGRAM: config error: problem" on stderr; returns 2 (for config checks main()
+  // makes once it knows its node, e.g. its CURVE key files).
+  int ConfigError(const std::string& problem) const;
 
   std::string Usage() const;
   const std::string& error() const { return error_; }

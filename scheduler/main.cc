@@ -17,6 +17,7 @@
 #include "common/termination_signals.h"
 #include "scheduler/daemon_command_line.h"
 #include "scheduler/node_metrics.h"
+#include "scheduler/node_security.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_metrics.h"
 
@@ -34,6 +35,12 @@ int main(int argc, char** argv) {
   using namespace bitpush;
   scheduler::DaemonCommandLine cli({"bitpush-scheduler", kSummary, kExitStatus, {}});
   if (int exit_code = cli.ParseOrExit(argc, argv); exit_code >= 0) return exit_code;
+  // Keys are configuration: a missing or unsafe key file is a config error (exit 2).
+  if (Status s =
+          scheduler::NodeTransportSecurity(cli.config(), scheduler::kSchedulerPeerId).status();
+      !s.ok()) {
+    return cli.ConfigError(s.message());
+  }
 
   // SIGINT/SIGTERM stop the scheduler from their own thread (common/termination_signals.h).
   std::atomic<scheduler::Scheduler*> running{nullptr};

@@ -22,6 +22,7 @@
 #include "common/termination_signals.h"
 #include "scheduler/daemon_command_line.h"
 #include "scheduler/node_metrics.h"
+#include "scheduler/node_security.h"
 #include "server/server.h"
 #include "server/server_metrics.h"
 
@@ -70,6 +71,13 @@ int main(int argc, char** argv) {
   if (rank >= config.servers.size()) {
     return cli.UsageError("--rank " + std::to_string(rank) + " but " + cli.config_path() +
                           " lists " + std::to_string(config.servers.size()) + " server(s)");
+  }
+  // Keys are configuration: a missing or unsafe key file is a config error (exit 2).
+  if (Status s = scheduler::NodeTransportSecurity(
+                     config, scheduler::NodePeerId(v1::ROLE_SERVER, static_cast<uint32_t>(rank)))
+                     .status();
+      !s.ok()) {
+    return cli.ConfigError(s.message());
   }
 
   // SIGINT/SIGTERM close the server from their own thread (common/termination_signals.h).

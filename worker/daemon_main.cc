@@ -26,6 +26,7 @@
 #include "common/termination_signals.h"
 #include "scheduler/daemon_command_line.h"
 #include "scheduler/node_metrics.h"
+#include "scheduler/node_security.h"
 #include "worker/daemon.h"
 #include "worker/daemon_metrics.h"
 #include "worker/engine_metrics.h"
@@ -56,6 +57,14 @@ int main(int argc, char** argv) {
   if (rank_flag >= config.workers.size()) {
     return cli.UsageError("--rank " + std::to_string(rank_flag) + " but " + cli.config_path() +
                           " lists " + std::to_string(config.workers.size()) + " worker(s)");
+  }
+  // Keys are configuration: a missing or unsafe key file is a config error (exit 2).
+  if (Status s =
+          scheduler::NodeTransportSecurity(
+              config, scheduler::NodePeerId(v1::ROLE_WORKER, static_cast<uint32_t>(rank_flag)))
+              .status();
+      !s.ok()) {
+    return cli.ConfigError(s.message());
   }
   const long rank = static_cast<long>(rank_flag);
   const std::string socket_path = cli.knob_flag("worker.socket").value_or(config::KnobValue{}).text;

@@ -454,3 +454,44 @@ def test_daemon_mode_counts_bytes_pushed_and_ranks_every_process(tmp):
     assert summaries["embedded"]["steps"] == summaries["daemon"]["steps"] == 5, summaries
     assert summaries["embedded"]["bytes_pushed"] > 0, summaries
     assert summaries["daemon"]["bytes_pushed"] == summaries["embedded"]["bytes_pushed"], summaries
+
+
+def test_keygen_writes_private_keys_and_the_public_list_and_keeps_them_unless_forced(tmp):
+    cfg = _write_yaml(tmp, workers=1)
+    with open(cfg, "a") as f:
+        f.write("security:\n  mode: curve\n  keys_dir: keys\n")
+    r = _run(["keygen", "--config", cfg])
+    assert r.returncode == 0, r.stdout
+    keys = os.path.join(tmp, "keys")
+    names = sorted(os.listdir(keys))
+    assert names == ["public_keys", "scheduler.key", "server-0.key", "worker-0.key"]
+    for n in names:
+        mode = os.stat(os.path.join(keys, n)).st_mode & 0o777
+        assert mode == (0o644 if n == "public_keys" else 0o600), (n, oct(mode))
+    with open(os.path.join(keys, "public_keys")) as f:
+        listed = [l.split()[0] for l in f if l.strip() and not l.startswith("#")]
+    assert listed == ["scheduler", "server:0", "worker:0"]
+    before = open(os.path.join(keys, "worker-0.key")).read()
+    assert _run(["keygen", "--config", cfg]).returncode == 0
+    assert open(os.path.join(keys, "worker-0.key")).read() == before  # kept
+    assert _run(["keygen", "--config", cfg, "--force"]).returncode == 0
+    assert open(os.path.join(keys, "worker-0.key")).read() != before  # replaced
+
+
+def test_a_daemon_with_a_key_others_may_read_stops_with_a_config_error_naming_it(tmp):
+    cfg = _write_yaml(tmp, workers=1)
+    with open(cfg, "a") as f:
+        f.write("security:\n  mode: curve\n  keys_dir: keys\n")
+    assert _run(["keygen", "--config", cfg]).returncode == 0
+    key = os.path.join(tmp, "keys", "server-0.key")
+    os.chmod(key, 0o640)
+    r = subprocess.run([os.path.join(_bin_dir(), "bitpush-server"), "--config", cfg, "--rank",
+                        "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30,
+                       universal_newlines=True)
+    assert r.returncode == 2, r.stdout
+    assert "config error" in r.stdout and key in r.stdout and "chmod 600" in r.stdout, r.stdout
+    os.remove(os.path.join(tmp, "keys", "scheduler.key"))
+    r = subprocess.run([os.path.join(_bin_dir(), "bitpush-scheduler"), "--config", cfg],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30,
+                       universal_newlines=True)
+    assert r.returncode == 2 and "scheduler.key" in r.stdout, r.stdout
