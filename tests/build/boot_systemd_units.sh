@@ -73,6 +73,19 @@ ns_main() {
     echo "ns: overlay on $prefix unavailable, bind-mounting the staged install over it"
     mount --bind "$shared/stage$prefix" "$prefix"
   fi
+  # The keys (security.mode: curve), as docs/deploy.md writes them for a systemd deployment:
+  # root:root 0600 key files that only systemd (root) reads, handed to each unit by
+  # LoadCredential=; the directory and public_keys readable by bitpush (security.public_keys).
+  # All nodes run on this one machine, so it keeps every key; the worker unit's is worker.key.
+  # Written before /tmp is replaced below: the build tree (and this test's workdir) may live
+  # there. Reading the YAML reads its token file, which must be its owner's alone.
+  chmod 0600 /etc/bitpush/token
+  "$build/bin/bitpush" keygen --config /etc/bitpush/cluster.yaml --out /etc/bitpush/keys
+  mv /etc/bitpush/keys/worker-0.key /etc/bitpush/keys/worker.key
+  chown -R root:root /etc/bitpush/keys
+  chmod 0755 /etc/bitpush/keys
+  chmod 0600 /etc/bitpush/keys/*.key
+  chmod 0644 /etc/bitpush/keys/public_keys
   mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp
   # A minimal /dev of its own, as a container manager gives: systemd cannot reach the host's
   # console or /dev/kmsg (its own messages go to the journal), no host device node changes, and
@@ -102,16 +115,6 @@ ns_main() {
   getent passwd bitpush >/dev/null
   chown bitpush:bitpush /etc/bitpush/token
   chmod 0600 /etc/bitpush/token
-  # The keys (security.mode: curve), as docs/deploy.md writes them for a systemd deployment:
-  # root:root 0600 key files that only systemd (root) reads, handed to each unit by
-  # LoadCredential=; the directory and public_keys readable by bitpush (security.public_keys).
-  # All nodes run on this one machine, so it keeps every key; the worker unit's is worker.key.
-  "$build/bin/bitpush" keygen --config /etc/bitpush/cluster.yaml --out /etc/bitpush/keys
-  mv /etc/bitpush/keys/worker-0.key /etc/bitpush/keys/worker.key
-  chown -R root:root /etc/bitpush/keys
-  chmod 0755 /etc/bitpush/keys
-  chmod 0600 /etc/bitpush/keys/*.key
-  chmod 0644 /etc/bitpush/keys/public_keys
   # Shared propagation inside the namespace, as a booted host (systemd makes / rshared when it
   # is not in a container) or a container manager has it: systemd mounts each unit's
   # $CREDENTIALS_DIRECTORY from a helper process's mount namespace, and the mount reaches
