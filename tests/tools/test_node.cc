@@ -10,13 +10,21 @@
 // 2 x heartbeat timeout), for the scheduler's shutdown. Exit status 0 on a clean shutdown;
 // 1 with "bitpush-test-node ROLE RANK: error: ..." on stderr otherwise; 2 for a usage or
 // config error.
+//
+//   bitpush-test-node keygen CONFIG DIR
+//
+// writes the CURVE keys of CONFIG's nodes into DIR as `bitpush keygen` does (for test trees
+// built without the Python package, e.g. the sanitizer trees' systemd boot test).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "common/logging.h"
+#include "common/security/keys.h"
 #include "scheduler/daemon_command_line.h"
+#include "scheduler/node_security.h"
 #include "scheduler/scheduler_client.h"
 
 namespace {
@@ -27,6 +35,17 @@ using std::chrono::milliseconds;
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 4 && std::string(argv[1]) == "keygen") {
+    StatusOr<scheduler::ClusterConfig> c = scheduler::LoadClusterConfig(argv[2]);
+    StatusOr<std::vector<std::string>> written =
+        c.ok() ? security::WriteClusterKeys(argv[3], scheduler::ClusterNodeNames(*c), false)
+               : StatusOr<std::vector<std::string>>(c.status());
+    if (!written.ok()) {
+      std::fprintf(stderr, "bitpush-test-node keygen: %s\n", written.status().ToString().c_str());
+      return 2;
+    }
+    return 0;
+  }
   scheduler::DaemonCommandLine cli(
       {"bitpush-test-node",
        "",
