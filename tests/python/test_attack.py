@@ -89,7 +89,13 @@ def _run(mode, attack, op_timeout_s=20):
                       heartbeat_interval_ms=100, heartbeat_timeout_ms=1000,
                       extra={"metrics": {"port": metrics_port}}) as c:
         procs = [c.start_worker(train_worker, (STEPS, 0.02), w) for w in range(2)]
-        time.sleep(1.5)  # registered and training
+        # Registered (the scheduler sent the assignments) and training: however long the
+        # processes take to start on a loaded machine.
+        deadline = time.monotonic() + 60
+        while "sending assignments" not in c.scheduler.output():
+            assert time.monotonic() < deadline, "the nodes did not register within 60 s"
+            time.sleep(0.05)
+        time.sleep(1.0)
         if target_kind == "scheduler":
             proc, address, port = c.scheduler, c.scheduler_address, metrics_port
         else:
