@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string>
 
+#include "common/process_memory.h"
+
 namespace bitpush::bench {
 int RunCompressorsBench(int argc, char** argv);
 int RunTransportBench(int argc, char** argv);
@@ -60,6 +62,8 @@ void Usage(FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // As the daemons (the pushpull workers stand for the node daemon; common/process_memory.h).
+  bitpush::KeepLargeBuffersInProcess();
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     Usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

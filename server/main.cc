@@ -18,6 +18,7 @@
 #include <string>
 
 #include "common/logging.h"
+#include "common/process_memory.h"
 #include "common/sd_notify.h"
 #include "common/termination_signals.h"
 #include "scheduler/daemon_command_line.h"
@@ -58,6 +59,7 @@ void WriteStats(const std::string& path, const bitpush::server::Server& server) 
 
 int main(int argc, char** argv) {
   using namespace bitpush;
+  KeepLargeBuffersInProcess();
   scheduler::DaemonCommandLine cli(
       {"bitpush-server",
        kSummary,

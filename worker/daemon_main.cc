@@ -22,6 +22,7 @@
 #include <string>
 
 #include "common/logging.h"
+#include "common/process_memory.h"
 #include "common/sd_notify.h"
 #include "common/termination_signals.h"
 #include "scheduler/daemon_command_line.h"
@@ -42,6 +43,7 @@ constexpr char kExitStatus[] =
 
 int main(int argc, char** argv) {
   using namespace bitpush;
+  KeepLargeBuffersInProcess();
   // --socket, --local-size and --reduce-threads come from the knob table (worker.socket,
   // worker.local_size, worker.reduce_threads: scheduler/cluster_knobs.cc).
   scheduler::DaemonCommandLine cli(
