@@ -123,7 +123,7 @@ uint64_t LargestLegalMessage(const ClusterConfig& c) {
 }
 
 size_t MaxNodeConnections(const ClusterConfig& c) {
-  return 2 * (c.num_nodes() + 1) + 32;
+  return 4 * (c.num_nodes() + 1) + 32;
 }
 
 Status ConfigureNodeEndpoint(const ClusterConfig& c, node::NodeEndpointOptions* options) {

@@ -39,8 +39,9 @@ StatusOr<transport::TransportSecurity> NodeTransportSecurity(const ClusterConfig
 // plus 1 MiB of headers, and never less than 64 MiB (control messages, declarations of large
 // models).
 uint64_t LargestLegalMessage(const ClusterConfig& c);
-// Connections a node accepts at once: two per node of the cluster (a reconnecting node may
-// briefly hold an old and a new one) plus 32.
+// Connections a node accepts at once: four per node of the cluster (under curve a CURVE
+// connection and a sealed lane, and a reconnecting node may briefly hold an old and a new
+// pair) plus 32.
 size_t MaxNodeConnections(const ClusterConfig& c);
 
 // Sets options->security, max_message_bytes and max_connections for the node options->self.

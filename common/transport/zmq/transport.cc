@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <openssl/crypto.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -25,6 +26,7 @@
 #include "common/log_limiter.h"
 #include "common/logging.h"
 #include "common/transport/zmq/framing.h"
+#include "common/transport/zmq/lane.h"
 #include "fmt/format.h"
 
 namespace bitpush::transport::zmq_backend {
@@ -99,12 +101,20 @@ void SetInt(void* socket, int option, int value) {
 
 enum class PeerState { kConnecting, kConnected, kDisconnected };
 
+// A message on its way out: as given to Send, or (kCurve) sealed by the I/O thread for the lane
+// whose cipher `sealed_with` is (lane.h SealMessage: the frames are the sealed parts), kept so
+// until ZeroMQ takes it.
+struct Outgoing {
+  Message msg;
+  const LaneCipher* sealed_with = nullptr;
+};
+
 // What callers and the I/O thread share about one peer (guarded by ZmqTransport::mu_).
 struct PeerShared {
   std::string address;
   PeerState state = PeerState::kConnecting;
-  bool removed = false;        // Disconnect()ed or replaced by another Connect
-  std::deque<Message> outbox;  // accepted by Send, not yet taken by the I/O thread
+  bool removed = false;         // Disconnect()ed or replaced by another Connect
+  std::deque<Outgoing> outbox;  // accepted by Send, not yet taken by the I/O thread
   size_t io_held = 0;          // taken by the I/O thread, not yet handed to ZeroMQ
   Status last_error;           // why the peer is kDisconnected
 };
@@ -122,12 +132,49 @@ struct Command {
   void* monitor = nullptr;
 };
 
+bool ReadMonitorEvent(void* monitor, uint16_t* event, std::string* endpoint,
+                      uint32_t* value = nullptr);
+
 // The I/O thread's view of a peer.
 struct IoPeer {
   std::shared_ptr<PeerShared> shared;
   void* dealer = nullptr;
   void* monitor = nullptr;
-  std::deque<Message> pending;
+  std::deque<Outgoing> pending;
+  // kCurve: the sealed lane to the peer (lane.h). `dealer` (CURVE) carries only the lane
+  // request and the offer; every message goes through `lane` once its handshake succeeded.
+  bool control_up = false;      // the CURVE connection is established
+  bool lane_requested = false;  // a request went out, no offer came back yet
+  uint64_t lane_request = 0;    // the number of the latest request
+  void* lane = nullptr;         // PLAIN DEALER to the peer's lane socket
+  void* lane_monitor = nullptr;
+  bool lane_up = false;
+  std::unique_ptr<LaneCipher> lane_cipher;
+};
+
+// kCurve: the receiving end of a lane. Created by the I/O thread, then used only by the thread
+// in Receive, which opens the lane's messages (so sealing, on the I/O thread, and opening run
+// in parallel).
+struct LaneRx {
+  explicit LaneRx(const std::string& key) : cipher(key) {}
+  LaneCipher cipher;
+  int fd = -1;  // the lane connection, once a message opened on it
+};
+
+// kCurve: a lane this endpoint opened for a sender (I/O thread only).
+struct LaneIn {
+  std::string ticket;
+  bool ticket_used = false;
+  std::shared_ptr<LaneRx> rx;
+};
+
+// What the I/O thread hands to Receive: a message or event, or under kCurve a sealed message
+// that Receive opens (its lane, the connection it came on, its parts).
+struct Incoming {
+  Received r;
+  std::shared_ptr<LaneRx> lane;
+  int fd = -1;
+  std::vector<std::shared_ptr<MsgHolder>> sealed;
 };
 
 class ZmqTransport final : public Transport {
@@ -165,13 +212,33 @@ class ZmqTransport final : public Transport {
   void CollectOutboxes();
   void FlushPending(const PeerId& name, IoPeer* p);
   int SendMessage(void* dealer, const Message& m);
+  // A sealed message: its parts as they are (no envelope).
+  int SendParts(void* socket, const std::vector<Buffer>& parts);
   bool InboxHasRoom();
-  void ReadRouter();
+  // Reads the main ROUTER (lane == false) or, under kCurve, the lane ROUTER.
+  void ReadRouter(bool lane);
+  // kCurve: a sender asked for a lane (lane.h step 2): opens it and answers with the offer.
+  void IssueLane(const PeerId& from, const std::string& routing_id, uint64_t request);
+  // kCurve, lane socket: the sender a lane connection was admitted for, or "" (counted).
+  PeerId LaneSenderOf(zmq_msg_t* first_part);
+  // Receive's thread: opens a sealed message in place into in->r; an error (counted, logged)
+  // when it is refused or is not a sealed bitpush message.
+  Status OpenIncoming(Incoming* in);
+  // kCurve: the peer's answers on its CURVE connection (offers).
+  void ReadDealer(const PeerId& name, IoPeer* p);
+  void RequestLane(const PeerId& name, IoPeer* p);
+  void OpenLane(const PeerId& name, IoPeer* p, const LaneOffer& offer);
+  void CloseLane(IoPeer* p);
+  void ReadLaneMonitor(const PeerId& name, IoPeer* p);
+  // The peer's connection (kNone: its DEALER; kCurve: its lane) is established / dropped.
+  void PeerUp(const PeerId& name, IoPeer* p);
+  void PeerDown(const PeerId& name, IoPeer* p);
   // kCurve: the sender of a received message (its key's PeerId), or "" when the message is
   // refused (counted); kNone: the routing id.
   PeerId SenderOf(const PeerId& routing_id, zmq_msg_t* first_part);
-  void ReadRouterMonitor();
+  void ReadRouterMonitor(void* monitor, bool lane);
   Status LoadCurveKeys();
+  Status BindLaneRouter(const std::string& bind_address);
   void AnswerZap();
   void ReadPeerMonitor(const PeerId& name, IoPeer* p);
   void PushEvent(const PeerId& peer, TransportEvent::Kind kind, Status status);
@@ -182,6 +249,10 @@ class ZmqTransport final : public Transport {
   void* router_ = nullptr;
   void* router_monitor_ = nullptr;
   void* zap_ = nullptr;  // kCurve: the ZAP handler (REP), owned by the I/O thread once started
+  // kCurve: the lane ROUTER (PLAIN, admitted by ticket; lane.h) and its resolved address.
+  void* lane_router_ = nullptr;
+  void* lane_router_monitor_ = nullptr;
+  std::string lane_address_;
   int wake_fd_ = -1;
   const bool curve_ = options_.security.mode == TransportSecurity::Mode::kCurve;
   // kCurve: 32-byte public key -> the PeerId it is bound to; this endpoint's keys (binary).
@@ -207,19 +278,21 @@ class ZmqTransport final : public Transport {
   // I/O thread -> Receive.
   std::mutex in_mu_;
   std::condition_variable in_cv_;
-  std::deque<Received> inbox_;
+  std::deque<Incoming> inbox_;
   size_t inbox_messages_ = 0;   // messages (not events) in inbox_
   bool reader_paused_ = false;  // the I/O thread stopped reading: inbox_ full
   bool in_closed_ = false;
 
   // I/O thread only.
   std::map<PeerId, IoPeer> io_peers_;
+  std::map<PeerId, LaneIn> lanes_in_;  // kCurve: by the sender they were opened for
   // kCurve: the connection (file descriptor) each authenticated PeerId speaks through, and
   // connections a newer one of the same PeerId took over (their messages are refused).
   std::map<PeerId, int> bound_fd_;
   std::set<int> superseded_fds_;
   size_t open_connections_ = 0;  // accepted, not yet disconnected
   LogLimiter log_limiter_;
+  LogLimiter receive_log_limiter_;  // Receive's thread (OpenIncoming)
 
   std::atomic<uint64_t> messages_sent_{0};
   std::atomic<uint64_t> bytes_sent_{0};
@@ -363,7 +436,50 @@ Status ZmqTransport::Start() {
     return InternalError(Prefix() + "ZMQ_LAST_ENDPOINT: " + ZmqError());
   }
   address_ = resolved;
+  if (curve_) BP_RETURN_IF_ERROR(BindLaneRouter(bind_address));
   io_thread_ = std::thread([this] { IoLoop(); });
+  return Status::Ok();
+}
+
+// The lane socket listens next to the main one: the same interface with a port the system
+// picks (tcp), or the main path + ".lane" (ipc). Senders learn its address from the offer.
+Status ZmqTransport::BindLaneRouter(const std::string& bind_address) {
+  std::string lane_bind;
+  if (bind_address.rfind("tcp://", 0) == 0) {
+    lane_bind = bind_address.substr(0, bind_address.rfind(':')) + ":*";
+  } else {
+    lane_bind = bind_address + ".lane";
+    Status s = CheckIpcPathFree(lane_bind);
+    if (!s.ok()) return Status(s.code(), Prefix() + s.message());
+  }
+  lane_router_ = zmq_socket(ctx_, ZMQ_ROUTER);
+  if (!lane_router_) return InternalError(Prefix() + "zmq_socket(ROUTER): " + ZmqError());
+  SetInt(lane_router_, ZMQ_LINGER, 0);
+  SetInt(lane_router_, ZMQ_ROUTER_HANDOVER, 0);
+  SetInt(lane_router_, ZMQ_RCVHWM,
+         static_cast<int>(std::min<size_t>(options_.max_queued_per_peer, 1 << 30)));
+  const int64_t max_part = static_cast<int64_t>(
+      std::min<uint64_t>(options_.max_message_bytes, uint64_t{1} << 62) + kSealedPrefixBytes);
+  zmq_setsockopt(lane_router_, ZMQ_MAXMSGSIZE, &max_part, sizeof(max_part));
+  SetInt(lane_router_, ZMQ_HANDSHAKE_IVL, kHandshakeMs);
+  SetInt(lane_router_, ZMQ_PLAIN_SERVER, 1);
+  zmq_setsockopt(lane_router_, ZMQ_ZAP_DOMAIN, kZapDomain, sizeof(kZapDomain) - 1);
+  if (lane_bind.find('[') != std::string::npos) SetInt(lane_router_, ZMQ_IPV6, 1);
+  BP_RETURN_IF_ERROR(
+      OpenMonitor(lane_router_,
+                  ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                      ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED,
+                  &lane_router_monitor_));
+  if (zmq_bind(lane_router_, lane_bind.c_str()) != 0) {
+    return UnavailableError(Prefix() + fmt::format("cannot listen on '{}' (the lane socket): {}",
+                                                   lane_bind, ZmqError()));
+  }
+  char resolved[1024];
+  size_t resolved_len = sizeof(resolved);
+  if (zmq_getsockopt(lane_router_, ZMQ_LAST_ENDPOINT, resolved, &resolved_len) != 0) {
+    return InternalError(Prefix() + "ZMQ_LAST_ENDPOINT: " + ZmqError());
+  }
+  lane_address_ = resolved;
   return Status::Ok();
 }
 
@@ -581,7 +697,7 @@ Status ZmqTransport::Send(const PeerId& peer, Message msg) {
       return UnavailableError(Prefix() + fmt::format("send to '{}' at {}: {}", peer, p->address,
                                                      p->last_error.message()));
     }
-    p->outbox.push_back(std::move(msg));
+    p->outbox.push_back(Outgoing{std::move(msg)});
     wake = !outbox_dirty_;
     outbox_dirty_ = true;
   }
@@ -592,24 +708,28 @@ Status ZmqTransport::Send(const PeerId& peer, Message msg) {
 }
 
 StatusOr<Received> ZmqTransport::Receive(std::chrono::milliseconds timeout) {
-  bool wake = false;
-  Received r;
-  {
-    std::unique_lock<std::mutex> lock(in_mu_);
-    if (!in_cv_.wait_for(lock, timeout, [&] { return in_closed_ || !inbox_.empty(); })) {
-      return TimeoutError(Prefix() + fmt::format("no message within {} ms", timeout.count()));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    bool wake = false;
+    Incoming in;
+    {
+      std::unique_lock<std::mutex> lock(in_mu_);
+      if (!in_cv_.wait_until(lock, deadline, [&] { return in_closed_ || !inbox_.empty(); })) {
+        return TimeoutError(Prefix() + fmt::format("no message within {} ms", timeout.count()));
+      }
+      if (in_closed_) return CancelledError(Prefix() + "closed");
+      in = std::move(inbox_.front());
+      inbox_.pop_front();
+      if (in.r.is_message()) --inbox_messages_;
+      if (reader_paused_ && inbox_messages_ < options_.max_queued_per_peer) {
+        reader_paused_ = false;
+        wake = true;
+      }
     }
-    if (in_closed_) return CancelledError(Prefix() + "closed");
-    r = std::move(inbox_.front());
-    inbox_.pop_front();
-    if (r.is_message()) --inbox_messages_;
-    if (reader_paused_ && inbox_messages_ < options_.max_queued_per_peer) {
-      reader_paused_ = false;
-      wake = true;
-    }
+    if (wake) Wake();
+    if (!in.lane || OpenIncoming(&in).ok()) return std::move(in.r);
+    // Refused: the next one, within the same time.
   }
-  if (wake) Wake();
-  return r;
 }
 
 void ZmqTransport::Close() {
@@ -632,12 +752,14 @@ void ZmqTransport::Close() {
   } else {  // Start failed part-way: close what it opened
     if (router_monitor_) zmq_close(router_monitor_);
     if (router_) zmq_close(router_);
+    if (lane_router_monitor_) zmq_close(lane_router_monitor_);
+    if (lane_router_) zmq_close(lane_router_);
     if (zap_) zmq_close(zap_);
   }
-  router_ = router_monitor_ = zap_ = nullptr;
+  router_ = router_monitor_ = lane_router_ = lane_router_monitor_ = zap_ = nullptr;
   if (ctx_) zmq_ctx_term(ctx_);  // waits at most kCloseLingerMs for messages to flush
   ctx_ = nullptr;
-  std::deque<Received> dropped;
+  std::deque<Incoming> dropped;
   {
     std::lock_guard<std::mutex> lock(in_mu_);
     dropped.swap(inbox_);
@@ -667,7 +789,14 @@ TransportStats ZmqTransport::stats() const {
 
 void ZmqTransport::IoLoop() {
   std::vector<zmq_pollitem_t> items;
-  std::vector<std::pair<const PeerId*, IoPeer*>> item_peers;
+  // For each peer: the index of its first item (monitor, dealer, then under kCurve the lane's
+  // monitor and the lane).
+  struct ItemPeer {
+    const PeerId* name;
+    IoPeer* peer;
+    size_t first;
+  };
+  std::vector<ItemPeer> item_peers;
   while (true) {
     std::deque<Command> commands;
     bool closing;
@@ -690,11 +819,26 @@ void ZmqTransport::IoLoop() {
     items.push_back({router_, 0, static_cast<short>(InboxHasRoom() ? ZMQ_POLLIN : 0), 0});
     items.push_back({router_monitor_, 0, ZMQ_POLLIN, 0});
     items.push_back({zap_, -1, static_cast<short>(zap_ ? ZMQ_POLLIN : 0), 0});
+    const bool lane_room = curve_ && items[1].events != 0;
+    items.push_back({lane_router_, -1, static_cast<short>(lane_room ? ZMQ_POLLIN : 0), 0});
+    items.push_back(
+        {lane_router_monitor_, -1, static_cast<short>(lane_router_monitor_ ? ZMQ_POLLIN : 0), 0});
     for (auto& [name, p] : io_peers_) {
+      item_peers.push_back({&name, &p, items.size()});
+      const bool waiting = !p.pending.empty();
+      if (!curve_) {
+        items.push_back({p.monitor, 0, ZMQ_POLLIN, 0});
+        items.push_back({p.dealer, 0, static_cast<short>(waiting ? ZMQ_POLLOUT : 0), 0});
+        continue;
+      }
+      // kCurve: the dealer is read (the offer); the lane is written.
       items.push_back({p.monitor, 0, ZMQ_POLLIN, 0});
-      items.push_back({p.dealer, 0, static_cast<short>(p.pending.empty() ? 0 : ZMQ_POLLOUT), 0});
-      item_peers.emplace_back(&name, &p);
+      items.push_back({p.dealer, 0, ZMQ_POLLIN, 0});
+      items.push_back({p.lane_monitor, -1, static_cast<short>(p.lane_monitor ? ZMQ_POLLIN : 0), 0});
+      items.push_back(
+          {p.lane, -1, static_cast<short>(p.lane && p.lane_up && waiting ? ZMQ_POLLOUT : 0), 0});
     }
+
     if (zmq_poll(items.data(), static_cast<int>(items.size()), -1) < 0) {
       if (zmq_errno() == EINTR) continue;
       BP_LOG_ERROR("{}zmq_poll: {}; the I/O thread stops", Prefix(), ZmqError());
@@ -705,20 +849,34 @@ void ZmqTransport::IoLoop() {
       (void)!read(wake_fd_, &count, sizeof(count));
     }
     if (items[3].revents & ZMQ_POLLIN) AnswerZap();
-    if (items[2].revents & ZMQ_POLLIN) ReadRouterMonitor();
-    if (items[1].revents & ZMQ_POLLIN) ReadRouter();
-    for (size_t i = 0; i < item_peers.size(); ++i) {
-      if (items[4 + 2 * i].revents & ZMQ_POLLIN) {
-        ReadPeerMonitor(*item_peers[i].first, item_peers[i].second);
-      }
-      // POLLOUT on a dealer: its pending messages go out at the top of the loop.
+    if (items[2].revents & ZMQ_POLLIN) ReadRouterMonitor(router_monitor_, false);
+    if (items[5].revents & ZMQ_POLLIN) ReadRouterMonitor(lane_router_monitor_, true);
+    if (items[1].revents & ZMQ_POLLIN) ReadRouter(false);
+    if (items[4].revents & ZMQ_POLLIN) ReadRouter(true);
+    for (const ItemPeer& ip : item_peers) {
+      if (items[ip.first].revents & ZMQ_POLLIN) ReadPeerMonitor(*ip.name, ip.peer);
+      if (!curve_) continue;
+      // The dealer or the lane may have been replaced meanwhile: their items then refer to
+      // closed sockets, whose revents are not looked at again.
+      if ((items[ip.first + 1].revents & ZMQ_POLLIN) &&
+          ip.peer->dealer == items[ip.first + 1].socket)
+        ReadDealer(*ip.name, ip.peer);
+      if ((items[ip.first + 2].revents & ZMQ_POLLIN) && ip.peer->lane_monitor != nullptr &&
+          ip.peer->lane_monitor == items[ip.first + 2].socket)
+        ReadLaneMonitor(*ip.name, ip.peer);
+      // POLLOUT on a dealer or lane: its pending messages go out at the top of the loop.
     }
   }
   for (auto& [name, p] : io_peers_) CloseIoPeer(&p);
   io_peers_.clear();
+  lanes_in_.clear();
   zmq_close(router_monitor_);
   zmq_close(router_);
-  if (zap_) zmq_close(zap_);  // after the ROUTER: no connection is admitted without it
+  if (lane_router_) {
+    zmq_close(lane_router_monitor_);
+    zmq_close(lane_router_);
+  }
+  if (zap_) zmq_close(zap_);  // after the ROUTERs: no connection is admitted without it
 }
 
 void ZmqTransport::ApplyCommands(std::deque<Command>* commands) {
@@ -749,36 +907,223 @@ void ZmqTransport::CloseIoPeer(IoPeer* p) {
     p->shared->io_held = 0;
   }
   p->pending.clear();
+  CloseLane(p);
   zmq_close(p->monitor);
   zmq_close(p->dealer);  // lingers (in ZeroMQ's threads) up to kCloseLingerMs
   p->monitor = p->dealer = nullptr;
 }
 
+void ZmqTransport::CloseLane(IoPeer* p) {
+  if (p->lane_monitor) zmq_close(p->lane_monitor);
+  if (p->lane) zmq_close(p->lane);  // lingers like the dealer
+  p->lane = p->lane_monitor = nullptr;
+  p->lane_up = false;
+  p->lane_cipher.reset();
+}
+
+void ZmqTransport::RequestLane(const PeerId& name, IoPeer* p) {
+  if (p->lane_requested || !p->control_up) return;
+  const std::string request = EncodeLaneRequest(p->lane_request + 1);
+  if (zmq_send(p->dealer, request.data(), request.size(), ZMQ_DONTWAIT) < 0) {
+    BP_LOG_DEBUG("{}asking '{}' for a lane: {}; asking again when the connection is back", Prefix(),
+                 name, ZmqError());
+    return;
+  }
+  ++p->lane_request;
+  p->lane_requested = true;
+}
+
+void ZmqTransport::ReadDealer(const PeerId& name, IoPeer* p) {
+  while (true) {
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, p->dealer, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&m);
+      return;
+    }
+    const bool single = !zmq_msg_more(&m);
+    StatusOr<LaneOffer> offer =
+        ParseLaneOffer(static_cast<const uint8_t*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+    zmq_msg_close(&m);
+    if (!single) {  // drain the rest: not from a bitpush node
+      int more = 1;
+      size_t more_size = sizeof(more);
+      while (more && zmq_getsockopt(p->dealer, ZMQ_RCVMORE, &more, &more_size) == 0 && more) {
+        zmq_msg_init(&m);
+        const int got = zmq_msg_recv(&m, p->dealer, ZMQ_DONTWAIT);
+        zmq_msg_close(&m);
+        if (got < 0) break;
+      }
+    }
+    if (single && offer.ok() && offer->request != p->lane_request) continue;  // superseded
+    if (!single || !offer.ok() || !p->lane_requested) {
+      malformed_dropped_.fetch_add(1, std::memory_order_relaxed);
+      BP_LOG_DEBUG("{}dropped an unexpected message from '{}' on its CURVE connection", Prefix(),
+                   name);
+      continue;
+    }
+    OpenLane(name, p, *offer);
+  }
+}
+
+void ZmqTransport::OpenLane(const PeerId& name, IoPeer* p, const LaneOffer& offer) {
+  p->lane_requested = false;
+  CloseLane(p);
+  StatusOr<std::string> address = LaneAddressFor(p->shared->address, offer.address);
+  if (!address.ok()) {
+    BP_LOG_WARN("{}'{}' offered a lane this node cannot reach: {}", Prefix(), name,
+                address.status().message());
+    return;
+  }
+  void* lane = zmq_socket(ctx_, ZMQ_DEALER);
+  if (!lane) {
+    BP_LOG_WARN("{}a lane to '{}': zmq_socket(DEALER): {}", Prefix(), name, ZmqError());
+    return;
+  }
+  const std::string password = TicketPassword(offer.ticket);
+  zmq_setsockopt(lane, ZMQ_PLAIN_USERNAME, options_.name.data(), options_.name.size());
+  zmq_setsockopt(lane, ZMQ_PLAIN_PASSWORD, password.data(), password.size());
+  const int64_t dealer_max_part = kDealerMaxPartBytes;
+  zmq_setsockopt(lane, ZMQ_MAXMSGSIZE, &dealer_max_part, sizeof(dealer_max_part));
+  SetInt(lane, ZMQ_RCVHWM, 1);
+  SetInt(lane, ZMQ_HANDSHAKE_IVL, kHandshakeMs);
+  SetInt(lane, ZMQ_LINGER, kCloseLingerMs);
+  SetInt(lane, ZMQ_IMMEDIATE, 1);
+  SetInt(lane, ZMQ_SNDHWM,
+         static_cast<int>(std::min<size_t>(options_.max_queued_per_peer, 1 << 30)));
+  SetInt(lane, ZMQ_RECONNECT_IVL, 100);
+  SetInt(lane, ZMQ_RECONNECT_IVL_MAX, 1000);
+  if (address->find('[') != std::string::npos) SetInt(lane, ZMQ_IPV6, 1);
+  void* monitor = nullptr;
+  Status s = OpenMonitor(lane,
+                         ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+                         &monitor);
+  if (s.ok() && zmq_connect(lane, address->c_str()) != 0) {
+    s = UnavailableError(fmt::format("connect to '{}': {}", *address, ZmqError()));
+  }
+  if (!s.ok()) {
+    if (monitor) zmq_close(monitor);
+    SetInt(lane, ZMQ_LINGER, 0);
+    zmq_close(lane);
+    BP_LOG_WARN("{}a lane to '{}': {}", Prefix(), name, s.message());
+    return;
+  }
+  p->lane = lane;
+  p->lane_monitor = monitor;
+  p->lane_cipher = std::make_unique<LaneCipher>(offer.key);
+}
+
+void ZmqTransport::ReadLaneMonitor(const PeerId& name, IoPeer* p) {
+  uint16_t event;
+  std::string endpoint;
+  while (p->lane_monitor != nullptr && ReadMonitorEvent(p->lane_monitor, &event, &endpoint)) {
+    if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+      p->lane_up = true;
+      PeerUp(name, p);
+      continue;
+    }
+    // The lane is gone (dropped, or its ticket refused): its ticket is spent, so ZeroMQ must
+    // not reconnect with it. Messages already handed to it are lost (PeerDown says so), and a
+    // new lane is asked for over the CURVE connection.
+    if (event != ZMQ_EVENT_DISCONNECTED) {
+      uint64_t suppressed = 0;
+      if (log_limiter_.Allow("lane:" + name, &suppressed)) {
+        BP_LOG_WARN(
+            "{}'{}' refused this node's lane connection at {} (event {:#x}); asking for "
+            "a new lane{}",
+            Prefix(), name, endpoint, event,
+            suppressed ? fmt::format(" ({} more since the last report)", suppressed) : "");
+      }
+    }
+    const bool was_up = p->lane_up;
+    CloseLane(p);
+    if (was_up) PeerDown(name, p);
+    RequestLane(name, p);
+    return;
+  }
+}
+
+void ZmqTransport::PeerUp(const PeerId& name, IoPeer* p) {
+  bool reconnected;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    reconnected = p->shared->state == PeerState::kDisconnected;
+    p->shared->state = PeerState::kConnected;
+    p->shared->last_error = Status::Ok();
+  }
+  if (reconnected) PushEvent(name, TransportEvent::Kind::kPeerConnected, Status::Ok());
+}
+
+void ZmqTransport::PeerDown(const PeerId& name, IoPeer* p) {
+  std::deque<Outgoing> dropped;
+  Status why;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // A connection that never completed the handshake is still "connecting".
+    if (p->shared->state != PeerState::kConnected) return;
+    dropped.swap(p->shared->outbox);
+    const size_t n = dropped.size() + p->pending.size();
+    why = UnavailableError(
+        fmt::format("peer '{}' at {} disconnected{}", name, p->shared->address,
+                    n ? fmt::format(" ({} queued messages dropped)", n) : std::string()));
+    p->shared->state = PeerState::kDisconnected;
+    p->shared->last_error = why;
+    p->shared->io_held = 0;
+    space_.notify_all();
+  }
+  p->pending.clear();
+  dropped.clear();
+  PushEvent(name, TransportEvent::Kind::kPeerDisconnected, why);
+}
+
 void ZmqTransport::CollectOutboxes() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [name, p] : io_peers_) {
-    std::deque<Message>& outbox = p.shared->outbox;
+    std::deque<Outgoing>& outbox = p.shared->outbox;
     if (outbox.empty()) continue;
     p.shared->io_held += outbox.size();
     if (p.pending.empty()) {
       p.pending.swap(outbox);
     } else {
-      for (Message& m : outbox) p.pending.push_back(std::move(m));
+      for (Outgoing& o : outbox) p.pending.push_back(std::move(o));
       outbox.clear();
     }
   }
 }
 
 void ZmqTransport::FlushPending(const PeerId& name, IoPeer* p) {
+  // kCurve: messages wait for the lane.
+  void* socket = curve_ ? (p->lane_up ? p->lane : nullptr) : p->dealer;
+  if (socket == nullptr) return;
   int events = 0;
   size_t events_size = sizeof(events);
-  if (zmq_getsockopt(p->dealer, ZMQ_EVENTS, &events, &events_size) == 0 &&
-      !(events & ZMQ_POLLOUT)) {
+  if (zmq_getsockopt(socket, ZMQ_EVENTS, &events, &events_size) == 0 && !(events & ZMQ_POLLOUT)) {
     return;  // not connected or at the high-water mark: poll for POLLOUT
   }
   size_t handed = 0;
   while (!p->pending.empty()) {
-    const int err = SendMessage(p->dealer, p->pending.front());
+    Outgoing& o = p->pending.front();
+    int err;
+    if (!curve_) {
+      err = SendMessage(p->dealer, o.msg);
+    } else {
+      // Sealed here, once: a message ZeroMQ did not take (EAGAIN) stays sealed for the retry.
+      // One sealed for a lane that is gone cannot be opened on this one (a lane is replaced
+      // only after its peer was reported disconnected, which dropped what was queued).
+      err = 0;
+      if (o.sealed_with == nullptr) {
+        Status sealed = SealMessage(p->lane_cipher.get(), &o.msg);
+        if (sealed.ok()) {
+          o.sealed_with = p->lane_cipher.get();
+        } else {
+          BP_LOG_ERROR("{}send to '{}': {}", Prefix(), name, sealed.message());
+          err = EPROTO;
+        }
+      }
+      if (o.sealed_with == p->lane_cipher.get()) err = SendParts(p->lane, o.msg.frames);
+    }
     if (err == EAGAIN) break;  // not connected or at the high-water mark: wait for POLLOUT
     if (err != 0) {
       PushEvent(name, TransportEvent::Kind::kSendFailed,
@@ -829,6 +1174,33 @@ int ZmqTransport::SendMessage(void* dealer, const Message& m) {
   return first_error == EAGAIN ? EPIPE : first_error;
 }
 
+int ZmqTransport::SendParts(void* socket, const std::vector<Buffer>& parts) {
+  // Once the first part is accepted the rest are too, unless the connection died meanwhile;
+  // then every remaining part must still be offered so that ZeroMQ drops the whole message.
+  int first_error = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Buffer& f = parts[i];
+    zmq_msg_t part;
+    if (f.empty()) {
+      zmq_msg_init(&part);
+    } else if (f.size() < kCopyBelowBytes) {
+      zmq_msg_init_size(&part, f.size());
+      std::memcpy(zmq_msg_data(&part), f.data(), f.size());
+    } else {
+      auto* owner = new Buffer(f);
+      HandOver(owner);
+      zmq_msg_init_data(&part, const_cast<uint8_t*>(f.data()), f.size(), ReleaseBuffer, owner);
+    }
+    if (zmq_msg_send(&part, socket, ZMQ_DONTWAIT | (i + 1 < parts.size() ? ZMQ_SNDMORE : 0)) < 0) {
+      const int err = zmq_errno();
+      zmq_msg_close(&part);
+      if (i == 0) return err;  // nothing taken (EAGAIN: retry later)
+      if (!first_error) first_error = err;
+    }
+  }
+  return first_error == EAGAIN ? EPIPE : first_error;
+}
+
 bool ZmqTransport::InboxHasRoom() {
   std::lock_guard<std::mutex> lock(in_mu_);
   reader_paused_ = inbox_messages_ >= options_.max_queued_per_peer;
@@ -847,7 +1219,8 @@ Status CheckMessage(const PeerId& from, std::deque<zmq_msg_t>& parts, const uint
                        zmq_msg_size(&parts[0]), parts.size() - 1, header, header_bytes);
 }
 
-void ZmqTransport::ReadRouter() {
+void ZmqTransport::ReadRouter(bool lane) {
+  void* const socket = lane ? lane_router_ : router_;
   size_t room;
   {
     std::lock_guard<std::mutex> lock(in_mu_);
@@ -855,12 +1228,12 @@ void ZmqTransport::ReadRouter() {
                ? options_.max_queued_per_peer - inbox_messages_
                : 0;
   }
-  std::vector<Received> batch;
+  std::vector<Incoming> batch;
   std::deque<zmq_msg_t> parts;  // a deque: zmq_msg_t must not be moved by memcpy
   while (batch.size() < room && batch.size() < static_cast<size_t>(kReceiveBatch)) {
     zmq_msg_t id;
     zmq_msg_init(&id);
-    if (zmq_msg_recv(&id, router_, ZMQ_DONTWAIT) < 0) {
+    if (zmq_msg_recv(&id, socket, ZMQ_DONTWAIT) < 0) {
       const int err = zmq_errno();
       zmq_msg_close(&id);
       if (err != EAGAIN) BP_LOG_WARN("{}receive: {}", Prefix(), zmq_strerror(err));
@@ -872,16 +1245,44 @@ void ZmqTransport::ReadRouter() {
     while (more) {
       parts.emplace_back();
       zmq_msg_init(&parts.back());
-      if (zmq_msg_recv(&parts.back(), router_, ZMQ_DONTWAIT) < 0) break;  // not for a ROUTER
+      if (zmq_msg_recv(&parts.back(), socket, ZMQ_DONTWAIT) < 0) break;  // not for a ROUTER
       more = zmq_msg_more(&parts.back());
     }
-    PeerId from = parts.empty() ? routing_id : SenderOf(routing_id, &parts[0]);
+    PeerId from = parts.empty() ? routing_id
+                  : lane        ? LaneSenderOf(&parts[0])
+                                : SenderOf(routing_id, &parts[0]);
     const uint8_t* header = nullptr;
     size_t header_bytes = 0;
-    Status parsed =
-        from.empty() && curve_ ? Status::Ok() : CheckMessage(from, parts, &header, &header_bytes);
-    if (from.empty() && curve_) {
-      // Refused and counted by SenderOf.
+    // Under kCurve the main socket carries lane requests, the lane socket sealed messages:
+    // Receive opens those (OpenIncoming).
+    Status parsed = Status::Ok();
+    bool handled = from.empty() && curve_;  // refused and counted by (Lane)SenderOf
+    if (!handled && curve_ && !lane && !parts.empty() &&
+        zmq_msg_size(&parts[0]) == kLaneRequestBytes) {
+      StatusOr<uint64_t> request = ParseLaneRequest(
+          static_cast<const uint8_t*>(zmq_msg_data(&parts[0])), zmq_msg_size(&parts[0]));
+      if (request.ok() && parts.size() == 1) {
+        IssueLane(from, routing_id, *request);
+        handled = true;
+      }
+    }
+    if (!handled && lane) {
+      Incoming in;
+      in.r.from = std::move(from);
+      in.lane = lanes_in_.at(in.r.from).rx;
+      in.fd = zmq_msg_get(&parts[0], ZMQ_SRCFD);
+      in.sealed.reserve(parts.size());
+      for (zmq_msg_t& part : parts) {
+        in.sealed.push_back(std::make_shared<MsgHolder>());
+        zmq_msg_move(&in.sealed.back()->msg, &part);
+      }
+      batch.push_back(std::move(in));
+      handled = true;
+    } else if (!handled) {
+      parsed = CheckMessage(from, parts, &header, &header_bytes);
+    }
+    if (handled) {
+      // Nothing to deliver.
     } else if (!parsed.ok()) {
       malformed_dropped_.fetch_add(1, std::memory_order_relaxed);
       BP_LOG_DEBUG("{}dropped a malformed message from '{}': {}", Prefix(), from, parsed.message());
@@ -906,14 +1307,14 @@ void ZmqTransport::ReadRouter() {
       }
       messages_received_.fetch_add(1, std::memory_order_relaxed);
       bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
-      batch.push_back(Received{std::move(from), std::move(m)});
+      batch.push_back(Incoming{Received{std::move(from), std::move(m)}});
     }
     for (zmq_msg_t& p : parts) zmq_msg_close(&p);
     parts.clear();
   }
   if (batch.empty()) return;
   std::lock_guard<std::mutex> lock(in_mu_);
-  for (Received& r : batch) inbox_.push_back(std::move(r));
+  for (Incoming& in : batch) inbox_.push_back(std::move(in));
   inbox_messages_ += batch.size();
   in_cv_.notify_one();
 }
@@ -930,7 +1331,8 @@ PeerId ZmqTransport::SenderOf(const PeerId& routing_id, zmq_msg_t* first_part) {
   auto bound = bound_fd_.find(id);
   if (bound != bound_fd_.end() && bound->second == fd) return id;
   if (superseded_fds_.count(fd) != 0) {
-    ReadRouterMonitor();  // file descriptors are reused: a waiting disconnect may free this one
+    // File descriptors are reused: a waiting disconnect may free this one.
+    ReadRouterMonitor(router_monitor_, false);
   }
   if (superseded_fds_.count(fd) != 0) {
     identity_refused_.fetch_add(1, std::memory_order_relaxed);
@@ -956,6 +1358,105 @@ PeerId ZmqTransport::SenderOf(const PeerId& routing_id, zmq_msg_t* first_part) {
   return id;
 }
 
+void ZmqTransport::IssueLane(const PeerId& from, const std::string& routing_id, uint64_t request) {
+  StatusOr<std::string> key = RandomBytes(kLaneKeyBytes);
+  StatusOr<std::string> ticket = RandomBytes(kLaneTicketBytes);
+  if (!key.ok() || !ticket.ok()) {
+    BP_LOG_ERROR("{}no lane for '{}': {}", Prefix(), from,
+                 (key.ok() ? ticket.status() : key.status()).message());
+    return;
+  }
+  LaneIn& in = lanes_in_[from];  // replaces an earlier lane of the same sender
+  in.ticket = *ticket;
+  in.ticket_used = false;
+  in.rx = std::make_shared<LaneRx>(*key);
+  LaneOffer offer;
+  offer.request = request;
+  offer.key = *key;
+  offer.ticket = *ticket;
+  offer.address = lane_address_;
+  const std::string text = EncodeLaneOffer(offer);
+  // Unroutable (the connection went meanwhile): ZeroMQ drops it, and the sender asks again.
+  if (zmq_send(router_, routing_id.data(), routing_id.size(), ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0 ||
+      zmq_send(router_, text.data(), text.size(), ZMQ_DONTWAIT) < 0) {
+    BP_LOG_DEBUG("{}the lane offer to '{}' was not sent: {}", Prefix(), from, ZmqError());
+  }
+}
+
+PeerId ZmqTransport::LaneSenderOf(zmq_msg_t* first_part) {
+  const char* user = zmq_msg_gets(first_part, "User-Id");
+  if (user == nullptr || lanes_in_.count(user) == 0) {  // cannot happen behind our ZAP handler
+    auth_refused_.fetch_add(1, std::memory_order_relaxed);
+    return "";
+  }
+  return user;
+}
+
+Status ZmqTransport::OpenIncoming(Incoming* in) {
+  LaneRx& rx = *in->lane;
+  const PeerId& from = in->r.from;
+  std::vector<uint8_t*> data(in->sealed.size());
+  std::vector<size_t> sizes(in->sealed.size());
+  for (size_t i = 0; i < in->sealed.size(); ++i) {
+    data[i] = static_cast<uint8_t*>(zmq_msg_data(&in->sealed[i]->msg));
+    sizes[i] = zmq_msg_size(&in->sealed[i]->msg);
+  }
+  Status s = rx.cipher.Open(data, sizes);
+  const uint8_t* header = nullptr;
+  size_t header_bytes = 0;
+  if (s.ok()) {
+    if (rx.fd < 0) rx.fd = in->fd;
+    s = ParseEnvelope(data[0] + kSealedPrefixBytes, sizes[0] - kSealedPrefixBytes,
+                      sizes.size() - 2, &header, &header_bytes);
+    if (!s.ok()) s = DataLossError(s.message());
+  }
+  if (!s.ok()) {
+    std::string what, reason;
+    if (s.code() == StatusCode::kFailedPrecondition && rx.fd >= 0 && in->fd != rx.fd) {
+      // The lane connection of an earlier lane of the same sender: a newer one took over.
+      identity_refused_.fetch_add(1, std::memory_order_relaxed);
+      reason = "identity:" + from;
+      what = fmt::format(
+          "refused a message from an older lane connection of '{}': a newer connection "
+          "authenticated with the same key took over",
+          from);
+    } else if (s.code() == StatusCode::kFailedPrecondition) {
+      auth_refused_.fetch_add(1, std::memory_order_relaxed);
+      reason = "sealed:" + from;
+      what = fmt::format("refused a message on the lane of '{}': {}", from, s.message());
+    } else {
+      malformed_dropped_.fetch_add(1, std::memory_order_relaxed);
+      BP_LOG_DEBUG("{}dropped a malformed message from '{}': {}", Prefix(), from, s.message());
+      return s;
+    }
+    uint64_t suppressed = 0;
+    if (receive_log_limiter_.Allow(reason, &suppressed)) {
+      BP_LOG_WARN("{}{}{}", Prefix(), what,
+                  suppressed ? fmt::format(" ({} more since the last report)", suppressed) : "");
+    }
+    return s;
+  }
+  Message m;
+  m.header.assign(reinterpret_cast<const char*>(header), header_bytes);
+  m.frames.reserve(sizes.size() - 2);
+  uint64_t bytes = header_bytes;
+  for (size_t i = 1; i + 1 < sizes.size(); ++i) {
+    bytes += sizes[i];
+    if (sizes[i] == 0) {
+      m.frames.emplace_back();
+    } else if (sizes[i] < kCopyBelowBytes) {
+      m.frames.push_back(Buffer::Copy(data[i], sizes[i]));
+    } else {
+      m.frames.push_back(Buffer::Borrow(data[i], sizes[i], in->sealed[i]));
+    }
+  }
+  messages_received_.fetch_add(1, std::memory_order_relaxed);
+  bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
+  in->r.body = std::move(m);
+  in->sealed.clear();
+  return Status::Ok();
+}
+
 void ZmqTransport::AnswerZap() {
   while (true) {
     std::vector<std::string> frames;
@@ -977,7 +1478,26 @@ void ZmqTransport::AnswerZap() {
     const std::string request_id = frames.size() > 1 ? frames[1] : "";
     const std::string address = frames.size() > 3 ? frames[3] : "?";
     std::string status = "400", text, user;
-    if (frames.size() >= 7 && frames[5] == "CURVE" && frames[6].size() == 32) {
+    if (frames.size() >= 8 && frames[5] == "PLAIN") {
+      // A lane connection (lane.h step 3): a ticket issued and not used yet. It names the
+      // sender (the PLAIN user name is only what the sender calls itself).
+      auto it = lanes_in_.begin();
+      for (; it != lanes_in_.end(); ++it) {
+        const std::string expected = TicketPassword(it->second.ticket);
+        if (!it->second.ticket_used && frames[7].size() == expected.size() &&
+            CRYPTO_memcmp(frames[7].data(), expected.data(), expected.size()) == 0) {
+          break;
+        }
+      }
+      if (it != lanes_in_.end()) {
+        it->second.ticket_used = true;
+        status = "200";
+        text = "OK";
+        user = it->first;
+      } else {
+        text = "a lane connection without a valid ticket";
+      }
+    } else if (frames.size() >= 7 && frames[5] == "CURVE" && frames[6].size() == 32) {
       auto it = key_names_.find(frames[6]);
       if (it != key_names_.end()) {
         status = "200";
@@ -1006,8 +1526,7 @@ void ZmqTransport::AnswerZap() {
 }
 
 // A monitor event: a 6-byte part (u16 event, u32 value) and a part with the endpoint address.
-bool ReadMonitorEvent(void* monitor, uint16_t* event, std::string* endpoint,
-                      uint32_t* value = nullptr) {
+bool ReadMonitorEvent(void* monitor, uint16_t* event, std::string* endpoint, uint32_t* value) {
   zmq_msg_t m;
   zmq_msg_init(&m);
   if (zmq_msg_recv(&m, monitor, ZMQ_DONTWAIT) < 0) {
@@ -1034,11 +1553,11 @@ bool ReadMonitorEvent(void* monitor, uint16_t* event, std::string* endpoint,
   return true;
 }
 
-void ZmqTransport::ReadRouterMonitor() {
+void ZmqTransport::ReadRouterMonitor(void* monitor, bool lane) {
   uint16_t event;
   uint32_t value;
   std::string endpoint;
-  while (ReadMonitorEvent(router_monitor_, &event, &endpoint, &value)) {
+  while (ReadMonitorEvent(monitor, &event, &endpoint, &value)) {
     const int fd = static_cast<int>(value);
     if (event == ZMQ_EVENT_ACCEPTED) {
       if (++open_connections_ > options_.max_connections) {
@@ -1066,7 +1585,7 @@ void ZmqTransport::ReadRouterMonitor() {
       // (logged by AnswerZap), a peer that does not speak CURVE (whichever side notices the
       // mismatch first, the other sees the connection end), or bytes that are not ZMTP.
       auth_refused_.fetch_add(1, std::memory_order_relaxed);
-      if (event != ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+      if (event != ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && !lane) {
         uint64_t suppressed = 0;
         if (log_limiter_.Allow("mechanism", &suppressed)) {
           BP_LOG_WARN(
@@ -1090,14 +1609,15 @@ void ZmqTransport::ReadPeerMonitor(const PeerId& name, IoPeer* p) {
   std::string endpoint;
   while (ReadMonitorEvent(p->monitor, &event, &endpoint)) {
     if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
-      bool reconnected;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        reconnected = p->shared->state == PeerState::kDisconnected;
-        p->shared->state = PeerState::kConnected;
-        p->shared->last_error = Status::Ok();
+      if (!curve_) {
+        PeerUp(name, p);
+      } else {
+        // The peer's state follows its lane; a (re)connected CURVE connection asks for one
+        // unless a lane is open or being opened.
+        p->control_up = true;
+        p->lane_requested = false;
+        if (p->lane == nullptr) RequestLane(name, p);
       }
-      if (reconnected) PushEvent(name, TransportEvent::Kind::kPeerConnected, Status::Ok());
     } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ||
                event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
       uint64_t suppressed = 0;
@@ -1113,25 +1633,12 @@ void ZmqTransport::ReadPeerMonitor(const PeerId& name, IoPeer* p) {
                     suppressed ? fmt::format(" ({} more since the last report)", suppressed) : "");
       }
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
-      std::deque<Message> dropped;
-      Status why;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        // A connection that never completed the handshake is still "connecting".
-        if (p->shared->state != PeerState::kConnected) continue;
-        dropped.swap(p->shared->outbox);
-        const size_t n = dropped.size() + p->pending.size();
-        why = UnavailableError(
-            fmt::format("peer '{}' at {} disconnected{}", name, p->shared->address,
-                        n ? fmt::format(" ({} queued messages dropped)", n) : std::string()));
-        p->shared->state = PeerState::kDisconnected;
-        p->shared->last_error = why;
-        p->shared->io_held = 0;
-        space_.notify_all();
+      if (!curve_) {
+        PeerDown(name, p);
+      } else {
+        p->control_up = false;  // the lane, if any, reports its own end
+        p->lane_requested = false;
       }
-      p->pending.clear();
-      dropped.clear();
-      PushEvent(name, TransportEvent::Kind::kPeerDisconnected, why);
     }
   }
 }
@@ -1139,7 +1646,7 @@ void ZmqTransport::ReadPeerMonitor(const PeerId& name, IoPeer* p) {
 void ZmqTransport::PushEvent(const PeerId& peer, TransportEvent::Kind kind, Status status) {
   std::lock_guard<std::mutex> lock(in_mu_);
   if (in_closed_) return;
-  inbox_.push_back(Received{peer, TransportEvent{kind, peer, std::move(status)}});
+  inbox_.push_back(Incoming{Received{peer, TransportEvent{kind, peer, std::move(status)}}});
   in_cv_.notify_one();
 }
 

@@ -4,12 +4,18 @@
 // socket on its listen address (receive only) and keeps one DEALER per Connect()ed peer (send
 // only) whose routing id is this endpoint's name, so the receiving ROUTER reports the sender's
 // name with every message. Two endpoints that talk both ways use two connections.
+// Under security mode curve the DEALER is a CURVE client and the ROUTER a CURVE server, but they
+// carry only the set-up of a sealed lane (lane.h): each endpoint also binds a lane ROUTER (PLAIN,
+// admitted by one-time ticket) and keeps one lane DEALER per peer, and every message travels
+// sealed (AES-256-GCM) on the lane.
 //
 // Threads. One I/O thread per endpoint owns every socket after creation (ZeroMQ sockets are
 // not thread-safe) and sleeps in zmq_poll when idle; ZeroMQ adds its own I/O and reaper
 // threads inside the context. Send() (any thread) appends to the peer's outbox and wakes the
 // I/O thread through an eventfd; the I/O thread hands the message to the DEALER without copying
-// payload frames (zmq_msg_init_data; the Buffer's owner stays alive until ZeroMQ releases it).
+// payload frames (zmq_msg_init_data; the Buffer's owner stays alive until ZeroMQ releases it;
+// under curve the I/O thread seals the frames into new parts instead, and opens received ones
+// in place).
 // Received messages are parsed by the I/O thread (framing.h) into a bounded queue that
 // Receive() waits on; frames larger than a few KiB are not copied on receipt either (the
 // Buffer owns the zmq_msg_t). See docs/threading.md.
