@@ -457,8 +457,9 @@ std::vector<ClusterKnob> BuildTable() {
       // ---- security: (local; docs/security.md) ----
       Scalar(Knob("security.mode")
                  .Enum({"none", "curve"})
-                 .Doc("`curve`: every connection is encrypted and authenticated with ZeroMQ "
-                      "CURVE, one key pair per node (`bitpush keygen`); a node is admitted only "
+                 .Doc("`curve`: every connection is authenticated with ZeroMQ CURVE, one key "
+                      "pair per node (`bitpush keygen`), and every message is encrypted "
+                      "(AES-256-GCM lanes keyed through CURVE); a node is admitted only "
                       "with a key `public_keys` lists, and a message counts as sent by the node "
                       "that key belongs to. `none`: no proof of identity, for trusted networks "
                       "and benchmarks (the scheduler warns once when an address is not "

@@ -112,7 +112,8 @@ struct TransportOptions {
   TransportSecurity security;
   // Largest message part (header or frame) accepted from a peer; a peer that sends a larger
   // one is disconnected before its bytes are buffered. The node sets it from the
-  // configuration (the largest legal frame).
+  // configuration (the largest legal frame). zmq under kCurve does not use it: messages travel
+  // sealed in chunks of 1 MiB, its largest part (zmq/lane.h).
   uint64_t max_message_bytes = uint64_t{1} << 32;
   // Connections accepted at once; a connection beyond it is shut as soon as it is accepted
   // and counted in connections_refused.

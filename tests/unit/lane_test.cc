@@ -2,161 +2,153 @@
 // what it refuses. The lanes at work between real endpoints are in transport_security_test.cc.
 #include "common/transport/zmq/lane.h"
 
-#include "common/transport/zmq/framing.h"
-
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "common/transport/zmq/framing.h"
+
 namespace bitpush::transport::zmq_backend {
 namespace {
 
-// One message as a sender hands it over and as it arrives: parts 0..n (the envelope, the
-// frames), sealed into part buffers plus the tag.
-struct Sealed {
-  std::vector<std::vector<uint8_t>> parts;  // sealed, then the tag
+// A message's wire parts, as the receiving socket hands them over (copies).
+using Wire = std::vector<std::vector<uint8_t>>;
 
-  std::vector<uint8_t*> pointers() {
-    std::vector<uint8_t*> p;
-    for (auto& part : parts) p.push_back(part.data());
-    return p;
-  }
-  std::vector<size_t> sizes() const {
-    std::vector<size_t> s;
-    for (const auto& part : parts) s.push_back(part.size());
-    return s;
-  }
-};
-
-Sealed SealParts(LaneCipher* c, const std::vector<std::vector<uint8_t>>& plain) {
-  Sealed out;
-  std::vector<const uint8_t*> in;
-  std::vector<size_t> sizes;
-  std::vector<uint8_t*> dst;
-  out.parts.resize(plain.size() + 1);
-  for (size_t i = 0; i < plain.size(); ++i) {
-    in.push_back(plain[i].data());
-    sizes.push_back(plain[i].size());
-    out.parts[i].resize(plain[i].size() + (i == 0 ? kSealedPrefixBytes : 0));
-  }
-  for (size_t i = 0; i < plain.size(); ++i) dst.push_back(out.parts[i].data());
-  out.parts.back().resize(kSealTagBytes);
-  EXPECT_TRUE(c->Seal(in, sizes, dst, out.parts.back().data()).ok());
+std::vector<ByteSpan> Spans(const Wire& w) {
+  std::vector<ByteSpan> out;
+  for (const auto& part : w) out.emplace_back(part.data(), part.size());
   return out;
 }
 
-std::vector<std::vector<uint8_t>> Sample(uint8_t seed) {
-  std::vector<std::vector<uint8_t>> parts = {std::vector<uint8_t>(20), std::vector<uint8_t>(5000),
-                                             std::vector<uint8_t>(0), std::vector<uint8_t>(33)};
-  for (auto& p : parts) {
-    for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<uint8_t>(seed + i * 7);
+Message Sample(uint8_t seed) {
+  Message m;
+  m.header = "header-" + std::to_string(seed);
+  for (size_t size : {size_t{5000}, size_t{0}, size_t{33}, kLaneChunkBytes * 2 + 17}) {
+    std::vector<uint8_t> bytes(size);
+    for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<uint8_t>(seed + i * 7);
+    m.frames.push_back(Buffer::Take(std::move(bytes)));
   }
-  return parts;
+  return m;
 }
 
-// The plain parts an opened message holds (the envelope after the sealed prefix).
-std::vector<std::vector<uint8_t>> Opened(const Sealed& s) {
-  std::vector<std::vector<uint8_t>> out;
-  for (size_t i = 0; i + 1 < s.parts.size(); ++i) {
-    const size_t skip = i == 0 ? kSealedPrefixBytes : 0;
-    out.emplace_back(s.parts[i].begin() + skip, s.parts[i].end());
+Wire Seal(LaneCipher* c, Message m) {
+  EXPECT_TRUE(SealMessage(c, &m).ok());
+  Wire w;
+  for (const Buffer& b : m.frames) w.emplace_back(b.data(), b.data() + b.size());
+  return w;
+}
+
+// The message a receiver gets from opened parts (the envelope, then the frames).
+Message Opened(const std::vector<Buffer>& parts) {
+  const uint8_t* header = nullptr;
+  size_t header_bytes = 0;
+  EXPECT_TRUE(
+      ParseEnvelope(parts[0].data(), parts[0].size(), parts.size() - 1, &header, &header_bytes)
+          .ok());
+  Message m;
+  m.header.assign(reinterpret_cast<const char*>(header), header_bytes);
+  m.frames.assign(parts.begin() + 1, parts.end());
+  return m;
+}
+
+void ExpectSame(const Message& a, const Message& b) {
+  EXPECT_EQ(a.header, b.header);
+  ASSERT_EQ(a.frames.size(), b.frames.size());
+  for (size_t i = 0; i < a.frames.size(); ++i) {
+    EXPECT_TRUE(std::equal(a.frames[i].data(), a.frames[i].data() + a.frames[i].size(),
+                           b.frames[i].data(), b.frames[i].data() + b.frames[i].size()))
+        << "frame " << i;
   }
-  return out;
 }
 
 const std::string kKey(kLaneKeyBytes, 'k');
 
-TEST(Lane, MessagesOpenInOrderBitForBit) {
+TEST(Lane, MessagesOpenInOrderBitForBitFromChunksOfAtMost1MiB) {
   LaneCipher tx(kKey), rx(kKey);
-  for (uint8_t m = 0; m < 3; ++m) {
-    const auto plain = Sample(m);
-    Sealed s = SealParts(&tx, plain);
-    EXPECT_NE(Opened(s)[1], plain[1]) << "the frame is not sent in the clear";
-    ASSERT_TRUE(rx.Open(s.pointers(), s.sizes()).ok());
-    EXPECT_EQ(Opened(s), plain);
+  for (uint8_t n = 0; n < 3; ++n) {
+    const Message plain = Sample(n);
+    const Wire w = Seal(&tx, plain);
+    // prefix, envelope, 5000, (empty: none), 33, three chunks of the 2 MiB + 17, tag
+    ASSERT_EQ(w.size(), 1u + 1 + 1 + 0 + 1 + 3 + 1);
+    for (const auto& part : w) EXPECT_LE(part.size(), kLaneChunkBytes);
+    EXPECT_EQ(w[5].size(), kLaneChunkBytes);
+    EXPECT_EQ(w[6].size(), 17u);
+    EXPECT_FALSE(std::equal(w[2].begin(), w[2].end(), plain.frames[0].data()))
+        << "a frame is not sent in the clear";
+    StatusOr<std::vector<Buffer>> opened = rx.Open(Spans(w));
+    ASSERT_TRUE(opened.ok()) << opened.status().message();
+    ExpectSame(Opened(*opened), plain);
   }
   EXPECT_EQ(rx.next_sequence(), 3u);
 }
 
 TEST(Lane, AnAlteredByteIsRefusedAndTheLaneGoesOn) {
   LaneCipher tx(kKey), rx(kKey);
-  Sealed s = SealParts(&tx, Sample(1));
-  s.parts[1][4000] ^= 1;
-  Status st = rx.Open(s.pointers(), s.sizes());
-  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.message();
-  EXPECT_NE(st.message().find("does not verify"), std::string::npos) << st.message();
+  Wire w = Seal(&tx, Sample(1));
+  w[5][4000] ^= 1;
+  StatusOr<std::vector<Buffer>> opened = rx.Open(Spans(w));
+  EXPECT_EQ(opened.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(opened.status().message().find("does not verify"), std::string::npos)
+      << opened.status().message();
   EXPECT_EQ(rx.next_sequence(), 0u);
   // The genuine message still opens.
   LaneCipher tx_again(kKey);
-  Sealed again = SealParts(&tx_again, Sample(1));
-  EXPECT_TRUE(rx.Open(again.pointers(), again.sizes()).ok());
+  EXPECT_TRUE(rx.Open(Spans(Seal(&tx_again, Sample(1)))).ok());
 }
 
 TEST(Lane, BytesMovedAcrossAPartBoundaryAreRefused) {
   LaneCipher tx(kKey), rx(kKey);
-  Sealed s = SealParts(&tx, Sample(2));
-  // The same ciphertext stream, split differently: GCM alone would accept it.
-  const uint8_t moved = s.parts[1].back();
-  s.parts[1].pop_back();
-  s.parts[3].insert(s.parts[3].begin(), moved);
-  EXPECT_EQ(rx.Open(s.pointers(), s.sizes()).code(), StatusCode::kFailedPrecondition);
+  Wire w = Seal(&tx, Sample(2));
+  // The same ciphertext stream with one byte moved from frame 0 to frame 2, the prefix's sizes
+  // changed to match: GCM alone would accept it, the associated data does not.
+  const uint8_t moved = w[2].back();
+  w[2].pop_back();
+  w[3].insert(w[3].begin(), moved);
+  w[0][20 + 8 * 1] -= 1;  // size[1] (frame 0): 5000 -> 4999
+  w[0][20 + 8 * 3] += 1;  // size[3] (frame 2): 33 -> 34
+  EXPECT_EQ(rx.Open(Spans(w)).status().code(), StatusCode::kFailedPrecondition);
+  // Chunks that disagree with the prefix are not a sealed message at all.
+  Wire rechunked = Seal(&tx, Sample(3));
+  rechunked[5].push_back(rechunked[6][0]);
+  rechunked[6].erase(rechunked[6].begin());
+  EXPECT_EQ(rx.Open(Spans(rechunked)).status().code(), StatusCode::kDataLoss);
 }
 
 TEST(Lane, AReplayedOrSkippedMessageIsRefused) {
   LaneCipher tx(kKey), rx(kKey);
-  Sealed first = SealParts(&tx, Sample(3));
-  Sealed copy = first;
-  Sealed second = SealParts(&tx, Sample(4));
-  Status skipped = rx.Open(second.pointers(), second.sizes());
-  EXPECT_EQ(skipped.code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(skipped.message().find("number 1 where number 0 was next"), std::string::npos)
-      << skipped.message();
-  ASSERT_TRUE(rx.Open(first.pointers(), first.sizes()).ok());
-  EXPECT_EQ(rx.Open(copy.pointers(), copy.sizes()).code(), StatusCode::kFailedPrecondition);
+  const Wire first = Seal(&tx, Sample(3));
+  const Wire second = Seal(&tx, Sample(4));
+  StatusOr<std::vector<Buffer>> skipped = rx.Open(Spans(second));
+  EXPECT_EQ(skipped.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(skipped.status().message().find("number 1 where number 0 was next"), std::string::npos)
+      << skipped.status().message();
+  ASSERT_TRUE(rx.Open(Spans(first)).ok());
+  EXPECT_EQ(rx.Open(Spans(first)).status().code(), StatusCode::kFailedPrecondition);
   // A replay that claims the next number does not verify: the number is authenticated.
-  Sealed renumbered = copy;
-  renumbered.parts[0][4] = 1;
-  EXPECT_EQ(rx.Open(renumbered.pointers(), renumbered.sizes()).code(),
-            StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(rx.Open(second.pointers(), second.sizes()).ok());
-}
-
-TEST(Lane, ASealedMessageOpensToItsEnvelopeAndFrames) {
-  LaneCipher tx(kKey), rx(kKey);
-  Message m;
-  m.header = "header";
-  m.frames.push_back(Buffer::Copy("frame-one", 9));
-  m.frames.push_back(Buffer());
-  ASSERT_TRUE(SealMessage(&tx, &m).ok());
-  EXPECT_TRUE(m.header.empty());
-  ASSERT_EQ(m.frames.size(), 4u);  // envelope, the two frames, the tag
-  Sealed s;
-  for (const Buffer& b : m.frames) s.parts.emplace_back(b.data(), b.data() + b.size());
-  ASSERT_TRUE(rx.Open(s.pointers(), s.sizes()).ok());
-  const uint8_t* header = nullptr;
-  size_t header_bytes = 0;
-  ASSERT_TRUE(ParseEnvelope(s.parts[0].data() + kSealedPrefixBytes,
-                            s.parts[0].size() - kSealedPrefixBytes, 2, &header, &header_bytes)
-                  .ok());
-  EXPECT_EQ(std::string(reinterpret_cast<const char*>(header), header_bytes), "header");
-  EXPECT_EQ(std::string(s.parts[1].begin(), s.parts[1].end()), "frame-one");
-  EXPECT_TRUE(s.parts[2].empty());
+  Wire renumbered = first;
+  renumbered[0][4] = 1;
+  EXPECT_EQ(rx.Open(Spans(renumbered)).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(rx.Open(Spans(second)).ok());
 }
 
 TEST(Lane, AnotherLanesKeyDoesNotOpen) {
   LaneCipher tx(std::string(kLaneKeyBytes, 'a')), rx(kKey);
-  Sealed s = SealParts(&tx, Sample(5));
-  EXPECT_EQ(rx.Open(s.pointers(), s.sizes()).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(rx.Open(Spans(Seal(&tx, Sample(5)))).status().code(), StatusCode::kFailedPrecondition);
 }
 
 TEST(Lane, WhatIsNotASealedMessageIsDataLoss) {
   LaneCipher rx(kKey);
-  std::vector<uint8_t> junk(40, 'x'), tag(kSealTagBytes);
-  EXPECT_EQ(rx.Open({junk.data(), tag.data()}, {junk.size(), tag.size()}).code(),
-            StatusCode::kDataLoss);
-  EXPECT_EQ(rx.Open({junk.data()}, {junk.size()}).code(), StatusCode::kDataLoss);
+  const Wire junk = {std::vector<uint8_t>(40, 'x'), std::vector<uint8_t>(kSealTagBytes)};
+  EXPECT_EQ(rx.Open(Spans(junk)).status().code(), StatusCode::kDataLoss);
+  const Wire lone = {std::vector<uint8_t>(40, 'x')};
+  EXPECT_EQ(rx.Open(Spans(lone)).status().code(), StatusCode::kDataLoss);
+  // A prefix that announces more parts than it has room for.
+  LaneCipher tx(kKey);
+  Wire w = Seal(&tx, Sample(6));
+  w[0][12] = 0xff;
+  EXPECT_EQ(rx.Open(Spans(w)).status().code(), StatusCode::kDataLoss);
 }
 
 TEST(Lane, RequestsAndOffersRoundTrip) {

@@ -24,15 +24,27 @@ uint64_t GetU64(const uint8_t* p) {
   return v;
 }
 
-// What the tag authenticates besides the bytes: the sequence number and the size of every part
-// (GCM alone would let bytes move across a part boundary).
-std::vector<uint8_t> AssociatedData(uint64_t sequence, const std::vector<size_t>& sizes) {
-  std::vector<uint8_t> aad(4 + 8 + 8 + 8 * sizes.size());
-  std::copy(std::begin(kSealedMagic), std::end(kSealedMagic), aad.begin());
-  PutU64(aad.data() + 4, sequence);
-  PutU64(aad.data() + 12, sizes.size());
-  for (size_t i = 0; i < sizes.size(); ++i) PutU64(aad.data() + 20 + 8 * i, sizes[i]);
-  return aad;
+// Part 0 of a sealed message: what the tag authenticates besides the bytes (the sequence
+// number and the size of every part: GCM alone would let bytes move across a part boundary).
+std::string Prefix(uint64_t sequence, const std::vector<size_t>& sizes) {
+  std::string prefix(20 + 8 * sizes.size(), '\0');
+  auto* p = reinterpret_cast<uint8_t*>(prefix.data());
+  std::copy(std::begin(kSealedMagic), std::end(kSealedMagic), p);
+  PutU64(p + 4, sequence);
+  PutU64(p + 12, sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) PutU64(p + 20 + 8 * i, sizes[i]);
+  return prefix;
+}
+
+size_t Chunks(size_t size) {
+  return (size + kLaneChunkBytes - 1) / kLaneChunkBytes;
+}
+
+// An uninitialised byte buffer (written whole: zeroing it first would cost a pass).
+Buffer NewBuffer(size_t size, uint8_t** data) {
+  std::shared_ptr<uint8_t[]> bytes(new uint8_t[size == 0 ? 1 : size]);
+  *data = bytes.get();
+  return Buffer::Borrow(bytes.get(), size, std::shared_ptr<const void>(bytes, bytes.get()));
 }
 
 void Nonce(uint64_t sequence, uint8_t nonce[12]) {
@@ -131,10 +143,9 @@ LaneCipher::LaneCipher(const std::string& key) : ctx_(std::make_unique<Ctx>()), 
 
 LaneCipher::~LaneCipher() = default;
 
-Status LaneCipher::Seal(const std::vector<const uint8_t*>& plain, const std::vector<size_t>& sizes,
-                        const std::vector<uint8_t*>& out, uint8_t* tag) {
-  if (key_.size() != kLaneKeyBytes || plain.empty() || plain.size() != sizes.size() ||
-      out.size() != sizes.size()) {
+Status LaneCipher::Seal(const std::vector<ByteSpan>& plain, const std::vector<uint8_t*>& out,
+                        std::string* prefix, uint8_t* tag) {
+  if (key_.size() != kLaneKeyBytes || out.size() != plain.size()) {
     return InternalError("lane seal: bad arguments");
   }
   if (next_ == std::numeric_limits<uint64_t>::max()) {
@@ -152,20 +163,20 @@ Status LaneCipher::Seal(const std::vector<const uint8_t*>& plain, const std::vec
   } else if (EVP_EncryptInit_ex(ctx_->seal, nullptr, nullptr, nullptr, nonce) != 1) {
     return InternalError("lane seal: cannot set the nonce");
   }
-  std::vector<size_t> sealed_sizes = sizes;
-  sealed_sizes[0] += kSealedPrefixBytes;
-  const std::vector<uint8_t> aad = AssociatedData(next_, sealed_sizes);
+  std::vector<size_t> sizes(plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) sizes[i] = plain[i].size();
+  *prefix = Prefix(next_, sizes);
   int len = 0;
-  if (EVP_EncryptUpdate(ctx_->seal, nullptr, &len, aad.data(), static_cast<int>(aad.size())) != 1) {
+  if (EVP_EncryptUpdate(ctx_->seal, nullptr, &len,
+                        reinterpret_cast<const unsigned char*>(prefix->data()),
+                        static_cast<int>(prefix->size())) != 1) {
     return InternalError("lane seal: associated data");
   }
-  std::copy(std::begin(kSealedMagic), std::end(kSealedMagic), out[0]);
-  PutU64(out[0] + 4, next_);
   for (size_t i = 0; i < plain.size(); ++i) {
-    uint8_t* dst = out[i] + (i == 0 ? kSealedPrefixBytes : 0);
     for (size_t off = 0; off < sizes[i]; off += kSlice) {
       const int n = static_cast<int>(std::min(kSlice, sizes[i] - off));
-      if (EVP_EncryptUpdate(ctx_->seal, dst + off, &len, plain[i] + off, n) != 1 || len != n) {
+      if (EVP_EncryptUpdate(ctx_->seal, out[i] + off, &len, plain[i].data() + off, n) != 1 ||
+          len != n) {
         return InternalError("lane seal: encryption failed");
       }
     }
@@ -178,12 +189,44 @@ Status LaneCipher::Seal(const std::vector<const uint8_t*>& plain, const std::vec
   return Status::Ok();
 }
 
-Status LaneCipher::Open(const std::vector<uint8_t*>& parts, const std::vector<size_t>& sizes) {
-  if (parts.size() < 2 || parts.size() != sizes.size() || sizes.back() != kSealTagBytes ||
-      sizes[0] < kSealedPrefixBytes || std::memcmp(parts[0], kSealedMagic, 4) != 0) {
-    return DataLossError("not a sealed message (magic 'BPS1', a sequence number, a 16-byte tag)");
+StatusOr<std::vector<Buffer>> LaneCipher::Open(const std::vector<ByteSpan>& wire) {
+  const auto not_sealed = [](const std::string& why) {
+    return DataLossError("not a sealed message: " + why);
+  };
+  if (wire.size() < 2 || wire[0].size() < 20 ||
+      std::memcmp(wire[0].data(), kSealedMagic, sizeof(kSealedMagic)) != 0) {
+    return not_sealed("no prefix 'BPS1'");
   }
-  const uint64_t sequence = GetU64(parts[0] + 4);
+  if (wire.back().size() != kSealTagBytes) return not_sealed("no 16-byte tag");
+  const uint8_t* p = wire[0].data();
+  const uint64_t sequence = GetU64(p + 4);
+  const uint64_t n = GetU64(p + 12);
+  if (n == 0 || n > (wire[0].size() - 20) / 8 || wire[0].size() != 20 + 8 * n) {
+    return not_sealed(fmt::format("a prefix of {} bytes", wire[0].size()));
+  }
+  // The parts, chunked as the prefix says.
+  std::vector<size_t> sizes(n);
+  size_t chunks = 0;
+  for (size_t i = 0; i < n; ++i) {
+    sizes[i] = GetU64(p + 20 + 8 * i);
+    if (sizes[i] > (size_t{1} << 62)) return not_sealed("a part of more than 2^62 bytes");
+    chunks += Chunks(sizes[i]);
+  }
+  if (wire.size() != chunks + 2) {
+    return not_sealed(
+        fmt::format("the prefix announces {} chunks, {} parts follow", chunks, wire.size() - 2));
+  }
+  size_t w = 1;
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t left = sizes[i]; left > 0; ++w) {
+      const size_t expect = std::min(left, kLaneChunkBytes);
+      if (wire[w].size() != expect) {
+        return not_sealed(
+            fmt::format("a chunk of {} bytes where {} were due", wire[w].size(), expect));
+      }
+      left -= expect;
+    }
+  }
   if (sequence != next_) {
     return FailedPreconditionError(
         fmt::format("sealed message number {} where number {} was next (replayed or out of order)",
@@ -201,25 +244,26 @@ Status LaneCipher::Open(const std::vector<uint8_t*>& parts, const std::vector<si
   } else if (EVP_DecryptInit_ex(ctx_->open, nullptr, nullptr, nullptr, nonce) != 1) {
     return InternalError("lane open: cannot set the nonce");
   }
-  const std::vector<size_t> covered(sizes.begin(), sizes.end() - 1);
-  const std::vector<uint8_t> aad = AssociatedData(sequence, covered);
   int len = 0;
-  if (EVP_DecryptUpdate(ctx_->open, nullptr, &len, aad.data(), static_cast<int>(aad.size())) != 1) {
+  if (EVP_DecryptUpdate(ctx_->open, nullptr, &len, p, static_cast<int>(wire[0].size())) != 1) {
     return InternalError("lane open: associated data");
   }
-  for (size_t i = 0; i + 1 < parts.size(); ++i) {
-    const size_t skip = i == 0 ? kSealedPrefixBytes : 0;
-    uint8_t* p = parts[i] + skip;
-    const size_t size = sizes[i] - skip;
-    for (size_t off = 0; off < size; off += kSlice) {
-      const int n = static_cast<int>(std::min(kSlice, size - off));
-      if (EVP_DecryptUpdate(ctx_->open, p + off, &len, p + off, n) != 1 || len != n) {
+  std::vector<Buffer> parts(n);
+  w = 1;
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t* out = nullptr;
+    parts[i] = NewBuffer(sizes[i], &out);
+    for (size_t off = 0; off < sizes[i]; off += wire[w].size(), ++w) {
+      const int size = static_cast<int>(wire[w].size());
+      if (EVP_DecryptUpdate(ctx_->open, out + off, &len, wire[w].data(), size) != 1 ||
+          len != size) {
         return InternalError("lane open: decryption failed");
       }
     }
   }
   uint8_t final_block[16];
-  if (EVP_CIPHER_CTX_ctrl(ctx_->open, EVP_CTRL_GCM_SET_TAG, kSealTagBytes, parts.back()) != 1 ||
+  if (EVP_CIPHER_CTX_ctrl(ctx_->open, EVP_CTRL_GCM_SET_TAG, kSealTagBytes,
+                          const_cast<uint8_t*>(wire.back().data())) != 1 ||
       EVP_DecryptFinal_ex(ctx_->open, final_block, &len) != 1) {
     return FailedPreconditionError(fmt::format(
         "sealed message number {} does not verify under the lane's key (altered, or from "
@@ -227,46 +271,42 @@ Status LaneCipher::Open(const std::vector<uint8_t*>& parts, const std::vector<si
         sequence));
   }
   ++next_;
-  return Status::Ok();
+  return parts;
 }
-
-namespace {
-
-// An uninitialised byte buffer (a sealed part is written whole: zeroing it first would cost a
-// pass over the bytes).
-Buffer NewBuffer(size_t size, uint8_t** data) {
-  std::shared_ptr<uint8_t[]> bytes(new uint8_t[size == 0 ? 1 : size]);
-  *data = bytes.get();
-  return Buffer::Borrow(bytes.get(), size, std::shared_ptr<const void>(bytes, bytes.get()));
-}
-
-}  // namespace
 
 Status SealMessage(LaneCipher* lane, Message* m) {
   const size_t n = m->frames.size();
-  if (n > UINT32_MAX - 2 || m->header.size() > UINT32_MAX) {
-    return InvalidArgumentError(fmt::format("a message of {} frames and a {}-byte header", n,
-                                            m->header.size()));
+  if (n > UINT32_MAX || m->header.size() > UINT32_MAX) {
+    return InvalidArgumentError(
+        fmt::format("a message of {} frames and a {}-byte header", n, m->header.size()));
   }
   std::vector<uint8_t> envelope(kEnvelopeFixedBytes + m->header.size());
   EncodeEnvelope(m->header, static_cast<uint32_t>(n), envelope.data());
-  std::vector<const uint8_t*> plain(n + 1);
-  std::vector<size_t> sizes(n + 1);
+  std::vector<ByteSpan> plain(n + 1);
   std::vector<uint8_t*> out(n + 1);
-  std::vector<Buffer> sealed(n + 2);
-  plain[0] = envelope.data();
-  sizes[0] = envelope.size();
-  sealed[0] = NewBuffer(kSealedPrefixBytes + envelope.size(), &out[0]);
+  std::vector<Buffer> sealed(n + 1);
+  plain[0] = ByteSpan(envelope.data(), envelope.size());
+  sealed[0] = NewBuffer(envelope.size(), &out[0]);
   for (size_t i = 0; i < n; ++i) {
-    plain[i + 1] = m->frames[i].data();
-    sizes[i + 1] = m->frames[i].size();
-    sealed[i + 1] = NewBuffer(sizes[i + 1], &out[i + 1]);
+    plain[i + 1] = m->frames[i].span();
+    sealed[i + 1] = NewBuffer(m->frames[i].size(), &out[i + 1]);
   }
+  std::string prefix;
   uint8_t* tag = nullptr;
-  sealed[n + 1] = NewBuffer(kSealTagBytes, &tag);
-  BP_RETURN_IF_ERROR(lane->Seal(plain, sizes, out, tag));
+  Buffer tag_buffer = NewBuffer(kSealTagBytes, &tag);
+  BP_RETURN_IF_ERROR(lane->Seal(plain, out, &prefix, tag));
+  std::vector<Buffer> wire;
+  wire.reserve(n + 3);
+  wire.push_back(Buffer::Take(std::move(prefix)));
+  for (const Buffer& b : sealed) {
+    for (size_t off = 0; off < b.size(); off += kLaneChunkBytes) {
+      wire.push_back(
+          Buffer::Borrow(b.data() + off, std::min(kLaneChunkBytes, b.size() - off), b.owner()));
+    }
+  }
+  wire.push_back(std::move(tag_buffer));
   m->header.clear();
-  m->frames = std::move(sealed);
+  m->frames = std::move(wire);
   return Status::Ok();
 }
 

@@ -9,24 +9,29 @@
 //     socket; the lane replaces any earlier one of that sender. Only the holder of the sender's
 //     secret key can have asked, and only it can read the answer; it takes only the answer to
 //     its latest request.
-//  3. The sender connects to the lane socket with ZeroMQ's PLAIN mechanism: user name = its
-//     PeerId, password = the ticket. The receiver's ZAP handler admits a lane connection only
-//     for a ticket it issued to that PeerId and not yet used, so nobody else gets past the
-//     handshake, and the connection is bound to that PeerId.
+//  3. The sender connects to the lane socket with ZeroMQ's PLAIN mechanism, the ticket as
+//     password (the user name is only what it calls itself). The receiver's ZAP handler admits
+//     a lane connection only with a ticket it issued and has not seen used, so nobody else gets
+//     past the handshake, and binds the connection to the node it issued the ticket to.
 //  4. Every message on the lane is sealed: AES-256-GCM under the lane's key with the message's
 //     sequence number (0, 1, 2, ... per lane) as nonce, authenticating the sequence number and
 //     the size of every part. The receiver opens only the next sequence number, so a message
 //     cannot be forged, altered, replayed, reordered or moved to another lane.
 //
-// On the wire (the parts after the routing id the receiving ROUTER prepends):
+// On the wire (the parts after the routing id the receiving ROUTER prepends), little-endian:
 //
-//   part 0          "BPS1" | u64 sequence | sealed envelope (framing.h)      (little-endian)
-//   part 1..n       the sealed payload frames, same sizes as the plain ones
-//   part n+1        the 16-byte GCM tag
+//   part 0      "BPS1" | u64 sequence | u64 n | u64 size[n]   (clear; the GCM associated data)
+//   chunks      each of the n sealed parts (the envelope of framing.h, then the payload frames)
+//               as ceil(size / kLaneChunkBytes) ZeroMQ parts: kLaneChunkBytes each, the last
+//               one the remainder (an empty part has none)
+//   last part   the 16-byte GCM tag
 //
-// Thread-safety: a LaneCipher is used by one thread at a time (its owner serialises: the
-// sending transport under the peer's seal lock, the receiving one in Receive); the free
-// functions are pure.
+// No ZeroMQ part exceeds kLaneChunkBytes (nor part 0, for n < 131070), so a lane socket
+// accepts parts of at most 1 MiB: a peer that has not completed the handshake can make a node
+// hold no more than that.
+//
+// Thread-safety: a LaneCipher is used by one thread at a time (the sending transport's I/O
+// thread; the receiving transport's thread in Receive); the free functions are pure.
 #pragma once
 
 #include <cstddef>
@@ -45,8 +50,8 @@ inline constexpr char kLaneOfferMagic[4] = {'B', 'P', 'L', 'O'};
 inline constexpr char kSealedMagic[4] = {'B', 'P', 'S', '1'};
 inline constexpr size_t kLaneKeyBytes = 32;
 inline constexpr size_t kLaneTicketBytes = 16;
-inline constexpr size_t kSealedPrefixBytes = 12;  // magic + sequence
 inline constexpr size_t kSealTagBytes = 16;
+inline constexpr size_t kLaneChunkBytes = size_t{1} << 20;
 inline constexpr size_t kLaneRequestBytes = 12;  // magic + request number
 
 // What a receiver tells a sender about the lane it opens for it.
@@ -87,18 +92,18 @@ class LaneCipher {
   // The sequence number the next Seal uses / the next Open expects.
   uint64_t next_sequence() const { return next_; }
 
-  // Seals the next message. `plain[i]` / `sizes[i]` are its parts (the envelope, then the
-  // frames); `out[i]` receives part i of the sealed message (out[0] has kSealedPrefixBytes more
-  // bytes than plain[0]); `tag` receives kSealTagBytes. Advances the sequence.
-  Status Seal(const std::vector<const uint8_t*>& plain, const std::vector<size_t>& sizes,
-              const std::vector<uint8_t*>& out, uint8_t* tag);
+  // Seals the next message: `plain` are its parts (the envelope, then the frames); `out[i]`
+  // receives the ciphertext of part i (the same size), `prefix` part 0 of the wire format and
+  // `tag` kSealTagBytes. Advances the sequence.
+  Status Seal(const std::vector<ByteSpan>& plain, const std::vector<uint8_t*>& out,
+              std::string* prefix, uint8_t* tag);
 
-  // Opens the next message in place. `parts[i]` / `sizes[i]` are the received parts after the
-  // routing id (the last is the tag). On success the plain envelope starts at
-  // parts[0] + kSealedPrefixBytes, frames are in place, and the sequence advances; otherwise
-  // nothing advances and the error says why (DataLoss: not a sealed message; FailedPrecondition:
-  // a sequence number other than the next, or the tag does not verify).
-  Status Open(const std::vector<uint8_t*>& parts, const std::vector<size_t>& sizes);
+  // Opens the next message from its wire parts (after the routing id: the prefix, the chunks,
+  // the tag) into new buffers, one per sealed part (the envelope first). On success the
+  // sequence advances; otherwise nothing advances and the error says why (DataLoss: not a
+  // sealed message; FailedPrecondition: a sequence number other than the next, or the tag does
+  // not verify).
+  StatusOr<std::vector<Buffer>> Open(const std::vector<ByteSpan>& wire);
 
  private:
   struct Ctx;
@@ -108,8 +113,8 @@ class LaneCipher {
 };
 
 // Seals `m` (header and frames) as the next message of `lane`: afterwards m->header is empty
-// and m->frames are the sealed parts, ready for the wire (new buffers; the plain ones are
-// released).
+// and m->frames are its wire parts (the prefix, the chunks — slices of one new buffer per sealed
+// part — and the tag); the plain buffers are released.
 Status SealMessage(LaneCipher* lane, Message* m);
 
 }  // namespace bitpush::transport::zmq_backend

@@ -40,6 +40,8 @@ constexpr size_t kCopyBelowBytes = 4096;
 // Largest part a DEALER accepts: it never reads what its peer sends, so anything beyond the
 // handshake is refused (a hostile listener cannot fill our memory through it).
 constexpr int64_t kDealerMaxPartBytes = 64 * 1024;
+// Largest part the main ROUTER accepts under kCurve (it carries only lane requests).
+constexpr int64_t kCurveMaxPartBytes = 4 * 1024;
 // How long a connection may take for the ZMTP greeting and security handshake.
 constexpr int kHandshakeMs = 10000;
 // The ZAP endpoint libzmq asks to authenticate CURVE clients (RFC 27), and our domain.
@@ -115,8 +117,8 @@ struct PeerShared {
   PeerState state = PeerState::kConnecting;
   bool removed = false;         // Disconnect()ed or replaced by another Connect
   std::deque<Outgoing> outbox;  // accepted by Send, not yet taken by the I/O thread
-  size_t io_held = 0;          // taken by the I/O thread, not yet handed to ZeroMQ
-  Status last_error;           // why the peer is kDisconnected
+  size_t io_held = 0;           // taken by the I/O thread, not yet handed to ZeroMQ
+  Status last_error;            // why the peer is kDisconnected
 };
 
 // The address zmq_bind is given for `listen` (host names resolved; see the definition).
@@ -394,8 +396,12 @@ Status ZmqTransport::Start() {
   SetInt(router_, ZMQ_ROUTER_HANDOVER, curve_ ? 0 : 1);
   SetInt(router_, ZMQ_RCVHWM,
          static_cast<int>(std::min<size_t>(options_.max_queued_per_peer, 1 << 30)));
+  // kCurve: the main socket carries only lane requests (lane.h), so a peer, authenticated or
+  // not, can make it hold a few KiB at most.
   const int64_t max_part =
-      static_cast<int64_t>(std::min<uint64_t>(options_.max_message_bytes, uint64_t{1} << 62));
+      curve_
+          ? kCurveMaxPartBytes
+          : static_cast<int64_t>(std::min<uint64_t>(options_.max_message_bytes, uint64_t{1} << 62));
   zmq_setsockopt(router_, ZMQ_MAXMSGSIZE, &max_part, sizeof(max_part));
   SetInt(router_, ZMQ_HANDSHAKE_IVL, kHandshakeMs);
   if (curve_) {
@@ -458,8 +464,9 @@ Status ZmqTransport::BindLaneRouter(const std::string& bind_address) {
   SetInt(lane_router_, ZMQ_ROUTER_HANDOVER, 0);
   SetInt(lane_router_, ZMQ_RCVHWM,
          static_cast<int>(std::min<size_t>(options_.max_queued_per_peer, 1 << 30)));
-  const int64_t max_part = static_cast<int64_t>(
-      std::min<uint64_t>(options_.max_message_bytes, uint64_t{1} << 62) + kSealedPrefixBytes);
+  // Sealed messages come in chunks (lane.h): no part above kLaneChunkBytes, before the
+  // handshake or after.
+  const int64_t max_part = kLaneChunkBytes;
   zmq_setsockopt(lane_router_, ZMQ_MAXMSGSIZE, &max_part, sizeof(max_part));
   SetInt(lane_router_, ZMQ_HANDSHAKE_IVL, kHandshakeMs);
   SetInt(lane_router_, ZMQ_PLAIN_SERVER, 1);
@@ -1268,7 +1275,7 @@ void ZmqTransport::ReadRouter(bool lane) {
     }
     if (!handled && lane) {
       Incoming in;
-      in.r.from = std::move(from);
+      in.r.from = from;
       in.lane = lanes_in_.at(in.r.from).rx;
       in.fd = zmq_msg_get(&parts[0], ZMQ_SRCFD);
       in.sealed.reserve(parts.size());
@@ -1395,19 +1402,20 @@ PeerId ZmqTransport::LaneSenderOf(zmq_msg_t* first_part) {
 Status ZmqTransport::OpenIncoming(Incoming* in) {
   LaneRx& rx = *in->lane;
   const PeerId& from = in->r.from;
-  std::vector<uint8_t*> data(in->sealed.size());
-  std::vector<size_t> sizes(in->sealed.size());
+  std::vector<ByteSpan> wire(in->sealed.size());
   for (size_t i = 0; i < in->sealed.size(); ++i) {
-    data[i] = static_cast<uint8_t*>(zmq_msg_data(&in->sealed[i]->msg));
-    sizes[i] = zmq_msg_size(&in->sealed[i]->msg);
+    wire[i] = ByteSpan(static_cast<const uint8_t*>(zmq_msg_data(&in->sealed[i]->msg)),
+                       zmq_msg_size(&in->sealed[i]->msg));
   }
-  Status s = rx.cipher.Open(data, sizes);
+  StatusOr<std::vector<Buffer>> opened = rx.cipher.Open(wire);
+  in->sealed.clear();  // the plain parts are new buffers
+  Status s = opened.status();
   const uint8_t* header = nullptr;
   size_t header_bytes = 0;
   if (s.ok()) {
     if (rx.fd < 0) rx.fd = in->fd;
-    s = ParseEnvelope(data[0] + kSealedPrefixBytes, sizes[0] - kSealedPrefixBytes,
-                      sizes.size() - 2, &header, &header_bytes);
+    s = ParseEnvelope((*opened)[0].data(), (*opened)[0].size(), opened->size() - 1, &header,
+                      &header_bytes);
     if (!s.ok()) s = DataLossError(s.message());
   }
   if (!s.ok()) {
@@ -1438,22 +1446,12 @@ Status ZmqTransport::OpenIncoming(Incoming* in) {
   }
   Message m;
   m.header.assign(reinterpret_cast<const char*>(header), header_bytes);
-  m.frames.reserve(sizes.size() - 2);
-  uint64_t bytes = header_bytes;
-  for (size_t i = 1; i + 1 < sizes.size(); ++i) {
-    bytes += sizes[i];
-    if (sizes[i] == 0) {
-      m.frames.emplace_back();
-    } else if (sizes[i] < kCopyBelowBytes) {
-      m.frames.push_back(Buffer::Copy(data[i], sizes[i]));
-    } else {
-      m.frames.push_back(Buffer::Borrow(data[i], sizes[i], in->sealed[i]));
-    }
-  }
+  m.frames.assign(std::make_move_iterator(opened->begin() + 1),
+                  std::make_move_iterator(opened->end()));
+  const uint64_t bytes = header_bytes + m.payload_bytes();
   messages_received_.fetch_add(1, std::memory_order_relaxed);
   bytes_received_.fetch_add(bytes, std::memory_order_relaxed);
   in->r.body = std::move(m);
-  in->sealed.clear();
   return Status::Ok();
 }
 

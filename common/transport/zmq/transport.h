@@ -14,8 +14,8 @@
 // threads inside the context. Send() (any thread) appends to the peer's outbox and wakes the
 // I/O thread through an eventfd; the I/O thread hands the message to the DEALER without copying
 // payload frames (zmq_msg_init_data; the Buffer's owner stays alive until ZeroMQ releases it;
-// under curve the I/O thread seals the frames into new parts instead, and opens received ones
-// in place).
+// under curve the I/O thread seals the frames into new buffers instead, and Receive opens
+// received ones into new buffers).
 // Received messages are parsed by the I/O thread (framing.h) into a bounded queue that
 // Receive() waits on; frames larger than a few KiB are not copied on receipt either (the
 // Buffer owns the zmq_msg_t). See docs/threading.md.
