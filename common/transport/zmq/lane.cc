@@ -52,6 +52,23 @@ void Nonce(uint64_t sequence, uint8_t nonce[12]) {
   PutU64(nonce + 4, sequence);
 }
 
+// Makes `*ctx` ready for the message `sequence`: AES-256-GCM under `key` (set up on first use,
+// the key schedule kept), the sequence number as nonce.
+Status Begin(EVP_CIPHER_CTX** ctx, bool seal, const std::string& key, uint64_t sequence) {
+  const char* what = seal ? "lane seal" : "lane open";
+  uint8_t nonce[12];
+  Nonce(sequence, nonce);
+  const auto* k = reinterpret_cast<const unsigned char*>(key.data());
+  const bool fresh = *ctx == nullptr;
+  if (fresh) *ctx = EVP_CIPHER_CTX_new();
+  if (*ctx == nullptr) return InternalError(fmt::format("{}: cannot set up AES-256-GCM", what));
+  const EVP_CIPHER* cipher = fresh ? EVP_aes_256_gcm() : nullptr;
+  const int ok = seal ? EVP_EncryptInit_ex(*ctx, cipher, nullptr, fresh ? k : nullptr, nonce)
+                      : EVP_DecryptInit_ex(*ctx, cipher, nullptr, fresh ? k : nullptr, nonce);
+  if (ok != 1) return InternalError(fmt::format("{}: cannot set the key and nonce", what));
+  return Status::Ok();
+}
+
 // EVP_*Update take int lengths: large parts go through in slices.
 constexpr size_t kSlice = size_t{1} << 30;
 
@@ -151,18 +168,7 @@ Status LaneCipher::Seal(const std::vector<ByteSpan>& plain, const std::vector<ui
   if (next_ == std::numeric_limits<uint64_t>::max()) {
     return OutOfRangeError("lane seal: the sequence numbers are used up");
   }
-  auto* key = reinterpret_cast<const unsigned char*>(key_.data());
-  uint8_t nonce[12];
-  Nonce(next_, nonce);
-  if (ctx_->seal == nullptr) {
-    ctx_->seal = EVP_CIPHER_CTX_new();
-    if (ctx_->seal == nullptr ||
-        EVP_EncryptInit_ex(ctx_->seal, EVP_aes_256_gcm(), nullptr, key, nonce) != 1) {
-      return InternalError("lane seal: cannot set up AES-256-GCM");
-    }
-  } else if (EVP_EncryptInit_ex(ctx_->seal, nullptr, nullptr, nullptr, nonce) != 1) {
-    return InternalError("lane seal: cannot set the nonce");
-  }
+  BP_RETURN_IF_ERROR(Begin(&ctx_->seal, /*seal=*/true, key_, next_));
   std::vector<size_t> sizes(plain.size());
   for (size_t i = 0; i < plain.size(); ++i) sizes[i] = plain[i].size();
   *prefix = Prefix(next_, sizes);
@@ -232,18 +238,7 @@ StatusOr<std::vector<Buffer>> LaneCipher::Open(const std::vector<ByteSpan>& wire
         fmt::format("sealed message number {} where number {} was next (replayed or out of order)",
                     sequence, next_));
   }
-  auto* key = reinterpret_cast<const unsigned char*>(key_.data());
-  uint8_t nonce[12];
-  Nonce(sequence, nonce);
-  if (ctx_->open == nullptr) {
-    ctx_->open = EVP_CIPHER_CTX_new();
-    if (ctx_->open == nullptr ||
-        EVP_DecryptInit_ex(ctx_->open, EVP_aes_256_gcm(), nullptr, key, nonce) != 1) {
-      return InternalError("lane open: cannot set up AES-256-GCM");
-    }
-  } else if (EVP_DecryptInit_ex(ctx_->open, nullptr, nullptr, nullptr, nonce) != 1) {
-    return InternalError("lane open: cannot set the nonce");
-  }
+  BP_RETURN_IF_ERROR(Begin(&ctx_->open, /*seal=*/false, key_, sequence));
   int len = 0;
   if (EVP_DecryptUpdate(ctx_->open, nullptr, &len, p, static_cast<int>(wire[0].size())) != 1) {
     return InternalError("lane open: associated data");

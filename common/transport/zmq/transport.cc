@@ -137,6 +137,11 @@ struct Command {
 bool ReadMonitorEvent(void* monitor, uint16_t* event, std::string* endpoint,
                       uint32_t* value = nullptr);
 
+// Offers `frames` to `socket` as the rest of a message (first_taken: its first part was
+// already accepted) or as a whole message. 0 when sent; EAGAIN when ZeroMQ took nothing
+// (retry later); another errno when the message was lost part-way.
+int SendFrames(void* socket, const std::vector<Buffer>& frames, bool first_taken);
+
 // The I/O thread's view of a peer.
 struct IoPeer {
   std::shared_ptr<PeerShared> shared;
@@ -173,6 +178,8 @@ struct LaneIn {
 // What the I/O thread hands to Receive: a message or event, or under kCurve a sealed message
 // that Receive opens (its lane, the connection it came on, its parts).
 struct Incoming {
+  Incoming() = default;
+  explicit Incoming(Received received) : r(std::move(received)) {}
   Received r;
   std::shared_ptr<LaneRx> lane;
   int fd = -1;
@@ -1158,35 +1165,19 @@ int ZmqTransport::SendMessage(void* dealer, const Message& m) {
     zmq_msg_close(&part);
     return err;
   }
-  // Once the first part is accepted the rest are too, unless the connection died meanwhile;
-  // then every remaining part must still be offered so that ZeroMQ drops the whole message.
-  int first_error = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const Buffer& f = m.frames[i];
-    if (f.empty()) {
-      zmq_msg_init(&part);
-    } else if (f.size() < kCopyBelowBytes) {
-      zmq_msg_init_size(&part, f.size());
-      std::memcpy(zmq_msg_data(&part), f.data(), f.size());
-    } else {
-      auto* owner = new Buffer(f);
-      HandOver(owner);
-      zmq_msg_init_data(&part, const_cast<uint8_t*>(f.data()), f.size(), ReleaseBuffer, owner);
-    }
-    if (zmq_msg_send(&part, dealer, ZMQ_DONTWAIT | (i + 1 < n ? ZMQ_SNDMORE : 0)) < 0) {
-      if (!first_error) first_error = zmq_errno();
-      zmq_msg_close(&part);
-    }
-  }
-  return first_error == EAGAIN ? EPIPE : first_error;
+  return SendFrames(dealer, m.frames, /*first_taken=*/true);
 }
 
 int ZmqTransport::SendParts(void* socket, const std::vector<Buffer>& parts) {
+  return SendFrames(socket, parts, /*first_taken=*/false);
+}
+
+int SendFrames(void* socket, const std::vector<Buffer>& frames, bool first_taken) {
   // Once the first part is accepted the rest are too, unless the connection died meanwhile;
   // then every remaining part must still be offered so that ZeroMQ drops the whole message.
   int first_error = 0;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const Buffer& f = parts[i];
+  for (size_t i = 0; i < frames.size(); ++i) {
+    const Buffer& f = frames[i];
     zmq_msg_t part;
     if (f.empty()) {
       zmq_msg_init(&part);
@@ -1198,10 +1189,10 @@ int ZmqTransport::SendParts(void* socket, const std::vector<Buffer>& parts) {
       HandOver(owner);
       zmq_msg_init_data(&part, const_cast<uint8_t*>(f.data()), f.size(), ReleaseBuffer, owner);
     }
-    if (zmq_msg_send(&part, socket, ZMQ_DONTWAIT | (i + 1 < parts.size() ? ZMQ_SNDMORE : 0)) < 0) {
+    if (zmq_msg_send(&part, socket, ZMQ_DONTWAIT | (i + 1 < frames.size() ? ZMQ_SNDMORE : 0)) < 0) {
       const int err = zmq_errno();
       zmq_msg_close(&part);
-      if (i == 0) return err;  // nothing taken (EAGAIN: retry later)
+      if (i == 0 && !first_taken) return err;  // nothing taken (EAGAIN: retry later)
       if (!first_error) first_error = err;
     }
   }
