@@ -212,6 +212,11 @@ class ZmqTransport final : public Transport {
                        address_.empty() ? options_.listen_address : address_);
   }
   Status OpenMonitor(void* socket, int events, void** monitor);
+  // What every listening ROUTER (the main one, the lane one) and every sending DEALER (to a
+  // peer, to its lane) share: bounds, limits, timeouts, and the ROUTER's monitor.
+  Status SetListenerOptions(void* router, int64_t max_part, const std::string& address,
+                            void** monitor);
+  void SetSenderOptions(void* dealer, const std::string& address);
   void Wake();
 
   // I/O thread.
@@ -401,27 +406,18 @@ Status ZmqTransport::Start() {
   // the connection's key, and a takeover is decided by SenderOf between connections of the
   // same key.
   SetInt(router_, ZMQ_ROUTER_HANDOVER, curve_ ? 0 : 1);
-  SetInt(router_, ZMQ_RCVHWM,
-         static_cast<int>(std::min<size_t>(options_.max_queued_per_peer, 1 << 30)));
   // kCurve: the main socket carries only lane requests (lane.h), so a peer, authenticated or
   // not, can make it hold a few KiB at most.
   const int64_t max_part =
       curve_
           ? kCurveMaxPartBytes
           : static_cast<int64_t>(std::min<uint64_t>(options_.max_message_bytes, uint64_t{1} << 62));
-  zmq_setsockopt(router_, ZMQ_MAXMSGSIZE, &max_part, sizeof(max_part));
-  SetInt(router_, ZMQ_HANDSHAKE_IVL, kHandshakeMs);
   if (curve_) {
     SetInt(router_, ZMQ_CURVE_SERVER, 1);
     zmq_setsockopt(router_, ZMQ_CURVE_SECRETKEY, secret_key_.data(), secret_key_.size());
     zmq_setsockopt(router_, ZMQ_ZAP_DOMAIN, kZapDomain, sizeof(kZapDomain) - 1);
   }
-  if (listen.find('[') != std::string::npos) SetInt(router_, ZMQ_IPV6, 1);
-  BP_RETURN_IF_ERROR(
-      OpenMonitor(router_,
-                  ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                      ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED,
-                  &router_monitor_));
+  BP_RETURN_IF_ERROR(SetListenerOptions(router_, max_part, listen, &router_monitor_));
 
   StatusOr<std::string> bindable = BindableAddress(listen);
   if (!bindable.ok())
@@ -469,21 +465,12 @@ Status ZmqTransport::BindLaneRouter(const std::string& bind_address) {
   if (!lane_router_) return InternalError(Prefix() + "zmq_socket(ROUTER): " + ZmqError());
   SetInt(lane_router_, ZMQ_LINGER, 0);
   SetInt(lane_router_, ZMQ_ROUTER_HANDOVER, 0);
-  SetInt(lane_router_, ZMQ_RCVHWM,
-         static_cast<int>(std::min<size_t>(options_.max_queued_per_peer, 1 << 30)));
-  // Sealed messages come in chunks (lane.h): no part above kLaneChunkBytes, before the
-  // handshake or after.
-  const int64_t max_part = kLaneChunkBytes;
-  zmq_setsockopt(lane_router_, ZMQ_MAXMSGSIZE, &max_part, sizeof(max_part));
-  SetInt(lane_router_, ZMQ_HANDSHAKE_IVL, kHandshakeMs);
   SetInt(lane_router_, ZMQ_PLAIN_SERVER, 1);
   zmq_setsockopt(lane_router_, ZMQ_ZAP_DOMAIN, kZapDomain, sizeof(kZapDomain) - 1);
-  if (lane_bind.find('[') != std::string::npos) SetInt(lane_router_, ZMQ_IPV6, 1);
+  // Sealed messages come in chunks (lane.h): no part above kLaneChunkBytes, before the
+  // handshake or after.
   BP_RETURN_IF_ERROR(
-      OpenMonitor(lane_router_,
-                  ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                      ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED,
-                  &lane_router_monitor_));
+      SetListenerOptions(lane_router_, kLaneChunkBytes, lane_bind, &lane_router_monitor_));
   if (zmq_bind(lane_router_, lane_bind.c_str()) != 0) {
     return UnavailableError(Prefix() + fmt::format("cannot listen on '{}' (the lane socket): {}",
                                                    lane_bind, ZmqError()));
@@ -551,6 +538,34 @@ Status ZmqTransport::OpenMonitor(void* socket, int events, void** monitor) {
   return Status::Ok();
 }
 
+Status ZmqTransport::SetListenerOptions(void* router, int64_t max_part, const std::string& address,
+                                        void** monitor) {
+  SetInt(router, ZMQ_RCVHWM,
+         static_cast<int>(std::min<size_t>(options_.max_queued_per_peer, 1 << 30)));
+  zmq_setsockopt(router, ZMQ_MAXMSGSIZE, &max_part, sizeof(max_part));
+  SetInt(router, ZMQ_HANDSHAKE_IVL, kHandshakeMs);
+  if (address.find('[') != std::string::npos) SetInt(router, ZMQ_IPV6, 1);
+  return OpenMonitor(router,
+                     ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                         ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_ACCEPTED |
+                         ZMQ_EVENT_DISCONNECTED,
+                     monitor);
+}
+
+void ZmqTransport::SetSenderOptions(void* dealer, const std::string& address) {
+  const int64_t dealer_max_part = kDealerMaxPartBytes;
+  zmq_setsockopt(dealer, ZMQ_MAXMSGSIZE, &dealer_max_part, sizeof(dealer_max_part));
+  SetInt(dealer, ZMQ_RCVHWM, 1);
+  SetInt(dealer, ZMQ_HANDSHAKE_IVL, kHandshakeMs);
+  SetInt(dealer, ZMQ_LINGER, kCloseLingerMs);
+  SetInt(dealer, ZMQ_IMMEDIATE, 1);  // queue only on live connections: nothing stale on reconnect
+  SetInt(dealer, ZMQ_SNDHWM,
+         static_cast<int>(std::min<size_t>(options_.max_queued_per_peer, 1 << 30)));
+  SetInt(dealer, ZMQ_RECONNECT_IVL, 100);
+  SetInt(dealer, ZMQ_RECONNECT_IVL_MAX, 1000);
+  if (address.find('[') != std::string::npos) SetInt(dealer, ZMQ_IPV6, 1);
+}
+
 void ZmqTransport::Wake() {
   const uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
@@ -605,17 +620,7 @@ Status ZmqTransport::Connect(const PeerId& peer, const std::string& address,
   } else {
     zmq_setsockopt(dealer, ZMQ_ROUTING_ID, options_.name.data(), options_.name.size());
   }
-  const int64_t dealer_max_part = kDealerMaxPartBytes;
-  zmq_setsockopt(dealer, ZMQ_MAXMSGSIZE, &dealer_max_part, sizeof(dealer_max_part));
-  SetInt(dealer, ZMQ_RCVHWM, 1);
-  SetInt(dealer, ZMQ_HANDSHAKE_IVL, kHandshakeMs);
-  SetInt(dealer, ZMQ_LINGER, kCloseLingerMs);
-  SetInt(dealer, ZMQ_IMMEDIATE, 1);  // queue only on live connections: nothing stale on reconnect
-  SetInt(dealer, ZMQ_SNDHWM,
-         static_cast<int>(std::min<size_t>(options_.max_queued_per_peer, 1 << 30)));
-  SetInt(dealer, ZMQ_RECONNECT_IVL, 100);
-  SetInt(dealer, ZMQ_RECONNECT_IVL_MAX, 1000);
-  if (address.find('[') != std::string::npos) SetInt(dealer, ZMQ_IPV6, 1);
+  SetSenderOptions(dealer, address);
   void* monitor = nullptr;
   Status s = OpenMonitor(dealer,
                          ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
@@ -997,17 +1002,7 @@ void ZmqTransport::OpenLane(const PeerId& name, IoPeer* p, const LaneOffer& offe
   const std::string password = TicketPassword(offer.ticket);
   zmq_setsockopt(lane, ZMQ_PLAIN_USERNAME, options_.name.data(), options_.name.size());
   zmq_setsockopt(lane, ZMQ_PLAIN_PASSWORD, password.data(), password.size());
-  const int64_t dealer_max_part = kDealerMaxPartBytes;
-  zmq_setsockopt(lane, ZMQ_MAXMSGSIZE, &dealer_max_part, sizeof(dealer_max_part));
-  SetInt(lane, ZMQ_RCVHWM, 1);
-  SetInt(lane, ZMQ_HANDSHAKE_IVL, kHandshakeMs);
-  SetInt(lane, ZMQ_LINGER, kCloseLingerMs);
-  SetInt(lane, ZMQ_IMMEDIATE, 1);
-  SetInt(lane, ZMQ_SNDHWM,
-         static_cast<int>(std::min<size_t>(options_.max_queued_per_peer, 1 << 30)));
-  SetInt(lane, ZMQ_RECONNECT_IVL, 100);
-  SetInt(lane, ZMQ_RECONNECT_IVL_MAX, 1000);
-  if (address->find('[') != std::string::npos) SetInt(lane, ZMQ_IPV6, 1);
+  SetSenderOptions(lane, *address);
   void* monitor = nullptr;
   Status s = OpenMonitor(lane,
                          ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED |
