@@ -140,16 +140,23 @@ uint32_t TopkCompressor::KthLargestKey(const uint32_t* keys, size_t count, size_
 
 const uint32_t* TopkCompressor::Select(const float* g, float* data, size_t n, size_t k) {
   BP_CHECK(n <= kMaxSparseElements, "topk: {} elements exceed the int32 index range", n);
-  uint32_t t = FirstThreshold(g, data, n, k);
+  // The lowest threshold is 1, not 0: it passes every nonzero element, so a tensor that is
+  // mostly zeros (a server residual, ReLU gradients) never makes every element a candidate.
+  uint32_t t = std::max<uint32_t>(FirstThreshold(g, data, n, k), 1);
   size_t count = FilterPass(g, data, n, t, g != nullptr);
   last_filter_passes_ = 1;
-  while (count < k) {  // t = 0 passes every element, so this ends
-    t = LowerThreshold(t);
+  nonfinite_left_out_ = false;
+  while (count < k) {
+    if (t == 1) {  // every nonzero element passed: fewer than k
+      last_candidates_ = count;
+      return SelectWithZeros(n, k, count);
+    }
+    t = std::max<uint32_t>(LowerThreshold(t), 1);
     count = FilterPass(nullptr, data, n, t, false);  // data holds q after a fused pass
     ++last_filter_passes_;
   }
+  last_candidates_ = count;
   uint32_t* cand = candidates_.data();
-  nonfinite_left_out_ = false;
   if (count == k) return cand;
 
   // The exact k-th largest key among the candidates; every element outside them has a key
@@ -177,6 +184,27 @@ const uint32_t* TopkCompressor::Select(const float* g, float* data, size_t n, si
   }
   BP_DCHECK(out == k);
   return cand;
+}
+
+const uint32_t* TopkCompressor::SelectWithZeros(size_t n, size_t k, size_t count) {
+  // candidates_[0..count) are the indices of every nonzero element (key >= 1), ascending; the
+  // k-th largest key is 0, and ties go to the lowest indices: merge the first k - count zero
+  // elements (the indices that are not candidates) into them, in index order.
+  const uint32_t* cand = candidates_.data();
+  work_.resize(k);
+  size_t zeros_left = k - count;
+  size_t c = 0;
+  size_t out = 0;
+  for (size_t i = 0; zeros_left > 0 && i < n; ++i) {  // n - count >= k - count zeros
+    if (c < count && cand[c] == i) {
+      work_[out++] = cand[c++];
+    } else {
+      work_[out++] = static_cast<uint32_t>(i);
+      --zeros_left;
+    }
+  }
+  std::copy(cand + c, cand + count, work_.begin() + static_cast<std::ptrdiff_t>(out));
+  return work_.data();
 }
 
 size_t TopkCompressor::EncodeBody(const float* x, size_t n, DType dtype, const CompressContext&,

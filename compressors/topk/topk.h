@@ -25,11 +25,13 @@
 // sample (256 blocks of 16 contiguous elements, one at a hashed offset in each of 256 equal
 // strata) so that about 1.25 k + 4 sigma elements pass; one SIMD pass collects (index, key)
 // of every element with key >= t, in index order; if fewer than k passed, lower t and repeat
-// (down to t = 0, which passes everything). The exact k-th key T comes from a radix
-// histogram of the candidate keys (top 13 bits) plus an nth_element inside T's bucket; one
-// ordered walk then keeps every candidate with key > T and the first (k - #{key > T}) with
-// key == T. The filter pass runs at about memory speed (AVX-512: compare into a mask,
-// VPCOMPRESSD indices and keys; AVX2: movemask + permutation table).
+// down to t = 1, which passes every nonzero element (a sample whose k-th key is 0 starts
+// there: a mostly-zero tensor, such as the server's residual, never makes every element a
+// candidate); if fewer than k elements are nonzero, the first zeros by index fill the rest. The
+// exact k-th key T comes from a radix histogram of the candidate keys (top 13 bits) plus an
+// nth_element inside T's bucket; one ordered walk then keeps every candidate with key > T and the
+// first (k - #{key > T}) with key == T. The filter pass runs at about memory speed (AVX-512:
+// compare into a mask, VPCOMPRESSD indices and keys; AVX2: movemask + permutation table).
 //
 // Server round (FusesServerRound, Algorithm 4): the pushes are sparse, so the aggregate is
 // zero outside the union U of their indices and q = a + e equals e there. AggregateBody adds
@@ -64,6 +66,8 @@ class TopkCompressor final : public CompressorBase {
   // Filter passes the last selection made (1 unless the sampled threshold was too high).
   // Diagnostics and tests.
   int last_filter_passes() const { return last_filter_passes_; }
+  // Elements the last selection's final filter pass kept as candidates (diagnostics, tests).
+  size_t last_candidates() const { return last_candidates_; }
 
   // The CompressorBase hooks, public so tests can drive each one directly (e.g. the generic
   // EncodeBodyWithFeedback on fp32, which CompressorBase never picks for fp32 input).
@@ -94,6 +98,9 @@ class TopkCompressor final : public CompressorBase {
   // Selects the top-k of q into candidates_[0..k), ascending. With g == nullptr, q is `data`;
   // otherwise q = g + data, and data receives q (the fused error-feedback pass).
   const uint32_t* Select(const float* g, float* data, size_t n, size_t k);
+  // The selection when fewer than k elements are nonzero: the `count` candidates (every
+  // nonzero element) plus the first k - count zero elements, ascending, in work_.
+  const uint32_t* SelectWithZeros(size_t n, size_t k, size_t count);
   // Threshold key for the first filter pass, from the sample (0 = keep everything).
   uint32_t FirstThreshold(const float* g, const float* data, size_t n, size_t k);
   // A lower threshold after a pass that kept fewer than k (0 = keep everything).
@@ -108,13 +115,15 @@ class TopkCompressor final : public CompressorBase {
   AlignedBuffer<uint32_t> candidates_;      // candidate indices, then the selected ones
   AlignedBuffer<uint32_t> candidate_keys_;  // their keys
   std::vector<uint32_t> hist_;              // radix histogram of the candidate keys
-  std::vector<uint32_t> work_;              // keys of the k-th key's bucket, for nth_element
-  std::vector<uint32_t> sample_;            // sampled keys
-  std::vector<uint32_t> sample_blocks_;     // start of each sampled block, for sample_n_
-  std::vector<PushEntry> entries_;          // AggregateBody's merged pushes (> 2 pushes)
+  std::vector<uint32_t> work_;           // keys of the k-th key's bucket, for nth_element; or the
+                                         // selection of SelectWithZeros
+  std::vector<uint32_t> sample_;         // sampled keys
+  std::vector<uint32_t> sample_blocks_;  // start of each sampled block, for sample_n_
+  std::vector<PushEntry> entries_;       // AggregateBody's merged pushes (> 2 pushes)
   size_t sample_n_ = 0;
   size_t sample_rank_ = 0;  // 1-based rank in sample_ of the current threshold
   int last_filter_passes_ = 0;
+  size_t last_candidates_ = 0;
   bool nonfinite_left_out_ = false;  // the last selection left out a NaN / inf element
 };
 

@@ -326,6 +326,46 @@ TEST(Topk, ThresholdRetryStaysExact) {
   EXPECT_GE(retries, 1) << "no input needed a second filter pass";
 }
 
+TEST(Topk, MostlyZeroInputsStayExactAndSelectNonzerosFirst) {
+  // A server residual or a ReLU gradient: the sample's k-th key is 0. With more nonzeros than
+  // k the selection is among them (one pass with threshold 1); with fewer, every nonzero is
+  // kept and the lowest-index zeros fill the rest. Both exact, fused and plain, every level.
+  const size_t n = size_t{1} << 20;
+  for (size_t nonzeros : {size_t{0}, size_t{3000}, size_t{10485}, size_t{30000}}) {
+    std::mt19937_64 rng(nonzeros + 7);
+    std::vector<float> x(n, 0.0f);
+    for (size_t j = 0; j < nonzeros; ++j) {
+      x[rng() % n] = static_cast<float>(static_cast<int64_t>(rng() % 2001) - 1000) * 1e-3f;
+    }
+    for (size_t i = 0; i < n; i += 4099) x[i] = -0.0f;  // -0.0 ranks as 0.0
+    const std::vector<uint32_t> order = SelectionOrder(x);
+    for (const char* spec : {"topk:ratio=0.01", "topk:k=100"}) {
+      SCOPED_TRACE(std::string(spec) + " nonzeros=" + std::to_string(nonzeros));
+      std::vector<uint8_t> first;
+      for (IsaLevel isa : SupportedIsaLevels()) {
+        auto c = MakeTopk(spec, isa);
+        const size_t k = c->KeepCount(n);
+        const std::vector<uint8_t> payload = Compress(*c, ConstTensorView(x.data(), n));
+        ASSERT_EQ(Parse(payload, DType::kFloat32).idx, ReferenceTopk(order, k))
+            << IsaLevelName(isa);
+        // Up to 1 % nonzero the sample's threshold is 0: one pass over the nonzeros suffices.
+        // Only nonzero elements become candidates (never all n).
+        EXPECT_LE(c->last_candidates(), nonzeros) << IsaLevelName(isa);
+        if (nonzeros <= 10485) {
+          EXPECT_EQ(c->last_filter_passes(), 1) << IsaLevelName(isa);
+        }
+        std::vector<float> e(n, 0.0f);
+        // (q = x + 0 turns -0.0 into +0.0, so only the indices are compared.)
+        ASSERT_EQ(Parse(CompressEf(*c, ConstTensorView(x.data(), n), e), DType::kFloat32).idx,
+                  ReferenceTopk(order, k))
+            << IsaLevelName(isa);
+        if (first.empty()) first = payload;
+        ASSERT_EQ(payload, first) << IsaLevelName(isa) << " differs from the first level";
+      }
+    }
+  }
+}
+
 TEST(Topk, ZeroElements) {
   for (IsaLevel isa : SupportedIsaLevels()) {
     auto c = MakeTopk("topk:ratio=0.5", isa);
