@@ -58,7 +58,7 @@ double Seconds(Clock::duration d) {
 // Approximately normal(0, 1) values (Irwin-Hall of four uniforms), deterministic per seed:
 // cheap enough for hundreds of MiB, and realistic enough for top-k and scaled 1-bit.
 void FillGradient(std::vector<float>* v, uint64_t seed) {
-  const uint64_t stream = StreamKey(seed, 0x6772616400000000ull, 0);
+  const uint64_t stream = StreamKey(seed, 0, 0x6772616400000000ull, 0);
   for (size_t i = 0; i < v->size(); ++i) {
     const uint64_t r = CounterRandom64(stream, i);
     const float u = static_cast<float>(r & 0xffff) + static_cast<float>((r >> 16) & 0xffff) +

@@ -1,9 +1,11 @@
 // Counter-based random numbers: the value at position `i` of stream `s` is a pure function
-// of (s, i). Nothing is carried from one call to the next, so every worker that derives the
-// same stream (from seed, key and round) draws the same numbers, runs are reproducible, and
-// SIMD kernels compute 16 positions at once with the same results as scalar code.
+// of (s, i). Nothing is carried from one call to the next, so a stream derived from (seed,
+// worker, key, round) draws the same numbers in every run (reproducible), different workers
+// draw independent numbers, and SIMD kernels compute 16 positions at once with the same
+// results as scalar code.
 //
-// - StreamKey(seed, key, round): a 64-bit stream id (SplitMix64 mixing of the three).
+// - StreamKey(seed, worker, key, round): a 64-bit stream id (SplitMix64 mixing of the four;
+//   `worker` is whose stream it is: a worker's rank, or kServerStream for a server).
 // - CounterRandom64(s, i): SplitMix64's output number i of the sequence starting at state s.
 // - CounterRandom32(s, i): a cheaper 32-bit hash (two murmur3 finalisers, multiply-xorshift),
 //   used per element by stochastic rounding; kernels vectorise exactly this function.
@@ -34,9 +36,12 @@ inline uint32_t Fmix32(uint32_t h) {
   return h;
 }
 
-inline uint64_t StreamKey(uint64_t seed, uint64_t key, uint64_t round) {
-  return Mix64(Mix64(Mix64(seed + kGolden64) ^ (key + 0x632BE59BD9B4E019ull)) ^
-               (round + 0x8CB92BA72F3D8DD7ull));
+// The stream owner of a server's re-compression (one server owns a key, so one id suffices).
+inline constexpr uint32_t kServerStream = 0xFFFFFFFFu;
+
+inline uint64_t StreamKey(uint64_t seed, uint32_t worker, uint64_t key, uint64_t round) {
+  const uint64_t s = Mix64(Mix64(seed + kGolden64) ^ (uint64_t{worker} + 0xD6E8FEB86659FD93ull));
+  return Mix64(Mix64(s ^ (key + 0x632BE59BD9B4E019ull)) ^ (round + 0x8CB92BA72F3D8DD7ull));
 }
 
 inline uint64_t CounterRandom64(uint64_t stream, uint64_t i) {

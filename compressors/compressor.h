@@ -40,10 +40,13 @@
 namespace bitpush::compressors {
 
 // Identifies one compression call; randomized compressors derive their random stream from
-// (params.seed, key, round), so all workers compressing the same key and round agree.
+// (params.seed, worker, key, round) (common/counter_rng.h): a rerun draws the same numbers,
+// two workers compressing the same key and round draw independent ones.
 struct CompressContext {
   uint64_t key = 0;
   uint64_t round = 0;
+  // Whose stream: the pushing worker's rank, or kServerStream for a server's aggregate.
+  uint32_t worker = 0;
 };
 
 struct CompressorOptions {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/counter_rng.h"
 #include "common/logging.h"
 #include "compressors/payload.h"
 #include "compressors/registry.h"
@@ -232,7 +233,7 @@ Status KeyState::Publish(Round& r) {
   std::vector<uint8_t>& out = *storage;
   const size_t max_bytes = compressor_->MaxCompressedBytes(n, DType::kFloat32);
   if (out.size() < max_bytes) out.resize(max_bytes);
-  const CompressContext ctx{spec_.key, r.round};
+  const CompressContext ctx{spec_.key, r.round, kServerStream};
   const MutableByteSpan dst(out.data(), out.size());
   StatusOr<size_t> bytes = size_t{0};
   if (fused_) {

@@ -661,7 +661,7 @@ void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpStat
   } else if (p.payload->size() < max_bytes) {
     p.payload->resize(max_bytes);
   }
-  const CompressContext ctx{p.range.key, round};
+  const CompressContext ctx{p.range.key, round, rank_};
   const EngineClock::time_point t0 = EngineClock::now();
   MutableByteSpan out(p.payload->data(), p.payload->size());
   StatusOr<size_t> bytes = p.residual ? p.residual->Compress(*p.compressor, in, ctx, out)

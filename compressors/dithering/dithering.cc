@@ -94,7 +94,7 @@ size_t DitheringCompressor::Encode(float* x, bool feedback, size_t n, float scal
   dithering::InitLevels(levels_, natural_, scale, &table_);
   dithering::QuantizeArgs args;
   args.levels = &table_;
-  args.stream = StreamKey(seed_, ctx.key, ctx.round);
+  args.stream = StreamKey(seed_, ctx.worker, ctx.key, ctx.round);
   const float target =
       natural_ ? std::ldexp(1.0f, static_cast<int>(levels_) - 1) : static_cast<float>(levels_);
   if (scale < kTinyScale) {

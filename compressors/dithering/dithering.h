@@ -9,8 +9,9 @@
 //   natural (levels s in 1..31): levels {0, 2^(1-s), ..., 1/2, 1}; code c in [0, s], code j
 //           is 2^(j - s) (decodes to sign * scale * 2^(c - s)), code 0 is 0; rounding between
 //           the bracketing powers of two (or between 0 and 2^(1-s)) is linear, so unbiased.
-// Random numbers: element i uses CounterRandom32(StreamKey(seed, key, round), uint32(i)), so
-// every worker and every ISA level produces the same bytes for the same (seed, key, round).
+// Random numbers: element i uses CounterRandom32(StreamKey(seed, worker, key, round),
+// uint32(i)), so every ISA level and every rerun produces the same bytes for the same (seed,
+// worker, key, round), and different workers round independently.
 //
 // Body (little-endian; b = ceil(log2(s + 1)) bits per code):
 //   f32 scale | ceil(n/64) blocks of (b + 1) u64 words:

@@ -18,7 +18,7 @@ constexpr ParamDoc kParams[] = {
      "levels {0, 1/s, ..., 1} (linear) or {0, 2^(1-s), ..., 1/2, 1} (natural)"},
     {"norm", "max | l2", "max", "l2", "scale = max |x| or ||x||_2"},
     {"seed", "integer >= 0", "0", "7",
-     "random stream of the rounding, a function of (seed, key, round) as for randomk"},
+     "random stream of the rounding, a function of (seed, worker, key, round) as for randomk"},
 };
 
 Status SetParam(const MethodSpec& m, std::string_view p, std::string_view v,

@@ -157,7 +157,7 @@ const uint32_t* RandomkCompressor::Sample(const CompressContext& ctx, size_t n, 
   uint64_t* bits = bitmap_.data();
   // Floyd: for j = n-k .. n-1 draw r in [0, j]; take r, or j if r is already taken. Every
   // k-subset comes out with the same probability, in exactly k draws.
-  const uint64_t stream = StreamKey(seed_, ctx.key, ctx.round);
+  const uint64_t stream = StreamKey(seed_, ctx.worker, ctx.key, ctx.round);
   const uint64_t first = n - k;
   for (uint64_t j = first; j < n; ++j) {
     const uint64_t r = UniformBelow(CounterRandom64(stream, j - first), j + 1);

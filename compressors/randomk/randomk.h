@@ -7,12 +7,13 @@
 //   u32 k | k x int32 indices, strictly increasing | k x values in the payload dtype.
 // k: ratio=R -> max(1, floor(R * n)); k=K -> min(K, n); n == 0 -> k = 0.
 //
-// Randomness: the index set is a pure function of (seed, ctx.key, ctx.round, n, k). The
-// stream is StreamKey(seed, key, round); draw j uses CounterRandom64(stream, j) through
-// UniformBelow, in Robert Floyd's sampling algorithm (exactly k draws, each over a growing
-// range [0, n-k+j]) over an n-bit membership bitmap; the indices are then read from the bitmap
-// in ascending order. Every worker compressing the same key and round picks the same
-// coordinates, on every ISA level.
+// Randomness: the index set is a pure function of (seed, ctx.worker, ctx.key, ctx.round, n,
+// k). The stream is StreamKey(seed, worker, key, round); draw j uses CounterRandom64(stream, j)
+// through UniformBelow, in Robert Floyd's sampling algorithm (exactly k draws, each over a
+// growing range [0, n-k+j]) over an n-bit membership bitmap; the indices are then read from
+// the bitmap in ascending order. A rerun picks the same coordinates on every ISA level; two
+// workers (and the server, kServerStream) pick independent ones, so the average of unbiased
+// pushes has the variance of independent samples.
 //
 // Non-finite inputs (docs/errors.md): a sparse random sample would silently drop a NaN or inf
 // it did not pick, hiding an fp16 overflow from AMP. So randomk scans the whole tensor (SIMD;

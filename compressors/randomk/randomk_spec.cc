@@ -15,7 +15,8 @@ constexpr ParamDoc kParams[] = {
     {"unbiased", "true | false", "false", "true",
      "scale kept values by n/k (unbiased, for error_feedback: none)"},
     {"seed", "integer >= 0", "0", "7",
-     "random stream; the indices depend on (seed, key, round) only, so all workers agree"},
+     "random stream; the indices are a function of (seed, worker, key, round): reproducible, "
+     "independent across workers"},
 };
 
 Status SetParam(const MethodSpec& m, std::string_view p, std::string_view v,

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/counter_rng.h"
 #include "common/cpu_features.h"
 #include "common/vector_ops.h"
 #include "compressors/error_feedback.h"
@@ -115,9 +116,9 @@ StatusOr<std::vector<uint8_t>> ReferenceTensor::Round(
   std::vector<uint8_t> out(bytes);
   for (State::Part& p : state_->parts) {
     const size_t n = p.range.elements;
-    const CompressContext ctx{p.range.key, state_->round};
     std::vector<float> acc(n, 0.0f);
     for (uint32_t w = 0; w < o.nodes; ++w) {
+      const CompressContext ctx{p.range.key, state_->round, w};  // worker w's random stream
       std::vector<uint8_t> push(p.worker[w]->MaxCompressedBytes(n, o.dtype));
       const ConstTensorView in(node[w].data() + p.range.offset * esz, n, o.dtype);
       BP_ASSIGN_OR_RETURN(const size_t pushed,
@@ -131,6 +132,7 @@ StatusOr<std::vector<uint8_t>> ReferenceTensor::Round(
       const float inv = 1.0f / static_cast<float>(o.nodes);
       for (float& v : acc) v *= inv;
     }
+    const CompressContext ctx{p.range.key, state_->round, kServerStream};
     std::vector<uint8_t> agg(p.server->MaxCompressedBytes(n, DType::kFloat32));
     const ConstTensorView delta(acc.data(), n);
     BP_ASSIGN_OR_RETURN(const size_t aggregated,

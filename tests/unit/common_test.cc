@@ -206,10 +206,11 @@ TEST(CpuFeatures, LevelsAndParsing) {
 }
 
 TEST(CounterRng, DeterministicDistinctAndUniform) {
-  const uint64_t s1 = StreamKey(7, 1, 0), s2 = StreamKey(7, 1, 1), s3 = StreamKey(7, 2, 0),
-                 s4 = StreamKey(8, 1, 0);
-  EXPECT_EQ(s1, StreamKey(7, 1, 0));
-  EXPECT_EQ(std::set<uint64_t>({s1, s2, s3, s4}).size(), 4u);
+  const uint64_t s1 = StreamKey(7, 0, 1, 0), s2 = StreamKey(7, 0, 1, 1), s3 = StreamKey(7, 0, 2, 0),
+                 s4 = StreamKey(8, 0, 1, 0), s5 = StreamKey(7, 1, 1, 0),
+                 s6 = StreamKey(7, kServerStream, 1, 0);
+  EXPECT_EQ(s1, StreamKey(7, 0, 1, 0));
+  EXPECT_EQ(std::set<uint64_t>({s1, s2, s3, s4, s5, s6}).size(), 6u);
   // Uniformity of UniformBelow(·, 10) over 100k draws: every bucket within 5 sigma.
   const int kDraws = 100000, kBuckets = 10;
   std::vector<int> count(kBuckets);

@@ -71,9 +71,9 @@ size_t BodySize(size_t n, uint32_t s) {
 }
 
 std::vector<uint8_t> Compress(Compressor& c, const std::vector<float>& x, uint64_t key = 3,
-                              uint64_t round = 0) {
+                              uint64_t round = 0, uint32_t worker = 0) {
   std::vector<uint8_t> out(c.MaxCompressedBytes(x.size(), DType::kFloat32));
-  auto r = c.Compress(ConstTensorView(x.data(), x.size()), CompressContext{key, round},
+  auto r = c.Compress(ConstTensorView(x.data(), x.size()), CompressContext{key, round, worker},
                       MutableByteSpan(out.data(), out.size()));
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r.ok() ? *r : 0, out.size());
@@ -143,7 +143,7 @@ Parsed Parse(const std::vector<uint8_t>& payload, size_t n, uint32_t s) {
 
 // The body the format defines for x (scale >= 2^-64, finite input).
 std::vector<uint8_t> ReferenceBody(const std::vector<float>& x, const Config& cfg, uint64_t seed,
-                                   uint64_t key, uint64_t round) {
+                                   uint64_t key, uint64_t round, uint32_t worker = 0) {
   const size_t n = x.size();
   float scale = 0;
   if (cfg.l2) {
@@ -163,7 +163,7 @@ std::vector<uint8_t> ReferenceBody(const std::vector<float>& x, const Config& cf
   const float target = cfg.natural ? std::ldexp(1.0f, int(s) - 1) : float(s);
   float factor = target / scale;
   while (double(factor) * double(scale) < double(target)) factor = std::nextafter(factor, INFINITY);
-  const uint64_t stream = StreamKey(seed, key, round);
+  const uint64_t stream = StreamKey(seed, worker, key, round);
   for (size_t i = 0; i < n; ++i) {
     const float t = std::fabs(x[i]) * factor;
     const uint32_t r = CounterRandom32(stream, uint32_t(i));
@@ -275,6 +275,39 @@ TEST(Dithering, MatchesReferenceEncoder) {
             << Name(cfg) << " n=" << n << " " << IsaLevelName(isa);
       }
     }
+  }
+}
+
+TEST(Dithering, WorkersRoundIndependentlyAndRerunsAreBitIdentical) {
+  // Every |x| / scale sits halfway between two levels, so each element rounds up with
+  // probability 1/2. Independent streams: both workers round an element up with probability
+  // 1/4 (a shared stream would make it 1/2). Each worker's payload is the reference encoder's
+  // for its own (seed, worker, key, round), and a rerun on a new instance is bit-identical.
+  const Config cfg{false, 3, false};  // linear, s = 3: levels 0, 1/3, 2/3, 1
+  const size_t n = 1 << 16;
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = (i % 2 ? -1.0f : 1.0f) * 0.5f;
+  x[0] = 1.0f;  // scale 1 (norm = max): |x| / scale = 0.5 = halfway between 1/3 and 2/3
+  for (IsaLevel isa : SupportedIsaLevels()) {
+    auto c = Make(cfg, isa, 5);
+    const std::vector<uint8_t> p0 = Compress(*c, x, 9, 4, 0);
+    const std::vector<uint8_t> p1 = Compress(*c, x, 9, 4, 1);
+    EXPECT_EQ(std::vector<uint8_t>(p0.begin() + 16, p0.end()), ReferenceBody(x, cfg, 5, 9, 4, 0));
+    EXPECT_EQ(std::vector<uint8_t>(p1.begin() + 16, p1.end()), ReferenceBody(x, cfg, 5, 9, 4, 1));
+    EXPECT_EQ(Compress(*Make(cfg, isa, 5), x, 9, 4, 1), p1) << "rerun";
+    const std::vector<float> d0 = Decompress(*c, p0, n);
+    const std::vector<float> d1 = Decompress(*c, p1, n);
+    size_t up0 = 0, up1 = 0, both = 0;
+    for (size_t i = 1; i < n; ++i) {
+      const bool u0 = std::fabs(d0[i]) > 0.5f, u1 = std::fabs(d1[i]) > 0.5f;
+      up0 += u0, up1 += u1, both += u0 && u1;
+    }
+    const double m = double(n - 1);
+    // Binomial bounds at 6 sigma: sd of a count with p = 1/2 is sqrt(m)/2, with p = 1/4 it is
+    // sqrt(3m)/4.
+    EXPECT_LT(std::fabs(up0 - m / 2), 6 * std::sqrt(m) / 2) << IsaLevelName(isa);
+    EXPECT_LT(std::fabs(up1 - m / 2), 6 * std::sqrt(m) / 2) << IsaLevelName(isa);
+    EXPECT_LT(std::fabs(both - m / 4), 6 * std::sqrt(3 * m) / 4) << IsaLevelName(isa);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/counter_rng.h"
 #include "compressors/registry.h"
 #include "tests/unit/compressor_test_util.h"
 #include "tests/unit/test_util.h"
@@ -53,10 +54,11 @@ std::vector<uint8_t> Reference(Compressor& c, const std::vector<std::vector<uint
     for (float& v : acc) v *= inv;
   }
   std::vector<uint8_t> out(c.MaxCompressedBytes(n, DType::kFloat32));
+  const compressors::CompressContext ctx{42, round, kServerStream};  // the server's stream
   StatusOr<size_t> r =
-      residual ? c.CompressWithFeedback(ConstTensorView(acc.data(), n), {residual->data(), n},
-                                        {42, round}, {out.data(), out.size()})
-               : c.Compress(ConstTensorView(acc.data(), n), {42, round}, {out.data(), out.size()});
+      residual ? c.CompressWithFeedback(ConstTensorView(acc.data(), n), {residual->data(), n}, ctx,
+                                        {out.data(), out.size()})
+               : c.Compress(ConstTensorView(acc.data(), n), ctx, {out.data(), out.size()});
   EXPECT_TRUE(r.ok());
   out.resize(*r);
   return out;
@@ -100,7 +102,7 @@ TEST_P(KeyStateAlgorithms, PublishedPayloadEqualsReference) {
     const uint32_t orders[3][3] = {{2, 0, 1}, {1, 2, 0}, {0, 1, 2}};
     for (uint32_t w : orders[round % 3]) {
       const auto g = RandomFloats(n, 100 * round + w);
-      pushes[w] = Compress(*codec, ConstTensorView(g.data(), n), {42, round});
+      pushes[w] = Compress(*codec, ConstTensorView(g.data(), n), {42, round, w});
       ASSERT_TRUE(k->Push(w, round, {pushes[w].data(), pushes[w].size()}).ok());
     }
     const auto want = Reference(*ref_codec, pushes, n, round, ef ? &ref_residual : nullptr);

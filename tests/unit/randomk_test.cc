@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
@@ -43,10 +44,10 @@ std::unique_ptr<RandomkCompressor> MakeRandomk(const std::string& spec, IsaLevel
 }
 
 // Independent reference of the documented sampling: Floyd's algorithm over a vector<bool>,
-// draw j = UniformBelow(CounterRandom64(StreamKey(seed, key, round), j), n - k + j + 1).
+// draw j = UniformBelow(CounterRandom64(StreamKey(seed, worker, key, round), j), n - k + j + 1).
 std::vector<uint32_t> ReferenceIndices(uint64_t seed, uint64_t key, uint64_t round, uint64_t n,
-                                       uint64_t k) {
-  const uint64_t stream = StreamKey(seed, key, round);
+                                       uint64_t k, uint32_t worker = 0) {
+  const uint64_t stream = StreamKey(seed, worker, key, round);
   std::vector<bool> chosen(n, false);
   for (uint64_t j = 0; j < k; ++j) {
     const uint64_t top = n - k + j;
@@ -116,6 +117,48 @@ TEST(Randomk, DifferentRoundKeyOrSeedGiveDifferentIndices) {
   std::set<std::vector<uint32_t>> seen;
   for (uint64_t r = 0; r < 200; ++r) seen.insert(idx(*a, 5, r));
   EXPECT_EQ(seen.size(), 200u);
+}
+
+TEST(Randomk, WorkersDrawIndependentIndicesAndRerunsAreBitIdentical) {
+  // Two workers (and the server's stream) compressing the same key and round: each picks the
+  // reference's indices for its own (seed, worker, key, round), a rerun on a new instance is
+  // bit-identical, and the index sets overlap as independent samples do: k^2/n expected
+  // (hypergeometric), where a shared stream would give all k.
+  const size_t n = 1 << 20;
+  const std::vector<float> x = RandomFloats(n, 3);
+  auto c = MakeRandomk("randomk:ratio=0.01,seed=4", BestIsaLevel());
+  const size_t k = c->KeepCount(n);
+  const double p = double(k) / n;
+  const double mean = k * p, sd = std::sqrt(k * p * (1 - p) * (n - k) / (n - 1.0));
+  double overlap_sum = 0;
+  int pairs = 0;
+  for (uint64_t round : {0ull, 1ull, 2ull, 3ull}) {
+    std::vector<std::vector<uint32_t>> sets;
+    for (uint32_t worker : {0u, 1u, 2u, kServerStream}) {
+      const CompressContext ctx{11, round, worker};
+      const std::vector<uint8_t> payload = Compress(*c, ConstTensorView(x.data(), n), ctx);
+      EXPECT_EQ(Compress(*MakeRandomk("randomk:ratio=0.01,seed=4", BestIsaLevel()),
+                         ConstTensorView(x.data(), n), ctx),
+                payload)
+          << "rerun of worker " << worker;
+      sets.push_back(Parse(payload, DType::kFloat32).idx);
+      ASSERT_EQ(sets.back(), ReferenceIndices(4, 11, round, n, k, worker));
+    }
+    for (size_t a = 0; a < sets.size(); ++a) {
+      for (size_t b = a + 1; b < sets.size(); ++b) {
+        std::vector<uint32_t> common;
+        std::set_intersection(sets[a].begin(), sets[a].end(), sets[b].begin(), sets[b].end(),
+                              std::back_inserter(common));
+        EXPECT_LT(std::fabs(double(common.size()) - mean), 6 * sd)
+            << "round " << round << " streams " << a << ", " << b << ": " << common.size()
+            << " common indices of " << k;
+        overlap_sum += double(common.size());
+        ++pairs;
+      }
+    }
+  }
+  // The average over 24 pairs: 6 standard errors.
+  EXPECT_LT(std::fabs(overlap_sum / pairs - mean), 6 * sd / std::sqrt(double(pairs)));
 }
 
 TEST(Randomk, EachIndexChosenWithFrequencyKOverN) {
