@@ -43,6 +43,19 @@
 // Every wait is bounded (--timeout-s per cluster): on a failing process the others get the
 // heartbeat bound to exit, then everything left is killed; the failure names the process and
 // shows its output's tail; exit status 1.
+//
+// --peer pslite --pslite-dir DIR: dmlc/ps-lite side by side, in this one invocation. Our dense
+// driver for ps-lite (bench/peers/pslite_driver.cc, built into DIR by
+// bench/peers/build-pslite-driver.sh, run by bench/peers/pslite_peer.h) runs a ps-lite cluster of
+// the same shape and sizes (workers, servers, mb, partition-kb, iters, warmup; one key per
+// partition, dense fp32 summed on the servers: compressor none). --peer-reps R alternations: each
+// is one ps-lite cluster and one cluster per bitpush run, ps-lite first on even ones and last on
+// odd ones, so drift of the shared machine hits both. Every record carries peer ("bitpush" or
+// "pslite"); each figure is the run of median goodput of its R runs (goodput_min_gbps,
+// goodput_max_gbps beside it); ratio_to_pslite on bitpush records = their median goodput /
+// ps-lite's median goodput, ratio_to_bitpush on the ps-lite record = ps-lite's / bitpush none's
+// (security none). Without a usable driver it says how to get one (bench/peers/README.md) and runs
+// bitpush alone (ratio_to_pslite null). Without --peer, records only gain peer: "bitpush".
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
@@ -68,6 +81,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/peers/pslite_peer.h"
 #include "bench/pushpull_worker.h"
 #include "bench/raw_tcp.h"
 #include "common/security/keys.h"
@@ -105,8 +119,16 @@ struct Options {
   int raw_reps = 5;
   int timeout_s = 300;
   bool keep_dir = false;
-  double link_gbit = 0;  // 0: loopback; > 0: servers behind an emulated link of R Gbit/s
+  double link_gbit = 0;    // 0: loopback; > 0: servers behind an emulated link of R Gbit/s
+  std::string peer;        // "": bitpush only; "pslite": dmlc/ps-lite side by side
+  std::string pslite_dir;  // the ps-lite checkout holding our driver (bench/peers/README.md)
+  int peer_reps = 3;       // alternations of ps-lite and bitpush clusters (medians reported)
 };
+
+// bench/peers/build-pslite-driver.sh in the source tree (bench/CMakeLists.txt), if known.
+#ifndef BITPUSH_PEERS_DIR
+#define BITPUSH_PEERS_DIR ""
+#endif
 
 // Where the processes listen: loopback, or the two ends of the emulated link.
 struct NetPlan {
@@ -123,6 +145,7 @@ void PrintHelp() {
       "         [--tensors 1] [--error-feedback auto|none|worker|server|both]\n"
       "         [--min-compress-bytes 1048576] [--raw-reps 5] [--timeout-s 300] [--keep-dir]\n"
       "         [--link-gbit R] [--security none|curve[,...]]\n"
+      "         [--peer pslite --pslite-dir DIR [--peer-reps 3]]\n"
       "Runs a real cluster on loopback per compressor (bitpush-scheduler, S bitpush-server,\n"
       "W workers) and times N PushPull+Wait iterations of MB MiB of fp32 per worker (in K equal\n"
       "tensors), in partitions of partition-kb x 1024 bytes. --compressor takes a list (one\n"
@@ -136,7 +159,11 @@ void PrintHelp() {
       "--security takes a list (default none; the flag may repeat): each compressor runs once\n"
       "per mode; curve = ZeroMQ CURVE with a key pair per node, generated into a private\n"
       "temporary directory removed at exit. security_ratio = goodput / the same compressor's\n"
-      "goodput under none.\n");
+      "goodput under none.\n"
+      "--peer pslite --pslite-dir DIR: dmlc/ps-lite side by side (our dense driver, built in\n"
+      "DIR by bench/peers/build-pslite-driver.sh: bench/peers/README.md), same sizes, R\n"
+      "alternations of a ps-lite and the bitpush clusters (--peer-reps, default 3), medians;\n"
+      "records get peer and ratio_to_pslite. Without a driver: bitpush alone, exit 0.\n");
 }
 
 int Fail(const std::string& what) {
@@ -847,6 +874,22 @@ int RunDriver(const Options& opt) {
     if (Status s = keys.Create(opt.servers, opt.workers); !s.ok()) return Fail(s.ToString());
   }
 
+  // --peer pslite: the ps-lite driver, or why there is none (then bitpush runs alone).
+  std::string pslite_driver;
+  std::string pslite_missing;
+  if (opt.peer == "pslite") {
+    const std::string peers_dir = BITPUSH_PEERS_DIR;
+    StatusOr<std::string> d = FindPsliteDriver(
+        opt.pslite_dir, peers_dir.empty() ? "" : peers_dir + "/build-pslite-driver.sh");
+    if (d.ok()) {
+      pslite_driver = *d;
+    } else {
+      pslite_missing = d.status().message();
+      std::fprintf(stderr, "%s: --peer pslite: %s\n%s: %s\n%s: running bitpush alone\n", kName,
+                   pslite_missing.c_str(), kName, PsliteHowTo().c_str(), kName);
+    }
+  }
+
   const uint64_t tensor_bytes =
       static_cast<uint64_t>(std::llround(opt.mb / opt.tensors * kMiB / 4)) * 4 * opt.tensors;
   const uint64_t message = static_cast<uint64_t>(opt.partition_kb) * 1024;
@@ -863,16 +906,82 @@ int RunDriver(const Options& opt) {
     return Fail(s.ToString());
   }
 
-  std::vector<ClusterResult> results;
-  for (const RunSpec& spec : runs) {
-    ClusterRun run(opt, net, spec.spec, spec.error_feedback, spec.security, keys.Dir(), bin_dir);
-    StatusOr<ClusterResult> r = run.Run();
-    if (!r.ok()) {
-      return Fail(spec.spec + " (security " + spec.security + "): " + r.status().ToString());
+  // --peer pslite: R alternations of one ps-lite cluster and the bitpush runs; otherwise one
+  // pass over the bitpush runs.
+  const int reps = pslite_driver.empty() ? 1 : opt.peer_reps;
+  std::vector<std::vector<ClusterResult>> runs_of(runs.size());  // per RunSpec, one per rep
+  std::vector<PsliteResult> pslite_runs;
+  auto run_pslite = [&]() -> Status {
+    PsliteShape shape;
+    shape.workers = opt.workers;
+    shape.servers = opt.servers;
+    shape.mb = static_cast<double>(tensor_bytes) / kMiB;  // bitpush's bytes, all K tensors
+    shape.partition_kb = opt.partition_kb;
+    shape.iters = opt.iters;
+    shape.warmup = opt.warmup;
+    shape.timeout_s = opt.timeout_s;
+    shape.keep_dir = opt.keep_dir;
+    StatusOr<PsliteResult> r = RunPsliteCluster(pslite_driver, shape);
+    if (!r.ok()) return r.status().WithContext("ps-lite (" + pslite_driver + ")");
+    pslite_runs.push_back(*r);
+    return Status::Ok();
+  };
+  for (int rep = 0; rep < reps; ++rep) {
+    const bool pslite_first = rep % 2 == 0;
+    if (!pslite_driver.empty() && pslite_first) {
+      if (Status s = run_pslite(); !s.ok()) return Fail(s.ToString());
     }
-    results.push_back(*r);
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const RunSpec& spec = runs[i];
+      ClusterRun run(opt, net, spec.spec, spec.error_feedback, spec.security, keys.Dir(), bin_dir);
+      StatusOr<ClusterResult> r = run.Run();
+      if (!r.ok()) {
+        return Fail(spec.spec + " (security " + spec.security + "): " + r.status().ToString());
+      }
+      runs_of[i].push_back(*r);
+    }
+    if (!pslite_driver.empty() && !pslite_first) {
+      if (Status s = run_pslite(); !s.ok()) return Fail(s.ToString());
+    }
   }
   keys.Remove();
+  // Each run's figures are those of its median-goodput repetition (the lower middle one for an
+  // even count), so that one record's fields belong to one cluster.
+  auto median_index = [](const std::vector<double>& goodputs) {
+    std::vector<size_t> order(goodputs.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return goodputs[a] < goodputs[b]; });
+    return order[(order.size() - 1) / 2];
+  };
+  struct Spread {
+    double min = NAN, max = NAN;
+  };
+  auto spread_of = [](const std::vector<double>& goodputs) {
+    Spread s;
+    s.min = *std::min_element(goodputs.begin(), goodputs.end());
+    s.max = *std::max_element(goodputs.begin(), goodputs.end());
+    return s;
+  };
+  std::vector<ClusterResult> results;
+  std::vector<Spread> spreads;
+  for (const std::vector<ClusterResult>& all : runs_of) {
+    std::vector<double> g;
+    g.reserve(all.size());
+    for (const ClusterResult& r : all) g.push_back(r.goodput_gbps);
+    results.push_back(all[median_index(g)]);
+    spreads.push_back(spread_of(g));
+  }
+  PsliteResult pslite;
+  Spread pslite_spread;
+  if (!pslite_runs.empty()) {
+    std::vector<double> g;
+    g.reserve(pslite_runs.size());
+    for (const PsliteResult& r : pslite_runs) g.push_back(r.goodput_gbps);
+    pslite = pslite_runs[median_index(g)];
+    pslite_spread = spread_of(g);
+  }
+  const double pslite_gbps = pslite_runs.empty() ? NAN : pslite.goodput_gbps;
   if (Status s = raw.MeasureBoth(tensor_bytes, message, opt.raw_reps, /*warmup=*/false); !s.ok()) {
     return Fail(s.ToString());
   }
@@ -911,7 +1020,8 @@ int RunDriver(const Options& opt) {
     const double none_gbps = results.front().spec == "none" ? goodput_of("none", r.security) : NAN;
     const double security_ratio = r.goodput_gbps / goodput_of(r.spec, "none");
     JsonRecord rec;
-    rec.Add("compressor", r.spec)
+    rec.Add("peer", "bitpush")
+        .Add("compressor", r.spec)
         .Add("error_feedback", r.error_feedback)
         .Add("security", r.security)
         .Add("workers", opt.workers)
@@ -949,6 +1059,13 @@ int RunDriver(const Options& opt) {
         .Add("server_keys", static_cast<long long>(r.server_keys))
         .Add("pushes_rejected", static_cast<long long>(r.pushes_rejected))
         .Add("wall_seconds", r.wall_seconds);
+    if (!opt.peer.empty()) {
+      const Spread& spread = spreads[&r - &results[0]];
+      rec.Add("peer_reps", reps)
+          .Add("goodput_min_gbps", spread.min)
+          .Add("goodput_max_gbps", spread.max)
+          .Add("ratio_to_pslite", r.goodput_gbps / pslite_gbps);
+    }
     records.push_back(rec);
     if (!opt.json) {
       std::printf(
@@ -959,7 +1076,63 @@ int RunDriver(const Options& opt) {
           4 * r.server_owned_mb + 64);
     }
   }
-  if (opt.json) std::fputs(JsonArray(records).c_str(), stdout);
+  if (!pslite_runs.empty()) {
+    // Against bitpush's none under security none, the like-for-like run.
+    const double bitpush_none = goodput_of("none", "none");
+    JsonRecord rec;
+    rec.Add("peer", "pslite")
+        .Add("compressor", "none")
+        .Add("error_feedback", "none")
+        .Add("security", "none")
+        .Add("workers", opt.workers)
+        .Add("servers", opt.servers)
+        .Add("mb", static_cast<double>(tensor_bytes) / kMiB)
+        .Add("tensors", 1)
+        .Add("partition_kb", static_cast<long long>(opt.partition_kb))
+        .Add("iters", opt.iters)
+        .Add("warmup", opt.warmup)
+        .Add("goodput_gbps", pslite.goodput_gbps)
+        .Add("goodput_min_gbps", pslite_spread.min)
+        .Add("goodput_max_gbps", pslite_spread.max)
+        .Add("peer_reps", reps)
+        .Add("best_iter_gbps", pslite.best_iter_gbps)
+        .Add("raw_tcp_gbps", raw_gbps)
+        .Add("raw_tcp_median_gbps", raw.MedianGbps())
+        .Add("ratio_to_raw_tcp", pslite.goodput_gbps / raw_gbps)
+        .Add("raw_tcp_duplex_gbps", duplex_gbps)
+        .Add("raw_tcp_duplex_median_gbps", raw.DuplexMedianGbps())
+        .Add("ratio_to_raw_tcp_duplex", pslite.goodput_gbps / duplex_gbps)
+        .Add("link_gbit", opt.link_gbit)
+        .Add("ratio_to_bitpush", pslite.goodput_gbps / bitpush_none)
+        .Add("iter_ms", pslite.iter_ms)
+        .Add("server_peak_rss_mb", pslite.server_peak_rss_mb)
+        .Add("worker_peak_rss_mb", pslite.worker_peak_rss_mb)
+        .Add("scheduler_peak_rss_mb", pslite.scheduler_peak_rss_mb)
+        .Add("wall_seconds", pslite.wall_seconds)
+        .Add("pslite_driver", pslite_driver);
+    records.push_back(rec);
+  }
+  if (opt.json) {
+    std::fputs(JsonArray(records).c_str(), stdout);
+  } else if (!opt.peer.empty() && pslite_runs.empty()) {
+    std::printf("ps-lite: not run (%s); see bench/peers/README.md\n", pslite_missing.c_str());
+  } else if (!pslite_runs.empty()) {
+    std::printf(
+        "\nside by side with dmlc/ps-lite (%s): median of %d alternations, min-max beside it\n",
+        pslite_driver.c_str(), reps);
+    std::printf("%-8s %-28s %-5s %8s %17s %8s %9s %9s %9s\n", "peer", "compressor", "sec",
+                "goodput", "min-max", "x raw", "iter_ms", "srv_rss", "x pslite");
+    std::printf("%-8s %-28s %-5s %8.3f %8.3f-%-8.3f %8.2f %9.1f %9.1f %9.2f\n", "pslite", "none",
+                "none", pslite.goodput_gbps, pslite_spread.min, pslite_spread.max,
+                pslite.goodput_gbps / raw_gbps, pslite.iter_ms, pslite.server_peak_rss_mb, 1.0);
+    for (size_t i = 0; i < results.size(); ++i) {
+      const ClusterResult& r = results[i];
+      std::printf("%-8s %-28s %-5s %8.3f %8.3f-%-8.3f %8.2f %9.1f %9.1f %9.2f\n", "bitpush",
+                  r.spec.c_str(), r.security.c_str(), r.goodput_gbps, spreads[i].min,
+                  spreads[i].max, r.goodput_gbps / raw_gbps, r.iter_ms, r.server_peak_rss_mb,
+                  r.goodput_gbps / pslite_gbps);
+    }
+  }
   return 0;
 }
 
@@ -1035,6 +1208,14 @@ int ParseArgs(int argc, char** argv, Options* o) {
       char* end = nullptr;
       o->link_gbit = std::strtod(v, &end);
       if (end == v || *end != '\0' || !(o->link_gbit >= 0) || o->link_gbit > 1e4) bad(v);
+    } else if (a == "--peer") {
+      const std::string v = next();
+      if (v != "pslite") bad(v.c_str());
+      o->peer = v;
+    } else if (a == "--pslite-dir") {
+      o->pslite_dir = next();
+    } else if (a == "--peer-reps") {
+      o->peer_reps = static_cast<int>(integer(1));
     } else if (a == "--help" || a == "-h") {
       PrintHelp();
       std::exit(0);
@@ -1043,6 +1224,14 @@ int ParseArgs(int argc, char** argv, Options* o) {
       PrintHelp();
       return 2;
     }
+  }
+  if (!o->peer.empty() && o->link_gbit > 0) {
+    std::fprintf(stderr, "%s: --peer pslite runs on loopback only, not with --link-gbit\n", kName);
+    return 2;
+  }
+  if (o->peer.empty() && !o->pslite_dir.empty()) {
+    std::fprintf(stderr, "%s: --pslite-dir needs --peer pslite\n", kName);
+    return 2;
   }
   if (o->compressors.empty()) o->compressors.push_back("none");
   if (o->securities.empty()) o->securities.push_back("none");

@@ -19,6 +19,12 @@ Targets (the first two on the records under security none):
 The security targets are checked when the JSON has curve records (a record without a
 `security` field ran under none).
 
+When the JSON has ps-lite records (`bitpush-bench pushpull --peer pslite --pslite-dir DIR`,
+bench/peers/README.md), at the sizes that ran:
+  none (bitpush)            goodput_gbps >= 1.3 x the ps-lite goodput of the same run (medians)
+and the onebit target is checked only if a onebit record is there. Records are told apart by
+their `peer` field ("bitpush" or "pslite"; a record without one is bitpush's).
+
 Also printed, for information (not a target): none goodput / raw_tcp_duplex_gbps, the raw TCP
 throughput per direction when both ends send at once (ratio_to_raw_tcp_duplex): a push_pull
 moves the bytes both ways at once, and on loopback both directions share the same CPUs.
@@ -47,14 +53,16 @@ def load():
 
 
 records = load()
+pslite = [r for r in records if r.get("peer") == "pslite"]
+records = [r for r in records if r.get("peer", "bitpush") == "bitpush"]
 by_spec = {r["compressor"].split(":")[0]: r for r in records
            if r.get("security", "none") == "none"}
 curve = {r["compressor"].split(":")[0]: r for r in records if r.get("security") == "curve"}
-for need in ("none", "onebit"):
+for need in ("none",) if pslite else ("none", "onebit"):
     if need not in by_spec:
         sys.exit(f"no '{need}' record under security none: run with --compressor none,onebit")
-none, onebit = by_spec["none"], by_spec["onebit"]
-if onebit["error_feedback"] == "none":
+none, onebit = by_spec["none"], by_spec.get("onebit")
+if onebit is not None and onebit["error_feedback"] == "none":
     sys.exit("the onebit record ran without error feedback; the target is onebit with it")
 for r in records:
     if (r["workers"], r["servers"], r["partition_kb"]) != (1, 1, 4000) or r["mb"] < 100:
@@ -87,9 +95,17 @@ if "raw_tcp_duplex_gbps" in none:
     print(f"| (info) none goodput / raw TCP both ways at once | {none['goodput_gbps']:.3f} / "
           f"{none['raw_tcp_duplex_gbps']:.3f} = {none['ratio_to_raw_tcp_duplex']:.2f} | — | "
           "info |")
-ratio = onebit["goodput_gbps"] / none["goodput_gbps"]
-row(f"onebit (ef {onebit['error_feedback']}) goodput / none", ratio, 2.0,
-    f"{onebit['goodput_gbps']:.3f} / {none['goodput_gbps']:.3f} = {ratio:.2f}")
+if onebit is not None:
+    ratio = onebit["goodput_gbps"] / none["goodput_gbps"]
+    row(f"onebit (ef {onebit['error_feedback']}) goodput / none", ratio, 2.0,
+        f"{onebit['goodput_gbps']:.3f} / {none['goodput_gbps']:.3f} = {ratio:.2f}")
+else:
+    print("| (info) onebit goodput / none | no onebit record | — | not checked |")
+for p in pslite:
+    ratio = none["goodput_gbps"] / p["goodput_gbps"]
+    row(f"none goodput / ps-lite ({p['workers']} x {p['servers']}, {p['mb']:g} MiB, "
+        f"{p['partition_kb']} KiB partitions, median of {p.get('peer_reps', 1)})", ratio, 1.3,
+        f"{none['goodput_gbps']:.3f} / {p['goodput_gbps']:.3f} = {ratio:.2f}")
 for name, need in (("none", 0.8), ("onebit", 0.95)):
     if name in curve:
         c, n = curve[name], by_spec[name]

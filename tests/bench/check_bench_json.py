@@ -117,7 +117,7 @@ PUSHPULL_REQUIRED = {
     "compress_ms", "network_ms", "server_ms", "decompress_ms", "iter_ms", "server_owned_mb",
     "rss_target_mb", "ratio_to_none", "wire_compression_ratio", "raw_tcp_median_gbps",
     "raw_tcp_duplex_gbps", "raw_tcp_duplex_median_gbps", "ratio_to_raw_tcp_duplex", "link_gbit",
-    "security", "security_ratio"}
+    "security", "security_ratio", "peer"}
 r = run("pushpull", "--json", "--mb", "1", "--partition-kb", "256", "--iters", "2", "--warmup",
         "1", "--workers", "2", "--servers", "2", "--compressor", "none,onebit", "--raw-reps", "1",
         "--timeout-s", "60")
@@ -142,6 +142,7 @@ for rec in records:
     assert rec["security"] == "none" and rec["security_ratio"] == 1, rec  # --security: none
     assert abs(rec["rss_target_mb"] - (4 * rec["server_owned_mb"] + 64)) < 1e-6, rec
     assert rec["pushes_rejected"] == 0, rec
+    assert rec["peer"] == "bitpush" and "ratio_to_pslite" not in rec, rec  # no --peer
 assert records[0]["raw_tcp_gbps"] == records[1]["raw_tcp_gbps"], "one raw TCP reference per run"
 assert records[0]["raw_tcp_duplex_gbps"] == records[1]["raw_tcp_duplex_gbps"], \
     "one duplex raw TCP reference per run"
@@ -173,6 +174,19 @@ assert r.returncode == 0, r.stderr
 records = json.loads(r.stdout)
 assert [x["security"] for x in records] == ["curve"], records
 assert records[0]["security_ratio"] is None, records  # no run under none to compare with
+# --peer pslite without --pslite-dir (ps-lite is never here): says how to get ps-lite, runs
+# bitpush alone, exit 0 (bench/peers/README.md).
+r = run("pushpull", "--json", "--peer", "pslite", "--mb", "1", "--partition-kb", "256", "--iters",
+        "1", "--warmup", "0", "--raw-reps", "1", "--timeout-s", "60")
+assert r.returncode == 0, r.stderr
+assert "bench/peers/README.md" in r.stderr and "running bitpush alone" in r.stderr, r.stderr
+records = json.loads(r.stdout)
+assert [(x["peer"], x["compressor"]) for x in records] == [("bitpush", "none")], records
+assert records[0]["ratio_to_pslite"] is None and records[0]["peer_reps"] == 1, records
+for bad in (("--peer", "mxnet"), ("--pslite-dir", "/nonexistent"),
+            ("--peer", "pslite", "--link-gbit", "1")):
+    r = run("pushpull", *bad)
+    assert r.returncode == 2 and bad[-2] in r.stderr, (bad, r.stderr)
 for bad in ("tls", "none,plain", ""):
     r = run("pushpull", "--security", bad)
     assert r.returncode == 2 and "--security" in r.stderr, (bad, r.stderr)
