@@ -38,19 +38,30 @@ Status CompressorBase::CheckElementCount(size_t n) const {
                               " per payload; partition it (partition_bytes)");
 }
 
+StatusOr<DType> CompressorBase::PayloadDType(DType input, const CompressContext& ctx) {
+  if (!ctx.store_as || *ctx.store_as == input) return input;
+  if (input != DType::kFloat32) {
+    return InvalidArgumentError(
+        "a " + std::string(DTypeName(input)) + " tensor cannot be stored as " +
+        std::string(DTypeName(*ctx.store_as)) + " (store_as narrows fp32 input only)");
+  }
+  return *ctx.store_as;
+}
+
 StatusOr<size_t> CompressorBase::Compress(ConstTensorView input, const CompressContext& ctx,
                                           MutableByteSpan out) {
   const size_t n = input.count();
   BP_RETURN_IF_ERROR(CheckElementCount(n));
-  BP_RETURN_IF_ERROR(CheckCapacity(MaxCompressedBytes(n, input.dtype()), out));
+  BP_ASSIGN_OR_RETURN(const DType dtype, PayloadDType(input.dtype(), ctx));
+  BP_RETURN_IF_ERROR(CheckCapacity(MaxCompressedBytes(n, dtype), out));
   const float* x = input.f32();
   if (input.dtype() != DType::kFloat32) {
     float* tmp = Scratch(n);
     ConvertToFloat(input, tmp, isa_);
     x = tmp;
   }
-  const size_t body = EncodeBody(x, n, input.dtype(), ctx, out.data() + kPayloadHeaderBytes);
-  return FinishPayload(input.dtype(), n, body, out.data());
+  const size_t body = EncodeBody(x, n, dtype, ctx, out.data() + kPayloadHeaderBytes);
+  return FinishPayload(dtype, n, body, out.data());
 }
 
 StatusOr<size_t> CompressorBase::CompressWithFeedback(ConstTensorView input, Span<float> residual,
@@ -62,16 +73,17 @@ StatusOr<size_t> CompressorBase::CompressWithFeedback(ConstTensorView input, Spa
     return InvalidArgumentError("residual has " + std::to_string(residual.size()) +
                                 " elements but the tensor has " + std::to_string(n));
   }
-  BP_RETURN_IF_ERROR(CheckCapacity(MaxCompressedBytes(n, input.dtype()), out));
+  BP_ASSIGN_OR_RETURN(const DType dtype, PayloadDType(input.dtype(), ctx));
+  BP_RETURN_IF_ERROR(CheckCapacity(MaxCompressedBytes(n, dtype), out));
   uint8_t* body_out = out.data() + kPayloadHeaderBytes;
   size_t body;
-  if (input.dtype() == DType::kFloat32) {
+  if (dtype == DType::kFloat32) {
     body = EncodeBodyWithFeedbackF32(input.f32(), residual.data(), n, ctx, body_out);
   } else {
-    AddToFloat(input, residual.data(), isa_);
-    body = EncodeBodyWithFeedback(residual.data(), n, input.dtype(), ctx, body_out);
+    AddToFloat(input, residual.data(), isa_);  // e = x + e, then C(e) rounded to dtype
+    body = EncodeBodyWithFeedback(residual.data(), n, dtype, ctx, body_out);
   }
-  return FinishPayload(input.dtype(), n, body, out.data());
+  return FinishPayload(dtype, n, body, out.data());
 }
 
 size_t CompressorBase::EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n,
@@ -150,7 +162,8 @@ StatusOr<size_t> CompressorBase::AggregateCompress(Span<const ByteSpan> pushes, 
   }
   if (pushes.empty()) return InvalidArgumentError("AggregateCompress needs at least one push");
   BP_RETURN_IF_ERROR(CheckElementCount(n));
-  BP_RETURN_IF_ERROR(CheckCapacity(MaxCompressedBytes(n, DType::kFloat32), out));
+  BP_ASSIGN_OR_RETURN(const DType out_dtype, PayloadDType(DType::kFloat32, ctx));
+  BP_RETURN_IF_ERROR(CheckCapacity(MaxCompressedBytes(n, out_dtype), out));
   // Cheap re-check of the headers (the bodies were validated by ValidatePayload).
   std::vector<ByteSpan> bodies;
   bodies.reserve(pushes.size());
@@ -167,7 +180,7 @@ StatusOr<size_t> CompressorBase::AggregateCompress(Span<const ByteSpan> pushes, 
   }
   const size_t body = AggregateBody(bodies.data(), bodies.size(), n, dtype, scale, residual, ctx,
                                     out.data() + kPayloadHeaderBytes);
-  return FinishPayload(DType::kFloat32, n, body, out.data());
+  return FinishPayload(out_dtype, n, body, out.data());
 }
 
 }  // namespace bitpush::compressors

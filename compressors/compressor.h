@@ -12,7 +12,8 @@
 //   ValidatePayload                the checks of Decompress, without decoding (server fast path)
 //   AggregateCompress              the server's whole round in one call, where the compressor
 //                                  fuses it (FusesServerRound): a = scale * sum_w C(x_w);
-//                                  payload = C(a + e), e <- (a + e) - C(a + e)  (or C(a))
+//                                  payload = C(a + e), e <- (a + e) - C(a + e)  (or C(a)),
+//                                  in fp32 or CompressContext::store_as
 // C(q) is, by definition, exactly what Decompress returns, so error feedback telescopes:
 // sum_t C(q_t) + e_T = sum_t x_t up to fp32 rounding of the additions.
 //
@@ -28,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "common/aligned_buffer.h"
 #include "common/cpu_features.h"
@@ -47,6 +49,12 @@ struct CompressContext {
   uint64_t round = 0;
   // Whose stream: the pushing worker's rank, or kServerStream for a server's aggregate.
   uint32_t worker = 0;
+  // The payload's dtype when the input is fp32 and should travel narrower (the server's
+  // aggregate of an fp16 / bf16 key is summed in fp32 and replied in the key's dtype): values
+  // the format stores are rounded to it once, and with error feedback the rounding error stays
+  // in the residual. Unset: the input's dtype. Set on a non-fp32 input to anything but that
+  // input's dtype: InvalidArgument.
+  std::optional<DType> store_as = std::nullopt;
 };
 
 struct CompressorOptions {
@@ -172,9 +180,10 @@ class CompressorBase : public Compressor {
   // Default: Unimplemented (compressors that fuse the server round implement it).
   virtual Status ValidateBody(ByteSpan body, size_t n, DType dtype);
 
-  // The fused server round over validated bodies (see AggregateCompress): writes the fp32
-  // body of C(a + e) (residual != nullptr, e updated) or C(a) and returns its size. Only
-  // called where FusesServerRound(residual != nullptr).
+  // The fused server round over validated bodies (see AggregateCompress): writes the body of
+  // C(a + e) (residual != nullptr, e updated) or C(a), in ctx.store_as (fp32 when unset), and
+  // returns its size. `dtype` is the pushes'. Only called where FusesServerRound(residual !=
+  // nullptr).
   virtual size_t AggregateBody(const ByteSpan* bodies, size_t count, size_t n, DType dtype,
                                float scale, float* residual, const CompressContext& ctx,
                                uint8_t* body);
@@ -187,6 +196,8 @@ class CompressorBase : public Compressor {
 
  private:
   Status CheckElementCount(size_t n) const;
+  // The payload dtype of compressing `input` under ctx (store_as), or InvalidArgument.
+  static StatusOr<DType> PayloadDType(DType input, const CompressContext& ctx);
   // Writes the header for a body just encoded; returns the payload size.
   size_t FinishPayload(DType dtype, size_t n, size_t body_bytes, uint8_t* out) const;
   StatusOr<PayloadHeader> CheckPayload(ByteSpan payload, size_t expected_count) const;

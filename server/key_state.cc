@@ -233,7 +233,9 @@ Status KeyState::Publish(Round& r) {
   std::vector<uint8_t>& out = *storage;
   const size_t max_bytes = compressor_->MaxCompressedBytes(n, DType::kFloat32);
   if (out.size() < max_bytes) out.resize(max_bytes);
-  const CompressContext ctx{spec_.key, r.round, kServerStream};
+  // Summed in fp32, replied in the key's dtype (fp16 / bf16 keys: half the bytes of fp32).
+  CompressContext ctx{spec_.key, r.round, kServerStream};
+  if (spec_.dtype != DType::kFloat32) ctx.store_as = spec_.dtype;
   const MutableByteSpan dst(out.data(), out.size());
   StatusOr<size_t> bytes = size_t{0};
   if (fused_) {

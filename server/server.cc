@@ -680,10 +680,10 @@ void Server::Impl::ServeWaiting(KeyEntry& entry) {
     reply.set_round(round);
     reply.set_compressor(state.spec().compressor.id());
     reply.set_element_count(state.spec().elements);
-    reply.set_dtype(static_cast<uint32_t>(DType::kFloat32));
+    reply.set_dtype(static_cast<uint32_t>(state.spec().dtype));  // the aggregate's payload dtype
     reply.set_byte_count(payload->size());
     bytes_sent_ += payload->size();
-    raw_bytes_sent_ += state.spec().elements * DTypeSize(DType::kFloat32);
+    raw_bytes_sent_ += state.spec().elements * DTypeSize(state.spec().dtype);
     ++replies_sent_;
     SendToWorker(worker, std::move(reply), {std::move(payload).value()});
   }

@@ -722,16 +722,9 @@ void Engine::DecompressAndComplete(Tensor* t, uint32_t j, const std::shared_ptr<
   const size_t n = p.range.elements;
   void* dst = static_cast<uint8_t*>(op->output.data()) + p.range.offset * DTypeSize(t->dtype);
   const EngineClock::time_point t0 = EngineClock::now();
-  Status s;
-  if (t->dtype == DType::kFloat32) {
-    s = p.compressor->Decompress(payload.span(), TensorView(static_cast<float*>(dst), n));
-  } else {
-    // The aggregate is float32 (the server sums in fp32): decode, then round once to the
-    // tensor's dtype.
-    p.scratch.resize(n);
-    s = p.compressor->Decompress(payload.span(), TensorView(p.scratch.data(), n));
-    if (s.ok()) ConvertFromFloat(p.scratch.data(), TensorView(dst, n, t->dtype), isa_);
-  }
+  // The aggregate comes in the tensor's dtype (the server sums in fp32 and rounds once): it
+  // decodes straight into the output.
+  const Status s = p.compressor->Decompress(payload.span(), TensorView(dst, n, t->dtype));
   const EngineClock::time_point t1 = EngineClock::now();
   std::lock_guard<std::mutex> lock(mu_);
   stats_.decompress_ns += Ns(t1 - t0);

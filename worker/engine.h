@@ -183,7 +183,6 @@ class Engine {
     std::unique_ptr<compressors::Compressor> compressor;
     std::unique_ptr<compressors::ResidualState> residual;  // worker error feedback
     std::shared_ptr<std::vector<uint8_t>> payload;         // reused when nobody else refers to it
-    AlignedBuffer<float> scratch;                          // fp32 aggregate for fp16/bf16 outputs
     // Guarded by mu_.
     Stage stage = Stage::kIdle;
     uint64_t next_round = 0;  // the round of the next push

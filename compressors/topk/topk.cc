@@ -318,7 +318,7 @@ size_t TopkCompressor::AggregateBody(const ByteSpan* bodies, size_t count, size_
       finish(i, v);
     }
   }
-  return EncodeBodyWithFeedback(e, n, DType::kFloat32, ctx, body);
+  return EncodeBodyWithFeedback(e, n, ctx.store_as.value_or(DType::kFloat32), ctx, body);
 }
 
 Status TopkCompressor::DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) {

@@ -132,21 +132,16 @@ StatusOr<std::vector<uint8_t>> ReferenceTensor::Round(
       const float inv = 1.0f / static_cast<float>(o.nodes);
       for (float& v : acc) v *= inv;
     }
-    const CompressContext ctx{p.range.key, state_->round, kServerStream};
+    CompressContext ctx{p.range.key, state_->round, kServerStream};
+    if (o.dtype != DType::kFloat32) ctx.store_as = o.dtype;  // replied in the tensor's dtype
     std::vector<uint8_t> agg(p.server->MaxCompressedBytes(n, DType::kFloat32));
     const ConstTensorView delta(acc.data(), n);
     BP_ASSIGN_OR_RETURN(const size_t aggregated,
                         p.server_residual ? p.server_residual->Compress(*p.server, delta, ctx, agg)
                                           : p.server->Compress(delta, ctx, agg));
     agg.resize(aggregated);
-    std::vector<float> decoded(n);
-    BP_RETURN_IF_ERROR(p.server->Decompress(agg, TensorView(decoded.data(), n)));
-    uint8_t* dst = out.data() + p.range.offset * esz;
-    if (o.dtype == DType::kFloat32) {
-      if (n > 0) std::memcpy(dst, decoded.data(), n * sizeof(float));
-    } else {
-      ConvertFromFloat(decoded.data(), TensorView(dst, n, o.dtype), BestIsaLevel());
-    }
+    BP_RETURN_IF_ERROR(
+        p.server->Decompress(agg, TensorView(out.data() + p.range.offset * esz, n, o.dtype)));
   }
   ++state_->round;
   return out;

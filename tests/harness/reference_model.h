@@ -4,9 +4,10 @@
 //
 // One round, per node (worker) w: the node's local reduce (LocalReduceKernel over its P
 // processes' inputs in local-rank order, scale 1/P; skipped when P = 1); then per partition
-// (key, round): the worker compressor with node w's worker residual, the server's fp32
-// DecompressAdd in node-rank order, x 1/W for an average (paper 001 Algorithms 3 and 4), the
-// server compressor with the server residual, decompress, cast to the tensor's dtype.
+// (key, round): the worker compressor with node w's worker residual and w's random stream,
+// the server's fp32 DecompressAdd in node-rank order, x 1/W for an average (paper 001
+// Algorithms 3 and 4), the server compressor (the server's stream) with the server residual,
+// stored in the tensor's dtype (CompressContext::store_as), decompressed into the tensor.
 // Compression applies only above min_compress_bytes (worker/partition.h), like the engine.
 //
 // ReferenceInput is the one deterministic input generator the reference tests share

@@ -349,6 +349,51 @@ TEST_P(CompressorContract, RandomBytesNeverCrash) {
   }
 }
 
+// CompressContext::store_as (the server's reply in an fp16 / bf16 key's dtype): an fp32 input
+// stored as the parameter's dtype gives the payload size of that dtype, and decodes to exactly
+// the fp32 payload's values rounded once to it; with error feedback the rounding error stays in
+// the residual. A narrower input cannot be stored as another dtype.
+TEST_P(CompressorContract, StoreAsNarrowsFp32Input) {
+  const size_t n = 4097;
+  const std::vector<float> x = RandomFloats(n, 31);
+  const ConstTensorView xv(x.data(), n);
+  std::vector<uint8_t> out(c_->MaxCompressedBytes(n, DType::kFloat32));
+  CompressContext ctx{3, 1};
+  ctx.store_as = dtype_;
+  if (dtype_ == DType::kFloat32) {  // identity; and a narrower input is refused
+    EXPECT_EQ(*c_->Compress(xv, ctx, {out.data(), out.size()}), CompressOk(*c_, xv).size());
+    const TestTensor h = MakeTensor(x, DType::kFloat16);
+    ctx.store_as = DType::kBFloat16;
+    const Status s = c_->Compress(h.view(), ctx, {out.data(), out.size()}).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find("cannot be stored as bfloat16"), std::string::npos) << s.ToString();
+    return;
+  }
+  auto r = c_->Compress(xv, ctx, {out.data(), out.size()});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, ExpectedPayloadBytes(config_, n, dtype_));
+  ASSERT_EQ(ParsePayloadHeader({out.data(), *r})->dtype, dtype_);
+  std::vector<uint16_t> narrow(n);
+  ASSERT_TRUE(c_->Decompress({out.data(), *r}, TensorView(narrow.data(), n, dtype_)).ok());
+  // Reference: the fp32 payload of the same call, decoded to fp32, rounded once.
+  const std::vector<uint8_t> wide = CompressOk(*c_, xv);
+  std::vector<float> wide_dec(n);
+  ASSERT_TRUE(c_->Decompress({wide.data(), wide.size()}, TensorView(wide_dec.data(), n)).ok());
+  std::vector<uint16_t> want(n);
+  ConvertFromFloat(wide_dec.data(), TensorView(want.data(), n, dtype_), IsaLevel::kScalar);
+  ASSERT_EQ(narrow, want);
+  // Error feedback from e = 0: decoded + e == x (to fp32 rounding of q - decoded).
+  std::vector<float> e(n, 0.0f);
+  r = c_->CompressWithFeedback(xv, {e.data(), n}, ctx, {out.data(), out.size()});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(ParsePayloadHeader({out.data(), *r})->dtype, dtype_);
+  std::vector<float> dec(n, 0.0f);
+  ASSERT_TRUE(c_->DecompressAdd({out.data(), *r}, {dec.data(), n}).ok());
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_NEAR(dec[i] + e[i], x[i], 1e-6f * (std::fabs(x[i]) + std::fabs(dec[i]))) << i;
+  }
+}
+
 TEST_P(CompressorContract, CallerErrorsAreInvalidArgument) {
   const TestTensor x = MakeTensor(RandomFloats(100, 1), dtype_);
   std::vector<uint8_t> small(c_->MaxCompressedBytes(100, dtype_) - 1);

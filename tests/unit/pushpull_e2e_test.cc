@@ -279,6 +279,9 @@ TEST_P(EveryCompressor, PulledResultIsTheReferenceBitForBit) {
   for (const std::string& spec : SpecsFor(p.error_feedback)) {
     // 2500 fp32 = 10000 bytes >= min_compress_bytes: 3 partitions (1024, 1024, 452).
     decls.push_back(TensorDecl{"t." + spec, 2500, DType::kFloat32, spec});
+    // fp16: 5000 x 2 bytes, 3 partitions (2048, 2048, 904); the server sums in fp32 and
+    // replies in fp16 (fused and unfused rounds alike).
+    decls.push_back(TensorDecl{"h." + spec, 5000, DType::kFloat16, spec});
   }
   RunAndCompare(c, decls, 4);
   EXPECT_TRUE(c.Shutdown().ok());
