@@ -135,5 +135,32 @@ TEST(Onebit, StreamingDecompressMatchesAtEveryAlignment) {
   }
 }
 
+// The SIMD pass 1 runs whole 64-element words with plain loads and only the last, partial word
+// masked: around every word boundary the payload and the residual equal the scalar level's.
+TEST(Onebit, FullWordsAndPartialLastWordMatchScalar) {
+  auto scalar = Make("onebit", IsaLevel::kScalar);
+  for (IsaLevel isa : SupportedIsaLevels()) {
+    auto c = Make("onebit", isa);
+    for (size_t n : {size_t{15}, size_t{16}, size_t{63}, size_t{64}, size_t{65}, size_t{127},
+                     size_t{128}, size_t{129}, size_t{191}, size_t{1000}}) {
+      const std::vector<float> g = RandomFloats(n, 10 + n);
+      const std::vector<float> e0 = RandomFloats(n, 20 + n, 0.3f);
+      std::vector<uint8_t> want(scalar->MaxCompressedBytes(n, DType::kFloat32)), got(want.size());
+      auto rw = scalar->Compress(ConstTensorView(g.data(), n), {}, {want.data(), want.size()});
+      auto rg = c->Compress(ConstTensorView(g.data(), n), {}, {got.data(), got.size()});
+      ASSERT_TRUE(rw.ok() && rg.ok());
+      ASSERT_EQ(want, got) << IsaLevelName(isa) << " compress n " << n;
+      std::vector<float> ew = e0, eg = e0;
+      rw = scalar->CompressWithFeedback(ConstTensorView(g.data(), n), {ew.data(), n}, {},
+                                        {want.data(), want.size()});
+      rg = c->CompressWithFeedback(ConstTensorView(g.data(), n), {eg.data(), n}, {},
+                                   {got.data(), got.size()});
+      ASSERT_TRUE(rw.ok() && rg.ok());
+      ASSERT_EQ(want, got) << IsaLevelName(isa) << " compress_ef n " << n;
+      ASSERT_EQ(0, std::memcmp(ew.data(), eg.data(), n * 4)) << IsaLevelName(isa) << " n " << n;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace bitpush::compressors
