@@ -60,12 +60,16 @@ KeyState::KeyState(const KeySpec& spec, std::unique_ptr<compressors::Compressor>
       next_round_(spec.num_workers, 0) {
   fused_ = spec_.elements > 0 && (residual_ ? residual_->FusesServerRound(*compressor_)
                                             : compressor_->FusesServerRound(false));
+  accumulate_in_payload_ = !fused_ && !residual_ && spec_.elements > 0 &&
+                           spec_.dtype == DType::kFloat32 &&
+                           spec_.compressor.id() == v1::COMPRESSOR_ID_NONE;
   slots_.resize(spec_.max_rounds_in_flight);
   for (Round& r : slots_) {
     r.pushed.assign(spec_.num_workers, 0);
     r.pulled.assign(spec_.num_workers, 0);
     r.held.resize(spec_.num_workers);
-    if (!fused_) r.accumulator.resize(spec_.elements);  // the fused round needs none
+    // The fused round needs none; the in-payload one takes its buffer per round.
+    if (!fused_ && !accumulate_in_payload_) r.accumulator.resize(spec_.elements);
   }
 }
 
@@ -158,6 +162,7 @@ Status KeyState::Push(uint32_t worker, uint64_t round, transport::Buffer buffer)
     std::fill(r->pulled.begin(), r->pulled.end(), 0);
     r->published = transport::Buffer();
     r->is_published = false;
+    PrepareAccumulator(*r);
   }
   if (worker != r->next_to_add) {  // not its turn yet: hold the payload
     r->held[worker] = std::move(buffer);
@@ -173,8 +178,8 @@ Status KeyState::Push(uint32_t worker, uint64_t round, transport::Buffer buffer)
   // keeps the buffer for Publish.
   const Status added = fused_ ? compressor_->ValidatePayload(payload, spec_.elements)
                        : r->next_to_add == 0
-                           ? compressor_->DecompressToFloat(payload, r->accumulator.span())
-                           : compressor_->DecompressAdd(payload, r->accumulator.span());
+                           ? compressor_->DecompressToFloat(payload, {r->acc, spec_.elements})
+                           : compressor_->DecompressAdd(payload, {r->acc, spec_.elements});
   if (!added.ok()) {
     if (r->pushes == 0) r->active = false;  // nothing accumulated: give the slot back
     return Reject(added.WithContext(
@@ -200,8 +205,8 @@ Status KeyState::AddInOrder(Round& r) {
     } else {
       transport::Buffer held = std::move(r.held[w]);
       r.held[w] = transport::Buffer();
-      added = w == 0 ? compressor_->DecompressToFloat(held.span(), r.accumulator.span())
-                     : compressor_->DecompressAdd(held.span(), r.accumulator.span());
+      added = w == 0 ? compressor_->DecompressToFloat(held.span(), {r.acc, spec_.elements})
+                     : compressor_->DecompressAdd(held.span(), {r.acc, spec_.elements});
     }
     if (!added.ok()) {
       // Refused late: the worker may push this round again.
@@ -222,10 +227,42 @@ Status KeyState::AddInOrder(Round& r) {
   return Status::Ok();
 }
 
+void KeyState::PrepareAccumulator(Round& r) {
+  if (!accumulate_in_payload_) {
+    r.acc = r.accumulator.data();
+    return;
+  }
+  const size_t bytes = compressors::kPayloadHeaderBytes + spec_.elements * sizeof(float);
+  std::shared_ptr<std::vector<uint8_t>>& storage = r.payload_storage;
+  if (!storage || storage.use_count() != 1 || storage->size() != bytes) {
+    storage = std::make_shared<std::vector<uint8_t>>(bytes);
+  }
+  // The header is 16 bytes, so the floats are as aligned as operator new's block (16 bytes).
+  r.acc = reinterpret_cast<float*>(storage->data() + compressors::kPayloadHeaderBytes);
+}
+
 Status KeyState::Publish(Round& r) {
   const size_t n = spec_.elements;
   const float inv =
       spec_.average && spec_.num_workers > 1 ? 1.0f / static_cast<float>(spec_.num_workers) : 1.0f;
+  if (accumulate_in_payload_) {  // C is the identity: the accumulator is the body
+    float* acc = r.acc;
+    if (inv != 1.0f) {
+      for (size_t i = 0; i < n; ++i) acc[i] *= inv;
+    }
+    compressors::PayloadHeader h;
+    h.compressor_id = v1::COMPRESSOR_ID_NONE;
+    h.dtype = DType::kFloat32;
+    h.body_bytes = static_cast<uint32_t>(n * sizeof(float));
+    h.element_count = n;
+    std::vector<uint8_t>& out = *r.payload_storage;
+    compressors::WritePayloadHeader(h, out.data());
+    stats_.bytes_published += out.size();
+    ++stats_.rounds_published;
+    r.published = transport::Buffer::Borrow(out.data(), out.size(), r.payload_storage);
+    r.is_published = true;
+    return Status::Ok();
+  }
   // The slot's payload buffer is reused once the transport has let go of the last round's
   // (no other owner left); otherwise a new one is made.
   std::shared_ptr<std::vector<uint8_t>>& storage = r.payload_storage;
@@ -247,7 +284,7 @@ Status KeyState::Publish(Round& r) {
                       : compressor_->AggregateCompress(pushes, n, inv, nullptr, ctx, dst);
     for (transport::Buffer& b : r.held) b = transport::Buffer();
   } else {
-    float* acc = r.accumulator.data();
+    float* acc = r.acc;
     if (inv != 1.0f) {
       for (size_t i = 0; i < n; ++i) acc[i] *= inv;
     }

@@ -22,10 +22,16 @@
 // only after pulling r); a push beyond that window is refused (FailedPrecondition), so memory
 // stays bounded. Slots and accumulators are allocated once and reused.
 //
-// The published payload's dtype is float32 (the server aggregates in fp32); compressors keep
-// their own value width (fp16 casts stay 2 bytes per element). Randomized compressors use the
-// context {key, round}, the same one every worker uses, so e.g. random-k re-selects the indices
-// the workers chose.
+// The published payload's dtype is the key's (the server aggregates in fp32 and stores the
+// values rounded once to the key's dtype: CompressContext::store_as); compressors keep their
+// own value width (fp16 casts stay 2 bytes per element). Randomized compressors draw from the
+// server's own stream, CompressContext{key, round, kServerStream}.
+//
+// Zero-copy reply (`none` on an fp32 key without a server residual, where C is the identity):
+// the round's accumulator lives inside its payload buffer, after the 16-byte payload header,
+// so publishing writes the header and shares the buffer — the aggregate is never copied into
+// a payload. The next round in the slot reuses that buffer once the transport has let go of
+// it, and takes a fresh one otherwise.
 //
 // Method: the key's compression method (compressors/method.h) says how servers aggregate it
 // and supplies the server's error-feedback state (compressors::ErrorFeedback, created where
@@ -141,7 +147,8 @@ class KeyState {
     std::vector<uint8_t> pushed;          // per worker
     std::vector<uint8_t> pulled;          // per worker
     std::vector<transport::Buffer> held;  // per worker: pushes waiting for their turn
-    AlignedBuffer<float> accumulator;
+    AlignedBuffer<float> accumulator;     // unused when the accumulator is in the payload
+    float* acc = nullptr;                 // the round's fp32 accumulator (n floats)
     transport::Buffer published;
     bool is_published = false;
     // Bytes behind `published`, reused by the next round in this slot when nobody else holds
@@ -155,6 +162,9 @@ class KeyState {
   const Round* Find(uint64_t round) const;
   Status Reject(Status s);
   Status Publish(Round& r);
+  // Points r.acc at the round's accumulator: the slot's own, or (accumulate_in_payload_) the
+  // body of a payload buffer that no one else holds.
+  void PrepareAccumulator(Round& r);
   // Adds held pushes from r.next_to_add on while they are present; publishes when all are in.
   Status AddInOrder(Round& r);
   std::string Missing(const std::vector<uint8_t>& flags) const;
@@ -168,6 +178,8 @@ class KeyState {
   // their turn and held, and Publish aggregates and compresses them in one call; no
   // accumulator is allocated.
   bool fused_ = false;
+  // The aggregate is its own payload body (`none`, fp32, no residual): see above.
+  bool accumulate_in_payload_ = false;
   std::vector<ByteSpan> push_spans_;  // Publish's scratch
   std::vector<Round> slots_;
   std::vector<uint64_t> next_round_;  // per worker: the round it must push next

@@ -83,6 +83,39 @@ TEST(KeyState, NoneGivesTheExactAverage) {
   }
 }
 
+TEST(KeyState, NoneRepliesFromItsAccumulatorAndReusesItOnceReleased) {
+  // `none` on an fp32 key: the accumulator is the reply's body (no copy into a payload), and a
+  // slot reuses its buffer only once nobody holds the last reply.
+  auto k = Make("none", 2, false, 1000);
+  auto codec = Codec("none");
+  const uint8_t* first = nullptr;
+  transport::Buffer kept;
+  for (uint64_t round = 0; round < 6; ++round) {
+    std::vector<float> sum(1000, 0.0f);
+    for (uint32_t w = 0; w < 2; ++w) {
+      const auto g = RandomFloats(1000, 10 * round + w);
+      for (size_t i = 0; i < 1000; ++i) sum[i] = w == 0 ? g[i] : sum[i] + g[i];
+      const auto p = Compress(*codec, ConstTensorView(g.data(), 1000));
+      ASSERT_TRUE(k->Push(w, round, {p.data(), p.size()}).ok());
+    }
+    auto a = k->Pull(0, round);
+    auto b = k->Pull(1, round);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->data(), b->data());  // one buffer for everyone
+    std::vector<float> got(1000);
+    ASSERT_TRUE(codec->Decompress(a->span(), TensorView(got.data(), 1000)).ok());
+    for (size_t i = 0; i < 1000; ++i) ASSERT_EQ(got[i], sum[i] * 0.5f) << i;
+    if (round == 0) first = a->data();
+    if (round == 2) EXPECT_EQ(a->data(), first) << "round 2 reuses round 0's released buffer";
+    if (round == 2) kept = *a;  // held past its round, as by a slow transport
+    if (round == 4) EXPECT_NE(a->data(), first) << "a buffer still held is not written into";
+  }
+  std::vector<float> got(1000);
+  ASSERT_TRUE(codec->Decompress(kept.span(), TensorView(got.data(), 1000)).ok());
+  const auto g0 = RandomFloats(1000, 20), g1 = RandomFloats(1000, 21);
+  for (size_t i = 0; i < 1000; ++i) ASSERT_EQ(got[i], (g0[i] + g1[i]) * 0.5f) << i;
+}
+
 class KeyStateAlgorithms : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
 
 // Every compressor, Algorithms 3 and 4, 3 workers, 20 rounds: the published bytes equal the
