@@ -116,6 +116,7 @@ Status CompressorBase::Decompress(ByteSpan payload, TensorView out) {
   const ByteSpan body = payload.subspan(kPayloadHeaderBytes, h.body_bytes);
   const size_t n = out.count();
   if (out.dtype() == DType::kFloat32) return DecodeBodyToTensor(body, n, h.dtype, out.f32());
+  if (Status s; DecodeBodyInDType(body, n, h.dtype, out.data(), &s)) return s;
   float* tmp = Scratch(n);
   BP_RETURN_IF_ERROR(DecodeBody(body, n, h.dtype, tmp, false));
   ConvertFromFloat(tmp, out, isa_);

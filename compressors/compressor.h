@@ -176,6 +176,15 @@ class CompressorBase : public Compressor {
     return DecodeBody(body, n, dtype, out, false);
   }
 
+  // Decompress into a non-fp32 tensor of the payload's dtype without the fp32 round trip,
+  // where the format stores the values in that dtype as they are (casts): validates like
+  // DecodeBody and writes `out` (n values of dtype); returns true when it handled the call.
+  // Default: false (Decompress then decodes to fp32 and rounds).
+  virtual bool DecodeBodyInDType(ByteSpan /*body*/, size_t /*n*/, DType /*dtype*/, void* /*out*/,
+                                 Status* /*status*/) {
+    return false;
+  }
+
   // The validation half of DecodeBody (same checks, same messages), writing nothing.
   // Default: Unimplemented (compressors that fuse the server round implement it).
   virtual Status ValidateBody(ByteSpan body, size_t n, DType dtype);

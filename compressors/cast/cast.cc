@@ -36,15 +36,27 @@ size_t CastCompressor::EncodeBodyWithFeedbackF32(const float* g, float* e, size_
   return n * DTypeSize(stored);
 }
 
+Status CastCompressor::CheckBodySize(ByteSpan body, size_t n, DType stored) const {
+  const uint64_t want = static_cast<uint64_t>(n) * DTypeSize(stored);
+  if (body.size() == want) return Status::Ok();
+  return DataLossError(std::string(CompressorName(id())) + " body is " +
+                       std::to_string(body.size()) + " bytes; " + std::to_string(n) +
+                       " elements of " + std::string(DTypeName(stored)) + " need " +
+                       std::to_string(want));
+}
+
+bool CastCompressor::DecodeBodyInDType(ByteSpan body, size_t n, DType dtype, void* out,
+                                       Status* status) {
+  const DType stored = Stored(dtype);
+  if (stored != dtype) return false;
+  *status = CheckBodySize(body, n, stored);
+  if (status->ok() && n > 0) std::memcpy(out, body.data(), n * DTypeSize(stored));
+  return true;
+}
+
 Status CastCompressor::DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) {
   const DType stored = Stored(dtype);
-  const uint64_t want = static_cast<uint64_t>(n) * DTypeSize(stored);
-  if (body.size() != want) {
-    return DataLossError(std::string(CompressorName(id())) + " body is " +
-                         std::to_string(body.size()) + " bytes; " + std::to_string(n) +
-                         " elements of " + std::string(DTypeName(stored)) + " need " +
-                         std::to_string(want));
-  }
+  BP_RETURN_IF_ERROR(CheckBodySize(body, n, stored));
   const ConstTensorView values(body.data(), n, stored);
   if (add) {
     AddToFloat(values, out, isa());

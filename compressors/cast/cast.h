@@ -27,9 +27,13 @@ class CastCompressor final : public CompressorBase {
   size_t EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n, const CompressContext& ctx,
                                    uint8_t* body) override;
   Status DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) override;
+  // Values stored in the output's own dtype (none of fp16 / bf16, fp16 into fp16, bf16 into
+  // bf16): one copy, no fp32 round trip.
+  bool DecodeBodyInDType(ByteSpan body, size_t n, DType dtype, void* out, Status* status) override;
 
  private:
   DType Stored(DType dtype) const { return keep_input_dtype_ ? dtype : target_; }
+  Status CheckBodySize(ByteSpan body, size_t n, DType stored) const;
 
   bool keep_input_dtype_;
   DType target_;
