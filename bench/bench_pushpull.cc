@@ -37,7 +37,11 @@
 // are per timed iteration, averaged over the workers, each summed over the partitions (partitions
 // overlap, so they do not add up to iter_ms): compress_ms, network_ms (push sent -> reply received,
 // includes the server's work), decompress_ms from ClientStats; server_ms = the servers'
-// engine_busy_ns / (warm-up + timed iterations). Peak RSS in MiB (ru_maxrss); server_owned_mb = the
+// engine_busy_ns / (warm-up + timed iterations). The pipeline, per push_pull op (averaged over
+// ops and workers): op_ms (start -> complete), last_push_ms (start -> last partition pushed),
+// first_reply_ms (start -> first reply in); first_reply_ms < last_push_ms shows the replies,
+// the server's work and decompression overlapping the compression and sending of later
+// partitions. Peak RSS in MiB (ru_maxrss); server_owned_mb = the
 // bytes of the keys a server owns (the scheduler's key mapping), rss_target_mb = 4 x that + 64.
 //
 // Every wait is bounded (--timeout-s per cluster): on a failing process the others get the
@@ -581,6 +585,7 @@ struct ClusterResult {
   double best_iter_gbps = 0;
   double iter_ms = 0;
   double compress_ms = 0, network_ms = 0, decompress_ms = 0, server_ms = 0;
+  double last_push_ms = 0, first_reply_ms = 0, op_ms = 0;  // per push_pull, averaged
   double bytes_pushed_per_iter = 0, bytes_pulled_per_iter = 0;
   double server_peak_rss_mb = 0, worker_peak_rss_mb = 0, scheduler_peak_rss_mb = 0;
   double server_owned_mb = 0, server_rss_over_target = 0;
@@ -781,6 +786,10 @@ class ClusterRun {
       r.compress_ms += JsonNumber(m, "compress_ns") / iters / 1e6 / opt_.workers;
       r.network_ms += JsonNumber(m, "network_ns") / iters / 1e6 / opt_.workers;
       r.decompress_ms += JsonNumber(m, "decompress_ns") / iters / 1e6 / opt_.workers;
+      const double ops = iters * static_cast<double>(opt_.tensors) * opt_.workers;
+      r.last_push_ms += JsonNumber(m, "last_push_ns") / ops / 1e6;
+      r.first_reply_ms += JsonNumber(m, "first_reply_ns") / ops / 1e6;
+      r.op_ms += JsonNumber(m, "op_ns") / ops / 1e6;
       r.bytes_pushed_per_iter += JsonNumber(m, "bytes_pushed") / iters / opt_.workers;
       r.bytes_pulled_per_iter += JsonNumber(m, "bytes_pulled") / iters / opt_.workers;
       r.worker_peak_rss_mb = std::max(r.worker_peak_rss_mb, w->peak_rss_kib() / 1024.0);
@@ -1047,6 +1056,9 @@ int RunDriver(const Options& opt) {
         .Add("network_ms", r.network_ms)
         .Add("server_ms", r.server_ms)
         .Add("decompress_ms", r.decompress_ms)
+        .Add("op_ms", r.op_ms)
+        .Add("last_push_ms", r.last_push_ms)
+        .Add("first_reply_ms", r.first_reply_ms)
         .Add("push_bytes_per_iter", r.bytes_pushed_per_iter)
         .Add("pull_bytes_per_iter", r.bytes_pulled_per_iter)
         .Add("wire_compression_ratio", static_cast<double>(tensor_bytes) / r.bytes_pushed_per_iter)

@@ -154,6 +154,9 @@ class Worker {
         .Add("compress_ns", static_cast<long long>(after.compress_ns - before.compress_ns))
         .Add("network_ns", static_cast<long long>(after.network_ns - before.network_ns))
         .Add("decompress_ns", static_cast<long long>(after.decompress_ns - before.decompress_ns))
+        .Add("last_push_ns", static_cast<long long>(after.last_push_ns - before.last_push_ns))
+        .Add("first_reply_ns", static_cast<long long>(after.first_reply_ns - before.first_reply_ns))
+        .Add("op_ns", static_cast<long long>(after.op_ns - before.op_ns))
         .Add("peak_bytes_in_flight", static_cast<long long>(after.peak_bytes_in_flight));
     if (!shutdown.ok()) return Fail(1, "shutdown", shutdown);
     record_.Add("status", "OK");

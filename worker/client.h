@@ -153,6 +153,13 @@ struct ClientStats {
   uint64_t compress_ns = 0;
   uint64_t network_ns = 0;  // push sent -> reply received (includes the server's time)
   uint64_t decompress_ns = 0;
+  // The pipeline, per completed push_pull (ns, summed over ops; embedded engine only): from the
+  // op's start to its last partition's push sent, to its first reply received, and to its
+  // completion. first_reply_ns < last_push_ns says replies — the server's work, the way back
+  // and decompression — overlapped the compression and sending of later partitions.
+  uint64_t last_push_ns = 0;
+  uint64_t first_reply_ns = 0;
+  uint64_t op_ns = 0;
   // Peak uncompressed bytes in flight (bounded by credit_bytes, or one partition).
   uint64_t peak_bytes_in_flight = 0;
   // At the moment stats() was taken: uncompressed bytes in flight, partitions queued for the

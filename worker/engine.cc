@@ -698,6 +698,7 @@ void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpStat
     }
     p.stage = Stage::kOnWire;
     p.pushed_at = EngineClock::now();
+    op->last_push = std::max(op->last_push, p.pushed_at);
     ++stats_.partitions_pushed;
     stats_.bytes_pushed += *bytes;
     op->bytes_pushed += *bytes;
@@ -840,7 +841,9 @@ void Engine::OnReply(const std::string& from, const v1::DataHeader& h, transport
                  h.round());
     return;
   }
-  stats_.network_ns += Ns(EngineClock::now() - p.pushed_at);
+  const EngineClock::time_point replied = EngineClock::now();
+  stats_.network_ns += Ns(replied - p.pushed_at);
+  if (op->first_reply == EngineClock::time_point{}) op->first_reply = replied;
   if (msg.frames.empty()) {
     SetIdleLocked(*t, p);
     FailOpLocked(
@@ -1174,6 +1177,9 @@ void Engine::MaybeFinishLocked(Tensor& t, const std::shared_ptr<OpState>& op) {
   } else {
     ++stats_.ops_completed;
     ++t.rounds_done;
+    stats_.last_push_ns += Ns(op->last_push - op->started);
+    stats_.first_reply_ns += Ns(op->first_reply - op->started);
+    stats_.op_ns += Ns(EngineClock::now() - op->started);
   }
   op->Complete(op->failed ? op->error : Status::Ok());
 }

@@ -98,12 +98,15 @@ struct OpState {
   ConstTensorView input;
   TensorView output;
   EngineClock::time_point deadline;
+  EngineClock::time_point started = EngineClock::now();
 
   // Progress: guarded by the engine's mu_.
   size_t remaining = 0;      // partitions not yet complete
   uint32_t active_jobs = 0;  // pool jobs that may touch input/output
   bool failed = false;
-  bool finished = false;  // completion signalled (or about to be)
+  bool finished = false;                  // completion signalled (or about to be)
+  EngineClock::time_point last_push{};    // the latest partition push sent
+  EngineClock::time_point first_reply{};  // the first reply received (epoch: none yet)
   Status error;
   // Compressed payload bytes this op sent to and received from the servers (the daemon reports
   // them to its processes with the round's result).
