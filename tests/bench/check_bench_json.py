@@ -117,7 +117,7 @@ PUSHPULL_REQUIRED = {
     "compress_ms", "network_ms", "server_ms", "decompress_ms", "iter_ms", "server_owned_mb",
     "rss_target_mb", "ratio_to_none", "wire_compression_ratio", "raw_tcp_median_gbps",
     "raw_tcp_duplex_gbps", "raw_tcp_duplex_median_gbps", "ratio_to_raw_tcp_duplex", "link_gbit",
-    "security", "security_ratio", "peer"}
+    "security", "security_ratio", "peer", "op_ms", "last_push_ms", "first_reply_ms"}
 r = run("pushpull", "--json", "--mb", "1", "--partition-kb", "256", "--iters", "2", "--warmup",
         "1", "--workers", "2", "--servers", "2", "--compressor", "none,onebit", "--raw-reps", "1",
         "--timeout-s", "60")
@@ -138,6 +138,9 @@ for rec in records:
     assert abs(rec["ratio_to_raw_tcp_duplex"] - rec["goodput_gbps"] / rec["raw_tcp_duplex_gbps"]) \
         < 1e-3 * rec["ratio_to_raw_tcp_duplex"], rec
     assert rec["raw_tcp_duplex_median_gbps"] <= rec["raw_tcp_duplex_gbps"], rec  # best >= median
+    # The pipeline: an op's first reply comes after its start, its last push and its first reply
+    # before it completes.
+    assert 0 < rec["first_reply_ms"] <= rec["op_ms"] and 0 < rec["last_push_ms"] <= rec["op_ms"], rec
     assert rec["link_gbit"] == 0, rec  # loopback unless --link-gbit
     assert rec["security"] == "none" and rec["security_ratio"] == 1, rec  # --security: none
     assert abs(rec["rss_target_mb"] - (4 * rec["server_owned_mb"] + 64)) < 1e-6, rec
