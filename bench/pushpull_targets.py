@@ -8,11 +8,12 @@ usage: pushpull_targets.py RESULT.json
                                             below, prints its JSON, then checks it)
 
   BENCH pushpull --json --workers 1 --servers 1 --mb 100 --partition-kb 4000 \\
-        --compressor none,onebit --security none,curve --iters 20
+        --compressor none,onebit,topk:ratio=0.01 --security none,curve --iters 20
 
 Targets (the first two on the records under security none):
   none                      goodput_gbps >= 0.6 x raw_tcp_gbps of the same run
   onebit (error feedback)   goodput_gbps >= 2 x the none goodput of the same run
+  topk:ratio=0.01 (error feedback)  the same, when a topk:ratio=0.01 record is there
   none under curve          goodput_gbps >= 0.8 x none under security none (security_ratio)
   onebit under curve        goodput_gbps >= 0.95 x onebit under security none (security_ratio)
   every record              server_peak_rss_mb <= 4 x server_owned_mb + 64 (rss_target_mb)
@@ -34,7 +35,8 @@ import subprocess
 import sys
 
 RUN_ARGS = ["pushpull", "--json", "--workers", "1", "--servers", "1", "--mb", "100",
-            "--partition-kb", "4000", "--compressor", "none,onebit", "--security", "none,curve",
+            "--partition-kb", "4000", "--compressor", "none,onebit,topk:ratio=0.01",
+            "--security", "none,curve",
             "--iters", "20"]
 
 
@@ -57,6 +59,8 @@ pslite = [r for r in records if r.get("peer") == "pslite"]
 records = [r for r in records if r.get("peer", "bitpush") == "bitpush"]
 by_spec = {r["compressor"].split(":")[0]: r for r in records
            if r.get("security", "none") == "none"}
+topk = next((r for r in records if r["compressor"] == "topk:ratio=0.01"
+             and r.get("security", "none") == "none"), None)
 curve = {r["compressor"].split(":")[0]: r for r in records if r.get("security") == "curve"}
 for need in ("none",) if pslite else ("none", "onebit"):
     if need not in by_spec:
@@ -101,6 +105,10 @@ if onebit is not None:
         f"{onebit['goodput_gbps']:.3f} / {none['goodput_gbps']:.3f} = {ratio:.2f}")
 else:
     print("| (info) onebit goodput / none | no onebit record | — | not checked |")
+if topk is not None:
+    ratio = topk["goodput_gbps"] / none["goodput_gbps"]
+    row(f"topk:ratio=0.01 (ef {topk['error_feedback']}) goodput / none", ratio, 2.0,
+        f"{topk['goodput_gbps']:.3f} / {none['goodput_gbps']:.3f} = {ratio:.2f}")
 for p in pslite:
     ratio = none["goodput_gbps"] / p["goodput_gbps"]
     row(f"none goodput / ps-lite ({p['workers']} x {p['servers']}, {p['mb']:g} MiB, "
