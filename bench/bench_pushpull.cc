@@ -37,7 +37,8 @@
 // are per timed iteration, averaged over the workers, each summed over the partitions (partitions
 // overlap, so they do not add up to iter_ms): compress_ms, network_ms (push sent -> reply received,
 // includes the server's work), decompress_ms from ClientStats; server_ms = the servers'
-// engine_busy_ns / (warm-up + timed iterations). The pipeline, per push_pull op (averaged over
+// engine_busy_ns / (warm-up + timed iterations), server_cpu_ms the same in the engine threads'
+// CPU time (engine_cpu_ns: without the time they were preempted). The pipeline, per push_pull op (averaged over
 // ops and workers): op_ms (start -> complete), last_push_ms (start -> last partition pushed),
 // first_reply_ms (start -> first reply in); first_reply_ms < last_push_ms shows the replies,
 // the server's work and decompression overlapping the compression and sending of later
@@ -584,7 +585,7 @@ struct ClusterResult {
   double goodput_gbps = 0;
   double best_iter_gbps = 0;
   double iter_ms = 0;
-  double compress_ms = 0, network_ms = 0, decompress_ms = 0, server_ms = 0;
+  double compress_ms = 0, network_ms = 0, decompress_ms = 0, server_ms = 0, server_cpu_ms = 0;
   double last_push_ms = 0, first_reply_ms = 0, op_ms = 0;  // per push_pull, averaged
   double bytes_pushed_per_iter = 0, bytes_pulled_per_iter = 0;
   double server_peak_rss_mb = 0, worker_peak_rss_mb = 0, scheduler_peak_rss_mb = 0;
@@ -810,13 +811,14 @@ class ClusterRun {
         owned[scheduler::ServerForKey(p.key, mapping)] += p.elements * 4.0;
       }
     }
-    double busy_ns = 0;
+    double busy_ns = 0, cpu_ns = 0;
     for (int s = 0; s < opt_.servers; ++s) {
       Child* c = servers_[s];
       const auto m =
           ReadFlatJson(testing::ReadFile(dir_.path() + "/server" + std::to_string(s) + ".json"));
       if (m.empty()) return InternalError(c->label() + " wrote no --stats-json file");
       busy_ns += JsonNumber(m, "engine_busy_ns");
+      cpu_ns += JsonNumber(m, "engine_cpu_ns");
       r.server_keys += static_cast<uint64_t>(JsonNumber(m, "keys"));
       r.pushes_rejected += static_cast<uint64_t>(JsonNumber(m, "pushes_rejected"));
       const double rss = c->peak_rss_kib() / 1024.0;
@@ -826,6 +828,7 @@ class ClusterRun {
           std::max(r.server_rss_over_target, rss / (4 * owned[s] / kMiB + 64));
     }
     r.server_ms = busy_ns / (opt_.warmup + iters) / 1e6;
+    r.server_cpu_ms = cpu_ns / (opt_.warmup + iters) / 1e6;
     r.scheduler_peak_rss_mb = scheduler_->peak_rss_kib() / 1024.0;
     return Status::Ok();
   }
@@ -1055,6 +1058,7 @@ int RunDriver(const Options& opt) {
         .Add("compress_ms", r.compress_ms)
         .Add("network_ms", r.network_ms)
         .Add("server_ms", r.server_ms)
+        .Add("server_cpu_ms", r.server_cpu_ms)
         .Add("decompress_ms", r.decompress_ms)
         .Add("op_ms", r.op_ms)
         .Add("last_push_ms", r.last_push_ms)

@@ -162,7 +162,8 @@ Status KeyState::Push(uint32_t worker, uint64_t round, transport::Buffer buffer)
     std::fill(r->pulled.begin(), r->pulled.end(), 0);
     r->published = transport::Buffer();
     r->is_published = false;
-    PrepareAccumulator(*r);
+    r->adopted = transport::Buffer();
+    r->acc = nullptr;  // AddFirst sets it
   }
   if (worker != r->next_to_add) {  // not its turn yet: hold the payload
     r->held[worker] = std::move(buffer);
@@ -178,7 +179,7 @@ Status KeyState::Push(uint32_t worker, uint64_t round, transport::Buffer buffer)
   // keeps the buffer for Publish.
   const Status added = fused_ ? compressor_->ValidatePayload(payload, spec_.elements)
                        : r->next_to_add == 0
-                           ? compressor_->DecompressToFloat(payload, {r->acc, spec_.elements})
+                           ? AddFirst(*r, buffer)
                            : compressor_->DecompressAdd(payload, {r->acc, spec_.elements});
   if (!added.ok()) {
     if (r->pushes == 0) r->active = false;  // nothing accumulated: give the slot back
@@ -205,7 +206,7 @@ Status KeyState::AddInOrder(Round& r) {
     } else {
       transport::Buffer held = std::move(r.held[w]);
       r.held[w] = transport::Buffer();
-      added = w == 0 ? compressor_->DecompressToFloat(held.span(), {r.acc, spec_.elements})
+      added = w == 0 ? AddFirst(r, held)
                      : compressor_->DecompressAdd(held.span(), {r.acc, spec_.elements});
     }
     if (!added.ok()) {
@@ -241,6 +242,24 @@ void KeyState::PrepareAccumulator(Round& r) {
   r.acc = reinterpret_cast<float*>(storage->data() + compressors::kPayloadHeaderBytes);
 }
 
+Status KeyState::AddFirst(Round& r, transport::Buffer& buffer) {
+  const size_t bytes = compressors::kPayloadHeaderBytes + spec_.elements * sizeof(float);
+  // Push checked the header (compressor none, fp32, n elements); the body must be n floats.
+  if (accumulate_in_payload_ && buffer.size() == bytes && buffer.owner().use_count() == 1 &&
+      reinterpret_cast<uintptr_t>(buffer.data()) % alignof(float) == 0) {
+    StatusOr<compressors::PayloadHeader> h = compressors::ParsePayloadHeader(buffer.span());
+    if (h.ok() && h->body_bytes == spec_.elements * sizeof(float)) {
+      // Nobody else refers to these bytes: they become the round's accumulator and reply.
+      r.adopted = std::move(buffer);
+      r.acc = reinterpret_cast<float*>(const_cast<uint8_t*>(r.adopted.data()) +
+                                       compressors::kPayloadHeaderBytes);
+      return Status::Ok();
+    }
+  }
+  PrepareAccumulator(r);
+  return compressor_->DecompressToFloat(buffer.span(), {r.acc, spec_.elements});
+}
+
 Status KeyState::Publish(Round& r) {
   const size_t n = spec_.elements;
   const float inv =
@@ -249,6 +268,14 @@ Status KeyState::Publish(Round& r) {
     float* acc = r.acc;
     if (inv != 1.0f) {
       for (size_t i = 0; i < n; ++i) acc[i] *= inv;
+    }
+    if (!r.adopted.empty()) {  // rank 0's push holds the sum; its header already says so
+      stats_.bytes_published += r.adopted.size();
+      ++stats_.rounds_published;
+      r.published = std::move(r.adopted);
+      r.adopted = transport::Buffer();
+      r.is_published = true;
+      return Status::Ok();
     }
     compressors::PayloadHeader h;
     h.compressor_id = v1::COMPRESSOR_ID_NONE;

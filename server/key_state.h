@@ -27,11 +27,13 @@
 // own value width (fp16 casts stay 2 bytes per element). Randomized compressors draw from the
 // server's own stream, CompressContext{key, round, kServerStream}.
 //
-// Zero-copy reply (`none` on an fp32 key without a server residual, where C is the identity):
-// the round's accumulator lives inside its payload buffer, after the 16-byte payload header,
-// so publishing writes the header and shares the buffer — the aggregate is never copied into
-// a payload. The next round in the slot reuses that buffer once the transport has let go of
-// it, and takes a fresh one otherwise.
+// Zero-copy round (`none` on an fp32 key without a server residual, where C is the identity):
+// the round's accumulator lives inside a payload buffer, after the 16-byte payload header, so
+// publishing writes the header and shares the buffer — the aggregate is never copied into a
+// payload. That buffer is the first push itself (rank 0's, as received) when nothing else
+// holds it (Buffer::owner() use count 1): the later pushes are added into it and it goes back
+// as the reply, no copy at all; otherwise the slot's own buffer, which the next round in the
+// slot reuses once the transport has let go of it (a fresh one otherwise).
 //
 // Method: the key's compression method (compressors/method.h) says how servers aggregate it
 // and supplies the server's error-feedback state (compressors::ErrorFeedback, created where
@@ -149,6 +151,7 @@ class KeyState {
     std::vector<transport::Buffer> held;  // per worker: pushes waiting for their turn
     AlignedBuffer<float> accumulator;     // unused when the accumulator is in the payload
     float* acc = nullptr;                 // the round's fp32 accumulator (n floats)
+    transport::Buffer adopted;            // rank 0's push, when it is the accumulator
     transport::Buffer published;
     bool is_published = false;
     // Bytes behind `published`, reused by the next round in this slot when nobody else holds
@@ -165,6 +168,9 @@ class KeyState {
   // Points r.acc at the round's accumulator: the slot's own, or (accumulate_in_payload_) the
   // body of a payload buffer that no one else holds.
   void PrepareAccumulator(Round& r);
+  // The first push of a round (rank 0's) into the accumulator: adopted as the accumulator
+  // itself where possible (accumulate_in_payload_, see above), else decoded into it.
+  Status AddFirst(Round& r, transport::Buffer& buffer);
   // Adds held pushes from r.next_to_add on while they are present; publishes when all are in.
   Status AddInOrder(Round& r);
   std::string Missing(const std::vector<uint8_t>& flags) const;

@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <fmt/format.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -32,6 +33,13 @@ using Clock = std::chrono::steady_clock;
 using transport::Buffer;
 using transport::Message;
 using v1::DataHeader;
+
+// The calling thread's CPU time (ns).
+uint64_t ThreadCpuNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
 
 // One data message for an engine thread.
 struct Task {
@@ -155,6 +163,7 @@ class Server::Impl {
   std::atomic<uint64_t> raw_bytes_received_{0};
   std::atomic<uint64_t> raw_bytes_sent_{0};
   std::atomic<uint64_t> engine_busy_ns_{0};
+  std::atomic<uint64_t> engine_cpu_ns_{0};
   std::atomic<uint64_t> keys_{0};
   std::atomic<bool> closed_{false};
 };
@@ -270,6 +279,7 @@ ServerStats Server::Impl::Stats() const {
   s.raw_bytes_received = raw_bytes_received_.load();
   s.raw_bytes_sent = raw_bytes_sent_.load();
   s.engine_busy_ns = engine_busy_ns_.load();
+  s.engine_cpu_ns = engine_cpu_ns_.load();
   return s;
 }
 
@@ -501,6 +511,7 @@ void Server::Impl::EngineLoop(Engine& engine) {
     engine.queue.pop_front();
     lock.unlock();
     const Clock::time_point start = Clock::now();
+    const uint64_t cpu_start = ThreadCpuNs();
     if (task.header.op() == DataHeader::OP_INIT_KEY) {
       HandleInit(engine, task);
     } else if (task.header.op() == DataHeader::OP_STATE_READ ||
@@ -511,6 +522,7 @@ void Server::Impl::EngineLoop(Engine& engine) {
     }
     engine_busy_ns_ += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+    engine_cpu_ns_ += ThreadCpuNs() - cpu_start;
     lock.lock();
   }
 }
@@ -571,7 +583,7 @@ void Server::Impl::HandlePush(Engine& engine, Task& task) {
     return;
   }
   KeyEntry& entry = it->second;
-  const std::vector<Buffer>& frames = task.message.frames;
+  std::vector<Buffer>& frames = task.message.frames;
   if (frames.size() != 1 || frames[0].size() != h.byte_count()) {
     SendError(task.worker, DataHeader::OP_PUSH, h.key(), h.round(),
               DataLossError(fmt::format(
@@ -593,13 +605,15 @@ void Server::Impl::HandlePush(Engine& engine, Task& task) {
     return;
   }
   const uint64_t published_before = entry.state->stats().rounds_published;
-  const Status pushed = entry.state->Push(task.worker, h.round(), frames[0]);
+  const size_t push_bytes = frames[0].size();
+  // Moved, not copied: a buffer nobody else holds may become the round's accumulator.
+  const Status pushed = entry.state->Push(task.worker, h.round(), std::move(frames[0]));
   if (!pushed.ok()) {
     SendError(task.worker, DataHeader::OP_PUSH, h.key(), h.round(), pushed);
     return;
   }
   ++pushes_accepted_;
-  bytes_received_ += frames[0].size();
+  bytes_received_ += push_bytes;
   raw_bytes_received_ += h.element_count() * DTypeSize(static_cast<DType>(h.dtype()));
   entry.waiting.emplace_back(task.worker, h.round());
   for (const KeyState::LateRejection& late : entry.state->TakeLateRejections()) {

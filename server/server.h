@@ -55,7 +55,8 @@ struct ServerStats {
   // The same payloads uncompressed (element count x dtype size of their data headers).
   uint64_t raw_bytes_received = 0;
   uint64_t raw_bytes_sent = 0;
-  uint64_t engine_busy_ns = 0;  // time engine threads spent on key work
+  uint64_t engine_busy_ns = 0;  // time engine threads spent on key work (wall clock)
+  uint64_t engine_cpu_ns = 0;   // the CPU time of that work (excludes time preempted)
 };
 
 struct EngineThreadInfo {

@@ -84,19 +84,22 @@ TEST(KeyState, NoneGivesTheExactAverage) {
 }
 
 TEST(KeyState, NoneRepliesFromItsAccumulatorAndReusesItOnceReleased) {
-  // `none` on an fp32 key: the accumulator is the reply's body (no copy into a payload), and a
-  // slot reuses its buffer only once nobody holds the last reply.
+  // `none` on an fp32 key whose pushes someone else still holds (so none is summed into): the
+  // slot's accumulator is the reply's body (no copy into a payload), and a slot reuses its
+  // buffer only once nobody holds the last reply.
   auto k = Make("none", 2, false, 1000);
   auto codec = Codec("none");
   const uint8_t* first = nullptr;
   transport::Buffer kept;
   for (uint64_t round = 0; round < 6; ++round) {
+    std::vector<transport::Buffer> held;
     std::vector<float> sum(1000, 0.0f);
     for (uint32_t w = 0; w < 2; ++w) {
       const auto g = RandomFloats(1000, 10 * round + w);
       for (size_t i = 0; i < 1000; ++i) sum[i] = w == 0 ? g[i] : sum[i] + g[i];
       const auto p = Compress(*codec, ConstTensorView(g.data(), 1000));
-      ASSERT_TRUE(k->Push(w, round, {p.data(), p.size()}).ok());
+      held.push_back(transport::Buffer::Copy(p.data(), p.size()));
+      ASSERT_TRUE(k->Push(w, round, held.back()).ok());  // shared: not adopted
     }
     auto a = k->Pull(0, round);
     auto b = k->Pull(1, round);
@@ -114,6 +117,52 @@ TEST(KeyState, NoneRepliesFromItsAccumulatorAndReusesItOnceReleased) {
   ASSERT_TRUE(codec->Decompress(kept.span(), TensorView(got.data(), 1000)).ok());
   const auto g0 = RandomFloats(1000, 20), g1 = RandomFloats(1000, 21);
   for (size_t i = 0; i < 1000; ++i) ASSERT_EQ(got[i], (g0[i] + g1[i]) * 0.5f) << i;
+}
+
+TEST(KeyState, NoneSumsIntoRankZerosPushWhenNobodyElseHoldsIt) {
+  // A received push that only the key holds becomes the accumulator and the reply (no copy);
+  // one that someone else still refers to is never written.
+  auto k = Make("none", 3, false, 777);
+  auto codec = Codec("none");
+  std::vector<std::vector<float>> g;
+  std::vector<transport::Buffer> pushes;
+  for (uint32_t w = 0; w < 3; ++w) {
+    g.push_back(RandomFloats(777, 40 + w));
+    const auto p = Compress(*codec, ConstTensorView(g[w].data(), 777));
+    pushes.push_back(transport::Buffer::Copy(p.data(), p.size()));
+  }
+  const uint8_t* rank0 = pushes[0].data();
+  // Arrival order 2, 0, 1: rank 0's push is added first (rank order) and adopted.
+  ASSERT_TRUE(k->Push(2, 0, std::move(pushes[2])).ok());
+  ASSERT_TRUE(k->Push(0, 0, std::move(pushes[0])).ok());
+  ASSERT_TRUE(k->Push(1, 0, std::move(pushes[1])).ok());
+  auto pulled = k->Pull(0, 0);
+  ASSERT_TRUE(pulled.ok()) << pulled.status().ToString();
+  EXPECT_EQ(pulled->data(), rank0) << "the reply is rank 0's push, summed in place";
+  std::vector<float> avg(777);
+  ASSERT_TRUE(codec->Decompress(pulled->span(), TensorView(avg.data(), 777)).ok());
+  for (size_t i = 0; i < 777; ++i) {
+    ASSERT_EQ(avg[i], ((0.0f + g[0][i]) + g[1][i] + g[2][i]) * (1.0f / 3.0f)) << i;
+  }
+  for (uint32_t w = 1; w < 3; ++w) ASSERT_TRUE(k->Pull(w, 0).ok());
+
+  // Round 1: the test keeps a reference to rank 0's push: it must stay as it was.
+  std::vector<transport::Buffer> kept;
+  for (uint32_t w = 0; w < 3; ++w) {
+    const auto p = Compress(*codec, ConstTensorView(g[w].data(), 777));
+    kept.push_back(transport::Buffer::Copy(p.data(), p.size()));
+    ASSERT_TRUE(k->Push(w, 1, kept.back()).ok());
+  }
+  auto again = k->Pull(0, 1);
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(again->data(), kept[0].data());
+  std::vector<float> untouched(777);
+  ASSERT_TRUE(codec->Decompress(kept[0].span(), TensorView(untouched.data(), 777)).ok());
+  for (size_t i = 0; i < 777; ++i) ASSERT_EQ(untouched[i], g[0][i]) << i;
+  ASSERT_TRUE(codec->Decompress(again->span(), TensorView(avg.data(), 777)).ok());
+  for (size_t i = 0; i < 777; ++i) {
+    ASSERT_EQ(avg[i], ((0.0f + g[0][i]) + g[1][i] + g[2][i]) * (1.0f / 3.0f)) << i;
+  }
 }
 
 class KeyStateAlgorithms : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
