@@ -117,7 +117,7 @@ PUSHPULL_REQUIRED = {
     "compress_ms", "network_ms", "server_ms", "decompress_ms", "iter_ms", "server_owned_mb",
     "rss_target_mb", "ratio_to_none", "wire_compression_ratio", "raw_tcp_median_gbps",
     "raw_tcp_duplex_gbps", "raw_tcp_duplex_median_gbps", "ratio_to_raw_tcp_duplex", "link_gbit",
-    "security", "security_ratio", "peer", "op_ms", "last_push_ms", "first_reply_ms"}
+    "security", "security_ratio", "peer", "op_ms", "last_push_ms", "first_reply_ms", "server_cpu_ms"}
 r = run("pushpull", "--json", "--mb", "1", "--partition-kb", "256", "--iters", "2", "--warmup",
         "1", "--workers", "2", "--servers", "2", "--compressor", "none,onebit", "--raw-reps", "1",
         "--timeout-s", "60")
