@@ -281,7 +281,13 @@ size_t TopkCompressor::AggregateBody(const ByteSpan* bodies, size_t count, size_
     head(0, &k0, &idx0, &val0);
     if (count == 2) head(1, &k1, &idx1, &val1);
     size_t a = 0, b = 0;
+    // The indices are scattered over e (n floats, beyond the caches when n is large): each
+    // update would wait for its line from memory. Prefetching the lines kPrefetchAhead entries
+    // ahead lets those loads overlap.
+    constexpr size_t kPrefetchAhead = 64;
     while (a < k0 || b < k1) {
+      if (a + kPrefetchAhead < k0) __builtin_prefetch(e + index_at(idx0, a + kPrefetchAhead), 1);
+      if (b + kPrefetchAhead < k1) __builtin_prefetch(e + index_at(idx1, b + kPrefetchAhead), 1);
       const uint32_t i0 = a < k0 ? index_at(idx0, a) : UINT32_MAX;
       const uint32_t i1 = b < k1 ? index_at(idx1, b) : UINT32_MAX;
       if (i0 <= i1) {
@@ -315,6 +321,7 @@ size_t TopkCompressor::AggregateBody(const ByteSpan* bodies, size_t count, size_
         v = entries_[j++].value;
       }
       for (; j < entries_.size() && entries_[j].index == i; ++j) v = v + entries_[j].value;
+      if (j + 64 < entries_.size()) __builtin_prefetch(e + entries_[j + 64].index, 1);
       finish(i, v);
     }
   }
