@@ -38,10 +38,10 @@
 // overlap, so they do not add up to iter_ms): compress_ms, network_ms (push sent -> reply received,
 // includes the server's work), decompress_ms from ClientStats; server_ms = the servers'
 // engine_busy_ns / (warm-up + timed iterations), server_cpu_ms the same in the engine threads'
-// CPU time (engine_cpu_ns: without the time they were preempted). The pipeline, per push_pull op (averaged over
-// ops and workers): op_ms (start -> complete), last_push_ms (start -> last partition pushed),
-// first_reply_ms (start -> first reply in); first_reply_ms < last_push_ms shows the replies,
-// the server's work and decompression overlapping the compression and sending of later
+// CPU time (engine_cpu_ns: without the time they were preempted). The pipeline, per push_pull op
+// (averaged over ops and workers): op_ms (start -> complete), last_push_ms (start -> last partition
+// pushed), first_reply_ms (start -> first reply in); first_reply_ms < last_push_ms shows the
+// replies, the server's work and decompression overlapping the compression and sending of later
 // partitions. Peak RSS in MiB (ru_maxrss); server_owned_mb = the
 // bytes of the keys a server owns (the scheduler's key mapping), rss_target_mb = 4 x that + 64.
 //

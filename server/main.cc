@@ -50,9 +50,8 @@ void WriteStats(const std::string& path, const bitpush::server::Server& server) 
       << ", \"pushes_rejected\": " << s.pushes_rejected << ", \"replies_sent\": " << s.replies_sent
       << ", \"rounds_published\": " << s.rounds_published
       << ", \"bytes_received\": " << s.bytes_received << ", \"bytes_sent\": " << s.bytes_sent
-      << ", \"engine_busy_ns\": " << s.engine_busy_ns
-      << ", \"engine_cpu_ns\": " << s.engine_cpu_ns << ", \"engine_threads\": [" << threads
-      << "]}\n";
+      << ", \"engine_busy_ns\": " << s.engine_busy_ns << ", \"engine_cpu_ns\": " << s.engine_cpu_ns
+      << ", \"engine_threads\": [" << threads << "]}\n";
   if (!out) BP_LOG_WARN("bitpush-server: cannot write {}", path);
 }
 
