@@ -121,6 +121,7 @@ struct Options {
   int iters = 10;
   int warmup = 2;
   int tensors = 1;
+  DType dtype = DType::kFloat32;  // of the workers' tensors
   int raw_reps = 5;
   int timeout_s = 300;
   bool keep_dir = false;
@@ -147,16 +148,18 @@ void PrintHelp() {
   std::printf(
       "usage: bitpush-bench pushpull [--json] [--workers 1] [--servers 1] [--mb 100]\n"
       "         [--partition-kb 4000] [--compressor SPEC[,SPEC...]] [--iters 10] [--warmup 2]\n"
-      "         [--tensors 1] [--error-feedback auto|none|worker|server|both]\n"
+      "         [--tensors 1] [--dtype float32|float16|bfloat16]\n"
+      "         [--error-feedback auto|none|worker|server|both]\n"
       "         [--min-compress-bytes 1048576] [--raw-reps 5] [--timeout-s 300] [--keep-dir]\n"
       "         [--link-gbit R] [--security none|curve[,...]]\n"
       "         [--peer pslite --pslite-dir DIR [--peer-reps 3]]\n"
       "Runs a real cluster on loopback per compressor (bitpush-scheduler, S bitpush-server,\n"
-      "W workers) and times N PushPull+Wait iterations of MB MiB of fp32 per worker (in K equal\n"
-      "tensors), in partitions of partition-kb x 1024 bytes. --compressor takes a list (one\n"
+      "W workers) and times N PushPull+Wait iterations of MB MiB of --dtype (float32) per worker\n"
+      "(in K equal tensors), in partitions of partition-kb x 1024 bytes. --compressor takes a list "
+      "(one\n"
       "JSON record each; default none); the flag may repeat. --error-feedback auto = both for\n"
       "the biased compressors (onebit, topk, randomk with unbiased=false), none otherwise.\n"
-      "goodput_gbps = fp32 GB/s (1e9 B/s) per worker per direction, vs raw_tcp_gbps: the same\n"
+      "goodput_gbps = tensor GB/s (1e9 B/s) per worker per direction, vs raw_tcp_gbps: the same\n"
       "bytes streamed one way over one loopback TCP socket in the same run, and\n"
       "raw_tcp_duplex_gbps: per direction, the same bytes sent both ways at once.\n"
       "--link-gbit R (root, needs ip and tc): the servers run in a network namespace behind a\n"
@@ -638,12 +641,12 @@ class ClusterRun {
     const std::string tensor_mb = Fmt(opt_.mb / opt_.tensors, "%.17g");
     for (int w = 0; w < opt_.workers; ++w) {
       const std::string r = std::to_string(w);
-      workers_.push_back(
-          Spawn("worker " + r,
-                {self, "pushpull-worker", "--config", config_path_, "--rank", r, "--tensor-mb",
-                 tensor_mb, "--tensors", std::to_string(opt_.tensors), "--iters",
-                 std::to_string(opt_.iters), "--warmup", std::to_string(opt_.warmup), "--results",
-                 dir_.path() + "/worker" + r + ".json", "--quiet"}));
+      workers_.push_back(Spawn(
+          "worker " + r,
+          {self, "pushpull-worker", "--config", config_path_, "--rank", r, "--tensor-mb", tensor_mb,
+           "--tensors", std::to_string(opt_.tensors), "--dtype", std::string(DTypeName(opt_.dtype)),
+           "--iters", std::to_string(opt_.iters), "--warmup", std::to_string(opt_.warmup),
+           "--results", dir_.path() + "/worker" + r + ".json", "--quiet"}));
     }
     BP_RETURN_IF_ERROR(WaitForAll(config));
     result_.wall_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -802,13 +805,14 @@ class ClusterRun {
     // What each server owns: the partitions of tensors 0..K-1 under the scheduler's mapping.
     std::vector<double> owned(opt_.servers, 0);
     const v1::KeyMapping mapping = scheduler::MakeKeyMapping(opt_.servers);
-    const size_t elements = static_cast<size_t>(tensor_bytes / opt_.tensors / 4);
+    const double esz = static_cast<double>(DTypeSize(opt_.dtype));
+    const size_t elements = static_cast<size_t>(tensor_bytes / opt_.tensors / esz);
     for (int t = 0; t < opt_.tensors; ++t) {
-      BP_ASSIGN_OR_RETURN(std::vector<worker::PartitionRange> parts,
-                          worker::PartitionTensor(t, elements, DType::kFloat32,
-                                                  config.compression.partition_bytes));
+      BP_ASSIGN_OR_RETURN(
+          std::vector<worker::PartitionRange> parts,
+          worker::PartitionTensor(t, elements, opt_.dtype, config.compression.partition_bytes));
       for (const worker::PartitionRange& p : parts) {
-        owned[scheduler::ServerForKey(p.key, mapping)] += p.elements * 4.0;
+        owned[scheduler::ServerForKey(p.key, mapping)] += static_cast<double>(p.elements) * esz;
       }
     }
     double busy_ns = 0, cpu_ns = 0;
@@ -1050,6 +1054,7 @@ int RunDriver(const Options& opt) {
         .Add("servers", opt.servers)
         .Add("mb", opt.mb)
         .Add("tensors", opt.tensors)
+        .Add("dtype", std::string(DTypeName(opt.dtype)))
         .Add("partition_kb", static_cast<long long>(opt.partition_kb))
         .Add("iters", opt.iters)
         .Add("warmup", opt.warmup)
@@ -1213,6 +1218,11 @@ int ParseArgs(int argc, char** argv, Options* o) {
       o->warmup = static_cast<int>(integer(0));
     } else if (a == "--tensors") {
       o->tensors = static_cast<int>(integer(1));
+    } else if (a == "--dtype") {
+      const char* v = next();
+      StatusOr<DType> d = ParseDType(v);
+      if (!d.ok()) bad(v);
+      o->dtype = *d;
     } else if (a == "--raw-reps") {
       o->raw_reps = static_cast<int>(integer(1));
     } else if (a == "--timeout-s") {
@@ -1238,6 +1248,11 @@ int ParseArgs(int argc, char** argv, Options* o) {
       PrintHelp();
       return 2;
     }
+  }
+  if (!o->peer.empty() && o->dtype != DType::kFloat32) {
+    std::fprintf(stderr, "%s: --peer pslite compares float32 tensors only, not --dtype %s\n", kName,
+                 std::string(DTypeName(o->dtype)).c_str());
+    return 2;
   }
   if (!o->peer.empty() && o->link_gbit > 0) {
     std::fprintf(stderr, "%s: --peer pslite runs on loopback only, not with --link-gbit\n", kName);

@@ -13,7 +13,10 @@
 
 #include "bench/bench_util.h"
 #include "common/counter_rng.h"
+#include "common/cpu_features.h"
+#include "common/dtype.h"
 #include "common/logging.h"
+#include "common/vector_ops.h"
 #include "scheduler/cluster_config.h"
 #include "worker/client.h"
 
@@ -26,10 +29,12 @@ using std::chrono::milliseconds;
 constexpr char kUsage[] =
     "usage: %s --config CLUSTER.yaml --rank N [--tensor-mb X] [--tensors K] [--iters N]\n"
     "       [--warmup W] [--pause-ms M] [--linger-ms L] [--compression SPEC]\n"
+    "       [--dtype float32|float16|bfloat16]\n"
     "       [--results PATH] [--quiet]\n"
     "       [--shutdown-timeout-ms T] [--log-level trace|debug|info|warn|error]\n"
-    "Declares K float32 tensors of X MiB (default 1 x 1 MiB), runs W warm-up and N timed\n"
-    "(default 10) PushPull+Wait iterations, sleeping M ms before each, then shuts down.\n"
+    "Declares K tensors of X MiB of the dtype (default 1 x 1 MiB of float32), runs W warm-up\n"
+    "and N timed (default 10) PushPull+Wait iterations, sleeping M ms before each, then shuts "
+    "down.\n"
     "Exit: 0 ok, 1 start-up/declare/shutdown failure, 2 usage, 3 a push_pull failed.\n";
 
 struct Options {
@@ -43,6 +48,7 @@ struct Options {
   long long linger_ms = 0;
   long long shutdown_timeout_ms = -1;
   std::string compression;
+  DType dtype = DType::kFloat32;
   std::string results_path;
   std::string log_level = "warn";
   bool quiet = false;
@@ -98,19 +104,23 @@ class Worker {
     client_ = std::move(made).value();
     record_.Add("startup_seconds", Seconds(Clock::now() - t_start));
 
-    const size_t elements =
-        static_cast<size_t>(std::llround(opt_.tensor_mb * static_cast<double>(1 << 20) / 4));
+    const size_t esz = DTypeSize(opt_.dtype);
+    const size_t elements = static_cast<size_t>(
+        std::llround(opt_.tensor_mb * static_cast<double>(1 << 20) / static_cast<double>(esz)));
+    elements_ = elements;
     inputs_.resize(static_cast<size_t>(opt_.tensors));
     outputs_.resize(inputs_.size());
     for (size_t i = 0; i < inputs_.size(); ++i) {
-      StatusOr<worker::TensorId> id =
-          client_->Declare("t" + std::to_string(i), elements, DType::kFloat32,
-                           static_cast<int64_t>(i), opt_.compression);
+      StatusOr<worker::TensorId> id = client_->Declare(
+          "t" + std::to_string(i), elements, opt_.dtype, static_cast<int64_t>(i), opt_.compression);
       if (!id.ok()) return Fail(1, "declare", id.status());
       ids_.push_back(*id);
-      inputs_[i].resize(elements);
-      outputs_[i].assign(elements, 0.0f);
-      FillGradient(&inputs_[i], static_cast<uint64_t>(opt_.rank) * 1000 + i);
+      std::vector<float> gradient(elements);
+      FillGradient(&gradient, static_cast<uint64_t>(opt_.rank) * 1000 + i);
+      inputs_[i].resize(elements * esz);
+      outputs_[i].assign(elements * esz, 0);
+      ConvertFromFloat(gradient.data(), TensorView(inputs_[i].data(), elements, opt_.dtype),
+                       BestIsaLevel());
     }
     const auto t_commit = Clock::now();
     if (Status s = client_->CommitDeclarations(); !s.ok()) return Fail(1, "declare", s);
@@ -138,7 +148,7 @@ class Worker {
 
     std::sort(iter_seconds.begin(), iter_seconds.end());
     const double pause_seconds = static_cast<double>(opt_.pause_ms * opt_.iters) / 1000.0;
-    record_.Add("tensor_bytes", elements * 4)
+    record_.Add("tensor_bytes", elements * esz)
         .Add("iters", static_cast<long long>(iter_seconds.size()))
         .Add("loop_seconds", loop_seconds)
         .Add("pause_seconds", pause_seconds)
@@ -173,8 +183,8 @@ class Worker {
     std::vector<worker::PushPullHandle> handles;
     for (size_t t = 0; t < ids_.size(); ++t) {
       handles.push_back(client_->PushPull(ids_[t],
-                                          ConstTensorView(inputs_[t].data(), inputs_[t].size()),
-                                          TensorView(outputs_[t].data(), outputs_[t].size())));
+                                          ConstTensorView(inputs_[t].data(), elements_, opt_.dtype),
+                                          TensorView(outputs_[t].data(), elements_, opt_.dtype)));
     }
     Status first;
     for (const worker::PushPullHandle& h : handles) {
@@ -227,7 +237,8 @@ class Worker {
   std::string label_;
   std::unique_ptr<worker::Client> client_;
   std::vector<worker::TensorId> ids_;
-  std::vector<std::vector<float>> inputs_, outputs_;
+  std::vector<std::vector<uint8_t>> inputs_, outputs_;  // raw bytes of the dtype
+  size_t elements_ = 0;                                 // per tensor
   Clock::time_point last_success_;
   JsonRecord record_;
 };
@@ -264,6 +275,10 @@ int RunPushPullWorker(const char* program, int argc, char** argv) {
       opt.config_path = v;
     } else if (arg == "--compression") {
       opt.compression = v;
+    } else if (arg == "--dtype") {
+      StatusOr<DType> d = ParseDType(v);
+      if (!d.ok()) return usage("--dtype: " + d.status().message());
+      opt.dtype = *d;
     } else if (arg == "--results") {
       opt.results_path = v;
     } else if (arg == "--log-level") {

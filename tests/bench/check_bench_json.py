@@ -186,6 +186,16 @@ assert "bench/peers/README.md" in r.stderr and "running bitpush alone" in r.stde
 records = json.loads(r.stdout)
 assert [(x["peer"], x["compressor"]) for x in records] == [("bitpush", "none")], records
 assert records[0]["ratio_to_pslite"] is None and records[0]["peer_reps"] == 1, records
+# --dtype float16: the tensors are fp16 end to end (the record says so; 1 MiB of fp16).
+r = run("pushpull", "--json", "--dtype", "float16", "--mb", "1", "--partition-kb", "256",
+        "--iters", "1", "--warmup", "0", "--raw-reps", "1", "--timeout-s", "60")
+assert r.returncode == 0, r.stderr
+records = json.loads(r.stdout)
+assert [(x["dtype"], x["compressor"]) for x in records] == [("float16", "none")], records
+assert records[0]["goodput_gbps"] > 0, records
+for bad in (("--dtype", "int8"), ("--peer", "pslite", "--dtype", "float16")):
+    r = run("pushpull", *bad)
+    assert r.returncode == 2 and "--dtype" in r.stderr, (bad, r.stderr)
 for bad in (("--peer", "mxnet"), ("--pslite-dir", "/nonexistent"),
             ("--peer", "pslite", "--link-gbit", "1")):
     r = run("pushpull", *bad)
