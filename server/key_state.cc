@@ -233,7 +233,7 @@ void KeyState::PrepareAccumulator(Round& r) {
     r.acc = r.accumulator.data();
     return;
   }
-  const size_t bytes = compressors::kPayloadHeaderBytes + spec_.elements * sizeof(float);
+  const size_t bytes = InPayloadBytes();
   std::shared_ptr<std::vector<uint8_t>>& storage = r.payload_storage;
   if (!storage || storage.use_count() != 1 || storage->size() != bytes) {
     storage = std::make_shared<std::vector<uint8_t>>(bytes);
@@ -243,7 +243,7 @@ void KeyState::PrepareAccumulator(Round& r) {
 }
 
 Status KeyState::AddFirst(Round& r, transport::Buffer& buffer) {
-  const size_t bytes = compressors::kPayloadHeaderBytes + spec_.elements * sizeof(float);
+  const size_t bytes = InPayloadBytes();
   // Push checked the header (compressor none, fp32, n elements); the body must be n floats.
   if (accumulate_in_payload_ && buffer.size() == bytes && buffer.owner().use_count() == 1 &&
       reinterpret_cast<uintptr_t>(buffer.data()) % alignof(float) == 0) {
@@ -264,18 +264,15 @@ Status KeyState::Publish(Round& r) {
   const size_t n = spec_.elements;
   const float inv =
       spec_.average && spec_.num_workers > 1 ? 1.0f / static_cast<float>(spec_.num_workers) : 1.0f;
-  if (accumulate_in_payload_) {  // C is the identity: the accumulator is the body
+  if (!fused_ && inv != 1.0f) {  // the average, in place
     float* acc = r.acc;
-    if (inv != 1.0f) {
-      for (size_t i = 0; i < n; ++i) acc[i] *= inv;
-    }
-    if (!r.adopted.empty()) {  // rank 0's push holds the sum; its header already says so
-      stats_.bytes_published += r.adopted.size();
-      ++stats_.rounds_published;
-      r.published = std::move(r.adopted);
+    for (size_t i = 0; i < n; ++i) acc[i] *= inv;
+  }
+  if (accumulate_in_payload_) {  // C is the identity: the accumulator is the body
+    if (!r.adopted.empty()) {    // rank 0's push holds the sum; its header already says so
+      transport::Buffer adopted = std::move(r.adopted);
       r.adopted = transport::Buffer();
-      r.is_published = true;
-      return Status::Ok();
+      return PublishPayload(r, std::move(adopted));
     }
     compressors::PayloadHeader h;
     h.compressor_id = v1::COMPRESSOR_ID_NONE;
@@ -284,11 +281,7 @@ Status KeyState::Publish(Round& r) {
     h.element_count = n;
     std::vector<uint8_t>& out = *r.payload_storage;
     compressors::WritePayloadHeader(h, out.data());
-    stats_.bytes_published += out.size();
-    ++stats_.rounds_published;
-    r.published = transport::Buffer::Borrow(out.data(), out.size(), r.payload_storage);
-    r.is_published = true;
-    return Status::Ok();
+    return PublishPayload(r, transport::Buffer::Borrow(out.data(), out.size(), r.payload_storage));
   }
   // The slot's payload buffer is reused once the transport has let go of the last round's
   // (no other owner left); otherwise a new one is made.
@@ -311,11 +304,7 @@ Status KeyState::Publish(Round& r) {
                       : compressor_->AggregateCompress(pushes, n, inv, nullptr, ctx, dst);
     for (transport::Buffer& b : r.held) b = transport::Buffer();
   } else {
-    float* acc = r.acc;
-    if (inv != 1.0f) {
-      for (size_t i = 0; i < n; ++i) acc[i] *= inv;
-    }
-    const ConstTensorView aggregate(acc, n);
+    const ConstTensorView aggregate(r.acc, n);
     bytes = residual_ ? residual_->Compress(*compressor_, aggregate, ctx, dst)
                       : compressor_->Compress(aggregate, ctx, dst);
   }
@@ -323,9 +312,13 @@ Status KeyState::Publish(Round& r) {
     return bytes.status().WithContext(
         fmt::format("key {}: compressing the aggregate of round {}", spec_.key, r.round));
   }
-  stats_.bytes_published += *bytes;
+  return PublishPayload(r, transport::Buffer::Borrow(out.data(), *bytes, storage));
+}
+
+Status KeyState::PublishPayload(Round& r, transport::Buffer payload) {
+  stats_.bytes_published += payload.size();
   ++stats_.rounds_published;
-  r.published = transport::Buffer::Borrow(out.data(), *bytes, storage);
+  r.published = std::move(payload);
   r.is_published = true;
   return Status::Ok();
 }

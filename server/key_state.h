@@ -171,6 +171,12 @@ class KeyState {
   // The first push of a round (rank 0's) into the accumulator: adopted as the accumulator
   // itself where possible (accumulate_in_payload_, see above), else decoded into it.
   Status AddFirst(Round& r, transport::Buffer& buffer);
+  // Makes `payload` the round's published aggregate (and counts it).
+  Status PublishPayload(Round& r, transport::Buffer payload);
+  // Payload bytes of the in-payload accumulator: the header and n floats.
+  size_t InPayloadBytes() const {
+    return compressors::kPayloadHeaderBytes + spec_.elements * sizeof(float);
+  }
   // Adds held pushes from r.next_to_add on while they are present; publishes when all are in.
   Status AddInOrder(Round& r);
   std::string Missing(const std::vector<uint8_t>& flags) const;
