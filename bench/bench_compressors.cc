@@ -13,6 +13,7 @@
 #include "common/aligned_buffer.h"
 #include "common/cpu_features.h"
 #include "compressors/compressor.h"
+#include "compressors/error_feedback.h"
 #include "compressors/registry.h"
 
 namespace bitpush::bench {
@@ -127,7 +128,7 @@ int RunCompressorsBench(int argc, char** argv) {
   for (size_t mib : opt.sizes_mib) {
     const size_t bytes = mib << 20;
     const size_t n = bytes / 4;
-    AlignedBuffer<float> grad(n), residual(n), out(n), acc(n), copy_dst(n);
+    AlignedBuffer<float> grad(n), out(n), acc(n), copy_dst(n);
     std::mt19937_64 rng(1234);
     std::normal_distribution<float> dist(0.0f, 1.0f);
     for (size_t i = 0; i < n; ++i) grad[i] = dist(rng);
@@ -182,11 +183,20 @@ int RunCompressorsBench(int argc, char** argv) {
         else
           payload_bytes = *r;
       };
-      residual.zero();
+      // compress_ef runs through the method's worker error-feedback state, as the engine does
+      // (onebit's defers its correction into the next round's pass: compressors/onebit).
+      auto state =
+          compressors::CreateErrorFeedback(*config, compressors::ErrorFeedbackSide::kWorker, n);
+      if (!state.ok()) {
+        std::fprintf(stderr, "bitpush-bench compressors: %s: %s\n", spec,
+                     state.status().ToString().c_str());
+        return 1;
+      }
+      std::unique_ptr<compressors::ErrorFeedback> ef = std::move(state).value();
       auto compress_ef = [&] {
         ++ctx.round;
-        auto r = c->CompressWithFeedback(ConstTensorView(grad.data(), n), residual.span(), ctx,
-                                         {payload.data(), payload.size()});
+        auto r = ef->Compress(*c, ConstTensorView(grad.data(), n), ctx,
+                              {payload.data(), payload.size()});
         if (!r.ok())
           failure = r.status();
         else

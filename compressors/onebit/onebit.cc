@@ -39,17 +39,29 @@ double ReduceLanes(const double* lanes) {
   return s;
 }
 
+using PushSigns = OnebitCompressor::PushSigns;
+
+// The value C(q)[i] of a sign word and scale: bit set -> -scale.
+inline float SignedScale(const uint8_t* words, size_t i, float scale) {
+  return ((LoadWord(words, i / 64) >> (i % 64)) & 1) ? -scale : scale;
+}
+
 // ---- scalar -------------------------------------------------------------------------------
 // Pass 1: writes the sign words of q = a (+ b when b != nullptr), stores q into q_out when
-// q_out != nullptr, and returns sum |q|.
+// q_out != nullptr, and returns sum |q|. With `prev` (deferred error feedback, which needs b
+// and q_out), b holds the last round's q whose correction is still pending: the residual is
+// e = b - C_prev (prev's words and scale), computed on the fly, and q = a + e.
 
-double SignsScalar(const float* a, const float* b, size_t n, uint8_t* words, float* q_out) {
+double SignsScalar(const float* a, const float* b, size_t n, uint8_t* words, float* q_out,
+                   const PushSigns* prev) {
   double lanes[kLanes] = {};
   for (size_t j = 0; j * 64 < n; ++j) {
     uint64_t w = 0;
     const size_t end = std::min(n, j * 64 + 64);
     for (size_t i = j * 64; i < end; ++i) {
-      const float q = b ? a[i] + b[i] : a[i];
+      float e = b ? b[i] : 0.0f;
+      if (prev) e = e - SignedScale(prev->words, i, prev->scale);
+      const float q = b ? a[i] + e : a[i];
       if (q_out) q_out[i] = q;
       lanes[i % kLanes] += static_cast<double>(std::fabs(q));
       w |= static_cast<uint64_t>(q < 0.0f) << (i - j * 64);
@@ -92,8 +104,18 @@ void DecodeRangeScalar(const uint8_t* words, size_t begin, size_t end, float sca
 // ---- AVX2 ---------------------------------------------------------------------------------
 // Lanes: acc[k] holds lanes 4k..4k+3, matching the scalar lane i mod 16.
 
+// The 8 values ±scale of elements 8c..8c+7 of a sign word (bit set: -scale).
+BP_TARGET_AVX2 inline __m256 SignedScaleAvx2(uint64_t w, int c, __m256 pos, __m256 neg) {
+  const __m256i bit_sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i byte = _mm256_set1_epi32(static_cast<int>((w >> (c * 8)) & 0xFF));
+  const __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(byte, bit_sel), bit_sel);
+  return _mm256_blendv_ps(pos, neg, _mm256_castsi256_ps(set));
+}
+
 BP_TARGET_AVX2 double SignsAvx2(const float* a, const float* b, size_t n, uint8_t* words,
-                                float* q_out) {
+                                float* q_out, const PushSigns* prev) {
+  const __m256 ppos = _mm256_set1_ps(prev ? prev->scale : 0.0f);
+  const __m256 pneg = _mm256_set1_ps(prev ? -prev->scale : 0.0f);
   __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
                     _mm256_setzero_pd()};
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
@@ -101,10 +123,15 @@ BP_TARGET_AVX2 double SignsAvx2(const float* a, const float* b, size_t n, uint8_
   const size_t full = n / 64;
   for (size_t j = 0; j < full; ++j) {
     uint64_t w = 0;
+    const uint64_t pw = prev ? LoadWord(prev->words, j) : 0;
     for (int c = 0; c < 8; ++c) {
       const size_t i = j * 64 + c * 8;
       __m256 q = _mm256_loadu_ps(a + i);
-      if (b) q = _mm256_add_ps(q, _mm256_loadu_ps(b + i));
+      if (b) {
+        __m256 e = _mm256_loadu_ps(b + i);
+        if (prev) e = _mm256_sub_ps(e, SignedScaleAvx2(pw, c, ppos, pneg));
+        q = _mm256_add_ps(q, e);
+      }
       if (q_out) _mm256_storeu_ps(q_out + i, q);
       w |= static_cast<uint64_t>(_mm256_movemask_ps(_mm256_cmp_ps(q, zero, _CMP_LT_OQ))) << (c * 8);
       const __m256 aq = _mm256_and_ps(q, abs_mask);
@@ -119,7 +146,9 @@ BP_TARGET_AVX2 double SignsAvx2(const float* a, const float* b, size_t n, uint8_
   if (full * 64 < n) {  // tail: finish in scalar with the same lane assignment
     uint64_t w = 0;
     for (size_t i = full * 64; i < n; ++i) {
-      const float q = b ? a[i] + b[i] : a[i];
+      float e = b ? b[i] : 0.0f;
+      if (prev) e = e - SignedScale(prev->words, i, prev->scale);
+      const float q = b ? a[i] + e : a[i];
       if (q_out) q_out[i] = q;
       lanes[i % kLanes] += static_cast<double>(std::fabs(q));
       w |= static_cast<uint64_t>(q < 0.0f) << (i - full * 64);
@@ -127,14 +156,6 @@ BP_TARGET_AVX2 double SignsAvx2(const float* a, const float* b, size_t n, uint8_
     StoreWord(words, full, w);
   }
   return ReduceLanes(lanes);
-}
-
-// The 8 values ±scale of elements 8c..8c+7 of a sign word (bit set: -scale).
-BP_TARGET_AVX2 inline __m256 SignedScaleAvx2(uint64_t w, int c, __m256 pos, __m256 neg) {
-  const __m256i bit_sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-  const __m256i byte = _mm256_set1_epi32(static_cast<int>((w >> (c * 8)) & 0xFF));
-  const __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(byte, bit_sel), bit_sel);
-  return _mm256_blendv_ps(pos, neg, _mm256_castsi256_ps(set));
 }
 
 BP_TARGET_AVX2 void ResidualAvx2(const float* a, const float* b, float* e, size_t n,
@@ -197,13 +218,21 @@ BP_TARGET_AVX512 inline void SignAndAbsAvx512(__m512 q, size_t c, uint64_t* w, _
 // One full 64-element word of pass 1: plain (unmasked) loads and stores and no per-chunk bounds
 // checks. On an AMD Zen 5 a stream read through masked loads ran at a quarter of the plain
 // speed out of cache (onebit.h).
-template <bool kAdd, bool kStore>
+template <bool kAdd, bool kStore, bool kDefer>
 BP_TARGET_AVX512 inline uint64_t SignsWordAvx512(const float* a, const float* b, float* q_out,
+                                                 uint64_t pw, __m512 ppos, __m512 pneg,
                                                  __m512d* acc0, __m512d* acc1) {
   __m512 q[4];
   for (int c = 0; c < 4; ++c) {
     q[c] = _mm512_loadu_ps(a + 16 * c);
-    if (kAdd) q[c] = _mm512_add_ps(q[c], _mm512_loadu_ps(b + 16 * c));
+    if (kAdd) {
+      __m512 e = _mm512_loadu_ps(b + 16 * c);
+      if (kDefer) {
+        e = _mm512_sub_ps(e,
+                          _mm512_mask_blend_ps(static_cast<__mmask16>(pw >> (16 * c)), ppos, pneg));
+      }
+      q[c] = _mm512_add_ps(q[c], e);
+    }
     if (kStore) _mm512_storeu_ps(q_out + 16 * c, q[c]);
   }
   uint64_t w = 0;
@@ -216,16 +245,20 @@ BP_TARGET_AVX512 inline uint64_t SignsWordAvx512(const float* a, const float* b,
   return w;
 }
 
-template <bool kAdd, bool kStore>
+template <bool kAdd, bool kStore, bool kDefer>
 BP_TARGET_AVX512 double SignsAvx512Impl(const float* a, const float* b, size_t n, uint8_t* words,
-                                        float* q_out) {
+                                        float* q_out, const PushSigns* prev) {
   __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
+  const __m512 ppos = _mm512_set1_ps(kDefer ? prev->scale : 0.0f);
+  const __m512 pneg = _mm512_set1_ps(kDefer ? -prev->scale : 0.0f);
   const size_t full = n / 64;
   for (size_t j = 0; j < full; ++j) {
     const size_t i = j * 64;
+    const uint64_t pw = kDefer ? LoadWord(prev->words, j) : 0;
     StoreWord(words, j,
-              SignsWordAvx512<kAdd, kStore>(a + i, kAdd ? b + i : nullptr,
-                                            kStore ? q_out + i : nullptr, &acc0, &acc1));
+              SignsWordAvx512<kAdd, kStore, kDefer>(a + i, kAdd ? b + i : nullptr,
+                                                    kStore ? q_out + i : nullptr, pw, ppos, pneg,
+                                                    &acc0, &acc1));
   }
   if (full * 64 < n) {  // the last, partial word: masked; lanes past n are zero
     uint64_t w = 0;
@@ -235,7 +268,14 @@ BP_TARGET_AVX512 double SignsAvx512Impl(const float* a, const float* b, size_t n
       const size_t left = n - i;
       const __mmask16 lm = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
       __m512 q = _mm512_maskz_loadu_ps(lm, a + i);
-      if (kAdd) q = _mm512_add_ps(q, _mm512_maskz_loadu_ps(lm, b + i));
+      if (kAdd) {
+        __m512 e = _mm512_maskz_loadu_ps(lm, b + i);
+        if (kDefer) {  // lanes past n stay zero
+          const auto pm = static_cast<__mmask16>(LoadWord(prev->words, full) >> (16 * c));
+          e = _mm512_maskz_sub_ps(lm, e, _mm512_mask_blend_ps(pm, ppos, pneg));
+        }
+        q = _mm512_add_ps(q, e);
+      }
       if (kStore) _mm512_mask_storeu_ps(q_out + i, lm, q);
       SignAndAbsAvx512(q, c, &w, &acc0, &acc1);
     }
@@ -247,13 +287,16 @@ BP_TARGET_AVX512 double SignsAvx512Impl(const float* a, const float* b, size_t n
   return ReduceLanes(lanes);
 }
 
-double SignsAvx512(const float* a, const float* b, size_t n, uint8_t* words, float* q_out) {
+// `prev` requires b and q_out (deferred error feedback always stores this round's q).
+double SignsAvx512(const float* a, const float* b, size_t n, uint8_t* words, float* q_out,
+                   const PushSigns* prev) {
+  if (prev != nullptr) return SignsAvx512Impl<true, true, true>(a, b, n, words, q_out, prev);
   if (b != nullptr) {
-    return q_out != nullptr ? SignsAvx512Impl<true, true>(a, b, n, words, q_out)
-                            : SignsAvx512Impl<true, false>(a, b, n, words, q_out);
+    return q_out != nullptr ? SignsAvx512Impl<true, true, false>(a, b, n, words, q_out, prev)
+                            : SignsAvx512Impl<true, false, false>(a, b, n, words, q_out, prev);
   }
-  return q_out != nullptr ? SignsAvx512Impl<false, true>(a, b, n, words, q_out)
-                          : SignsAvx512Impl<false, false>(a, b, n, words, q_out);
+  return q_out != nullptr ? SignsAvx512Impl<false, true, false>(a, b, n, words, q_out, prev)
+                          : SignsAvx512Impl<false, false, false>(a, b, n, words, q_out, prev);
 }
 
 BP_TARGET_AVX512 void ResidualAvx512(const float* a, const float* b, float* e, size_t n,
@@ -315,9 +358,8 @@ BP_TARGET_AVX512 void DecodeAvx512(const uint8_t* words, size_t n, float scale, 
 // DecompressToFloat + DecompressAdd + the averaging loop + CompressWithFeedback, so the
 // payload and the residual are bit-identical. Pass 1 packs the signs of q and sums |q| (the
 // 16 lanes of Signs); pass 2 recomputes q and writes e = q - (+-S). Neither pass writes q:
-// pass 1 only reads e.
-
-using PushSigns = OnebitCompressor::PushSigns;
+// pass 1 only reads e. With deferred error feedback (`prev`, OnebitResidualState) pass 1 reads
+// e = buffer - C_prev, stores q over it, and there is no pass 2.
 
 inline float AggregateScalarAt(const PushSigns* p, size_t count, size_t i, float mult,
                                bool do_mult) {
@@ -332,14 +374,20 @@ inline float AggregateScalarAt(const PushSigns* p, size_t count, size_t i, float
   return a;
 }
 
+// q_out: where q is stored (deferred error feedback: over e), or nullptr. With `prev` (needs e),
+// e holds the last round's q and the residual is e - C_prev, formed on the fly.
 void AggSignsScalar(const PushSigns* p, size_t count, size_t begin, size_t n, float mult,
-                    bool do_mult, const float* e, uint8_t* words, double* lanes) {
+                    bool do_mult, const float* e, float* q_out, uint8_t* words, double* lanes,
+                    const PushSigns* prev) {
   for (size_t j = begin / 64; j * 64 < n; ++j) {
     uint64_t w = 0;
     const size_t end = std::min(n, j * 64 + 64);
     for (size_t i = j * 64; i < end; ++i) {
       const float a = AggregateScalarAt(p, count, i, mult, do_mult);
-      const float q = e ? a + e[i] : a;
+      float ev = e ? e[i] : 0.0f;
+      if (prev) ev = ev - SignedScale(prev->words, i, prev->scale);
+      const float q = e ? a + ev : a;
+      if (q_out) q_out[i] = q;
       lanes[i % kLanes] += static_cast<double>(std::fabs(q));
       w |= static_cast<uint64_t>(q < 0.0f) << (i - j * 64);
     }
@@ -367,8 +415,10 @@ BP_TARGET_AVX2 inline __m256 AggregateAvx2(const PushSigns* p, size_t count, con
 }
 
 BP_TARGET_AVX2 void AggSignsAvx2(const PushSigns* p, size_t count, size_t n, float mult_s,
-                                 bool do_mult, const float* e, uint8_t* words, uint64_t* wbuf,
-                                 double* lanes) {
+                                 bool do_mult, const float* e, float* q_out, uint8_t* words,
+                                 uint64_t* wbuf, double* lanes, const PushSigns* prev) {
+  const __m256 ppos = _mm256_set1_ps(prev ? prev->scale : 0.0f);
+  const __m256 pneg = _mm256_set1_ps(prev ? -prev->scale : 0.0f);
   __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
                     _mm256_setzero_pd()};
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
@@ -377,11 +427,17 @@ BP_TARGET_AVX2 void AggSignsAvx2(const PushSigns* p, size_t count, size_t n, flo
   const size_t full = n / 64;
   for (size_t j = 0; j < full; ++j) {
     for (size_t k = 0; k < count; ++k) wbuf[k] = LoadWord(p[k].words, j);
+    const uint64_t pw = prev ? LoadWord(prev->words, j) : 0;
     uint64_t w = 0;
     for (int c = 0; c < 8; ++c) {
       const size_t i = j * 64 + c * 8;
       __m256 q = AggregateAvx2(p, count, wbuf, c, mult, do_mult);
-      if (e) q = _mm256_add_ps(q, _mm256_loadu_ps(e + i));
+      if (e) {
+        __m256 ev = _mm256_loadu_ps(e + i);
+        if (prev) ev = _mm256_sub_ps(ev, SignedScaleAvx2(pw, c, ppos, pneg));
+        q = _mm256_add_ps(q, ev);
+      }
+      if (q_out) _mm256_storeu_ps(q_out + i, q);
       w |= static_cast<uint64_t>(_mm256_movemask_ps(_mm256_cmp_ps(q, zero, _CMP_LT_OQ))) << (c * 8);
       const __m256 aq = _mm256_and_ps(q, abs_mask);
       const int k = (c & 1) * 2;
@@ -391,7 +447,9 @@ BP_TARGET_AVX2 void AggSignsAvx2(const PushSigns* p, size_t count, size_t n, flo
     StoreWord(words, j, w);
   }
   for (int k = 0; k < 4; ++k) _mm256_storeu_pd(lanes + 4 * k, acc[k]);
-  if (full * 64 < n) AggSignsScalar(p, count, full * 64, n, mult_s, do_mult, e, words, lanes);
+  if (full * 64 < n) {
+    AggSignsScalar(p, count, full * 64, n, mult_s, do_mult, e, q_out, words, lanes, prev);
+  }
 }
 
 BP_TARGET_AVX2 void AggResidualAvx2(const PushSigns* p, size_t count, size_t n, float mult_s,
@@ -427,13 +485,16 @@ BP_TARGET_AVX512 inline __m512 AggregateAvx512(const PushSigns* p, size_t count,
 }
 
 BP_TARGET_AVX512 void AggSignsAvx512(const PushSigns* p, size_t count, size_t n, float mult_s,
-                                     bool do_mult, const float* e, uint8_t* words, uint64_t* wbuf,
-                                     double* lanes) {
+                                     bool do_mult, const float* e, float* q_out, uint8_t* words,
+                                     uint64_t* wbuf, double* lanes, const PushSigns* prev) {
   __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
+  const __m512 ppos = _mm512_set1_ps(prev ? prev->scale : 0.0f);
+  const __m512 pneg = _mm512_set1_ps(prev ? -prev->scale : 0.0f);
   const __m512 mult = _mm512_set1_ps(mult_s);
   const size_t words_n = (n + 63) / 64;
   for (size_t j = 0; j < words_n; ++j) {
     for (size_t k = 0; k < count; ++k) wbuf[k] = LoadWord(p[k].words, j);
+    const uint64_t pw = prev ? LoadWord(prev->words, j) : 0;
     uint64_t w = 0;
     for (int c = 0; c < 4; ++c) {
       const size_t i = j * 64 + c * 16;
@@ -442,10 +503,21 @@ BP_TARGET_AVX512 void AggSignsAvx512(const PushSigns* p, size_t count, size_t n,
       const __mmask16 lm = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
       // Lanes past n are zero, as the masked loads of Signs make them.
       __m512 q = _mm512_maskz_mov_ps(lm, AggregateAvx512(p, count, wbuf, c, mult, do_mult));
-      // Plain loads for full chunks: see SignsWordAvx512.
-      if (e)
-        q = _mm512_add_ps(q,
-                          left >= 16 ? _mm512_loadu_ps(e + i) : _mm512_maskz_loadu_ps(lm, e + i));
+      if (e) {
+        // Plain loads and stores for full chunks: see SignsWordAvx512.
+        __m512 ev = left >= 16 ? _mm512_loadu_ps(e + i) : _mm512_maskz_loadu_ps(lm, e + i);
+        if (prev) {
+          ev = _mm512_maskz_sub_ps(
+              lm, ev, _mm512_mask_blend_ps(static_cast<__mmask16>(pw >> (c * 16)), ppos, pneg));
+        }
+        q = _mm512_add_ps(q, ev);
+      }
+      if (q_out) {
+        if (left >= 16)
+          _mm512_storeu_ps(q_out + i, q);
+        else
+          _mm512_mask_storeu_ps(q_out + i, lm, q);
+      }
       SignAndAbsAvx512(q, c, &w, &acc0, &acc1);
     }
     StoreWord(words, j, w);
@@ -506,13 +578,13 @@ BP_TARGET_AVX512 void DecodeStreamAvx512(const uint8_t* words, size_t n, float s
 }
 
 double Signs(IsaLevel isa, const float* a, const float* b, size_t n, uint8_t* words,
-             float* q_out = nullptr) {
+             float* q_out = nullptr, const PushSigns* prev = nullptr) {
   switch (isa) {
-    case IsaLevel::kAvx512: return SignsAvx512(a, b, n, words, q_out);
-    case IsaLevel::kAvx2: return SignsAvx2(a, b, n, words, q_out);
+    case IsaLevel::kAvx512: return SignsAvx512(a, b, n, words, q_out, prev);
+    case IsaLevel::kAvx2: return SignsAvx2(a, b, n, words, q_out, prev);
     case IsaLevel::kScalar: break;
   }
-  return SignsScalar(a, b, n, words, q_out);
+  return SignsScalar(a, b, n, words, q_out, prev);
 }
 
 void Residual(IsaLevel isa, const float* a, const float* b, float* e, size_t n,
@@ -572,13 +644,61 @@ size_t OnebitCompressor::EncodeBodyWithFeedback(float* q, size_t n, DType dtype,
 
 size_t OnebitCompressor::EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n,
                                                    const CompressContext&, uint8_t* body) {
-  // Pass 1 forms q = g + e, stores it over e and packs the signs; pass 2 subtracts ±scale in
-  // place. (Measured faster than recomputing g + e in pass 2: fewer bytes read.)
-  const double sum = Signs(isa(), g, e, n, body + 4, e);
+  // Pass 1 forms q = g + e (e = buffer - C_prev when deferred), stores it over e and packs the
+  // signs; pass 2 subtracts ±scale in place, unless deferred. (Storing q measured faster than
+  // recomputing g + e in pass 2: fewer bytes read.)
+  const double sum = Signs(isa(), g, e, n, body + 4, e, deferred_ ? deferred_prev_ : nullptr);
   const float scale = ScaleFromSum(sum, n);
   std::memcpy(body, &scale, 4);
-  UpdateResidual(e, n, body + 4, scale);
+  if (!deferred_) {
+    UpdateResidual(e, n, body + 4, scale);
+  } else if (std::isnan(scale) && n) {  // as UpdateResidual: restart from zero
+    std::memset(e, 0, n * sizeof(float));
+  }
   return BodyBytes(n);
+}
+
+namespace {
+// Sets a compressor's deferred mode for one call.
+class DeferredScope {
+ public:
+  DeferredScope(bool* flag, const OnebitCompressor::PushSigns** prev_slot,
+                const OnebitCompressor::PushSigns* prev)
+      : flag_(flag), prev_slot_(prev_slot) {
+    *flag_ = true;
+    *prev_slot_ = prev;
+  }
+  ~DeferredScope() {
+    *flag_ = false;
+    *prev_slot_ = nullptr;
+  }
+  DeferredScope(const DeferredScope&) = delete;
+  DeferredScope& operator=(const DeferredScope&) = delete;
+
+ private:
+  bool* flag_;
+  const OnebitCompressor::PushSigns** prev_slot_;
+};
+}  // namespace
+
+StatusOr<size_t> OnebitCompressor::CompressDeferred(ConstTensorView x, Span<float> q,
+                                                    const PushSigns* prev,
+                                                    const CompressContext& ctx,
+                                                    MutableByteSpan out) {
+  if (x.dtype() != DType::kFloat32 || (ctx.store_as && *ctx.store_as != DType::kFloat32)) {
+    return InvalidArgumentError("onebit deferred error feedback takes fp32 input and payloads");
+  }
+  DeferredScope scope(&deferred_, &deferred_prev_, prev);
+  return CompressWithFeedback(x, q, ctx, out);
+}
+
+StatusOr<size_t> OnebitCompressor::AggregateCompressDeferred(Span<const ByteSpan> pushes,
+                                                             float scale, Span<float> q,
+                                                             const PushSigns* prev,
+                                                             const CompressContext& ctx,
+                                                             MutableByteSpan out) {
+  DeferredScope scope(&deferred_, &deferred_prev_, prev);
+  return AggregateCompress(pushes, q.size(), scale, q.data(), ctx, out);
 }
 
 Status OnebitCompressor::ValidateBody(ByteSpan body, size_t n, DType) {
@@ -640,15 +760,21 @@ size_t OnebitCompressor::AggregateBody(const ByteSpan* bodies, size_t count, siz
   const bool do_mult = mult != 1.0f;
   uint8_t* words = body + 4;
   double lanes[kLanes] = {};
+  // Deferred (a residual only): pass 1 stores q over e and reads e - C_prev.
+  const bool defer = deferred_ && e != nullptr;
+  const PushSigns* prev = defer ? deferred_prev_ : nullptr;
+  float* q_out = defer ? e : nullptr;
   switch (isa()) {
     case IsaLevel::kAvx512:
-      AggSignsAvx512(pushes_.data(), count, n, mult, do_mult, e, words, push_words_.data(), lanes);
+      AggSignsAvx512(pushes_.data(), count, n, mult, do_mult, e, q_out, words, push_words_.data(),
+                     lanes, prev);
       break;
     case IsaLevel::kAvx2:
-      AggSignsAvx2(pushes_.data(), count, n, mult, do_mult, e, words, push_words_.data(), lanes);
+      AggSignsAvx2(pushes_.data(), count, n, mult, do_mult, e, q_out, words, push_words_.data(),
+                   lanes, prev);
       break;
     case IsaLevel::kScalar:
-      AggSignsScalar(pushes_.data(), count, 0, n, mult, do_mult, e, words, lanes);
+      AggSignsScalar(pushes_.data(), count, 0, n, mult, do_mult, e, q_out, words, lanes, prev);
       break;
   }
   const float scale = ScaleFromSum(ReduceLanes(lanes), n);
@@ -656,7 +782,7 @@ size_t OnebitCompressor::AggregateBody(const ByteSpan* bodies, size_t count, siz
   if (e != nullptr) {
     if (std::isnan(scale)) {  // non-finite aggregate: the residual restarts from zero
       std::memset(e, 0, n * sizeof(float));
-    } else {
+    } else if (!defer) {
       switch (isa()) {
         case IsaLevel::kAvx512:
           AggResidualAvx512(pushes_.data(), count, n, mult, do_mult, e, words, scale,
@@ -675,13 +801,101 @@ size_t OnebitCompressor::AggregateBody(const ByteSpan* bodies, size_t count, siz
   return BodyBytes(n);
 }
 
+void ApplyOnebitCorrection(float* q, size_t n, const OnebitCompressor::PushSigns& prev) {
+  if (std::isnan(prev.scale)) {
+    if (n) std::memset(q, 0, n * sizeof(float));
+    return;
+  }
+  Residual(BestIsaLevel(), q, nullptr, q, n, prev.words, prev.scale);
+}
+
+// ---- deferred error feedback ------------------------------------------------------------------
+
+OnebitResidualState::OnebitResidualState(size_t elements)
+    : buf_(elements), words_((elements + 63) / 64) {
+  buf_.zero();
+}
+
+void OnebitResidualState::Materialise() const {
+  if (!pending_) return;
+  ApplyOnebitCorrection(buf_.data(), buf_.size(),
+                        {reinterpret_cast<const uint8_t*>(words_.data()), scale_});
+  pending_ = false;
+}
+
+void OnebitResidualState::Defer(const uint8_t* payload) {
+  const uint8_t* body = payload + kPayloadHeaderBytes;
+  std::memcpy(&scale_, body, 4);
+  pending_ = !std::isnan(scale_);
+  if (pending_ && !words_.empty()) std::memcpy(words_.data(), body + 4, words_.size() * 8);
+}
+
+StatusOr<size_t> OnebitResidualState::Compress(Compressor& compressor, ConstTensorView x,
+                                               const CompressContext& ctx, MutableByteSpan out) {
+  auto* onebit = dynamic_cast<OnebitCompressor*>(&compressor);
+  if (onebit == nullptr || x.dtype() != DType::kFloat32 ||
+      (ctx.store_as && *ctx.store_as != DType::kFloat32)) {
+    Materialise();
+    return compressor.CompressWithFeedback(x, buf_.span(), ctx, out);
+  }
+  const OnebitCompressor::PushSigns prev{reinterpret_cast<const uint8_t*>(words_.data()), scale_};
+  BP_ASSIGN_OR_RETURN(
+      const size_t bytes,
+      onebit->CompressDeferred(x, buf_.span(), pending_ ? &prev : nullptr, ctx, out));
+  Defer(out.data());
+  return bytes;
+}
+
+StatusOr<size_t> OnebitResidualState::AggregateCompress(Compressor& compressor,
+                                                        Span<const ByteSpan> pushes, float scale,
+                                                        const CompressContext& ctx,
+                                                        MutableByteSpan out) {
+  auto* onebit = dynamic_cast<OnebitCompressor*>(&compressor);
+  if (onebit == nullptr) {
+    Materialise();
+    return compressor.AggregateCompress(pushes, buf_.size(), scale, buf_.data(), ctx, out);
+  }
+  const OnebitCompressor::PushSigns prev{reinterpret_cast<const uint8_t*>(words_.data()), scale_};
+  BP_ASSIGN_OR_RETURN(const size_t bytes,
+                      onebit->AggregateCompressDeferred(pushes, scale, buf_.span(),
+                                                        pending_ ? &prev : nullptr, ctx, out));
+  Defer(out.data());
+  return bytes;
+}
+
+Span<const float> OnebitResidualState::residual() const {
+  Materialise();
+  return buf_.span();
+}
+
+Status OnebitResidualState::Restore(Span<const float> saved) {
+  if (saved.size() != buf_.size()) {
+    return InvalidArgumentError("saved residual has " + std::to_string(saved.size()) +
+                                " elements; this partition has " + std::to_string(buf_.size()));
+  }
+  if (!saved.empty()) std::memcpy(buf_.data(), saved.data(), saved.size() * sizeof(float));
+  pending_ = false;
+  return Status::Ok();
+}
+
+void OnebitResidualState::Reset() {
+  buf_.zero();
+  pending_ = false;
+}
+
 namespace {
 std::unique_ptr<Compressor> NewOnebit(const v1::CompressorConfig& config, IsaLevel isa) {
   return std::make_unique<OnebitCompressor>(config.onebit().scaled(), isa);
 }
+
+std::unique_ptr<ErrorFeedback> NewOnebitResidualState(const v1::CompressorConfig&,
+                                                      ErrorFeedbackSide, size_t elements) {
+  return std::make_unique<OnebitResidualState>(elements);
+}
 }  // namespace
 
 // The kernel half of onebit (compressors/method.h; spec half in onebit_spec.cc).
-const MethodKernels kOnebitMethodKernels = {&kOnebitMethodSpec, &NewOnebit, &NewResidualState};
+const MethodKernels kOnebitMethodKernels = {&kOnebitMethodSpec, &NewOnebit,
+                                            &NewOnebitResidualState};
 
 }  // namespace bitpush::compressors

@@ -25,12 +25,18 @@
 // residual is reset to zero instead of being poisoned. Nothing traps.
 //
 // Error feedback is fused: the residual is updated as e = q - (±scale) straight from the
-// sign bits; the decompressed tensor is never materialised. With fp32 input pass 1 forms
-// q = g + e, packs its signs, sums |q| and stores q over e; pass 2 (once the scale is known)
-// walks e backwards, from the end pass 1 left in cache, and subtracts ±scale. Out of cache
-// that is 5 bytes moved per input byte (read g, e; write q; read, write e) against memcpy's 2,
-// so compress_ef stays near 0.4x memcpy at 64 MiB; recomputing g + e in pass 2 instead of
-// storing q moves as many bytes and measured slower, and non-temporal prefetch of g did not help.
+// sign bits; the decompressed tensor is never materialised. Through the Compressor interface
+// (CompressWithFeedback, a plain fp32 residual) pass 1 forms q = g + e, packs its signs, sums
+// |q| and stores q over e; pass 2 (once the scale is known) walks e backwards, from the end
+// pass 1 left in cache, and subtracts ±scale. Out of cache that is 5 bytes moved per input
+// byte (read g, e; write q; read, write e) against memcpy's 2.
+//
+// Deferred error feedback (OnebitResidualState, the state the engine and the servers keep for
+// onebit keys) drops pass 2: the state keeps q itself with its correction C(q) pending (the
+// round's sign words, n/8 bytes, and scale), and the next round's pass 1 reads
+// e = q - C(q) on the fly: one pass, 3 bytes moved per input byte. The fp32 operations are
+// the same, in the same order, so payloads and residuals are bit-identical to the two-pass
+// form; residual() materialises e when a checkpoint or a test reads it.
 //
 // Decompress into an fp32 tensor of 64 Ki elements or more uses non-temporal stores (AVX-512):
 // the output is overwritten whole, so its lines need not be read first.
@@ -47,6 +53,7 @@
 #include <vector>
 
 #include "compressors/compressor.h"
+#include "compressors/error_feedback.h"
 
 namespace bitpush::compressors {
 
@@ -73,11 +80,23 @@ class OnebitCompressor final : public CompressorBase {
                        float* residual, const CompressContext& ctx, uint8_t* body) override;
 
  public:
-  // One push of a fused server round (AggregateBody): its sign words and scale.
+  // One push of a fused server round (AggregateBody): its sign words and scale; also a
+  // deferred residual's pending correction C(q).
   struct PushSigns {
     const uint8_t* words;
     float scale;
   };
+
+  // CompressWithFeedback / AggregateCompress with deferred error feedback: `q` holds the last
+  // round's q with its correction `prev` pending (or, with prev == nullptr, a plain residual
+  // e). On return it holds this round's q, whose correction is the payload's scale and sign
+  // words, or zeros when that scale is NaN (non-finite input). CompressDeferred takes fp32
+  // input with an fp32 payload only (InvalidArgument otherwise).
+  StatusOr<size_t> CompressDeferred(ConstTensorView x, Span<float> q, const PushSigns* prev,
+                                    const CompressContext& ctx, MutableByteSpan out);
+  StatusOr<size_t> AggregateCompressDeferred(Span<const ByteSpan> pushes, float scale,
+                                             Span<float> q, const PushSigns* prev,
+                                             const CompressContext& ctx, MutableByteSpan out);
 
  private:
   float ScaleFromSum(double sum_abs, size_t n) const;
@@ -87,6 +106,52 @@ class OnebitCompressor final : public CompressorBase {
   bool scaled_;
   std::vector<PushSigns> pushes_;     // AggregateBody's view of the pushes
   std::vector<uint64_t> push_words_;  // their sign words at the current position
+  // Set by the *Deferred entry points for the duration of one call: the residual buffer holds
+  // q with this correction pending (words == nullptr: a plain residual).
+  bool deferred_ = false;
+  const PushSigns* deferred_prev_ = nullptr;
+};
+
+// e <- q - C(q) in place, C(q) = ±prev.scale from prev's sign words (any ISA gives the same
+// values); zeros when prev.scale is NaN.
+void ApplyOnebitCorrection(float* q, size_t n, const OnebitCompressor::PushSigns& prev);
+
+// Deferred error feedback for onebit (see the header comment): the state the engine and the
+// servers keep for an onebit key on either side. Holds q and its pending correction between
+// rounds; residual() materialises e (so it is logically const; the buffer is mutable).
+// Compressing non-fp32 input, or through another compressor, materialises first and runs the
+// compressor's CompressWithFeedback. Thread-safety: one thread at a time, like every state.
+class OnebitResidualState final : public ErrorFeedback {
+ public:
+  explicit OnebitResidualState(size_t elements);
+
+  size_t size() const override { return buf_.size(); }
+  StatusOr<size_t> Compress(Compressor& compressor, ConstTensorView x, const CompressContext& ctx,
+                            MutableByteSpan out) override;
+  bool FusesServerRound(const Compressor& compressor) const override {
+    return compressor.FusesServerRound(/*with_residual=*/true);
+  }
+  StatusOr<size_t> AggregateCompress(Compressor& compressor, Span<const ByteSpan> pushes,
+                                     float scale, const CompressContext& ctx,
+                                     MutableByteSpan out) override;
+  Span<const float> residual() const override;
+  Status Restore(Span<const float> saved) override;
+  void Reset() override;
+
+  // Whether a correction is pending (the buffer holds q, not e): for tests.
+  bool deferred() const { return pending_; }
+
+ private:
+  // e = q - C(q) in the buffer, nothing pending.
+  void Materialise() const;
+  // Records the payload just written as the pending correction (nothing when its scale is NaN:
+  // the compressor left zeros).
+  void Defer(const uint8_t* payload);
+
+  mutable AlignedBuffer<float> buf_;
+  AlignedBuffer<uint64_t> words_;  // the pending sign words, ceil(n/64)
+  float scale_ = 0.0f;             // and scale
+  mutable bool pending_ = false;
 };
 
 }  // namespace bitpush::compressors
