@@ -112,35 +112,56 @@ BP_TARGET_AVX2 inline __m256 SignedScaleAvx2(uint64_t w, int c, __m256 pos, __m2
   return _mm256_blendv_ps(pos, neg, _mm256_castsi256_ps(set));
 }
 
-BP_TARGET_AVX2 double SignsAvx2(const float* a, const float* b, size_t n, uint8_t* words,
-                                float* q_out, const PushSigns* prev) {
-  const __m256 ppos = _mm256_set1_ps(prev ? prev->scale : 0.0f);
-  const __m256 pneg = _mm256_set1_ps(prev ? -prev->scale : 0.0f);
-  __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
-                    _mm256_setzero_pd()};
+// Templated like SignsAvx512Impl: with run-time checks of b / q_out / prev in the inner loop the
+// compiler kept them there, and compress ran at half speed.
+// One 8-element chunk c of a word: q (formed as in SignsScalar), stored when kStore; its sign
+// bits into *w and |q| into the two accumulators of its lanes (8(c&1) .. 8(c&1)+7).
+template <bool kAdd, bool kStore, bool kDefer>
+BP_TARGET_AVX2 inline void SignsChunkAvx2(const float* a, const float* b, float* q_out, uint64_t pw,
+                                          int c, __m256 ppos, __m256 pneg, uint64_t* w, __m256d* lo,
+                                          __m256d* hi) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  const __m256 zero = _mm256_setzero_ps();
+  __m256 q = _mm256_loadu_ps(a);
+  if (kAdd) {
+    __m256 e = _mm256_loadu_ps(b);
+    if (kDefer) e = _mm256_sub_ps(e, SignedScaleAvx2(pw, c, ppos, pneg));
+    q = _mm256_add_ps(q, e);
+  }
+  if (kStore) _mm256_storeu_ps(q_out, q);
+  *w |= static_cast<uint64_t>(_mm256_movemask_ps(_mm256_cmp_ps(q, _mm256_setzero_ps(), _CMP_LT_OQ)))
+        << (c * 8);
+  const __m256 aq = _mm256_and_ps(q, abs_mask);
+  *lo = _mm256_add_pd(*lo, _mm256_cvtps_pd(_mm256_castps256_ps128(aq)));
+  *hi = _mm256_add_pd(*hi, _mm256_cvtps_pd(_mm256_extractf128_ps(aq, 1)));
+}
+
+// Templated like SignsAvx512Impl, and the four accumulators are named registers: with the
+// chunk loop rolled and acc[] indexed by (c & 1), GCC kept them on the stack and the adds
+// chained through store forwarding (compress at a third of the unrolled speed).
+template <bool kAdd, bool kStore, bool kDefer>
+BP_TARGET_AVX2 double SignsAvx2Impl(const float* a, const float* b, size_t n, uint8_t* words,
+                                    float* q_out, const PushSigns* prev) {
+  const __m256 ppos = _mm256_set1_ps(kDefer ? prev->scale : 0.0f);
+  const __m256 pneg = _mm256_set1_ps(kDefer ? -prev->scale : 0.0f);
+  // acc0/acc1: lanes 0..3 / 4..7 (even chunks), acc2/acc3: lanes 8..11 / 12..15 (odd chunks).
+  __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
+  __m256d acc2 = _mm256_setzero_pd(), acc3 = _mm256_setzero_pd();
   const size_t full = n / 64;
   for (size_t j = 0; j < full; ++j) {
     uint64_t w = 0;
-    const uint64_t pw = prev ? LoadWord(prev->words, j) : 0;
-    for (int c = 0; c < 8; ++c) {
+    const uint64_t pw = kDefer ? LoadWord(prev->words, j) : 0;
+    for (int c = 0; c < 8; c += 2) {
       const size_t i = j * 64 + c * 8;
-      __m256 q = _mm256_loadu_ps(a + i);
-      if (b) {
-        __m256 e = _mm256_loadu_ps(b + i);
-        if (prev) e = _mm256_sub_ps(e, SignedScaleAvx2(pw, c, ppos, pneg));
-        q = _mm256_add_ps(q, e);
-      }
-      if (q_out) _mm256_storeu_ps(q_out + i, q);
-      w |= static_cast<uint64_t>(_mm256_movemask_ps(_mm256_cmp_ps(q, zero, _CMP_LT_OQ))) << (c * 8);
-      const __m256 aq = _mm256_and_ps(q, abs_mask);
-      const int k = (c & 1) * 2;  // elements i..i+7 are lanes (c&1)*8 .. +7
-      acc[k] = _mm256_add_pd(acc[k], _mm256_cvtps_pd(_mm256_castps256_ps128(aq)));
-      acc[k + 1] = _mm256_add_pd(acc[k + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(aq, 1)));
+      SignsChunkAvx2<kAdd, kStore, kDefer>(a + i, kAdd ? b + i : nullptr,
+                                           kStore ? q_out + i : nullptr, pw, c, ppos, pneg, &w,
+                                           &acc0, &acc1);
+      SignsChunkAvx2<kAdd, kStore, kDefer>(a + i + 8, kAdd ? b + i + 8 : nullptr,
+                                           kStore ? q_out + i + 8 : nullptr, pw, c + 1, ppos, pneg,
+                                           &w, &acc2, &acc3);
     }
     StoreWord(words, j, w);
   }
+  const __m256d acc[4] = {acc0, acc1, acc2, acc3};
   double lanes[kLanes];
   for (int k = 0; k < 4; ++k) _mm256_storeu_pd(lanes + 4 * k, acc[k]);
   if (full * 64 < n) {  // tail: finish in scalar with the same lane assignment
@@ -156,6 +177,18 @@ BP_TARGET_AVX2 double SignsAvx2(const float* a, const float* b, size_t n, uint8_
     StoreWord(words, full, w);
   }
   return ReduceLanes(lanes);
+}
+
+// `prev` requires b and q_out, as in SignsAvx512.
+double SignsAvx2(const float* a, const float* b, size_t n, uint8_t* words, float* q_out,
+                 const PushSigns* prev) {
+  if (prev != nullptr) return SignsAvx2Impl<true, true, true>(a, b, n, words, q_out, prev);
+  if (b != nullptr) {
+    return q_out != nullptr ? SignsAvx2Impl<true, true, false>(a, b, n, words, q_out, prev)
+                            : SignsAvx2Impl<true, false, false>(a, b, n, words, q_out, prev);
+  }
+  return q_out != nullptr ? SignsAvx2Impl<false, true, false>(a, b, n, words, q_out, prev)
+                          : SignsAvx2Impl<false, false, false>(a, b, n, words, q_out, prev);
 }
 
 BP_TARGET_AVX2 void ResidualAvx2(const float* a, const float* b, float* e, size_t n,
@@ -414,39 +447,54 @@ BP_TARGET_AVX2 inline __m256 AggregateAvx2(const PushSigns* p, size_t count, con
   return do_mult ? _mm256_mul_ps(a, mult) : a;
 }
 
+// One 8-element chunk c of the fused round's pass 1 (see SignsChunkAvx2).
+BP_TARGET_AVX2 inline void AggSignsChunkAvx2(const PushSigns* p, size_t count, const uint64_t* wbuf,
+                                             int c, __m256 mult, bool do_mult, const float* e,
+                                             float* q_out, uint64_t pw, const PushSigns* prev,
+                                             __m256 ppos, __m256 pneg, uint64_t* w, __m256d* lo,
+                                             __m256d* hi) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 q = AggregateAvx2(p, count, wbuf, c, mult, do_mult);
+  if (e) {
+    __m256 ev = _mm256_loadu_ps(e);
+    if (prev) ev = _mm256_sub_ps(ev, SignedScaleAvx2(pw, c, ppos, pneg));
+    q = _mm256_add_ps(q, ev);
+  }
+  if (q_out) _mm256_storeu_ps(q_out, q);
+  *w |= static_cast<uint64_t>(_mm256_movemask_ps(_mm256_cmp_ps(q, _mm256_setzero_ps(), _CMP_LT_OQ)))
+        << (c * 8);
+  const __m256 aq = _mm256_and_ps(q, abs_mask);
+  *lo = _mm256_add_pd(*lo, _mm256_cvtps_pd(_mm256_castps256_ps128(aq)));
+  *hi = _mm256_add_pd(*hi, _mm256_cvtps_pd(_mm256_extractf128_ps(aq, 1)));
+}
+
 BP_TARGET_AVX2 void AggSignsAvx2(const PushSigns* p, size_t count, size_t n, float mult_s,
                                  bool do_mult, const float* e, float* q_out, uint8_t* words,
                                  uint64_t* wbuf, double* lanes, const PushSigns* prev) {
   const __m256 ppos = _mm256_set1_ps(prev ? prev->scale : 0.0f);
   const __m256 pneg = _mm256_set1_ps(prev ? -prev->scale : 0.0f);
-  __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
-                    _mm256_setzero_pd()};
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  const __m256 zero = _mm256_setzero_ps();
+  // Named accumulators, as in SignsAvx2Impl: acc0/acc1 even chunks, acc2/acc3 odd chunks.
+  __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
+  __m256d acc2 = _mm256_setzero_pd(), acc3 = _mm256_setzero_pd();
   const __m256 mult = _mm256_set1_ps(mult_s);
   const size_t full = n / 64;
   for (size_t j = 0; j < full; ++j) {
     for (size_t k = 0; k < count; ++k) wbuf[k] = LoadWord(p[k].words, j);
     const uint64_t pw = prev ? LoadWord(prev->words, j) : 0;
     uint64_t w = 0;
-    for (int c = 0; c < 8; ++c) {
+    for (int c = 0; c < 8; c += 2) {
       const size_t i = j * 64 + c * 8;
-      __m256 q = AggregateAvx2(p, count, wbuf, c, mult, do_mult);
-      if (e) {
-        __m256 ev = _mm256_loadu_ps(e + i);
-        if (prev) ev = _mm256_sub_ps(ev, SignedScaleAvx2(pw, c, ppos, pneg));
-        q = _mm256_add_ps(q, ev);
-      }
-      if (q_out) _mm256_storeu_ps(q_out + i, q);
-      w |= static_cast<uint64_t>(_mm256_movemask_ps(_mm256_cmp_ps(q, zero, _CMP_LT_OQ))) << (c * 8);
-      const __m256 aq = _mm256_and_ps(q, abs_mask);
-      const int k = (c & 1) * 2;
-      acc[k] = _mm256_add_pd(acc[k], _mm256_cvtps_pd(_mm256_castps256_ps128(aq)));
-      acc[k + 1] = _mm256_add_pd(acc[k + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(aq, 1)));
+      AggSignsChunkAvx2(p, count, wbuf, c, mult, do_mult, e ? e + i : nullptr,
+                        q_out ? q_out + i : nullptr, pw, prev, ppos, pneg, &w, &acc0, &acc1);
+      AggSignsChunkAvx2(p, count, wbuf, c + 1, mult, do_mult, e ? e + i + 8 : nullptr,
+                        q_out ? q_out + i + 8 : nullptr, pw, prev, ppos, pneg, &w, &acc2, &acc3);
     }
     StoreWord(words, j, w);
   }
-  for (int k = 0; k < 4; ++k) _mm256_storeu_pd(lanes + 4 * k, acc[k]);
+  _mm256_storeu_pd(lanes, acc0);
+  _mm256_storeu_pd(lanes + 4, acc1);
+  _mm256_storeu_pd(lanes + 8, acc2);
+  _mm256_storeu_pd(lanes + 12, acc3);
   if (full * 64 < n) {
     AggSignsScalar(p, count, full * 64, n, mult_s, do_mult, e, q_out, words, lanes, prev);
   }
