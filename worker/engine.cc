@@ -331,8 +331,13 @@ StatusOr<TensorId> Engine::Declare(const std::string& name, size_t elements, DTy
         compressors::CreateCompressor(t->config, copts);
     if (!c.ok()) return c.status().WithContext(what);
     p.compressor = std::move(c).value();
-    if (worker_residual)
-      p.residual = std::make_unique<compressors::ResidualState>(p.range.elements);
+    if (worker_residual) {
+      // The method's own worker state (compressors/method.h new_error_feedback).
+      StatusOr<std::unique_ptr<compressors::ErrorFeedback>> r = compressors::CreateErrorFeedback(
+          t->config, compressors::ErrorFeedbackSide::kWorker, p.range.elements);
+      if (!r.ok()) return r.status().WithContext(what);
+      p.residual = std::move(r).value();
+    }
   }
 
   std::lock_guard<std::mutex> lock(mu_);

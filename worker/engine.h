@@ -184,7 +184,7 @@ class Engine {
     std::string peer;  // "server:N"
     // Owned by the job that holds the partition (stage kCompressing / kDecompressing).
     std::unique_ptr<compressors::Compressor> compressor;
-    std::unique_ptr<compressors::ResidualState> residual;  // worker error feedback
+    std::unique_ptr<compressors::ErrorFeedback> residual;  // worker error feedback
     std::shared_ptr<std::vector<uint8_t>> payload;         // reused when nobody else refers to it
     // Guarded by mu_.
     Stage stage = Stage::kIdle;
