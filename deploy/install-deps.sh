@@ -11,6 +11,7 @@ PACKAGES=(
   clang-format clang-tidy            # make lint
   # libraries
   libzmq3-dev cppzmq-dev             # transport (ZeroMQ)
+  libucx-dev                         # transport (UCX: the ucx backend, ucx:// addresses)
   libssl-dev                         # AES-256-GCM of the sealed lanes (security.mode curve)
   libprotobuf-dev protobuf-compiler  # wire messages
   libyaml-cpp-dev                    # cluster YAML

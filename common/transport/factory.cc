@@ -3,6 +3,7 @@
 #include "common/transport/factory.h"
 
 #include "common/transport/inproc/transport.h"
+#include "common/transport/ucx/transport.h"
 #include "common/transport/zmq/transport.h"
 #include "fmt/format.h"
 
@@ -59,6 +60,7 @@ const std::vector<TransportBackend>& TransportBackends() {
   static const std::vector<TransportBackend> kBackends = {
       {"inproc", {"inproc"}, &inproc::CreateInprocTransport, &AlwaysViable},
       {"zmq", {"tcp", "ipc"}, &zmq_backend::CreateZmqTransport, &AlwaysViable},
+      {"ucx", {"ucx"}, &ucx_backend::CreateUcxTransport, &ucx_backend::UcxViable},
   };
   return kBackends;
 }

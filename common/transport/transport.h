@@ -118,6 +118,10 @@ struct TransportOptions {
   // Connections accepted at once; a connection beyond it is shut as soon as it is accepted
   // and counted in connections_refused.
   size_t max_connections = 1024;
+  // ucx only: UCX configuration entries for this endpoint's UCP context, by name without the
+  // UCX_ prefix (e.g. {"TLS", "tcp,self"}), applied with ucp_config_modify over what the UCX_*
+  // environment variables set. Empty: UCX's defaults and the environment.
+  std::map<std::string, std::string> ucx_config;
 };
 
 class Transport {
