@@ -34,7 +34,8 @@ struct TransportBackend {
 // Every backend, in table order.
 const std::vector<TransportBackend>& TransportBackends();
 
-// The backend named `name`; InvalidArgument "unknown transport backend 'x'; valid: inproc, zmq".
+// The backend named `name`; InvalidArgument "unknown transport backend 'x'; valid: inproc, zmq,
+// ucx".
 StatusOr<const TransportBackend*> FindTransportBackend(std::string_view name);
 
 // The backend serving `address`'s scheme; InvalidArgument naming the address and the valid

@@ -157,7 +157,7 @@ class Transport {
 
 // Creates, binds and starts an endpoint with the backend of the listen address's scheme
 // (factory.cc). InvalidArgument for a bad address or unknown backend ("unknown transport
-// backend 'x'; valid: inproc, zmq"); Unavailable if the address is in use or the backend
+// backend 'x'; valid: inproc, zmq, ucx"); Unavailable if the address is in use or the backend
 // cannot run here.
 StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& options);
 

@@ -113,13 +113,14 @@ TEST(TransportFactory, PicksTheBackendFromTheScheme) {
   EXPECT_EQ((*transport::BackendForAddress("tcp://127.0.0.1:9100"))->name, "zmq");
   EXPECT_EQ((*transport::BackendForAddress("ipc:///tmp/x.sock"))->name, "zmq");
   EXPECT_EQ((*transport::BackendForAddress("inproc://server:0"))->name, "inproc");
-  const auto unknown = transport::BackendForAddress("ucx://node7");
+  EXPECT_EQ((*transport::BackendForAddress("ucx://127.0.0.1:9100"))->name, "ucx");
+  const auto unknown = transport::BackendForAddress("rdma://node7");
   EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(unknown.status().message(),
-            "address 'ucx://node7' has no transport scheme bitpush knows; valid: inproc://, "
-            "tcp://, ipc://");
+            "address 'rdma://node7' has no transport scheme bitpush knows; valid: inproc://, "
+            "tcp://, ipc://, ucx://");
   EXPECT_EQ(transport::FindTransportBackend("rdma").status().message(),
-            "unknown transport backend 'rdma'; valid: inproc, zmq");
+            "unknown transport backend 'rdma'; valid: inproc, zmq, ucx");
 }
 
 TEST(TransportFactory, ABackendThatDisagreesWithTheSchemeIsRefused) {
@@ -138,7 +139,7 @@ TEST(TransportFactory, ABackendThatDisagreesWithTheSchemeIsRefused) {
   o.listen_address = "carrier://a";
   EXPECT_EQ(transport::CreateTransport(o).status().message(),
             "endpoint 'a': address 'carrier://a' has no transport scheme bitpush knows; valid: "
-            "inproc://, tcp://, ipc://");
+            "inproc://, tcp://, ipc://, ucx://");
 }
 
 TEST(NodeEndpoint, DispatchesDataByOpWithTheSenderTheTransportReports) {
