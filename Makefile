@@ -37,12 +37,13 @@ asan: asan-build
 
 # A third tree built by clang with ThreadSanitizer: the unit tests (label `unit`) again, except
 # those of code that starts no thread (label `single_threaded`), so a data race in the threads
-# of the endpoint, scheduler, servers, engine or daemon fails CI.
+# of the endpoint, scheduler, servers, engine or daemon fails CI. Only what those tests run is
+# built (target bitpush_tsan_tests, tests/CMakeLists.txt).
 # tests/tsan.supp names what TSan cannot see into (uninstrumented libzmq).
 tsan-build: deps
 	CC=clang CXX=clang++ cmake -S . -B $(TSAN_BUILD) -G Ninja -DBITPUSH_TSAN=ON \
 	  -DBITPUSH_BUILD_BENCH=OFF -DBITPUSH_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
-	cmake --build $(TSAN_BUILD) -j $(JOBS)
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target bitpush_tsan_tests
 
 tsan: tsan-build
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
