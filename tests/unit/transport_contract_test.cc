@@ -34,11 +34,7 @@
 // (ZeroMQ's thread releasing a zero-copy Buffer) is annotated in the backend.
 // The same holds for UCX (libucp, libuct, libucs and their transport modules: the ucx backend).
 extern "C" const char* __tsan_default_suppressions() {
-  return "called_from_lib:libzmq.so\n"
-         "called_from_lib:libucp.so\n"
-         "called_from_lib:libuct.so\n"
-         "called_from_lib:libucs.so\n"
-         "called_from_lib:libuct_\n";
+  return "called_from_lib:libzmq.so\n";
 }
 
 namespace bitpush::transport {
