@@ -4,24 +4,10 @@
 #include <cstring>
 #include <iterator>
 
+#include "common/little_endian.h"
 #include "fmt/format.h"
 
 namespace bitpush::transport::zmq_backend {
-
-namespace {
-
-void PutU32(uint8_t* p, uint32_t v) {
-  p[0] = static_cast<uint8_t>(v);
-  p[1] = static_cast<uint8_t>(v >> 8);
-  p[2] = static_cast<uint8_t>(v >> 16);
-  p[3] = static_cast<uint8_t>(v >> 24);
-}
-
-uint32_t GetU32(const uint8_t* p) {
-  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-}
-
-}  // namespace
 
 void EncodeEnvelope(const std::string& header, uint32_t frame_count, uint8_t* out) {
   std::copy(std::begin(kMagic), std::end(kMagic), out);

@@ -8,21 +8,12 @@
 #include <iterator>
 #include <limits>
 
+#include "common/little_endian.h"
 #include "common/transport/zmq/framing.h"
 #include "fmt/format.h"
 
 namespace bitpush::transport::zmq_backend {
 namespace {
-
-void PutU64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-
-uint64_t GetU64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= uint64_t{p[i]} << (8 * i);
-  return v;
-}
 
 // Part 0 of a sealed message: what the tag authenticates besides the bytes (the sequence
 // number and the size of every part: GCM alone would let bytes move across a part boundary).
