@@ -73,7 +73,9 @@ struct ClusterOptions {
   uint32_t compress_threads = 1;
   // false: the test brings its own server endpoints (FakeServer).
   bool start_servers = true;
-  milliseconds heartbeat_timeout{500};
+  // Long enough that a sanitizer build under a parallel ctest (a whole process stalled for most
+  // of a second) is not a failed node; the tests that time a detection use this same value.
+  milliseconds heartbeat_timeout{2000};
   // The workers' clock; null = the system clock.
   std::shared_ptr<const bitpush::Clock> worker_clock;
 };
@@ -800,7 +802,7 @@ TEST_P(Resume, AResumedJobMatchesTheUninterruptedRunBitForBit) {
   o.error_feedback = ef;
   o.min_compress_bytes = 0;
   o.partition_bytes = 1024;  // several partitions, on both servers
-  const std::vector<TensorDecl> decls = {{"w", 700, DType::kFloat32}, {"b", 33, DType::kFloat32}};
+  const std::vector<TensorDecl> decls = {{"w", 700, DType::kFloat32, ""}, {"b", 33, DType::kFloat32, ""}};
   const int before = 3, after = 2;
   char dir[] = "/tmp/bitpush-ckpt-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
@@ -875,7 +877,7 @@ TEST(PushPullE2e, DeadServerFailsPendingHandlesNamingIt) {
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
   EXPECT_CONTAINS(s.message(), "server 1");
   EXPECT_CONTAINS(s.message(), "tensor 'g'");
-  EXPECT_LT(ms, 500 + 1000);  // heartbeat_timeout + 1 s
+  EXPECT_LT(ms, o.heartbeat_timeout.count() + 1000);
   // Sticky: later calls fail with the cluster's error.
   EXPECT_EQ(c.worker(0)
                 .PushPull(ids[0], ConstTensorView(in.data(), n), TensorView(out.data(), n))

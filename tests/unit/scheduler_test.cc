@@ -103,7 +103,7 @@ TEST(Scheduler, RanksFollowTheYamlNotTheArrivalOrder) {
       EXPECT_EQ(a.workers(i).address(), h.config().workers[i]);
     }
     EXPECT_EQ(a.heartbeat_interval_ms(), 50u);
-    EXPECT_EQ(a.heartbeat_timeout_ms(), 500u);
+    EXPECT_EQ(a.heartbeat_timeout_ms(), static_cast<uint32_t>(h.config().heartbeat_timeout.count()));
   }
 }
 
