@@ -1,7 +1,7 @@
 """Shared fixtures of the Python tests (tests/python/).
 
-Run through ctest (`python_tests`, which sets PYTHONPATH=build/python and BITPUSH_BIN_DIR) or by
-hand:
+Run through ctest (one entry per file, `python_<file>`, which sets PYTHONPATH=build/python and
+BITPUSH_BIN_DIR) or by hand:
 
     PYTHONPATH=build/python /usr/bin/python3 -m pytest -q tests/python
 
@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config, items):
     if _IMPORT_ERROR is None:
         return
     if os.environ.get("BITPUSH_BIN_DIR"):
-        # Under ctest (python_tests sets BITPUSH_BIN_DIR) the package was built: failing to
+        # Under ctest (python_<file> sets BITPUSH_BIN_DIR) the package was built: failing to
         # import it is an error, never a silent skip.
         pytest.exit("bitpush is not importable from PYTHONPATH=%s: %s"
                     % (os.environ.get("PYTHONPATH", ""), _IMPORT_ERROR), returncode=1)
