@@ -63,8 +63,9 @@ struct TransportStats {
   uint64_t bytes_sent = 0;  // header + frames
   uint64_t bytes_received = 0;
   uint64_t malformed_dropped = 0;  // frames/connections that were not valid bitpush traffic
-  // Security (TransportSecurity): connections refused by authentication (under kCurve: an
-  // unknown key, or any failed handshake: another mechanism, bytes that are not ZMTP), messages
+  // Security (TransportSecurity): connections refused by authentication (zmq under kCurve: an
+  // unknown key, or any failed handshake: another mechanism, bytes that are not ZMTP; ucx: a
+  // HELLO whose token does not prove its name, or a token where the mode is kNone), messages
   // refused because a newer connection authenticated as the same node took over, connections shut
   // because max_connections were open.
   uint64_t auth_refused = 0;
@@ -80,6 +81,10 @@ struct TransportStats {
 //    peer_keys, and every message it carries is reported as sent by the PeerId that key is
 //    bound to, whatever name the peer gives itself. Connect(peer) expects the peer to prove
 //    the key peer_keys lists for it.
+//    (ucx backend): the first message of a connection names the sender and carries a token
+//    only the holder of that name's key can compute (ucx/hello_auth.h); the listener admits
+//    the connection only when the name is listed in peer_keys and the token matches. Messages
+//    are not encrypted (docs/security.md "The ucx data plane").
 // The inproc backend has no wire and ignores the mode.
 struct TransportSecurity {
   enum class Mode { kNone, kCurve };

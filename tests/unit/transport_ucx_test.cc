@@ -4,7 +4,12 @@
 // gives, that messages before the HELLO, with a bad AM header, without a reply endpoint or with
 // a bad layout are dropped and counted, and that a part above max_message_bytes closes the
 // connection; a child process (this binary, re-executed) that is SIGKILLed is reported as
-// disconnected within a bound, over TCP and over shared memory. Loopback only.
+// disconnected within a bound, over TCP and over shared memory. Under TransportSecurity kCurve:
+// the HELLO token's derivation (hello_auth.h, exact values from RFC 7748's X25519 keys), the
+// checks of the keys at creation, two curve endpoints talking both ways, and every HELLO that does
+// not prove its name (an unlisted key, another node's name, no token, a token made for another
+// receiver or direction, a token sent to a kNone listener) refused, counted and never heard.
+// Loopback only.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -16,14 +21,18 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/security/keys.h"
 #include "common/transport/factory.h"
 #include "common/transport/transport.h"
+#include "common/transport/ucx/hello_auth.h"
 #include "common/transport/ucx/wire.h"
+#include "tests/harness/child_process.h"
 
 extern char** environ;
 
@@ -188,10 +197,10 @@ class RawPeer {
     return Send(bytes, sizeof(bytes), data, reply);
   }
 
-  ucs_status_t SendHello(const std::string& name) {
+  ucs_status_t SendHello(const std::string& name, const std::string& token = "") {
     AmHeader h;
     h.type = AmType::kHello;
-    return Send(h, ucx_backend::EncodeHello({name, ""}));
+    return Send(h, ucx_backend::EncodeHello({name, token}));
   }
 
   // A kData message laid out as the backend lays it out.
@@ -240,13 +249,22 @@ class RawPeer {
   ucs_status_t error_ = UCS_OK;
 };
 
+// Waits (bounded) until `done()` holds, polling; whether it did.
+template <typename F>
+bool WaitUntil(F done, milliseconds timeout = milliseconds(10000)) {
+  const auto deadline = Clock::now() + timeout;
+  while (!done() && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(5));
+  return done();
+}
+
 // Waits (bounded) until `t`'s malformed_dropped reaches `n`.
 bool WaitMalformed(Transport* t, uint64_t n) {
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (t->stats().malformed_dropped < n && Clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(5));
-  }
-  return t->stats().malformed_dropped >= n;
+  return WaitUntil([&] { return t->stats().malformed_dropped >= n; });
+}
+
+// Waits (bounded) until `t`'s auth_refused reaches `n`.
+bool WaitAuthRefused(Transport* t, uint64_t n) {
+  return WaitUntil([&] { return t->stats().auth_refused >= n; });
 }
 
 TEST(UcxTransport, TheHelloNamesEveryLaterMessageOfTheConnection) {
@@ -426,17 +444,6 @@ TEST(UcxTransport, LargeFramesArriveAlignedInOneReceivedBlock) {
   }
 }
 
-TEST(UcxTransport, SecurityModeCurveIsRefusedNotFaked) {
-  SKIP_WITHOUT_UCX();
-  TransportOptions o = Options("a");
-  o.security.mode = TransportSecurity::Mode::kCurve;
-  auto t = CreateTransport(o);
-  EXPECT_EQ(t.status().code(), StatusCode::kFailedPrecondition) << t.status().ToString();
-  EXPECT_NE(t.status().message().find("ucx backend: security mode curve is not supported yet"),
-            std::string::npos)
-      << t.status().ToString();
-}
-
 TEST(UcxTransport, BadUcxConfigAndAddressesAreInvalidArgument) {
   SKIP_WITHOUT_UCX();
   TransportOptions o = Options("a");
@@ -495,6 +502,410 @@ TEST(UcxWire, LayoutAlignsFramesAndParseRefusesWhatDoesNotAddUp) {
   EXPECT_EQ(parsed->name, "server:0");
   EXPECT_FALSE(ucx_backend::ParseHello(hello.data(), hello.size() - 1).ok());
 }
+
+// ---- kCurve: the HELLO token -------------------------------------------------------------
+
+// RFC 7748 section 6.1's X25519 keys (Alice, Bob) in Z85; their shared secret is
+// 4a5d9d5b...1e161742. The tokens were computed outside bitpush (Python's hmac, hashlib) as
+// HMAC-SHA256(shared, "bitpush-ucx-hello-v1" || from || 0x00 || to).
+constexpr char kAliceSecret[] = "Cl.%(A#p:4jqL+Nql<!5?+kXU(+F]rV3l8w9L0ZJ";
+constexpr char kAlicePublic[] = "G=]<>I7>&bBC>O5V{aj/4zK}kco8}o(.HIuS*=:#";
+constexpr char kBobSecret[] = "u8[lWvOhIJDeTmhGmBD]z-+iMck:h&950i$%a]R0";
+constexpr char kBobPublic[] = "?K-FIDWS-q^{3m$)bQ2.kz8tAtx<^PT]9RZz?]]t";
+constexpr char kSharedHex[] = "4a5d9d5ba4ce2de1728e3bf480350f25e07e21c947d19e3376f09b3c1e161742";
+// token(worker:0 -> server:0) and token(server:0 -> worker:0) under that shared secret.
+constexpr char kWorkerToServerHex[] =
+    "7aa892a427e9e225cbbcb7329537afd10ee6680b5525776a5dd01d9d9fb7e1fa";
+constexpr char kServerToWorkerHex[] =
+    "8864769f7d1e2787946f806412ac5e70afeb80687922ca1e4538e92546756a7e";
+
+std::string Hex(const std::string& bytes) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += kDigits[c >> 4];
+    out += kDigits[c & 15];
+  }
+  return out;
+}
+
+std::string TokenHex(const std::string& own_secret, const std::string& peer_public,
+                     const std::string& from, const std::string& to) {
+  StatusOr<std::string> t = ucx_backend::HelloTokenFromKeys(own_secret, peer_public, from, to);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return t.ok() ? Hex(*t) : "";
+}
+
+TEST(UcxHelloAuth, BothEndsComputeTheSameTokenFromTheirOwnKeys) {
+  StatusOr<std::string> alice = ucx_backend::DecodeCurveKey(kAliceSecret, "alice");
+  StatusOr<std::string> bob_public = ucx_backend::DecodeCurveKey(kBobPublic, "bob");
+  ASSERT_TRUE(alice.ok() && bob_public.ok());
+  StatusOr<std::string> shared = ucx_backend::PairSecret(*alice, *bob_public);
+  ASSERT_TRUE(shared.ok()) << shared.status().ToString();
+  EXPECT_EQ(Hex(*shared), kSharedHex);
+
+  // worker:0 holds Alice's key, server:0 Bob's: each computes with its secret and the other's
+  // public key.
+  EXPECT_EQ(TokenHex(kAliceSecret, kBobPublic, "worker:0", "server:0"), kWorkerToServerHex);
+  EXPECT_EQ(TokenHex(kBobSecret, kAlicePublic, "worker:0", "server:0"), kWorkerToServerHex);
+  EXPECT_EQ(TokenHex(kBobSecret, kAlicePublic, "server:0", "worker:0"), kServerToWorkerHex);
+  EXPECT_EQ(TokenHex(kAliceSecret, kBobPublic, "server:0", "worker:0"), kServerToWorkerHex);
+
+  // HelloAuth: what each end presents and expects.
+  TransportSecurity w;
+  w.mode = TransportSecurity::Mode::kCurve;
+  w.public_key = kAlicePublic;
+  w.secret_key = kAliceSecret;
+  w.peer_keys = {{"server:0", kBobPublic}};
+  TransportSecurity s = w;
+  s.public_key = kBobPublic;
+  s.secret_key = kBobSecret;
+  s.peer_keys = {{"worker:0", kAlicePublic}};
+  StatusOr<ucx_backend::HelloAuth> worker = ucx_backend::HelloAuth::Create("worker:0", w);
+  StatusOr<ucx_backend::HelloAuth> server = ucx_backend::HelloAuth::Create("server:0", s);
+  ASSERT_TRUE(worker.ok()) << worker.status().ToString();
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  StatusOr<std::string> token = worker->TokenTo("server:0");
+  ASSERT_TRUE(token.ok());
+  EXPECT_EQ(Hex(*token), kWorkerToServerHex);
+  EXPECT_EQ(token->size(), ucx_backend::kHelloTokenBytes);
+  using Verdict = ucx_backend::HelloAuth::Verdict;
+  EXPECT_EQ(server->Check("worker:0", *token), Verdict::kAccepted);
+  EXPECT_EQ(Hex(*server->TokenTo("worker:0")), kServerToWorkerHex);
+  EXPECT_EQ(worker->Check("server:0", *server->TokenTo("worker:0")), Verdict::kAccepted);
+  EXPECT_EQ(worker->TokenTo("server:1").status().code(), StatusCode::kNotFound);
+}
+
+TEST(UcxHelloAuth, AnotherKeyNameOrDirectionGivesAnotherToken) {
+  const std::string base = TokenHex(kAliceSecret, kBobPublic, "worker:0", "server:0");
+  EXPECT_NE(TokenHex(kAliceSecret, kBobPublic, "worker:1", "server:0"), base);  // sender
+  EXPECT_NE(TokenHex(kAliceSecret, kBobPublic, "worker:0", "server:1"), base);  // receiver
+  EXPECT_NE(TokenHex(kAliceSecret, kBobPublic, "server:0", "worker:0"), base);  // direction
+  // Names are separated: "ab" -> "c" is not "a" -> "bc".
+  EXPECT_NE(TokenHex(kAliceSecret, kBobPublic, "ab", "c"),
+            TokenHex(kAliceSecret, kBobPublic, "a", "bc"));
+  StatusOr<security::CurveKeyPair> carol = security::GenerateCurveKeyPair();
+  ASSERT_TRUE(carol.ok());
+  EXPECT_NE(TokenHex(carol->secret_key, kBobPublic, "worker:0", "server:0"), base);
+  EXPECT_NE(TokenHex(kAliceSecret, carol->public_key, "worker:0", "server:0"), base);
+
+  // The listener refuses every such token for worker:0 -> server:0.
+  TransportSecurity s;
+  s.mode = TransportSecurity::Mode::kCurve;
+  s.public_key = kBobPublic;
+  s.secret_key = kBobSecret;
+  s.peer_keys = {{"worker:0", kAlicePublic}, {"worker:1", carol->public_key}};
+  StatusOr<ucx_backend::HelloAuth> server = ucx_backend::HelloAuth::Create("server:0", s);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  using Verdict = ucx_backend::HelloAuth::Verdict;
+  auto token = [](const std::string& secret, const std::string& pub, const std::string& from,
+                  const std::string& to) {
+    return *ucx_backend::HelloTokenFromKeys(secret, pub, from, to);
+  };
+  const std::string good = token(kAliceSecret, kBobPublic, "worker:0", "server:0");
+  EXPECT_EQ(server->Check("worker:0", good), Verdict::kAccepted);
+  EXPECT_EQ(server->Check("worker:1", good), Verdict::kBadToken);
+  EXPECT_EQ(server->Check("worker:0", token(kAliceSecret, kBobPublic, "server:0", "worker:0")),
+            Verdict::kBadToken);
+  EXPECT_EQ(server->Check("worker:0", token(kAliceSecret, kBobPublic, "worker:0", "server:1")),
+            Verdict::kBadToken);
+  EXPECT_EQ(server->Check("worker:1", token(carol->secret_key, kBobPublic, "worker:0", "server:0")),
+            Verdict::kBadToken);
+  std::string flipped = good;
+  flipped[31] = static_cast<char>(flipped[31] ^ 1);
+  EXPECT_EQ(server->Check("worker:0", flipped), Verdict::kBadToken);
+  EXPECT_EQ(server->Check("worker:0", good.substr(0, 31)), Verdict::kBadToken);
+  EXPECT_EQ(server->Check("worker:0", good + "x"), Verdict::kBadToken);
+  EXPECT_EQ(server->Check("worker:0", ""), Verdict::kMissingToken);
+  EXPECT_EQ(server->Check("worker:9", good), Verdict::kUnknownNode);
+}
+
+TEST(UcxHelloAuth, KeysThatAreNotCurve25519InZ85AreNamedInvalidArgument) {
+  auto expect_invalid = [](const std::string& secret, const std::string& pub,
+                           const std::string& what) {
+    StatusOr<std::string> t = ucx_backend::HelloTokenFromKeys(secret, pub, "a", "b");
+    EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << t.status().ToString();
+    EXPECT_NE(t.status().message().find(what), std::string::npos) << t.status().ToString();
+  };
+  const std::string alice = kAliceSecret;
+  const std::string bob = kBobPublic;
+  expect_invalid(alice.substr(0, 39), bob, "own_secret is 39 characters long");
+  expect_invalid(alice, bob + "00000", "peer_public is 45 characters long");
+  expect_invalid("", bob, "own_secret is empty");
+  expect_invalid(alice, "~" + bob.substr(1), "peer_public is not Z85 text");
+  expect_invalid("%%%%%" + alice.substr(5), bob, "own_secret is not Z85 text");  // > 2^32 - 1
+  std::string with_nul = alice;
+  with_nul[20] = '\0';
+  expect_invalid(with_nul, bob, "own_secret is 40 characters long");
+  // The all-zero point (low order): X25519 would give an all-zero secret.
+  expect_invalid(alice, std::string(40, '0'), "peer_public: X25519 refuses the public key");
+  // Names: not empty, no NUL (the separator).
+  EXPECT_EQ(ucx_backend::HelloTokenFromKeys(alice, bob, "", "b").status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      ucx_backend::HelloTokenFromKeys(alice, bob, std::string("a\0b", 3), "c").status().code(),
+      StatusCode::kInvalidArgument);
+  EXPECT_EQ(ucx_backend::PairSecret("short", std::string(32, 'x')).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// ---- kCurve: endpoints ---------------------------------------------------------------------
+
+class UcxCurve : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!UcxUsable(&why)) GTEST_SKIP() << "the ucx backend cannot run: " << why;
+    for (const char* n : {"a", "b", "worker:0", "worker:1"}) {
+      StatusOr<security::CurveKeyPair> pair = security::GenerateCurveKeyPair();
+      ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+      pairs_[n] = *pair;
+      listed_[n] = pair->public_key;
+    }
+  }
+
+  // An endpoint `name` under kCurve holding the key pair of `key_of` (default: its own), knowing
+  // every listed node's public key.
+  TransportOptions CurveOptions(const std::string& name, const std::string& key_of = "") const {
+    TransportOptions o = PlainOptions(name);
+    o.security.mode = TransportSecurity::Mode::kCurve;
+    const security::CurveKeyPair& p = pairs_.at(key_of.empty() ? name : key_of);
+    o.security.public_key = p.public_key;
+    o.security.secret_key = p.secret_key;
+    o.security.peer_keys = listed_;
+    return o;
+  }
+
+  // kNone.
+  TransportOptions PlainOptions(const std::string& name) const { return Options(name, GetParam()); }
+
+  // Creates the endpoint on a free loopback port below the ephemeral range (32768-60999), so
+  // that it never meets the kernel's outgoing connections; another port if one was taken
+  // between the probe and the bind.
+  static std::unique_ptr<Transport> Listen(TransportOptions o) {
+    StatusOr<std::unique_ptr<Transport>> t = UnavailableError("no free port");
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      const int port = bitpush::testing::FreeTcpPort();
+      if (port < 0) break;
+      o.listen_address = "ucx://127.0.0.1:" + std::to_string(port);
+      t = CreateTransport(o);
+      if (t.ok() || t.status().code() != StatusCode::kUnavailable) break;
+    }
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    return t.ok() ? std::move(t).value() : nullptr;
+  }
+
+  // `intruder` connects and sends to a curve listener `b`, which must refuse it: the refusal is
+  // counted, nothing is delivered, and b keeps serving a listed node afterwards.
+  void ExpectRefused(Transport* intruder) {
+    auto b = Listen(CurveOptions("b"));
+    ASSERT_TRUE(b);
+    // The intruder keeps reconnecting: it closes before b's listener goes (UCX 1.13 may run a
+    // connection request's callback on a listener being destroyed).
+    struct CloseFirst {
+      Transport* t;
+      ~CloseFirst() { t->Close(); }
+    } close_first{intruder};
+    ASSERT_TRUE(intruder->Connect("b", b->address()).ok());
+    ASSERT_TRUE(intruder->Send("b", Text("intrusion")).ok());  // queued, never sent
+    ASSERT_TRUE(WaitAuthRefused(b.get(), 1)) << "the HELLO was not refused";
+    auto a = Listen(CurveOptions("a"));
+    ASSERT_TRUE(a);
+    ASSERT_TRUE(a->Connect("b", b->address()).ok());
+    ASSERT_TRUE(a->Send("b", Text("listed")).ok());
+    Received r = NextMessage(b.get());
+    EXPECT_EQ(r.from, "a");
+    EXPECT_EQ(r.message().header, "listed");
+    EXPECT_EQ(b->Receive(milliseconds(200)).status().code(), StatusCode::kTimeout);
+    EXPECT_GE(b->stats().auth_refused, 1u);
+    EXPECT_EQ(b->stats().messages_received, 1u);
+    EXPECT_EQ(a->stats().auth_refused, 0u);
+  }
+
+  std::map<std::string, security::CurveKeyPair> pairs_;
+  std::map<std::string, std::string> listed_;
+};
+
+TEST_P(UcxCurve, TwoCurveEndpointsExchangeMessagesBothWays) {
+  auto a = Listen(CurveOptions("a"));
+  auto b = Listen(CurveOptions("b"));
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->Connect("b", b->address()).ok());
+  ASSERT_TRUE(b->Connect("a", a->address()).ok());
+  const std::string big(256 * 1024, 'q');  // rendezvous
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(a->Send("b", Text("ping" + std::to_string(i), {Buffer::Copy(big.data(), 3)})).ok());
+  }
+  ASSERT_TRUE(a->Send("b", Text("large", {Buffer::Copy(big.data(), big.size())})).ok());
+  for (int i = 0; i < 3; ++i) {
+    Received r = NextMessage(b.get());
+    EXPECT_EQ(r.from, "a");
+    EXPECT_EQ(r.message().header, "ping" + std::to_string(i));
+  }
+  Received large = NextMessage(b.get());
+  EXPECT_EQ(large.from, "a");
+  ASSERT_EQ(large.message().frames.size(), 1u);
+  EXPECT_EQ(large.message().frames[0].size(), big.size());
+  ASSERT_TRUE(b->Send("a", Text("pong")).ok());
+  Received r = NextMessage(a.get());
+  EXPECT_EQ(r.from, "b");
+  EXPECT_EQ(r.message().header, "pong");
+
+  // Connect under an alias: the listener still has to be b (key_owner), and names the sender a.
+  ASSERT_TRUE(a->Connect("b-alias", b->address(), "b").ok());
+  ASSERT_TRUE(a->Send("b-alias", Text("via alias")).ok());
+  r = NextMessage(b.get());
+  EXPECT_EQ(r.from, "a");
+  EXPECT_EQ(r.message().header, "via alias");
+  // A key_owner without a listed key cannot be connected to.
+  const Status unlisted = a->Connect("c", b->address(), "c");
+  EXPECT_EQ(unlisted.code(), StatusCode::kInvalidArgument) << unlisted.ToString();
+  EXPECT_NE(unlisted.message().find("'c'"), std::string::npos) << unlisted.ToString();
+  EXPECT_EQ(a->stats().auth_refused, 0u);
+  EXPECT_EQ(b->stats().auth_refused, 0u);
+  EXPECT_EQ(b->stats().malformed_dropped, 0u);
+}
+
+TEST_P(UcxCurve, APeerWhoseKeyIsNotListedIsRefusedAndCounted) {
+  StatusOr<security::CurveKeyPair> stranger_pair = security::GenerateCurveKeyPair();
+  ASSERT_TRUE(stranger_pair.ok());
+  TransportOptions o = PlainOptions("stranger");
+  o.security.mode = TransportSecurity::Mode::kCurve;
+  o.security.public_key = stranger_pair->public_key;
+  o.security.secret_key = stranger_pair->secret_key;
+  o.security.peer_keys = listed_;  // it knows b's key; b does not know its key
+  auto stranger = Listen(o);
+  ASSERT_TRUE(stranger);
+  ExpectRefused(stranger.get());
+}
+
+TEST_P(UcxCurve, APeerClaimingAnotherNodesNameIsRefused) {
+  // It holds a valid listed key (worker:0's) but calls itself worker:1.
+  auto impostor = Listen(CurveOptions("worker:1", "worker:0"));
+  ASSERT_TRUE(impostor);
+  ExpectRefused(impostor.get());
+}
+
+TEST_P(UcxCurve, AClientWithoutSecurityIsRefusedByACurveListener) {
+  auto plain = Listen(PlainOptions("worker:0"));
+  ASSERT_TRUE(plain);
+  ExpectRefused(plain.get());
+}
+
+TEST_P(UcxCurve, ACurveClientIsRefusedByAListenerWithoutSecurity) {
+  // Every node of a cluster needs the same mode: a kNone listener does not accept a HELLO that
+  // carries a token (it would run on with a name it cannot check while the client believes it
+  // is authenticated).
+  auto plain = Listen(PlainOptions("b"));
+  auto a = Listen(CurveOptions("a"));
+  ASSERT_TRUE(plain && a);
+  ASSERT_TRUE(a->Connect("b", plain->address()).ok());
+  ASSERT_TRUE(a->Send("b", Text("curve")).ok());
+  ASSERT_TRUE(WaitAuthRefused(plain.get(), 1));
+  EXPECT_EQ(plain->Receive(milliseconds(200)).status().code(), StatusCode::kTimeout);
+  EXPECT_EQ(plain->stats().messages_received, 0u);
+}
+
+TEST_P(UcxCurve, RawHellosWithoutAValidTokenAreRefusedAndNeverHeard) {
+  auto b = Listen(CurveOptions("b"));
+  ASSERT_TRUE(b);
+  const security::CurveKeyPair& w0 = pairs_.at("worker:0");
+  auto token = [&](const std::string& own_secret, const std::string& peer, const std::string& from,
+                   const std::string& to) {
+    StatusOr<std::string> t =
+        ucx_backend::HelloTokenFromKeys(own_secret, listed_.at(peer), from, to);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    return t.ok() ? *t : std::string();
+  };
+  struct Case {
+    const char* what;
+    std::string name;
+    std::string token;
+  };
+  const std::vector<Case> cases = {
+      // Made by worker:0 for a: replayed to b.
+      {"a token for another receiver", "worker:0", token(w0.secret_key, "a", "worker:0", "a")},
+      // b's own token to worker:0, reflected back at b.
+      {"the other direction's token", "worker:0",
+       token(pairs_.at("b").secret_key, "worker:0", "b", "worker:0")},
+      // worker:0's valid token, presented under worker:1's name.
+      {"another sender's token", "worker:1", token(w0.secret_key, "b", "worker:0", "b")},
+      {"random bytes", "worker:0", std::string(ucx_backend::kHelloTokenBytes, '\x5a')},
+      {"no token", "worker:0", ""},
+      {"an unlisted name", "worker:9", token(w0.secret_key, "b", "worker:0", "b")},
+  };
+  uint64_t refused = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    RawPeer raw;
+    ASSERT_TRUE(raw.Connect(b->address()));
+    ASSERT_EQ(raw.SendHello(c.name, c.token), UCS_OK);
+    // Data right behind the HELLO, without waiting for credits: never delivered.
+    raw.SendData(0, "forged", {"x"});
+    ASSERT_TRUE(WaitAuthRefused(b.get(), ++refused));
+    EXPECT_TRUE(raw.ProgressUntil([&] { return raw.Error() != UCS_OK; }))
+        << "the connection was not closed";
+    EXPECT_EQ(raw.Credits(), 0u);
+  }
+  EXPECT_EQ(b->Receive(milliseconds(200)).status().code(), StatusCode::kTimeout);
+  EXPECT_EQ(b->stats().auth_refused, cases.size());
+  EXPECT_EQ(b->stats().messages_received, 0u);
+
+  // The real token, built the same way, is accepted.
+  RawPeer raw;
+  ASSERT_TRUE(raw.Connect(b->address()));
+  ASSERT_EQ(raw.SendHello("worker:0", token(w0.secret_key, "b", "worker:0", "b")), UCS_OK);
+  ASSERT_TRUE(raw.ProgressUntil([&] { return raw.Credits() > 0; })) << "no credit grant";
+  ASSERT_EQ(raw.SendData(0, "genuine", {"y"}), UCS_OK);
+  Received r = NextMessage(b.get());
+  EXPECT_EQ(r.from, "worker:0");
+  EXPECT_EQ(r.message().header, "genuine");
+  EXPECT_EQ(b->stats().auth_refused, cases.size());
+}
+
+TEST_P(UcxCurve, CreationNamesAMissingOrInvalidKeyField) {
+  auto expect_invalid = [](const TransportOptions& o, const std::string& what) {
+    auto t = CreateTransport(o);
+    EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << t.status().ToString();
+    EXPECT_NE(t.status().message().find(what), std::string::npos) << t.status().ToString();
+  };
+  TransportOptions o = CurveOptions("a");
+  o.security.public_key.clear();
+  expect_invalid(o, "security.public_key is empty");
+  o = CurveOptions("a");
+  o.security.secret_key.clear();
+  expect_invalid(o, "security.secret_key is empty");
+  o = CurveOptions("a");
+  o.security.secret_key.pop_back();
+  expect_invalid(o, "security.secret_key is 39 characters long");
+  o = CurveOptions("a");
+  o.security.public_key[0] = '~';
+  expect_invalid(o, "security.public_key is not Z85 text");
+  o = CurveOptions("a");
+  o.security.secret_key = pairs_.at("b").secret_key;
+  expect_invalid(o, "security.secret_key does not belong to security.public_key");
+  o = CurveOptions("a");
+  o.security.peer_keys.clear();
+  expect_invalid(o, "security.peer_keys is empty");
+  o = CurveOptions("a");
+  o.security.peer_keys["worker:5"] = "not a key";
+  expect_invalid(o, "security.peer_keys['worker:5'] is 9 characters long");
+  o = CurveOptions("a");
+  o.security.peer_keys["worker:5"] = std::string(40, '0');  // the all-zero point
+  expect_invalid(o, "security.peer_keys['worker:5']: X25519 refuses");
+  o = CurveOptions("a");
+  o.security.peer_keys["worker:5"] = o.security.peer_keys["worker:0"];
+  expect_invalid(o, "'worker:0' and 'worker:5' have the same public key");
+  // kNone does not look at the keys.
+  o = PlainOptions("a");
+  o.security.public_key = "junk";
+  EXPECT_TRUE(Listen(o));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, UcxCurve, ::testing::Values(kTcpTls, kShmTls),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param == kTcpTls ? "tcp" : "shm");
+                         });
 
 // ---- a peer process killed with SIGKILL ----------------------------------------------------
 

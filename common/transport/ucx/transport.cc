@@ -18,6 +18,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -27,6 +28,7 @@
 
 #include "common/log_limiter.h"
 #include "common/logging.h"
+#include "common/transport/ucx/hello_auth.h"
 #include "common/transport/ucx/wire.h"
 #include "fmt/format.h"
 
@@ -208,6 +210,8 @@ enum class PeerState { kConnecting, kConnected, kDisconnected };
 struct PeerShared {
   std::string address;
   SockAddr sockaddr;
+  PeerId key_owner;         // whose identity the listener has (Connect's key_owner)
+  std::string hello_token;  // the HELLO's token: kCurve, token(this endpoint -> key_owner)
   PeerState state = PeerState::kConnecting;
   bool removed = false;        // Disconnect()ed or replaced by another Connect
   std::deque<Message> outbox;  // accepted by Send, not yet handed to UCX (no credit yet)
@@ -226,7 +230,11 @@ struct IoPeer {
   std::shared_ptr<PeerShared> shared;
   ucp_ep_h ep = nullptr;
   bool welcomed = false;  // the listener granted credits on `ep`: the connection is established
-  uint64_t credits = 0;   // messages that may still be sent on `ep`
+  // UCX completed the HELLO on `ep`: the listener accepted the connection request (a send
+  // completes only once the connection is wired up), so if `ep` fails before it is welcomed,
+  // the listener closed it: most likely it refused the HELLO.
+  bool hello_sent = false;
+  uint64_t credits = 0;  // messages that may still be sent on `ep`
   uint64_t next_seq = 0;
   Clock::time_point retry_at;  // when `ep` is null: the next connection attempt
   milliseconds backoff = kRetryMin;
@@ -240,8 +248,9 @@ struct SendOp {
   uint8_t am_header[kAmHeaderBytes] = {};
   std::string packed;  // HELLO; or the message header, frame sizes and padding (or everything)
   std::vector<ucp_dt_iov_t> iov;
-  Message msg;  // the frames handed to UCX by pointer
-  PeerId peer;  // kData: the peer, for kSendFailed
+  Message msg;                  // the frames handed to UCX by pointer
+  PeerId peer;                  // kData: the peer, for kSendFailed
+  ucp_ep_h hello_ep = nullptr;  // kHello: the client endpoint it opens
   void* request = nullptr;
 };
 
@@ -268,6 +277,7 @@ struct InConn {
   ucp_ep_h ep = nullptr;
   PeerId name;  // from the HELLO
   bool hello = false;
+  bool refused = false;             // being closed: whatever else arrives on it is dropped unseen
   uint64_t granted = 0;             // credits granted in total
   uint64_t next_deliver = 0;        // the seq of the next message to hand to Receive
   uint64_t dropped_unreturned = 0;  // credits of dropped messages not given back yet
@@ -335,7 +345,7 @@ class UcxTransport final : public Transport {
   void FlushOutboxes();
   void ReturnCredits();
   void SendData(const PeerId& name, IoPeer* p, Message msg);
-  void SendControl(ucp_ep_h ep, AmType type, uint64_t seq, std::string payload);
+  void SendControl(ucp_ep_h ep, AmType type, uint64_t seq, std::string payload, bool hello = false);
   void Post(ucp_ep_h ep, SendOp* op, const void* buffer, size_t count, bool iov);
   void CloseEp(ucp_ep_h ep, bool force);
   void PollClosing();
@@ -352,6 +362,7 @@ class UcxTransport final : public Transport {
   void Deliver(InConn* c);
   void Malformed(const std::string& what);
   void Refuse(InConn* c, const std::string& what);
+  void RefuseHello(InConn* c, const PeerId& claimed, const std::string& why);
   void PeerUp(const PeerId& name, IoPeer* p);
   void PeerDown(const PeerId& name, IoPeer* p, ucs_status_t why);
   void PushEvent(const PeerId& peer, TransportEvent::Kind kind, Status status);
@@ -359,7 +370,8 @@ class UcxTransport final : public Transport {
 
   const TransportOptions options_;
   const size_t credit_batch_;
-  std::string address_;  // resolved; written by Start only
+  std::optional<HelloAuth> auth_;  // kCurve; written by Start only
+  std::string address_;            // resolved; written by Start only
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   ucp_listener_h listener_ = nullptr;
@@ -405,6 +417,7 @@ class UcxTransport final : public Transport {
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> malformed_dropped_{0};
   std::atomic<uint64_t> connections_refused_{0};
+  std::atomic<uint64_t> auth_refused_{0};
 };
 
 // ---- UCX callbacks -------------------------------------------------------------------------
@@ -437,9 +450,10 @@ void RecvCallback(void* request, ucs_status_t status, size_t /*length*/, void* u
 // ---- Start, caller API ---------------------------------------------------------------------
 
 Status UcxTransport::Start() {
-  if (options_.security.mode != TransportSecurity::Mode::kNone) {
-    return FailedPreconditionError(Prefix() +
-                                   "ucx backend: security mode curve is not supported yet");
+  if (options_.security.mode == TransportSecurity::Mode::kCurve) {
+    StatusOr<HelloAuth> auth = HelloAuth::Create(options_.name, options_.security);
+    if (!auth.ok()) return Status(auth.status().code(), Prefix() + auth.status().message());
+    auth_ = std::move(auth).value();
   }
   StatusOr<SockAddr> listen = ParseAddress(options_.listen_address);
   if (!listen.ok()) return Status(listen.status().code(), Prefix() + listen.status().message());
@@ -515,22 +529,33 @@ void UcxTransport::Wake() {
 }
 
 Status UcxTransport::Connect(const PeerId& peer, const std::string& address,
-                             const PeerId& /*key_owner*/) {
+                             const PeerId& key_owner) {
   if (peer.empty()) return InvalidArgumentError(Prefix() + "Connect: empty peer name");
   StatusOr<SockAddr> sockaddr = ParseAddress(address);
   if (!sockaddr.ok()) {
     return InvalidArgumentError(
         Prefix() + fmt::format("Connect to '{}': {}", peer, sockaddr.status().message()));
   }
+  std::string token;
+  if (auth_) {
+    StatusOr<std::string> t = auth_->TokenTo(key_owner);
+    if (!t.ok()) {
+      return InvalidArgumentError(Prefix() +
+                                  fmt::format("Connect to '{}': {}", peer, t.status().message()));
+    }
+    token = std::move(t).value();
+  }
   std::shared_ptr<PeerShared> old;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return CancelledError(Prefix() + fmt::format("Connect to '{}': closed", peer));
     std::shared_ptr<PeerShared>& slot = peers_[peer];
-    if (slot && slot->address == address) return Status::Ok();
+    if (slot && slot->address == address && slot->key_owner == key_owner) return Status::Ok();
     auto shared = std::make_shared<PeerShared>();
     shared->address = address;
     shared->sockaddr = *sockaddr;
+    shared->key_owner = key_owner;
+    shared->hello_token = std::move(token);
     old = std::move(slot);
     if (old) {
       old->removed = true;
@@ -688,6 +713,7 @@ TransportStats UcxTransport::stats() const {
   s.bytes_received = bytes_received_.load(std::memory_order_relaxed);
   s.malformed_dropped = malformed_dropped_.load(std::memory_order_relaxed);
   s.connections_refused = connections_refused_.load(std::memory_order_relaxed);
+  s.auth_refused = auth_refused_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -812,8 +838,10 @@ void UcxTransport::StartConnect(const PeerId& name, IoPeer* p) {
     return;
   }
   out_by_ep_[p->ep] = name;
-  // The first message on every connection names this endpoint.
-  SendControl(p->ep, AmType::kHello, 0, EncodeHello(HelloPayload{options_.name, ""}));
+  // The first message on every connection names this endpoint (and under kCurve proves it).
+  p->hello_sent = false;
+  SendControl(p->ep, AmType::kHello, 0,
+              EncodeHello(HelloPayload{options_.name, p->shared->hello_token}), /*hello=*/true);
 }
 
 void UcxTransport::ReconnectDue(Clock::time_point now, milliseconds* wait) {
@@ -906,9 +934,11 @@ void UcxTransport::SendData(const PeerId& name, IoPeer* p, Message msg) {
   Post(p->ep, raw, raw->iov.data(), raw->iov.size(), /*iov=*/true);
 }
 
-void UcxTransport::SendControl(ucp_ep_h ep, AmType type, uint64_t seq, std::string payload) {
+void UcxTransport::SendControl(ucp_ep_h ep, AmType type, uint64_t seq, std::string payload,
+                               bool hello) {
   auto* op = new SendOp();
   op->transport = this;
+  if (hello) op->hello_ep = ep;
   AmHeader h;
   h.type = type;
   h.seq = seq;
@@ -928,7 +958,7 @@ void UcxTransport::Post(ucp_ep_h ep, SendOp* op, const void* buffer, size_t coun
   ucs_status_ptr_t r = ucp_am_send_nbx(ep, kAmId, op->am_header, kAmHeaderBytes,
                                        count ? buffer : nullptr, count, &param);
   if (r == nullptr) {
-    delete op;  // completed at once
+    OnSendDone(op, UCS_OK);  // completed at once
   } else if (UCS_PTR_IS_ERR(r)) {
     OnSendDone(op, UCS_PTR_STATUS(r));
   } else {
@@ -939,6 +969,11 @@ void UcxTransport::Post(ucp_ep_h ep, SendOp* op, const void* buffer, size_t coun
 
 void UcxTransport::OnSendDone(SendOp* op, ucs_status_t status) {
   send_ops_.erase(op);
+  if (op->hello_ep != nullptr && status == UCS_OK) {
+    if (auto out = out_by_ep_.find(op->hello_ep); out != out_by_ep_.end()) {
+      io_peers_.at(out->second).hello_sent = true;
+    }
+  }
   if (status != UCS_OK && !op->peer.empty() && !IsConnectionError(status)) {
     PushEvent(op->peer, TransportEvent::Kind::kSendFailed,
               UnavailableError(Prefix() + fmt::format("send to '{}' failed: {}", op->peer,
@@ -1063,6 +1098,23 @@ void UcxTransport::HandleEpError(ucp_ep_h ep, ucs_status_t status) {
   const PeerId name = out->second;
   IoPeer& p = io_peers_.at(name);
   const bool was_up = p.welcomed;
+  if (!was_up && p.hello_sent) {
+    uint64_t suppressed = 0;
+    if (log_limiter_.Allow("closed-before-welcome:" + name, &suppressed)) {
+      const std::string hint =
+          auth_ ? fmt::format(
+                      "does '{}' run security mode curve and list this node's public key "
+                      "under the name '{}'?",
+                      p.shared->key_owner, options_.name)
+                : fmt::format("does '{}' run security mode none too?", p.shared->key_owner);
+      BP_LOG_WARN(
+          "{}'{}' at {} closed the connection after its HELLO, before accepting it ({}): "
+          "refused? ({}) Retrying{}",
+          Prefix(), name, p.shared->address, ucs_status_string(status), hint,
+          suppressed ? fmt::format(" ({} more since the last report)", suppressed) : "");
+    }
+  }
+  p.hello_sent = false;
   DropIoPeer(&p, /*force=*/true);
   p.welcomed = false;
   p.credits = 0;
@@ -1119,7 +1171,21 @@ void UcxTransport::Malformed(const std::string& what) {
 void UcxTransport::Refuse(InConn* c, const std::string& what) {
   Malformed(fmt::format("{}; closing the connection{}", what,
                         c->hello ? fmt::format(" from '{}'", c->name) : ""));
+  c->refused = true;
   refused_.emplace_back(c->id, what);
+}
+
+void UcxTransport::RefuseHello(InConn* c, const PeerId& claimed, const std::string& why) {
+  auth_refused_.fetch_add(1, std::memory_order_relaxed);
+  uint64_t suppressed = 0;
+  // The claimed name is the peer's text: escaped ({:?}), and one limiter key per name and reason
+  // (the limiter bounds how many it remembers).
+  if (log_limiter_.Allow(fmt::format("hello:{}:{}", why, claimed), &suppressed)) {
+    BP_LOG_WARN("{}refused a connection claiming to be {:?}: {}{}", Prefix(), claimed, why,
+                suppressed ? fmt::format(" ({} more since the last report)", suppressed) : "");
+  }
+  c->refused = true;
+  refused_.emplace_back(c->id, why);
 }
 
 // ---- receiving -----------------------------------------------------------------------------
@@ -1153,6 +1219,7 @@ ucs_status_t UcxTransport::OnAm(const void* header, size_t header_length, void* 
     return UCS_OK;
   }
   InConn& c = in_conns_.at(in->second);
+  if (c.refused) return UCS_OK;  // counted when it was refused; closed after this progress
   if (h->type == AmType::kHello) {
     OnHello(&c, data, length, rndv);
     return UCS_OK;
@@ -1172,6 +1239,20 @@ void UcxTransport::OnHello(InConn* c, const void* data, size_t length, bool rndv
   StatusOr<HelloPayload> hello = ParseHello(data, length);
   if (!hello.ok()) {
     Refuse(c, hello.status().message());
+    return;
+  }
+  if (auth_) {
+    const HelloAuth::Verdict verdict = auth_->Check(hello->name, hello->token);
+    if (verdict != HelloAuth::Verdict::kAccepted) {
+      RefuseHello(c, hello->name, HelloAuth::Describe(verdict));
+      return;
+    }
+  } else if (!hello->token.empty()) {
+    // A peer under kCurve: every node of a cluster needs the same mode, so the mismatch fails
+    // here as it does between zmq nodes, rather than running on with unauthenticated names.
+    RefuseHello(c, hello->name,
+                "a token: the peer runs security mode curve, this endpoint none (is security.mode "
+                "the same on every node?)");
     return;
   }
   c->name = hello->name;

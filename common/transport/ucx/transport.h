@@ -8,7 +8,7 @@
 // connection (receive). Nothing is process-wide: two endpoints in one process are two contexts.
 //
 // Threads. One progress thread per endpoint ("bp-ucx") owns the worker and every UCP object
-// after creation (the worker is UCS_THREAD_MODE_SINGLE); it sleeps in epoll on the worker's
+// after creation (the worker is UCS_THREAD_MODE_SERIALIZED); it sleeps in epoll on the worker's
 // event fd (ucp_worker_arm) and an eventfd that the other threads write, with a bounded timeout
 // (reconnect timers). Send() (any thread) appends to the peer's outbox and wakes it; the
 // progress thread sends with ucp_am_send_nbx, handing the frames to UCX as an iov (not copied;
@@ -31,8 +31,12 @@
 // sends fail with Unavailable, and the progress thread reconnects (100 ms, doubling up to
 // 1 s); the peer back is reported as kPeerConnected.
 //
-// Not done yet: TransportSecurity::kCurve (create fails with FailedPrecondition; the HELLO has
-// a field reserved for the token). See docs/transport-ucx.md.
+// Security (hello_auth.h). Under TransportSecurity::kCurve the HELLO carries a token that only
+// the holder of the named node's CURVE key can compute (X25519 of the two nodes' keys, then
+// HMAC-SHA256 over both names); the listener admits a connection only when the name has a key in
+// peer_keys and the token matches, and otherwise closes it unheard, counted in
+// stats().auth_refused. Under kNone the name is a claim, and a HELLO with a token (a kCurve peer)
+// is refused the same way. The fabric is not encrypted (docs/security.md).
 //
 // Thread-safety: as Transport (transport.h).
 #pragma once
@@ -45,7 +49,7 @@
 namespace bitpush::transport::ucx_backend {
 
 // Creates, binds and starts a ucx endpoint (options already validated by CreateTransport,
-// except the address and the security mode, checked here).
+// except the address and, under kCurve, the keys: InvalidArgument naming the field).
 StatusOr<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOptions& options);
 
 // OK where UCX can run here (a UCP context with Active Messages and wake-up can be created);

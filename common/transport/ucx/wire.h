@@ -8,7 +8,8 @@
 //
 //  - kHello (client -> listener, the first message on every connection): seq, header_bytes,
 //    frame_count, largest_part are 0; the data is the HelloPayload (version, the sender's
-//    endpoint name, an authentication token reserved for a later change, empty today).
+//    endpoint name, an authentication token: empty under TransportSecurity kNone, 32 bytes under
+//    kCurve, hello_auth.h).
 //  - kCredit (listener -> client): `seq` more messages may be sent on this connection. The first
 //    one (the grant after a valid HELLO) also says the connection is established.
 //  - kData (client -> listener): one bitpush Message. `seq` numbers the messages of the
@@ -50,8 +51,10 @@ void EncodeAmHeader(const AmHeader& h, uint8_t out[kAmHeaderBytes]);
 StatusOr<AmHeader> ParseAmHeader(const void* bytes, size_t size);
 
 struct HelloPayload {
-  std::string name;   // the sender's endpoint name (1..255 bytes, not starting with NUL)
-  std::string token;  // reserved for authentication; empty
+  std::string name;  // the sender's endpoint name (1..255 bytes, not starting with NUL)
+  // kNone: empty. kCurve: token(name -> the receiver's key owner), kHelloTokenBytes
+  // (hello_auth.h). Parsed as any length; the listener judges it.
+  std::string token;
 };
 
 // u32 version | u8 name length | name | u32 token length | token
