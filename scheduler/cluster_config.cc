@@ -175,8 +175,32 @@ Status Parser::ReadTokenFile(const Entry& e, std::string* out) const {
 }
 
 Status Parser::ParseSection(const std::string& section, const Entry& e, ClusterConfig* c) {
+  // Knobs whose key has a dot ("ucx.tls") sit in a mapping of their own (`ucx: {tls: tcp}`):
+  // the section lists the group once, and the group's entries join `m` by their dotted key.
+  std::map<std::string, std::vector<std::string>> groups;
+  std::vector<std::string> keys;
+  for (const std::string& k : SectionKeys(section)) {
+    const size_t dot = k.find('.');
+    if (dot == std::string::npos) {
+      keys.push_back(k);
+    } else {
+      std::vector<std::string>& sub = groups[k.substr(0, dot)];
+      if (sub.empty()) keys.push_back(k.substr(0, dot));
+      sub.push_back(k.substr(dot + 1));
+    }
+  }
+  std::sort(keys.begin(), keys.end());
   EntryMap m;
-  BP_RETURN_IF_ERROR(Entries(e.value, e.key_mark, section, SectionKeys(section), &m));
+  BP_RETURN_IF_ERROR(Entries(e.value, e.key_mark, section, keys, &m));
+  for (const auto& [group, sub_keys] : groups) {
+    auto it = m.find(group);
+    if (it == m.end()) continue;
+    EntryMap sub;
+    BP_RETURN_IF_ERROR(Entries(it->second.value, it->second.key_mark,
+                               fmt::format("{}.{}", section, group), sub_keys, &sub));
+    m.erase(it);
+    for (auto& [k, entry] : sub) m.emplace(fmt::format("{}.{}", group, k), std::move(entry));
+  }
   std::vector<const ClusterKnob*> knobs;
   for (const ClusterKnob& k : ClusterKnobs()) {
     if (k.spec.section() == section) knobs.push_back(&k);
@@ -327,11 +351,12 @@ Status Parser::ParseHostEntry(const YAML::Node& node, const YAML::Mark& fallback
   std::map<std::string, Entry> m;
   const YAML::Mark mark = node.Mark().is_null() ? fallback : node.Mark();
   BP_RETURN_IF_ERROR(Entries(node, mark, key, HostEntryKeys(servers), &m));
-  if (c->transport != "zmq") {
-    return Error(node, mark, key,
-                 fmt::format("host entries need cluster.transport zmq (the transport is {}); "
-                             "list {} addresses instead",
-                             c->transport, servers ? "server" : "worker"));
+  if (c->transport == "inproc") {
+    return Error(
+        node, mark, key,
+        fmt::format("host entries need cluster.transport zmq or ucx (the transport is {}); "
+                    "list {} addresses instead",
+                    c->transport, servers ? "server" : "worker"));
   }
   if (m.count("host") == m.count("hosts")) {
     return Error(node, mark, key,
@@ -591,6 +616,22 @@ std::string ClusterConfig::NodeAddress(v1::Role role, uint32_t rank) const {
                                                                    : nullptr;
   if (list == nullptr || rank >= list->size()) return "";
   return (*list)[rank];
+}
+
+std::string ClusterConfig::DataAddress(v1::Role role, uint32_t rank) const {
+  if (transport != "ucx" || role == v1::ROLE_SCHEDULER) return "";
+  const std::string control = NodeAddress(role, rank);
+  if (control.rfind("tcp://", 0) != 0) return "";
+  const size_t colon = control.rfind(':');
+  uint64_t port = 0;
+  if (!ParseUint(std::string_view(control).substr(colon + 1), &port)) return "";
+  port += ucx.port_offset;
+  if (port > 65535) return "";
+  return fmt::format("ucx://{}:{}", control.substr(6, colon - 6), port);
+}
+
+std::string ClusterConfig::ControlBackend() const {
+  return transport == "ucx" ? std::string("zmq") : transport;
 }
 
 StatusOr<ClusterConfig> LoadClusterConfig(const std::string& path) {
@@ -858,11 +899,24 @@ std::string DescribeClusterConfig(const ClusterConfig& c) {
     } else {
       out += section + ":";
     }
+    std::string group;  // the mapping of dotted keys ("ucx" of "ucx.tls") being written
     for (const ClusterKnob& k : ClusterKnobs()) {
       if (k.spec.section() != section) continue;
       const std::optional<std::string> value =
           k.get != nullptr ? config::DescribeKnobValue(k.spec, k.get(c)) : structured(k.spec.path);
-      if (value) out += fmt::format("\n  {}: {}", k.spec.key(), *value);
+      if (!value) continue;
+      const std::string key = k.spec.key();
+      const size_t dot = key.find('.');
+      if (dot == std::string::npos) {
+        group.clear();
+        out += fmt::format("\n  {}: {}", key, *value);
+        continue;
+      }
+      if (key.compare(0, dot, group) != 0 || group.size() != dot) {
+        group = key.substr(0, dot);
+        out += fmt::format("\n  {}:", group);
+      }
+      out += fmt::format("\n    {}: {}", key.substr(dot + 1), *value);
     }
   }
   return out;

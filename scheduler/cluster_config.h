@@ -142,6 +142,22 @@ struct SecuritySettings {
   std::string public_keys;
 };
 
+// `cluster.ucx:` the data plane of `cluster.transport: ucx` (docs/transport-ucx.md). Each server
+// and worker listens for worker <-> server messages at ucx://<its host>:<its port + port_offset>;
+// tls and net_devices go to UCX as its TLS and NET_DEVICES settings (TransportOptions::ucx_config),
+// over what the UCX_* environment says. Local: not part of config agreement. Unused with the
+// other transports.
+struct UcxSettings {
+  // cluster.ucx.port_offset: a node's data port is its control port plus this.
+  uint32_t port_offset = 1000;
+  // cluster.ucx.tls: UCX's transports ("tcp", "sm,self,tcp", ...). "" = UCX's choice /
+  // UCX_TLS.
+  std::string tls;
+  // cluster.ucx.net_devices: UCX's network devices ("eth0", "mlx5_0:1"). "" = UCX's choice /
+  // UCX_NET_DEVICES.
+  std::string net_devices;
+};
+
 // One worker node (machine) of `cluster.workers`: what the launcher and the node's
 // bitpush-worker daemon need beyond its address. Written in the host form of the YAML
 // (`{host: gpu0, processes: 8, gpus: 8}`); the address form leaves both unset.
@@ -163,7 +179,9 @@ struct ClusterConfig {
   // cluster.scheduler: the scheduler's listen address as a transport URL (tcp://HOST:PORT,
   // ipc://PATH or inproc://NAME). Required.
   std::string scheduler_address;
-  // cluster.transport: transport backend, "zmq" (default) or "inproc" (in-process clusters).
+  // cluster.transport: transport backend, "zmq" (default), "ucx" (the control plane on zmq at
+  // the YAML addresses, the data plane on UCX at DataAddress()) or "inproc" (in-process
+  // clusters).
   std::string transport = "zmq";
   // cluster.token / cluster.token_file: shared secret every node must present. Empty = none.
   // Never printed.
@@ -186,6 +204,8 @@ struct ClusterConfig {
   // cluster.startup_timeout_s: how long the scheduler waits for every node to register, and
   // how long a node retries an unanswering scheduler (the YAML accepts fractions: 0.5).
   std::chrono::milliseconds startup_timeout{60000};
+  // cluster.ucx (transport ucx only).
+  UcxSettings ucx;
   // The `compression:` section.
   CompressionSettings compression;
   // The `server:` and `worker:` sections (local tuning).
@@ -212,6 +232,14 @@ struct ClusterConfig {
   bool ProcessCountsDiffer() const;
   // The listen address of (role, rank); "" if there is no such entry.
   std::string NodeAddress(v1::Role role, uint32_t rank) const;
+  // The data-plane address of server or worker (role, rank) under transport ucx:
+  // ucx://HOST:(its port + ucx.port_offset) on the host of NodeAddress(role, rank). "" for
+  // other transports, the scheduler, a rank not in the cluster, an address without a port
+  // (ipc://) or a data port above 65535 (ValidateClusterConfig refuses the last two).
+  std::string DataAddress(v1::Role role, uint32_t rank) const;
+  // The backend of the control plane (the YAML addresses): zmq under transport ucx, else
+  // `transport`.
+  std::string ControlBackend() const;
   // The metrics port of (role, rank) by the rule of MetricsSettings::port (ROLE_SCHEDULER
   // ignores the rank); 0 when metrics are off.
   uint32_t MetricsPort(v1::Role role, uint32_t rank) const;

@@ -205,6 +205,78 @@ std::string MetricsPortRule(const ClusterConfig& c) {
   return "";
 }
 
+// Under transport ucx: every server and worker has a tcp:// address (its data address is on its
+// host).
+std::string TransportRule(const ClusterConfig& c) {
+  if (c.transport != "ucx") return "";
+  for (v1::Role role : {v1::ROLE_SERVER, v1::ROLE_WORKER}) {
+    const std::vector<std::string>& list = role == v1::ROLE_SERVER ? c.servers : c.workers;
+    for (uint32_t r = 0; r < list.size(); ++r) {
+      if (list[r].rfind("tcp://", 0) != 0) {
+        return fmt::format(
+            "ucx needs a tcp:// address (host:port) for every server and worker: {} {}'s data "
+            "plane listens on its host at its port + cluster.ucx.port_offset, but its address "
+            "is {}",
+            RoleName(role), r, list[r]);
+      }
+    }
+  }
+  return "";
+}
+
+// Under transport ucx: every data port (a server's or worker's port + cluster.ucx.port_offset)
+// is at most 65535 and no other node's control, data or metrics port on the same host.
+std::string DataPortRule(const ClusterConfig& c) {
+  if (c.transport != "ucx") return "";
+  struct Port {
+    std::string what;  // "server 0's data port 10100 (...)", "worker 1 at tcp://h:9201"
+    std::string host;
+    uint64_t port;
+  };
+  std::vector<Port> data, taken;
+  taken.push_back({"the scheduler at " + c.scheduler_address, HostOf(c.scheduler_address),
+                   PortOf(c.scheduler_address)});
+  if (c.metrics.port != 0) {
+    taken.push_back({"the scheduler's metrics port", HostOf(c.scheduler_address),
+                     c.MetricsPort(v1::ROLE_SCHEDULER, 0)});
+  }
+  for (v1::Role role : {v1::ROLE_SERVER, v1::ROLE_WORKER}) {
+    const std::vector<std::string>& list = role == v1::ROLE_SERVER ? c.servers : c.workers;
+    for (uint32_t r = 0; r < list.size(); ++r) {
+      const std::string node = fmt::format("{} {}", RoleName(role), r);
+      const uint64_t port = PortOf(list[r]);
+      if (port == 0) continue;  // not tcp: TransportRule names it
+      const uint64_t data_port = port + c.ucx.port_offset;
+      if (data_port > 65535) {
+        return fmt::format(
+            "{}'s data port {} (its port {} + cluster.ucx.port_offset {}) is above 65535; lower "
+            "cluster.ucx.port_offset or the node's port",
+            node, data_port, port, c.ucx.port_offset);
+      }
+      data.push_back({fmt::format("{}'s data port {} (its port {} + cluster.ucx.port_offset {})",
+                                  node, data_port, port, c.ucx.port_offset),
+                      HostOf(list[r]), data_port});
+      taken.push_back({fmt::format("{} at {}", node, list[r]), HostOf(list[r]), port});
+      if (c.metrics.port != 0) {
+        taken.push_back(
+            {fmt::format("{}'s metrics port", node), HostOf(list[r]), c.MetricsPort(role, r)});
+      }
+    }
+  }
+  for (const Port& d : data) {
+    for (const Port& t : taken) {
+      // A node's own control port is never its data port (the offset is at least 1).
+      if (t.port == d.port && t.host == d.host) {
+        return fmt::format(
+            "{} collides with {} on the same host; pick a cluster.ucx.port_offset that keeps "
+            "the data ports apart from the cluster's ports",
+            d.what, t.what);
+      }
+    }
+  }
+  return "";
+}
+
 // ---- the keys of list entries ----
 
 std::vector<KnobSpec> HostEntrySpecs(bool servers) {
@@ -260,11 +332,17 @@ std::vector<ClusterKnob> BuildTable() {
                      .Required()
                      .Doc("Where the scheduler listens; every node connects here.")),
       Scalar(Knob("cluster.transport")
-                 .Enum({"zmq", "inproc"}, "transport")
-                 .Doc("The transport backend: ZeroMQ over TCP (or `ipc://` Unix sockets). "
-                      "`inproc` only makes sense for clusters inside one process (tests, "
-                      "embedded use); host entries need `zmq`. RDMA is not implemented."),
-             Top<&ClusterConfig::transport>()),
+                 .Enum({"zmq", "ucx", "inproc"}, "transport")
+                 .Doc("The transport backend. `zmq`: ZeroMQ over TCP (or `ipc://` Unix sockets) "
+                      "for everything. `ucx`: the control plane (scheduler ↔ nodes) stays on "
+                      "ZeroMQ at the YAML's `tcp://` addresses, and each server and worker also "
+                      "listens for the data plane (worker ↔ server) at `ucx://` on its host, at "
+                      "its port + `cluster.ucx.port_offset` (UCX: RDMA, shared memory or TCP, "
+                      "docs/transport-ucx.md; under `security.mode: curve` the node's keys "
+                      "authenticate both planes, and the ucx plane is not encrypted, "
+                      "docs/security.md). `inproc` only makes sense for clusters inside one "
+                      "process (tests, embedded use); host entries need `zmq` or `ucx`."),
+             Top<&ClusterConfig::transport>(), &TransportRule),
       Scalar(Knob("cluster.token")
                  .String(1)
                  .Optional("none")
@@ -311,6 +389,28 @@ std::vector<ClusterKnob> BuildTable() {
                       "naming each missing node), and how long a node keeps retrying a "
                       "scheduler that does not answer."),
              Top<&ClusterConfig::startup_timeout>()),
+      Scalar(Knob("cluster.ucx.port_offset")
+                 .Integer(1, 65534, "")
+                 .Doc("`transport: ucx`: each server and worker listens for the data plane at "
+                      "`ucx://<its host>:<its port + port_offset>`. Every data port must be ≤ "
+                      "65535 and no other node's port (control, data or metrics) on the same "
+                      "host; the error names both nodes."),
+             In<&ClusterConfig::ucx, &UcxSettings::port_offset>(), &DataPortRule),
+      Scalar(Knob("cluster.ucx.tls")
+                 .String(1)
+                 .Optional("default", "UCX's choice (`UCX_TLS`)")
+                 .Doc("`transport: ucx`: the UCX transports of the data plane, as `UCX_TLS` "
+                      "spells them: `tcp`, `sm,self,tcp` (shared memory on one host; UCX 1.13 "
+                      "needs `tcp` for its connection manager), `rc,ud,sm,self,tcp` "
+                      "(InfiniBand). Unset: `UCX_TLS` from the environment, else UCX's choice."),
+             In<&ClusterConfig::ucx, &UcxSettings::tls>()),
+      Scalar(Knob("cluster.ucx.net_devices")
+                 .String(1)
+                 .Optional("default", "UCX's choice (`UCX_NET_DEVICES`)")
+                 .Doc("`transport: ucx`: the network devices UCX may use, as `UCX_NET_DEVICES` "
+                      "spells them (`eth0`, `mlx5_0:1`). Unset: `UCX_NET_DEVICES` from the "
+                      "environment, else every device."),
+             In<&ClusterConfig::ucx, &UcxSettings::net_devices>()),
 
       // ---- compression: (every key takes part in config agreement) ----
       Scalar(Knob("compression.spec")

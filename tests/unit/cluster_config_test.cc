@@ -151,7 +151,7 @@ TEST(ClusterConfig, BadValuesNameKeyAndLine) {
                   "cluster.yaml:5: cluster.startup_timeout_s: expected a number of seconds");
   EXPECT_CONTAINS(Error(MinimalWith("transport: rdma")),
                   "cluster.yaml:5: cluster.transport: unknown transport 'rdma'; valid: zmq, "
-                  "inproc");
+                  "ucx, inproc");
   EXPECT_CONTAINS(Error(MinimalWith("token:")), "cluster.yaml:5: cluster.token: has no value");
   EXPECT_CONTAINS(Error(MinimalWith("heartbeat_interval_ms: [1, 2]")),
                   "cluster.yaml:5: cluster.heartbeat_interval_ms: expected a single value");
@@ -623,7 +623,8 @@ TEST(ClusterConfigHosts, ErrorsNameTheKeyAndLine) {
                   "already used by cluster.servers[0]");
   EXPECT_CONTAINS(Error("cluster:\n  transport: inproc\n  scheduler: s\n  servers: [s0]\n"
                         "  workers: [{host: b}]\n"),
-                  "cluster.yaml:5: cluster.workers[0]: host entries need cluster.transport zmq");
+                  "cluster.yaml:5: cluster.workers[0]: host entries need cluster.transport zmq "
+                  "or ucx (the transport is inproc)");
 }
 
 TEST(ClusterConfigHosts, WorkerSocketNeedsRankWhenNodesShareAHost) {
@@ -662,6 +663,111 @@ TEST(ClusterConfigHosts, ValidateChecksCodeBuiltWorkerNodes) {
   EXPECT_TRUE(ValidateClusterConfig(c).ok());
   c.worker_nodes.push_back(WorkerNode{});
   EXPECT_CONTAINS(ValidateClusterConfig(c).message(), "2 worker node settings for 1 workers");
+}
+
+// ---- cluster.transport ucx: the data plane at port + cluster.ucx.port_offset ----
+
+TEST(ClusterConfigUcx, DataAddressesAndKnobs) {
+  const ClusterConfig c = Parse(
+      "cluster:\n  scheduler: a:9000\n  transport: ucx\n  servers: [a:9100, b:9100]\n"
+      "  workers: {hosts: [c], count: 2}\n  ucx:\n    port_offset: 500\n    tls: 'sm,self'\n"
+      "    net_devices: eth0\n");
+  EXPECT_EQ(c.transport, "ucx");
+  EXPECT_EQ(c.ControlBackend(), "zmq");
+  EXPECT_EQ(c.ucx.port_offset, 500u);
+  EXPECT_EQ(c.ucx.tls, "sm,self");
+  EXPECT_EQ(c.ucx.net_devices, "eth0");
+  // The YAML addresses stay tcp:// (the control plane).
+  EXPECT_EQ(c.servers, (std::vector<std::string>{"tcp://a:9100", "tcp://b:9100"}));
+  EXPECT_EQ(c.workers, (std::vector<std::string>{"tcp://c:9200", "tcp://c:9201"}));
+  EXPECT_EQ(c.DataAddress(v1::ROLE_SERVER, 0), "ucx://a:9600");
+  EXPECT_EQ(c.DataAddress(v1::ROLE_SERVER, 1), "ucx://b:9600");
+  EXPECT_EQ(c.DataAddress(v1::ROLE_WORKER, 1), "ucx://c:9701");
+  EXPECT_EQ(c.DataAddress(v1::ROLE_WORKER, 2), "");
+  EXPECT_EQ(c.DataAddress(v1::ROLE_SCHEDULER, 0), "");
+  const std::string described = DescribeClusterConfig(c);
+  EXPECT_CONTAINS(described, "\n  transport: ucx\n");
+  EXPECT_CONTAINS(described,
+                  "\n  ucx:\n    port_offset: 500\n    tls: sm,self\n"
+                  "    net_devices: eth0\n");
+}
+
+TEST(ClusterConfigUcx, DefaultsAndOtherTransports) {
+  const ClusterConfig z = Parse(kMinimal);
+  EXPECT_EQ(z.ucx.port_offset, 1000u);
+  EXPECT_EQ(z.ucx.tls, "");
+  EXPECT_EQ(z.ucx.net_devices, "");
+  EXPECT_EQ(z.ControlBackend(), "zmq");
+  EXPECT_EQ(z.DataAddress(v1::ROLE_SERVER, 0), "");  // zmq: the data plane uses the address
+  const ClusterConfig u = Parse(
+      "cluster:\n  scheduler: localhost:9000\n  transport: ucx\n  servers: [localhost:9101]\n"
+      "  workers: ['[::1]:9201']\n");
+  EXPECT_EQ(u.DataAddress(v1::ROLE_SERVER, 0), "ucx://localhost:10101");
+  EXPECT_EQ(u.DataAddress(v1::ROLE_WORKER, 0), "ucx://[::1]:10201");
+  EXPECT_EQ(u.ucx.tls, "");  // UCX's choice, or UCX_TLS
+  const ClusterConfig i = Parse(
+      "cluster:\n  transport: inproc\n  scheduler: s\n"
+      "  servers: [s0]\n  workers: [w0]\n");
+  EXPECT_EQ(i.ControlBackend(), "inproc");
+  EXPECT_EQ(i.DataAddress(v1::ROLE_WORKER, 0), "");
+}
+
+TEST(ClusterConfigUcx, ErrorsNameTheKnobAndBothNodes) {
+  const std::string head = "cluster:\n  scheduler: a:9000\n  transport: ucx\n";
+  // A data port above 65535.
+  EXPECT_EQ(Error(head + "  servers: [a:64600]\n  workers: [b:9200]\n"),
+            "cluster.yaml: cluster.ucx.port_offset: server 0's data port 65600 (its port 64600 "
+            "+ cluster.ucx.port_offset 1000) is above 65535; lower cluster.ucx.port_offset or "
+            "the node's port");
+  // Server 0's data port is worker 0's control port on the same host.
+  EXPECT_EQ(Error(head + "  servers: [a:9100]\n  workers: [a:9200]\n  ucx: {port_offset: 100}\n"),
+            "cluster.yaml:6: cluster.ucx.port_offset: server 0's data port 9200 (its port 9100 + "
+            "cluster.ucx.port_offset 100) collides with worker 0 at tcp://a:9200 on the same "
+            "host; pick a cluster.ucx.port_offset that keeps the data ports apart from the "
+            "cluster's ports");
+  // ... or the scheduler's.
+  EXPECT_CONTAINS(Error(head + "  servers: [a:8000]\n  workers: [b:9200]\n"),
+                  "server 0's data port 9000 (its port 8000 + cluster.ucx.port_offset 1000) "
+                  "collides with the scheduler at tcp://a:9000 on the same host");
+  // ... or another node's metrics port.
+  EXPECT_CONTAINS(
+      Error(head + "  servers: [a:9100]\n  workers: [a:9200]\nmetrics:\n  port: 10099\n"),
+      "cluster.ucx.port_offset: server 0's data port 10100 (its port 9100 + "
+      "cluster.ucx.port_offset 1000) collides with server 0's metrics port on the same host");
+  // On other hosts the same port is fine.
+  EXPECT_EQ(
+      Parse(head + "  servers: [a:9100]\n  workers: [b:10100]\n").DataAddress(v1::ROLE_SERVER, 0),
+      "ucx://a:10100");
+  // Addresses without a port have no data address.
+  EXPECT_CONTAINS(Error(head + "  servers: [a:9100]\n  workers: ['ipc:///tmp/w0.sock']\n"),
+                  "cluster.transport: ucx needs a tcp:// address (host:port) for every server "
+                  "and worker: worker 0's data plane listens on its host at its port + "
+                  "cluster.ucx.port_offset, but its address is ipc:///tmp/w0.sock");
+  EXPECT_CONTAINS(Error(head + "  servers: [a:9100]\n  workers: [b:9200]\n  ucx: {port: 1}\n"),
+                  "cluster.yaml:6: cluster.ucx.port: unknown key; valid keys of cluster.ucx: "
+                  "net_devices, port_offset, tls");
+  EXPECT_CONTAINS(Error(head + "  servers: [a:9100]\n  workers: [b:9200]\n  ucx: tcp\n"),
+                  "cluster.yaml:6: cluster.ucx: expected a mapping");
+  EXPECT_CONTAINS(
+      Error(head + "  servers: [a:9100]\n  workers: [b:9200]\n  ucx: {port_offset: 0}\n"),
+      "cluster.ucx.port_offset: must be 1..65534");
+  // Curve keys authenticate the ucx data plane too (pushpull_process_test runs such a cluster).
+  EXPECT_EQ(Parse(head + "  servers: [a:9100]\n  workers: [b:9200]\nsecurity:\n  mode: curve\n")
+                .security.mode,
+            SecurityMode::kCurve);
+}
+
+TEST(ClusterConfigUcx, ValidateChecksCodeBuiltConfigs) {
+  ClusterConfig c = Parse(kMinimal);
+  c.transport = "ucx";
+  EXPECT_TRUE(ValidateClusterConfig(c).ok());
+  c.ucx.port_offset = 65535 - 9101 + 1;
+  EXPECT_CONTAINS(ValidateClusterConfig(c).message(),
+                  "cluster.ucx.port_offset: server 0's data port 65536");
+  c.ucx.port_offset = 9201 - 9101;
+  EXPECT_CONTAINS(ValidateClusterConfig(c).message(),
+                  "server 0's data port 9201 (its port 9101 + cluster.ucx.port_offset 100) "
+                  "collides with worker 0 at tcp://localhost:9201");
 }
 
 }  // namespace
