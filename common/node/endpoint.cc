@@ -48,6 +48,28 @@ StatusOr<std::unique_ptr<NodeEndpoint>> NodeEndpoint::Create(
     return InvalidArgumentError("NodeEndpointOptions::idle_wait must be > 0");
   }
   const std::string name = PeerIdOf(self);
+  std::unique_ptr<transport::Transport> data_transport;
+  if (!options.data_listen_address.empty()) {
+    if (self.role == v1::ROLE_SCHEDULER) {
+      return InvalidArgumentError(
+          "NodeEndpointOptions::data_listen_address: the scheduler has no data plane");
+    }
+    transport::TransportOptions t;
+    t.name = name;
+    t.listen_address = options.data_listen_address;
+    t.inproc_hub = options.inproc_hub;
+    t.security = options.security;
+    t.max_message_bytes = options.max_message_bytes;
+    t.max_connections = options.max_connections;
+    t.ucx_config = options.data_ucx_config;
+    StatusOr<std::unique_ptr<transport::Transport>> made = transport::CreateTransport(t);
+    if (!made.ok()) {
+      return made.status().WithContext(fmt::format(
+          "{}: cannot listen for the data plane at {}",
+          options.label.empty() ? DefaultLabel(self) : options.label, options.data_listen_address));
+    }
+    data_transport = std::move(made).value();
+  }
   if (transport == nullptr) {
     transport::TransportOptions t;
     t.backend = options.backend;
@@ -63,15 +85,18 @@ StatusOr<std::unique_ptr<NodeEndpoint>> NodeEndpoint::Create(
         fmt::format("the injected transport is named '{}', but this node's PeerId is '{}'",
                     transport->name(), name));
   }
-  return std::unique_ptr<NodeEndpoint>(new NodeEndpoint(std::move(options), std::move(transport)));
+  return std::unique_ptr<NodeEndpoint>(
+      new NodeEndpoint(std::move(options), std::move(transport), std::move(data_transport)));
 }
 
 NodeEndpoint::NodeEndpoint(NodeEndpointOptions options,
-                           std::unique_ptr<transport::Transport> transport)
+                           std::unique_ptr<transport::Transport> transport,
+                           std::unique_ptr<transport::Transport> data_transport)
     : options_(std::move(options)),
       label_(options_.label.empty() ? DefaultLabel(options_.self) : options_.label),
       clock_(options_.clock ? options_.clock : SystemClock()),
-      transport_(std::move(transport)) {}
+      transport_(std::move(transport)),
+      data_transport_(std::move(data_transport)) {}
 
 NodeEndpoint::~NodeEndpoint() {
   Close();
@@ -83,6 +108,10 @@ const transport::PeerId& NodeEndpoint::name() const {
 
 std::string NodeEndpoint::address() const {
   return transport_->address();
+}
+
+std::string NodeEndpoint::data_address() const {
+  return data_transport_ ? data_transport_->address() : std::string();
 }
 
 // ---- registration ----
@@ -156,10 +185,44 @@ void NodeEndpoint::HoldPlane(Plane plane) {
 
 void NodeEndpoint::Start() {
   BP_CHECK(!started_.exchange(true), "NodeEndpoint::Start called twice");
+  StartDataLoop();
   io_thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "bp-io");
     Loop();
   });
+}
+
+void NodeEndpoint::StartDataLoop() {
+  if (data_transport_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(data_thread_mu_);
+  if (data_loop_started_ || closed_.load()) return;
+  data_loop_started_ = true;
+  data_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "bp-io-data");
+    DataLoop();
+  });
+}
+
+void NodeEndpoint::DataLoop() {
+  while (!closed_.load()) {
+    StatusOr<transport::Received> r = data_transport_->Receive(options_.idle_wait);
+    if (!r.ok()) {
+      if (r.status().code() == StatusCode::kTimeout || closed_.load()) continue;
+      const Status failure = r.status().WithContext(
+          fmt::format("{}: the data transport at {} failed", label_, data_transport_->address()));
+      std::lock_guard<std::mutex> lock(dispatch_mu_);
+      FailLocked(failure);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(dispatch_mu_);
+    DispatchLocked(*r, /*on_data=*/true);
+  }
+}
+
+void NodeEndpoint::FailLocked(const Status& failure) {
+  if (failed_) return;
+  failed_ = true;
+  for (const FailureHandler& f : failure_handlers_) f(failure);
 }
 
 void NodeEndpoint::Loop() {
@@ -177,13 +240,14 @@ void NodeEndpoint::Loop() {
     if (s.ok() || closed_.load()) continue;
     const Status failure = s.WithContext(label_ + ": endpoint failed");
     std::lock_guard<std::mutex> lock(dispatch_mu_);
-    for (const FailureHandler& f : failure_handlers_) f(failure);
+    FailLocked(failure);
     return;
   }
 }
 
 Status NodeEndpoint::Poll(milliseconds timeout) {
   started_.store(true);
+  StartDataLoop();
   StatusOr<transport::Received> r = transport_->Receive(timeout);
   if (!r.ok()) {
     if (r.status().code() == StatusCode::kTimeout) return Status::Ok();
@@ -210,17 +274,42 @@ Plane NodeEndpoint::PlaneOf(const Sender& sender) const {
   return Plane::kData;
 }
 
+transport::Transport& NodeEndpoint::TransportFor(const transport::PeerId& peer) const {
+  if (data_transport_ == nullptr) return *transport_;
+  const std::optional<NodeIdentity> node = ParseNodePeerId(peer);
+  const bool data_peer =
+      node.has_value() && (node->role == v1::ROLE_SERVER || node->role == v1::ROLE_WORKER);
+  return data_peer ? *data_transport_ : *transport_;
+}
+
 bool NodeEndpoint::May(RoleSet senders, const Sender& sender) {
   return senders.Contains(sender.node ? sender.node->role : v1::ROLE_UNSPECIFIED);
 }
 
-void NodeEndpoint::DispatchLocked(transport::Received& received) {
+void NodeEndpoint::DispatchLocked(transport::Received& received, bool on_data) {
   Sender sender;
   sender.peer = received.is_message() ? received.from : received.event().peer;
   if (sender.peer.empty()) sender.peer = received.from;
   sender.node = ParseNodePeerId(sender.peer);
   const Plane plane = PlaneOf(sender);
   const size_t i = Index(plane);
+  if (on_data && plane == Plane::kControl) {
+    // The data transport carries worker <-> server messages only; the control plane (and
+    // the scheduler) use the main transport.
+    if (!received.is_message()) {
+      BP_LOG_DEBUG("{}: data transport event about '{}' ignored", label_, sender.peer);
+      return;
+    }
+    ++refused_;
+    uint64_t suppressed = 0;
+    if (reject_limiter_.Allow(sender.peer + "/data-transport", &suppressed)) {
+      BP_LOG_WARN(
+          "{}: refused a control-plane message from '{}' on the data transport at {} (the "
+          "control plane uses {}; {} more since the last report)",
+          label_, sender.peer, data_transport_->address(), transport_->address(), suppressed);
+    }
+    return;
+  }
   if (held_[i]) {
     held_msgs_[i].push_back(std::move(received));
     return;
@@ -332,20 +421,20 @@ void NodeEndpoint::RejectLocked(Plane plane, const Sender& sender,
 // ---- sending ----
 
 Status NodeEndpoint::Connect(const transport::PeerId& peer, const std::string& address) {
-  return transport_->Connect(peer, address);
+  return TransportFor(peer).Connect(peer, address);
 }
 
 Status NodeEndpoint::Connect(const transport::PeerId& peer, const std::string& address,
                              const transport::PeerId& key_owner) {
-  return transport_->Connect(peer, address, key_owner);
+  return TransportFor(peer).Connect(peer, address, key_owner);
 }
 
 void NodeEndpoint::Disconnect(const transport::PeerId& peer) {
-  transport_->Disconnect(peer);
+  TransportFor(peer).Disconnect(peer);
 }
 
 Status NodeEndpoint::Send(const transport::PeerId& peer, transport::Message message) {
-  return transport_->Send(peer, std::move(message));
+  return TransportFor(peer).Send(peer, std::move(message));
 }
 
 Status NodeEndpoint::SendControl(const transport::PeerId& peer, const v1::ControlMessage& message) {
@@ -353,7 +442,7 @@ Status NodeEndpoint::SendControl(const transport::PeerId& peer, const v1::Contro
   if (!message.SerializeToString(&m.header)) {
     return InternalError("cannot serialize a control message");
   }
-  return transport_->Send(peer, std::move(m));
+  return TransportFor(peer).Send(peer, std::move(m));
 }
 
 Status NodeEndpoint::SendData(const transport::PeerId& peer, const v1::DataHeader& header,
@@ -361,19 +450,25 @@ Status NodeEndpoint::SendData(const transport::PeerId& peer, const v1::DataHeade
   transport::Message m;
   if (!header.SerializeToString(&m.header)) return InternalError("cannot serialize a data header");
   m.frames = std::move(frames);
-  return transport_->Send(peer, std::move(m));
+  return TransportFor(peer).Send(peer, std::move(m));
 }
 
 void NodeEndpoint::Close() {
   if (closed_.exchange(true)) return;
   transport_->Close();
-  if (io_thread_.joinable()) {
-    if (io_thread_.get_id() == std::this_thread::get_id()) {
-      io_thread_.detach();  // closed from a handler: the loop ends when the handler returns
+  if (data_transport_) data_transport_->Close();
+  // Closed from a handler: that loop ends when the handler returns.
+  auto join = [](std::thread& t) {
+    if (!t.joinable()) return;
+    if (t.get_id() == std::this_thread::get_id()) {
+      t.detach();
     } else {
-      io_thread_.join();
+      t.join();
     }
-  }
+  };
+  join(io_thread_);
+  std::lock_guard<std::mutex> lock(data_thread_mu_);
+  join(data_thread_);
 }
 
 EndpointStats NodeEndpoint::stats() const {
@@ -384,6 +479,7 @@ EndpointStats NodeEndpoint::stats() const {
   s.malformed = malformed_.load();
   s.events = events_count_.load();
   s.transport = transport_->stats();
+  if (data_transport_) s.data_transport = data_transport_->stats();
   return s;
 }
 

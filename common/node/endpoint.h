@@ -16,22 +16,35 @@
 // messages are all counted, but the handler (which logs) hears of at most one per 10 s per
 // sender and reason, so a peer sending garbage in a loop cannot grow the log.
 //
+// Transports. The main transport listens at listen_address and carries the control plane, and
+// the data plane too unless the node has a data transport: a second transport (options
+// data_listen_address, e.g. ucx:// under cluster.transport ucx) created by the same factory with
+// the same name, security and limits. Then Connect/Disconnect/Send* to a server or worker (from
+// a server or worker) go on the data transport, everything else on the main one. Messages
+// that arrive on the data transport must be data-plane: one from the scheduler (or any
+// control-plane message) is refused and counted (stats().refused). Data-plane messages that
+// arrive on the main transport are still dispatched (a peer without a data address).
+//
 // Loop. Start() runs the loop on the endpoint's own I/O thread ("bp-io"); a process that owns
 // its loop (the scheduler) calls Poll() instead. Timers registered with AddTimer run on the
 // loop before every wait and say when they next need to run; the loop blocks in the
-// transport until then (at most idle_wait). When the transport fails, the failure handlers
-// are called once and the loop ends.
+// transport until then (at most idle_wait). A data transport has its own receive thread
+// ("bp-io-data", started by Start() or the first Poll()) that waits in the data transport (at
+// most idle_wait) and dispatches into the same handlers under the same dispatch lock, so
+// handlers still run one at a time. When either transport fails, the failure handlers are
+// called once (whichever fails first) and that transport's loop ends.
 //
 // Holding a plane. Messages of a held plane (HoldPlane) are kept in arrival order and
 // dispatched, in order and before anything newer, by ReleasePlane — for a server that must
 // not see workers' data before its own assignment arrived.
 //
-// Ownership: the endpoint's owner (Server, Engine, Scheduler, or a SchedulerClient created
-// without one) closes it before destroying the objects whose handlers it calls.
+// Ownership: the endpoint owns both transports and both threads. Its owner (Server, Engine,
+// Scheduler, or a SchedulerClient created without one) closes it before destroying the objects
+// whose handlers it calls; Close closes both transports and joins both threads.
 // Thread-safety: register handlers before Start()/the first Poll(); afterwards Connect, Send*,
 // ReleasePlane, Close and stats() may be called from any thread. Handlers and timers run on
-// the loop's thread, one at a time (under the dispatch lock); they may send, but must not call
-// Close, ReleasePlane or Poll, and must not block for long.
+// the loop's thread or the data receive thread, one at a time (under the dispatch lock); they
+// may send, but must not call Close, ReleasePlane or Poll, and must not block for long.
 #pragma once
 
 #include <atomic>
@@ -90,15 +103,22 @@ struct NodeEndpointOptions {
   transport::TransportSecurity security;
   uint64_t max_message_bytes = uint64_t{1} << 32;
   size_t max_connections = 1024;
+  // The data plane's own listen address ("ucx://HOST:PORT"); its scheme picks the data
+  // transport's backend. "" = no data transport: the main transport carries both planes.
+  std::string data_listen_address;
+  // The data transport's UCX settings (TransportOptions::ucx_config: {"TLS", "tcp"}, ...).
+  std::map<std::string, std::string> data_ucx_config;
 };
 
 struct EndpointStats {
-  uint64_t dispatched = 0;  // messages handed to a registered handler
-  uint64_t unhandled = 0;   // messages of a type nobody registered
-  uint64_t refused = 0;     // messages from a role that may not send their type
-  uint64_t malformed = 0;   // messages whose header did not parse
-  uint64_t events = 0;      // transport events dispatched
-  transport::TransportStats transport;
+  uint64_t dispatched = 0;              // messages handed to a registered handler
+  uint64_t unhandled = 0;               // messages of a type nobody registered
+  uint64_t refused = 0;                 // messages from a role that may not send their type, and
+                                        // control-plane messages that came on the data transport
+  uint64_t malformed = 0;               // messages whose header did not parse
+  uint64_t events = 0;                  // transport events dispatched
+  transport::TransportStats transport;  // the main transport
+  transport::TransportStats data_transport;  // the data transport (zero when there is none)
 };
 
 class NodeEndpoint {
@@ -182,6 +202,8 @@ class NodeEndpoint {
   const transport::PeerId& name() const;
   // The resolved listen address (the real port when 0 was asked).
   std::string address() const;
+  // The data transport's resolved listen address; "" when there is no data transport.
+  std::string data_address() const;
   const std::string& label() const { return label_; }
   const std::shared_ptr<const Clock>& clock() const { return clock_; }
   EndpointStats stats() const;
@@ -196,13 +218,23 @@ class NodeEndpoint {
     DataHandler handler;
   };
 
-  NodeEndpoint(NodeEndpointOptions options, std::unique_ptr<transport::Transport> transport);
+  NodeEndpoint(NodeEndpointOptions options, std::unique_ptr<transport::Transport> transport,
+               std::unique_ptr<transport::Transport> data_transport);
 
   void Loop();
+  // The data transport's receive loop (thread bp-io-data).
+  void DataLoop();
+  void StartDataLoop();
+  // Calls the failure handlers unless they were called before (caller holds dispatch_mu_).
+  void FailLocked(const Status& failure);
   Plane PlaneOf(const Sender& sender) const;
+  // The transport that carries messages to `peer`: the data transport for a server or worker
+  // (when this node is one and has a data transport), the main one otherwise.
+  transport::Transport& TransportFor(const transport::PeerId& peer) const;
   static bool May(RoleSet senders, const Sender& sender);
-  // Dispatches one received message or event (caller holds dispatch_mu_).
-  void DispatchLocked(transport::Received& received);
+  // Dispatches one received message or event; `on_data`: it came on the data transport
+  // (caller holds dispatch_mu_).
+  void DispatchLocked(transport::Received& received, bool on_data = false);
   void DispatchControlLocked(const Sender& sender, transport::Message& message);
   void DispatchDataLocked(const Sender& sender, transport::Message& message);
   void RejectLocked(Plane plane, const Sender& sender, const transport::Message& message,
@@ -212,6 +244,7 @@ class NodeEndpoint {
   const std::string label_;
   const std::shared_ptr<const Clock> clock_;
   std::unique_ptr<transport::Transport> transport_;
+  std::unique_ptr<transport::Transport> data_transport_;  // null: none
 
   // Registration: written before the loop starts, read-only afterwards.
   std::map<int, ControlRoute> control_routes_;
@@ -230,9 +263,13 @@ class NodeEndpoint {
   std::deque<transport::Received> held_msgs_[2];  // guarded by dispatch_mu_
 
   LogLimiter reject_limiter_;  // guarded by dispatch_mu_
+  bool failed_ = false;        // the failure handlers ran; guarded by dispatch_mu_
 
   std::atomic<bool> closed_{false};
   std::thread io_thread_;
+  std::mutex data_thread_mu_;       // starting vs joining data_thread_
+  bool data_loop_started_ = false;  // guarded by data_thread_mu_
+  std::thread data_thread_;         // guarded by data_thread_mu_
 
   std::atomic<uint64_t> dispatched_{0};
   std::atomic<uint64_t> unhandled_{0};

@@ -2,7 +2,19 @@
 
 namespace bitpush::node {
 
-void AddEndpointMetrics(const EndpointStats& s, metrics::MetricSet& set) {
+void AddEndpointMetrics(const EndpointStats& stats, metrics::MetricSet& set) {
+  // One node, one set of counters: the data transport's (cluster.transport ucx) add to the
+  // main transport's.
+  EndpointStats s = stats;
+  const transport::TransportStats& d = stats.data_transport;
+  s.transport.messages_sent += d.messages_sent;
+  s.transport.messages_received += d.messages_received;
+  s.transport.bytes_sent += d.bytes_sent;
+  s.transport.bytes_received += d.bytes_received;
+  s.transport.malformed_dropped += d.malformed_dropped;
+  s.transport.identity_refused += d.identity_refused;
+  s.transport.auth_refused += d.auth_refused;
+  s.transport.connections_refused += d.connections_refused;
   constexpr char kMessages[] = "bitpush_transport_messages_total";
   constexpr char kMessagesHelp[] = "Messages sent and received by this node's endpoint.";
   set.Counter(kMessages, kMessagesHelp, s.transport.messages_sent, {{"direction", "sent"}});

@@ -444,6 +444,91 @@ TEST(NodeEndpoint, CloseEndsTheLoopWithoutCallingTheFailureHandlers) {
   EXPECT_EQ(e->Poll(milliseconds(1)).code(), StatusCode::kCancelled);
 }
 
+// A server with a data transport (as under cluster.transport ucx; inproc here): the workers'
+// data arrives there and is dispatched to the same handlers as the main transport's, the
+// scheduler's control messages use the main transport, and a control-plane message that
+// arrives on the data transport is refused and counted, never dispatched.
+TEST(NodeEndpoint, ADataTransportCarriesTheDataPlaneAndRefusesControlOnIt) {
+  auto hub = transport::NewInprocHub();
+  auto make = [&](NodeIdentity self, const std::string& data) {
+    NodeEndpointOptions o;
+    o.self = self;
+    o.listen_address = "inproc://" + NodePeerId(self.role, self.rank);
+    o.data_listen_address = data;
+    o.inproc_hub = hub;
+    return NodeEndpoint::Create(o).value();
+  };
+  auto server = make({v1::ROLE_SERVER, 0}, "inproc://server:0/data");
+  auto worker = make({v1::ROLE_WORKER, 1}, "inproc://worker:1/data");
+  auto scheduler = Make(hub, {v1::ROLE_SCHEDULER, 0});
+  EXPECT_EQ(server->address(), "inproc://server:0");
+  EXPECT_EQ(server->data_address(), "inproc://server:0/data");
+  EXPECT_EQ(scheduler->data_address(), "");
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> seen;
+  auto record = [&](std::string what) {
+    std::lock_guard<std::mutex> lock(mu);
+    seen.push_back(std::move(what));
+    cv.notify_all();
+  };
+  server->OnData(
+      DataHeader::OP_PUSH, RoleSet::Of(v1::ROLE_WORKER),
+      [&](const Sender& from, DataHeader&, Message&) { record("push from " + from.peer); });
+  server->OnControl(
+      ControlMessage::kHeartbeat, RoleSet::Of(v1::ROLE_SCHEDULER),
+      [&](const Sender& from, const ControlMessage&) { record("heartbeat from " + from.peer); });
+  server->Start();
+  auto wait_for = [&](size_t n) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(5), [&] { return seen.size() >= n; });
+  };
+
+  // Worker -> server goes on the data transports (the worker's and the server's).
+  ASSERT_TRUE(worker->Connect("server:0", server->data_address()).ok());
+  ASSERT_TRUE(worker->Send("server:0", DataMessage(DataHeader::OP_PUSH)).ok());
+  ASSERT_TRUE(wait_for(1));
+  // Scheduler -> server on the main one.
+  ASSERT_TRUE(scheduler->Connect("server:0", server->address()).ok());
+  ASSERT_TRUE(scheduler->Send("server:0", ControlOf(ControlMessage::kHeartbeat)).ok());
+  ASSERT_TRUE(wait_for(2));
+
+  // A peer named "scheduler" on the data transport: refused, counted, not dispatched.
+  transport::TransportOptions t;
+  t.name = std::string(kSchedulerPeerId);
+  t.listen_address = "inproc://impostor";
+  t.inproc_hub = hub;
+  auto impostor = transport::CreateTransport(t).value();
+  ASSERT_TRUE(impostor->Connect("server:0", server->data_address()).ok());
+  ASSERT_TRUE(impostor->Send("server:0", ControlOf(ControlMessage::kHeartbeat)).ok());
+  // A worker's push after it: the inproc data transport has one mailbox, received in the order
+  // Send put them there, so once the push is dispatched the heartbeat was handled.
+  ASSERT_TRUE(worker->Send("server:0", DataMessage(DataHeader::OP_PUSH)).ok());
+  ASSERT_TRUE(wait_for(3));
+  const EndpointStats st = server->stats();
+  EXPECT_EQ(st.refused, 1u);
+  EXPECT_EQ(st.dispatched, 3u);
+  EXPECT_EQ(st.data_transport.messages_received, 3u);  // two pushes, the impostor's heartbeat
+  EXPECT_EQ(st.transport.messages_received, 1u);       // the scheduler's heartbeat
+  server->Close();
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(seen, (std::vector<std::string>{"push from worker:1", "heartbeat from scheduler",
+                                            "push from worker:1"}));
+}
+
+TEST(NodeEndpoint, TheSchedulerHasNoDataTransport) {
+  NodeEndpointOptions o;
+  o.self = {v1::ROLE_SCHEDULER, 0};
+  o.listen_address = "inproc://scheduler";
+  o.data_listen_address = "inproc://scheduler/data";
+  o.inproc_hub = transport::NewInprocHub();
+  const auto e = NodeEndpoint::Create(o);
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.status().message(),
+            "NodeEndpointOptions::data_listen_address: the scheduler has no data plane");
+}
+
 TEST(NodeEndpoint, AnInjectedTransportMustCarryTheNodesName) {
   auto hub = transport::NewInprocHub();
   NodeEndpointOptions o;
