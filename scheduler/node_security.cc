@@ -133,6 +133,20 @@ Status ConfigureNodeEndpoint(const ClusterConfig& c, node::NodeEndpointOptions* 
   BP_ASSIGN_OR_RETURN(options->security, NodeTransportSecurity(c, name));
   options->max_message_bytes = LargestLegalMessage(c);
   options->max_connections = MaxNodeConnections(c);
+  options->backend = c.ControlBackend();
+  options->data_listen_address.clear();
+  options->data_ucx_config.clear();
+  if (c.transport == "ucx" && self.role != v1::ROLE_SCHEDULER) {
+    options->data_listen_address = c.DataAddress(self.role, self.rank);
+    if (options->data_listen_address.empty()) {
+      return InvalidArgumentError(fmt::format(
+          "{} has no data address under cluster.transport ucx (its address {} needs to be "
+          "tcp://HOST:PORT with PORT + cluster.ucx.port_offset {} at most 65535)",
+          name, c.NodeAddress(self.role, self.rank), c.ucx.port_offset));
+    }
+    if (!c.ucx.tls.empty()) options->data_ucx_config["TLS"] = c.ucx.tls;
+    if (!c.ucx.net_devices.empty()) options->data_ucx_config["NET_DEVICES"] = c.ucx.net_devices;
+  }
   return Status::Ok();
 }
 

@@ -1,4 +1,4 @@
-// What a node's transport takes from the cluster config (docs/security.md): its security
+// What a node's transports take from the cluster config (docs/security.md): its security
 // (security.mode, its key pair, the cluster's public keys, each bound to one node) and the
 // bounds on what any peer can make it hold (the largest legal message, the connections at
 // once). The scheduler, each server and each worker engine build their endpoint with
@@ -44,7 +44,11 @@ uint64_t LargestLegalMessage(const ClusterConfig& c);
 // pair) plus 32.
 size_t MaxNodeConnections(const ClusterConfig& c);
 
-// Sets options->security, max_message_bytes and max_connections for the node options->self.
+// Sets options->security, max_message_bytes and max_connections for the node options->self,
+// the backend of its main (control-plane) transport (ClusterConfig::ControlBackend), and under
+// cluster.transport ucx a server's or worker's data transport: data_listen_address
+// (ClusterConfig::DataAddress) and data_ucx_config (cluster.ucx.tls / net_devices as TLS /
+// NET_DEVICES).
 Status ConfigureNodeEndpoint(const ClusterConfig& c, node::NodeEndpointOptions* options);
 
 // The scheduler's warning for security.mode none when an address of the cluster is not

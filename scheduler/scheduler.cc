@@ -98,6 +98,7 @@ Scheduler::Scheduler(SchedulerOptions options, std::unique_ptr<node::NodeEndpoin
       s.rank = rank;
       s.name = NodePeerId(role, rank);
       s.address = list[rank];
+      s.data_address = cluster_.DataAddress(role, rank);
       slot_by_name_[s.name] = slots_.size();
       slots_.push_back(std::move(s));
     }
@@ -146,6 +147,7 @@ v1::NodeInfo Scheduler::InfoOf(const Slot& slot) const {
   n.set_role(slot.role);
   n.set_rank(slot.rank);
   n.set_address(slot.address);
+  n.set_data_address(slot.data_address);
   n.set_name(slot.name);
   return n;
 }
@@ -367,6 +369,19 @@ void Scheduler::HandleRegister(const std::string& from, const v1::RegisterReques
            fmt::format("unknown node: {} {} registers from {} but the cluster YAML has {} at that "
                        "rank",
                        role, req.rank(), req.address(), slot.address));
+    return;
+  }
+  if (req.data_address() != slot.data_address) {
+    Refuse(from, req, &slot,
+           slot.data_address.empty()
+               ? fmt::format("unknown node: {} {} registers a data address {} but the cluster "
+                             "YAML gives it none (cluster.transport is {})",
+                             role, req.rank(), req.data_address(), cluster_.transport)
+               : fmt::format("unknown node: {} {} registers its data plane at {} but the cluster "
+                             "YAML implies {} (its address {} + cluster.ucx.port_offset {})",
+                             role, req.rank(),
+                             req.data_address().empty() ? "no address" : req.data_address(),
+                             slot.data_address, slot.address, cluster_.ucx.port_offset));
     return;
   }
   if (slot.registered && slot.incarnation != req.incarnation()) {

@@ -100,8 +100,9 @@ class Scheduler {
   struct Slot {
     v1::Role role;
     uint32_t rank;
-    std::string name;     // PeerId, "server:0"
-    std::string address;  // from the YAML
+    std::string name;          // PeerId, "server:0"
+    std::string address;       // from the YAML
+    std::string data_address;  // ClusterConfig::DataAddress ("" = the data plane uses address)
     bool registered = false;
     uint64_t incarnation = 0;
     std::string host;

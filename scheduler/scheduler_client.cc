@@ -224,6 +224,7 @@ v1::RegisterRequest SchedulerClient::MakeRequest() const {
   r.set_role(options_.role);
   r.set_rank(options_.rank);
   r.set_address(address_);
+  r.set_data_address(options_.cluster.DataAddress(options_.role, options_.rank));
   for (const std::string& c : options_.capabilities) r.add_capabilities(c);
   const std::vector<v1::ConfigField> fields = ConfigFields(options_.cluster);
   r.set_config_hash(ConfigHash(fields));

@@ -236,7 +236,12 @@ Status Server::Impl::Start() {
   num_workers_ = static_cast<uint32_t>(a.workers_size());
   for (int i = 0; i < a.workers_size(); ++i) {
     const std::string peer = scheduler::NodePeerId(v1::ROLE_WORKER, static_cast<uint32_t>(i));
-    BP_RETURN_IF_ERROR(endpoint_->Connect(peer, a.workers(i).address()));
+    // The worker's data plane: its data address when it has one (transport ucx).
+    const v1::NodeInfo& w = a.workers(i);
+    const std::string& address = w.data_address().empty() ? w.address() : w.data_address();
+    BP_RETURN_IF_ERROR(endpoint_->Connect(peer, address)
+                           .WithContext(fmt::format("server {}: connecting to worker {} at {}",
+                                                    options_.rank, i, address)));
   }
   endpoint_->ReleasePlane(node::Plane::kData);
   BP_LOG_INFO("server {}: serving {} workers with {} engine threads{}", options_.rank, num_workers_,

@@ -132,9 +132,11 @@ Status Engine::Start(EngineOptions& options) {
   num_servers_ = static_cast<uint32_t>(a.servers_size());
   for (const v1::NodeInfo& s : a.servers()) {
     const std::string peer = scheduler::NodePeerId(v1::ROLE_SERVER, s.rank());
-    BP_RETURN_IF_ERROR(endpoint_->Connect(peer, s.address())
+    // The server's data plane: its data address when it has one (transport ucx).
+    const std::string& address = s.data_address().empty() ? s.address() : s.data_address();
+    BP_RETURN_IF_ERROR(endpoint_->Connect(peer, address)
                            .WithContext(fmt::format("{}: connecting to server {} at {}", label_,
-                                                    s.rank(), s.address())));
+                                                    s.rank(), address)));
   }
   BP_LOG_INFO("{}: engine started ({} compression threads, credit {} bytes, op timeout {} ms)",
               label_, pool_->size(), cluster_.worker.credit_bytes,

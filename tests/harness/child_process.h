@@ -81,25 +81,34 @@ class TempDir {
   bool keep_ = false;
 };
 
+// True when `port` of 127.0.0.1 binds now (then released).
+inline bool TcpPortBinds(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const bool free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  close(fd);
+  return free;
+}
+
 // A free TCP port on 127.0.0.1 below Linux's ephemeral range (32768-60999), so it never
 // collides with the kernel's outgoing connections: the next port of a per-process walk of
 // 20000-32767 that binds (then released; another process could take it meanwhile, which the
-// cluster's start-up would report). -1 when none binds.
-inline int FreeTcpPort() {
+// cluster's start-up would report). With `also_offset` > 0, port + also_offset must be below
+// 32768 and bind too (a ucx node's data port). -1 when none binds.
+inline int FreeTcpPort(int also_offset = 0) {
   constexpr int kFirst = 20000;
   constexpr int kCount = 32768 - kFirst;
   static std::atomic<int> next{static_cast<int>((getpid() * 7919u) % kCount)};
   for (int tries = 0; tries < kCount; ++tries) {
     const int port = kFirst + next.fetch_add(1) % kCount;
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return -1;
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-    close(fd);
-    if (free) return port;
+    if (also_offset > 0 && (port + also_offset >= 32768 || !TcpPortBinds(port + also_offset))) {
+      continue;
+    }
+    if (TcpPortBinds(port)) return port;
   }
   return -1;
 }

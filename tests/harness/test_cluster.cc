@@ -39,15 +39,22 @@ scheduler::ClusterConfig TestClusterConfig(const TestClusterOptions& o) {
   scheduler::ClusterConfig c;
   c.source = o.source;
   std::set<int> used;
-  auto tcp = [&used] {
-    int p = FreeTcpPort();
-    while (p > 0 && !used.insert(p).second) p = FreeTcpPort();
+  // A free port (and, with a data port, port + offset), neither taken by another node.
+  auto tcp = [&used, &o](bool data_port = false) {
+    const int offset = data_port ? static_cast<int>(o.ucx_port_offset) : 0;
+    int p = FreeTcpPort(offset);
+    while (p > 0 && (used.count(p) != 0 || (offset > 0 && used.count(p + offset) != 0))) {
+      p = FreeTcpPort(offset);
+    }
+    used.insert(p);
+    if (offset > 0) used.insert(p + offset);
     return "tcp://127.0.0.1:" + std::to_string(p);
   };
   auto node = [&](v1::Role role, uint32_t rank) -> std::string {
     switch (o.transport) {
       case TestTransport::kInproc: return "inproc://" + scheduler::NodePeerId(role, rank);
       case TestTransport::kTcp: return tcp();
+      case TestTransport::kUcx: return tcp(/*data_port=*/true);
       case TestTransport::kIpc:
         return fmt::format("ipc://{}/{}{}.sock", o.ipc_dir, role == v1::ROLE_SERVER ? "s" : "w",
                            rank);
@@ -59,6 +66,11 @@ scheduler::ClusterConfig TestClusterConfig(const TestClusterOptions& o) {
     c.scheduler_address = "inproc://scheduler";
   } else {
     c.scheduler_address = tcp();
+  }
+  if (o.transport == TestTransport::kUcx) {
+    c.transport = "ucx";
+    c.ucx.port_offset = o.ucx_port_offset;
+    c.ucx.tls = o.ucx_tls;
   }
   if (!o.scheduler_address.empty()) c.scheduler_address = o.scheduler_address;
   for (uint32_t i = 0; i < o.servers; ++i) c.servers.push_back(node(v1::ROLE_SERVER, i));
@@ -91,6 +103,12 @@ std::string TestClusterYaml(const scheduler::ClusterConfig& c) {
   y += fmt::format("  heartbeat_interval_ms: {}\n", c.heartbeat_interval.count());
   y += fmt::format("  heartbeat_timeout_ms: {}\n", c.heartbeat_timeout.count());
   y += "  startup_timeout_s: " + Seconds(c.startup_timeout) + "\n";
+  if (c.transport == "ucx") {
+    y += "  ucx:\n";
+    y += fmt::format("    port_offset: {}\n", c.ucx.port_offset);
+    if (!c.ucx.tls.empty()) y += "    tls: " + Quoted(c.ucx.tls) + "\n";
+    if (!c.ucx.net_devices.empty()) y += "    net_devices: " + Quoted(c.ucx.net_devices) + "\n";
+  }
   const scheduler::CompressionSettings& k = c.compression;
   y += "compression:\n";
   y += "  spec: " + Quoted(k.spec) + "\n";
@@ -117,6 +135,11 @@ std::string TestClusterYaml(const scheduler::ClusterConfig& c) {
   y += "  op_timeout_s: " + Seconds(w.op_timeout) + "\n";
   if (w.local_size != 0) y += fmt::format("  local_size: {}\n", w.local_size);
   if (!w.socket.empty()) y += "  socket: " + Quoted(w.socket) + "\n";
+  if (c.security.mode != scheduler::SecurityMode::kNone) {
+    y += "security:\n";
+    y += "  mode: " + std::string(scheduler::SecurityModeName(c.security.mode)) + "\n";
+    if (!c.security.keys_dir.empty()) y += "  keys_dir: " + Quoted(c.security.keys_dir) + "\n";
+  }
   if (c.metrics.port != 0) {
     y += "metrics:\n";
     y += fmt::format("  port: {}\n", c.metrics.port);

@@ -38,14 +38,19 @@ enum class TestTransport {
   kInproc,  // threads as nodes: inproc://scheduler, inproc://server:N, inproc://worker:N
   kTcp,     // processes: tcp://127.0.0.1:<free port> for every node
   kIpc,     // processes: ipc://<ipc_dir>/sN.sock, wN.sock for the nodes, tcp for the scheduler
+  // processes, cluster.transport ucx: tcp://127.0.0.1:<free port> for every node (the control
+  // plane), each server's and worker's port + ucx_port_offset free too (its ucx:// data plane)
+  kUcx,
 };
 
 struct TestClusterOptions {
   uint32_t servers = 1;
   uint32_t workers = 1;
   TestTransport transport = TestTransport::kInproc;
-  std::string ipc_dir;            // kIpc: where the node sockets go
-  std::string scheduler_address;  // "" = chosen by the transport
+  std::string ipc_dir;              // kIpc: where the node sockets go
+  std::string ucx_tls;              // kUcx: cluster.ucx.tls ("" = UCX's choice)
+  uint32_t ucx_port_offset = 1000;  // kUcx: cluster.ucx.port_offset
+  std::string scheduler_address;    // "" = chosen by the transport
   std::string source = "test cluster";
   std::string token;
   // Short control-plane timing, for fast tests (tests that time a failure detection set their own
@@ -62,8 +67,9 @@ struct TestClusterOptions {
 scheduler::ClusterConfig TestClusterConfig(const TestClusterOptions& options);
 
 // `config` as cluster YAML: every key of the cluster, compression, server and worker sections
-// (not the host form's per-node training processes), and the metrics section when its port is
-// set. The token is written as it is.
+// (not the host form's per-node training processes; cluster.ucx under transport ucx), the
+// metrics section when its port is set, and security.mode and keys_dir when the mode is not
+// none. The token is written as it is.
 std::string TestClusterYaml(const scheduler::ClusterConfig& config);
 
 // Writes TestClusterYaml(config) to `path`.

@@ -18,6 +18,7 @@
 #include "scheduler/scheduler_client.h"
 #include "tests/harness/cluster_harness.h"
 #include "tests/harness/manual_clock.h"
+#include "tests/harness/test_cluster.h"
 #include "tests/unit/test_util.h"
 
 namespace bitpush::testing {
@@ -103,7 +104,8 @@ TEST(Scheduler, RanksFollowTheYamlNotTheArrivalOrder) {
       EXPECT_EQ(a.workers(i).address(), h.config().workers[i]);
     }
     EXPECT_EQ(a.heartbeat_interval_ms(), 50u);
-    EXPECT_EQ(a.heartbeat_timeout_ms(), static_cast<uint32_t>(h.config().heartbeat_timeout.count()));
+    EXPECT_EQ(a.heartbeat_timeout_ms(),
+              static_cast<uint32_t>(h.config().heartbeat_timeout.count()));
   }
 }
 
@@ -471,6 +473,129 @@ TEST(Scheduler, RetryIsIdempotentDuplicateIsRefused) {
   const ClusterResult r = h.Join(kJoin);
   EXPECT_EQ(r.scheduler.status.code(), StatusCode::kUnavailable) << r.Describe();
   EXPECT_CONTAINS(r.scheduler.status.message(), "worker 1 at inproc://worker:1 failed");
+}
+
+TEST_F(RefusalTest, DataAddressWhereTheYamlGivesNone) {
+  StartCluster();
+  RawNode raw(*harness_, "worker:1", "inproc://worker:1");
+  v1::ControlMessage m = Request(*harness_, 1, 7, "host-x", 1);
+  m.mutable_register_request()->set_data_address("ucx://127.0.0.1:10201");
+  raw.Send(m);
+  auto refused = raw.Next(v1::ControlMessage::kRegisterRefused);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->register_refused().error(),
+            "unknown node: worker 1 registers a data address ucx://127.0.0.1:10201 but the "
+            "cluster YAML gives it none (cluster.transport is inproc)");
+  raw.Close();
+  FinishCluster();
+}
+
+// cluster.transport ucx: the scheduler (the control plane, zmq on loopback) refuses a node whose
+// data address is not its YAML port + cluster.ucx.port_offset, and hands every node's data
+// address out in the Assignment.
+TEST(Scheduler, UcxDataAddressIsCheckedAndAssigned) {
+  TestClusterOptions t;
+  t.servers = 1;
+  t.workers = 1;
+  t.transport = TestTransport::kUcx;
+  t.heartbeat_timeout = milliseconds(5000);
+  scheduler::SchedulerOptions so;
+  so.cluster = TestClusterConfig(t);
+  so.shutdown_ack_timeout = milliseconds(200);  // the raw nodes never ack
+  const scheduler::ClusterConfig& c = so.cluster;
+  StatusOr<std::unique_ptr<scheduler::Scheduler>> sched = scheduler::Scheduler::Create(so);
+  ASSERT_TRUE(sched.ok()) << sched.status().ToString();
+  Status run_status;
+  std::thread runner([&] { run_status = (*sched)->Run(); });
+
+  // A node's control-plane endpoint: zmq at its YAML address, no security.
+  auto raw = [&](v1::Role role) {
+    transport::TransportOptions o;
+    o.name = scheduler::NodePeerId(role, 0);
+    o.listen_address = c.NodeAddress(role, 0);
+    StatusOr<std::unique_ptr<transport::Transport>> made = transport::CreateTransport(o);
+    BP_CHECK_OK(made.status());
+    BP_CHECK_OK((*made)->Connect(scheduler::kSchedulerPeerId, c.scheduler_address));
+    return std::move(made).value();
+  };
+  auto request = [&](v1::Role role, const std::string& data_address) {
+    v1::ControlMessage m;
+    v1::RegisterRequest* r = m.mutable_register_request();
+    r->mutable_version()->set_major(kProtocolMajor);
+    r->mutable_version()->set_minor(kProtocolMinor);
+    r->set_role(role);
+    r->set_rank(0);
+    r->set_address(c.NodeAddress(role, 0));
+    r->set_data_address(data_address);
+    const auto fields = scheduler::ConfigFields(c);
+    for (const auto& f : fields) *r->add_config_fields() = f;
+    r->set_config_hash(scheduler::ConfigHash(fields));
+    r->set_incarnation(role == v1::ROLE_SERVER ? 1 : 2);
+    transport::Message msg;
+    msg.header = m.SerializeAsString();
+    return msg;
+  };
+  // The next control message of kind `want` (others skipped), within 5 s.
+  auto next = [](transport::Transport& tr, v1::ControlMessage::BodyCase want) {
+    const Clock::time_point deadline = Clock::now() + milliseconds(5000);
+    while (Clock::now() < deadline) {
+      auto r = tr.Receive(milliseconds(100));
+      if (!r.ok() || !r->is_message()) continue;
+      v1::ControlMessage m;
+      if (m.ParseFromString(r->message().header) && m.body_case() == want) {
+        return std::optional<v1::ControlMessage>(m);
+      }
+    }
+    return std::optional<v1::ControlMessage>();
+  };
+  const std::string server_data = c.DataAddress(v1::ROLE_SERVER, 0);
+  const std::string worker_data = c.DataAddress(v1::ROLE_WORKER, 0);
+  ASSERT_EQ(server_data,
+            "ucx://127.0.0.1:" + std::to_string(std::stoi(c.servers[0].substr(16)) + 1000));
+
+  std::unique_ptr<transport::Transport> worker = raw(v1::ROLE_WORKER);
+  // No data address, then one at another port: both refused, naming the expected one.
+  ASSERT_TRUE(worker->Send(scheduler::kSchedulerPeerId, request(v1::ROLE_WORKER, "")).ok());
+  auto refused = next(*worker, v1::ControlMessage::kRegisterRefused);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->register_refused().error(),
+            fmt::format("unknown node: worker 0 registers its data plane at no address but the "
+                        "cluster YAML implies {} (its address {} + cluster.ucx.port_offset 1000)",
+                        worker_data, c.workers[0]));
+  const std::string wrong = "ucx://127.0.0.1:1";
+  ASSERT_TRUE(worker->Send(scheduler::kSchedulerPeerId, request(v1::ROLE_WORKER, wrong)).ok());
+  refused = next(*worker, v1::ControlMessage::kRegisterRefused);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->register_refused().error(),
+            fmt::format("unknown node: worker 0 registers its data plane at {} but the cluster "
+                        "YAML implies {} (its address {} + cluster.ucx.port_offset 1000)",
+                        wrong, worker_data, c.workers[0]));
+  EXPECT_EQ((*sched)->stats().registrations_refused, 2u);
+  EXPECT_EQ((*sched)->stats().nodes_registered, 0u);
+
+  // The right ones are accepted, and the Assignment carries both data addresses.
+  ASSERT_TRUE(
+      worker->Send(scheduler::kSchedulerPeerId, request(v1::ROLE_WORKER, worker_data)).ok());
+  ASSERT_TRUE(next(*worker, v1::ControlMessage::kRegisterAccepted).has_value());
+  std::unique_ptr<transport::Transport> server = raw(v1::ROLE_SERVER);
+  ASSERT_TRUE(
+      server->Send(scheduler::kSchedulerPeerId, request(v1::ROLE_SERVER, server_data)).ok());
+  for (transport::Transport* tr : {worker.get(), server.get()}) {
+    auto a = next(*tr, v1::ControlMessage::kAssignment);
+    ASSERT_TRUE(a.has_value()) << tr->name();
+    ASSERT_EQ(a->assignment().servers_size(), 1);
+    ASSERT_EQ(a->assignment().workers_size(), 1);
+    EXPECT_EQ(a->assignment().servers(0).address(), c.servers[0]);
+    EXPECT_EQ(a->assignment().servers(0).data_address(), server_data);
+    EXPECT_EQ(a->assignment().workers(0).address(), c.workers[0]);
+    EXPECT_EQ(a->assignment().workers(0).data_address(), worker_data);
+  }
+  EXPECT_EQ((*sched)->stats().nodes_registered, 2u);
+  (*sched)->Stop();
+  runner.join();
+  EXPECT_FALSE(run_status.ok());  // interrupted
+  worker->Close();
+  server->Close();
 }
 
 TEST(Scheduler, AnUnregisteredPeerIsIgnored) {
