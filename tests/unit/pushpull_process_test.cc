@@ -1,15 +1,21 @@
 // The data plane as real processes: bitpush-scheduler, bitpush-server and bitpush-test-worker
-// (bench/pushpull_worker.h) on loopback tcp with short heartbeats (100 ms interval, 1000 ms
-// timeout). Checks a clean run (every process exits 0 after every iteration completed) and
-// the crash scenario: a server SIGKILLed while workers are in the middle of rounds
-// → every worker's pending handle fails, naming the server, and every worker exits within
-// heartbeat_timeout + 1 s of the kill. Every child is killed and reaped whatever happens
+// (bench/pushpull_worker.h) on loopback with short heartbeats (100 ms interval, 1000 ms
+// timeout), over each cluster transport: zmq (tcp), and ucx (the control plane on zmq, the data
+// plane over UCX) with UCX's TCP transport (`tls: tcp`) and with its shared-memory transports
+// (`tls: "sm,self,tcp"`: tcp stays for UCX's connection manager, docs/transport-ucx.md), and
+// over ucx (tcp) under security.mode curve (the node's keys on both planes). Checks a
+// clean run (every process exits 0 after every iteration completed, with the same results whatever
+// the transport) and the crash scenarios: a server SIGKILLed while workers are in the middle of
+// rounds → every worker's pending handle fails, naming the server, within heartbeat_timeout + 1 s
+// of the kill; a worker SIGKILLed → every other worker's pending handle fails naming it, and every
+// process exits non-zero. Every child is killed and reaped whatever happens
 // (tests/harness/child_process.h); every wait is bounded.
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -19,10 +25,16 @@
 #include <thread>
 #include <vector>
 
+#include "common/security/keys.h"
+#include "common/tensor_view.h"
+#include "scheduler/cluster_config.h"
 #include "scheduler/key_mapping.h"
+#include "scheduler/node_security.h"
 #include "tests/harness/child_process.h"
+#include "tests/harness/reference_model.h"
 #include "tests/harness/test_cluster.h"
 #include "tests/unit/test_util.h"
+#include "worker/client.h"
 #include "worker/partition.h"
 
 #ifndef BITPUSH_SCHEDULER_BIN
@@ -56,7 +68,19 @@ size_t CountOccurrences(const std::string& text, const std::string& needle) {
   return n;
 }
 
-class PushPullProcessTest : public ::testing::Test {
+// One cluster transport the tests run over.
+struct TransportCase {
+  const char* name;
+  TestTransport transport;
+  const char* ucx_tls;  // kUcx: cluster.ucx.tls
+  bool curve = false;   // security.mode curve, a key pair per node (bitpush keygen's files)
+};
+
+std::ostream& operator<<(std::ostream& os, const TransportCase& c) {
+  return os << c.name;
+}
+
+class PushPullProcessTest : public ::testing::TestWithParam<TransportCase> {
  protected:
   void TearDown() override {
     if (HasFailure()) std::cerr << DescribeChildren(children_);
@@ -69,7 +93,8 @@ class PushPullProcessTest : public ::testing::Test {
     TestClusterOptions t;
     t.servers = static_cast<uint32_t>(servers);
     t.workers = static_cast<uint32_t>(workers);
-    t.transport = TestTransport::kTcp;
+    t.transport = GetParam().transport;
+    t.ucx_tls = GetParam().ucx_tls;
     t.heartbeat_interval = milliseconds(kHeartbeatIntervalMs);
     t.heartbeat_timeout = milliseconds(kHeartbeatTimeoutMs);
     t.startup_timeout = milliseconds(10000);
@@ -77,8 +102,16 @@ class PushPullProcessTest : public ::testing::Test {
     t.compression.error_feedback = "both";
     t.compression.partition_bytes = kPartitionBytes;
     t.worker.op_timeout = milliseconds(20000);
+    scheduler::ClusterConfig c = TestClusterConfig(t);
+    if (GetParam().curve) {
+      c.security.mode = scheduler::SecurityMode::kCurve;
+      c.security.keys_dir = dir_.path() + "/keys";
+      StatusOr<std::vector<std::string>> written = security::WriteClusterKeys(
+          c.security.keys_dir, scheduler::ClusterNodeNames(c), /*overwrite=*/false);
+      ASSERT_TRUE(written.ok()) << written.status().ToString();
+    }
     config_ = dir_.path() + "/cluster.yaml";
-    ASSERT_TRUE(WriteTestClusterYaml(TestClusterConfig(t), config_).ok());
+    ASSERT_TRUE(WriteTestClusterYaml(c, config_).ok());
   }
 
   Child* StartScheduler() {
@@ -197,12 +230,72 @@ class PushPullProcessTest : public ::testing::Test {
     EXPECT_EQ(dead->exit_code(), 128 + SIGKILL);
   }
 
+  // 1 server, 3 workers looping over a 2 MiB tensor; worker 2 sleeps 50 ms before each
+  // iteration, so workers 0 and 1 are waiting for rounds that need worker 2's push when it is
+  // SIGKILLed: their pending handles fail naming it, within the bound, and every process ends
+  // non-zero (the scheduler's verdict names the worker to every node).
+  void KillWorkerMidRound() {
+    constexpr double kTensorMb = 2;
+    constexpr int kLingerMs = 1500;
+    WriteConfig(1, 3);
+    Child* sched = StartScheduler();
+    Child* server = StartServer(0);
+    std::vector<Child*> workers = {StartWorker(0, kTensorMb, 1000000, 0, kLingerMs),
+                                   StartWorker(1, kTensorMb, 1000000, 0, kLingerMs),
+                                   StartWorker(2, kTensorMb, 1000000, 50, kLingerMs)};
+    for (Child* w : workers) {
+      ASSERT_TRUE(WaitForOutput(*w, "iteration 3 ok", milliseconds(15000))) << w->label();
+    }
+    Child* dead = workers[2];
+    const Clock::time_point killed = Clock::now();
+    dead->Signal(SIGKILL);
+    std::vector<Child*> survivors = {workers[0], workers[1]};
+    std::vector<Clock::time_point> failed_at(survivors.size(), Clock::time_point::max());
+    const Clock::time_point deadline = killed + milliseconds(kDetectionBoundMs + 3000);
+    for (size_t left = survivors.size(); left > 0 && Clock::now() < deadline;) {
+      for (size_t i = 0; i < survivors.size(); ++i) {
+        if (failed_at[i] == Clock::time_point::max() &&
+            survivors[i]->output().find(": error: ") != std::string::npos) {
+          failed_at[i] = Clock::now();
+          --left;
+        }
+      }
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    for (size_t i = 0; i < survivors.size(); ++i) {
+      Child* w = survivors[i];
+      ASSERT_NE(failed_at[i], Clock::time_point::max())
+          << w->label() << " reported no failure within " << kDetectionBoundMs + 3000
+          << " ms of the kill:\n"
+          << w->output();
+      const int64_t latency = MsBetween(killed, failed_at[i]);
+      std::cout << "[latency] worker 2 SIGKILLed -> " << w->label() << " failed after " << latency
+                << " ms (bound " << kDetectionBoundMs << " ms)\n";
+      EXPECT_LE(latency, kDetectionBoundMs) << w->label();
+      const std::string out = w->output();
+      const size_t error = out.find("bitpush-test-worker " + w->label() + ": error: iteration ");
+      ASSERT_NE(error, std::string::npos) << out;
+      const std::string line = out.substr(error, out.find('\n', error) - error);
+      std::cout << "[error] " << line << "\n";
+      EXPECT_CONTAINS(line, "worker 2");
+    }
+    ASSERT_TRUE(WaitAll(survivors, Clock::now() + milliseconds(kLingerMs + 2000)));
+    for (Child* w : survivors) EXPECT_EQ(w->exit_code(), 3) << w->label();
+    std::vector<Child*> rest = {sched, server};
+    ASSERT_TRUE(WaitAll(rest, killed + milliseconds(kDetectionBoundMs + 3000)));
+    for (Child* c : rest) EXPECT_NE(c->exit_code(), 0) << c->label();
+    EXPECT_CONTAINS(sched->output(), "worker 2 at ");
+    EXPECT_CONTAINS(server->output(), "worker 2");
+    ASSERT_TRUE(WaitAll({dead}, Clock::now() + milliseconds(1000)));
+    EXPECT_EQ(dead->exit_code(), 128 + SIGKILL);
+  }
+
   TempDir dir_;
   std::string config_;
   std::vector<std::unique_ptr<Child>> children_;
 };
 
-TEST_F(PushPullProcessTest, CleanRunEveryProcessExitsZero) {
+TEST_P(PushPullProcessTest, CleanRunEveryProcessExitsZero) {
   WriteConfig(2, 2);
   std::vector<Child*> all = {StartScheduler(), StartServer(0), StartServer(1)};
   for (int w = 0; w < 2; ++w) all.push_back(StartWorker(w, 3, 5, 0));
@@ -216,15 +309,122 @@ TEST_F(PushPullProcessTest, CleanRunEveryProcessExitsZero) {
   }
 }
 
-TEST_F(PushPullProcessTest, KilledServerOneFailsEveryWorkersPendingHandle) {
+// Scheduler and servers as processes, the two workers as Clients of this process (each with its
+// own endpoint and transports, as in a process of their own): every round's output equals the
+// reference model's (tests/harness/reference_model.h) bit for bit, over every transport.
+TEST_P(PushPullProcessTest, ResultsMatchTheReferenceBitForBit) {
+  constexpr uint32_t kWorkers = 2;
+  constexpr size_t kElements = 3 * (1 << 20) / 4 + 1000;  // 4 partitions, the last partial
+  constexpr int kRounds = 4;
+  WriteConfig(2, kWorkers);
+  StatusOr<scheduler::ClusterConfig> cluster = scheduler::LoadClusterConfig(config_);
+  ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
+  std::vector<Child*> nodes = {StartScheduler(), StartServer(0), StartServer(1)};
+
+  // Create blocks until every node registered: the workers start side by side.
+  std::vector<std::unique_ptr<worker::Client>> clients(kWorkers);
+  std::vector<Status> started(kWorkers);
+  std::vector<std::thread> starters;
+  for (uint32_t w = 0; w < kWorkers; ++w) {
+    starters.emplace_back([&, w] {
+      worker::ClientOptions o;
+      o.cluster = *cluster;
+      o.rank = w;
+      StatusOr<std::unique_ptr<worker::Client>> c = worker::Client::Create(std::move(o));
+      started[w] = c.status();
+      if (c.ok()) clients[w] = std::move(c).value();
+    });
+  }
+  for (std::thread& t : starters) t.join();
+  for (uint32_t w = 0; w < kWorkers; ++w) ASSERT_TRUE(started[w].ok()) << started[w].ToString();
+
+  ReferenceTensorOptions r;
+  r.spec = cluster->compression.spec;
+  r.error_feedback = cluster->compression.error_feedback;
+  r.min_compress_bytes = cluster->compression.min_compress_bytes;
+  r.partition_bytes = cluster->compression.partition_bytes;
+  r.elements = kElements;
+  r.nodes = kWorkers;
+  StatusOr<ReferenceTensor> ref = ReferenceTensor::Create(r);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  ASSERT_TRUE(ref->compressed());
+  ASSERT_EQ(ref->partitions(), 4u);
+
+  std::vector<worker::TensorId> ids;
+  for (auto& c : clients) {
+    StatusOr<worker::TensorId> id = c->Declare("grad", kElements, DType::kFloat32, 0, "");
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    ids.push_back(*id);
+  }
+  // The declaration check waits for every worker's declarations: commit side by side.
+  std::vector<Status> committed(kWorkers);
+  std::vector<std::thread> committers;
+  for (uint32_t w = 0; w < kWorkers; ++w) {
+    committers.emplace_back([&, w] { committed[w] = clients[w]->CommitDeclarations(); });
+  }
+  for (std::thread& t : committers) t.join();
+  for (uint32_t w = 0; w < kWorkers; ++w) ASSERT_TRUE(committed[w].ok()) << committed[w].ToString();
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<std::vector<uint8_t>> inputs(kWorkers);
+    std::vector<std::vector<float>> outputs(kWorkers, std::vector<float>(kElements, -1.0f));
+    std::vector<worker::PushPullHandle> handles;
+    for (uint32_t w = 0; w < kWorkers; ++w) {
+      inputs[w] =
+          ReferenceInput(w + 1, 0, static_cast<uint64_t>(round), kElements, DType::kFloat32);
+      handles.push_back(clients[w]->PushPull(
+          ids[w], ConstTensorView(inputs[w].data(), kElements, DType::kFloat32),
+          TensorView(outputs[w].data(), kElements, DType::kFloat32)));
+    }
+    // Every handle completes (bounded by op_timeout) before its buffers may go.
+    std::vector<Status> done;
+    for (uint32_t w = 0; w < kWorkers; ++w) done.push_back(handles[w].Wait());
+    for (uint32_t w = 0; w < kWorkers; ++w) {
+      ASSERT_TRUE(done[w].ok()) << "worker " << w << " round " << round << ": "
+                                << done[w].ToString();
+    }
+    StatusOr<std::vector<uint8_t>> want = ref->Round(inputs);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    ASSERT_EQ(want->size(), kElements * sizeof(float));
+    for (uint32_t w = 0; w < kWorkers; ++w) {
+      EXPECT_EQ(std::memcmp(outputs[w].data(), want->data(), want->size()), 0)
+          << "worker " << w << " round " << round << " differs from the reference";
+    }
+  }
+  // A clean end: Done from both workers, then every process exits 0.
+  std::vector<std::thread> stoppers;
+  std::vector<Status> stopped(kWorkers);
+  for (uint32_t w = 0; w < kWorkers; ++w) {
+    stoppers.emplace_back([&, w] { stopped[w] = clients[w]->Shutdown(milliseconds(10000)); });
+  }
+  for (std::thread& t : stoppers) t.join();
+  for (uint32_t w = 0; w < kWorkers; ++w) EXPECT_TRUE(stopped[w].ok()) << stopped[w].ToString();
+  ASSERT_TRUE(WaitAll(nodes, Clock::now() + milliseconds(10000)));
+  for (Child* c : nodes) EXPECT_EQ(c->exit_code(), 0) << c->label() << ":\n" << c->output();
+}
+
+TEST_P(PushPullProcessTest, KilledServerOneFailsEveryWorkersPendingHandle) {
   KillServerMidRound(1);
 }
 
-TEST_F(PushPullProcessTest, KilledServerZeroFailsEveryWorkersPendingHandle) {
+TEST_P(PushPullProcessTest, KilledServerZeroFailsEveryWorkersPendingHandle) {
   KillServerMidRound(0);
 }
 
-TEST_F(PushPullProcessTest, UsageErrorsExitTwo) {
+TEST_P(PushPullProcessTest, KilledWorkerFailsTheOtherWorkersPendingHandles) {
+  KillWorkerMidRound();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Transports, PushPullProcessTest,
+    ::testing::Values(TransportCase{"zmq", TestTransport::kTcp, ""},
+                      TransportCase{"ucx_tcp", TestTransport::kUcx, "tcp"},
+                      TransportCase{"ucx_shm", TestTransport::kUcx, "sm,self,tcp"},
+                      TransportCase{"ucx_tcp_curve", TestTransport::kUcx, "tcp", true}),
+    [](const ::testing::TestParamInfo<TransportCase>& info) { return info.param.name; });
+
+using PushPullUsageTest = PushPullProcessTest;
+
+TEST_P(PushPullUsageTest, UsageErrorsExitTwo) {
   Child* none = Add("no args", {BITPUSH_TEST_WORKER_BIN}, "noargs.log");
   Child* bogus = Add("bogus", {BITPUSH_TEST_WORKER_BIN, "--bogus", "1"}, "bogus.log");
   ASSERT_TRUE(WaitAll({none, bogus}, Clock::now() + milliseconds(5000)));
@@ -233,6 +433,12 @@ TEST_F(PushPullProcessTest, UsageErrorsExitTwo) {
   EXPECT_EQ(bogus->exit_code(), 2);
   EXPECT_CONTAINS(bogus->output(), "unknown argument '--bogus'");
 }
+
+INSTANTIATE_TEST_SUITE_P(Zmq, PushPullUsageTest,
+                         ::testing::Values(TransportCase{"zmq", TestTransport::kTcp, ""}),
+                         [](const ::testing::TestParamInfo<TransportCase>& info) {
+                           return info.param.name;
+                         });
 
 }  // namespace
 }  // namespace bitpush::testing
