@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every libFuzzer target of a fuzz build for a few seconds each, starting from seed
-# corpora of valid payloads. Exits non-zero (and prints the reproducer path) on any crash.
+# corpora of valid payloads (for the ucx wire fuzzer: valid Active Messages from its
+# encoders). Exits non-zero (and prints the reproducer path) on any crash.
 # usage: run_fuzzers.sh <fuzz-build-dir> <seconds-per-target>
 set -euo pipefail
 build=${1:?fuzz build dir}
@@ -9,16 +10,18 @@ corpus="$build/corpus"
 rm -rf "$corpus"
 mkdir -p "$corpus"
 "$build/bin/fuzz_make_seeds" "$corpus"
+"$build/bin/fuzz_make_ucx_seeds" "$corpus/ucx_wire"
 mkdir -p "$corpus/spec"
 printf 'topk:ratio=0.001' > "$corpus/spec/a"
 printf 'dithering:levels=3,partition=natural,norm=l2,seed=9' > "$corpus/spec/b"
 printf 'randomk:k=5,unbiased=true' > "$corpus/spec/c"
 
 failed=0
-for bin in "$build"/bin/fuzz_decode_* "$build/bin/fuzz_spec"; do
+for bin in "$build"/bin/fuzz_decode_* "$build/bin/fuzz_spec" "$build/bin/fuzz_ucx_wire"; do
   name=$(basename "$bin")
   dir="$corpus/${name#fuzz_decode_}"
   [ "$name" = fuzz_spec ] && dir="$corpus/spec"
+  [ "$name" = fuzz_ucx_wire ] && dir="$corpus/ucx_wire"
   mkdir -p "$dir" "$build/artifacts"
   if "$bin" -max_total_time="$secs" -rss_limit_mb=2048 -artifact_prefix="$build/artifacts/$name-" \
       "$dir" > "$build/$name.log" 2>&1; then

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -501,6 +502,26 @@ TEST(UcxWire, LayoutAlignsFramesAndParseRefusesWhatDoesNotAddUp) {
   ASSERT_TRUE(parsed.ok());
   EXPECT_EQ(parsed->name, "server:0");
   EXPECT_FALSE(ucx_backend::ParseHello(hello.data(), hello.size() - 1).ok());
+}
+
+// fuzz_ucx_wire found it: with 2^32 - 1 frames of at most 2^32 - 1 bytes, the bound's
+// n * (largest_part + 63) wrapped around 64 bits and announced a small maximum.
+TEST(UcxWire, MaxDataBytesSaturatesInsteadOfWrappingAround) {
+  constexpr size_t kMax = std::numeric_limits<size_t>::max();
+  AmHeader h;
+  h.type = AmType::kData;
+  h.header_bytes = 0xd82d0000u;
+  h.frame_count = 0xffffffffu;
+  h.largest_part = 0xffffffffu;
+  EXPECT_EQ(ucx_backend::MaxDataBytes(h), kMax);
+  h.largest_part = kMax;
+  EXPECT_EQ(ucx_backend::MaxDataBytes(h), kMax);
+  h.frame_count = 0;  // no frames: the header alone, whatever largest_part says
+  EXPECT_EQ(ucx_backend::MaxDataBytes(h), 0xd82d0000u);
+  h.header_bytes = 10;
+  h.frame_count = 2;
+  h.largest_part = 100;
+  EXPECT_EQ(ucx_backend::MaxDataBytes(h), 10u + 2 * (8 + 100 + 63));
 }
 
 // ---- kCurve: the HELLO token -------------------------------------------------------------

@@ -112,13 +112,17 @@ StatusOr<DataLayout> ComputeLayout(uint64_t header_bytes,
 }
 
 size_t MaxDataBytes(const AmHeader& h) {
-  // header + sizes + every frame at most largest_part + at most 63 bytes of padding each.
+  // header + per frame: its u64 size, at most largest_part bytes, at most 63 bytes of padding.
+  // Every step checks for overflow: n * (largest_part + 71) can exceed 64 bits even where
+  // largest_part alone is below SIZE_MAX / (n + 1).
   constexpr size_t kMax = std::numeric_limits<size_t>::max();
+  constexpr uint64_t kPerFrameExtra = 8 + 63;
   const uint64_t n = h.frame_count;
-  if (h.largest_part > kMax / (n + 1)) return kMax;
+  if (h.largest_part > kMax - kPerFrameExtra) return n == 0 ? h.header_bytes : kMax;
+  const uint64_t per_frame = h.largest_part + kPerFrameExtra;
+  if (n != 0 && per_frame > kMax / n) return kMax;
   size_t total = 0;
-  if (!Add(h.header_bytes, n * 8, &total)) return kMax;
-  if (!Add(total, n * (h.largest_part + 63), &total)) return kMax;
+  if (!Add(h.header_bytes, n * per_frame, &total)) return kMax;
   return total;
 }
 
