@@ -13,6 +13,8 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -218,6 +220,15 @@ struct PeerShared {
   Status last_error;           // why the peer is kDisconnected
 };
 
+// DescribePeerEndpoint's question to the progress thread, and its answer.
+struct EpQuery {
+  PeerId peer;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  StatusOr<std::string> answer{UnavailableError("not answered")};
+};
+
 struct Command {
   enum class Kind { kAdd, kRemove };
   Kind kind;
@@ -317,6 +328,8 @@ class UcxTransport final : public Transport {
   StatusOr<Received> Receive(milliseconds timeout) override;
   void Close() override;
   TransportStats stats() const override;
+  // ucp_ep_print_info of the client endpoint to `peer` (transport.h: DescribePeerEndpoint).
+  StatusOr<std::string> DescribePeer(const PeerId& peer, milliseconds timeout);
 
   // UCX callbacks (progress thread).
   ucs_status_t OnAm(const void* header, size_t header_length, void* data, size_t length,
@@ -337,6 +350,7 @@ class UcxTransport final : public Transport {
   void Loop();
   void Progress();
   void ApplyCommands(std::deque<Command>* commands);
+  void AnswerQueries(std::vector<std::shared_ptr<EpQuery>>* queries);
   void HandleDeferred();
   void AcceptConnection(ucp_conn_request_h request);
   void HandleEpError(ucp_ep_h ep, ucs_status_t status);
@@ -388,6 +402,7 @@ class UcxTransport final : public Transport {
   bool dirty_ = false;  // something for the progress thread since it last looked
   std::map<PeerId, std::shared_ptr<PeerShared>> peers_;
   std::deque<Command> commands_;
+  std::vector<std::shared_ptr<EpQuery>> queries_;
 
   // Progress thread -> Receive (and credits back).
   std::mutex in_mu_;
@@ -729,14 +744,17 @@ void UcxTransport::Progress() {
 void UcxTransport::Loop() {
   while (true) {
     std::deque<Command> commands;
+    std::vector<std::shared_ptr<EpQuery>> queries;
     bool closing = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       commands.swap(commands_);
+      queries.swap(queries_);
       closing = closed_;
       dirty_ = false;
     }
     ApplyCommands(&commands);
+    AnswerQueries(&queries);
     if (closing) break;
     Progress();
     ReturnCredits();
@@ -787,6 +805,49 @@ void UcxTransport::Shutdown() {
   }
   for (const auto& [r, ep] : closing_) ucp_request_free(r);
   closing_.clear();
+}
+
+StatusOr<std::string> UcxTransport::DescribePeer(const PeerId& peer, milliseconds timeout) {
+  auto q = std::make_shared<EpQuery>();
+  q->peer = peer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return CancelledError(Prefix() + "closed");
+    queries_.push_back(q);
+    dirty_ = true;
+  }
+  Wake();
+  std::unique_lock<std::mutex> lock(q->mu);
+  if (!q->cv.wait_for(lock, timeout, [&] { return q->done; })) {
+    return TimeoutError(Prefix() +
+                        fmt::format("no answer about '{}' in {} ms", peer, timeout.count()));
+  }
+  return q->answer;
+}
+
+void UcxTransport::AnswerQueries(std::vector<std::shared_ptr<EpQuery>>* queries) {
+  for (const std::shared_ptr<EpQuery>& q : *queries) {
+    StatusOr<std::string> answer =
+        UnavailableError(Prefix() + fmt::format("no established connection to '{}'", q->peer));
+    auto it = io_peers_.find(q->peer);
+    if (it != io_peers_.end() && it->second.ep != nullptr && it->second.welcomed) {
+      char* text = nullptr;
+      size_t size = 0;
+      FILE* f = open_memstream(&text, &size);
+      if (f == nullptr) {
+        answer = InternalError(Prefix() + "open_memstream failed");
+      } else {
+        ucp_ep_print_info(it->second.ep, f);
+        std::fclose(f);
+        answer = std::string(text, size);
+        std::free(text);  // NOLINT(cppcoreguidelines-no-malloc): open_memstream's buffer
+      }
+    }
+    std::lock_guard<std::mutex> lock(q->mu);
+    q->answer = std::move(answer);
+    q->done = true;
+    q->cv.notify_all();
+  }
 }
 
 void UcxTransport::ApplyCommands(std::deque<Command>* commands) {
@@ -1385,6 +1446,13 @@ StatusOr<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOptions& 
   Status s = t->Start();
   if (!s.ok()) return s;  // ~UcxTransport releases what Start created
   return std::unique_ptr<Transport>(std::move(t));
+}
+
+StatusOr<std::string> DescribePeerEndpoint(Transport* t, const PeerId& peer,
+                                           std::chrono::milliseconds timeout) {
+  auto* ucx = dynamic_cast<UcxTransport*>(t);
+  if (ucx == nullptr) return InvalidArgumentError("DescribePeerEndpoint: not a ucx endpoint");
+  return ucx->DescribePeer(peer, timeout);
 }
 
 Status UcxViable() {

@@ -41,7 +41,9 @@
 // Thread-safety: as Transport (transport.h).
 #pragma once
 
+#include <chrono>
 #include <memory>
+#include <string>
 
 #include "common/status.h"
 #include "common/transport/transport.h"
@@ -51,6 +53,15 @@ namespace bitpush::transport::ucx_backend {
 // Creates, binds and starts a ucx endpoint (options already validated by CreateTransport,
 // except the address and, under kCurve, the keys: InvalidArgument naming the field).
 StatusOr<std::unique_ptr<Transport>> CreateUcxTransport(const TransportOptions& options);
+
+// What UCX chose for the connection from `t` (an endpoint made by CreateUcxTransport) to `peer`:
+// the text ucp_ep_print_info prints for the client endpoint that sends to it, one line per lane
+// ("lane[0]:  1:tcp/lo.0 md[1] ... am am_bw#0"; info.h ParseEpLanes reads it). UCX 1.13's
+// ucp_ep_query does not report transports, so this is where they show. Answered by the
+// endpoint's progress thread (which owns the UCP objects), within `timeout`. InvalidArgument
+// when `t` is not a ucx endpoint; Unavailable while `peer` has no established connection.
+StatusOr<std::string> DescribePeerEndpoint(Transport* t, const PeerId& peer,
+                                           std::chrono::milliseconds timeout);
 
 // OK where UCX can run here (a UCP context with Active Messages and wake-up can be created);
 // otherwise why not.
