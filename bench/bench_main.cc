@@ -31,8 +31,8 @@ const Command kCommands[] = {
      "vs memcpy (one thread)",
      bitpush::bench::RunCompressorsBench},
     {"transport",
-     "zmq transport between two processes on loopback (throughput by message size, round-trip "
-     "latency) vs a plain TCP stream and memcpy",
+     "zmq (and ucx) transport between two processes on loopback (throughput by message size, "
+     "round-trip latency) vs a plain TCP stream and memcpy; --list: what UCX finds here",
      bitpush::bench::RunTransportBench},
     {"pushpull",
      "compressed push_pull end to end: scheduler, servers and workers as real processes on "

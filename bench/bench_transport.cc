@@ -1,5 +1,6 @@
-// bitpush-bench transport: the zmq transport between two processes on loopback, against a plain
-// TCP socket stream between the same two processes (the reference) and memcpy.
+// bitpush-bench transport: the zmq transport (and, with --transport ucx, the ucx transport)
+// between two processes on loopback, against a plain TCP socket stream between the same two
+// processes (the reference) and memcpy. `transport --list` prints what UCX finds here instead.
 //
 // The benchmark process (the driver) starts a second copy of itself (`transport --peer ...`,
 // not listed in --help) and sends to it:
@@ -17,6 +18,9 @@
 // fastest repetition (bench_util.h). ratio_to_raw_tcp: throughput / raw_tcp throughput at the
 // same size; for rtt records, raw_tcp rtt / this rtt (both: higher is better, 1 = as fast as
 // raw TCP). Throughput records also carry ratio_to_raw_tcp_ceiling.
+// The ucx links (one per --ucx-tls value) run in the same interleaving; each reports what UCX
+// chose for the driver's sending endpoint (ucp_ep_print_info's lanes, transport.h
+// DescribePeerEndpoint) and its throughput over zmq tcp's of the same run.
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -37,6 +41,8 @@
 #include "bench/raw_tcp.h"
 #include "common/status.h"
 #include "common/transport/transport.h"
+#include "common/transport/ucx/info.h"
+#include "common/transport/ucx/transport.h"
 
 namespace bitpush::bench {
 namespace {
@@ -80,17 +86,30 @@ struct Options {
   int reps = 5;
   int rtt_count = 2000;
   bool ipc = true;
+  bool zmq = true;   // --transport has zmq (the default)
+  bool ucx = false;  // --transport has ucx
+  // One ucx link per value: its UCX TLS ("" = UCX_TLS from the environment, or UCX's default).
+  std::vector<std::string> ucx_tls;
+  bool list = false;
 };
 
 void PrintHelp() {
   std::printf(
       "usage: bitpush-bench transport [--json] [--sizes-kib 64,1024,4096] [--mib-per-rep 256]\n"
       "                               [--reps 5] [--rtt-count 2000] [--no-ipc]\n"
+      "                               [--transport zmq|ucx|zmq,ucx] [--ucx-tls TLS]...\n"
+      "       bitpush-bench transport --list [--json]\n"
       "Two processes on loopback: one-way throughput of the zmq transport (tcp and ipc) for\n"
       "messages of each size and 64-byte round-trip latency, against a plain TCP socket that\n"
       "delivers each message into a buffer of its size (raw_tcp, the reference), the same\n"
       "bytes read 64 KiB at a time and dropped (raw_tcp_ceiling) and memcpy of each size.\n"
-      "gbps = payload bytes / best time / 1e9.\n");
+      "gbps = payload bytes / best time / 1e9.\n"
+      "--transport ucx adds the ucx transport (ucx://127.0.0.1), one link per --ucx-tls value\n"
+      "(UCX's TLS, e.g. tcp or sm,self,tcp; none: UCX_TLS from the environment or UCX's\n"
+      "default; other UCX_* variables apply); records say what UCX chose (ucx_tls). Without an\n"
+      "RDMA device keep tcp in the list (sm,self,tcp): UCX 1.13 then connects through it.\n"
+      "--list: the UCX version, the transports and devices UCX finds, and the RDMA devices\n"
+      "with their link layer (or why there is none).\n");
 }
 
 bool ParseList(const char* s, std::vector<size_t>* out) {
@@ -127,6 +146,7 @@ StatusOr<Received> Next(Transport* t) {
   while (true) {
     StatusOr<Received> r = t->Receive(kWait);
     if (!r.ok() || r->is_message()) return r;
+    if (r->event().kind == transport::TransportEvent::Kind::kPeerConnected) continue;
     std::fprintf(stderr, "bitpush-bench transport: %s: event about '%s': %s\n", t->name().c_str(),
                  r->from.c_str(), r->event().status.ToString().c_str());
   }
@@ -181,22 +201,32 @@ Status ZmqPeer(Transport* t, const std::string& driver) {
   }
 }
 
-StatusOr<std::unique_ptr<Transport>> NewZmq(const std::string& name, const std::string& address) {
+// A zmq endpoint, or a ucx one when `address` is ucx:// (`tls`: its UCX TLS, "" = UCX's).
+StatusOr<std::unique_ptr<Transport>> NewEndpoint(const std::string& name,
+                                                 const std::string& address,
+                                                 const std::string& tls = "") {
   transport::TransportOptions o;
-  o.backend = "zmq";
+  o.backend = address.rfind("ucx://", 0) == 0 ? "ucx" : "zmq";
   o.name = name;
   o.listen_address = address;
   o.send_block_timeout = kWait;
+  if (!tls.empty()) o.ucx_config["TLS"] = tls;
   return transport::CreateTransport(o);
 }
 
-// `transport --peer --tcp-port P --zmq ADDR [--zmq ADDR]`: the second process.
+// `transport --peer --tcp-port P [--zmq ADDR]... [--ucx ADDR --ucx-tls TLS]...`: the second
+// process.
 int RunPeer(int argc, char** argv) {
   int port = 0;
   std::vector<std::string> drivers;
+  std::vector<std::string> tls;  // per driver address: the ucx link's TLS
   for (int i = 1; i + 1 < argc; ++i) {
     if (!std::strcmp(argv[i], "--tcp-port")) port = std::atoi(argv[++i]);
-    if (!std::strcmp(argv[i], "--zmq")) drivers.emplace_back(argv[++i]);
+    if (!std::strcmp(argv[i], "--zmq") || !std::strcmp(argv[i], "--ucx")) {
+      drivers.emplace_back(argv[++i]);
+      tls.emplace_back();
+    }
+    if (!std::strcmp(argv[i], "--ucx-tls") && !tls.empty()) tls.back() = argv[++i];
   }
   std::string error;
   const int fd = ConnectLoopback(port, &error);
@@ -208,8 +238,10 @@ int RunPeer(int argc, char** argv) {
   for (size_t i = 0; i < drivers.size(); ++i) {
     // Listen on the same kind of address as the driver.
     const std::string& d = drivers[i];
-    const std::string listen = d.rfind("ipc://", 0) == 0 ? d + ".peer" : "tcp://127.0.0.1:0";
-    auto t = NewZmq("bench:peer", listen);
+    const std::string listen = d.rfind("ipc://", 0) == 0   ? d + ".peer"
+                               : d.rfind("ucx://", 0) == 0 ? "ucx://127.0.0.1:0"
+                                                           : "tcp://127.0.0.1:0";
+    auto t = NewEndpoint("bench:peer", listen, tls[i]);
     if (!t.ok()) return Fail("peer: " + t.status().ToString());
     Status s = (*t)->Connect("bench:driver", d);
     if (s.ok())
@@ -232,10 +264,47 @@ int RunPeer(int argc, char** argv) {
 
 // ---- driver -------------------------------------------------------------------------------
 
-struct ZmqLink {
-  std::string link;  // "tcp" or "ipc"
+struct Link {
+  std::string backend = "zmq";  // "zmq" or "ucx"
+  std::string link;             // zmq: "tcp" or "ipc"; ucx: its TLS as given, or "default"
   std::unique_ptr<Transport> t;
+  std::string tls;  // ucx: the TLS configured ("" = the environment's or UCX's default)
+  // ucx: what UCX chose for the driver's endpoint to the peer (info.h LaneTransports), and
+  // its lanes ("0 tcp/lo am am_bw#0 wireup; ...").
+  std::string chosen;
+  std::string lanes;
 };
+
+Link MakeLink(std::string backend, std::string link, std::unique_ptr<Transport> t,
+              std::string tls = "") {
+  Link l;
+  l.backend = std::move(backend);
+  l.link = std::move(link);
+  l.t = std::move(t);
+  l.tls = std::move(tls);
+  return l;
+}
+
+std::string Name(const Link& l) {
+  return l.backend + " " + l.link;
+}
+
+// Asks the ucx endpoint which lanes UCX chose for its connection to the peer.
+Status DescribeUcxLink(Link* l) {
+  BP_ASSIGN_OR_RETURN(std::string info, transport::ucx_backend::DescribePeerEndpoint(
+                                            l->t.get(), "bench:peer", kWait));
+  const std::vector<transport::ucx_backend::UcxLane> lanes =
+      transport::ucx_backend::ParseEpLanes(info);
+  if (lanes.empty()) return InternalError("ucp_ep_print_info shows no lane:\n" + info);
+  l->chosen = transport::ucx_backend::LaneTransports(lanes);
+  l->lanes.clear();
+  for (const auto& lane : lanes) {
+    if (!l->lanes.empty()) l->lanes += "; ";
+    l->lanes +=
+        std::to_string(lane.index) + " " + lane.transport + "/" + lane.device + " " + lane.ops;
+  }
+  return Status::Ok();
+}
 
 int RunDriver(const Options& opt) {
   // Raw TCP listener.
@@ -245,19 +314,28 @@ int RunDriver(const Options& opt) {
   if (listener < 0) return Fail(error);
 
   ScratchDir scratch;  // declared before the links: removed after their sockets close
-  std::vector<ZmqLink> links;
+  std::vector<Link> links;
   std::string ipc_path;
-  {
-    auto t = NewZmq("bench:driver", "tcp://127.0.0.1:0");
+  if (opt.zmq) {
+    auto t = NewEndpoint("bench:driver", "tcp://127.0.0.1:0");
     if (!t.ok()) return Fail(t.status().ToString());
-    links.push_back({"tcp", std::move(t).value()});
+    links.push_back(MakeLink("zmq", "tcp", std::move(t).value()));
   }
-  if (opt.ipc) {
+  if (opt.zmq && opt.ipc) {
     if (scratch.Path().empty()) return Fail(std::string("mkdtemp: ") + std::strerror(errno));
     ipc_path = scratch.Path() + "/transport.sock";
-    auto t = NewZmq("bench:driver", "ipc://" + ipc_path);
+    auto t = NewEndpoint("bench:driver", "ipc://" + ipc_path);
     if (!t.ok()) return Fail(t.status().ToString());
-    links.push_back({"ipc", std::move(t).value()});
+    links.push_back(MakeLink("zmq", "ipc", std::move(t).value()));
+  }
+  if (opt.ucx) {
+    const std::vector<std::string> tls_list =
+        opt.ucx_tls.empty() ? std::vector<std::string>{""} : opt.ucx_tls;
+    for (const std::string& tls : tls_list) {
+      auto t = NewEndpoint("bench:driver", "ucx://127.0.0.1:0", tls);
+      if (!t.ok()) return Fail("ucx: " + t.status().ToString());
+      links.push_back(MakeLink("ucx", tls.empty() ? "default" : tls, std::move(t).value(), tls));
+    }
   }
 
   // Start the peer: this binary, hidden mode.
@@ -266,9 +344,13 @@ int RunDriver(const Options& opt) {
   if (n <= 0) return Fail("readlink /proc/self/exe failed");
   exe[n] = '\0';
   std::vector<std::string> args = {exe, "transport", "--peer", "--tcp-port", std::to_string(port)};
-  for (const ZmqLink& l : links) {
-    args.push_back("--zmq");
+  for (const Link& l : links) {
+    args.push_back(l.backend == "ucx" ? "--ucx" : "--zmq");
     args.push_back(l.t->address());
+    if (l.backend == "ucx") {
+      args.push_back("--ucx-tls");
+      args.push_back(l.tls);
+    }
   }
   std::vector<char*> argv;
   argv.reserve(args.size() + 1);
@@ -292,7 +374,7 @@ int RunDriver(const Options& opt) {
     return Fail(std::string("accept: ") + std::strerror(errno));
   }
   SetNoDelay(fd);
-  for (ZmqLink& l : links) {
+  for (Link& l : links) {
     StatusOr<Received> hello = Next(l.t.get());
     Status s = hello.status();
     if (s.ok()) {
@@ -302,7 +384,7 @@ int RunDriver(const Options& opt) {
     }
     if (!s.ok()) {
       cleanup();
-      return Fail("zmq " + l.link + ": " + s.ToString());
+      return Fail(Name(l) + ": " + s.ToString());
     }
   }
 
@@ -313,9 +395,11 @@ int RunDriver(const Options& opt) {
     std::printf("%-16s %-6s %-10s %9s %8s %9s %9s %8s\n", "backend", "link", "mode", "msg_bytes",
                 "GB/s", "x raw_tcp", "x ceiling", "rtt_us");
   }
+  // zmq tcp's throughput at each size, for the ucx records' ratio_to_zmq_tcp.
+  std::vector<double> zmq_tcp_gbps;
   auto emit = [&](const char* backend, const std::string& link, const char* mode, size_t bytes,
                   double gbps, double ratio, double rtt_us, double seconds, uint64_t messages,
-                  double ratio_ceiling) {
+                  double ratio_ceiling, const Link* of = nullptr) {
     JsonRecord rec;
     rec.Add("backend", backend)
         .Add("link", link)
@@ -328,6 +412,17 @@ int RunDriver(const Options& opt) {
         .Add("messages", static_cast<long long>(messages))
         .Add("reps", opt.reps);
     if (!std::isnan(ratio_ceiling)) rec.Add("ratio_to_raw_tcp_ceiling", ratio_ceiling);
+    if (of != nullptr) {
+      rec.Add("transport", of->backend);
+      if (of->backend == "ucx") {
+        rec.Add("ucx_tls", of->chosen)
+            .Add("ucx_tls_configured", of->tls)
+            .Add("ucx_lanes", of->lanes);
+        if (!std::isnan(gbps) && !zmq_tcp_gbps.empty()) {
+          rec.Add("ratio_to_zmq_tcp", gbps / zmq_tcp_gbps.back());
+        }
+      }
+    }
     records.push_back(rec);
     if (!opt.json) {
       std::printf("%-16s %-6s %-10s %9zu %8.2f %9.2f %9.2f %8.1f\n", backend, link.c_str(), mode,
@@ -356,9 +451,13 @@ int RunDriver(const Options& opt) {
       for (size_t i = 0; i < links.size() && rc == 0; ++i) {
         StatusOr<double> z = ZmqStream(links[i].t.get(), "bench:peer", frame, count);
         if (!z.ok()) {
-          rc = Fail("zmq " + links[i].link + ": " + z.status().ToString());
+          rc = Fail(Name(links[i]) + ": " + z.status().ToString());
         } else if (rep >= 0) {
           zmq_best[i] = std::min(zmq_best[i], *z);
+        } else if (links[i].backend == "ucx" && links[i].chosen.empty()) {
+          // After the warm-up: the connection is up and has carried messages of this size.
+          const Status d = DescribeUcxLink(&links[i]);
+          if (!d.ok()) rc = Fail(Name(links[i]) + ": " + d.ToString());
         }
       }
     }
@@ -372,8 +471,9 @@ int RunDriver(const Options& opt) {
          ceiling_best, count, 1.0);
     for (size_t i = 0; i < links.size(); ++i) {
       const double g = payload / zmq_best[i] / 1e9;
-      emit("zmq", links[i].link, "throughput", bytes, g, g / raw_gbps, NAN, zmq_best[i], count,
-           g / ceiling_gbps);
+      if (links[i].backend == "zmq" && links[i].link == "tcp") zmq_tcp_gbps.push_back(g);
+      emit(links[i].backend.c_str(), links[i].link, "throughput", bytes, g, g / raw_gbps, NAN,
+           zmq_best[i], count, g / ceiling_gbps, &links[i]);
     }
     std::vector<uint8_t> dst(bytes);
     const Timing mem = TimeIt([&] { std::memcpy(dst.data(), src->data(), bytes); }, 0.05, 10);
@@ -395,10 +495,10 @@ int RunDriver(const Options& opt) {
       StatusOr<double> z = ZmqRtt(links[i].t.get(), "bench:peer", warm);
       if (z.ok()) z = ZmqRtt(links[i].t.get(), "bench:peer", opt.rtt_count);
       if (!z.ok()) {
-        rc = Fail("zmq " + links[i].link + " ping-pong: " + z.status().ToString());
+        rc = Fail(Name(links[i]) + " ping-pong: " + z.status().ToString());
       } else {
-        emit("zmq", links[i].link, "rtt", kRttBytes, NAN, raw_rtt / *z, *z, *z * 1e-6,
-             static_cast<uint64_t>(opt.rtt_count), NAN);
+        emit(links[i].backend.c_str(), links[i].link, "rtt", kRttBytes, NAN, raw_rtt / *z, *z,
+             *z * 1e-6, static_cast<uint64_t>(opt.rtt_count), NAN, &links[i]);
       }
     }
   }
@@ -406,7 +506,7 @@ int RunDriver(const Options& opt) {
   // Stop the peer.
   const RawHeader quit{kRawQuit, 0, 0};
   (void)WriteAll(fd, &quit, sizeof(quit));
-  for (ZmqLink& l : links) (void)l.t->Send("bench:peer", Make("quit"));
+  for (Link& l : links) (void)l.t->Send("bench:peer", Make("quit"));
   int status = 0;
   const auto deadline = Clock::now() + std::chrono::seconds(10);
   pid_t done = 0;
@@ -420,9 +520,94 @@ int RunDriver(const Options& opt) {
     rc = Fail("the peer process failed");
   }
   close(fd);
-  for (ZmqLink& l : links) l.t->Close();
+  for (Link& l : links) l.t->Close();
   if (rc == 0 && opt.json) std::fputs(JsonArray(records).c_str(), stdout);
+  if (rc == 0 && !opt.json) {
+    for (const Link& l : links) {
+      if (l.backend != "ucx") continue;
+      std::printf("ucx %s: UCX chose %s (lanes: %s)\n", l.link.c_str(), l.chosen.c_str(),
+                  l.lanes.c_str());
+    }
+  }
   return rc;
+}
+
+// ---- --list -------------------------------------------------------------------------------
+
+std::string Quote(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string QuoteList(const std::vector<std::string>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + Quote(v[i]);
+  return out + "]";
+}
+
+// `transport --list [--json]`: what UCX finds on this machine.
+int RunList(bool json) {
+  StatusOr<transport::ucx_backend::UcxInventory> inv = transport::ucx_backend::QueryUcxInventory();
+  if (!inv.ok()) return Fail(inv.status().ToString());
+  const Status viable = transport::ucx_backend::UcxViable();
+  if (json) {
+    std::string out =
+        "{\"ucx_version\": " + Quote(inv->version) +
+        ",\n \"ucx_viable\": " + (viable.ok() ? "true" : "false") +
+        ",\n \"ucx_viable_reason\": " + Quote(viable.ok() ? "" : viable.ToString()) +
+        ",\n \"components\": " + QuoteList(inv->components) +
+        ",\n \"components_without_device\": " + QuoteList(inv->components_without_md) +
+        ",\n \"resources\": [";
+    for (size_t i = 0; i < inv->resources.size(); ++i) {
+      const auto& r = inv->resources[i];
+      out += std::string(i ? "," : "") + "\n  {\"transport\": " + Quote(r.transport) +
+             ", \"device\": " + Quote(r.device) + ", \"type\": " + Quote(r.type) +
+             ", \"component\": " + Quote(r.component) + ", \"md\": " + Quote(r.md) + "}";
+    }
+    out += "],\n \"rdma_devices\": [";
+    for (size_t i = 0; i < inv->rdma_ports.size(); ++i) {
+      const auto& p = inv->rdma_ports[i];
+      out += std::string(i ? "," : "") + "\n  {\"device\": " + Quote(p.device) +
+             ", \"port\": " + Quote(p.port) + ", \"link_layer\": " + Quote(p.link_layer) +
+             ", \"state\": " + Quote(p.state) + "}";
+    }
+    out += "],\n \"rdma_absent_reason\": " + Quote(inv->rdma_absent_reason) + "}\n";
+    std::fputs(out.c_str(), stdout);
+    return 0;
+  }
+  std::printf("UCX %s (%s)\n", inv->version.c_str(),
+              viable.ok() ? "usable: a UCP context with Active Messages and wake-up"
+                          : viable.ToString().c_str());
+  std::printf("transports and devices (UCT components and their memory domains):\n");
+  for (const auto& r : inv->resources) {
+    std::printf("  %-24s %-5s (component %s, md %s)\n", (r.transport + "/" + r.device).c_str(),
+                r.type.c_str(), r.component.c_str(), r.md.c_str());
+  }
+  for (const std::string& c : inv->components_without_md) {
+    std::printf("  component %s: loaded, no device\n", c.c_str());
+  }
+  std::printf("RDMA devices:\n");
+  for (const auto& p : inv->rdma_ports) {
+    const char* kind = p.link_layer == "Ethernet"     ? " (RoCE)"
+                       : p.link_layer == "InfiniBand" ? " (InfiniBand)"
+                                                      : "";
+    std::printf("  %s port %s: link_layer %s%s, state %s\n", p.device.c_str(), p.port.c_str(),
+                p.link_layer.c_str(), kind, p.state.c_str());
+  }
+  if (inv->rdma_ports.empty()) std::printf("  %s\n", inv->rdma_absent_reason.c_str());
+  return 0;
 }
 
 int ParseArgs(int argc, char** argv, Options* o) {
@@ -459,6 +644,28 @@ int ParseArgs(int argc, char** argv, Options* o) {
       o->rtt_count = static_cast<int>(positive(next()));
     } else if (a == "--no-ipc") {
       o->ipc = false;
+    } else if (a == "--transport") {
+      const std::string v = next();
+      o->zmq = o->ucx = false;
+      size_t pos = 0;
+      while (pos <= v.size()) {
+        const size_t comma = std::min(v.find(',', pos), v.size());
+        const std::string name = v.substr(pos, comma - pos);
+        if (name == "zmq") {
+          o->zmq = true;
+        } else if (name == "ucx") {
+          o->ucx = true;
+        } else {
+          std::fprintf(stderr, "bitpush-bench transport: bad --transport '%s' (zmq, ucx)\n",
+                       v.c_str());
+          return 2;
+        }
+        pos = comma + 1;
+      }
+    } else if (a == "--ucx-tls") {
+      o->ucx_tls.emplace_back(next());
+    } else if (a == "--list") {
+      o->list = true;
     } else if (a == "--help" || a == "-h") {
       PrintHelp();
       std::exit(0);
@@ -478,6 +685,11 @@ int RunTransportBench(int argc, char** argv) {
   if (argc >= 2 && !std::strcmp(argv[1], "--peer")) return RunPeer(argc, argv);
   Options opt;
   if (int rc = ParseArgs(argc, argv, &opt)) return rc;
+  if (opt.list) return RunList(opt.json);
+  if (!opt.ucx_tls.empty() && !opt.ucx) {
+    std::fprintf(stderr, "bitpush-bench transport: --ucx-tls needs --transport ucx\n");
+    return 2;
+  }
   return RunDriver(opt);
 }
 
