@@ -6,7 +6,9 @@
 # systemd-analyze. verify does not resolve User=/Group= (the sysusers.d user need not exist).
 # Also: each unit loads its node's CURVE key with LoadCredential=bitpush.key:/etc/bitpush/keys/...
 # (docs/deploy.md, "Keys"), and the installed cluster.yaml asks for CURVE with a public_keys path
-# (and parses, with this build's `bitpush check-config`, when it is built).
+# (and parses, with this build's `bitpush check-config`, when it is built); the server and
+# worker units allow what UCX needs (LimitMEMLOCK=infinity, /dev/infiniband) and the server
+# keeps the rest of its hardening.
 #
 #   check_systemd_units.sh BUILD_DIR INSTALL_PREFIX
 set -u
@@ -57,6 +59,38 @@ for pair in bitpush-scheduler.service:scheduler.key 'bitpush-server@.service:ser
   if [ "$n" != 1 ] || ! grep -qx "LoadCredential=bitpush.key:/etc/bitpush/keys/$key" "$units/$u"; then
     echo "FAIL: $u: want exactly LoadCredential=bitpush.key:/etc/bitpush/keys/$key"; fail=1
   fi
+done
+# The ucx data plane (docs/deploy.md, "RDMA nodes"): the servers and the worker may register
+# (pin) memory without bound, and reach /dev/infiniband. The server keeps its devices closed but
+# for the RDMA ones (PrivateDevices=yes would hide /dev/infiniband); the worker sets no device
+# policy at all (an allow list would also hide the GPUs).
+for u in 'bitpush-server@.service' bitpush-worker.service; do
+  n=$(grep -c '^LimitMEMLOCK=' "$units/$u")
+  if [ "$n" != 1 ] || ! grep -qx 'LimitMEMLOCK=infinity' "$units/$u"; then
+    echo "FAIL: $u: want exactly LimitMEMLOCK=infinity"; fail=1
+  fi
+  if grep -q '^PrivateDevices=yes' "$units/$u"; then
+    echo "FAIL: $u: PrivateDevices=yes hides /dev/infiniband"; fail=1
+  fi
+done
+server="$units/bitpush-server@.service"
+for line in 'DevicePolicy=closed' 'DeviceAllow=char-infiniband_verbs rw' \
+            'DeviceAllow=/dev/infiniband/rdma_cm rw' 'SystemCallFilter=~@raw-io'; do
+  grep -qxF "$line" "$server" || { echo "FAIL: $server: want $line"; fail=1; }
+done
+if grep -v '^DeviceAllow=char-infiniband_verbs rw$' "$server" |
+     grep -v '^DeviceAllow=/dev/infiniband/rdma_cm rw$' | grep -q '^DeviceAllow='; then
+  echo "FAIL: $server: a DeviceAllow= beyond the RDMA devices"; fail=1
+fi
+if grep -Eq '^(DevicePolicy|DeviceAllow|ProtectClock)=' "$units/bitpush-worker.service"; then
+  echo "FAIL: bitpush-worker.service: a device allow list would hide /dev/infiniband and the GPUs"
+  fail=1
+fi
+# The rest of the hardening stays (the server's list in docs/deploy.md, "Hardening").
+for line in NoNewPrivileges=yes ProtectSystem=strict ProtectHome=yes PrivateTmp=yes \
+            ProtectKernelTunables=yes ProtectKernelModules=yes ProtectKernelLogs=yes \
+            ProtectControlGroups=yes ProtectClock=yes CapabilityBoundingSet=; do
+  grep -qxF "$line" "$server" || { echo "FAIL: $server: want $line"; fail=1; }
 done
 yaml="$root$prefix/share/bitpush/cluster.yaml"
 if ! grep -qx '  mode: curve' "$yaml" ||
