@@ -184,8 +184,15 @@ StatusOr<ucp_context_h> NewContext(const std::map<std::string, std::string>& con
   // failure handling unless MM_ERROR_HANDLING is on (openucx/ucx#8477): without it, two
   // endpoints on one host would talk over TCP loopback. (Not set when TLS rules them out: UCX
   // would warn about a setting no transport reads.)
-  std::map<std::string, std::string> entries = {{"CM_REUSEADDR", "y"}};
-  if (MayUseSharedMemory(config)) entries["MM_ERROR_HANDLING"] = "y";
+  // Each of these defaults yields to its UCX_* environment variable and to `config`.
+  // (RNDV_THRESH stays UCX's: eager sends of large messages stream one way faster over tcp and
+  // shared memory here, but a push/pull cluster, both ways at once, runs at 0.4x of rendezvous.)
+  std::map<std::string, std::string> defaults = {{"CM_REUSEADDR", "y"}};
+  if (MayUseSharedMemory(config)) defaults["MM_ERROR_HANDLING"] = "y";
+  std::map<std::string, std::string> entries;
+  for (const auto& [key, value] : defaults) {
+    if (std::getenv(("UCX_" + key).c_str()) == nullptr) entries[key] = value;
+  }
   for (const auto& [key, value] : config) entries[key] = value;
   for (const auto& [key, value] : entries) {
     s = ucp_config_modify(cfg, key.c_str(), value.c_str());
