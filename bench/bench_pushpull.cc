@@ -30,6 +30,15 @@
 // $CREDENTIALS_DIRECTORY are cleared for the children so that those keys are the ones used.
 // security_ratio = goodput / the goodput of the same compressor under security none.
 //
+// --transport zmq,ucx (or the flag repeated): each compressor's cluster runs once per transport
+// (and security mode), in the order given. ucx = cluster.transport ucx: the control plane stays on
+// ZeroMQ and the data plane (worker <-> server) goes over UCX (docs/transport-ucx.md), with
+// cluster.ucx.tls = --ucx-tls (default: UCX's choice and the UCX_* environment); each node's data
+// port (its port + cluster.ucx.port_offset) is free too. Records carry transport, ucx_tls (the
+// transports UCX chose for a worker -> server connection of that configuration, probed on the same
+// addresses before the cluster runs: "tcp/lo", "posix/memory cma/memory", ...) and
+// ucx_tls_configured; transport_ratio = goodput / the same compressor's under zmq (same security).
+//
 // --link-gbit R: the servers (and the raw TCP peer) run in a network namespace of their own,
 // behind a veth pair shaped to R Gbit/s each way (tc tbf), 10.251.X.1 (root namespace:
 // scheduler, workers, driver) <-> 10.251.X.2 (servers); the namespace and the veth pair are
@@ -90,6 +99,9 @@
 #include "bench/pushpull_worker.h"
 #include "bench/raw_tcp.h"
 #include "common/security/keys.h"
+#include "common/transport/transport.h"
+#include "common/transport/ucx/info.h"
+#include "common/transport/ucx/transport.h"
 #include "compressors/registry.h"
 #include "scheduler/cluster_config.h"
 #include "scheduler/key_mapping.h"
@@ -106,6 +118,8 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr char kName[] = "bitpush-bench pushpull";
+// cluster.ucx.port_offset of the --transport ucx clusters (the YAML's default).
+constexpr int kUcxPortOffset = 1000;
 constexpr double kMiB = 1 << 20;
 
 struct Options {
@@ -116,6 +130,8 @@ struct Options {
   long long partition_kb = 4000;
   std::vector<std::string> compressors;
   std::vector<std::string> securities;  // "none", "curve"; each compressor runs under each
+  std::vector<std::string> transports;  // "zmq", "ucx"; each compressor runs over each
+  std::string ucx_tls;                  // cluster.ucx.tls of the ucx clusters ("": UCX's choice)
   std::string error_feedback = "auto";
   long long min_compress_bytes = 1048576;
   int iters = 10;
@@ -151,7 +167,8 @@ void PrintHelp() {
       "         [--tensors 1] [--dtype float32|float16|bfloat16]\n"
       "         [--error-feedback auto|none|worker|server|both]\n"
       "         [--min-compress-bytes 1048576] [--raw-reps 5] [--timeout-s 300] [--keep-dir]\n"
-      "         [--link-gbit R] [--security none|curve[,...]]\n"
+      "         [--link-gbit R] [--security none|curve[,...]] [--transport zmq|ucx[,...]]\n"
+      "         [--ucx-tls TLS]\n"
       "         [--peer pslite --pslite-dir DIR [--peer-reps 3]]\n"
       "Runs a real cluster on loopback per compressor (bitpush-scheduler, S bitpush-server,\n"
       "W workers) and times N PushPull+Wait iterations of MB MiB of --dtype (float32) per worker\n"
@@ -168,6 +185,10 @@ void PrintHelp() {
       "per mode; curve = ZeroMQ CURVE with a key pair per node, generated into a private\n"
       "temporary directory removed at exit. security_ratio = goodput / the same compressor's\n"
       "goodput under none.\n"
+      "--transport takes a list (default zmq; the flag may repeat): each compressor runs once per\n"
+      "transport; ucx = the data plane over UCX (cluster.transport ucx), with cluster.ucx.tls =\n"
+      "--ucx-tls (e.g. tcp, or sm,self,tcp for shared memory; default: UCX's choice).\n"
+      "transport_ratio = goodput / the same compressor's goodput over zmq.\n"
       "--peer pslite --pslite-dir DIR: dmlc/ps-lite side by side (our dense driver, built in\n"
       "DIR by bench/peers/build-pslite-driver.sh: bench/peers/README.md), same sizes, R\n"
       "alternations of a ps-lite and the bitpush clusters (--peer-reps, default 3), medians;\n"
@@ -532,6 +553,52 @@ class EmulatedLink {
   std::string ip_, tc_, netns_, veth_root_, veth_ns_;
 };
 
+// ---- --transport ucx: what UCX chooses --------------------------------------------------------
+
+// The transports UCX chooses for a worker -> server connection of the ucx clusters' configuration
+// (cluster.ucx.tls = --ucx-tls, the UCX_* environment): two ucx endpoints on the workers' and the
+// servers' address, one message each way, then the lanes of the worker's endpoint ("tcp/lo",
+// "posix/memory,cma/memory,tcp/lo"; info.h LaneTransports). Under --link-gbit both ends are in the
+// root namespace (the probe crosses loopback, not the link).
+struct UcxProbe {
+  std::string lanes;
+
+  Status Run(const std::string& tls, const NetPlan& net) {
+    auto endpoint = [&](const std::string& name) {
+      transport::TransportOptions o;
+      o.name = name;
+      const int port = testing::FreeTcpPort();
+      o.listen_address = "ucx://" + net.root_ip + ":" + std::to_string(port);
+      if (!tls.empty()) o.ucx_config["TLS"] = tls;
+      return transport::CreateTransport(o);
+    };
+    BP_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> server, endpoint("server:0"));
+    BP_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> worker, endpoint("worker:0"));
+    BP_RETURN_IF_ERROR(worker->Connect("server:0", server->address()));
+    BP_RETURN_IF_ERROR(server->Connect("worker:0", worker->address()));
+    constexpr std::chrono::milliseconds kWait{10000};
+    for (transport::Transport* from : {worker.get(), server.get()}) {
+      transport::Transport* to = from == worker.get() ? server.get() : worker.get();
+      transport::Message probe;
+      probe.header = "probe";
+      BP_RETURN_IF_ERROR(from->Send(to->name(), std::move(probe)));
+      for (;;) {  // events (connected) come first; each Receive is bounded
+        BP_ASSIGN_OR_RETURN(transport::Received r, to->Receive(kWait));
+        if (r.is_message()) break;
+        if (r.event().kind != transport::TransportEvent::Kind::kPeerConnected) {
+          return r.event().status.WithContext("the ucx probe");
+        }
+      }
+    }
+    BP_ASSIGN_OR_RETURN(std::string info, transport::ucx_backend::DescribePeerEndpoint(
+                                              worker.get(), "server:0", kWait));
+    lanes = transport::ucx_backend::LaneTransports(transport::ucx_backend::ParseEpLanes(info));
+    worker->Close();
+    server->Close();
+    return Status::Ok();
+  }
+};
+
 // ---- --security curve: the nodes' keys ------------------------------------------------------
 
 // A key pair per node of the benchmark's clusters (scheduler, server:0.., worker:0..) and the
@@ -585,6 +652,7 @@ struct ClusterResult {
   std::string spec;
   std::string error_feedback;
   std::string security;
+  std::string transport;
   double goodput_gbps = 0;
   double best_iter_gbps = 0;
   double iter_ms = 0;
@@ -601,7 +669,7 @@ class ClusterRun {
  public:
   // keys_dir: the nodes' keys when security is "curve".
   ClusterRun(const Options& opt, const NetPlan& net, std::string spec, std::string ef,
-             std::string security, std::string keys_dir, std::string bin_dir)
+             std::string security, std::string transport, std::string keys_dir, std::string bin_dir)
       : opt_(opt),
         net_(net),
         dir_("bp-bench"),
@@ -610,6 +678,7 @@ class ClusterRun {
     result_.spec = std::move(spec);
     result_.error_feedback = std::move(ef);
     result_.security = std::move(security);
+    result_.transport = std::move(transport);
   }
   ~ClusterRun() {
     children_.clear();  // kills and reaps what still runs
@@ -657,23 +726,29 @@ class ClusterRun {
  private:
   StatusOr<scheduler::ClusterConfig> WriteConfig() {
     std::set<int> used;
-    // Ports free on loopback; the servers' namespace (if any) is fresh: all free there.
-    auto port = [&](const std::string& ip) -> StatusOr<std::string> {
+    // Ports free on loopback; the servers' namespace (if any) is fresh: all free there. Over
+    // ucx a server's or worker's data port (its port + kUcxPortOffset) is free too.
+    const bool ucx = result_.transport == "ucx";
+    auto port = [&](const std::string& ip, bool data_port) -> StatusOr<std::string> {
+      const int offset = data_port && ucx ? kUcxPortOffset : 0;
       for (int attempt = 0; attempt < 100; ++attempt) {
-        const int p = testing::FreeTcpPort();
-        if (p > 0 && used.insert(p).second) return ip + ":" + std::to_string(p);
+        const int p = testing::FreeTcpPort(offset);
+        if (p <= 0 || used.count(p) != 0 || (offset > 0 && used.count(p + offset) != 0)) continue;
+        used.insert(p);
+        if (offset > 0) used.insert(p + offset);
+        return ip + ":" + std::to_string(p);
       }
       return UnavailableError("no free TCP port on 127.0.0.1");
     };
     auto list = [&](int n, const std::string& ip) -> StatusOr<std::string> {
       std::string s = "[";
       for (int i = 0; i < n; ++i) {
-        BP_ASSIGN_OR_RETURN(std::string a, port(ip));
+        BP_ASSIGN_OR_RETURN(std::string a, port(ip, /*data_port=*/true));
         s += (i ? ", " : "") + a;
       }
       return s + "]";
     };
-    BP_ASSIGN_OR_RETURN(std::string scheduler, port(net_.root_ip));
+    BP_ASSIGN_OR_RETURN(std::string scheduler, port(net_.root_ip, /*data_port=*/false));
     BP_ASSIGN_OR_RETURN(std::string servers, list(opt_.servers, net_.server_ip));
     BP_ASSIGN_OR_RETURN(std::string workers, list(opt_.workers, net_.root_ip));
     std::ostringstream y;
@@ -683,8 +758,14 @@ class ClusterRun {
       << "  workers: " << workers << "\n"
       << "  heartbeat_interval_ms: 500\n"
       << "  heartbeat_timeout_ms: 5000\n"
-      << "  startup_timeout_s: 30\n"
-      << "compression:\n"
+      << "  startup_timeout_s: 30\n";
+    if (ucx) {
+      y << "  transport: ucx\n"
+        << "  ucx:\n"
+        << "    port_offset: " << kUcxPortOffset << "\n";
+      if (!opt_.ucx_tls.empty()) y << "    tls: \"" << opt_.ucx_tls << "\"\n";
+    }
+    y << "compression:\n"
       << "  spec: \"" << result_.spec << "\"\n"
       << "  error_feedback: " << result_.error_feedback << "\n"
       << "  min_compress_bytes: " << opt_.min_compress_bytes << "\n"
@@ -862,9 +943,10 @@ int RunDriver(const Options& opt) {
     }
   }
   struct RunSpec {
-    std::string spec, error_feedback, security;
+    std::string spec, error_feedback, security, transport;
   };
-  std::vector<RunSpec> runs;  // per compressor, one per security mode (adjacent: fair ratios)
+  // Per compressor, one per security mode and transport (adjacent: fair ratios).
+  std::vector<RunSpec> runs;
   for (const std::string& spec : opt.compressors) {
     StatusOr<std::string> ef = ErrorFeedbackFor(spec, opt.error_feedback);
     if (!ef.ok()) return Fail("--compressor '" + spec + "': " + ef.status().message());
@@ -879,7 +961,11 @@ int RunDriver(const Options& opt) {
       std::fprintf(stderr, "%s: %s\n", kName, c.status().message().c_str());
       return 2;
     }
-    for (const std::string& security : opt.securities) runs.push_back({spec, *ef, security});
+    for (const std::string& security : opt.securities) {
+      for (const std::string& transport : opt.transports) {
+        runs.push_back({spec, *ef, security, transport});
+      }
+    }
   }
   // The keys of the curve clusters are the ones in their YAML, whatever this environment says.
   for (const char* var : {"BITPUSH_KEYS_DIR", "BITPUSH_KEY_FILE", "CREDENTIALS_DIRECTORY"}) {
@@ -913,6 +999,12 @@ int RunDriver(const Options& opt) {
   EmulatedLink link;  // declared before everything that runs across it: removed last
   if (opt.link_gbit > 0) {
     if (Status s = link.Create(opt.link_gbit, &net); !s.ok()) return Fail(s.ToString());
+  }
+  UcxProbe ucx_probe;
+  if (std::find(opt.transports.begin(), opt.transports.end(), "ucx") != opt.transports.end()) {
+    if (Status s = ucx_probe.Run(opt.ucx_tls, net); !s.ok()) {
+      return Fail("--transport ucx: " + s.ToString());
+    }
   }
   RawReference raw;
   if (Status s = raw.Start(net); !s.ok()) return Fail(s.ToString());
@@ -949,10 +1041,12 @@ int RunDriver(const Options& opt) {
     }
     for (size_t i = 0; i < runs.size(); ++i) {
       const RunSpec& spec = runs[i];
-      ClusterRun run(opt, net, spec.spec, spec.error_feedback, spec.security, keys.Dir(), bin_dir);
+      ClusterRun run(opt, net, spec.spec, spec.error_feedback, spec.security, spec.transport,
+                     keys.Dir(), bin_dir);
       StatusOr<ClusterResult> r = run.Run();
       if (!r.ok()) {
-        return Fail(spec.spec + " (security " + spec.security + "): " + r.status().ToString());
+        return Fail(spec.spec + " (security " + spec.security + ", transport " + spec.transport +
+                    "): " + r.status().ToString());
       }
       runs_of[i].push_back(*r);
     }
@@ -1007,6 +1101,7 @@ int RunDriver(const Options& opt) {
   const double duplex_gbps = raw.DuplexBestGbps();
 
   std::vector<JsonRecord> records;
+  const std::string ucx_lanes = ucx_probe.lanes;
   if (!opt.json) {
     std::printf(
         "%d worker(s), %d server(s), %g MiB fp32 per worker in %d tensor(s), partitions "
@@ -1020,14 +1115,17 @@ int RunDriver(const Options& opt) {
                 raw.MedianGbps());
     std::printf("raw TCP both ways at once, per direction: %.2f GB/s (best), %.2f GB/s (median)\n",
                 duplex_gbps, raw.DuplexMedianGbps());
-    std::printf("%-28s %-5s %-5s %8s %8s %8s %8s %9s %9s %9s %9s %9s %9s %10s\n", "compressor",
-                "ef", "sec", "goodput", "x raw", "x duplex", "x sec", "iter_ms", "compress",
-                "network", "server", "decomp", "srv_rss", "rss_target");
+    std::printf("%-28s %-5s %-5s %-4s %8s %8s %8s %8s %8s %9s %9s %9s %9s %9s %9s %10s\n",
+                "compressor", "ef", "sec", "tr", "goodput", "x raw", "x duplex", "x sec", "x zmq",
+                "iter_ms", "compress", "network", "server", "decomp", "srv_rss", "rss_target");
   }
-  // The goodput of the run of `spec` under `security` (NaN when there is none).
-  auto goodput_of = [&](const std::string& spec, const std::string& security) {
+  // The goodput of the run of `spec` under `security` over `transport` (NaN when there is none).
+  auto goodput_of = [&](const std::string& spec, const std::string& security,
+                        const std::string& transport) {
     for (const ClusterResult& r : results) {
-      if (r.spec == spec && r.security == security) return r.goodput_gbps;
+      if (r.spec == spec && r.security == security && r.transport == transport) {
+        return r.goodput_gbps;
+      }
     }
     return static_cast<double>(NAN);
   };
@@ -1042,14 +1140,20 @@ int RunDriver(const Options& opt) {
         .Add("link_gbit", opt.link_gbit);
   };
   for (const ClusterResult& r : results) {
-    // ratio_to_none: against the none compressor under the same security, when it runs first.
-    const double none_gbps = results.front().spec == "none" ? goodput_of("none", r.security) : NAN;
-    const double security_ratio = r.goodput_gbps / goodput_of(r.spec, "none");
+    // ratio_to_none: against the none compressor under the same security and transport, when it
+    // runs first.
+    const double none_gbps =
+        results.front().spec == "none" ? goodput_of("none", r.security, r.transport) : NAN;
+    const double security_ratio = r.goodput_gbps / goodput_of(r.spec, "none", r.transport);
+    const double transport_ratio = r.goodput_gbps / goodput_of(r.spec, r.security, "zmq");
     JsonRecord rec;
     rec.Add("peer", "bitpush")
         .Add("compressor", r.spec)
         .Add("error_feedback", r.error_feedback)
         .Add("security", r.security)
+        .Add("transport", r.transport)
+        .Add("ucx_tls", r.transport == "ucx" ? ucx_lanes : "")
+        .Add("ucx_tls_configured", r.transport == "ucx" ? opt.ucx_tls : "")
         .Add("workers", opt.workers)
         .Add("servers", opt.servers)
         .Add("mb", opt.mb)
@@ -1063,6 +1167,7 @@ int RunDriver(const Options& opt) {
     add_raw_tcp(rec, r.goodput_gbps);
     rec.Add("ratio_to_none", r.goodput_gbps / none_gbps)
         .Add("security_ratio", security_ratio)
+        .Add("transport_ratio", transport_ratio)
         .Add("iter_ms", r.iter_ms)
         .Add("compress_ms", r.compress_ms)
         .Add("network_ms", r.network_ms)
@@ -1094,21 +1199,23 @@ int RunDriver(const Options& opt) {
     records.push_back(rec);
     if (!opt.json) {
       std::printf(
-          "%-28s %-5s %-5s %8.3f %8.2f %8.2f %8.2f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f\n",
-          r.spec.c_str(), r.error_feedback.c_str(), r.security.c_str(), r.goodput_gbps,
-          r.goodput_gbps / raw_gbps, r.goodput_gbps / duplex_gbps, security_ratio, r.iter_ms,
-          r.compress_ms, r.network_ms, r.server_ms, r.decompress_ms, r.server_peak_rss_mb,
-          4 * r.server_owned_mb + 64);
+          "%-28s %-5s %-5s %-4s %8.3f %8.2f %8.2f %8.2f %8.2f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f "
+          "%10.1f\n",
+          r.spec.c_str(), r.error_feedback.c_str(), r.security.c_str(), r.transport.c_str(),
+          r.goodput_gbps, r.goodput_gbps / raw_gbps, r.goodput_gbps / duplex_gbps, security_ratio,
+          transport_ratio, r.iter_ms, r.compress_ms, r.network_ms, r.server_ms, r.decompress_ms,
+          r.server_peak_rss_mb, 4 * r.server_owned_mb + 64);
     }
   }
   if (!pslite_runs.empty()) {
     // Against bitpush's none under security none, the like-for-like run.
-    const double bitpush_none = goodput_of("none", "none");
+    const double bitpush_none = goodput_of("none", "none", "zmq");
     JsonRecord rec;
     rec.Add("peer", "pslite")
         .Add("compressor", "none")
         .Add("error_feedback", "none")
         .Add("security", "none")
+        .Add("transport", "zmq")
         .Add("workers", opt.workers)
         .Add("servers", opt.servers)
         .Add("mb", static_cast<double>(tensor_bytes) / kMiB)
@@ -1206,6 +1313,21 @@ int ParseArgs(int argc, char** argv, Options* o) {
           o->securities.push_back(m);
         }
       }
+    } else if (a == "--transport") {
+      const char* v = next();
+      const std::vector<std::string> names = SplitSpecs(v);
+      if (names.empty()) bad(v);
+      for (const std::string& t : names) {
+        if (t != "zmq" && t != "ucx") bad(v);
+        if (std::find(o->transports.begin(), o->transports.end(), t) == o->transports.end()) {
+          o->transports.push_back(t);
+        }
+      }
+    } else if (a == "--ucx-tls") {
+      o->ucx_tls = next();
+      if (o->ucx_tls.empty() || o->ucx_tls.find_first_of("\"\n\\") != std::string::npos) {
+        bad(o->ucx_tls.c_str());
+      }
     } else if (a == "--error-feedback") {
       const std::string v = next();
       if (v != "auto" && !compressors::ParseErrorFeedbackPolicy(v).ok()) bad(v.c_str());
@@ -1264,6 +1386,16 @@ int ParseArgs(int argc, char** argv, Options* o) {
   }
   if (o->compressors.empty()) o->compressors.push_back("none");
   if (o->securities.empty()) o->securities.push_back("none");
+  if (o->transports.empty()) o->transports.push_back("zmq");
+  if (!o->ucx_tls.empty() &&
+      std::find(o->transports.begin(), o->transports.end(), "ucx") == o->transports.end()) {
+    std::fprintf(stderr, "%s: --ucx-tls needs --transport ucx\n", kName);
+    return 2;
+  }
+  if (!o->peer.empty() && o->transports != std::vector<std::string>{"zmq"}) {
+    std::fprintf(stderr, "%s: --peer pslite compares over zmq only, not --transport ucx\n", kName);
+    return 2;
+  }
   for (const std::string& spec : o->compressors) {
     StatusOr<v1::CompressorConfig> c = compressors::ParseCompressorSpec(spec);
     if (!c.ok()) {

@@ -117,7 +117,8 @@ PUSHPULL_REQUIRED = {
     "compress_ms", "network_ms", "server_ms", "decompress_ms", "iter_ms", "server_owned_mb",
     "rss_target_mb", "ratio_to_none", "wire_compression_ratio", "raw_tcp_median_gbps",
     "raw_tcp_duplex_gbps", "raw_tcp_duplex_median_gbps", "ratio_to_raw_tcp_duplex", "link_gbit",
-    "security", "security_ratio", "peer", "op_ms", "last_push_ms", "first_reply_ms", "server_cpu_ms"}
+    "security", "security_ratio", "peer", "op_ms", "last_push_ms", "first_reply_ms", "server_cpu_ms",
+    "transport", "transport_ratio", "ucx_tls", "ucx_tls_configured"}
 r = run("pushpull", "--json", "--mb", "1", "--partition-kb", "256", "--iters", "2", "--warmup",
         "1", "--workers", "2", "--servers", "2", "--compressor", "none,onebit", "--raw-reps", "1",
         "--timeout-s", "60")
@@ -177,6 +178,35 @@ assert r.returncode == 0, r.stderr
 records = json.loads(r.stdout)
 assert [x["security"] for x in records] == ["curve"], records
 assert records[0]["security_ratio"] is None, records  # no run under none to compare with
+# --transport zmq,ucx: each compressor once per transport in one run; the ucx records say what UCX
+# chose (a probe connection of the same configuration) and compare with zmq (transport_ratio).
+r = run("pushpull", "--json", "--mb", "1", "--partition-kb", "256", "--iters", "2", "--warmup",
+        "1", "--compressor", "none,onebit", "--transport", "zmq,ucx", "--ucx-tls", "tcp",
+        "--raw-reps", "1", "--timeout-s", "60")
+assert r.returncode == 0, r.stderr
+records = json.loads(r.stdout)
+assert [(x["compressor"], x["transport"]) for x in records] == \
+    [("none", "zmq"), ("none", "ucx"), ("onebit", "zmq"), ("onebit", "ucx")], records
+for rec in records:
+    missing = PUSHPULL_REQUIRED - rec.keys()
+    assert not missing, f"pushpull record {rec} lacks {missing}"
+    assert rec["goodput_gbps"] > 0 and rec["pushes_rejected"] == 0, rec
+    if rec["transport"] == "zmq":
+        assert rec["transport_ratio"] == 1 and rec["ucx_tls"] == "", rec
+        assert rec["ucx_tls_configured"] == "", rec
+    else:
+        lanes = rec["ucx_tls"].split(",")  # TLS tcp: tcp lanes only, loopback's among them
+        assert "tcp/lo" in lanes and all(x.startswith("tcp/") for x in lanes), rec
+        assert rec["ucx_tls_configured"] == "tcp", rec
+        zmq = [x for x in records if x["compressor"] == rec["compressor"] and
+               x["transport"] == "zmq"][0]
+        assert abs(rec["transport_ratio"] - rec["goodput_gbps"] / zmq["goodput_gbps"]) < \
+            1e-3 * rec["transport_ratio"], (rec, zmq)
+    assert rec["ratio_to_none"] == 1 or rec["compressor"] != "none", rec  # same transport
+for bad in (("--transport", "rdma"), ("--transport", ""), ("--ucx-tls", "tcp"),
+            ("--peer", "pslite", "--transport", "ucx")):
+    r = run("pushpull", *bad)
+    assert r.returncode == 2 and (bad[-2] in r.stderr or "--ucx-tls" in r.stderr), (bad, r.stderr)
 # --peer pslite without --pslite-dir (ps-lite is never here): says how to get ps-lite, runs
 # bitpush alone, exit 0 (bench/peers/README.md).
 r = run("pushpull", "--json", "--peer", "pslite", "--mb", "1", "--partition-kb", "256", "--iters",
