@@ -1,8 +1,9 @@
 # bitpush — top-level commands. `make test` on a fresh machine installs the Debian packages,
-# configures, builds and runs every test (unit tests via ctest in the release, ASan/UBSan and
-# TSan trees, then each fuzz target briefly) and the style checks (`make lint`).
-.PHONY: all deps configure build test unit asan asan-build tsan tsan-build fuzz bench demo lint clean \
-  config-docs
+# configures, builds and runs every test: the release tree's programs under the Python, attack,
+# benchmark and build checks (`make release-checks`), the C++ unit tests in the ASan/UBSan and
+# TSan trees, each fuzz target briefly, and the style checks (`make lint`).
+.PHONY: all deps configure build test unit release-checks asan asan-build tsan tsan-build fuzz \
+  bench demo lint clean config-docs
 
 BUILD      ?= build
 FUZZ_BUILD ?= build-fuzz
@@ -26,8 +27,17 @@ configure: deps
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
+# Every test of the release tree, the C++ unit tests (target bitpush_unit_tests, not in `all`)
+# included.
 unit: build
+	cmake --build $(BUILD) -j $(JOBS) --target bitpush_unit_tests
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+# The release tree's tests other than the C++ unit tests (which `make test` runs in the two
+# sanitizer trees): the Python suites, the attack suite, the benchmark contracts and the build
+# checks, against the release programs.
+release-checks: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) -LE unit
 
 # A second tree built by clang with ASan + UBSan: the unit tests again, and the libFuzzer
 # targets (one per decoder), each run for FUZZ_SECONDS from seed corpora of valid payloads.
@@ -35,7 +45,7 @@ asan-build: deps
 	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -G Ninja -DBITPUSH_FUZZ=ON \
 	  -DBITPUSH_BUILD_BENCH=OFF -DBITPUSH_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  $(SANITIZER_FLAGS)
-	cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target all bitpush_unit_tests
 
 asan: asan-build
 	ctest --test-dir $(FUZZ_BUILD) --output-on-failure -j $(JOBS)
@@ -62,8 +72,8 @@ tsan: tsan-build
 fuzz: asan-build
 	./tests/fuzz/run_fuzzers.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
-test: unit asan fuzz tsan lint
-	@echo "make test: unit tests (release, ASan/UBSan and TSan), fuzz targets and lint passed"
+test: release-checks asan fuzz tsan lint
+	@echo "make test: release checks, unit tests (ASan/UBSan and TSan), fuzz targets and lint passed"
 
 bench: build
 	./$(BUILD)/bin/bitpush-bench compressors
