@@ -534,26 +534,9 @@ int RunDriver(const Options& opt) {
 
 // ---- --list -------------------------------------------------------------------------------
 
-std::string Quote(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
 std::string QuoteList(const std::vector<std::string>& v) {
   std::string out = "[";
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + Quote(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + JsonQuote(v[i]);
   return out + "]";
 }
 
@@ -564,26 +547,26 @@ int RunList(bool json) {
   const Status viable = transport::ucx_backend::UcxViable();
   if (json) {
     std::string out =
-        "{\"ucx_version\": " + Quote(inv->version) +
+        "{\"ucx_version\": " + JsonQuote(inv->version) +
         ",\n \"ucx_viable\": " + (viable.ok() ? "true" : "false") +
-        ",\n \"ucx_viable_reason\": " + Quote(viable.ok() ? "" : viable.ToString()) +
+        ",\n \"ucx_viable_reason\": " + JsonQuote(viable.ok() ? "" : viable.ToString()) +
         ",\n \"components\": " + QuoteList(inv->components) +
         ",\n \"components_without_device\": " + QuoteList(inv->components_without_md) +
         ",\n \"resources\": [";
     for (size_t i = 0; i < inv->resources.size(); ++i) {
       const auto& r = inv->resources[i];
-      out += std::string(i ? "," : "") + "\n  {\"transport\": " + Quote(r.transport) +
-             ", \"device\": " + Quote(r.device) + ", \"type\": " + Quote(r.type) +
-             ", \"component\": " + Quote(r.component) + ", \"md\": " + Quote(r.md) + "}";
+      out += std::string(i ? "," : "") + "\n  {\"transport\": " + JsonQuote(r.transport) +
+             ", \"device\": " + JsonQuote(r.device) + ", \"type\": " + JsonQuote(r.type) +
+             ", \"component\": " + JsonQuote(r.component) + ", \"md\": " + JsonQuote(r.md) + "}";
     }
     out += "],\n \"rdma_devices\": [";
     for (size_t i = 0; i < inv->rdma_ports.size(); ++i) {
       const auto& p = inv->rdma_ports[i];
-      out += std::string(i ? "," : "") + "\n  {\"device\": " + Quote(p.device) +
-             ", \"port\": " + Quote(p.port) + ", \"link_layer\": " + Quote(p.link_layer) +
-             ", \"state\": " + Quote(p.state) + "}";
+      out += std::string(i ? "," : "") + "\n  {\"device\": " + JsonQuote(p.device) +
+             ", \"port\": " + JsonQuote(p.port) + ", \"link_layer\": " + JsonQuote(p.link_layer) +
+             ", \"state\": " + JsonQuote(p.state) + "}";
     }
-    out += "],\n \"rdma_absent_reason\": " + Quote(inv->rdma_absent_reason) + "}\n";
+    out += "],\n \"rdma_absent_reason\": " + JsonQuote(inv->rdma_absent_reason) + "}\n";
     std::fputs(out.c_str(), stdout);
     return 0;
   }

@@ -55,6 +55,10 @@ void JsonRecord::Key(const std::string& key) {
   body_ += "\"" + Escape(key) + "\": ";
 }
 
+std::string JsonQuote(const std::string& s) {
+  return "\"" + Escape(s) + "\"";
+}
+
 JsonRecord& JsonRecord::Add(const std::string& key, const std::string& value) {
   Key(key);
   body_ += "\"" + Escape(value) + "\"";

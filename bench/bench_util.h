@@ -26,6 +26,9 @@ struct Timing {
 // Runs fn once to warm up, then repeatedly; returns best and median per-call seconds.
 Timing TimeIt(const std::function<void()>& fn, double min_seconds, int min_reps);
 
+// `s` as a JSON string literal, quotes included (control characters escaped).
+std::string JsonQuote(const std::string& s);
+
 // Minimal JSON value writer for flat records.
 class JsonRecord {
  public:

@@ -48,19 +48,24 @@ StatusOr<std::unique_ptr<NodeEndpoint>> NodeEndpoint::Create(
     return InvalidArgumentError("NodeEndpointOptions::idle_wait must be > 0");
   }
   const std::string name = PeerIdOf(self);
+  // Both transports of a node: its name, security and limits; the address (and backend) differ.
+  auto transport_options = [&](const std::string& listen_address) {
+    transport::TransportOptions t;
+    t.name = name;
+    t.listen_address = listen_address;
+    t.inproc_hub = options.inproc_hub;
+    t.security = options.security;
+    t.max_message_bytes = options.max_message_bytes;
+    t.max_connections = options.max_connections;
+    return t;
+  };
   std::unique_ptr<transport::Transport> data_transport;
   if (!options.data_listen_address.empty()) {
     if (self.role == v1::ROLE_SCHEDULER) {
       return InvalidArgumentError(
           "NodeEndpointOptions::data_listen_address: the scheduler has no data plane");
     }
-    transport::TransportOptions t;
-    t.name = name;
-    t.listen_address = options.data_listen_address;
-    t.inproc_hub = options.inproc_hub;
-    t.security = options.security;
-    t.max_message_bytes = options.max_message_bytes;
-    t.max_connections = options.max_connections;
+    transport::TransportOptions t = transport_options(options.data_listen_address);
     t.ucx_config = options.data_ucx_config;
     StatusOr<std::unique_ptr<transport::Transport>> made = transport::CreateTransport(t);
     if (!made.ok()) {
@@ -71,14 +76,8 @@ StatusOr<std::unique_ptr<NodeEndpoint>> NodeEndpoint::Create(
     data_transport = std::move(made).value();
   }
   if (transport == nullptr) {
-    transport::TransportOptions t;
+    transport::TransportOptions t = transport_options(options.listen_address);
     t.backend = options.backend;
-    t.name = name;
-    t.listen_address = options.listen_address;
-    t.inproc_hub = options.inproc_hub;
-    t.security = options.security;
-    t.max_message_bytes = options.max_message_bytes;
-    t.max_connections = options.max_connections;
     BP_ASSIGN_OR_RETURN(transport, transport::CreateTransport(t));
   } else if (transport->name() != name) {
     return InvalidArgumentError(
