@@ -606,11 +606,25 @@ Status Scheduler::StartupTimeout() {
 }
 
 void Scheduler::ShutdownNodes(const std::string& error) {
+  // Workers first, servers once the workers acknowledged (or half the bound passed): a worker in
+  // the middle of a round then fails naming the shutdown, not a server that vanished under it.
+  const milliseconds bound = options_.shutdown_ack_timeout.count() > 0
+                                 ? options_.shutdown_ack_timeout
+                                 : cluster_.heartbeat_timeout;
+  const time_point start = clock_->Now();
+  draining_ = true;
+  ShutdownRole(v1::ROLE_WORKER, error, start + bound / 2, bound);
+  ShutdownRole(v1::ROLE_SERVER, error, start + bound, bound);
+  draining_ = false;
+}
+
+void Scheduler::ShutdownRole(v1::Role role, const std::string& error, time_point deadline,
+                             milliseconds bound) {
   v1::ControlMessage m;
   m.mutable_shutdown()->set_error(error);
   size_t waiting = 0;
   for (Slot& s : slots_) {
-    if (!s.registered || s.dead) continue;
+    if (s.role != role || !s.registered || s.dead) continue;
     Status st = SendTo(s.name, m);
     if (st.ok() && s.disconnected) {
       s.shutdown_acked = true;  // sent in case it comes back, but its endpoint is gone
@@ -621,22 +635,19 @@ void Scheduler::ShutdownNodes(const std::string& error) {
       s.shutdown_acked = true;  // nothing to wait for
     }
   }
-  const milliseconds bound = options_.shutdown_ack_timeout.count() > 0
-                                 ? options_.shutdown_ack_timeout
-                                 : cluster_.heartbeat_timeout;
-  const time_point deadline = clock_->Now() + bound;
   auto unacked = [&] {
     size_t n = 0;
-    for (const Slot& s : slots_) n += (s.registered && !s.dead && !s.shutdown_acked) ? 1 : 0;
+    for (const Slot& s : slots_) {
+      n += (s.role == role && s.registered && !s.dead && !s.shutdown_acked) ? 1 : 0;
+    }
     return n;
   };
-  draining_ = true;
   while (waiting > 0 && unacked() > 0) {
     const time_point now = clock_->Now();
     if (now >= deadline) {
       std::string names;
       for (const Slot& s : slots_) {
-        if (s.registered && !s.dead && !s.shutdown_acked)
+        if (s.role == role && s.registered && !s.dead && !s.shutdown_acked)
           names += (names.empty() ? "" : ", ") + s.name;
       }
       BP_LOG_WARN("scheduler: no shutdown acknowledgement within {} ms from {}", bound.count(),
@@ -647,7 +658,6 @@ void Scheduler::ShutdownNodes(const std::string& error) {
         std::min(kMaxLoopWait, duration_cast<milliseconds>(deadline - now) + milliseconds(1));
     if (!endpoint_->Poll(clock_->BlockFor(wait)).ok()) break;
   }
-  draining_ = false;
 }
 
 }  // namespace bitpush::scheduler

@@ -144,8 +144,13 @@ class Scheduler {
   // Status for nodes silent longer than heartbeat_timeout (marks them dead), else nullopt.
   std::optional<Status> CheckDeadNodes(time_point now);
   Status StartupTimeout();
-  // Sends Shutdown{error} to every live registered node, waits (bounded) for their acks.
+  // Sends Shutdown{error} to every live registered worker, then (once they acknowledged, or half
+  // the bound passed) to every server, waiting (bounded) for their acks.
   void ShutdownNodes(const std::string& error);
+  // ShutdownNodes' one phase: Shutdown to every live node of `role`, then their acknowledgements
+  // until `deadline` (the warning names those missing and the whole `bound`).
+  void ShutdownRole(v1::Role role, const std::string& error, time_point deadline,
+                    std::chrono::milliseconds bound);
   Status SendTo(const std::string& peer, const v1::ControlMessage& msg);
   Slot* FindSlot(const std::string& peer);
 
