@@ -70,7 +70,7 @@ tsan: tsan-build
 	  ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) -L unit -LE single_threaded
 
 fuzz: asan-build
-	./tests/fuzz/run_fuzzers.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+	JOBS=$(JOBS) ./tests/fuzz/run_fuzzers.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
 test: release-checks asan fuzz tsan lint
 	@echo "make test: release checks, unit tests (ASan/UBSan and TSan), fuzz targets and lint passed"
