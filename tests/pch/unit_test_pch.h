@@ -4,6 +4,7 @@
 // own macros belong here; each test still includes what it uses.
 #pragma once
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,8 +22,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "common/status.h"
 #include "proto/bitpush/v1/control.pb.h"

@@ -802,7 +802,8 @@ TEST_P(Resume, AResumedJobMatchesTheUninterruptedRunBitForBit) {
   o.error_feedback = ef;
   o.min_compress_bytes = 0;
   o.partition_bytes = 1024;  // several partitions, on both servers
-  const std::vector<TensorDecl> decls = {{"w", 700, DType::kFloat32, ""}, {"b", 33, DType::kFloat32, ""}};
+  const std::vector<TensorDecl> decls = {{"w", 700, DType::kFloat32, ""},
+                                         {"b", 33, DType::kFloat32, ""}};
   const int before = 3, after = 2;
   char dir[] = "/tmp/bitpush-ckpt-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
