@@ -91,7 +91,7 @@ int ParseArgs(int argc, char** argv, Options* o) {
         pos = comma + 1;
       }
     } else if (a == "--min-time") {
-      o->min_seconds = std::atof(next("--min-time"));
+      o->min_seconds = ParseSeconds("compressors", "--min-time", next("--min-time"));
     } else if (a == "--only") {
       o->only = next("--only");
     } else if (a == "--help" || a == "-h") {
@@ -129,7 +129,7 @@ int RunCompressorsBench(int argc, char** argv) {
     const size_t bytes = mib << 20;
     const size_t n = bytes / 4;
     AlignedBuffer<float> grad(n), out(n), acc(n), copy_dst(n);
-    std::mt19937_64 rng(1234);
+    std::mt19937_64 rng(1234);  // NOLINT(bugprone-random-generator-seed): same data every run
     std::normal_distribution<float> dist(0.0f, 1.0f);
     for (size_t i = 0; i < n; ++i) grad[i] = dist(rng);
     acc.zero();

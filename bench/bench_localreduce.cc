@@ -91,7 +91,7 @@ void ParseArgs(int argc, char** argv, Options* o) {
       if (!isa.ok()) UsageError(isa.status().message());
       o->isa = *isa;
     } else if (a == "--min-time") {
-      o->min_seconds = std::atof(next().c_str());
+      o->min_seconds = ParseSeconds("localreduce", "--min-time", next());
     } else if (a == "--no-nt") {
       o->non_temporal = false;
     } else if (a == "--help" || a == "-h") {
@@ -221,6 +221,7 @@ int RunLocalReduceBench(int argc, char** argv) {
   std::vector<JsonRecord> records;
   for (size_t procs : opt.procs) {
     std::vector<const void*> srcs;
+    srcs.reserve(procs);
     for (size_t p = 0; p < procs; ++p) srcs.push_back(segs[p]->Data());
     Status failure;
     const Timing t = TimeIt(

@@ -441,7 +441,7 @@ std::string FindTool(const std::string& name) {
 
 // Runs a command line of our own making (no user text in it); its exit status, output in *out.
 int Shell(const std::string& command, std::string* out = nullptr) {
-  FILE* f = popen((command + " 2>&1").c_str(), "r");
+  FILE* f = popen((command + " 2>&1").c_str(), "r");  // NOLINT(bugprone-command-processor)
   if (f == nullptr) return -1;
   std::string text;
   char buf[512];
@@ -801,6 +801,7 @@ class ClusterRun {
   // run: the others get the heartbeat bound to notice, then are killed.
   Status WaitForAll(const scheduler::ClusterConfig& config) {
     std::vector<Child*> all;
+    all.reserve(children_.size());
     for (auto& c : children_) all.push_back(c.get());
     const auto deadline = ProcessClock::now() + std::chrono::seconds(opt_.timeout_s);
     Child* failed = nullptr;

@@ -221,7 +221,9 @@ int RunPeer(int argc, char** argv) {
   std::vector<std::string> drivers;
   std::vector<std::string> tls;  // per driver address: the ucx link's TLS
   for (int i = 1; i + 1 < argc; ++i) {
-    if (!std::strcmp(argv[i], "--tcp-port")) port = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--tcp-port")) {
+      port = static_cast<int>(ParsePositive("transport", "--tcp-port", argv[++i], 65535));
+    }
     if (!std::strcmp(argv[i], "--zmq") || !std::strcmp(argv[i], "--ucx")) {
       drivers.emplace_back(argv[++i]);
       tls.emplace_back();
@@ -233,6 +235,7 @@ int RunPeer(int argc, char** argv) {
   if (fd < 0) return Fail("peer: " + error);
   std::thread raw([fd] { RawPeer(fd); });
   std::vector<std::thread> threads;
+  threads.reserve(drivers.size());
   std::vector<Status> results(drivers.size());
   std::vector<std::unique_ptr<Transport>> endpoints;
   for (size_t i = 0; i < drivers.size(); ++i) {

@@ -180,4 +180,13 @@ size_t ParsePositive(const char* subcommand, const std::string& flag, const std:
   return static_cast<size_t>(v);
 }
 
+double ParseSeconds(const char* subcommand, const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !(v > 0) || v > 86400) {
+    UsageError(subcommand, flag + " needs a number of seconds in (0, 86400], got '" + text + "'");
+  }
+  return v;
+}
+
 }  // namespace bitpush::bench

@@ -68,5 +68,7 @@ double JsonNumber(const std::map<std::string, std::string>& m, const std::string
 [[noreturn]] void UsageError(const char* subcommand, const std::string& msg);
 size_t ParsePositive(const char* subcommand, const std::string& flag, const std::string& text,
                      size_t max);
+// A number of seconds > 0 (a decimal fraction: "0.2"), or the usage error naming the flag.
+double ParseSeconds(const char* subcommand, const std::string& flag, const std::string& text);
 
 }  // namespace bitpush::bench

@@ -181,6 +181,7 @@ class Worker {
     if (opt_.pause_ms > 0) std::this_thread::sleep_for(milliseconds(opt_.pause_ms));
     const auto t0 = Clock::now();
     std::vector<worker::PushPullHandle> handles;
+    handles.reserve(ids_.size());
     for (size_t t = 0; t < ids_.size(); ++t) {
       handles.push_back(client_->PushPull(ids_[t],
                                           ConstTensorView(inputs_[t].data(), elements_, opt_.dtype),

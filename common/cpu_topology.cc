@@ -83,6 +83,7 @@ std::vector<CpuSlot> PlanEngineThreads(const std::vector<CpuSlot>& cores, size_t
     }
   }
   std::vector<CpuSlot> plan;
+  plan.reserve(threads);
   const size_t offset = (static_cast<size_t>(rank) * threads) % order.size();
   for (size_t t = 0; t < threads; ++t) plan.push_back(order[(offset + t) % order.size()]);
   return plan;

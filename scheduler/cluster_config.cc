@@ -19,18 +19,13 @@ namespace bitpush::scheduler {
 
 namespace {
 
+using config::ParseUint;
+
 // Host entries of cluster.servers / cluster.workers without `port:` take ports from here on,
 // host by host (docs/config.md).
 constexpr uint64_t kDefaultServerPort = 9100;
 constexpr uint64_t kDefaultWorkerPort = 9200;
 constexpr uint64_t kMaxGpusPerNode = 1024;
-
-bool ParseUint(std::string_view text, uint64_t* out) {
-  if (text.empty()) return false;
-  const char* end = text.data() + text.size();
-  auto [p, ec] = std::from_chars(text.data(), end, *out);
-  return ec == std::errc() && p == end;
-}
 
 // ---- YAML walking ----
 

@@ -659,6 +659,7 @@ std::vector<std::string> SectionKeys(std::string_view section) {
 std::vector<std::string> HostEntryKeys(bool servers) {
   std::vector<std::string> keys;
   const ClusterKnob* k = FindClusterKnob(servers ? "cluster.servers" : "cluster.workers");
+  keys.reserve(k->spec.entry_keys.size());
   for (const KnobSpec& e : k->spec.entry_keys) keys.push_back(e.path);
   std::sort(keys.begin(), keys.end());
   return keys;

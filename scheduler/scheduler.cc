@@ -197,11 +197,12 @@ Status Scheduler::Run() {
       return s.WithContext("scheduler transport");
     }
   }
-  if (finished_->ok()) {
+  const Status finished = finished_.value_or(Status::Ok());
+  if (finished.ok()) {
     BP_LOG_INFO("every worker is done: shutting the cluster down cleanly");
     ShutdownNodes("");
   }
-  return *finished_;
+  return finished;
 }
 
 void Scheduler::RegisterHandlers() {

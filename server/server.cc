@@ -358,7 +358,7 @@ void Server::Impl::RegisterHandlers() {
 }
 
 std::optional<uint32_t> Server::Impl::WorkerOf(const node::Sender& sender) {
-  if (!sender.Is(v1::ROLE_WORKER) || sender.node->rank >= num_workers_) {
+  if (!sender.node || !sender.Is(v1::ROLE_WORKER) || sender.node->rank >= num_workers_) {
     ++pushes_rejected_;
     if (std::string more; MayLog("peer:" + sender.peer, &more)) {
       BP_LOG_WARN(
@@ -464,14 +464,21 @@ void Server::Impl::HandleDeclare(uint32_t worker, const DataHeader& header,
   epoch.manifests[worker] = std::move(manifest);
   if (++epoch.received < num_workers_) return;
 
-  // Every worker's manifest is here: compare them tensor by tensor.
-  std::string difference;
-  const v1::TensorManifest& ref = *epoch.manifests[0];
+  // Every worker's manifest is here (one per worker, each counted once): compare them tensor by
+  // tensor.
+  std::vector<const v1::TensorManifest*> manifests;
+  manifests.reserve(epoch.manifests.size());
   int longest = 0;
-  for (const auto& m : epoch.manifests) longest = std::max(longest, m->tensors_size());
+  for (const auto& m : epoch.manifests) {
+    if (!m) return;  // unreachable: received counts distinct workers
+    manifests.push_back(&*m);
+    longest = std::max(longest, m->tensors_size());
+  }
+  std::string difference;
+  const v1::TensorManifest& ref = *manifests[0];
   for (int i = 0; i < longest && difference.empty(); ++i) {
     for (uint32_t w = 1; w < num_workers_ && difference.empty(); ++w) {
-      const v1::TensorManifest& other = *epoch.manifests[w];
+      const v1::TensorManifest& other = *manifests[w];
       const bool have_ref = i < ref.tensors_size();
       const bool have_other = i < other.tensors_size();
       if (have_ref && have_other && SameDeclaration(ref.tensors(i), other.tensors(i))) continue;

@@ -193,6 +193,11 @@ PushPullHandle DaemonClient::PushPull(TensorId id, ConstTensorView input, Tensor
       return handle;
     }
   }
+  if (!t.verdict) {
+    op->Complete(
+        InternalError("the daemon committed the declarations without a verdict on this tensor"));
+    return handle;
+  }
   if (!t.verdict->ok()) {
     op->Complete(*t.verdict);
     return handle;
@@ -326,6 +331,10 @@ Status DaemonClient::ErrorFeedbackRequest(TensorId id, bool restore, Span<const 
     Status s = CommitDeclarations();
     lock.lock();
     if (!s.ok() && (!t.verdict || t.verdict->ok())) return s;
+  }
+  if (!t.verdict) {
+    return InternalError(fmt::format(
+        "{}: the daemon committed the declarations without a verdict on this tensor", what));
   }
   if (!t.verdict->ok()) return *t.verdict;
   const size_t elements = t.decl.elements();

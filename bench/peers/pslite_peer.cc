@@ -37,7 +37,7 @@ std::string FindEnvTool() {
 // needed); its exit status.
 int RunBuildScript(const std::string& script, const std::string& dir) {
   const std::string command = "'" + script + "' '" + dir + "' >/dev/null";
-  const int status = std::system(command.c_str());
+  const int status = std::system(command.c_str());  // NOLINT(bugprone-command-processor): ours
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
@@ -143,6 +143,7 @@ class PsliteCluster {
     if (!running && failed == nullptr) return Status::Ok();
     // A moment for the others to report the same failure in their own words, then kill.
     std::vector<Child*> all;
+    all.reserve(children_.size());
     for (auto& c : children_) all.push_back(c.get());
     if (failed != nullptr) testing::WaitAll(all, ProcessClock::now() + std::chrono::seconds(1));
     std::string killed;

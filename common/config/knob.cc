@@ -13,13 +13,6 @@ namespace {
 
 constexpr uint64_t kNoMax = std::numeric_limits<uint64_t>::max();
 
-bool ParseUint(std::string_view text, uint64_t* out) {
-  if (text.empty()) return false;
-  const char* end = text.data() + text.size();
-  auto [p, ec] = std::from_chars(text.data(), end, *out);
-  return ec == std::errc() && p == end;
-}
-
 bool ParseDouble(std::string_view text, double* out) {
   if (text.empty()) return false;
   std::istringstream in{std::string(text)};
@@ -61,6 +54,13 @@ std::string Backticked(const std::string& s) {
 }
 
 }  // namespace
+
+bool ParseUint(std::string_view text, uint64_t* out) {
+  if (text.empty()) return false;
+  const char* begin = text.data();  // NOLINT(bugprone-suspicious-stringview-data-usage): bounded
+  auto [p, ec] = std::from_chars(begin, begin + text.size(), *out);
+  return ec == std::errc() && p == begin + text.size();
+}
 
 std::string KnobSpec::section() const {
   const size_t dot = path.find('.');

@@ -40,6 +40,10 @@ enum class KnobType {
                 // docs, the lists of valid keys and the effective config)
 };
 
+// A whole decimal unsigned integer ("0", "65535"; no sign, spaces or suffix) into *out:
+// false for anything else, an overflow included.
+bool ParseUint(std::string_view text, uint64_t* out);
+
 // The value of one knob. Compare with ==.
 struct KnobValue {
   uint64_t number = 0;  // numeric types (see the file comment)

@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <string_view>
+
+#include "common/config/knob.h"
 
 namespace bitpush::metrics {
 
@@ -14,13 +17,16 @@ namespace {
 bool ReadStatm(uint64_t* virtual_pages, uint64_t* resident_pages) {
   std::FILE* f = std::fopen("/proc/self/statm", "re");
   if (f == nullptr) return false;
-  unsigned long long size = 0;
-  unsigned long long resident = 0;
-  const bool ok = std::fscanf(f, "%llu %llu", &size, &resident) == 2;
+  char text[256];
+  const size_t n = std::fread(text, 1, sizeof(text) - 1, f);
   std::fclose(f);
-  *virtual_pages = size;
-  *resident_pages = resident;
-  return ok;
+  const std::string_view line(text, n);
+  const size_t first = line.find(' ');
+  if (first == std::string_view::npos) return false;
+  const size_t second = line.find(' ', first + 1);
+  if (second == std::string_view::npos) return false;
+  return config::ParseUint(line.substr(0, first), virtual_pages) &&
+         config::ParseUint(line.substr(first + 1, second - first - 1), resident_pages);
 }
 
 // Entries of /proc/self/fd less ".", ".." and the directory's own descriptor; -1 unreadable.

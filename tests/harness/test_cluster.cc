@@ -176,6 +176,7 @@ Status ThreadCluster::Start() {
   workers_.resize(workers);
   std::vector<Status> status(servers + workers);
   std::vector<std::thread> threads;
+  threads.reserve(servers + workers);
   // Create blocks until every node registered: one thread per node.
   for (uint32_t s = 0; s < servers; ++s) {
     threads.emplace_back([this, s, &status] {

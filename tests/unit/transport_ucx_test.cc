@@ -32,6 +32,7 @@
 #include "common/transport/factory.h"
 #include "common/transport/transport.h"
 #include "common/transport/ucx/hello_auth.h"
+#include "common/transport/ucx/info.h"
 #include "common/transport/ucx/wire.h"
 #include "tests/harness/child_process.h"
 
@@ -555,6 +556,33 @@ std::string TokenHex(const std::string& own_secret, const std::string& peer_publ
   StatusOr<std::string> t = ucx_backend::HelloTokenFromKeys(own_secret, peer_public, from, to);
   EXPECT_TRUE(t.ok()) << t.status().ToString();
   return t.ok() ? Hex(*t) : "";
+}
+
+// The lanes of ucp_ep_print_info's text as UCX 1.13 prints them: the connection manager's lane
+// and lines with a malformed lane word are left out; the path index leaves the device name.
+TEST(UcxEpInfo, ParseEpLanesReadsEachDataLaneAndSkipsWhatItCannotRead) {
+  const std::string info =
+      "#\n"
+      "# UCP endpoint 0x7f\n"
+      "#   lane[0]:  1:tcp/lo.0 md[1]          -> md[1]/tcp/sysdev[255] am am_bw#0 wireup\n"
+      "#   lane[1]:  3:posix/memory.0 md[3]    rma_bw#0\n"
+      "#   lane[2]: cm rdmacm\n"
+      "#   lane[x]:  1:tcp/lo.0 md[1] am\n"
+      "#   lane[300]:  1:tcp/lo.0 md[1] am\n"
+      "#   lane[3]:  2:cma/memory.0 md[2]      rma_bw#1\n";
+  const std::vector<ucx_backend::UcxLane> lanes = ucx_backend::ParseEpLanes(info);
+  ASSERT_EQ(lanes.size(), 3u);
+  EXPECT_EQ(lanes[0].index, 0);
+  EXPECT_EQ(lanes[0].transport, "tcp");
+  EXPECT_EQ(lanes[0].device, "lo");
+  EXPECT_EQ(lanes[0].ops, "am am_bw#0 wireup");
+  EXPECT_EQ(lanes[1].index, 1);
+  EXPECT_EQ(lanes[1].transport, "posix");
+  EXPECT_EQ(lanes[1].device, "memory");
+  EXPECT_EQ(lanes[1].ops, "rma_bw#0");
+  EXPECT_EQ(lanes[2].index, 3);
+  EXPECT_EQ(lanes[2].transport, "cma");
+  EXPECT_EQ(ucx_backend::LaneTransports(lanes), "tcp/lo,posix/memory,cma/memory");
 }
 
 TEST(UcxHelloAuth, BothEndsComputeTheSameTokenFromTheirOwnKeys) {

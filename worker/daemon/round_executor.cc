@@ -147,6 +147,7 @@ void Daemon::DoneLoop() {
 Status Daemon::GpuReduce(RoundJob& job) {
   TensorState& t = *job.tensor;
   std::vector<GpuContribution> inputs;
+  inputs.reserve(job.slots.size());
   for (const Slot& s : job.slots) {
     inputs.push_back({static_cast<const float*>(s.gpu->data()), s.gpu->device(), s.who});
   }
@@ -157,6 +158,7 @@ Status Daemon::GpuReduce(RoundJob& job) {
 Status Daemon::GpuBroadcast(RoundJob& job) {
   TensorState& t = *job.tensor;
   std::vector<float*> outs;
+  outs.reserve(job.slots.size());
   for (const Slot& s : job.slots) outs.push_back(static_cast<float*>(s.gpu->data()));
   return gpu_->Broadcast(reinterpret_cast<const float*>(t.buffer.data()), t.elements, &t.pinned,
                          outs);

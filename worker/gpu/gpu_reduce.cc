@@ -176,10 +176,12 @@ Status LocalGpuGroup::Impl::Setup(const ncclUniqueId& id) {
   for (Slot& s : slots) {
     cudaError_t e = cudaSetDevice(s.device);
     if (e != cudaSuccess) return CudaError(Name(s), "cudaSetDevice", e);
-    if ((e = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking)) != cudaSuccess) {
+    e = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
       return CudaError(Name(s), "cudaStreamCreateWithFlags", e);
     }
-    if ((e = cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming)) != cudaSuccess) {
+    e = cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
       return CudaError(Name(s), "cudaEventCreateWithFlags", e);
     }
   }
@@ -261,7 +263,8 @@ Status LocalGpuGroup::Impl::EnsureScratch(size_t count) {
     s.scratch = nullptr;
     s.scratch_count = 0;
     void* p = nullptr;
-    if ((e = cudaMalloc(&p, count * sizeof(uint16_t))) != cudaSuccess) {
+    e = cudaMalloc(&p, count * sizeof(uint16_t));
+    if (e != cudaSuccess) {
       return CudaError(Name(s) + ": fp16 scratch of " + std::to_string(count) + " elements",
                        "cudaMalloc", e);
     }

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <vector>
 
+#include "common/config/knob.h"
 #include "fmt/format.h"
 
 namespace bitpush::transport::ucx_backend {
@@ -151,7 +152,14 @@ std::vector<UcxLane> ParseEpLanes(std::string_view ep_info) {
     std::string lane_word, resource;
     words >> lane_word >> resource;  // "lane[0]:", "1:tcp/lo.0"
     UcxLane lane;
-    lane.index = std::atoi(lane_word.c_str() + 5);
+    const size_t close = lane_word.find(']');
+    uint64_t index = 0;
+    if (close == std::string::npos || close < 5 ||
+        !config::ParseUint(std::string_view(lane_word).substr(5, close - 5), &index) ||
+        index > 255) {
+      continue;
+    }
+    lane.index = static_cast<int>(index);
     const size_t colon = resource.find(':');
     const size_t slash = resource.find('/');
     if (colon == std::string::npos || slash == std::string::npos || slash < colon) continue;

@@ -795,6 +795,7 @@ void UcxTransport::Shutdown() {
   for (auto& [name, p] : io_peers_) DropIoPeer(&p, /*force=*/false);
   io_peers_.clear();
   std::vector<uint64_t> ids;
+  ids.reserve(in_conns_.size());
   for (const auto& [id, c] : in_conns_) ids.push_back(id);
   for (uint64_t id : ids) CloseInConn(id, /*force=*/false);
   const auto deadline = Clock::now() + kCloseFlush;
