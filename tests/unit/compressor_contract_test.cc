@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -44,6 +45,29 @@ const std::vector<std::string> kSpecs = {
 };
 
 const size_t kSizes[] = {0, 1, 31, 32, 33, 4097, size_t{1} << 20};
+
+// RandomFloats(n, seed, sigma), drawn once per test program: every case of a test draws the same
+// vectors, and drawing a million normals costs more than the compressor under ASan.
+const std::vector<float>& Randoms(size_t n, uint64_t seed, float sigma = 1.0f) {
+  static std::map<std::tuple<size_t, uint64_t, float>, std::vector<float>> drawn;
+  auto [it, fresh] = drawn.try_emplace({n, seed, sigma});
+  if (fresh) it->second = RandomFloats(n, seed, sigma);
+  return it->second;
+}
+
+// The first index in [0, n) where want(i) fails, or n: one assertion per vector instead of one
+// per element.
+template <typename Pred>
+size_t FirstFailure(size_t n, Pred want) {
+  for (size_t i = 0; i < n; ++i) {
+    if (!want(i)) return i;
+  }
+  return n;
+}
+
+bool SameFloat(float a, float b) {
+  return a == b || (std::isnan(a) && std::isnan(b));
+}
 
 // The exact payload size the documented format gives (docs/wire-format.md).
 size_t ExpectedPayloadBytes(const v1::CompressorConfig& c, size_t n, DType dtype) {
@@ -152,7 +176,7 @@ class CompressorContract : public ::testing::TestWithParam<Param> {
 TEST_P(CompressorContract, SizesRoundTripAndDecompressAdd) {
   for (size_t n : kSizes) {
     SCOPED_TRACE("n=" + std::to_string(n));
-    const TestTensor x = MakeTensor(RandomFloats(n, 100 + n), dtype_);
+    const TestTensor x = MakeTensor(Randoms(n, 100 + n), dtype_);
     const std::vector<uint8_t> p = CompressOk(*c_, x.view());
     EXPECT_EQ(p.size(), ExpectedPayloadBytes(config_, n, dtype_));
     EXPECT_LE(p.size(), c_->MaxCompressedBytes(n, dtype_));
@@ -168,26 +192,26 @@ TEST_P(CompressorContract, SizesRoundTripAndDecompressAdd) {
     }
     // decompress_add onto a random accumulator == accumulator + decompressed (fp32 payloads
     // exactly; fp16/bf16 outputs are rounded to their dtype, the accumulator is not).
-    std::vector<float> acc = RandomFloats(n, 7);
+    std::vector<float> acc = Randoms(n, 7);
     std::vector<float> expect = acc;
     const Status s = c_->DecompressAdd({p.data(), p.size()}, {acc.data(), acc.size()});
     ASSERT_TRUE(s.ok()) << s.ToString();
-    for (size_t i = 0; i < n; ++i) {
+    const size_t bad_add = FirstFailure(n, [&](size_t i) {
       const float want = expect[i] + dec[i];
-      if (dtype_ == DType::kFloat32) {
-        ASSERT_TRUE(acc[i] == want || (std::isnan(acc[i]) && std::isnan(want))) << i;
-      } else {
-        ASSERT_NEAR(acc[i], want, 1e-2f * (std::fabs(dec[i]) + 1e-3f)) << i;
-      }
-    }
+      if (dtype_ == DType::kFloat32) return SameFloat(acc[i], want);
+      return std::fabs(acc[i] - want) <= 1e-2f * (std::fabs(dec[i]) + 1e-3f);
+    });
+    ASSERT_EQ(bad_add, n) << "decompress_add at " << bad_add << ": " << acc[bad_add] << ", want "
+                          << expect[bad_add] << " + " << dec[bad_add];
     // DecompressToFloat == DecompressAdd onto zeros (the server's first push of a round).
     std::vector<float> zeros(n, 0.0f);
     ASSERT_TRUE(c_->DecompressAdd({p.data(), p.size()}, {zeros.data(), n}).ok());
-    std::vector<float> direct = RandomFloats(n, 9);
+    std::vector<float> direct = Randoms(n, 9);
     ASSERT_TRUE(c_->DecompressToFloat({p.data(), p.size()}, {direct.data(), n}).ok());
-    for (size_t i = 0; i < n; ++i) {
-      ASSERT_TRUE(direct[i] == zeros[i] || (std::isnan(direct[i]) && std::isnan(zeros[i]))) << i;
-    }
+    const size_t bad_direct =
+        FirstFailure(n, [&](size_t i) { return SameFloat(direct[i], zeros[i]); });
+    ASSERT_EQ(bad_direct, n) << "decompress " << direct[bad_direct] << " but decompress_add onto "
+                             << "zeros " << zeros[bad_direct] << " at " << bad_direct;
   }
 }
 
@@ -202,7 +226,7 @@ TEST_P(CompressorContract, ErrorFeedbackTelescopes) {
     const bool grows = config_.id() == v1::COMPRESSOR_ID_RANDOMK && config_.randomk().unbiased();
     const uint64_t rounds = grows ? 10 : 100;
     for (uint64_t t = 0; t < rounds; ++t) {
-      const TestTensor g = MakeTensor(RandomFloats(n, 1000 + t), dtype_);
+      const TestTensor g = MakeTensor(Randoms(n, 1000 + t), dtype_);
       auto r = c_->CompressWithFeedback(g.view(), {e.data(), n}, {5, t}, {out.data(), out.size()});
       ASSERT_TRUE(r.ok()) << r.status().ToString();
       std::vector<float> dec(n, 0.0f);
@@ -223,13 +247,13 @@ TEST_P(CompressorContract, ErrorFeedbackTelescopes) {
 // that results do not depend on an instance's history or reused scratch buffers).
 TEST_P(CompressorContract, IsaLevelsAgreeBitForBit) {
   auto ref = Make(IsaLevel::kScalar);
-  const TestTensor warm = MakeTensor(RandomFloats(5000, 1), dtype_);
+  const TestTensor warm = MakeTensor(Randoms(5000, 1), dtype_);
   (void)CompressOk(*c_, warm.view(), 9);
   for (size_t n : {size_t{1}, size_t{33}, size_t{1000}, size_t{4097}, size_t{65536 + 5}}) {
     SCOPED_TRACE("n=" + std::to_string(n));
-    const TestTensor x = MakeTensor(RandomFloats(n, 9 + n), dtype_);
+    const TestTensor x = MakeTensor(Randoms(n, 9 + n), dtype_);
     EXPECT_EQ(CompressOk(*c_, x.view(), 4), CompressOk(*ref, x.view(), 4));
-    std::vector<float> e1 = RandomFloats(n, 77, 0.1f), e2 = e1;
+    std::vector<float> e1 = Randoms(n, 77, 0.1f), e2 = e1;
     std::vector<uint8_t> p1(c_->MaxCompressedBytes(n, dtype_)), p2(p1.size());
     auto r1 = c_->CompressWithFeedback(x.view(), {e1.data(), n}, {1, 2}, {p1.data(), p1.size()});
     auto r2 = ref->CompressWithFeedback(x.view(), {e2.data(), n}, {1, 2}, {p2.data(), p2.size()});
@@ -238,7 +262,7 @@ TEST_P(CompressorContract, IsaLevelsAgreeBitForBit) {
     p2.resize(*r2);
     EXPECT_EQ(p1, p2);
     EXPECT_EQ(0, std::memcmp(e1.data(), e2.data(), n * 4));
-    std::vector<float> d1 = RandomFloats(n, 3), d2 = d1;
+    std::vector<float> d1 = Randoms(n, 3), d2 = d1;
     ASSERT_TRUE(c_->DecompressAdd({p1.data(), p1.size()}, {d1.data(), n}).ok());
     ASSERT_TRUE(ref->DecompressAdd({p2.data(), p2.size()}, {d2.data(), n}).ok());
     EXPECT_EQ(0, std::memcmp(d1.data(), d2.data(), n * 4));
@@ -248,9 +272,9 @@ TEST_P(CompressorContract, IsaLevelsAgreeBitForBit) {
 TEST_P(CompressorContract, DecoderRejectsTruncationExtensionAndBadHeaders) {
   for (size_t n : {size_t{1}, size_t{31}, size_t{33}, size_t{130}}) {
     SCOPED_TRACE("n=" + std::to_string(n));
-    const TestTensor x = MakeTensor(RandomFloats(n, n), dtype_);
+    const TestTensor x = MakeTensor(Randoms(n, n), dtype_);
     const std::vector<uint8_t> p = CompressOk(*c_, x.view());
-    const std::vector<float> acc0 = RandomFloats(n, 5);
+    const std::vector<float> acc0 = Randoms(n, 5);
     auto expect_rejected = [&](const std::vector<uint8_t>& bad, const char* what) {
       std::vector<float> acc = acc0;
       const Status s = c_->DecompressAdd({bad.data(), bad.size()}, {acc.data(), n});
@@ -301,7 +325,7 @@ TEST_P(CompressorContract, DecoderRejectsTruncationExtensionAndBadHeaders) {
 // the same result (and, under UBSan, no misaligned access).
 TEST_P(CompressorContract, PayloadAtAnyAlignmentDecodes) {
   const size_t n = 1000;
-  const TestTensor x = MakeTensor(RandomFloats(n, 21), dtype_);
+  const TestTensor x = MakeTensor(Randoms(n, 21), dtype_);
   const std::vector<uint8_t> p = CompressOk(*c_, x.view());
   std::vector<float> ref(n, 0.5f);
   ASSERT_TRUE(c_->DecompressAdd({p.data(), p.size()}, {ref.data(), n}).ok());
@@ -330,7 +354,7 @@ TEST_P(CompressorContract, PayloadAtAnyAlignmentDecodes) {
 
 TEST_P(CompressorContract, RandomBytesNeverCrash) {
   std::mt19937 rng(11);
-  const TestTensor x = MakeTensor(RandomFloats(200, 1), dtype_);
+  const TestTensor x = MakeTensor(Randoms(200, 1), dtype_);
   const std::vector<uint8_t> valid = CompressOk(*c_, x.view());
   std::vector<float> acc(200);
   for (int iter = 0; iter < 3000; ++iter) {
@@ -355,7 +379,7 @@ TEST_P(CompressorContract, RandomBytesNeverCrash) {
 // the residual. A narrower input cannot be stored as another dtype.
 TEST_P(CompressorContract, StoreAsNarrowsFp32Input) {
   const size_t n = 4097;
-  const std::vector<float> x = RandomFloats(n, 31);
+  const std::vector<float> x = Randoms(n, 31);
   const ConstTensorView xv(x.data(), n);
   std::vector<uint8_t> out(c_->MaxCompressedBytes(n, DType::kFloat32));
   CompressContext ctx{3, 1};
@@ -395,7 +419,7 @@ TEST_P(CompressorContract, StoreAsNarrowsFp32Input) {
 }
 
 TEST_P(CompressorContract, CallerErrorsAreInvalidArgument) {
-  const TestTensor x = MakeTensor(RandomFloats(100, 1), dtype_);
+  const TestTensor x = MakeTensor(Randoms(100, 1), dtype_);
   std::vector<uint8_t> small(c_->MaxCompressedBytes(100, dtype_) - 1);
   EXPECT_EQ(c_->Compress(x.view(), {}, {small.data(), small.size()}).status().code(),
             StatusCode::kInvalidArgument);
@@ -423,7 +447,7 @@ TEST_P(CompressorContract, OversizedTensorIsRefusedBeforeAnyRead) {
 
 TEST_P(CompressorContract, NonFiniteInputReachesOutput) {
   for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
-    std::vector<float> v = RandomFloats(4097, 3);
+    std::vector<float> v = Randoms(4097, 3);
     v[1234] = bad;
     const TestTensor x = MakeTensor(v, dtype_);
     const std::vector<uint8_t> p = CompressOk(*c_, x.view());
@@ -434,7 +458,7 @@ TEST_P(CompressorContract, NonFiniteInputReachesOutput) {
 
     // With error feedback: the output still carries the non-finite value, and the residual
     // is left finite (reset), so later rounds are not poisoned.
-    std::vector<float> e = RandomFloats(v.size(), 8, 0.01f);
+    std::vector<float> e = Randoms(v.size(), 8, 0.01f);
     std::vector<uint8_t> out(c_->MaxCompressedBytes(v.size(), dtype_));
     auto r =
         c_->CompressWithFeedback(x.view(), {e.data(), e.size()}, {1, 1}, {out.data(), out.size()});
