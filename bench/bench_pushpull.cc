@@ -158,7 +158,16 @@ struct NetPlan {
   std::string server_ip = "127.0.0.1";  // servers, the raw TCP peer
   std::string netns;                    // non-empty: the servers' network namespace (ip netns name)
   std::string ip_tool;                  // path of `ip` (runs the servers: ip netns exec NS ...)
+  // cluster.ucx.net_devices: the devices the cluster's addresses are on and the RDMA ports
+  // (UCX would otherwise add lanes through every other interface it finds); UCX_NET_DEVICES in
+  // the environment wins.
+  std::string ucx_net_devices = transport::ucx_backend::LoopbackNetDevices();
 };
+
+// What --transport ucx passes as UCX's NET_DEVICES: `net`'s, unless UCX_NET_DEVICES is set.
+std::string UcxNetDevices(const NetPlan& net) {
+  return std::getenv("UCX_NET_DEVICES") != nullptr ? "" : net.ucx_net_devices;
+}
 
 void PrintHelp() {
   std::printf(
@@ -488,6 +497,9 @@ class EmulatedLink {
     net->server_ip = prefix + "2";
     net->netns = netns_;
     net->ip_tool = ip_;
+    // Each end sees its own veth.
+    net->ucx_net_devices = veth_root_ + "," + veth_ns_ +
+                           transport::ucx_backend::LoopbackNetDevices().substr(2);  // ",mlx5_0:1"
 
     std::snprintf(g_ip_tool, sizeof(g_ip_tool), "%s", ip_.c_str());
     std::snprintf(g_netns, sizeof(g_netns), "%s", netns_.c_str());
@@ -570,6 +582,7 @@ struct UcxProbe {
       const int port = testing::FreeTcpPort();
       o.listen_address = "ucx://" + net.root_ip + ":" + std::to_string(port);
       if (!tls.empty()) o.ucx_config["TLS"] = tls;
+      if (const std::string d = UcxNetDevices(net); !d.empty()) o.ucx_config["NET_DEVICES"] = d;
       return transport::CreateTransport(o);
     };
     BP_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> server, endpoint("server:0"));
@@ -764,6 +777,9 @@ class ClusterRun {
         << "  ucx:\n"
         << "    port_offset: " << kUcxPortOffset << "\n";
       if (!opt_.ucx_tls.empty()) y << "    tls: \"" << opt_.ucx_tls << "\"\n";
+      if (const std::string d = UcxNetDevices(net_); !d.empty()) {
+        y << "    net_devices: \"" << d << "\"\n";
+      }
     }
     y << "compression:\n"
       << "  spec: \"" << result_.spec << "\"\n"

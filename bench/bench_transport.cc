@@ -211,6 +211,11 @@ StatusOr<std::unique_ptr<Transport>> NewEndpoint(const std::string& name,
   o.listen_address = address;
   o.send_block_timeout = kWait;
   if (!tls.empty()) o.ucx_config["TLS"] = tls;
+  // Both ends are on loopback: without this UCX adds a lane through every other interface's
+  // address (tcp/eth0) as a second rendezvous rail. UCX_NET_DEVICES in the environment wins.
+  if (std::getenv("UCX_NET_DEVICES") == nullptr) {
+    o.ucx_config["NET_DEVICES"] = transport::ucx_backend::LoopbackNetDevices();
+  }
   return transport::CreateTransport(o);
 }
 

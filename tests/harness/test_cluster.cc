@@ -71,6 +71,7 @@ scheduler::ClusterConfig TestClusterConfig(const TestClusterOptions& o) {
     c.transport = "ucx";
     c.ucx.port_offset = o.ucx_port_offset;
     c.ucx.tls = o.ucx_tls;
+    c.ucx.net_devices = o.ucx_net_devices;
   }
   if (!o.scheduler_address.empty()) c.scheduler_address = o.scheduler_address;
   for (uint32_t i = 0; i < o.servers; ++i) c.servers.push_back(node(v1::ROLE_SERVER, i));

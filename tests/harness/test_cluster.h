@@ -47,10 +47,11 @@ struct TestClusterOptions {
   uint32_t servers = 1;
   uint32_t workers = 1;
   TestTransport transport = TestTransport::kInproc;
-  std::string ipc_dir;              // kIpc: where the node sockets go
-  std::string ucx_tls;              // kUcx: cluster.ucx.tls ("" = UCX's choice)
-  uint32_t ucx_port_offset = 1000;  // kUcx: cluster.ucx.port_offset
-  std::string scheduler_address;    // "" = chosen by the transport
+  std::string ipc_dir;                 // kIpc: where the node sockets go
+  std::string ucx_tls;                 // kUcx: cluster.ucx.tls ("" = UCX's choice)
+  std::string ucx_net_devices = "lo";  // kUcx: cluster.ucx.net_devices (tests stay on loopback)
+  uint32_t ucx_port_offset = 1000;     // kUcx: cluster.ucx.port_offset
+  std::string scheduler_address;       // "" = chosen by the transport
   std::string source = "test cluster";
   std::string token;
   // Short control-plane timing, for fast tests (tests that time a failure detection set their own

@@ -106,12 +106,12 @@ class TransportContract : public ::testing::TestWithParam<Param> {
       case Kind::kUcxTcp:
         o.backend = "ucx";
         o.listen_address = "ucx://127.0.0.1:0";
-        o.ucx_config = {{"TLS", "tcp,self"}};
+        o.ucx_config = {{"TLS", "tcp,self"}, {"NET_DEVICES", "lo"}};
         break;
       case Kind::kUcxShm:
         o.backend = "ucx";
         o.listen_address = "ucx://127.0.0.1:0";
-        o.ucx_config = {{"TLS", "posix,sysv,cma,self,tcp"}};
+        o.ucx_config = {{"TLS", "posix,sysv,cma,self,tcp"}, {"NET_DEVICES", "lo"}};
         break;
     }
     return o;

@@ -141,6 +141,15 @@ StatusOr<UcxInventory> QueryUcxInventory(const std::string& sysfs_infiniband) {
   return inv;
 }
 
+std::string LoopbackNetDevices(const std::string& sysfs_infiniband) {
+  std::string why_none;
+  std::string devices = "lo";
+  for (const RdmaPort& p : ReadRdmaPorts(sysfs_infiniband, &why_none)) {
+    devices += "," + p.device + ":" + p.port;
+  }
+  return devices;
+}
+
 std::vector<UcxLane> ParseEpLanes(std::string_view ep_info) {
   std::vector<UcxLane> lanes;
   std::istringstream in{std::string(ep_info)};

@@ -53,6 +53,11 @@ StatusOr<UcxInventory> QueryUcxInventory(
 // The RDMA ports under `sysfs_infiniband`; `*why_none` says why there are none.
 std::vector<RdmaPort> ReadRdmaPorts(const std::string& sysfs_infiniband, std::string* why_none);
 
+// UCX's NET_DEVICES for endpoints whose peers are on this host: "lo" and every RDMA port under
+// `sysfs_infiniband` ("lo,mlx5_0:1"), so UCX neither adds a rendezvous rail through another
+// interface's address (tcp/eth0, which loopback tests must not use) nor loses the RDMA device.
+std::string LoopbackNetDevices(const std::string& sysfs_infiniband = "/sys/class/infiniband");
+
 // One lane of a UCP endpoint, from ucp_ep_print_info's "lane[N]:  R:TL/DEV.P md[M] ... OPS".
 // The connection manager's lane ("lane[0]: cm rdmacm": it carries no data) is left out.
 struct UcxLane {
