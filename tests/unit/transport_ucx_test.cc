@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common/security/keys.h"
+#include "common/transport/block_pool.h"
 #include "common/transport/factory.h"
 #include "common/transport/transport.h"
 #include "common/transport/ucx/hello_auth.h"
@@ -81,7 +82,7 @@ TransportOptions Options(const std::string& name, const std::string& tls = kTcpT
   TransportOptions o;
   o.name = name;
   o.listen_address = "ucx://127.0.0.1:0";
-  o.ucx_config = {{"TLS", tls}};
+  o.ucx_config = {{"TLS", tls}, {"NET_DEVICES", "lo"}};  // loopback only
   return o;
 }
 
@@ -134,6 +135,7 @@ class RawPeer {
     ucp_config_t* cfg = nullptr;
     if (ucp_config_read(nullptr, nullptr, &cfg) != UCS_OK) return false;
     ucp_config_modify(cfg, "TLS", kTcpTls);
+    ucp_config_modify(cfg, "NET_DEVICES", "lo");
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     params.features = UCP_FEATURE_AM;
@@ -556,6 +558,50 @@ std::string TokenHex(const std::string& own_secret, const std::string& peer_publ
   StatusOr<std::string> t = ucx_backend::HelloTokenFromKeys(own_secret, peer_public, from, to);
   EXPECT_TRUE(t.ok()) << t.status().ToString();
   return t.ok() ? Hex(*t) : "";
+}
+
+TEST(BlockPool, SizeClassesLeaveAtMostAnEighthUnused) {
+  EXPECT_EQ(BlockPool::Capacity(1), 1u);
+  EXPECT_EQ(BlockPool::Capacity(BlockPool::kMinPooledBytes - 1), BlockPool::kMinPooledBytes - 1);
+  EXPECT_EQ(BlockPool::Capacity(BlockPool::kMinPooledBytes), BlockPool::kMinPooledBytes);
+  EXPECT_EQ(BlockPool::Capacity(size_t{4} << 20), size_t{4} << 20);
+  EXPECT_EQ(BlockPool::Capacity((size_t{4} << 20) + 1), (size_t{4} << 20) + (size_t{1} << 19));
+  for (size_t n : {size_t{65537}, size_t{100000}, size_t{4000} * 1024, size_t{999999937}}) {
+    const size_t c = BlockPool::Capacity(n);
+    EXPECT_GE(c, n);
+    EXPECT_LE(c - n, n / 8) << n;
+    EXPECT_EQ(BlockPool::Capacity(c), c) << n;  // a class is its own class
+  }
+}
+
+TEST(BlockPool, AReleasedBlockIsReusedForTheSameClassAndKeptWithinTheBound) {
+  auto pool = BlockPool::Create(size_t{8} << 20);
+  const size_t n = 4000 * 1024;
+  uint8_t* first = nullptr;
+  {
+    std::shared_ptr<uint8_t> a = pool->Get(n);
+    ASSERT_NE(a, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a.get()) % 64, 0u);
+    std::memset(a.get(), 0xab, n);  // all of it is usable
+    first = a.get();
+  }
+  EXPECT_EQ(pool->kept_bytes(), BlockPool::Capacity(n));
+  std::shared_ptr<uint8_t> b = pool->Get(n - 100);  // the same class
+  EXPECT_EQ(b.get(), first);
+  EXPECT_EQ(pool->kept_bytes(), 0u);
+  std::shared_ptr<uint8_t> c = pool->Get(n);
+  std::shared_ptr<uint8_t> d = pool->Get(n);
+  b.reset();
+  c.reset();
+  d.reset();  // beyond 8 MiB: freed, not kept
+  EXPECT_EQ(pool->kept_bytes(), 2 * BlockPool::Capacity(n));
+  // Small blocks are plain allocations, never kept; blocks outlive their pool.
+  std::shared_ptr<uint8_t> small = pool->Get(100);
+  std::shared_ptr<uint8_t> big = pool->Get(n);
+  pool.reset();
+  small.reset();
+  big.reset();
+  EXPECT_EQ(BlockPool::Create(1)->Get(0), nullptr);
 }
 
 // The lanes of ucp_ep_print_info's text as UCX 1.13 prints them: the connection manager's lane

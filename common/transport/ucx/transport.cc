@@ -30,6 +30,7 @@
 
 #include "common/log_limiter.h"
 #include "common/logging.h"
+#include "common/transport/block_pool.h"
 #include "common/transport/ucx/hello_auth.h"
 #include "common/transport/ucx/wire.h"
 #include "fmt/format.h"
@@ -52,18 +53,11 @@ constexpr milliseconds kCloseFlush{1000};
 // Messages up to this size are packed into one contiguous buffer (UCX copies them anyway:
 // eager short and bcopy); larger ones go to UCX as an iov of the caller's frames.
 constexpr size_t kPackBelowBytes = 16 * 1024;
-// Alignment of the blocks received messages are received into.
-constexpr std::align_val_t kBlockAlign{64};
+// What the receive block pool keeps for reuse at most (block_pool.h): the blocks of a round
+// of large messages in flight, whose pages then stay mapped.
+constexpr size_t kKeptBlockBytes = size_t{256} << 20;
 
 alignas(64) constexpr uint8_t kZeros[64] = {};
-
-// A received message's bytes: one uninitialised, aligned block (no memset of 256 MiB).
-std::shared_ptr<uint8_t> NewBlock(size_t n) {
-  if (n == 0) return nullptr;
-  auto* p = static_cast<uint8_t*>(::operator new(n, kBlockAlign, std::nothrow));
-  if (p == nullptr) return nullptr;
-  return {p, [](uint8_t* q) { ::operator delete(q, kBlockAlign); }};
-}
 
 struct SockAddr {
   sockaddr_storage storage{};
@@ -432,6 +426,9 @@ class UcxTransport final : public Transport {
   std::set<SendOp*> send_ops_;
   std::set<RecvOp*> recv_ops_;
   LogLimiter log_limiter_;
+  // Received messages' blocks (aligned, recycled; taken on the progress thread, handed back by
+  // whoever drops the last view of a message).
+  const std::shared_ptr<BlockPool> blocks_ = BlockPool::Create(kKeptBlockBytes);
 
   std::atomic<uint64_t> messages_sent_{0};
   std::atomic<uint64_t> bytes_sent_{0};
@@ -1352,7 +1349,7 @@ ucs_status_t UcxTransport::OnData(InConn* c, const AmHeader& h, void* data, size
                           c->name, h.frame_count, h.largest_part));
     return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
   }
-  std::shared_ptr<uint8_t> block = NewBlock(length);
+  std::shared_ptr<uint8_t> block = blocks_->Get(length);
   if (length != 0 && block == nullptr) {
     Refuse(c, fmt::format("no memory for a message of {} bytes from '{}'", length, c->name));
     return rndv ? UCS_ERR_NO_MEMORY : UCS_OK;
