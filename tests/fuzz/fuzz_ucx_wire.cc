@@ -71,6 +71,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* input, size_t size) {
     FuzzHello(bytes);
     return 0;
   }
+  {
+    // The whole input as one AM header: only a kFrame header may be longer than 32 bytes, and
+    // then by exactly its message header.
+    const std::vector<uint8_t> whole(input, input + size);
+    auto f = ParseAmHeader(whole.data(), whole.size());
+    Check(!f.ok() || size == kAmHeaderBytes ||
+          (f->type == AmType::kFrame && f->frame_count == 1 &&
+           f->header_bytes == size - kAmHeaderBytes && f->header_bytes <= kMaxFrameMessageHeader));
+  }
   const std::vector<uint8_t> header(input, input + kAmHeaderBytes);
   const std::vector<uint8_t> data(input + kAmHeaderBytes, input + size);
   auto h = ParseAmHeader(header.data(), header.size());

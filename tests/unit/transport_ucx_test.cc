@@ -467,6 +467,41 @@ TEST(UcxTransport, BadUcxConfigAndAddressesAreInvalidArgument) {
   EXPECT_EQ(a->Connect("x", "tcp://127.0.0.1:5").code(), StatusCode::kInvalidArgument);
 }
 
+TEST(UcxWire, AFrameHeaderCarriesItsMessageHeaderAndNothingElseMayBeLonger) {
+  AmHeader h;
+  h.type = AmType::kFrame;
+  h.seq = 9;
+  h.header_bytes = 5;
+  h.frame_count = 1;
+  h.largest_part = 1 << 20;
+  std::vector<uint8_t> bytes(ucx_backend::kAmHeaderBytes + 5, 'x');
+  ucx_backend::EncodeAmHeader(h, bytes.data());
+  StatusOr<AmHeader> parsed = ucx_backend::ParseAmHeader(bytes.data(), bytes.size());
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->type, AmType::kFrame);
+  EXPECT_EQ(parsed->seq, 9u);
+  EXPECT_EQ(parsed->header_bytes, 5u);
+  // One byte more or less than the header announces; two frames; a header above the limit.
+  EXPECT_FALSE(ucx_backend::ParseAmHeader(bytes.data(), bytes.size() - 1).ok());
+  bytes.push_back('x');
+  EXPECT_FALSE(ucx_backend::ParseAmHeader(bytes.data(), bytes.size()).ok());
+  bytes.pop_back();
+  h.frame_count = 2;
+  ucx_backend::EncodeAmHeader(h, bytes.data());
+  EXPECT_FALSE(ucx_backend::ParseAmHeader(bytes.data(), bytes.size()).ok());
+  h.frame_count = 1;
+  h.header_bytes = ucx_backend::kMaxFrameMessageHeader + 1;
+  std::vector<uint8_t> big(ucx_backend::kAmHeaderBytes + h.header_bytes);
+  ucx_backend::EncodeAmHeader(h, big.data());
+  EXPECT_FALSE(ucx_backend::ParseAmHeader(big.data(), big.size()).ok());
+  // A kData header with bytes after it is refused.
+  h.type = AmType::kData;
+  h.header_bytes = 5;
+  ucx_backend::EncodeAmHeader(h, bytes.data());
+  EXPECT_FALSE(ucx_backend::ParseAmHeader(bytes.data(), bytes.size()).ok());
+  EXPECT_TRUE(ucx_backend::ParseAmHeader(bytes.data(), ucx_backend::kAmHeaderBytes).ok());
+}
+
 TEST(UcxWire, LayoutAlignsFramesAndParseRefusesWhatDoesNotAddUp) {
   StatusOr<ucx_backend::DataLayout> l = ucx_backend::ComputeLayout(5, {3, 5000, 0, 1});
   ASSERT_TRUE(l.ok());

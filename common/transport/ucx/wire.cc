@@ -35,7 +35,7 @@ void EncodeAmHeader(const AmHeader& h, uint8_t out[kAmHeaderBytes]) {
 }
 
 StatusOr<AmHeader> ParseAmHeader(const void* bytes, size_t size) {
-  if (bytes == nullptr || size != kAmHeaderBytes) {
+  if (bytes == nullptr || size < kAmHeaderBytes) {
     return DataLossError(fmt::format("AM header of {} bytes, expected {}", size, kAmHeaderBytes));
   }
   const auto* p = static_cast<const uint8_t*>(bytes);
@@ -44,7 +44,8 @@ StatusOr<AmHeader> ParseAmHeader(const void* bytes, size_t size) {
   AmHeader h;
   const uint8_t type = p[4];
   if (type != static_cast<uint8_t>(AmType::kHello) && type != static_cast<uint8_t>(AmType::kData) &&
-      type != static_cast<uint8_t>(AmType::kCredit)) {
+      type != static_cast<uint8_t>(AmType::kCredit) &&
+      type != static_cast<uint8_t>(AmType::kFrame)) {
     return DataLossError(fmt::format("AM header of unknown type {}", type));
   }
   h.type = static_cast<AmType>(type);
@@ -52,6 +53,18 @@ StatusOr<AmHeader> ParseAmHeader(const void* bytes, size_t size) {
   h.header_bytes = GetU32(p + 16);
   h.frame_count = GetU32(p + 20);
   h.largest_part = GetU64(p + 24);
+  if (h.type != AmType::kFrame) {
+    if (size != kAmHeaderBytes) {
+      return DataLossError(fmt::format("AM header of {} bytes, expected {}", size, kAmHeaderBytes));
+    }
+    return h;
+  }
+  if (h.frame_count != 1 || h.header_bytes > kMaxFrameMessageHeader ||
+      size - kAmHeaderBytes != h.header_bytes) {
+    return DataLossError(
+        fmt::format("frame AM header of {} bytes announcing a {}-byte message header and {} frames",
+                    size, h.header_bytes, h.frame_count));
+  }
   return h;
 }
 

@@ -18,6 +18,12 @@
 //    receive the whole message into one block and hand out its frames without copying.
 //    `largest_part` (the largest of header and frames) lets a receiver refuse a message above
 //    max_message_bytes before receiving its bytes.
+//  - kFrame (client -> listener): one bitpush Message of exactly one frame, split: the AM header
+//    is the 32 bytes above followed by the message header (`header_bytes` of them, at most
+//    kMaxFrameMessageHeader), and the data is the frame alone (`frame_count` 1). The sender
+//    hands UCX the caller's frame as one contiguous buffer (UCX 1.13 sends a non-contiguous
+//    rendezvous through bounce buffers) and the receiver receives it straight into its block.
+//    Senders use it for one-frame messages whose frame is kPackBelowBytes (16 KiB) or more.
 //
 // Pure functions; thread-safe.
 #pragma once
@@ -36,7 +42,11 @@ inline constexpr uint32_t kMagic = 0x31555042;  // "BPU1" read as little-endian 
 inline constexpr size_t kAmHeaderBytes = 32;
 inline constexpr uint32_t kHelloVersion = 1;
 
-enum class AmType : uint8_t { kHello = 1, kData = 2, kCredit = 3 };
+enum class AmType : uint8_t { kHello = 1, kData = 2, kCredit = 3, kFrame = 4 };
+
+// The largest message header a kFrame AM header carries (UCX packs the AM header into the
+// rendezvous request, which must fit one bcopy fragment: 8 KiB over tcp and shared memory).
+inline constexpr size_t kMaxFrameMessageHeader = 1024;
 
 struct AmHeader {
   AmType type = AmType::kData;
@@ -47,7 +57,9 @@ struct AmHeader {
 };
 
 void EncodeAmHeader(const AmHeader& h, uint8_t out[kAmHeaderBytes]);
-// DataLoss when `bytes` is not an AmHeader (size, magic, type, reserved bytes).
+// DataLoss when `bytes` is not an AmHeader (size, magic, type, reserved bytes). A kFrame header
+// is followed by its message header: `size` is kAmHeaderBytes + header_bytes, frame_count 1, and
+// header_bytes at most kMaxFrameMessageHeader; every other type is exactly kAmHeaderBytes.
 StatusOr<AmHeader> ParseAmHeader(const void* bytes, size_t size);
 
 struct HelloPayload {
