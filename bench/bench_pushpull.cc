@@ -1293,6 +1293,17 @@ int ParseArgs(int argc, char** argv, Options* o) {
       std::fprintf(stderr, "%s: bad value '%s' for %s\n", kName, v, a.c_str());
       std::exit(2);
     };
+    // A comma-separated list of `allowed` names, added to `*out` once each, in order.
+    auto add_choices = [&](std::initializer_list<const char*> allowed,
+                           std::vector<std::string>* out) {
+      const char* v = next();
+      const std::vector<std::string> names = SplitSpecs(v);
+      if (names.empty()) bad(v);
+      for (const std::string& n : names) {
+        if (std::find(allowed.begin(), allowed.end(), n) == allowed.end()) bad(v);
+        if (std::find(out->begin(), out->end(), n) == out->end()) out->push_back(n);
+      }
+    };
     auto integer = [&](long long min) {
       const char* v = next();
       char* end = nullptr;
@@ -1321,25 +1332,9 @@ int ParseArgs(int argc, char** argv, Options* o) {
       if (specs.empty()) bad(v);
       o->compressors.insert(o->compressors.end(), specs.begin(), specs.end());
     } else if (a == "--security") {
-      const char* v = next();
-      const std::vector<std::string> modes = SplitSpecs(v);
-      if (modes.empty()) bad(v);
-      for (const std::string& m : modes) {
-        if (m != "none" && m != "curve") bad(v);
-        if (std::find(o->securities.begin(), o->securities.end(), m) == o->securities.end()) {
-          o->securities.push_back(m);
-        }
-      }
+      add_choices({"none", "curve"}, &o->securities);
     } else if (a == "--transport") {
-      const char* v = next();
-      const std::vector<std::string> names = SplitSpecs(v);
-      if (names.empty()) bad(v);
-      for (const std::string& t : names) {
-        if (t != "zmq" && t != "ucx") bad(v);
-        if (std::find(o->transports.begin(), o->transports.end(), t) == o->transports.end()) {
-          o->transports.push_back(t);
-        }
-      }
+      add_choices({"zmq", "ucx"}, &o->transports);
     } else if (a == "--ucx-tls") {
       o->ucx_tls = next();
       if (o->ucx_tls.empty() || o->ucx_tls.find_first_of("\"\n\\") != std::string::npos) {

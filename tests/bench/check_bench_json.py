@@ -18,6 +18,13 @@ def run(*args):
     return subprocess.run([bench, *args], capture_output=True, text=True, timeout=300)
 
 
+def pushpull_records(*args):
+    """The records of `pushpull --json ARGS` (one raw TCP repetition, 60 s per cluster)."""
+    r = run("pushpull", "--json", *args, "--raw-reps", "1", "--timeout-s", "60")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
 ok_isas = []
 for isa in ("scalar", "avx2", "avx512"):
     r = run("compressors", "--json", "--isa", isa, "--sizes-mib", "1", "--min-time", "0.005")
@@ -119,11 +126,8 @@ PUSHPULL_REQUIRED = {
     "raw_tcp_duplex_gbps", "raw_tcp_duplex_median_gbps", "ratio_to_raw_tcp_duplex", "link_gbit",
     "security", "security_ratio", "peer", "op_ms", "last_push_ms", "first_reply_ms", "server_cpu_ms",
     "transport", "transport_ratio", "ucx_tls", "ucx_tls_configured"}
-r = run("pushpull", "--json", "--mb", "1", "--partition-kb", "256", "--iters", "2", "--warmup",
-        "1", "--workers", "2", "--servers", "2", "--compressor", "none,onebit", "--raw-reps", "1",
-        "--timeout-s", "60")
-assert r.returncode == 0, r.stderr
-records = json.loads(r.stdout)
+records = pushpull_records("--mb", "1", "--partition-kb", "256", "--iters", "2", "--warmup", "1",
+                           "--workers", "2", "--servers", "2", "--compressor", "none,onebit")
 assert [x["compressor"] for x in records] == ["none", "onebit"], records
 for rec in records:
     missing = PUSHPULL_REQUIRED - rec.keys()
@@ -156,11 +160,9 @@ assert records[1]["wire_compression_ratio"] > 10, records[1]  # 1 bit per value,
 # --security none,curve: each compressor once per mode in one run; curve clusters get a key pair
 # per node in a private temporary directory that is gone when the benchmark exits.
 keys_before = set(glob.glob("/tmp/bp-bench-keys-*"))
-r = run("pushpull", "--json", "--mb", "1", "--partition-kb", "256", "--iters", "2", "--warmup",
-        "1", "--compressor", "none", "--security", "none,curve", "--security", "curve",
-        "--raw-reps", "1", "--timeout-s", "60")
-assert r.returncode == 0, r.stderr
-records = json.loads(r.stdout)
+records = pushpull_records("--mb", "1", "--partition-kb", "256", "--iters", "2", "--warmup", "1",
+                           "--compressor", "none", "--security", "none,curve", "--security",
+                           "curve")
 assert [(x["compressor"], x["security"]) for x in records] == \
     [("none", "none"), ("none", "curve")], records
 for rec in records:
@@ -172,19 +174,15 @@ assert records[0]["security_ratio"] == 1, records[0]
 assert abs(records[1]["security_ratio"] - records[1]["goodput_gbps"] /
            records[0]["goodput_gbps"]) < 1e-3 * records[1]["security_ratio"], records
 assert set(glob.glob("/tmp/bp-bench-keys-*")) <= keys_before, "the keys directory was left"
-r = run("pushpull", "--json", "--mb", "1", "--partition-kb", "256", "--iters", "1", "--warmup",
-        "0", "--security", "curve", "--raw-reps", "1", "--timeout-s", "60")
-assert r.returncode == 0, r.stderr
-records = json.loads(r.stdout)
+records = pushpull_records("--mb", "1", "--partition-kb", "256", "--iters", "1", "--warmup", "0",
+                           "--security", "curve")
 assert [x["security"] for x in records] == ["curve"], records
 assert records[0]["security_ratio"] is None, records  # no run under none to compare with
 # --transport zmq,ucx: each compressor once per transport in one run; the ucx records say what UCX
 # chose (a probe connection of the same configuration) and compare with zmq (transport_ratio).
-r = run("pushpull", "--json", "--mb", "1", "--partition-kb", "256", "--iters", "2", "--warmup",
-        "1", "--compressor", "none,onebit", "--transport", "zmq,ucx", "--ucx-tls", "tcp",
-        "--raw-reps", "1", "--timeout-s", "60")
-assert r.returncode == 0, r.stderr
-records = json.loads(r.stdout)
+records = pushpull_records("--mb", "1", "--partition-kb", "256", "--iters", "2", "--warmup", "1",
+                           "--compressor", "none,onebit", "--transport", "zmq,ucx", "--ucx-tls",
+                           "tcp")
 assert [(x["compressor"], x["transport"]) for x in records] == \
     [("none", "zmq"), ("none", "ucx"), ("onebit", "zmq"), ("onebit", "ucx")], records
 for rec in records:
@@ -217,10 +215,8 @@ records = json.loads(r.stdout)
 assert [(x["peer"], x["compressor"]) for x in records] == [("bitpush", "none")], records
 assert records[0]["ratio_to_pslite"] is None and records[0]["peer_reps"] == 1, records
 # --dtype float16: the tensors are fp16 end to end (the record says so; 1 MiB of fp16).
-r = run("pushpull", "--json", "--dtype", "float16", "--mb", "1", "--partition-kb", "256",
-        "--iters", "1", "--warmup", "0", "--raw-reps", "1", "--timeout-s", "60")
-assert r.returncode == 0, r.stderr
-records = json.loads(r.stdout)
+records = pushpull_records("--dtype", "float16", "--mb", "1", "--partition-kb", "256", "--iters",
+                           "1", "--warmup", "0")
 assert [(x["dtype"], x["compressor"]) for x in records] == [("float16", "none")], records
 assert records[0]["goodput_gbps"] > 0, records
 for bad in (("--dtype", "int8"), ("--peer", "pslite", "--dtype", "float16")):
