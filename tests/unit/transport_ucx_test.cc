@@ -17,6 +17,7 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -1041,6 +1042,9 @@ INSTANTIATE_TEST_SUITE_P(Transports, UcxCurve, ::testing::Values(kTcpTls, kShmTl
 
 constexpr char kChildParentEnv[] = "BITPUSH_UCX_TEST_CHILD_PARENT";
 constexpr char kChildTlsEnv[] = "BITPUSH_UCX_TEST_CHILD_TLS";
+// Set: after the pong the child sends kStreamBytes messages to the parent without pause.
+constexpr char kChildStreamEnv[] = "BITPUSH_UCX_TEST_CHILD_STREAM";
+constexpr size_t kStreamBytes = size_t{4} << 20;
 
 // Runs only as the child process of KilledPeerProcessIsReportedDisconnected (this binary,
 // re-executed): an endpoint that tells the parent its address and answers "ping" with "pong"
@@ -1055,58 +1059,84 @@ TEST(UcxChildProcess, DISABLED_ServeUntilKilled) {
   ASSERT_TRUE(child);
   ASSERT_TRUE(child->Connect("parent", parent).ok());
   ASSERT_TRUE(child->Send("parent", Text("up " + child->address())).ok());
+  const bool stream = std::getenv(kChildStreamEnv) != nullptr;
+  const std::vector<uint8_t> big(kStreamBytes, 0x5a);
+  bool ponged = false;
   const auto deadline = Clock::now() + std::chrono::seconds(60);
   while (Clock::now() < deadline) {
-    StatusOr<Received> r = child->Receive(milliseconds(500));
+    StatusOr<Received> r = child->Receive(milliseconds(stream && ponged ? 0 : 500));
     if (r.ok() && r->is_message() && r->message().header == "ping") {
       ASSERT_TRUE(child->Send("parent", Text("pong")).ok());
+      ponged = true;
+    }
+    if (stream && ponged) {
+      (void)child->Send("parent", Text("chunk", {Buffer::Copy(big.data(), big.size())}));
     }
   }
 }
 
 class UcxKilledPeer : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(UcxKilledPeer, KilledPeerProcessIsReportedDisconnectedWithinABound) {
-  SKIP_WITHOUT_UCX();
-  auto parent = Make(Options("parent", GetParam()));
-  ASSERT_TRUE(parent);
-  // The child's environment and arguments, built before fork (only exec runs after it).
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
-  env_strings.push_back(std::string(kChildParentEnv) + "=" + parent->address());
-  env_strings.push_back(std::string(kChildTlsEnv) + "=" + GetParam());
-  std::vector<char*> envp;
-  envp.reserve(env_strings.size() + 1);
-  for (std::string& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::string exe = "/proc/self/exe", arg0 = "transport_ucx_test",
-              filter = "--gtest_filter=UcxChildProcess.DISABLED_ServeUntilKilled",
-              disabled = "--gtest_also_run_disabled_tests";
-  char* argv[] = {arg0.data(), filter.data(), disabled.data(), nullptr};
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    execve(exe.c_str(), argv, envp.data());
-    _exit(127);
-  }
-  struct Reaper {
-    pid_t pid;
-    ~Reaper() {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
+// The child process of the UcxKilledPeer tests (DISABLED_ServeUntilKilled), killed with
+// SIGKILL when the object goes.
+class UcxChild {
+ public:
+  // Starts the child for `parent` over `tls`; `stream`: the child streams kStreamBytes messages.
+  UcxChild(const std::string& parent, const std::string& tls, bool stream) {
+    // The child's environment and arguments, built before fork (only exec runs after it).
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+    env_strings.push_back(std::string(kChildParentEnv) + "=" + parent);
+    env_strings.push_back(std::string(kChildTlsEnv) + "=" + tls);
+    if (stream) env_strings.push_back(std::string(kChildStreamEnv) + "=1");
+    std::vector<char*> envp;
+    envp.reserve(env_strings.size() + 1);
+    for (std::string& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string exe = "/proc/self/exe", arg0 = "transport_ucx_test",
+                filter = "--gtest_filter=UcxChildProcess.DISABLED_ServeUntilKilled",
+                disabled = "--gtest_also_run_disabled_tests";
+    char* argv[] = {arg0.data(), filter.data(), disabled.data(), nullptr};
+    pid_ = fork();
+    if (pid_ == 0) {
+      execve(exe.c_str(), argv, envp.data());
+      _exit(127);
     }
-  } reaper{pid};
+  }
+  ~UcxChild() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  UcxChild(const UcxChild&) = delete;
+  UcxChild& operator=(const UcxChild&) = delete;
+  pid_t pid() const { return pid_; }
 
-  Received up = NextMessage(parent.get(), milliseconds(30000));
+ private:
+  pid_t pid_ = -1;
+};
+
+// Connects `parent` back to the child that announced itself and checks a ping/pong.
+void MeetChild(Transport* parent) {
+  Received up = NextMessage(parent, milliseconds(30000));
   ASSERT_EQ(up.from, "child");
   ASSERT_EQ(up.message().header.rfind("up ucx://", 0), 0u) << up.message().header;
   ASSERT_TRUE(parent->Connect("child", up.message().header.substr(3)).ok());
   ASSERT_TRUE(parent->Send("child", Text("ping")).ok());
-  Received pong = NextMessage(parent.get(), milliseconds(10000));
+  Received pong = NextMessage(parent, milliseconds(10000));
   ASSERT_EQ(pong.from, "child");
   ASSERT_EQ(pong.message().header, "pong");
+}
 
-  ASSERT_EQ(kill(pid, SIGKILL), 0);
+TEST_P(UcxKilledPeer, KilledPeerProcessIsReportedDisconnectedWithinABound) {
+  SKIP_WITHOUT_UCX();
+  auto parent = Make(Options("parent", GetParam()));
+  ASSERT_TRUE(parent);
+  UcxChild child(parent->address(), GetParam(), /*stream=*/false);
+  ASSERT_GT(child.pid(), 0);
+  ASSERT_NO_FATAL_FAILURE(MeetChild(parent.get()));
+
+  ASSERT_EQ(kill(child.pid(), SIGKILL), 0);
   const auto killed = Clock::now();
   bool reported = false;
   while (!reported && Clock::now() - killed < std::chrono::seconds(30)) {
@@ -1127,6 +1157,62 @@ TEST_P(UcxKilledPeer, KilledPeerProcessIsReportedDisconnectedWithinABound) {
   const Status s = parent->Send("child", Text("late"));
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
   EXPECT_NE(s.message().find("'child'"), std::string::npos) << s.ToString();
+}
+
+// The child dies while 4 MiB messages move both ways (rendezvous reads of its memory and of
+// ours in flight): the parent goes on, reports the child within the bound, and every message
+// it did take from the child arrived whole.
+TEST_P(UcxKilledPeer, PeerKilledMidTransferIsReportedAndWhatArrivedIsWhole) {
+  SKIP_WITHOUT_UCX();
+  TransportOptions o = Options("parent", GetParam());
+  o.send_block_timeout = milliseconds(200);
+  auto parent = Make(o);
+  ASSERT_TRUE(parent);
+  UcxChild child(parent->address(), GetParam(), /*stream=*/true);
+  ASSERT_GT(child.pid(), 0);
+  ASSERT_NO_FATAL_FAILURE(MeetChild(parent.get()));
+  const std::vector<uint8_t> big(kStreamBytes, 0xa5);
+  auto take = [&](Received& r) {
+    ASSERT_EQ(r.message().header, "chunk");
+    ASSERT_EQ(r.message().frames.size(), 1u);
+    const Buffer& f = r.message().frames[0];
+    ASSERT_EQ(f.size(), kStreamBytes);
+    const auto* d = static_cast<const uint8_t*>(f.data());
+    ASSERT_TRUE(std::all_of(d, d + f.size(), [](uint8_t b) { return b == 0x5a; }));
+  };
+  int chunks = 0;
+  const auto streaming = Clock::now() + std::chrono::seconds(10);
+  while (chunks < 8 && Clock::now() < streaming) {
+    (void)parent->Send("child", Text("back", {Buffer::Copy(big.data(), big.size())}));
+    StatusOr<Received> r = parent->Receive(milliseconds(100));
+    if (!r.ok() || !r->is_message()) continue;
+    ASSERT_NO_FATAL_FAILURE(take(*r));
+    ++chunks;
+  }
+  ASSERT_EQ(chunks, 8) << "the child's 4 MiB messages did not arrive";
+  for (int i = 0; i < 4; ++i) {
+    (void)parent->Send("child", Text("back", {Buffer::Copy(big.data(), big.size())}));
+  }
+
+  ASSERT_EQ(kill(child.pid(), SIGKILL), 0);
+  const auto killed = Clock::now();
+  bool reported = false;
+  while (!reported && Clock::now() - killed < std::chrono::seconds(30)) {
+    StatusOr<Received> r = parent->Receive(milliseconds(100));
+    if (!r.ok()) continue;
+    if (r->is_message()) {
+      ASSERT_NO_FATAL_FAILURE(take(*r));  // sent before the kill
+    } else if (r->event().kind == TransportEvent::Kind::kPeerDisconnected) {
+      EXPECT_EQ(r->event().peer, "child");
+      reported = true;
+    }
+  }
+  const auto elapsed = Clock::now() - killed;
+  ASSERT_TRUE(reported) << "no kPeerDisconnected for the killed child within 30 s";
+  EXPECT_LT(elapsed, std::chrono::seconds(5))
+      << std::chrono::duration_cast<milliseconds>(elapsed).count() << " ms";
+  const Status s = parent->Send("child", Text("late"));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, UcxKilledPeer, ::testing::Values(kTcpTls, kShmTls),
