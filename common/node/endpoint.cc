@@ -36,7 +36,8 @@ std::string_view PlaneName(Plane plane) {
 }
 
 StatusOr<std::unique_ptr<NodeEndpoint>> NodeEndpoint::Create(
-    NodeEndpointOptions options, std::unique_ptr<transport::Transport> transport) {
+    NodeEndpointOptions options, std::unique_ptr<transport::Transport> transport,
+    std::unique_ptr<transport::Transport> data_transport) {
   const NodeIdentity& self = options.self;
   if (self.role != v1::ROLE_SCHEDULER && self.role != v1::ROLE_SERVER &&
       self.role != v1::ROLE_WORKER) {
@@ -59,8 +60,16 @@ StatusOr<std::unique_ptr<NodeEndpoint>> NodeEndpoint::Create(
     t.max_connections = options.max_connections;
     return t;
   };
-  std::unique_ptr<transport::Transport> data_transport;
-  if (!options.data_listen_address.empty()) {
+  if (data_transport != nullptr) {
+    if (self.role == v1::ROLE_SCHEDULER) {
+      return InvalidArgumentError("an injected data transport: the scheduler has no data plane");
+    }
+    if (data_transport->name() != name) {
+      return InvalidArgumentError(
+          fmt::format("the injected data transport is named '{}', but this node's PeerId is '{}'",
+                      data_transport->name(), name));
+    }
+  } else if (!options.data_listen_address.empty()) {
     if (self.role == v1::ROLE_SCHEDULER) {
       return InvalidArgumentError(
           "NodeEndpointOptions::data_listen_address: the scheduler has no data plane");

@@ -137,10 +137,13 @@ class NodeEndpoint {
   using Timer = std::function<Clock::time_point(Clock::time_point now)>;
   using FailureHandler = std::function<void(const Status&)>;
 
-  // Binds the endpoint (or takes `transport`, whose name must be this node's PeerId).
+  // Binds the endpoint (or takes `transport`, whose name must be this node's PeerId), and the
+  // data transport when options.data_listen_address is set (or takes `data_transport`, e.g. a
+  // test's fault-injecting wrapper, named the same; the scheduler has none).
   // InvalidArgument for a bad address or name; the transport's error otherwise.
   static StatusOr<std::unique_ptr<NodeEndpoint>> Create(
-      NodeEndpointOptions options, std::unique_ptr<transport::Transport> transport = nullptr);
+      NodeEndpointOptions options, std::unique_ptr<transport::Transport> transport = nullptr,
+      std::unique_ptr<transport::Transport> data_transport = nullptr);
 
   ~NodeEndpoint();  // Close()
   NodeEndpoint(const NodeEndpoint&) = delete;

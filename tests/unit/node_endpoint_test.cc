@@ -517,6 +517,101 @@ TEST(NodeEndpoint, ADataTransportCarriesTheDataPlaneAndRefusesControlOnIt) {
                                             "push from worker:1"}));
 }
 
+// The data transport fails alone (its process-level cause: UCX's worker failed): the failure
+// handlers hear it once, naming the data transport and its address, while the main transport
+// still carries the control plane (the node can still tell the scheduler it stops).
+TEST(NodeEndpoint, ADataTransportFailingAloneIsReportedOnceAndControlStillFlows) {
+  auto hub = transport::NewInprocHub();
+  transport::TransportOptions t;
+  t.name = "server:0";
+  t.listen_address = "inproc://server:0/data";
+  t.inproc_hub = hub;
+  auto sw = std::make_shared<testing::FaultSwitch>();
+  auto data = std::make_unique<testing::FaultyTransport>(
+      std::shared_ptr<transport::Transport>(transport::CreateTransport(t).value()), sw);
+  NodeEndpointOptions o;
+  o.self = {v1::ROLE_SERVER, 0};
+  o.listen_address = "inproc://server:0";
+  o.inproc_hub = hub;
+  o.idle_wait = milliseconds(100);
+  auto server = NodeEndpoint::Create(o, nullptr, std::move(data)).value();
+  EXPECT_EQ(server->data_address(), "inproc://server:0/data");
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> seen;
+  std::vector<Status> failures;
+  server->OnData(DataHeader::OP_PUSH, RoleSet::Of(v1::ROLE_WORKER),
+                 [&](const Sender& from, DataHeader&, Message&) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   seen.push_back("push from " + from.peer);
+                   cv.notify_all();
+                 });
+  server->OnControl(ControlMessage::kHeartbeat, RoleSet::Of(v1::ROLE_SCHEDULER),
+                    [&](const Sender& from, const ControlMessage&) {
+                      std::lock_guard<std::mutex> lock(mu);
+                      seen.push_back("heartbeat from " + from.peer);
+                      cv.notify_all();
+                    });
+  server->OnFailure([&](const Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    failures.push_back(s);
+    cv.notify_all();
+  });
+  server->Start();
+
+  NodeEndpointOptions w;
+  w.self = {v1::ROLE_WORKER, 1};
+  w.listen_address = "inproc://worker:1";
+  w.data_listen_address = "inproc://worker:1/data";
+  w.inproc_hub = hub;
+  auto worker = NodeEndpoint::Create(w).value();
+  ASSERT_TRUE(worker->Connect("server:0", server->data_address()).ok());
+  ASSERT_TRUE(worker->Send("server:0", DataMessage(DataHeader::OP_PUSH)).ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(5), [&] { return seen.size() == 1; }));
+  }
+
+  sw->Crash();
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(5), [&] { return !failures.empty(); }));
+    EXPECT_NE(failures[0].message().find("server 0: the data transport at inproc://server:0/data "
+                                         "failed"),
+              std::string::npos)
+        << failures[0].ToString();
+  }
+  auto scheduler = Make(hub, {v1::ROLE_SCHEDULER, 0});
+  ASSERT_TRUE(scheduler->Connect("server:0", server->address()).ok());
+  ASSERT_TRUE(scheduler->Send("server:0", ControlOf(ControlMessage::kHeartbeat)).ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(5), [&] { return seen.size() == 2; }));
+  }
+  server->Close();
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(failures.size(), 1u);
+  EXPECT_EQ(seen, (std::vector<std::string>{"push from worker:1", "heartbeat from scheduler"}));
+}
+
+TEST(NodeEndpoint, AnInjectedDataTransportMustCarryTheNodesName) {
+  auto hub = transport::NewInprocHub();
+  transport::TransportOptions t;
+  t.name = "server:1";
+  t.listen_address = "inproc://elsewhere/data";
+  t.inproc_hub = hub;
+  NodeEndpointOptions o;
+  o.self = {v1::ROLE_SERVER, 0};
+  o.listen_address = "inproc://server:0";
+  o.inproc_hub = hub;
+  StatusOr<std::unique_ptr<NodeEndpoint>> e =
+      NodeEndpoint::Create(o, nullptr, transport::CreateTransport(t).value());
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("'server:1'"), std::string::npos) << e.status().ToString();
+}
+
 TEST(NodeEndpoint, TheSchedulerHasNoDataTransport) {
   NodeEndpointOptions o;
   o.self = {v1::ROLE_SCHEDULER, 0};
