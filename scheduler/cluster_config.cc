@@ -913,6 +913,18 @@ std::string DescribeClusterConfig(const ClusterConfig& c) {
       }
       out += fmt::format("\n    {}: {}", key.substr(dot + 1), *value);
     }
+    if (section == "cluster" && c.transport == "ucx") {
+      // Derived, not a knob: where each server's and worker's data plane listens.
+      auto data = [&](v1::Role role, size_t n) {
+        std::vector<std::string> v;
+        v.reserve(n);
+        for (uint32_t r = 0; r < n; ++r) v.push_back(c.DataAddress(role, r));
+        return list(v);
+      };
+      out += fmt::format("\n  {:<22}# port + ucx.port_offset", "data_plane:");
+      out += fmt::format("\n    servers: {}", data(v1::ROLE_SERVER, c.servers.size()));
+      out += fmt::format("\n    workers: {}", data(v1::ROLE_WORKER, c.workers.size()));
+    }
   }
   return out;
 }

@@ -690,10 +690,15 @@ TEST(ClusterConfigUcx, DataAddressesAndKnobs) {
   EXPECT_CONTAINS(described,
                   "\n  ucx:\n    port_offset: 500\n    tls: sm,self\n"
                   "    net_devices: eth0\n");
+  EXPECT_CONTAINS(described,
+                  "\n  data_plane:           # port + ucx.port_offset\n"
+                  "    servers: [ucx://a:9600, ucx://b:9600]\n"
+                  "    workers: [ucx://c:9700, ucx://c:9701]\n");
 }
 
 TEST(ClusterConfigUcx, DefaultsAndOtherTransports) {
   const ClusterConfig z = Parse(kMinimal);
+  EXPECT_EQ(DescribeClusterConfig(z).find("data_plane"), std::string::npos);
   EXPECT_EQ(z.ucx.port_offset, 1000u);
   EXPECT_EQ(z.ucx.tls, "");
   EXPECT_EQ(z.ucx.net_devices, "");
