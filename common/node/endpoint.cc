@@ -318,6 +318,19 @@ void NodeEndpoint::DispatchLocked(transport::Received& received, bool on_data) {
     }
     return;
   }
+  if (!on_data && data_transport_ != nullptr && plane == Plane::kData && received.is_message()) {
+    // A node with a data transport takes worker <-> server messages there only: the peers of
+    // its cluster all have one (the scheduler admits none without its data address).
+    ++refused_;
+    uint64_t suppressed = 0;
+    if (reject_limiter_.Allow(sender.peer + "/main-transport", &suppressed)) {
+      BP_LOG_WARN(
+          "{}: refused a data-plane message from '{}' on the main transport at {} (the data "
+          "plane uses {}; {} more since the last report)",
+          label_, sender.peer, transport_->address(), data_transport_->address(), suppressed);
+    }
+    return;
+  }
   if (held_[i]) {
     held_msgs_[i].push_back(std::move(received));
     return;

@@ -22,8 +22,9 @@
 // the same name, security and limits. Then Connect/Disconnect/Send* to a server or worker (from
 // a server or worker) go on the data transport, everything else on the main one. Messages
 // that arrive on the data transport must be data-plane: one from the scheduler (or any
-// control-plane message) is refused and counted (stats().refused). Data-plane messages that
-// arrive on the main transport are still dispatched (a peer without a data address).
+// control-plane message) is refused and counted (stats().refused); so is a data-plane message
+// that arrives on the main transport of a node with a data transport (every server and worker
+// of such a cluster has one). Transport events are not refused.
 //
 // Loop. Start() runs the loop on the endpoint's own I/O thread ("bp-io"); a process that owns
 // its loop (the scheduler) calls Poll() instead. Timers registered with AddTimer run on the
@@ -114,7 +115,7 @@ struct EndpointStats {
   uint64_t dispatched = 0;              // messages handed to a registered handler
   uint64_t unhandled = 0;               // messages of a type nobody registered
   uint64_t refused = 0;                 // messages from a role that may not send their type, and
-                                        // control-plane messages that came on the data transport
+                                        // messages on the other plane's transport
   uint64_t malformed = 0;               // messages whose header did not parse
   uint64_t events = 0;                  // transport events dispatched
   transport::TransportStats transport;  // the main transport

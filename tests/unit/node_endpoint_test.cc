@@ -447,7 +447,8 @@ TEST(NodeEndpoint, CloseEndsTheLoopWithoutCallingTheFailureHandlers) {
 // A server with a data transport (as under cluster.transport ucx; inproc here): the workers'
 // data arrives there and is dispatched to the same handlers as the main transport's, the
 // scheduler's control messages use the main transport, and a control-plane message that
-// arrives on the data transport is refused and counted, never dispatched.
+// arrives on the data transport, or a data-plane one on the main transport, is refused and
+// counted, never dispatched.
 TEST(NodeEndpoint, ADataTransportCarriesTheDataPlaneAndRefusesControlOnIt) {
   auto hub = transport::NewInprocHub();
   auto make = [&](NodeIdentity self, const std::string& data) {
@@ -506,15 +507,27 @@ TEST(NodeEndpoint, ADataTransportCarriesTheDataPlaneAndRefusesControlOnIt) {
   // Send put them there, so once the push is dispatched the heartbeat was handled.
   ASSERT_TRUE(worker->Send("server:0", DataMessage(DataHeader::OP_PUSH)).ok());
   ASSERT_TRUE(wait_for(3));
+
+  // A worker's push on the server's main transport: refused, counted, not dispatched; the
+  // scheduler's heartbeat after it (same mailbox) shows it was handled.
+  transport::TransportOptions w;
+  w.name = "worker:1";
+  w.listen_address = "inproc://worker:1/plain";
+  w.inproc_hub = hub;
+  auto plain = transport::CreateTransport(w).value();
+  ASSERT_TRUE(plain->Connect("server:0", server->address()).ok());
+  ASSERT_TRUE(plain->Send("server:0", DataMessage(DataHeader::OP_PUSH)).ok());
+  ASSERT_TRUE(scheduler->Send("server:0", ControlOf(ControlMessage::kHeartbeat)).ok());
+  ASSERT_TRUE(wait_for(4));
   const EndpointStats st = server->stats();
-  EXPECT_EQ(st.refused, 1u);
-  EXPECT_EQ(st.dispatched, 3u);
+  EXPECT_EQ(st.refused, 2u);
+  EXPECT_EQ(st.dispatched, 4u);
   EXPECT_EQ(st.data_transport.messages_received, 3u);  // two pushes, the impostor's heartbeat
-  EXPECT_EQ(st.transport.messages_received, 1u);       // the scheduler's heartbeat
+  EXPECT_EQ(st.transport.messages_received, 3u);  // the scheduler's heartbeats, the stray push
   server->Close();
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_EQ(seen, (std::vector<std::string>{"push from worker:1", "heartbeat from scheduler",
-                                            "push from worker:1"}));
+                                            "push from worker:1", "heartbeat from scheduler"}));
 }
 
 // The data transport fails alone (its process-level cause: UCX's worker failed): the failure
