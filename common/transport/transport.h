@@ -127,6 +127,10 @@ struct TransportOptions {
   // UCX_ prefix (e.g. {"TLS", "tcp,self"}), applied with ucp_config_modify over what the UCX_*
   // environment variables set. Empty: UCX's defaults and the environment.
   std::map<std::string, std::string> ucx_config;
+  // ucx only: how long a connection may go without the next message in its order while later
+  // ones have arrived (the transport lost it, or a peer skipped it) before the receiver closes
+  // it as broken, naming the missing message.
+  std::chrono::milliseconds sequence_gap_timeout{10000};
 };
 
 class Transport {

@@ -311,6 +311,48 @@ TEST(UcxTransport, TheHelloNamesEveryLaterMessageOfTheConnection) {
   EXPECT_EQ(r.message().header, "hi");
 }
 
+// Messages reach Receive in the order sent: one that arrives early waits for those before it.
+// When one never arrives (UCX lost it, or the peer skipped it) while a later one did, the
+// connection is closed after sequence_gap_timeout, naming the missing message, and counted;
+// nothing after the gap is delivered out of order.
+TEST(UcxTransport, AMessageMissingBehindLaterOnesClosesTheConnectionAfterTheGapTimeout) {
+  SKIP_WITHOUT_UCX();
+  TransportOptions o = Options("b");
+  o.sequence_gap_timeout = milliseconds(300);
+  auto b = Make(o);
+  ASSERT_TRUE(b);
+  {
+    RawPeer raw;
+    ASSERT_TRUE(raw.Connect(b->address()));
+    ASSERT_EQ(raw.SendHello("worker:7"), UCS_OK);
+    ASSERT_TRUE(raw.ProgressUntil([&] { return raw.Credits() > 0; })) << "no credit grant";
+    // A gap that closes in time: delivered in order, nothing counted.
+    ASSERT_EQ(raw.SendData(1, "second", {}), UCS_OK);
+    ASSERT_EQ(raw.SendData(0, "first", {}), UCS_OK);
+    EXPECT_EQ(NextMessage(b.get()).message().header, "first");
+    EXPECT_EQ(NextMessage(b.get()).message().header, "second");
+    std::this_thread::sleep_for(milliseconds(400));
+    EXPECT_EQ(b->stats().malformed_dropped, 0u);
+    // Message 2 never comes; 3 and 4 do.
+    ASSERT_EQ(raw.SendData(3, "fourth", {"x"}), UCS_OK);
+    ASSERT_EQ(raw.SendData(4, "fifth", {"y"}), UCS_OK);
+    const auto sent = Clock::now();
+    ASSERT_TRUE(WaitMalformed(b.get(), 1));
+    EXPECT_GE(Clock::now() - sent, milliseconds(250));
+    EXPECT_TRUE(raw.ProgressUntil([&] { return raw.Error() != UCS_OK; }))
+        << "the connection with the gap stayed open";
+  }
+  EXPECT_EQ(b->Receive(milliseconds(100)).status().code(), StatusCode::kTimeout);
+  // The endpoint goes on serving new connections.
+  RawPeer again;
+  ASSERT_TRUE(again.Connect(b->address()));
+  ASSERT_EQ(again.SendHello("worker:7"), UCS_OK);
+  ASSERT_TRUE(again.ProgressUntil([&] { return again.Credits() > 0; })) << "no credit grant";
+  ASSERT_EQ(again.SendData(0, "after", {}), UCS_OK);
+  EXPECT_EQ(NextMessage(b.get()).message().header, "after");
+  EXPECT_EQ(b->stats().malformed_dropped, 1u);
+}
+
 TEST(UcxTransport, MessagesBeforeTheHelloAndMalformedOnesAreDroppedAndCounted) {
   SKIP_WITHOUT_UCX();
   auto b = Make(Options("b"));

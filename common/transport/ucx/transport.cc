@@ -331,6 +331,8 @@ struct InConn {
   uint64_t next_deliver = 0;        // the seq of the next message to hand to Receive
   uint64_t dropped_unreturned = 0;  // credits of dropped messages not given back yet
   std::map<uint64_t, Slot> slots;
+  // Since when a later message is here but next_deliver has not arrived (epoch: no gap).
+  std::chrono::steady_clock::time_point gap_since{};
 };
 
 // Receive's queue entry: a message (of connection `conn`) or an event (conn 0).
@@ -394,6 +396,10 @@ class UcxTransport final : public Transport {
   void HandleEpError(ucp_ep_h ep, ucs_status_t status);
   void StartConnect(const PeerId& name, IoPeer* p);
   void ReconnectDue(Clock::time_point now, milliseconds* wait);
+  // Notes when a connection's next message goes missing behind later ones (NoteGap), and closes
+  // connections whose gap outlived options_.sequence_gap_timeout; lowers *wait to the next due.
+  void NoteGap(InConn* c);
+  void CloseGapped(Clock::time_point now, milliseconds* wait);
   void FlushOutboxes();
   void ReturnCredits();
   void SendData(const PeerId& name, IoPeer* p, Message msg);
@@ -805,6 +811,7 @@ void UcxTransport::Loop() {
     ReturnCredits();
     milliseconds wait = kIdleWait;
     ReconnectDue(Clock::now(), &wait);
+    CloseGapped(Clock::now(), &wait);
     FlushOutboxes();
     Progress();
     if (!failed_eps_.empty() || !conn_requests_.empty()) continue;
@@ -1412,6 +1419,7 @@ ucs_status_t UcxTransport::OnData(InConn* c, const AmHeader& h, const uint8_t* f
     return rndv ? UCS_ERR_NO_MEMORY : UCS_OK;
   }
   c->slots[h.seq];  // its place in the order
+  NoteGap(c);
   std::string message_header;
   if (frame) message_header.assign(reinterpret_cast<const char*>(frame_header), h.header_bytes);
   if (!rndv) {
@@ -1501,6 +1509,30 @@ void UcxTransport::Complete(InConn* c, uint64_t seq, const AmHeader& h,
   Deliver(c);
 }
 
+void UcxTransport::NoteGap(InConn* c) {
+  const bool gap = !c->slots.empty() && c->slots.begin()->first != c->next_deliver;
+  if (!gap) {
+    c->gap_since = {};
+  } else if (c->gap_since == Clock::time_point{}) {
+    c->gap_since = Clock::now();
+  }
+}
+
+void UcxTransport::CloseGapped(Clock::time_point now, milliseconds* wait) {
+  const milliseconds limit = options_.sequence_gap_timeout;
+  for (auto& [id, c] : in_conns_) {
+    if (c.refused || c.gap_since == Clock::time_point{} || c.slots.empty()) continue;
+    const auto due = c.gap_since + limit;
+    if (now < due) {
+      *wait = std::min(*wait, std::chrono::ceil<milliseconds>(due - now));
+      continue;
+    }
+    Refuse(&c, fmt::format("message {} from '{}' never arrived while message {} did ({} ms): the "
+                           "connection lost it",
+                           c.next_deliver, c.name, c.slots.rbegin()->first, limit.count()));
+  }
+}
+
 void UcxTransport::Deliver(InConn* c) {
   std::vector<Message> ready;
   while (!c->slots.empty() && c->slots.begin()->first == c->next_deliver &&
@@ -1510,6 +1542,7 @@ void UcxTransport::Deliver(InConn* c) {
     c->slots.erase(c->slots.begin());
     ++c->next_deliver;
   }
+  NoteGap(c);
   if (ready.empty()) return;
   uint64_t bytes = 0;
   for (const Message& m : ready) bytes += m.header.size() + m.payload_bytes();
