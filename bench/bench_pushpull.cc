@@ -39,6 +39,9 @@
 // addresses before the cluster runs: "tcp/lo", "posix/memory cma/memory", ...) and
 // ucx_tls_configured; transport_ratio = goodput / the same compressor's under zmq (same security).
 //
+// --reps R: R passes over all the runs; each record is the run of median goodput of its R
+// (reps, goodput_min_gbps, goodput_max_gbps beside it), and the ratios compare those medians.
+//
 // --link-gbit R: the servers (and the raw TCP peer) run in a network namespace of their own,
 // behind a veth pair shaped to R Gbit/s each way (tc tbf), 10.251.X.1 (root namespace:
 // scheduler, workers, driver) <-> 10.251.X.2 (servers); the namespace and the veth pair are
@@ -145,6 +148,7 @@ struct Options {
   std::string peer;        // "": bitpush only; "pslite": dmlc/ps-lite side by side
   std::string pslite_dir;  // the ps-lite checkout holding our driver (bench/peers/README.md)
   int peer_reps = 3;       // alternations of ps-lite and bitpush clusters (medians reported)
+  int reps = 1;            // without --peer: passes over all the runs (medians reported)
 };
 
 // bench/peers/build-pslite-driver.sh in the source tree (bench/CMakeLists.txt), if known.
@@ -177,7 +181,7 @@ void PrintHelp() {
       "         [--error-feedback auto|none|worker|server|both]\n"
       "         [--min-compress-bytes 1048576] [--raw-reps 5] [--timeout-s 300] [--keep-dir]\n"
       "         [--link-gbit R] [--security none|curve[,...]] [--transport zmq|ucx[,...]]\n"
-      "         [--ucx-tls TLS]\n"
+      "         [--ucx-tls TLS] [--reps 1]\n"
       "         [--peer pslite --pslite-dir DIR [--peer-reps 3]]\n"
       "Runs a real cluster on loopback per compressor (bitpush-scheduler, S bitpush-server,\n"
       "W workers) and times N PushPull+Wait iterations of MB MiB of --dtype (float32) per worker\n"
@@ -198,6 +202,10 @@ void PrintHelp() {
       "transport; ucx = the data plane over UCX (cluster.transport ucx), with cluster.ucx.tls =\n"
       "--ucx-tls (e.g. tcp, or sm,self,tcp for shared memory; default: UCX's choice).\n"
       "transport_ratio = goodput / the same compressor's goodput over zmq.\n"
+      "--reps R: R passes over all the runs (each compressor, security mode and transport once\n"
+      "per pass, in the same order), so that drift of the shared machine hits all; each record\n"
+      "is the run of median goodput of its R (goodput_min_gbps, goodput_max_gbps beside it), and\n"
+      "the ratios compare medians. With --peer, --peer-reps sets the passes.\n"
       "--peer pslite --pslite-dir DIR: dmlc/ps-lite side by side (our dense driver, built in\n"
       "DIR by bench/peers/build-pslite-driver.sh: bench/peers/README.md), same sizes, R\n"
       "alternations of a ps-lite and the bitpush clusters (--peer-reps, default 3), medians;\n"
@@ -1031,9 +1039,9 @@ int RunDriver(const Options& opt) {
     return Fail(s.ToString());
   }
 
-  // --peer pslite: R alternations of one ps-lite cluster and the bitpush runs; otherwise one
-  // pass over the bitpush runs.
-  const int reps = pslite_driver.empty() ? 1 : opt.peer_reps;
+  // --peer pslite: R alternations of one ps-lite cluster and the bitpush runs; otherwise --reps
+  // passes over the bitpush runs.
+  const int reps = pslite_driver.empty() ? opt.reps : opt.peer_reps;
   std::vector<std::vector<ClusterResult>> runs_of(runs.size());  // per RunSpec, one per rep
   std::vector<PsliteResult> pslite_runs;
   auto run_pslite = [&]() -> Status {
@@ -1206,12 +1214,10 @@ int RunDriver(const Options& opt) {
         .Add("server_keys", static_cast<long long>(r.server_keys))
         .Add("pushes_rejected", static_cast<long long>(r.pushes_rejected))
         .Add("wall_seconds", r.wall_seconds);
+    const Spread& spread = spreads[&r - &results[0]];
+    rec.Add("reps", reps).Add("goodput_min_gbps", spread.min).Add("goodput_max_gbps", spread.max);
     if (!opt.peer.empty()) {
-      const Spread& spread = spreads[&r - &results[0]];
-      rec.Add("peer_reps", reps)
-          .Add("goodput_min_gbps", spread.min)
-          .Add("goodput_max_gbps", spread.max)
-          .Add("ratio_to_pslite", r.goodput_gbps / pslite_gbps);
+      rec.Add("peer_reps", reps).Add("ratio_to_pslite", r.goodput_gbps / pslite_gbps);
     }
     records.push_back(rec);
     if (!opt.json) {
@@ -1374,6 +1380,8 @@ int ParseArgs(int argc, char** argv, Options* o) {
       o->pslite_dir = next();
     } else if (a == "--peer-reps") {
       o->peer_reps = static_cast<int>(integer(1));
+    } else if (a == "--reps") {
+      o->reps = static_cast<int>(integer(1));
     } else if (a == "--help" || a == "-h") {
       PrintHelp();
       std::exit(0);

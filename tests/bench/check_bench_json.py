@@ -214,11 +214,19 @@ assert "bench/peers/README.md" in r.stderr and "running bitpush alone" in r.stde
 records = json.loads(r.stdout)
 assert [(x["peer"], x["compressor"]) for x in records] == [("bitpush", "none")], records
 assert records[0]["ratio_to_pslite"] is None and records[0]["peer_reps"] == 1, records
+assert records[0]["reps"] == 1, records
+assert records[0]["goodput_min_gbps"] == records[0]["goodput_gbps"] == \
+    records[0]["goodput_max_gbps"], records
 # --dtype float16: the tensors are fp16 end to end (the record says so; 1 MiB of fp16).
+# --reps 2: two clusters; the record is the lower-goodput one of the two (the lower middle),
+# with the spread beside it.
 records = pushpull_records("--dtype", "float16", "--mb", "1", "--partition-kb", "256", "--iters",
-                           "1", "--warmup", "0")
+                           "1", "--warmup", "0", "--reps", "2")
 assert [(x["dtype"], x["compressor"]) for x in records] == [("float16", "none")], records
 assert records[0]["goodput_gbps"] > 0, records
+assert records[0]["reps"] == 2, records
+assert records[0]["goodput_min_gbps"] == records[0]["goodput_gbps"] <= \
+    records[0]["goodput_max_gbps"], records
 for bad in (("--dtype", "int8"), ("--peer", "pslite", "--dtype", "float16")):
     r = run("pushpull", *bad)
     assert r.returncode == 2 and "--dtype" in r.stderr, (bad, r.stderr)
