@@ -491,6 +491,45 @@ TEST(UcxTransport, LargeFramesArriveAlignedInOneReceivedBlock) {
   }
 }
 
+// Once Receive returns a message, its frames are the only owners of its block: a receiver may
+// take the bytes over (the server adopts a push as its accumulator when use_count() == 1).
+// Eager and rendezvous, one frame (FRAME) and several (DATA), over TCP and shared memory.
+class UcxOwnership : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(UcxOwnership, AReceivedMessagesFramesAreTheOnlyOwnersOfItsBlock) {
+  SKIP_WITHOUT_UCX();
+  auto a = Make(Options("a", GetParam()));
+  auto b = Make(Options("b", GetParam()));
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->Connect("b", b->address()).ok());
+  const std::vector<std::vector<size_t>> shapes = {{100},     {64 << 10}, {2 << 20},
+                                                   {4 << 20}, {3, 5000},  {1 << 20, 1 << 20}};
+  constexpr int kRounds = 10;
+  for (int round = 0; round < kRounds; ++round) {
+    for (const std::vector<size_t>& shape : shapes) {
+      std::vector<Buffer> frames;
+      for (size_t size : shape) frames.push_back(Buffer::Take(std::string(size, 'o')));
+      ASSERT_TRUE(a->Send("b", Text("m", std::move(frames))).ok());
+    }
+  }
+  for (int i = 0; i < kRounds * static_cast<int>(shapes.size()); ++i) {
+    Received r = NextMessage(b.get());
+    const std::vector<size_t>& shape = shapes[i % shapes.size()];
+    ASSERT_EQ(r.message().frames.size(), shape.size()) << "message " << i;
+    const long owners = r.message().frames[0].owner().use_count();
+    EXPECT_EQ(owners, static_cast<long>(shape.size()))
+        << "message " << i << " of " << shape[0] << " bytes: its block has other owners";
+    std::shared_ptr<const void> owner = r.message().frames[0].owner();
+    r = Received{};  // the message goes: only `owner` is left
+    EXPECT_EQ(owner.use_count(), 1) << "message " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, UcxOwnership, ::testing::Values(kTcpTls, kShmTls),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param == kTcpTls ? "tcp" : "shm");
+                         });
+
 TEST(UcxTransport, BadUcxConfigAndAddressesAreInvalidArgument) {
   SKIP_WITHOUT_UCX();
   TransportOptions o = Options("a");

@@ -417,10 +417,12 @@ class UcxTransport final : public Transport {
   // kData and kFrame (whose message header follows the AM header: `frame_header`).
   ucs_status_t OnData(InConn* c, const AmHeader& h, const uint8_t* frame_header, void* data,
                       size_t length, bool rndv);
-  void Complete(InConn* c, uint64_t seq, const AmHeader& h, const std::shared_ptr<uint8_t>& block,
+  // Both take the block over: once the message is in Receive's queue, its frames are the only
+  // owners of the block, so a receiver may take the bytes over (use_count() == 1).
+  void Complete(InConn* c, uint64_t seq, const AmHeader& h, std::shared_ptr<uint8_t> block,
                 size_t size);
   void CompleteFrame(InConn* c, uint64_t seq, std::string message_header,
-                     const std::shared_ptr<uint8_t>& block, size_t size);
+                     std::shared_ptr<uint8_t> block, size_t size);
   void Deliver(InConn* c);
   void Malformed(const std::string& what);
   void Refuse(InConn* c, const std::string& what);
@@ -1425,9 +1427,9 @@ ucs_status_t UcxTransport::OnData(InConn* c, const AmHeader& h, const uint8_t* f
   if (!rndv) {
     if (length != 0) std::memcpy(block.get(), data, length);
     if (frame) {
-      CompleteFrame(c, h.seq, std::move(message_header), block, length);
+      CompleteFrame(c, h.seq, std::move(message_header), std::move(block), length);
     } else {
-      Complete(c, h.seq, h, block, length);
+      Complete(c, h.seq, h, std::move(block), length);
     }
     return UCS_OK;
   }
@@ -1473,24 +1475,26 @@ void UcxTransport::OnRecvDone(RecvOp* op, ucs_status_t status) {
     return;
   }
   if (op->header.type == AmType::kFrame) {
-    CompleteFrame(&c, op->header.seq, std::move(op->message_header), op->block, op->size);
+    CompleteFrame(&c, op->header.seq, std::move(op->message_header), std::move(op->block),
+                  op->size);
   } else {
-    Complete(&c, op->header.seq, op->header, op->block, op->size);
+    Complete(&c, op->header.seq, op->header, std::move(op->block), op->size);
   }
 }
 
 void UcxTransport::CompleteFrame(InConn* c, uint64_t seq, std::string message_header,
-                                 const std::shared_ptr<uint8_t>& block, size_t size) {
+                                 std::shared_ptr<uint8_t> block, size_t size) {
   Slot& slot = c->slots[seq];
   slot.done = true;
   slot.delivered = true;
   slot.msg.header = std::move(message_header);
-  slot.msg.frames.push_back(Buffer::Borrow(block.get(), size, block));
+  uint8_t* data = block.get();
+  slot.msg.frames.push_back(Buffer::Borrow(data, size, std::move(block)));
   Deliver(c);
 }
 
 void UcxTransport::Complete(InConn* c, uint64_t seq, const AmHeader& h,
-                            const std::shared_ptr<uint8_t>& block, size_t size) {
+                            std::shared_ptr<uint8_t> block, size_t size) {
   Slot& slot = c->slots[seq];
   slot.done = true;
   StatusOr<ParsedData> parsed = ParseData(h, block.get(), size, options_.max_message_bytes);
@@ -1506,6 +1510,7 @@ void UcxTransport::Complete(InConn* c, uint64_t seq, const AmHeader& h,
   for (size_t i = 0; i < parsed->frames.size(); ++i) {
     slot.msg.frames.push_back(Buffer::Borrow(parsed->frames[i], parsed->frame_sizes[i], block));
   }
+  block.reset();  // the frames own it now
   Deliver(c);
 }
 
