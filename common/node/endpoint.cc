@@ -301,35 +301,33 @@ void NodeEndpoint::DispatchLocked(transport::Received& received, bool on_data) {
   sender.node = ParseNodePeerId(sender.peer);
   const Plane plane = PlaneOf(sender);
   const size_t i = Index(plane);
-  if (on_data && plane == Plane::kControl) {
-    // The data transport carries worker <-> server messages only; the control plane (and
-    // the scheduler) use the main transport.
+  // The data transport carries worker <-> server messages only, and a node that has one takes
+  // them there only (the peers of its cluster all have one: the scheduler admits none without
+  // its data address); the control plane (and the scheduler) use the main transport. A message
+  // on the other plane's transport is refused and counted (events are not refused).
+  const bool misrouted =
+      on_data ? plane == Plane::kControl : data_transport_ != nullptr && plane == Plane::kData;
+  if (misrouted) {
     if (!received.is_message()) {
-      BP_LOG_DEBUG("{}: data transport event about '{}' ignored", label_, sender.peer);
+      if (on_data) {
+        BP_LOG_DEBUG("{}: data transport event about '{}' ignored", label_, sender.peer);
+        return;
+      }
+    } else {
+      ++refused_;
+      uint64_t suppressed = 0;
+      const std::string_view came_on = on_data ? "data" : "main";
+      if (reject_limiter_.Allow(sender.peer + "/" + std::string(came_on) + "-transport",
+                                &suppressed)) {
+        BP_LOG_WARN(
+            "{}: refused a {}-plane message from '{}' on the {} transport at {} (the {} plane "
+            "uses {}; {} more since the last report)",
+            label_, PlaneName(plane), sender.peer, came_on,
+            (on_data ? data_transport_ : transport_)->address(), PlaneName(plane),
+            (on_data ? transport_ : data_transport_)->address(), suppressed);
+      }
       return;
     }
-    ++refused_;
-    uint64_t suppressed = 0;
-    if (reject_limiter_.Allow(sender.peer + "/data-transport", &suppressed)) {
-      BP_LOG_WARN(
-          "{}: refused a control-plane message from '{}' on the data transport at {} (the "
-          "control plane uses {}; {} more since the last report)",
-          label_, sender.peer, data_transport_->address(), transport_->address(), suppressed);
-    }
-    return;
-  }
-  if (!on_data && data_transport_ != nullptr && plane == Plane::kData && received.is_message()) {
-    // A node with a data transport takes worker <-> server messages there only: the peers of
-    // its cluster all have one (the scheduler admits none without its data address).
-    ++refused_;
-    uint64_t suppressed = 0;
-    if (reject_limiter_.Allow(sender.peer + "/main-transport", &suppressed)) {
-      BP_LOG_WARN(
-          "{}: refused a data-plane message from '{}' on the main transport at {} (the data "
-          "plane uses {}; {} more since the last report)",
-          label_, sender.peer, transport_->address(), data_transport_->address(), suppressed);
-    }
-    return;
   }
   if (held_[i]) {
     held_msgs_[i].push_back(std::move(received));

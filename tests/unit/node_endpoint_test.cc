@@ -56,6 +56,19 @@ std::unique_ptr<transport::Transport> Raw(const std::shared_ptr<transport::Inpro
   return transport::CreateTransport(o).value();
 }
 
+// An inproc transport named `name` listening at `address`, wrapped for fault injection by `sw`.
+std::unique_ptr<transport::Transport> FaultyInproc(const std::shared_ptr<transport::InprocHub>& hub,
+                                                   const std::string& name,
+                                                   const std::string& address,
+                                                   std::shared_ptr<testing::FaultSwitch> sw) {
+  transport::TransportOptions o;
+  o.name = name;
+  o.listen_address = address;
+  o.inproc_hub = hub;
+  return std::make_unique<testing::FaultyTransport>(
+      std::shared_ptr<transport::Transport>(transport::CreateTransport(o).value()), std::move(sw));
+}
+
 Message DataMessage(DataHeader::Op op, uint32_t claimed_sender = 0) {
   DataHeader h;
   h.set_op(op);
@@ -399,13 +412,8 @@ TEST(NodeEndpoint, TimersRunOnTheLoopByTheInjectedClock) {
 
 TEST(NodeEndpoint, ATransportFailureReachesTheFailureHandlersOnce) {
   auto hub = transport::NewInprocHub();
-  transport::TransportOptions t;
-  t.name = "worker:0";
-  t.listen_address = "inproc://worker:0";
-  t.inproc_hub = hub;
   auto sw = std::make_shared<testing::FaultSwitch>();
-  auto faulty = std::make_unique<testing::FaultyTransport>(
-      std::shared_ptr<transport::Transport>(transport::CreateTransport(t).value()), sw);
+  auto faulty = FaultyInproc(hub, "worker:0", "inproc://worker:0", sw);
   NodeEndpointOptions o;
   o.self = {v1::ROLE_WORKER, 0};
   o.listen_address = "inproc://worker:0";
@@ -523,7 +531,7 @@ TEST(NodeEndpoint, ADataTransportCarriesTheDataPlaneAndRefusesControlOnIt) {
   EXPECT_EQ(st.refused, 2u);
   EXPECT_EQ(st.dispatched, 4u);
   EXPECT_EQ(st.data_transport.messages_received, 3u);  // two pushes, the impostor's heartbeat
-  EXPECT_EQ(st.transport.messages_received, 3u);  // the scheduler's heartbeats, the stray push
+  EXPECT_EQ(st.transport.messages_received, 3u);       // the scheduler's heartbeats, the stray push
   server->Close();
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_EQ(seen, (std::vector<std::string>{"push from worker:1", "heartbeat from scheduler",
@@ -535,13 +543,8 @@ TEST(NodeEndpoint, ADataTransportCarriesTheDataPlaneAndRefusesControlOnIt) {
 // still carries the control plane (the node can still tell the scheduler it stops).
 TEST(NodeEndpoint, ADataTransportFailingAloneIsReportedOnceAndControlStillFlows) {
   auto hub = transport::NewInprocHub();
-  transport::TransportOptions t;
-  t.name = "server:0";
-  t.listen_address = "inproc://server:0/data";
-  t.inproc_hub = hub;
   auto sw = std::make_shared<testing::FaultSwitch>();
-  auto data = std::make_unique<testing::FaultyTransport>(
-      std::shared_ptr<transport::Transport>(transport::CreateTransport(t).value()), sw);
+  auto data = FaultyInproc(hub, "server:0", "inproc://server:0/data", sw);
   NodeEndpointOptions o;
   o.self = {v1::ROLE_SERVER, 0};
   o.listen_address = "inproc://server:0";
