@@ -307,27 +307,24 @@ void NodeEndpoint::DispatchLocked(transport::Received& received, bool on_data) {
   // on the other plane's transport is refused and counted (events are not refused).
   const bool misrouted =
       on_data ? plane == Plane::kControl : data_transport_ != nullptr && plane == Plane::kData;
-  if (misrouted) {
-    if (!received.is_message()) {
-      if (on_data) {
-        BP_LOG_DEBUG("{}: data transport event about '{}' ignored", label_, sender.peer);
-        return;
-      }
-    } else {
-      ++refused_;
-      uint64_t suppressed = 0;
-      const std::string_view came_on = on_data ? "data" : "main";
-      if (reject_limiter_.Allow(sender.peer + "/" + std::string(came_on) + "-transport",
-                                &suppressed)) {
-        BP_LOG_WARN(
-            "{}: refused a {}-plane message from '{}' on the {} transport at {} (the {} plane "
-            "uses {}; {} more since the last report)",
-            label_, PlaneName(plane), sender.peer, came_on,
-            (on_data ? data_transport_ : transport_)->address(), PlaneName(plane),
-            (on_data ? transport_ : data_transport_)->address(), suppressed);
-      }
+  if (misrouted && !received.is_message()) {
+    if (on_data) {
+      BP_LOG_DEBUG("{}: data transport event about '{}' ignored", label_, sender.peer);
       return;
     }
+  } else if (misrouted) {
+    ++refused_;
+    uint64_t suppressed = 0;
+    const std::string came_on = on_data ? "data" : "main";
+    if (reject_limiter_.Allow(sender.peer + "/" + came_on + "-transport", &suppressed)) {
+      BP_LOG_WARN(
+          "{}: refused a {}-plane message from '{}' on the {} transport at {} (the {} plane "
+          "uses {}; {} more since the last report)",
+          label_, PlaneName(plane), sender.peer, came_on,
+          (on_data ? data_transport_ : transport_)->address(), PlaneName(plane),
+          (on_data ? transport_ : data_transport_)->address(), suppressed);
+    }
+    return;
   }
   if (held_[i]) {
     held_msgs_[i].push_back(std::move(received));

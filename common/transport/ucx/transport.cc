@@ -398,6 +398,7 @@ class UcxTransport final : public Transport {
   void ReconnectDue(Clock::time_point now, milliseconds* wait);
   // Notes when a connection's next message goes missing behind later ones (NoteGap), and closes
   // connections whose gap outlived options_.sequence_gap_timeout; lowers *wait to the next due.
+  // gapped_ holds the connections with a gap, so the loop looks at those only.
   void NoteGap(InConn* c);
   void CloseGapped(Clock::time_point now, milliseconds* wait);
   void FlushOutboxes();
@@ -471,6 +472,7 @@ class UcxTransport final : public Transport {
   std::vector<std::pair<ucp_ep_h, ucs_status_t>> failed_eps_;
   std::vector<ucp_conn_request_h> conn_requests_;
   std::vector<std::pair<uint64_t, std::string>> refused_;  // connections to close
+  std::set<uint64_t> gapped_;  // in_conns_ ids whose next message is missing behind later ones
   std::vector<std::pair<void*, ucp_ep_h>> closing_;  // ucp_ep_close_nbx requests and their eps
   std::set<SendOp*> send_ops_;
   std::set<RecvOp*> recv_ops_;
@@ -1160,6 +1162,7 @@ void UcxTransport::CloseInConn(uint64_t id, bool force) {
   if (it == in_conns_.end()) return;
   in_by_ep_.erase(it->second.ep);
   CloseEp(it->second.ep, force);
+  gapped_.erase(it->first);
   in_conns_.erase(it);  // slots still receiving: their RecvOps find no connection and drop
   std::lock_guard<std::mutex> lock(in_mu_);
   credit_.erase(id);
@@ -1517,16 +1520,19 @@ void UcxTransport::Complete(InConn* c, uint64_t seq, const AmHeader& h,
 void UcxTransport::NoteGap(InConn* c) {
   const bool gap = !c->slots.empty() && c->slots.begin()->first != c->next_deliver;
   if (!gap) {
+    if (c->gap_since != Clock::time_point{}) gapped_.erase(c->id);
     c->gap_since = {};
   } else if (c->gap_since == Clock::time_point{}) {
     c->gap_since = Clock::now();
+    gapped_.insert(c->id);
   }
 }
 
 void UcxTransport::CloseGapped(Clock::time_point now, milliseconds* wait) {
   const milliseconds limit = options_.sequence_gap_timeout;
-  for (auto& [id, c] : in_conns_) {
-    if (c.refused || c.gap_since == Clock::time_point{} || c.slots.empty()) continue;
+  for (uint64_t id : gapped_) {
+    InConn& c = in_conns_.at(id);
+    if (c.refused || c.slots.empty()) continue;
     const auto due = c.gap_since + limit;
     if (now < due) {
       *wait = std::min(*wait, std::chrono::ceil<milliseconds>(due - now));
