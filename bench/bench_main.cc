@@ -11,6 +11,7 @@ namespace bitpush::bench {
 int RunCompressorsBench(int argc, char** argv);
 int RunTransportBench(int argc, char** argv);
 int RunLocalReduceBench(int argc, char** argv);
+int RunGpuReduceBench(int argc, char** argv);
 int RunOptimizerBench(int argc, char** argv);
 int RunPushPullBench(int argc, char** argv);
 int RunPushPullWorkerMode(int argc, char** argv);
@@ -42,6 +43,10 @@ const Command kCommands[] = {
      "intra-node reduce of P processes' tensors in POSIX shared memory (the worker daemon's "
      "SIMD sum) vs memcpy",
      bitpush::bench::RunLocalReduceBench},
+    {"gpureduce",
+     "the GPU intra-node reduce (fp16 cast, NCCL reduce to pinned host memory, and back) vs a "
+     "CUDA copy of the fp32 gradient; skipped, naming why, without a usable GPU",
+     bitpush::bench::RunGpuReduceBench},
     {"optimizer",
      "one LANS/CLAN update step (optimizers/lans.h) of a 25M-parameter transformer-like model "
      "on one thread vs the same update in plain torch ops",

@@ -6,17 +6,28 @@
 // params_per_s = params / fastest full step (every block once); speedup_vs_torch = params_per_s /
 // torch_params_per_s; met = speedup_vs_torch >= target (3.0). Without torch the reference is
 // reported as skipped (torch_skipped names why) and the benchmark still succeeds.
+//
+// --device cuda: the same model in GPU memory, LansStepCuda per block (each call ends with its
+// stream's synchronisation, as the trust ratios need the norms), against the torch ops on the
+// same GPU (their .item() norm reads synchronise per block too). Without a usable CUDA device
+// it fails naming why.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bitpush/config.h"
 #include "common/cpu_features.h"
 #include "optimizers/lans.h"
+
+#if BITPUSH_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 #ifndef BITPUSH_OPTIMIZER_TORCH_REF
 #define BITPUSH_OPTIMIZER_TORCH_REF "bench/optimizer_torch_ref.py"
@@ -35,19 +46,23 @@ struct Options {
   IsaLevel isa = BestIsaLevel();
   bool torch = true;
   float weight_decay = 0.01f;
+  bool cuda = false;                        // --device cuda
+  std::string python = "/usr/bin/python3";  // runs the torch reference
 };
 
 void PrintHelp() {
   std::printf(
       "usage: bitpush-bench optimizer [--json] [--params N] [--steps S] [--isa auto]\n"
-      "                               [--no-torch]\n"
+      "                               [--no-torch] [--device cpu|cuda] [--python PATH]\n"
       "One LANS/CLAN step (optimizers/lans.h, weight decay 0.01) over a model of N parameters\n"
       "(default 25000000) made of transformer blocks of hidden size 1024 (QKV, projections,\n"
       "FFN matrices of 1M-4M elements, biases, LayerNorms), on one thread; S timed steps after a\n"
       "warm-up step (default 5), the fastest reported. The same update in plain torch ops\n"
       "(%s, one thread) runs in the same invocation.\n"
       "params_per_s = N / best step time; speedup_vs_torch = params_per_s / torch_params_per_s.\n"
-      "--no-torch: skip the torch reference.\n",
+      "--no-torch: skip the torch reference.\n"
+      "--device cuda: LansStepCuda on the first GPU against the torch ops on that GPU.\n"
+      "--python: the interpreter of the torch reference (default /usr/bin/python3).\n",
       BITPUSH_OPTIMIZER_TORCH_REF);
 }
 
@@ -78,6 +93,19 @@ void ParseArgs(int argc, char** argv, Options* o) {
       o->isa = *isa;
     } else if (a == "--no-torch") {
       o->torch = false;
+    } else if (a == "--device") {
+      const std::string d = next();
+      if (d != "cpu" && d != "cuda") UsageError("--device must be cpu or cuda, got '" + d + "'");
+      o->cuda = d == "cuda";
+    } else if (a == "--python") {
+      o->python = next();
+      // It reaches a shell command line below: a plain path only.
+      if (o->python.empty() ||
+          o->python.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                      "0123456789/._-+") != std::string::npos) {
+        UsageError("--python must be a plain path (letters, digits, / . _ - +), got '" + o->python +
+                   "'");
+      }
     } else if (a == "--help" || a == "-h") {
       PrintHelp();
       std::exit(0);
@@ -116,10 +144,11 @@ TorchResult RunTorchReference(const Options& o) {
     r.skipped = "disabled by --no-torch";
     return r;
   }
-  const std::string cmd = std::string("/usr/bin/python3 ") + BITPUSH_OPTIMIZER_TORCH_REF +
-                          " --params " + std::to_string(o.params) + " --steps " +
-                          std::to_string(o.steps) + " --threads 1";
-  // A fixed program with numbers as arguments: no user text reaches the shell.
+  const std::string cmd = o.python + " " + BITPUSH_OPTIMIZER_TORCH_REF + " --params " +
+                          std::to_string(o.params) + " --steps " + std::to_string(o.steps) +
+                          " --threads 1 --device " + (o.cuda ? "cuda" : "cpu");
+  // A fixed program with numbers as arguments and a checked plain path (ParseArgs): no other
+  // user text reaches the shell.
   FILE* p = popen(cmd.c_str(), "r");  // NOLINT(bugprone-command-processor)
   if (p == nullptr) {
     r.skipped = "could not start: " + cmd;
@@ -171,7 +200,7 @@ int RunOptimizerBench(int argc, char** argv) {
   lo.weight_decay = opt.weight_decay;
   uint64_t step = 0;
   Status failure;
-  auto one_step = [&] {
+  std::function<void()> one_step = [&] {
     ++step;
     for (Block& b : blocks) {
       Status s =
@@ -180,6 +209,52 @@ int RunOptimizerBench(int argc, char** argv) {
       if (!s.ok()) failure = s;
     }
   };
+#if BITPUSH_HAVE_CUDA
+  // --device cuda: every block's four arrays copied to the first GPU once.
+  std::vector<float*> device_arrays;
+  struct DeviceFree {
+    std::vector<float*>* arrays;
+    ~DeviceFree() {
+      for (float* p : *arrays) cudaFree(p);
+    }
+  } device_free{&device_arrays};
+  if (opt.cuda) {
+    int devices = 0;
+    const cudaError_t e = cudaGetDeviceCount(&devices);
+    if (e != cudaSuccess || devices == 0) {
+      std::fprintf(stderr, "bitpush-bench optimizer: --device cuda: no usable CUDA device: %s\n",
+                   e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount() == 0");
+      return 1;
+    }
+    for (Block& b : blocks) {
+      for (std::vector<float>* a : {&b.x, &b.m, &b.v, &b.g}) {
+        float* p = nullptr;
+        const size_t bytes = a->size() * sizeof(float);
+        if (cudaMalloc(&p, bytes) != cudaSuccess ||
+            cudaMemcpy(p, a->data(), bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+          std::fprintf(stderr, "bitpush-bench optimizer: cannot place %zu bytes on the GPU\n",
+                       bytes);
+          return 1;
+        }
+        device_arrays.push_back(p);
+      }
+    }
+    one_step = [&] {
+      ++step;
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        float* const* a = &device_arrays[4 * i];
+        Status s = optimizers::LansStepCuda(lo, 1e-3f, step, a[0], a[1], a[2], a[3],
+                                            blocks[i].x.size(), nullptr);
+        if (!s.ok()) failure = s;
+      }
+    };
+  }
+#else
+  if (opt.cuda) {
+    std::fprintf(stderr, "bitpush-bench optimizer: --device cuda: built without CUDA\n");
+    return 1;
+  }
+#endif
   // TimeIt's warm-up call is the untimed first step; then exactly --steps timed steps.
   const Timing t = TimeIt(one_step, 0.0, opt.steps);
   if (!failure.ok()) {
@@ -191,7 +266,7 @@ int RunOptimizerBench(int argc, char** argv) {
   const bool have_torch = torch.skipped.empty();
   const double speedup = have_torch ? params_per_s / torch.params_per_s : kNaN;
   const bool met = have_torch && speedup >= kTarget;
-  const std::string isa_name(IsaLevelName(opt.isa));
+  const std::string isa_name = opt.cuda ? "cuda" : std::string(IsaLevelName(opt.isa));
 
   JsonRecord rec;
   rec.Add("name", "optimizer")
@@ -200,6 +275,7 @@ int RunOptimizerBench(int argc, char** argv) {
       .Add("steps", t.reps)
       .Add("threads", 1)
       .Add("kernel", isa_name)
+      .Add("device", opt.cuda ? "cuda" : "cpu")
       .Add("weight_decay", static_cast<double>(opt.weight_decay))
       .Add("seconds", t.best_seconds)
       .Add("median_seconds", t.median_seconds)
@@ -215,8 +291,8 @@ int RunOptimizerBench(int argc, char** argv) {
   if (opt.json) {
     std::fputs(JsonArray({rec}).c_str(), stdout);
   } else {
-    std::printf("LANS step, %zu params in %zu blocks, one thread, kernel %s\n", opt.params,
-                sizes.size(), isa_name.c_str());
+    std::printf("LANS step, %zu params in %zu blocks, %s, kernel %s\n", opt.params, sizes.size(),
+                opt.cuda ? "first GPU" : "one thread", isa_name.c_str());
     std::printf("bitpush  %10.3f ms  %8.1f M params/s\n", t.best_seconds * 1e3, params_per_s / 1e6);
     if (have_torch) {
       std::printf("torch    %10.3f ms  %8.1f M params/s  (torch %s)\n", torch.seconds * 1e3,

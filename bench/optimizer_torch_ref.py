@@ -3,7 +3,7 @@
 simultaneous form, eps outside the sqrt, trust-ratio fallback to 1, weight decay 0.01, the
 defaults of optimizers/lans.h) written in ordinary torch tensor ops, timed over the same block
 shapes as the C++ benchmark (BlockSizes below mirrors bench/bench_optimizer.cc), on
---threads threads. Prints one JSON object on stdout; if torch cannot be imported it prints
+--threads threads (--device cuda: on the first GPU, the step ending when the GPU is done). Prints one JSON object on stdout; if torch cannot be imported it prints
 {"skipped": "<reason>"} and exits 0, so the benchmark still succeeds."""
 import argparse
 import json
@@ -54,11 +54,15 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a = ap.parse_args()
     try:
         import torch
     except Exception as e:  # noqa: BLE001 - any import failure means "no reference"
         print(json.dumps({"skipped": f"torch not importable: {type(e).__name__}: {e}"}))
+        return 0
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print(json.dumps({"skipped": f"torch {torch.__version__} sees no CUDA device"}))
         return 0
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -66,18 +70,22 @@ def main():
     blocks = []
     with torch.no_grad():
         for n in sizes:
-            blocks.append((torch.randn(n), torch.zeros(n), torch.zeros(n), torch.randn(n)))
+            blocks.append(tuple(t.to(a.device) for t in (torch.randn(n), torch.zeros(n),
+                                                         torch.zeros(n), torch.randn(n))))
         times = []
         for t in range(1, a.steps + 2):  # step 1 is the warm-up
             t0 = time.perf_counter()
             for x, m, v, g in blocks:
                 lans_step(torch, x, m, v, g, t, 1e-3, 0.9, 0.999, 1e-6, a.weight_decay)
+            if a.device == "cuda":
+                torch.cuda.synchronize()
             if t > 1:
                 times.append(time.perf_counter() - t0)
     best = min(times)
     print(json.dumps({
         "name": "optimizer_torch_ref", "params": a.params, "blocks": len(sizes),
-        "steps": a.steps, "threads": torch.get_num_threads(), "torch_version": torch.__version__,
+        "steps": a.steps, "threads": torch.get_num_threads(), "device": a.device,
+        "torch_version": torch.__version__,
         "seconds": best, "median_seconds": statistics.median(times),
         "params_per_s": a.params / best}))
     return 0

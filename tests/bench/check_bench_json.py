@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Smoke test of `bitpush-bench compressors --json`, `bitpush-bench localreduce --json`,
-`bitpush-bench optimizer --json` and `bitpush-bench pushpull --json`: the commands, flags and JSON fields are a contract other tools
+`bitpush-bench optimizer --json`, `bitpush-bench gpureduce --json` and `bitpush-bench pushpull --json`: the commands, flags and JSON fields are a contract other tools
 rely on. Runs tiny configurations (compressors: at every ISA level this CPU has; localreduce:
 1 MiB per process; pushpull: a 2-worker, 2-server cluster of 1 MiB) and checks the records (not the speed: speed targets live in the benchmark, not in
 tests)."""
@@ -112,8 +112,41 @@ for args in ((), ("--no-torch", "--isa", "scalar")):
             1e-3 * rec["speedup_vs_torch"], rec
     if "--no-torch" in args:
         assert "--no-torch" in rec["torch_skipped"], rec
-for bad in (("--params", "0"), ("--steps", "-1"), ("--isa", "sse9"), ("--bogus",)):
+for bad in (("--params", "0"), ("--steps", "-1"), ("--isa", "sse9"), ("--bogus",),
+            ("--device", "tpu"), ("--python", "/usr/bin/python3;true")):
     r = run("optimizer", *bad)
+    assert r.returncode == 2 and bad[-1] in r.stderr, (bad, r.stderr)
+
+# `bitpush-bench gpureduce --json`: the GPU intra-node reduce vs CUDA copies in one run, or one
+# record naming why it skipped (no usable GPU: this machine's CI). The same answer decides what
+# `optimizer --device cuda` must do.
+GPUREDUCE_REQUIRED = {"name", "op", "mb", "bytes", "elements", "devices", "device_name", "gbps",
+                      "baseline", "baseline_gbps", "ratio_to_baseline", "seconds", "reps"}
+r = run("gpureduce", "--json", "--mb", "1", "--min-time", "0.01")
+assert r.returncode == 0, r.stderr
+records = json.loads(r.stdout)
+gpu = not (len(records) == 1 and "skipped" in records[0])
+if not gpu:
+    assert records[0]["name"] == "gpureduce" and "not viable" in records[0]["skipped"], records
+    r = run("optimizer", "--json", "--params", "1000", "--steps", "1", "--no-torch",
+            "--device", "cuda")
+    assert r.returncode == 1 and "--device cuda" in r.stderr, (r.returncode, r.stderr)
+else:
+    assert [x["op"] for x in records] == ["reduce_to_host", "broadcast_from_host",
+                                         "cast_float_to_half", "cast_half_to_float"], records
+    for rec in records:
+        missing = GPUREDUCE_REQUIRED - rec.keys()
+        assert not missing, f"gpureduce record {rec} lacks {missing}"
+        assert rec["bytes"] == 1 << 20 and rec["elements"] == 1 << 18, rec
+        assert abs(rec["ratio_to_baseline"] - rec["gbps"] / rec["baseline_gbps"]) < \
+            1e-3 * rec["ratio_to_baseline"], rec
+    r = run("optimizer", "--json", "--params", "100000", "--steps", "2", "--no-torch",
+            "--device", "cuda")
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)[0]
+    assert rec["device"] == "cuda" and rec["kernel"] == "cuda" and rec["params_per_s"] > 0, rec
+for bad in (("--mb", "0"), ("--devices", "x"), ("--bogus",)):
+    r = run("gpureduce", *bad)
     assert r.returncode == 2 and bad[-1] in r.stderr, (bad, r.stderr)
 
 # `bitpush-bench pushpull --json`: a whole cluster per compressor (scheduler, servers, workers
@@ -256,4 +289,4 @@ assert r.returncode == 2 and "--bogus" in r.stderr, r.stderr
 r = run("nosuchbench")
 assert r.returncode == 2 and "nosuchbench" in r.stderr, r.stderr
 print(f"bench JSON contract ok for ISA levels: {', '.join(ok_isas)}; localreduce ok; "
-      "optimizer ok; pushpull ok")
+      f"optimizer ok; gpureduce ok ({'GPU' if gpu else 'skipped: no usable GPU'}); pushpull ok")
