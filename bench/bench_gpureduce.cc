@@ -128,7 +128,7 @@ class DeviceBuffer {
     return c == cudaSuccess ? Status::Ok() : InternalError(CudaError("cudaMemcpy", c));
   }
   template <typename T>
-  T* as() const {
+  T* Get() const {
     return static_cast<T*>(p_);
   }
 
@@ -149,6 +149,7 @@ int Run(const Options& opt) {
   const size_t bytes = opt.mb << 20;
   const size_t count = bytes / sizeof(float);
   std::vector<int> devices;
+  devices.reserve(ndev);
   for (int d = 0; d < ndev; ++d) devices.push_back(d);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
@@ -168,15 +169,15 @@ int Run(const Options& opt) {
       const Status s = b->Allocate(bytes);
       if (!s.ok()) return Fail(s.ToString());
     }
-    grad_ptrs.push_back(grads.back()->as<float>());
-    out_ptrs.push_back(outs.back()->as<float>());
+    grad_ptrs.push_back(grads.back()->Get<float>());
+    out_ptrs.push_back(outs.back()->Get<float>());
   }
   auto half_host = worker::gpu::PinnedBuffer::Allocate(count * 2);
   auto float_host = worker::gpu::PinnedBuffer::Allocate(bytes);
   if (!half_host.ok()) return Fail(half_host.status().ToString());
   if (!float_host.ok()) return Fail(float_host.status().ToString());
   // The cast kernels: fp32 grad 0 -> fp16 in the first half of out 0 -> fp32 in cast_out.
-  uint16_t* half_dev = outs[0]->as<uint16_t>();
+  uint16_t* half_dev = outs[0]->Get<uint16_t>();
   DeviceBuffer cast_out(devices[0]);
   if (const Status s = cast_out.Allocate(bytes); !s.ok()) return Fail(s.ToString());
 
@@ -220,7 +221,7 @@ int Run(const Options& opt) {
        copy(out_ptrs[0], grad_ptrs[0], cudaMemcpyDeviceToDevice)},
       {"cast_half_to_float", "d2d_fp32",
        [&] {
-         check(worker::gpu::CastHalfToFloat(0, half_dev, cast_out.as<float>(), count, stream));
+         check(worker::gpu::CastHalfToFloat(0, half_dev, cast_out.Get<float>(), count, stream));
          cuda("cudaStreamSynchronize", cudaStreamSynchronize(stream));
        },
        copy(out_ptrs[0], grad_ptrs[0], cudaMemcpyDeviceToDevice)},
