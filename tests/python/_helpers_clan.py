@@ -185,12 +185,14 @@ def _batch(rank, step, n=9):
 
 
 def _grads(model, rank, step, passes=1):
-    """This rank's (accumulated) gradient at `step`, computed on a throw-away copy."""
+    """This rank's (accumulated) gradient at `step`, computed on a throw-away copy (on the
+    model's device)."""
     import copy
 
     m = copy.deepcopy(model)
+    device = next(m.parameters()).device
     for k in range(passes):
-        x, y = _batch(rank, step * 10 + k)
+        x, y = (t.to(device) for t in _batch(rank, step * 10 + k))
         ((m(x) - y) ** 2).mean().backward()
     return [p.grad.clone() for p in m.parameters()]
 
@@ -201,13 +203,14 @@ def _averaged(model, size, step, passes=1):
 
 
 def w_clan_vs_reference(steps=20, lr=0.02, weight_decay=0.01, passes=1, compression="none",
-                        error_feedback=False, prefix=None):
+                        error_feedback=False, prefix=None, device="cpu"):
     """CLAN on this worker vs the reference LANS applied to the average (computed locally) of
-    every worker's gradient; returns the largest difference."""
+    every worker's gradient; returns the largest difference. device "cuda": the model, its
+    gradients and the reference on the GPU (CLAN's update is LansStepCuda there)."""
     import bitpush.torch as bp
 
     rank, size = bp.rank(), bp.size()
-    model = _make_model(0)
+    model = _make_model(0).to(device)
     ref = [p.detach().clone() for p in model.parameters()]
     named = None if prefix is None else [(prefix + n, p) for n, p in model.named_parameters()]
     opt = bp.CLAN(model.parameters(), lr=lr, weight_decay=weight_decay, compression=compression,
@@ -219,7 +222,7 @@ def w_clan_vs_reference(steps=20, lr=0.02, weight_decay=0.01, passes=1, compress
         avg = _averaged(model, size, step, passes)
         opt.zero_grad()
         for k in range(passes):
-            x, y = _batch(rank, step * 10 + k)
+            x, y = (t.to(device) for t in _batch(rank, step * 10 + k))
             ((model(x) - y) ** 2).mean().backward()
         opt.step()
         reference.step(avg)

@@ -33,6 +33,20 @@ def test_clan_none_one_worker_equals_reference_lans():
     assert r["max_abs_diff"] <= TOL, r
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU (torch.cuda.is_available() is False here)")
+def test_clan_on_cuda_parameters_equals_reference_lans_on_the_gpu():
+    # Parameters on the GPU: push_pull of CUDA gradients (embedded mode: through host copies)
+    # and the update by LansStepCuda, against the torch-ops reference on the same GPU.
+    with testing.LocalCluster(workers=2, servers=1, compression="none",
+                              error_feedback="none") as cluster:
+        results = h.run_workers(cluster, 2, [("w_clan_vs_reference",
+                                              {"steps": 20, "device": "cuda"})])
+    for rank, (r,) in enumerate(results):
+        assert r["step"] == 20, (rank, r)
+        assert r["max_abs_diff"] <= TOL, (rank, r)
+
+
 def test_two_workers():
     """One 2-worker cluster runs: CLAN vs the reference on the averaged gradient (default
     names), the same with backward_passes_per_step=2, DistributedOptimizer(SGD) vs SGD on the

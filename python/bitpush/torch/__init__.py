@@ -87,6 +87,12 @@ class _State:
             self.rank_offset = self.node_rank * local_size
             self.total_processes = self.num_nodes * local_size
         self.lock = threading.Lock()
+        # Held while a declaration is made and checked and while a push_pull starts (caller
+        # and starter thread alike): the client checks the declarations not yet checked at a
+        # push_pull's start, and a starter thread must not pick up one that the caller's thread
+        # has made but not yet checked, or the set checked together would depend on timing and
+        # differ between workers. Re-entrant: the caller starts non-deferred push_pulls with it.
+        self.declare_lock = threading.RLock()
         self.starter = None  # _Starter, on the first deferred push_pull
         self.declarations = {}  # name -> _Declaration
         self.in_flight = {}  # name -> Handle (keeps the tensors alive while C++ uses them)
@@ -530,8 +536,29 @@ def push_pull_async(tensor, name=None, compression=None, average=True, priority=
             staged.copy_(tensor.detach(), non_blocking=True)
         ready = torch.cuda.Event()
         ready.record(stream)
-    index, first = _declare(s, name, tensor.numel(), dtype, spec, bool(average), int(priority),
-                            on_gpu)
+    with s.declare_lock:
+        index, first = _declare(s, name, tensor.numel(), dtype, spec, bool(average),
+                                int(priority), on_gpu)
+        if first and (ready is not None or s.starter is not None):
+            # Checked here, in the caller's order: a deferred start (or one already waiting on
+            # the starter thread) would otherwise check it whenever it happens to start.
+            _commit_declarations(s)
+        return _start_push_pull(s, name, index, tensor, output, staged, dtype, ready)
+
+
+def _commit_declarations(s):
+    """Checks the declarations not yet checked (collective: every worker does so at the same
+    point). A refusal is sticky for those tensors: their push_pulls fail with it, through their
+    handles, so it is not raised here."""
+    try:
+        s.client.commit_declarations()
+    except BitpushError:
+        pass
+
+
+def _start_push_pull(s, name, index, tensor, output, staged, dtype, ready):
+    """push_pull_async's start, under s.declare_lock: now, or on the starter thread once
+    `ready` completed."""
     with s.lock:
         previous = s.in_flight.get(name)
         if previous is not None and not previous.ready():
@@ -542,8 +569,9 @@ def push_pull_async(tensor, name=None, compression=None, average=True, priority=
         output_d = output.detach() if staged is None else staged
 
         def start():
-            return s.client.push_pull(index, tensor_d.data_ptr(), output_d.data_ptr(),
-                                      tensor.numel(), dtype, name)
+            with s.declare_lock:
+                return s.client.push_pull(index, tensor_d.data_ptr(), output_d.data_ptr(),
+                                          tensor.numel(), dtype, name)
 
         if ready is None:
             h = start()
@@ -565,8 +593,11 @@ def declare(name, tensor, compression=None, average=True, priority=0):
     _check_tensor(tensor, name)
     spec = "" if compression is None else str(compression)
     on_gpu = tensor.device.type == "cuda" and s.mode == "daemon"
-    _declare(s, name, tensor.numel(), _DTYPES[tensor.dtype], spec, bool(average), int(priority),
-             on_gpu)
+    with s.declare_lock:
+        _, first = _declare(s, name, tensor.numel(), _DTYPES[tensor.dtype], spec, bool(average),
+                            int(priority), on_gpu)
+        if first and s.starter is not None:
+            _commit_declarations(s)  # see push_pull_async
 
 
 def _declared(s, name, what):
