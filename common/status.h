@@ -85,18 +85,19 @@ class [[nodiscard]] StatusOr {
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
 
-  // Precondition: ok(). Checked: calling these on an error aborts with the status.
+  // Precondition: ok(). Checked: calling these on an error aborts with the status. (value_
+  // holds a value whenever status_ is OK, which clang-tidy cannot see through CheckOk.)
   T& value() & {
     CheckOk();
-    return *value_;
+    return *value_;  // NOLINT(bugprone-unchecked-optional-access)
   }
   const T& value() const& {
     CheckOk();
-    return *value_;
+    return *value_;  // NOLINT(bugprone-unchecked-optional-access)
   }
   T&& value() && {
     CheckOk();
-    return std::move(*value_);
+    return std::move(*value_);  // NOLINT(bugprone-unchecked-optional-access)
   }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
@@ -130,10 +131,13 @@ void StatusOr<T>::CheckOk() const {
     if (!bp_status_tmp_.ok()) return bp_status_tmp_; \
   } while (0)
 
-// `lhs = value of expr` where expr is a StatusOr; returns the error otherwise.
+// `lhs = value of expr` where expr is a StatusOr; returns the error otherwise. `lhs` may be a
+// declaration (`auto x`), so it cannot be parenthesised.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define BP_ASSIGN_OR_RETURN(lhs, expr) \
   BP_ASSIGN_OR_RETURN_IMPL(BP_STATUS_CONCAT(bp_statusor_, __LINE__), lhs, expr)
 #define BP_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                             \
   if (!tmp.ok()) return tmp.status();            \
   lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)

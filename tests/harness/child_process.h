@@ -25,10 +25,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -67,7 +69,10 @@ class TempDir {
     path_ = p ? p : "";
   }
   ~TempDir() {
-    if (!path_.empty() && !keep_) (void)!system(("rm -rf '" + path_ + "'").c_str());
+    if (!path_.empty() && !keep_) {
+      std::error_code ignored;
+      std::filesystem::remove_all(path_, ignored);
+    }
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
@@ -119,6 +124,7 @@ class Child {
   Child(std::string label, const std::vector<std::string>& argv, std::string log)
       : label_(std::move(label)), log_(std::move(log)) {
     std::vector<char*> args;
+    args.reserve(argv.size() + 1);
     for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     const char* log_path = log_.c_str();
