@@ -57,26 +57,20 @@ void PrintHelp() {
 }
 
 void ParseArgs(int argc, char** argv, Options* o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) UsageError(a + " needs a value");
-      return argv[++i];
-    };
+  for (ArgCursor args("gpureduce", argc, argv); args.Next();) {
+    const std::string& a = args.flag();
     if (a == "--json") {
       o->json = true;
     } else if (a == "--mb") {
-      o->mb = bench::ParsePositive("gpureduce", "--mb", next(), 1 << 15);
+      o->mb = bench::ParsePositive("gpureduce", "--mb", args.Value(), 1 << 15);
     } else if (a == "--devices") {
-      o->devices = bench::ParsePositive("gpureduce", "--devices", next(), 64);
+      o->devices = bench::ParsePositive("gpureduce", "--devices", args.Value(), 64);
     } else if (a == "--min-time") {
-      o->min_seconds = ParseSeconds("gpureduce", "--min-time", next());
-    } else if (a == "--help" || a == "-h") {
-      PrintHelp();
-      std::exit(0);
+      o->min_seconds = ParseSeconds("gpureduce", "--min-time", args.Value());
+    } else if (args.IsHelp()) {
+      args.Help(PrintHelp);
     } else {
-      PrintHelp();
-      UsageError("unknown option '" + a + "'");
+      args.Unknown(PrintHelp);
     }
   }
 }

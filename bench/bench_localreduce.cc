@@ -59,17 +59,13 @@ size_t ParsePositive(const std::string& flag, const std::string& text, size_t ma
 }
 
 void ParseArgs(int argc, char** argv, Options* o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) UsageError(a + " needs a value");
-      return argv[++i];
-    };
+  for (ArgCursor args("localreduce", argc, argv); args.Next();) {
+    const std::string& a = args.flag();
     if (a == "--json") {
       o->json = true;
     } else if (a == "--procs") {
       o->procs.clear();
-      const std::string list = next();
+      const std::string list = args.Value();
       size_t pos = 0;
       for (;;) {
         const size_t comma = list.find(',', pos);
@@ -78,28 +74,26 @@ void ParseArgs(int argc, char** argv, Options* o) {
         pos = comma + 1;
       }
     } else if (a == "--mb") {
-      o->mb = ParsePositive("--mb", next(), 1 << 16);
+      o->mb = ParsePositive("--mb", args.Value(), 1 << 16);
     } else if (a == "--threads") {
-      o->threads = static_cast<uint32_t>(ParsePositive("--threads", next(), 256));
+      o->threads = static_cast<uint32_t>(ParsePositive("--threads", args.Value(), 256));
     } else if (a == "--dtype") {
-      const std::string name = next();
+      const std::string name = args.Value();
       auto d = ParseDType(name);
       if (!d.ok()) UsageError("--dtype: " + d.status().message());
       o->dtype = *d;
     } else if (a == "--isa") {
-      auto isa = ParseIsaLevel(next());
+      auto isa = ParseIsaLevel(args.Value());
       if (!isa.ok()) UsageError(isa.status().message());
       o->isa = *isa;
     } else if (a == "--min-time") {
-      o->min_seconds = ParseSeconds("localreduce", "--min-time", next());
+      o->min_seconds = ParseSeconds("localreduce", "--min-time", args.Value());
     } else if (a == "--no-nt") {
       o->non_temporal = false;
-    } else if (a == "--help" || a == "-h") {
-      PrintHelp();
-      std::exit(0);
+    } else if (args.IsHelp()) {
+      args.Help(PrintHelp);
     } else {
-      PrintHelp();
-      UsageError("unknown option '" + a + "'");
+      args.Unknown(PrintHelp);
     }
   }
 }

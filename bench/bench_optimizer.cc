@@ -75,30 +75,26 @@ size_t ParsePositive(const std::string& flag, const std::string& text, size_t ma
 }
 
 void ParseArgs(int argc, char** argv, Options* o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) UsageError(a + " needs a value");
-      return argv[++i];
-    };
+  for (ArgCursor args("optimizer", argc, argv); args.Next();) {
+    const std::string& a = args.flag();
     if (a == "--json") {
       o->json = true;
     } else if (a == "--params") {
-      o->params = ParsePositive("--params", next(), size_t{1} << 32);
+      o->params = ParsePositive("--params", args.Value(), size_t{1} << 32);
     } else if (a == "--steps") {
-      o->steps = static_cast<int>(ParsePositive("--steps", next(), 100000));
+      o->steps = static_cast<int>(ParsePositive("--steps", args.Value(), 100000));
     } else if (a == "--isa") {
-      auto isa = ParseIsaLevel(next());
+      auto isa = ParseIsaLevel(args.Value());
       if (!isa.ok()) UsageError(isa.status().message());
       o->isa = *isa;
     } else if (a == "--no-torch") {
       o->torch = false;
     } else if (a == "--device") {
-      const std::string d = next();
+      const std::string d = args.Value();
       if (d != "cpu" && d != "cuda") UsageError("--device must be cpu or cuda, got '" + d + "'");
       o->cuda = d == "cuda";
     } else if (a == "--python") {
-      o->python = next();
+      o->python = args.Value();
       // It reaches a shell command line below: a plain path only.
       if (o->python.empty() ||
           o->python.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -106,12 +102,10 @@ void ParseArgs(int argc, char** argv, Options* o) {
         UsageError("--python must be a plain path (letters, digits, / . _ - +), got '" + o->python +
                    "'");
       }
-    } else if (a == "--help" || a == "-h") {
-      PrintHelp();
-      std::exit(0);
+    } else if (args.IsHelp()) {
+      args.Help(PrintHelp);
     } else {
-      PrintHelp();
-      UsageError("unknown option '" + a + "'");
+      args.Unknown(PrintHelp);
     }
   }
 }

@@ -169,6 +169,27 @@ void UsageError(const char* subcommand, const std::string& msg) {
   std::exit(2);
 }
 
+bool ArgCursor::Next() {
+  if (++i_ >= argc_) return false;
+  flag_ = argv_[i_];
+  return true;
+}
+
+std::string ArgCursor::Value() {
+  if (i_ + 1 >= argc_) UsageError(subcommand_, flag_ + " needs a value");
+  return argv_[++i_];
+}
+
+void ArgCursor::Help(void (*print_help)()) const {
+  print_help();
+  std::exit(0);
+}
+
+void ArgCursor::Unknown(void (*print_help)()) const {
+  print_help();
+  UsageError(subcommand_, "unknown option '" + flag_ + "'");
+}
+
 size_t ParsePositive(const char* subcommand, const std::string& flag, const std::string& text,
                      size_t max) {
   char* end = nullptr;

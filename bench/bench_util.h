@@ -71,4 +71,29 @@ size_t ParsePositive(const char* subcommand, const std::string& flag, const std:
 // A number of seconds > 0 (a decimal fraction: "0.2"), or the usage error naming the flag.
 double ParseSeconds(const char* subcommand, const std::string& flag, const std::string& text);
 
+// Walks a subcommand's arguments (argv[1..]) flag by flag:
+//   for (ArgCursor args("localreduce", argc, argv); args.Next();) {
+//     if (args.flag() == "--mb") mb = ParsePositive(..., args.Value(), ...); ...
+// Value() takes the argument after the flag, or exits with the usage error "<flag> needs a
+// value"; Help(print) prints the help and exits 0 for --help / -h; Unknown(print) prints it and
+// exits with the usage error "unknown option '<flag>'".
+class ArgCursor {
+ public:
+  ArgCursor(const char* subcommand, int argc, char** argv)
+      : subcommand_(subcommand), argc_(argc), argv_(argv) {}
+  bool Next();
+  const std::string& flag() const { return flag_; }
+  std::string Value();
+  bool IsHelp() const { return flag_ == "--help" || flag_ == "-h"; }
+  [[noreturn]] void Help(void (*print_help)()) const;
+  [[noreturn]] void Unknown(void (*print_help)()) const;
+
+ private:
+  const char* subcommand_;
+  int argc_;
+  char** argv_;
+  int i_ = 0;
+  std::string flag_;
+};
+
 }  // namespace bitpush::bench
