@@ -299,7 +299,10 @@ struct SendOp {
   Message msg;                  // the frames handed to UCX by pointer
   PeerId peer;                  // kData: the peer, for kSendFailed
   ucp_ep_h hello_ep = nullptr;  // kHello: the client endpoint it opens
-  void* request = nullptr;
+  // Set while ucp_am_send_nbx runs: UCX may complete a request inside the call, run the
+  // callback (which deletes the op) and still return the request, so Post reads this flag
+  // instead of the op after the call.
+  bool* finished_in_call = nullptr;
 };
 
 // A message received by rendezvous into `block`.
@@ -310,7 +313,10 @@ struct RecvOp {
   std::shared_ptr<uint8_t> block;
   size_t size = 0;
   std::string message_header;  // kFrame: the message header, from the AM header
-  void* request = nullptr;
+  // Set while ucp_am_recv_data_nbx runs: a rendezvous receive can complete inside the call
+  // (the sender's endpoint failed, say), run RecvCallback (which deletes the op) and still
+  // return the request, so OnData reads this flag instead of the op after the call.
+  bool* finished_in_call = nullptr;
 };
 
 // A message of a connection, arrived and possibly not received yet, waiting for its turn.
@@ -1084,20 +1090,23 @@ void UcxTransport::Post(ucp_ep_h ep, SendOp* op, const void* buffer, size_t coun
   param.cb.send = &SendCallback;
   param.user_data = op;
   const bool frame = !op->frame_am_header.empty();
+  bool finished = false;
+  op->finished_in_call = &finished;
+  send_ops_.insert(op);
   ucs_status_ptr_t r = ucp_am_send_nbx(
       ep, kAmId, frame ? static_cast<const void*>(op->frame_am_header.data()) : op->am_header,
       frame ? op->frame_am_header.size() : kAmHeaderBytes, count ? buffer : nullptr, count, &param);
+  if (finished) return;  // SendCallback ran inside the call: op is gone
+  op->finished_in_call = nullptr;
   if (r == nullptr) {
     OnSendDone(op, UCS_OK);  // completed at once
   } else if (UCS_PTR_IS_ERR(r)) {
     OnSendDone(op, UCS_PTR_STATUS(r));
-  } else {
-    op->request = r;
-    send_ops_.insert(op);
-  }
+  }  // else in flight: SendCallback finishes it
 }
 
 void UcxTransport::OnSendDone(SendOp* op, ucs_status_t status) {
+  if (op->finished_in_call != nullptr) *op->finished_in_call = true;
   send_ops_.erase(op);
   if (op->hello_ep != nullptr && status == UCS_OK) {
     if (auto out = out_by_ep_.find(op->hello_ep); out != out_by_ep_.end()) {
@@ -1450,20 +1459,23 @@ ucs_status_t UcxTransport::OnData(InConn* c, const AmHeader& h, const uint8_t* f
   param.datatype = ucp_dt_make_contig(1);
   param.cb.recv_am = &RecvCallback;
   param.user_data = op;
+  bool finished = false;
+  op->finished_in_call = &finished;
+  recv_ops_.insert(op);
   ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, data, op->block.get(), length, &param);
+  if (finished) return UCS_OK;  // RecvCallback ran inside the call: op is gone
+  op->finished_in_call = nullptr;
   if (r == nullptr) {
     OnRecvDone(op, UCS_OK);
   } else if (UCS_PTR_IS_ERR(r)) {
     OnRecvDone(op, UCS_PTR_STATUS(r));
-  } else {
-    op->request = r;
-    recv_ops_.insert(op);
-  }
+  }  // else in flight: RecvCallback finishes it
   return UCS_OK;
 }
 
 void UcxTransport::OnRecvDone(RecvOp* op, ucs_status_t status) {
   std::unique_ptr<RecvOp> owned(op);
+  if (op->finished_in_call != nullptr) *op->finished_in_call = true;
   recv_ops_.erase(op);
   auto it = in_conns_.find(op->conn);
   if (it == in_conns_.end()) return;  // the connection ended meanwhile
