@@ -279,8 +279,10 @@ TEST_P(TransportContract, PayloadsOfZeroOneAndTwoHundredFiftySixMiB) {
   EXPECT_EQ(b->stats().bytes_received, 4u + 3 + 1 + 3 + 1 + kBytes);
 
   // One-frame messages around the sizes where a backend may change how it sends (ucx: the
-  // message header inside UCX's header, the frame contiguous), with short and long headers.
-  for (size_t bytes : {size_t{16} << 10, size_t{64} << 10, size_t{4} << 20}) {
+  // message header inside UCX's header, the frame contiguous; around the 32 KiB shared-memory
+  // segment, in one segment or two), with short and long headers.
+  for (size_t bytes : {size_t{16} << 10, (size_t{32} << 10) - 200, size_t{32} << 10,
+                       (size_t{32} << 10) + 1, size_t{64} << 10, size_t{4} << 20}) {
     for (size_t header_bytes : {size_t{3}, size_t{1000}, size_t{3000}}) {
       SCOPED_TRACE(std::to_string(bytes) + " bytes, header " + std::to_string(header_bytes));
       const std::string header(header_bytes, static_cast<char>('a' + bytes % 26));
