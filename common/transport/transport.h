@@ -66,8 +66,8 @@ struct TransportStats {
   // Security (TransportSecurity): connections refused by authentication (zmq under kCurve: an
   // unknown key, or any failed handshake: another mechanism, bytes that are not ZMTP; ucx: a
   // HELLO whose token does not prove its name, or a token where the mode is kNone), messages
-  // refused because a newer connection authenticated as the same node took over, connections shut
-  // because max_connections were open.
+  // refused because a newer connection authenticated as the same node took over (ucx: the older
+  // connections closed for it), connections shut because max_connections were open.
   uint64_t auth_refused = 0;
   uint64_t identity_refused = 0;
   uint64_t connections_refused = 0;

@@ -311,6 +311,45 @@ TEST(UcxTransport, TheHelloNamesEveryLaterMessageOfTheConnection) {
   EXPECT_EQ(r.message().header, "hi");
 }
 
+// A newer connection under a name that an open connection holds (a restarted node) takes the
+// name over, as in the zmq backend: the older connection is closed and counted
+// (identity_refused), and what it still sends is never heard.
+TEST(UcxTransport, ANewerConnectionUnderTheSameNameTakesTheNameOver) {
+  SKIP_WITHOUT_UCX();
+  auto b = Make(Options("b"));
+  ASSERT_TRUE(b);
+  RawPeer old_conn;
+  ASSERT_TRUE(old_conn.Connect(b->address()));
+  ASSERT_EQ(old_conn.SendHello("worker:7"), UCS_OK);
+  ASSERT_TRUE(old_conn.ProgressUntil([&] { return old_conn.Credits() > 0; })) << "no credits";
+  ASSERT_EQ(old_conn.SendData(0, "old", {}), UCS_OK);
+  Received r = NextMessage(b.get());
+  EXPECT_EQ(r.from, "worker:7");
+  EXPECT_EQ(r.message().header, "old");
+  EXPECT_EQ(b->stats().identity_refused, 0u);
+
+  auto restarted = Make(Options("worker:7"));
+  ASSERT_TRUE(restarted);
+  ASSERT_TRUE(restarted->Connect("b", b->address()).ok());
+  ASSERT_TRUE(restarted->Send("b", Text("new")).ok());
+  r = NextMessage(b.get());
+  EXPECT_EQ(r.from, "worker:7");
+  EXPECT_EQ(r.message().header, "new");
+  EXPECT_EQ(b->stats().identity_refused, 1u);
+
+  // The older connection was closed: what it sends now does not reach Receive.
+  (void)old_conn.SendData(1, "stale", {});
+  old_conn.ProgressUntil([] { return false; }, milliseconds(300));
+  ASSERT_TRUE(restarted->Send("b", Text("after")).ok());
+  r = NextMessage(b.get());
+  EXPECT_EQ(r.from, "worker:7");
+  EXPECT_EQ(r.message().header, "after");
+  EXPECT_EQ(b->Receive(milliseconds(200)).status().code(), StatusCode::kTimeout);
+  EXPECT_EQ(b->stats().messages_received, 3u);
+  EXPECT_EQ(b->stats().identity_refused, 1u);
+  EXPECT_EQ(b->stats().malformed_dropped, 0u);
+}
+
 // Messages reach Receive in the order sent: one that arrives early waits for those before it.
 // When one never arrives (UCX lost it, or the peer skipped it) while a later one did, the
 // connection is closed after sequence_gap_timeout, naming the missing message, and counted;

@@ -429,6 +429,10 @@ class UcxTransport final : public Transport {
   void CloseInConn(uint64_t id, bool force);
   void DropIoPeer(IoPeer* p, bool force);
   void OnHello(InConn* c, const void* data, size_t length, bool rndv);
+  // A connection whose HELLO was just accepted takes the name over from any older connection
+  // under it (a restarted node, as in the zmq backend): those are closed after this progress
+  // and counted (identity_refused).
+  void SupersedeOlderConnections(const InConn& newer);
   // kData and kFrame (whose message header follows the AM header: `frame_header`).
   ucs_status_t OnData(InConn* c, const AmHeader& h, const uint8_t* frame_header, void* data,
                       size_t length, bool rndv);
@@ -502,6 +506,7 @@ class UcxTransport final : public Transport {
   std::atomic<uint64_t> malformed_dropped_{0};
   std::atomic<uint64_t> connections_refused_{0};
   std::atomic<uint64_t> auth_refused_{0};
+  std::atomic<uint64_t> identity_refused_{0};
 };
 
 // ---- UCX callbacks -------------------------------------------------------------------------
@@ -798,6 +803,7 @@ TransportStats UcxTransport::stats() const {
   s.malformed_dropped = malformed_dropped_.load(std::memory_order_relaxed);
   s.connections_refused = connections_refused_.load(std::memory_order_relaxed);
   s.auth_refused = auth_refused_.load(std::memory_order_relaxed);
+  s.identity_refused = identity_refused_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -1378,6 +1384,21 @@ ucs_status_t UcxTransport::OnAm(const void* header, size_t header_length, void* 
   return OnData(&c, *h, frame_header, data, length, rndv);
 }
 
+void UcxTransport::SupersedeOlderConnections(const InConn& newer) {
+  for (auto& [id, older] : in_conns_) {
+    if (id == newer.id || !older.hello || older.refused || older.name != newer.name) continue;
+    identity_refused_.fetch_add(1, std::memory_order_relaxed);
+    uint64_t suppressed = 0;
+    if (log_limiter_.Allow("superseded:" + newer.name, &suppressed)) {
+      BP_LOG_WARN("{}a newer connection from {:?} took over its name: closing the older one{}",
+                  Prefix(), newer.name,
+                  suppressed ? fmt::format(" ({} more since the last report)", suppressed) : "");
+    }
+    older.refused = true;  // what still arrives on it is dropped; closed after this progress
+    refused_.emplace_back(id, "superseded");
+  }
+}
+
 void UcxTransport::OnHello(InConn* c, const void* data, size_t length, bool rndv) {
   if (c->hello) {
     Malformed(fmt::format("a second HELLO from '{}'", c->name));
@@ -1408,6 +1429,7 @@ void UcxTransport::OnHello(InConn* c, const void* data, size_t length, bool rndv
   }
   c->name = hello->name;
   c->hello = true;
+  SupersedeOlderConnections(*c);
   c->granted = options_.max_queued_per_peer;
   SendControl(c->ep, AmType::kCredit, c->granted, "");
 }
