@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/span.h"
+#include "common/status.h"
 
 namespace bitpush::transport {
 
@@ -53,6 +54,12 @@ class Buffer {
 struct Message {
   std::string header;
   std::vector<Buffer> frames;
+  // Sending only: glue_next[i] set sends frames[i] and frames[i + 1] as one frame (the receiver
+  // gets one Buffer of their bytes in order). Empty: every frame travels alone. Lets a sender put
+  // a header in front of bytes it does not own without copying them (the ucx backend sends the
+  // parts as one frame from where they are; the others join them, a copy, in Send). A received
+  // Message has it empty.
+  std::vector<bool> glue_next;
 
   size_t payload_bytes() const {
     size_t n = 0;
@@ -60,5 +67,21 @@ struct Message {
     return n;
   }
 };
+
+// The frames a Message travels as: frames [first, first + count) glued into one of `bytes`.
+struct WireFrame {
+  size_t first = 0;
+  size_t count = 0;
+  uint64_t bytes = 0;
+};
+
+// InvalidArgument when glue_next is neither empty nor one entry per frame, or glues the last
+// frame to nothing.
+Status CheckGlue(const Message& msg);
+// msg's wire frames (CheckGlue must hold).
+std::vector<WireFrame> WireFrames(const Message& msg);
+// Joins every glued run of msg's frames into one Buffer (a copy) and clears glue_next; a
+// Message without glue is left as it is (CheckGlue must hold).
+void JoinGlued(Message* msg);
 
 }  // namespace bitpush::transport

@@ -131,6 +131,11 @@ struct TransportOptions {
   // ones have arrived (the transport lost it, or a peer skipped it) before the receiver closes
   // it as broken, naming the missing message.
   std::chrono::milliseconds sequence_gap_timeout{10000};
+  // ucx only: how long a message handed to UCX may go uncompleted (a peer that is alive but
+  // takes nothing: stopped, or its transport thread stuck) before the sender closes that
+  // connection, which ends every send on it and lets go of their frames, and reports the peer
+  // disconnected. Bounds how long a sender's borrowed frames stay in use.
+  std::chrono::milliseconds send_complete_timeout{60000};
 };
 
 class Transport {

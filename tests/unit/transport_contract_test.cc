@@ -299,6 +299,75 @@ TEST_P(TransportContract, PayloadsOfZeroOneAndTwoHundredFiftySixMiB) {
   }
 }
 
+// Frames glued for sending (Message::glue_next) arrive as one frame of their bytes, in order,
+// at every size (packed with the header, one frame, rendezvous), alone or beside other frames;
+// the sender's borrowed bytes are let go once the message is through. A glue that does not fit
+// the frames is InvalidArgument.
+TEST_P(TransportContract, GluedFramesArriveAsOneFrame) {
+  auto a = Make("a");
+  auto b = Make("b");
+  ASSERT_TRUE(a && b);
+  Link(a.get(), b.get());
+  auto owner = std::make_shared<std::vector<uint8_t>>((size_t{4} << 20) + 4096);
+  for (size_t i = 0; i < owner->size(); ++i) (*owner)[i] = static_cast<uint8_t>(i * 131 + 7);
+  const std::string head = "0123456789abcdef";
+  auto borrowed = [&](size_t offset, size_t n) {
+    return Buffer::Borrow(owner->data() + offset, n, owner);
+  };
+  auto text = [](const Buffer& f) {
+    return std::string(reinterpret_cast<const char*>(f.data()), f.size());
+  };
+  for (size_t bytes : {size_t{100}, size_t{64} << 10, size_t{4} << 20}) {
+    SCOPED_TRACE(std::to_string(bytes) + " bytes");
+    // One wire frame: the header and the body.
+    Message one = TextMessage("one", {Buffer::Copy(head.data(), head.size()), borrowed(0, bytes)});
+    one.glue_next = {true, false};
+    ASSERT_TRUE(a->Send("b", std::move(one)).ok());
+    Received r = NextMessage(b.get(), std::chrono::milliseconds(30000));
+    ASSERT_EQ(r.message().header, "one");
+    ASSERT_EQ(r.message().frames.size(), 1u);
+    const Buffer& f = r.message().frames[0];
+    ASSERT_EQ(f.size(), head.size() + bytes);
+    EXPECT_EQ(text(Buffer::Borrow(f.data(), head.size(), nullptr)), head);
+    EXPECT_EQ(std::memcmp(f.data() + head.size(), owner->data(), bytes), 0);
+    // Three wire frames: [head | body] [lone] [x | (empty) | 1000 borrowed bytes].
+    Message three = TextMessage("three", {Buffer::Copy(head.data(), head.size()),
+                                          borrowed(0, bytes), Buffer::Copy("lone", 4),
+                                          Buffer::Copy("x", 1), Buffer(), borrowed(7, 1000)});
+    three.glue_next = {true, false, false, true, true, false};
+    ASSERT_TRUE(a->Send("b", std::move(three)).ok());
+    r = NextMessage(b.get(), std::chrono::milliseconds(30000));
+    ASSERT_EQ(r.message().header, "three");
+    ASSERT_EQ(r.message().frames.size(), 3u);
+    ASSERT_EQ(r.message().frames[0].size(), head.size() + bytes);
+    EXPECT_EQ(std::memcmp(r.message().frames[0].data(), head.data(), head.size()), 0);
+    EXPECT_EQ(std::memcmp(r.message().frames[0].data() + head.size(), owner->data(), bytes), 0);
+    EXPECT_EQ(text(r.message().frames[1]), "lone");
+    ASSERT_EQ(r.message().frames[2].size(), 1001u);
+    EXPECT_EQ(r.message().frames[2].data()[0], 'x');
+    EXPECT_EQ(std::memcmp(r.message().frames[2].data() + 1, owner->data() + 7, 1000), 0);
+  }
+  // The sender lets go of the borrowed bytes (ucx: once UCX completed the sends).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (owner.use_count() > 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(owner.use_count(), 1) << "the sender still holds borrowed frames";
+
+  Message short_glue = TextMessage("bad", {Buffer::Copy("a", 1), Buffer::Copy("b", 1)});
+  short_glue.glue_next = {true};
+  Status s = a->Send("b", std::move(short_glue));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("glue_next has 1 entries for 2 frames"), std::string::npos)
+      << s.ToString();
+  Message dangling = TextMessage("bad", {Buffer::Copy("a", 1)});
+  dangling.glue_next = {true};
+  s = a->Send("b", std::move(dangling));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  ASSERT_TRUE(a->Send("b", TextMessage("after")).ok());
+  EXPECT_EQ(NextMessage(b.get()).message().header, "after");
+}
+
 TEST_P(TransportContract, SixtyFourPeersSendToOneAndGetReplies) {
   constexpr int kPeers = 64;
   constexpr int kEach = 20;

@@ -621,6 +621,27 @@ TEST(UcxWire, AFrameHeaderCarriesItsMessageHeaderAndNothingElseMayBeLonger) {
   ucx_backend::EncodeAmHeader(h, bytes.data());
   EXPECT_FALSE(ucx_backend::ParseAmHeader(bytes.data(), bytes.size()).ok());
   EXPECT_TRUE(ucx_backend::ParseAmHeader(bytes.data(), ucx_backend::kAmHeaderBytes).ok());
+  // ... and so is a kData header with a frame prefix.
+  h.prefix_bytes = 16;
+  ucx_backend::EncodeAmHeader(h, bytes.data());
+  EXPECT_FALSE(ucx_backend::ParseAmHeader(bytes.data(), ucx_backend::kAmHeaderBytes).ok());
+
+  // A kFrame header with a frame prefix: the message header, then the prefix.
+  h.type = AmType::kFrame;
+  h.header_bytes = 5;
+  h.prefix_bytes = 16;
+  std::vector<uint8_t> prefixed(ucx_backend::kAmHeaderBytes + 5 + 16, 'p');
+  ucx_backend::EncodeAmHeader(h, prefixed.data());
+  parsed = ucx_backend::ParseAmHeader(prefixed.data(), prefixed.size());
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->header_bytes, 5u);
+  EXPECT_EQ(parsed->prefix_bytes, 16u);
+  // A byte less than header and prefix announce; a prefix above kMaxFramePrefix.
+  EXPECT_FALSE(ucx_backend::ParseAmHeader(prefixed.data(), prefixed.size() - 1).ok());
+  h.prefix_bytes = ucx_backend::kMaxFramePrefix + 1;
+  std::vector<uint8_t> long_prefix(ucx_backend::kAmHeaderBytes + 5 + h.prefix_bytes);
+  ucx_backend::EncodeAmHeader(h, long_prefix.data());
+  EXPECT_FALSE(ucx_backend::ParseAmHeader(long_prefix.data(), long_prefix.size()).ok());
 }
 
 TEST(UcxWire, LayoutAlignsFramesAndParseRefusesWhatDoesNotAddUp) {
@@ -1326,6 +1347,48 @@ TEST_P(UcxKilledPeer, PeerKilledMidTransferIsReportedAndWhatArrivedIsWhole) {
 
   // Messages that still arrive were sent before the kill: whole.
   KillChildAndAwaitItsDisconnect(parent.get(), child, take);
+}
+
+// A peer that is alive but takes nothing (stopped with SIGSTOP): the sends handed to UCX for it
+// never complete, so after send_complete_timeout the sender closes the connection, reports the
+// peer disconnected, and lets go of every frame it borrowed (what bounds how long a worker's
+// `none` push may read its input).
+TEST_P(UcxKilledPeer, ASendAStoppedPeerNeverTakesEndsWithinSendCompleteTimeout) {
+  SKIP_WITHOUT_UCX();
+  TransportOptions o = Options("parent", GetParam());
+  o.send_complete_timeout = milliseconds(1000);
+  auto parent = Make(o);
+  ASSERT_TRUE(parent);
+  UcxChild child(parent->address(), GetParam(), /*stream=*/false);
+  ASSERT_GT(child.pid(), 0);
+  ASSERT_NO_FATAL_FAILURE(MeetChild(parent.get()));
+  ASSERT_EQ(kill(child.pid(), SIGSTOP), 0);
+  auto owner = std::make_shared<std::vector<uint8_t>>(kStreamBytes, 0x3c);
+  const auto sent = Clock::now();
+  for (int i = 0; i < 8; ++i) {
+    const Status s =
+        parent->Send("child", Text("held", {Buffer::Borrow(owner->data(), owner->size(), owner)}));
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  bool reported = false;
+  while (!reported && Clock::now() - sent < std::chrono::seconds(20)) {
+    StatusOr<Received> r = parent->Receive(milliseconds(100));
+    if (r.ok() && !r->is_message() &&
+        r->event().kind == TransportEvent::Kind::kPeerDisconnected) {
+      EXPECT_EQ(r->event().peer, "child");
+      reported = true;
+    }
+  }
+  const auto elapsed = Clock::now() - sent;
+  ASSERT_TRUE(reported) << "no kPeerDisconnected for the stopped child within 20 s";
+  EXPECT_GE(elapsed, milliseconds(900));
+  EXPECT_LT(elapsed, std::chrono::seconds(5))
+      << std::chrono::duration_cast<milliseconds>(elapsed).count() << " ms";
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (owner.use_count() > 1 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  EXPECT_EQ(owner.use_count(), 1) << "frames still held after the connection closed";
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, UcxKilledPeer, ::testing::Values(kTcpTls, kShmTls),

@@ -182,6 +182,10 @@ class InprocTransport final : public Transport {
   }
 
   Status Send(const PeerId& peer, Message msg) override {
+    if (Status g = CheckGlue(msg); !g.ok()) {
+      return InvalidArgumentError(Prefix() + fmt::format("send to '{}': {}", peer, g.message()));
+    }
+    JoinGlued(&msg);  // frames travel whole here: a glued run becomes one Buffer (a copy)
     std::shared_ptr<Mailbox> target;
     std::string address;
     bool was_connected = false;

@@ -307,6 +307,8 @@ struct SendOp {
   Message msg;                  // the frames handed to UCX by pointer
   PeerId peer;                  // kData: the peer, for kSendFailed
   ucp_ep_h hello_ep = nullptr;  // kHello: the client endpoint it opens
+  ucp_ep_h ep = nullptr;        // where it was posted, and when (send_complete_timeout)
+  std::chrono::steady_clock::time_point posted{};
   // Set while ucp_am_send_nbx runs: UCX may complete a request inside the call, run the
   // callback (which deletes the op) and still return the request, so Post reads this flag
   // instead of the op after the call.
@@ -427,6 +429,9 @@ class UcxTransport final : public Transport {
                        [ep](const auto& c) { return c.second == ep; });
   }
   void CloseInConn(uint64_t id, bool force);
+  // Closes every connection with a send older than send_complete_timeout (HandleEpError: the
+  // peer is reported disconnected and reconnected later); lowers *wait to the next such time.
+  void ExpireStalledSends(Clock::time_point now, std::chrono::milliseconds* wait);
   void DropIoPeer(IoPeer* p, bool force);
   void OnHello(InConn* c, const void* data, size_t length, bool rndv);
   // A connection whose HELLO was just accepted takes the name over from any older connection
@@ -673,6 +678,9 @@ void UcxTransport::Disconnect(const PeerId& peer) {
 }
 
 Status UcxTransport::Send(const PeerId& peer, Message msg) {
+  if (Status g = CheckGlue(msg); !g.ok()) {
+    return InvalidArgumentError(Prefix() + fmt::format("send to '{}': {}", peer, g.message()));
+  }
   if (msg.frames.size() > UINT32_MAX || msg.header.size() > UINT32_MAX) {
     return InvalidArgumentError(Prefix() + fmt::format("send to '{}': {} frames, {}-byte header",
                                                        peer, msg.frames.size(), msg.header.size()));
@@ -836,6 +844,7 @@ void UcxTransport::Loop() {
     milliseconds wait = kIdleWait;
     ReconnectDue(Clock::now(), &wait);
     CloseGapped(Clock::now(), &wait);
+    ExpireStalledSends(Clock::now(), &wait);
     FlushOutboxes();
     Progress();
     if (!failed_eps_.empty() || !conn_requests_.empty()) continue;
@@ -1012,30 +1021,59 @@ void UcxTransport::SendData(const PeerId& name, IoPeer* p, Message msg) {
   auto op = std::make_unique<SendOp>();
   op->transport = this;
   op->peer = name;
-  std::vector<uint64_t> sizes(msg.frames.size());
+  // Wire frames: a glued run of frames is one frame, sent from where its parts are.
+  const std::vector<WireFrame> wire = WireFrames(msg);
+  std::vector<uint64_t> sizes(wire.size());
   AmHeader h;
   h.type = AmType::kData;
   h.seq = p->next_seq++;
   h.header_bytes = static_cast<uint32_t>(msg.header.size());
-  h.frame_count = static_cast<uint32_t>(msg.frames.size());
+  h.frame_count = static_cast<uint32_t>(wire.size());
   h.largest_part = 0;
-  for (size_t i = 0; i < msg.frames.size(); ++i) {
-    sizes[i] = msg.frames[i].size();
+  for (size_t i = 0; i < wire.size(); ++i) {
+    sizes[i] = wire[i].bytes;
     h.largest_part = std::max<uint64_t>(h.largest_part, sizes[i]);
   }
+  // Appends wire frame i's parts to op->iov.
+  auto push_parts = [&](size_t i) {
+    for (size_t k = wire[i].first; k < wire[i].first + wire[i].count; ++k) {
+      const Buffer& part = msg.frames[k];
+      if (!part.empty()) op->iov.push_back({const_cast<uint8_t*>(part.data()), part.size()});
+    }
+  };
   if (sizes.size() == 1 && sizes[0] >= kPackBelowBytes &&
       (!p->am_over_shm || sizes[0] < kShmPipelineFromBytes) &&
       msg.header.size() <= kMaxFrameMessageHeader) {
-    // kFrame: the message header rides in the AM header; the frame is the data, contiguous.
+    // kFrame: the message header rides in the AM header; the frame is the data. A glued frame
+    // whose parts before its last are at most kMaxFramePrefix bytes sends those in the AM
+    // header too (the prefix), so the data stays one contiguous part; other glued frames go
+    // as an iov of their parts.
     h.type = AmType::kFrame;
+    const size_t last = wire[0].first + wire[0].count - 1;
+    const uint64_t prefix = sizes[0] - msg.frames[last].size();
+    const bool prefixed = wire[0].count > 1 && prefix <= kMaxFramePrefix;
+    if (prefixed) h.prefix_bytes = static_cast<uint8_t>(prefix);
     EncodeAmHeader(h, op->am_header);
-    op->frame_am_header.reserve(kAmHeaderBytes + msg.header.size());
+    op->frame_am_header.reserve(kAmHeaderBytes + msg.header.size() + h.prefix_bytes);
     op->frame_am_header.append(reinterpret_cast<const char*>(op->am_header), kAmHeaderBytes);
     op->frame_am_header.append(msg.header);
+    if (prefixed) {
+      for (size_t k = wire[0].first; k < last; ++k) {
+        op->frame_am_header.append(reinterpret_cast<const char*>(msg.frames[k].data()),
+                                   msg.frames[k].size());
+      }
+    } else if (wire[0].count > 1) {
+      push_parts(0);
+    }
     --p->credits;
     op->msg = std::move(msg);
     SendOp* raw = op.release();
-    Post(p->ep, raw, raw->msg.frames[0].data(), sizes[0], /*iov=*/false);
+    if (raw->iov.empty()) {
+      const Buffer& data = raw->msg.frames[prefixed ? last : wire[0].first];
+      Post(p->ep, raw, data.data(), data.size(), /*iov=*/false);
+    } else {
+      Post(p->ep, raw, raw->iov.data(), raw->iov.size(), /*iov=*/true);
+    }
     return;
   }
   EncodeAmHeader(h, op->am_header);
@@ -1051,7 +1089,7 @@ void UcxTransport::SendData(const PeerId& name, IoPeer* p, Message msg) {
   // the message is small.
   const bool pack_all = layout->total < kPackBelowBytes;
   const size_t packed_bytes =
-      pack_all ? layout->total : (msg.frames.empty() ? layout->total : layout->frame_offsets[0]);
+      pack_all ? layout->total : (wire.empty() ? layout->total : layout->frame_offsets[0]);
   op->packed.assign(packed_bytes, '\0');
   auto* out = reinterpret_cast<uint8_t*>(op->packed.data());
   std::copy(msg.header.begin(), msg.header.end(), out);
@@ -1061,20 +1099,24 @@ void UcxTransport::SendData(const PeerId& name, IoPeer* p, Message msg) {
     }
   }
   if (pack_all) {
-    for (size_t i = 0; i < msg.frames.size(); ++i) {
-      if (sizes[i] != 0)
-        std::memcpy(out + layout->frame_offsets[i], msg.frames[i].data(), sizes[i]);
+    for (size_t i = 0; i < wire.size(); ++i) {
+      size_t at = layout->frame_offsets[i];
+      for (size_t k = wire[i].first; k < wire[i].first + wire[i].count; ++k) {
+        const Buffer& part = msg.frames[k];
+        if (!part.empty()) std::memcpy(out + at, part.data(), part.size());
+        at += part.size();
+      }
     }
     Post(p->ep, op.release(), out, packed_bytes, /*iov=*/false);
     return;
   }
   op->iov.push_back({out, packed_bytes});
   size_t end = packed_bytes;
-  for (size_t i = 0; i < msg.frames.size(); ++i) {
+  for (size_t i = 0; i < wire.size(); ++i) {
     if (layout->frame_offsets[i] > end) {
       op->iov.push_back({const_cast<uint8_t*>(kZeros), layout->frame_offsets[i] - end});
     }
-    if (sizes[i] != 0) op->iov.push_back({const_cast<uint8_t*>(msg.frames[i].data()), sizes[i]});
+    push_parts(i);
     end = layout->frame_offsets[i] + sizes[i];
   }
   op->msg = std::move(msg);
@@ -1096,6 +1138,8 @@ void UcxTransport::SendControl(ucp_ep_h ep, AmType type, uint64_t seq, std::stri
 }
 
 void UcxTransport::Post(ucp_ep_h ep, SendOp* op, const void* buffer, size_t count, bool iov) {
+  op->ep = ep;
+  op->posted = Clock::now();
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                        UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_FLAGS;
@@ -1452,24 +1496,30 @@ ucs_status_t UcxTransport::OnData(InConn* c, const AmHeader& h, const uint8_t* f
     return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
   }
   const bool frame = h.type == AmType::kFrame;
-  if (frame ? (length == 0 || length > h.largest_part) : length > MaxDataBytes(h)) {
-    Refuse(c, fmt::format("{} bytes of data from '{}' for {} frames of at most {} bytes", length,
+  // kFrame: the frame is the prefix (from the AM header, after the message header) and the data.
+  const size_t prefix = frame ? h.prefix_bytes : 0;
+  const uint64_t total = uint64_t{prefix} + length;
+  if (frame ? (length == 0 || total > h.largest_part) : length > MaxDataBytes(h)) {
+    Refuse(c, fmt::format("{} bytes of data from '{}' for {} frames of at most {} bytes", total,
                           c->name, h.frame_count, h.largest_part));
     return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
   }
-  std::shared_ptr<uint8_t> block = blocks_->Get(length);
-  if (length != 0 && block == nullptr) {
-    Refuse(c, fmt::format("no memory for a message of {} bytes from '{}'", length, c->name));
+  std::shared_ptr<uint8_t> block = blocks_->Get(total);
+  if (total != 0 && block == nullptr) {
+    Refuse(c, fmt::format("no memory for a message of {} bytes from '{}'", total, c->name));
     return rndv ? UCS_ERR_NO_MEMORY : UCS_OK;
   }
   c->slots[h.seq];  // its place in the order
   NoteGap(c);
   std::string message_header;
-  if (frame) message_header.assign(reinterpret_cast<const char*>(frame_header), h.header_bytes);
+  if (frame) {
+    message_header.assign(reinterpret_cast<const char*>(frame_header), h.header_bytes);
+    if (prefix != 0) std::memcpy(block.get(), frame_header + h.header_bytes, prefix);
+  }
   if (!rndv) {
-    if (length != 0) std::memcpy(block.get(), data, length);
+    if (length != 0) std::memcpy(block.get() + prefix, data, length);
     if (frame) {
-      CompleteFrame(c, h.seq, std::move(message_header), std::move(block), length);
+      CompleteFrame(c, h.seq, std::move(message_header), std::move(block), total);
     } else {
       Complete(c, h.seq, h, std::move(block), length);
     }
@@ -1481,7 +1531,7 @@ ucs_status_t UcxTransport::OnData(InConn* c, const AmHeader& h, const uint8_t* f
   op->conn = c->id;
   op->header = h;
   op->block = std::move(block);
-  op->size = length;
+  op->size = total;
   op->message_header = std::move(message_header);
   ucp_request_param_t param{};
   param.op_attr_mask =
@@ -1492,7 +1542,8 @@ ucs_status_t UcxTransport::OnData(InConn* c, const AmHeader& h, const uint8_t* f
   bool finished = false;
   op->finished_in_call = &finished;
   recv_ops_.insert(op);
-  ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, data, op->block.get(), length, &param);
+  ucs_status_ptr_t r =
+      ucp_am_recv_data_nbx(worker_, data, op->block.get() + prefix, length, &param);
   if (finished) return UCS_OK;  // RecvCallback ran inside the call: op is gone
   op->finished_in_call = nullptr;
   if (r == nullptr) {
@@ -1583,6 +1634,33 @@ void UcxTransport::CloseGapped(Clock::time_point now, milliseconds* wait) {
     Refuse(&c, fmt::format("message {} from '{}' never arrived while message {} did ({} ms): the "
                            "connection lost it",
                            c.next_deliver, c.name, c.slots.rbegin()->first, limit.count()));
+  }
+}
+
+void UcxTransport::ExpireStalledSends(Clock::time_point now, milliseconds* wait) {
+  const milliseconds limit = options_.send_complete_timeout;
+  std::set<ucp_ep_h> stalled;
+  for (const SendOp* op : send_ops_) {
+    const auto due = op->posted + limit;
+    if (now < due) {
+      *wait = std::min(*wait, std::chrono::ceil<milliseconds>(due - now));
+    } else {
+      stalled.insert(op->ep);
+    }
+  }
+  for (ucp_ep_h ep : stalled) {
+    std::string whom;
+    if (auto in = in_by_ep_.find(ep); in != in_by_ep_.end()) {
+      whom = fmt::format("the connection from '{}'", in_conns_.at(in->second).name);
+    } else if (auto out = out_by_ep_.find(ep); out != out_by_ep_.end()) {
+      whom = fmt::format("'{}'", out->second);
+    } else {
+      continue;  // closed already; UCX ends its sends
+    }
+    BP_LOG_WARN("{}a send to {} did not complete within {} ms (send_complete_timeout): closing "
+                "the connection",
+                Prefix(), whom, limit.count());
+    HandleEpError(ep, UCS_ERR_TIMED_OUT);
   }
 }
 

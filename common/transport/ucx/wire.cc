@@ -28,6 +28,7 @@ void EncodeAmHeader(const AmHeader& h, uint8_t out[kAmHeaderBytes]) {
   std::memset(out, 0, kAmHeaderBytes);
   PutU32(out, kMagic);
   out[4] = static_cast<uint8_t>(h.type);
+  out[5] = h.prefix_bytes;
   PutU64(out + 8, h.seq);
   PutU32(out + 16, h.header_bytes);
   PutU32(out + 20, h.frame_count);
@@ -40,7 +41,7 @@ StatusOr<AmHeader> ParseAmHeader(const void* bytes, size_t size) {
   }
   const auto* p = static_cast<const uint8_t*>(bytes);
   if (GetU32(p) != kMagic) return DataLossError("AM header without the BPU1 magic");
-  if (p[5] != 0 || p[6] != 0 || p[7] != 0) return DataLossError("AM header reserved bytes not 0");
+  if (p[6] != 0 || p[7] != 0) return DataLossError("AM header reserved bytes not 0");
   AmHeader h;
   const uint8_t type = p[4];
   if (type != static_cast<uint8_t>(AmType::kHello) && type != static_cast<uint8_t>(AmType::kData) &&
@@ -53,17 +54,21 @@ StatusOr<AmHeader> ParseAmHeader(const void* bytes, size_t size) {
   h.header_bytes = GetU32(p + 16);
   h.frame_count = GetU32(p + 20);
   h.largest_part = GetU64(p + 24);
+  h.prefix_bytes = p[5];
   if (h.type != AmType::kFrame) {
+    if (h.prefix_bytes != 0) return DataLossError("AM header reserved bytes not 0");
     if (size != kAmHeaderBytes) {
       return DataLossError(fmt::format("AM header of {} bytes, expected {}", size, kAmHeaderBytes));
     }
     return h;
   }
   if (h.frame_count != 1 || h.header_bytes > kMaxFrameMessageHeader ||
-      size - kAmHeaderBytes != h.header_bytes) {
-    return DataLossError(
-        fmt::format("frame AM header of {} bytes announcing a {}-byte message header and {} frames",
-                    size, h.header_bytes, h.frame_count));
+      h.prefix_bytes > kMaxFramePrefix ||
+      size - kAmHeaderBytes != uint64_t{h.header_bytes} + h.prefix_bytes) {
+    return DataLossError(fmt::format(
+        "frame AM header of {} bytes announcing a {}-byte message header, a {}-byte frame prefix "
+        "and {} frames",
+        size, h.header_bytes, h.prefix_bytes, h.frame_count));
   }
   return h;
 }

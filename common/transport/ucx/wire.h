@@ -3,8 +3,8 @@
 // Every Active Message of a bitpush endpoint uses one AM id (kAmId) and a fixed 32-byte AM
 // header (AmHeader, little-endian):
 //
-//   u32 magic "BPU1" | u8 type | u8[3] reserved (0) | u64 seq | u32 header_bytes |
-//   u32 frame_count | u64 largest_part
+//   u32 magic "BPU1" | u8 type | u8 prefix_bytes (kFrame; 0 otherwise) | u8[2] reserved (0) |
+//   u64 seq | u32 header_bytes | u32 frame_count | u64 largest_part
 //
 //  - kHello (client -> listener, the first message on every connection): seq, header_bytes,
 //    frame_count, largest_part are 0; the data is the HelloPayload (version, the sender's
@@ -24,6 +24,10 @@
 //    hands UCX the caller's frame as one contiguous buffer (UCX 1.13 sends a non-contiguous
 //    rendezvous through bounce buffers) and the receiver receives it straight into its block.
 //    Senders use it for one-frame messages whose frame is kPackBelowBytes (16 KiB) or more.
+//    A frame glued from a few leading bytes and one large part (a payload header in front of
+//    the sender's data) has those bytes (`prefix_bytes`, at most kMaxFramePrefix) after the
+//    message header in the AM header and the large part as the data: the frame is the prefix
+//    followed by the data, and the data still moves contiguous.
 //
 // Pure functions; thread-safe.
 #pragma once
@@ -47,6 +51,8 @@ enum class AmType : uint8_t { kHello = 1, kData = 2, kCredit = 3, kFrame = 4 };
 // The largest message header a kFrame AM header carries (UCX packs the AM header into the
 // rendezvous request, which must fit one bcopy fragment: 8 KiB over tcp and shared memory).
 inline constexpr size_t kMaxFrameMessageHeader = 1024;
+// The most leading frame bytes a kFrame AM header carries after the message header.
+inline constexpr size_t kMaxFramePrefix = 64;
 
 struct AmHeader {
   AmType type = AmType::kData;
@@ -54,12 +60,15 @@ struct AmHeader {
   uint32_t header_bytes = 0;
   uint32_t frame_count = 0;
   uint64_t largest_part = 0;
+  uint8_t prefix_bytes = 0;  // kFrame: the frame's leading bytes in the AM header
 };
 
 void EncodeAmHeader(const AmHeader& h, uint8_t out[kAmHeaderBytes]);
 // DataLoss when `bytes` is not an AmHeader (size, magic, type, reserved bytes). A kFrame header
-// is followed by its message header: `size` is kAmHeaderBytes + header_bytes, frame_count 1, and
-// header_bytes at most kMaxFrameMessageHeader; every other type is exactly kAmHeaderBytes.
+// is followed by its message header and its frame's prefix: `size` is kAmHeaderBytes +
+// header_bytes + prefix_bytes, frame_count 1, header_bytes at most kMaxFrameMessageHeader and
+// prefix_bytes at most kMaxFramePrefix; every other type is exactly kAmHeaderBytes, with
+// prefix_bytes 0.
 StatusOr<AmHeader> ParseAmHeader(const void* bytes, size_t size);
 
 struct HelloPayload {

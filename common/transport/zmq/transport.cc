@@ -675,6 +675,10 @@ void ZmqTransport::Disconnect(const PeerId& peer) {
 }
 
 Status ZmqTransport::Send(const PeerId& peer, Message msg) {
+  if (Status g = CheckGlue(msg); !g.ok()) {
+    return InvalidArgumentError(Prefix() + fmt::format("send to '{}': {}", peer, g.message()));
+  }
+  JoinGlued(&msg);  // frames travel whole here: a glued run becomes one Buffer (a copy)
   const uint64_t bytes = msg.header.size() + msg.payload_bytes();
   if (msg.frames.size() > UINT32_MAX || msg.header.size() > UINT32_MAX) {
     return InvalidArgumentError(Prefix() + fmt::format("send to '{}': {} frames, {}-byte header",
