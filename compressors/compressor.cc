@@ -48,6 +48,16 @@ StatusOr<DType> CompressorBase::PayloadDType(DType input, const CompressContext&
   return *ctx.store_as;
 }
 
+bool CompressorBase::RawBodyHeader(ConstTensorView input, const CompressContext& ctx,
+                                   uint8_t* header) const {
+  const size_t n = input.count();
+  if (!CheckElementCount(n).ok()) return false;
+  StatusOr<DType> dtype = PayloadDType(input.dtype(), ctx);
+  if (!dtype.ok() || *dtype != input.dtype() || !BodyIsInputBytes(*dtype)) return false;
+  FinishPayload(*dtype, n, n * DTypeSize(*dtype), header);
+  return true;
+}
+
 StatusOr<size_t> CompressorBase::Compress(ConstTensorView input, const CompressContext& ctx,
                                           MutableByteSpan out) {
   const size_t n = input.count();

@@ -82,6 +82,15 @@ class Compressor {
                                                 const CompressContext& ctx,
                                                 MutableByteSpan out) = 0;
 
+  // When Compress(input, ctx) would be a payload header followed by the input's own bytes
+  // (`none`), writes that header (kPayloadHeaderBytes) to `header` and returns true: a sender
+  // may send the header and the input's bytes as one frame (transport::Message::glue_next)
+  // instead of compressing them into a copy. False otherwise (the default).
+  virtual bool RawBodyHeader(ConstTensorView /*input*/, const CompressContext& /*ctx*/,
+                             uint8_t* /*header*/) const {
+    return false;
+  }
+
   // out.count() must equal the payload's element count and out.dtype() its dtype.
   virtual Status Decompress(ByteSpan payload, TensorView out) = 0;
 
@@ -135,6 +144,8 @@ class CompressorBase : public Compressor {
   Status DecompressAdd(ByteSpan payload, Span<float> accumulator) final;
   Status DecompressToFloat(ByteSpan payload, Span<float> out) final;
   bool FusesServerRound(bool with_residual) const override { return false; }
+  bool RawBodyHeader(ConstTensorView input, const CompressContext& ctx,
+                     uint8_t* header) const final;
   Status ValidatePayload(ByteSpan payload, size_t n) final;
   StatusOr<size_t> AggregateCompress(Span<const ByteSpan> pushes, size_t n, float scale,
                                      float* residual, const CompressContext& ctx,
@@ -143,6 +154,10 @@ class CompressorBase : public Compressor {
  protected:
   // Upper bound on the body (the bytes after the header) for n elements of dtype.
   virtual size_t MaxBodyBytes(size_t n, DType dtype) const = 0;
+
+  // Whether the body for n values of `dtype` is those values' own bytes, in that dtype
+  // (RawBodyHeader). Default: false.
+  virtual bool BodyIsInputBytes(DType /*dtype*/) const { return false; }
 
   // Largest element count this format can encode (sparse formats use int32 indices).
   // Compress / CompressWithFeedback return InvalidArgument above it.

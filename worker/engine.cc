@@ -661,18 +661,26 @@ void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpStat
   const size_t esz = DTypeSize(t->dtype);
   const ConstTensorView in(static_cast<const uint8_t*>(op->input.data()) + p.range.offset * esz,
                            p.range.elements, t->dtype);
-  const size_t max_bytes = p.compressor->MaxCompressedBytes(p.range.elements, t->dtype);
-  // The previous payload is reused once the transport (and the server) let go of it.
-  if (!p.payload || p.payload.use_count() > 1) {
-    p.payload = std::make_shared<std::vector<uint8_t>>(max_bytes);
-  } else if (p.payload->size() < max_bytes) {
-    p.payload->resize(max_bytes);
-  }
   const CompressContext ctx{p.range.key, round, rank_};
   const EngineClock::time_point t0 = EngineClock::now();
-  MutableByteSpan out(p.payload->data(), p.payload->size());
-  StatusOr<size_t> bytes = p.residual ? p.residual->Compress(*p.compressor, in, ctx, out)
-                                      : p.compressor->Compress(in, ctx, out);
+  // `none` (no residual): the payload is its header and the input's bytes, sent as one frame
+  // from the input itself (glued), not compressed into a copy.
+  uint8_t raw_header[compressors::kPayloadHeaderBytes];
+  const bool raw = !p.residual && p.compressor->RawBodyHeader(in, ctx, raw_header);
+  const size_t in_bytes = p.range.elements * esz;
+  StatusOr<size_t> bytes = compressors::kPayloadHeaderBytes + in_bytes;
+  if (!raw) {
+    const size_t max_bytes = p.compressor->MaxCompressedBytes(p.range.elements, t->dtype);
+    // The previous payload is reused once the transport (and the server) let go of it.
+    if (!p.payload || p.payload.use_count() > 1) {
+      p.payload = std::make_shared<std::vector<uint8_t>>(max_bytes);
+    } else if (p.payload->size() < max_bytes) {
+      p.payload->resize(max_bytes);
+    }
+    MutableByteSpan out(p.payload->data(), p.payload->size());
+    bytes = p.residual ? p.residual->Compress(*p.compressor, in, ctx, out)
+                       : p.compressor->Compress(in, ctx, out);
+  }
   const EngineClock::time_point t1 = EngineClock::now();
 
   transport::Message msg;
@@ -687,7 +695,7 @@ void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpStat
     h.set_dtype(static_cast<uint32_t>(t->dtype));
     h.set_byte_count(*bytes);
     h.SerializeToString(&msg.header);
-    msg.frames.push_back(transport::Buffer::Borrow(p.payload->data(), *bytes, p.payload));
+    if (!raw) msg.frames.push_back(transport::Buffer::Borrow(p.payload->data(), *bytes, p.payload));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -710,7 +718,14 @@ void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpStat
     stats_.bytes_pushed += *bytes;
     op->bytes_pushed += *bytes;
     stats_.raw_bytes_pushed += p.range.elements * DTypeSize(t->dtype);
+    if (raw) {
+      ++op->active_jobs;  // until the transport lets go of the input (InputLease)
+      msg.frames.push_back(transport::Buffer::Copy(raw_header, sizeof(raw_header)));
+      msg.frames.push_back(transport::Buffer::Borrow(in.data(), in_bytes, InputLease(t, op)));
+      msg.glue_next = {true, false};
+    }
   }
+  // Outside mu_: the transport may drop the frames (and run InputLease's release) in Send.
   const Status sent = endpoint_->Send(p.peer, std::move(msg));
   std::lock_guard<std::mutex> lock(mu_);
   if (!sent.ok()) {
@@ -721,6 +736,13 @@ void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpStat
                                               label_, t->name, j, p.range.key, round, p.server)));
   }
   JobDoneLocked(*t, op);
+}
+
+std::shared_ptr<const void> Engine::InputLease(Tensor* t, const std::shared_ptr<OpState>& op) {
+  return std::shared_ptr<const void>(op.get(), [this, t, op](const void*) {
+    std::lock_guard<std::mutex> lock(mu_);
+    JobDoneLocked(*t, op);
+  });
 }
 
 void Engine::DecompressAndComplete(Tensor* t, uint32_t j, const std::shared_ptr<OpState>& op,

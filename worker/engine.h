@@ -102,7 +102,10 @@ struct OpState {
 
   // Progress: guarded by the engine's mu_.
   size_t remaining = 0;      // partitions not yet complete
-  uint32_t active_jobs = 0;  // pool jobs that may touch input/output
+  // Pool jobs that may touch input/output, and pushes whose frames borrow the input (`none`:
+  // sent from the input itself) until the transport lets go of them: the op completes, even
+  // when it failed, only once none is left.
+  uint32_t active_jobs = 0;
   bool failed = false;
   bool finished = false;                  // completion signalled (or about to be)
   EngineClock::time_point last_push{};    // the latest partition push sent
@@ -248,6 +251,13 @@ class Engine {
   bool DropJobIfFailed(Tensor& t, Partition& p, const std::shared_ptr<OpState>& op);
   // Pool jobs. `t` stays valid (tensors are never removed); the job owns partition `j`.
   void CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpState>& op, uint64_t round);
+  // The owner of a push frame that borrows op's input: one of op's active jobs (the caller
+  // counted it, under mu_), done when the transport drops the frame's last reference, on
+  // whichever thread that is (Send's caller when the transport copies or refuses the frames,
+  // its I/O thread after the send). That thread takes mu_, so the engine never lets a Message
+  // go, nor calls the transport, while holding mu_; the transport lets every frame go by the
+  // end of Close (and, ucx, within send_complete_timeout of the send).
+  std::shared_ptr<const void> InputLease(Tensor* t, const std::shared_ptr<OpState>& op);
   void DecompressAndComplete(Tensor* t, uint32_t j, const std::shared_ptr<OpState>& op,
                              const transport::Buffer& payload);
 

@@ -20,6 +20,9 @@ class CastCompressor final : public CompressorBase {
 
  protected:
   size_t MaxBodyBytes(size_t n, DType dtype) const override;
+  // `none`: the body is the input's bytes (fp16 / bf16 values round-trip through fp32 in
+  // Compress unchanged, NaN payload bits aside).
+  bool BodyIsInputBytes(DType dtype) const override { return Stored(dtype) == dtype; }
   size_t EncodeBody(const float* x, size_t n, DType dtype, const CompressContext& ctx,
                     uint8_t* body) override;
   size_t EncodeBodyWithFeedback(float* q, size_t n, DType dtype, const CompressContext& ctx,

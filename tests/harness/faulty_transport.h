@@ -4,7 +4,9 @@
 // Every wrapper shares a FaultSwitch with the test: SetSilent(true) drops every outgoing
 // message (Send still returns OK, like a node whose packets vanish, or a process that hangs);
 // Crash() closes the wrapped endpoint as a dying process would (peers see it disconnect,
-// its owner's Receive returns Cancelled).
+// its owner's Receive returns Cancelled). SetHolding(true) keeps every outgoing message (Send
+// returns OK; nothing is delivered) until ReleaseHeld() or Close drops them: a transport that
+// has not let go of a sender's frames yet.
 //
 // Owned by the test harness (tests/harness). Thread-safety: like the wrapped Transport; the
 // FaultSwitch may be flipped from any thread.
@@ -14,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/transport/transport.h"
 
@@ -24,6 +27,24 @@ class FaultSwitch {
   void SetSilent(bool silent) { silent_.store(silent); }
   bool silent() const { return silent_.load(); }
   uint64_t dropped() const { return dropped_.load(); }
+  void SetHolding(bool holding) { holding_.store(holding); }
+  bool holding() const { return holding_.load(); }
+  size_t held() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_.size();
+  }
+  // Drops the held messages (their frames' owners let go), on this thread.
+  void ReleaseHeld() {
+    std::vector<transport::Message> dropped;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      dropped.swap(held_);
+    }
+  }
+  void Hold(transport::Message msg) {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_.push_back(std::move(msg));
+  }
 
   // Closes the endpoint attached to this switch (now, or as soon as one is attached).
   void Crash();
@@ -37,8 +58,10 @@ class FaultSwitch {
   std::atomic<bool> silent_{false};
   std::atomic<bool> crashed_{false};
   std::atomic<uint64_t> dropped_{0};
-  std::mutex mu_;
+  std::atomic<bool> holding_{false};
+  mutable std::mutex mu_;
   std::shared_ptr<transport::Transport> inner_;  // guarded by mu_
+  std::vector<transport::Message> held_;         // guarded by mu_
 };
 
 class FaultyTransport final : public transport::Transport {
@@ -47,7 +70,7 @@ class FaultyTransport final : public transport::Transport {
       : inner_(std::move(inner)), switch_(std::move(sw)) {
     switch_->Attach(inner_);
   }
-  ~FaultyTransport() override { inner_->Close(); }
+  ~FaultyTransport() override { Close(); }
 
   const transport::PeerId& name() const override { return inner_->name(); }
   std::string address() const override { return inner_->address(); }
@@ -62,12 +85,19 @@ class FaultyTransport final : public transport::Transport {
       switch_->CountDrop();
       return Status::Ok();
     }
+    if (switch_->holding()) {
+      switch_->Hold(std::move(msg));
+      return Status::Ok();
+    }
     return inner_->Send(peer, std::move(msg));
   }
   StatusOr<transport::Received> Receive(std::chrono::milliseconds timeout) override {
     return inner_->Receive(timeout);
   }
-  void Close() override { inner_->Close(); }
+  void Close() override {
+    inner_->Close();
+    switch_->ReleaseHeld();  // a closed transport lets go of every frame
+  }
   transport::TransportStats stats() const override { return inner_->stats(); }
 
  private:

@@ -31,12 +31,15 @@
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_client.h"
 #include "server/server.h"
+#include "common/transport/factory.h"
+#include "tests/harness/faulty_transport.h"
 #include "tests/harness/manual_clock.h"
 #include "tests/harness/reference_model.h"
 #include "tests/harness/test_cluster.h"
 #include "tests/unit/test_util.h"
 #include "worker/checkpoint.h"
 #include "worker/client.h"
+#include "worker/engine.h"
 #include "worker/partition.h"
 
 namespace bitpush::worker {
@@ -698,6 +701,79 @@ TEST(PushPullE2e, OpTimeoutNamesTheTensorPartitionsAndServers) {
                 .code(),
             StatusCode::kTimeout);
   EXPECT_EQ(c.worker(0).stats().ops_failed, 2u);
+}
+
+// A `none` push is sent from the input itself (its frames borrow the input), so an op completes,
+// even after it failed, only once the transport has let go of them: when Wait returns the
+// caller may reuse the input. Here the worker's transport holds every push (FaultSwitch
+// holding); the op times out but stays pending until the held pushes are dropped.
+TEST(PushPullE2e, AnOpCompletesOnlyOnceTheTransportLetGoOfItsInput) {
+  ClusterOptions co;
+  co.op_timeout = milliseconds(300);
+  testing::TestClusterOptions t;
+  t.source = "pushpull_e2e_test";
+  t.servers = 1;
+  t.workers = 1;
+  t.heartbeat_interval = milliseconds(50);
+  t.heartbeat_timeout = co.heartbeat_timeout;
+  t.startup_timeout = milliseconds(5000);
+  t.compression.spec = "none";
+  t.compression.partition_bytes = 4096;
+  t.server.engine_threads = 1;
+  t.server.numa = scheduler::NumaMode::kOff;
+  t.worker.compress_threads = 1;
+  t.worker.op_timeout = co.op_timeout;
+  testing::ThreadClusterOptions o;
+  o.config = testing::TestClusterConfig(t);
+  o.start_workers = false;
+  auto faults = std::make_shared<testing::FaultSwitch>();
+  std::unique_ptr<Engine> engine;
+  testing::ThreadCluster* cluster_ptr = nullptr;
+  o.custom_node = [&](v1::Role role, uint32_t rank) -> Status {
+    if (role != v1::ROLE_WORKER) return InternalError("unexpected custom node");
+    EngineOptions e;
+    e.cluster = cluster_ptr->config();
+    e.rank = rank;
+    e.inproc_hub = cluster_ptr->hub();
+    transport::TransportOptions to;
+    to.name = scheduler::NodePeerId(v1::ROLE_WORKER, rank);
+    to.listen_address = e.cluster.NodeAddress(v1::ROLE_WORKER, rank);
+    to.inproc_hub = cluster_ptr->hub();
+    BP_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> inner,
+                        transport::CreateTransport(to));
+    e.transport = std::make_unique<testing::FaultyTransport>(
+        std::shared_ptr<transport::Transport>(std::move(inner)), faults);
+    BP_ASSIGN_OR_RETURN(engine, Engine::Create(std::move(e)));
+    return Status::Ok();
+  };
+  testing::ThreadCluster cluster(o);
+  cluster_ptr = &cluster;
+  const Status started = cluster.Start();
+  ASSERT_TRUE(started.ok()) << started.ToString();
+  ASSERT_TRUE(engine);
+  const size_t n = 3000;  // 3 partitions of 4096 bytes
+  std::vector<float> in(n, 1.5f), out(n);
+  StatusOr<TensorId> id = engine->Declare("held", n, DType::kFloat32, TensorOptions());
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  ASSERT_TRUE(engine->CommitDeclarations().ok());
+  // A round through the real transport first: `none` pushes from the input give the exact sum.
+  ASSERT_TRUE(engine->PushPull(*id, ConstTensorView(in.data(), n), TensorView(out.data(), n))
+                  .Wait()
+                  .ok());
+  EXPECT_EQ(out, in);
+
+  faults->SetHolding(true);
+  PushPullHandle h =
+      engine->PushPull(*id, ConstTensorView(in.data(), n), TensorView(out.data(), n));
+  EXPECT_EQ(h.Wait(milliseconds(1000)).code(), StatusCode::kTimeout);
+  EXPECT_FALSE(h.Ready()) << "completed while the transport still held frames of its input";
+  EXPECT_GE(faults->held(), 3u);  // the 3 pushes, and control messages (one transport here)
+  faults->ReleaseHeld();
+  const Status s = h.Wait(milliseconds(5000));
+  ASSERT_TRUE(h.Ready()) << "still pending after the transport let go";
+  EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.ToString();
+  EXPECT_CONTAINS(s.message(), "tensor 'held'");
+  engine->Close();
 }
 
 // The same rule on a clock the test moves: the op fails when its deadline passes on the
