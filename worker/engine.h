@@ -101,7 +101,7 @@ struct OpState {
   EngineClock::time_point started = EngineClock::now();
 
   // Progress: guarded by the engine's mu_.
-  size_t remaining = 0;      // partitions not yet complete
+  size_t remaining = 0;  // partitions not yet complete
   // Pool jobs that may touch input/output, and pushes whose frames borrow the input (`none`:
   // sent from the input itself) until the transport lets go of them: the op completes, even
   // when it failed, only once none is left.

@@ -25,13 +25,13 @@
 #include <vector>
 
 #include "common/cpu_features.h"
+#include "common/transport/factory.h"
 #include "common/vector_ops.h"
 #include "compressors/error_feedback.h"
 #include "compressors/registry.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_client.h"
 #include "server/server.h"
-#include "common/transport/factory.h"
 #include "tests/harness/faulty_transport.h"
 #include "tests/harness/manual_clock.h"
 #include "tests/harness/reference_model.h"
@@ -757,9 +757,8 @@ TEST(PushPullE2e, AnOpCompletesOnlyOnceTheTransportLetGoOfItsInput) {
   ASSERT_TRUE(id.ok()) << id.status().ToString();
   ASSERT_TRUE(engine->CommitDeclarations().ok());
   // A round through the real transport first: `none` pushes from the input give the exact sum.
-  ASSERT_TRUE(engine->PushPull(*id, ConstTensorView(in.data(), n), TensorView(out.data(), n))
-                  .Wait()
-                  .ok());
+  ASSERT_TRUE(
+      engine->PushPull(*id, ConstTensorView(in.data(), n), TensorView(out.data(), n)).Wait().ok());
   EXPECT_EQ(out, in);
 
   faults->SetHolding(true);

@@ -331,9 +331,9 @@ TEST_P(TransportContract, GluedFramesArriveAsOneFrame) {
     EXPECT_EQ(text(Buffer::Borrow(f.data(), head.size(), nullptr)), head);
     EXPECT_EQ(std::memcmp(f.data() + head.size(), owner->data(), bytes), 0);
     // Three wire frames: [head | body] [lone] [x | (empty) | 1000 borrowed bytes].
-    Message three = TextMessage("three", {Buffer::Copy(head.data(), head.size()),
-                                          borrowed(0, bytes), Buffer::Copy("lone", 4),
-                                          Buffer::Copy("x", 1), Buffer(), borrowed(7, 1000)});
+    Message three = TextMessage(
+        "three", {Buffer::Copy(head.data(), head.size()), borrowed(0, bytes),
+                  Buffer::Copy("lone", 4), Buffer::Copy("x", 1), Buffer(), borrowed(7, 1000)});
     three.glue_next = {true, false, false, true, true, false};
     ASSERT_TRUE(a->Send("b", std::move(three)).ok());
     r = NextMessage(b.get(), std::chrono::milliseconds(30000));

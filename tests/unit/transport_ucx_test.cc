@@ -1373,8 +1373,7 @@ TEST_P(UcxKilledPeer, ASendAStoppedPeerNeverTakesEndsWithinSendCompleteTimeout) 
   bool reported = false;
   while (!reported && Clock::now() - sent < std::chrono::seconds(20)) {
     StatusOr<Received> r = parent->Receive(milliseconds(100));
-    if (r.ok() && !r->is_message() &&
-        r->event().kind == TransportEvent::Kind::kPeerDisconnected) {
+    if (r.ok() && !r->is_message() && r->event().kind == TransportEvent::Kind::kPeerDisconnected) {
       EXPECT_EQ(r->event().peer, "child");
       reported = true;
     }

@@ -1657,9 +1657,10 @@ void UcxTransport::ExpireStalledSends(Clock::time_point now, milliseconds* wait)
     } else {
       continue;  // closed already; UCX ends its sends
     }
-    BP_LOG_WARN("{}a send to {} did not complete within {} ms (send_complete_timeout): closing "
-                "the connection",
-                Prefix(), whom, limit.count());
+    BP_LOG_WARN(
+        "{}a send to {} did not complete within {} ms (send_complete_timeout): closing "
+        "the connection",
+        Prefix(), whom, limit.count());
     HandleEpError(ep, UCS_ERR_TIMED_OUT);
   }
 }
