@@ -432,6 +432,8 @@ class UcxTransport final : public Transport {
   // Closes every connection with a send older than send_complete_timeout (HandleEpError: the
   // peer is reported disconnected and reconnected later); lowers *wait to the next such time.
   void ExpireStalledSends(Clock::time_point now, std::chrono::milliseconds* wait);
+  static constexpr std::chrono::milliseconds kSendCheckEvery{100};
+  Clock::time_point next_send_check_{};  // progress thread
   void DropIoPeer(IoPeer* p, bool force);
   void OnHello(InConn* c, const void* data, size_t length, bool rndv);
   // A connection whose HELLO was just accepted takes the name over from any older connection
@@ -1638,16 +1640,24 @@ void UcxTransport::CloseGapped(Clock::time_point now, milliseconds* wait) {
 }
 
 void UcxTransport::ExpireStalledSends(Clock::time_point now, milliseconds* wait) {
+  // A scan of every op in flight, at most every kSendCheckEvery (not at each wake-up): a
+  // stalled send is found within that much of its limit.
+  if (now < next_send_check_) {
+    *wait = std::min(*wait, std::chrono::ceil<milliseconds>(next_send_check_ - now));
+    return;
+  }
+  next_send_check_ = now + kSendCheckEvery;
   const milliseconds limit = options_.send_complete_timeout;
   std::set<ucp_ep_h> stalled;
+  bool pending = false;
   for (const SendOp* op : send_ops_) {
-    const auto due = op->posted + limit;
-    if (now < due) {
-      *wait = std::min(*wait, std::chrono::ceil<milliseconds>(due - now));
+    if (now < op->posted + limit) {
+      pending = true;
     } else {
       stalled.insert(op->ep);
     }
   }
+  if (pending) *wait = std::min(*wait, kSendCheckEvery);
   for (ucp_ep_h ep : stalled) {
     std::string whom;
     if (auto in = in_by_ep_.find(ep); in != in_by_ep_.end()) {
