@@ -57,6 +57,19 @@ struct CompressContext {
   std::optional<DType> store_as = std::nullopt;
 };
 
+// What a quantising method reports about its own encodings (loco), since the last
+// TakeTelemetry; zero for methods that report nothing.
+struct CompressorTelemetry {
+  uint64_t values = 0;           // values quantised
+  uint64_t saturated = 0;        // of which clamped to the code range
+  uint64_t error_values = 0;     // error-state values re-quantised (loco's int8 error)
+  uint64_t error_saturated = 0;  // of which clamped
+  // The squared L2 norm of the error state after the last compression through it (a level,
+  // not a sum); meaningful where error_reported.
+  double error_sq = 0;
+  bool error_reported = false;
+};
+
 struct CompressorOptions {
   // SIMD level of the kernels. Default: the best this CPU supports. Creating a compressor with
   // a level the CPU lacks fails with FailedPrecondition.
@@ -90,6 +103,10 @@ class Compressor {
                              uint8_t* /*header*/) const {
     return false;
   }
+
+  // Adds what this instance counted since the last call to `into` (see CompressorTelemetry)
+  // and starts counting afresh. Default: nothing to report.
+  virtual void TakeTelemetry(CompressorTelemetry* /*into*/) {}
 
   // out.count() must equal the payload's element count and out.dtype() its dtype.
   virtual Status Decompress(ByteSpan payload, TensorView out) = 0;
@@ -218,12 +235,15 @@ class CompressorBase : public Compressor {
     return scratch_.data();
   }
 
- private:
+  // For compressors that write a payload through their own entry points (loco's error step):
+  // InvalidArgument above MaxElements().
   Status CheckElementCount(size_t n) const;
   // The payload dtype of compressing `input` under ctx (store_as), or InvalidArgument.
   static StatusOr<DType> PayloadDType(DType input, const CompressContext& ctx);
   // Writes the header for a body just encoded; returns the payload size.
   size_t FinishPayload(DType dtype, size_t n, size_t body_bytes, uint8_t* out) const;
+
+ private:
   StatusOr<PayloadHeader> CheckPayload(ByteSpan payload, size_t expected_count) const;
 
   v1::CompressorId id_;

@@ -107,6 +107,9 @@ struct MethodSpec {
   // biased. nullptr: none.
   v1::ErrorFeedbackPolicy (*recommended_error_feedback)(const v1::CompressorConfig& config) =
       nullptr;
+  // The element count every partition but a tensor's last is a multiple of (the method's block
+  // or group size, so no block straddles two keys). nullptr: 1.
+  size_t (*partition_align)(const v1::CompressorConfig& config) = nullptr;
 };
 
 // The kernel half of a method's descriptor: `const MethodKernels k<Name>MethodKernels`, defined

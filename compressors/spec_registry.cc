@@ -213,4 +213,11 @@ v1::ErrorFeedbackPolicy RecommendedErrorFeedback(const v1::CompressorConfig& con
   return m->recommended_error_feedback(config);
 }
 
+size_t PartitionAlign(const v1::CompressorConfig& config) {
+  const MethodSpec* m = FindMethod(config.id());
+  if (m == nullptr || m->partition_align == nullptr) return 1;
+  const size_t a = m->partition_align(config);
+  return a == 0 ? 1 : a;
+}
+
 }  // namespace bitpush::compressors

@@ -68,4 +68,8 @@ Status ValidateErrorFeedback(const v1::CompressorConfig& config, v1::ErrorFeedba
 // biased (paper 001), none otherwise.
 v1::ErrorFeedbackPolicy RecommendedErrorFeedback(const v1::CompressorConfig& config);
 
+// The element count partitions of a tensor compressed with `config` are cut at multiples of
+// (MethodSpec::partition_align; 1 for a method without blocks or an unknown id).
+size_t PartitionAlign(const v1::CompressorConfig& config);
+
 }  // namespace bitpush::compressors

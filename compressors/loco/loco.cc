@@ -1,0 +1,548 @@
+#include "compressors/loco/loco.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "common/counter_rng.h"
+#include "common/half.h"
+#include "common/vector_ops.h"
+#include "compressors/method.h"
+
+namespace bitpush::compressors {
+namespace {
+
+using loco::PassCounts;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+size_t Ceil(size_t n, size_t d) {
+  return (n + d - 1) / d;
+}
+
+void StoreU32(uint8_t* p, uint32_t v) {
+  std::memcpy(p, &v, 4);
+}
+uint32_t LoadU32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+void StoreF32(uint8_t* p, float v) {
+  std::memcpy(p, &v, 4);
+}
+float LoadF32(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+inline bool Finite(float v) {
+  return v - v == 0.0f;
+}
+
+inline int RoundClamp(float t, float lo, float hi) {
+  t = std::min(std::max(t, lo), hi);
+  return static_cast<int>(std::nearbyint(t));
+}
+
+inline void PutNibble(uint8_t* codes, size_t i, int q) {
+  const uint8_t v = static_cast<uint8_t>(q & 0xF);
+  codes[i / 2] = (i % 2 == 0) ? v : static_cast<uint8_t>(codes[i / 2] | (v << 4));
+}
+
+std::string Where(size_t i) {
+  return std::to_string(i);
+}
+
+// One block of the block-scale quantiser (codes -7..7, step absmax / 7): writes the codes of
+// h[0..m) at element offset `first` and returns the block's step (NaN when non-finite).
+float QuantizeBlock(const float* h, size_t m, size_t first, uint8_t* codes, float* residual,
+                    PassCounts* c) {
+  float absmax = 0;
+  bool finite = true;
+  for (size_t i = 0; i < m; ++i) {
+    finite = finite && Finite(h[i]);
+    absmax = std::max(absmax, std::fabs(h[i]));
+  }
+  if (!finite) {
+    c->finite = false;
+    for (size_t i = 0; i < m; ++i) {
+      PutNibble(codes, first + i, 0);
+      if (residual != nullptr) residual[i] = 0;
+    }
+    return kNaN;
+  }
+  const float step = absmax / 7.0f;
+  const float inv = absmax > 0 ? 7.0f / absmax : 0.0f;
+  for (size_t i = 0; i < m; ++i) {
+    const int q = RoundClamp(h[i] * inv, -7.0f, 7.0f);
+    PutNibble(codes, first + i, q);
+    if (residual != nullptr) residual[i] = std::fmaf(-static_cast<float>(q), step, h[i]);
+  }
+  return step;
+}
+
+}  // namespace
+
+// ---- LocoCompressor ---------------------------------------------------------------------
+
+LocoCompressor::LocoCompressor(const v1::LocoParams& params, IsaLevel isa)
+    : CompressorBase(v1::COMPRESSOR_ID_LOCO, isa), params_(params), block_(params.block()) {
+  fixed_.s = static_cast<float>(params.scale());
+  fixed_.step = static_cast<float>(1.0 / static_cast<double>(fixed_.s));
+}
+
+size_t LocoCompressor::PushBodyBytes(size_t n) const {
+  const size_t scales = block_ == 0 ? 1 : Ceil(n, block_);
+  return kBodyHeaderBytes + 4 * scales + Ceil(n, 2);
+}
+
+size_t LocoCompressor::MaxBodyBytes(size_t n, DType) const {
+  size_t reply = 0;
+  switch (params_.pull()) {
+    case v1::PULL_FORMAT_FP32: reply = kBodyHeaderBytes + 4 * n; break;
+    case v1::PULL_FORMAT_FP16:
+    case v1::PULL_FORMAT_BF16: reply = kBodyHeaderBytes + 2 * n; break;
+    default: break;
+  }
+  return std::max(PushBodyBytes(n), reply);
+}
+
+LocoCompressor::Kind LocoCompressor::KindFor(const CompressContext& ctx) const {
+  if (ctx.worker == kServerStream) {
+    switch (params_.pull()) {
+      case v1::PULL_FORMAT_FP32: return kFp32;
+      case v1::PULL_FORMAT_FP16: return kFp16;
+      case v1::PULL_FORMAT_BF16: return kBf16;
+      default: break;
+    }
+  }
+  return block_ == 0 ? kFixed : kBlock;
+}
+
+void LocoCompressor::TakeTelemetry(CompressorTelemetry* into) {
+  into->values += telemetry_.values;
+  into->saturated += telemetry_.saturated;
+  into->error_values += telemetry_.error_values;
+  into->error_saturated += telemetry_.error_saturated;
+  if (telemetry_.error_reported) {
+    into->error_sq = telemetry_.error_sq;
+    into->error_reported = true;
+  }
+  telemetry_ = CompressorTelemetry();
+}
+
+size_t LocoCompressor::EncodeBlocks(const float* x, size_t n, float* residual, uint8_t* body) {
+  const size_t nb = Ceil(n, block_);
+  uint8_t* steps = body + kBodyHeaderBytes;
+  uint8_t* codes = steps + 4 * nb;
+  PassCounts c;
+  for (size_t b = 0; b < nb; ++b) {
+    const size_t first = b * block_;
+    const size_t m = std::min<size_t>(block_, n - first);
+    StoreF32(steps + 4 * b,
+             QuantizeBlock(x + first, m, first, codes, residual ? residual + first : nullptr, &c));
+  }
+  telemetry_.values += n;
+  return kBodyHeaderBytes + 4 * nb + Ceil(n, 2);
+}
+
+size_t LocoCompressor::Encode(const float* x, size_t n, Kind kind, float* residual, uint8_t* body) {
+  body[0] = kind;
+  body[1] = body[2] = body[3] = 0;
+  StoreU32(body + 4, kind == kBlock ? block_ : 0);
+  uint8_t* data = body + kBodyHeaderBytes;
+  switch (kind) {
+    case kFp32:
+      std::memcpy(data, x, 4 * n);
+      if (residual != nullptr) std::fill(residual, residual + n, 0.0f);
+      return kBodyHeaderBytes + 4 * n;
+    case kFp16:
+    case kBf16: {
+      uint16_t* v = reinterpret_cast<uint16_t*>(data);
+      if (kind == kFp16) {
+        FloatToHalfArray(x, v, n, isa());
+      } else {
+        FloatToBf16Array(x, v, n, isa());
+      }
+      if (residual != nullptr) {
+        for (size_t i = 0; i < n; ++i) {
+          const float r = kind == kFp16 ? HalfToFloat(v[i]) : Bf16ToFloat(v[i]);
+          const float d = x[i] - r;
+          residual[i] = Finite(d) ? d : 0.0f;  // a non-finite value resets, not poisons
+        }
+      }
+      return kBodyHeaderBytes + 2 * n;
+    }
+    case kBlock: return EncodeBlocks(x, n, residual, body);
+    case kFixed: break;
+  }
+  uint8_t* codes = data + 4;
+  PassCounts c;
+  loco::QuantizeFixed(x, n, fixed_, codes, residual, &c, isa());
+  telemetry_.values += n;
+  telemetry_.saturated += c.saturated;
+  if (!c.finite) {
+    std::memset(codes, 0, Ceil(n, 2));
+    if (residual != nullptr) std::fill(residual, residual + n, 0.0f);
+    StoreF32(data, kNaN);
+  } else {
+    StoreF32(data, fixed_.step);
+  }
+  return kBodyHeaderBytes + 4 + Ceil(n, 2);
+}
+
+size_t LocoCompressor::EncodeBody(const float* x, size_t n, DType, const CompressContext& ctx,
+                                  uint8_t* body) {
+  return Encode(x, n, KindFor(ctx), nullptr, body);
+}
+
+size_t LocoCompressor::EncodeBodyWithFeedback(float* q, size_t n, DType, const CompressContext& ctx,
+                                              uint8_t* body) {
+  // The kernels read x and write the residual in one pass; in place is fine element-wise
+  // except for the fp16/bf16 kinds, which convert the whole array first.
+  return Encode(q, n, KindFor(ctx), q, body);
+}
+
+StatusOr<size_t> LocoCompressor::CompressWithState(ConstTensorView input, LocoState& state,
+                                                   const CompressContext& ctx,
+                                                   MutableByteSpan out) {
+  const size_t n = input.count();
+  BP_RETURN_IF_ERROR(CheckElementCount(n));
+  if (state.size() != n) {
+    return InvalidArgumentError("loco error state has " + std::to_string(state.size()) +
+                                " elements but the tensor has " + std::to_string(n));
+  }
+  BP_ASSIGN_OR_RETURN(const DType dtype, PayloadDType(input.dtype(), ctx));
+  if (out.size() < MaxCompressedBytes(n, dtype)) {
+    return InvalidArgumentError("output buffer of " + std::to_string(out.size()) +
+                                " bytes is smaller than the " +
+                                std::to_string(MaxCompressedBytes(n, dtype)) +
+                                " bytes the payload may need (MaxCompressedBytes)");
+  }
+  const float* g = input.f32();
+  if (input.dtype() != DType::kFloat32) {
+    float* tmp = Scratch(n);
+    ConvertToFloat(input, tmp, isa());
+    g = tmp;
+  }
+  const size_t body = StepBody(g, n, state, ctx, out.data() + kPayloadHeaderBytes);
+  return FinishPayload(dtype, n, body, out.data());
+}
+
+size_t LocoCompressor::StepBody(const float* g, size_t n, LocoState& st, const CompressContext& ctx,
+                                uint8_t* body) {
+  const Kind kind = KindFor(ctx);
+  const bool reset = params_.reset() > 0 && ctx.round % params_.reset() == 0;
+  const float beta = static_cast<float>(params_.beta());
+  body[0] = kind;
+  body[1] = body[2] = body[3] = 0;
+  StoreU32(body + 4, kind == kBlock ? block_ : 0);
+  uint8_t* data = body + kBodyHeaderBytes;
+  PassCounts c;
+  size_t bytes = 0;
+  if (kind == kFixed) {
+    loco::ErrorStep es;
+    es.se = st.se_;
+    es.step_e = st.step_e_;
+    es.beta = beta;
+    es.reset = reset;
+    uint8_t* codes = data + 4;
+    loco::LocoStepFixed(g, st.fp32_ ? nullptr : st.e8_.data(), st.fp32_ ? st.e32_.data() : nullptr,
+                        n, fixed_, es, codes, &c, isa());
+    StoreF32(data, fixed_.step);
+    if (!c.finite) {
+      std::memset(codes, 0, Ceil(n, 2));
+      StoreF32(data, kNaN);
+    }
+    bytes = kBodyHeaderBytes + 4 + Ceil(n, 2);
+  } else {
+    // Block scale (scalar on every level): h and the new error through an fp32 scratch.
+    float* h = Scratch(2 * n);
+    float* e_prev = h + n;
+    std::copy(st.residual().begin(), st.residual().end(), e_prev);
+    for (size_t i = 0; i < n; ++i) h[i] = g[i] + e_prev[i];
+    float* r = h;  // h - C(h), in place
+    const size_t nb = Ceil(n, block_);
+    uint8_t* codes = data + 4 * nb;
+    for (size_t b = 0; b < nb; ++b) {
+      const size_t first = b * block_;
+      const size_t m = std::min<size_t>(block_, n - first);
+      StoreF32(data + 4 * b, QuantizeBlock(h + first, m, first, codes, r + first, &c));
+    }
+    const float omb = 1.0f - beta;
+    for (size_t i = 0; i < n; ++i) {
+      r[i] = beta == 1.0f ? r[i] : std::fmaf(beta, r[i], omb * e_prev[i]);
+    }
+    if (c.finite) st.Requantize(r, reset);
+    bytes = kBodyHeaderBytes + 4 * nb + Ceil(n, 2);
+  }
+  if (!c.finite) {
+    st.Reset();  // a non-finite gradient resets the state (docs/errors.md)
+  } else if (kind == kBlock) {
+    c.error_sq = 0;
+    for (float v : st.residual()) c.error_sq += static_cast<double>(v) * v;
+    if (!st.fp32_) {
+      // Requantize counted nothing: a per-block absmax scale never clamps.
+    }
+  }
+  telemetry_.values += n;
+  telemetry_.saturated += c.saturated;
+  telemetry_.error_values += st.fp32_ ? 0 : n;
+  telemetry_.error_saturated += c.error_saturated;
+  telemetry_.error_sq = c.finite ? c.error_sq : 0.0;
+  telemetry_.error_reported = true;
+  return bytes;
+}
+
+Status LocoCompressor::Validate(ByteSpan body, size_t n, Kind* kind_out) const {
+  if (body.size() < kBodyHeaderBytes) {
+    return DataLossError("loco body of " + std::to_string(body.size()) +
+                         " bytes is shorter than its 8-byte header");
+  }
+  const uint8_t* p = body.data();
+  const uint8_t k = p[0];
+  if (k < kFixed || k > kBf16) {
+    return DataLossError("loco body kind " + std::to_string(k) + " is unknown; valid: 1..5");
+  }
+  const Kind kind = static_cast<Kind>(k);
+  if (p[1] != 0 || p[2] != 0 || p[3] != 0) return DataLossError("loco body: reserved bytes set");
+  const uint32_t block = LoadU32(p + 4);
+  if (kind == kBlock ? block != block_ : block != 0) {
+    return DataLossError(
+        "loco body: block " + std::to_string(block) + " but this key uses " +
+        (kind == kBlock ? std::to_string(block_) : std::string("0 for kind ") + std::to_string(k)));
+  }
+  if ((kind == kFixed && block_ != 0) || (kind == kBlock && block_ == 0)) {
+    return DataLossError("loco body kind " + std::to_string(k) +
+                         " does not match block=" + std::to_string(block_));
+  }
+  if (kind >= kFp32) {
+    const v1::PullFormat want = kind == kFp32   ? v1::PULL_FORMAT_FP32
+                                : kind == kFp16 ? v1::PULL_FORMAT_FP16
+                                                : v1::PULL_FORMAT_BF16;
+    if (params_.pull() != want) {
+      return DataLossError("loco body holds " +
+                           std::string(kind == kFp32   ? "fp32"
+                                       : kind == kFp16 ? "fp16"
+                                                       : "bf16") +
+                           " values but this key's pulls are not in that format");
+    }
+  }
+  size_t expect = 0;
+  switch (kind) {
+    case kFixed:
+    case kBlock: expect = PushBodyBytes(n); break;
+    case kFp32: expect = kBodyHeaderBytes + 4 * n; break;
+    case kFp16:
+    case kBf16: expect = kBodyHeaderBytes + 2 * n; break;
+  }
+  if (body.size() != expect) {
+    return DataLossError("loco body of " + std::to_string(body.size()) + " bytes; " +
+                         std::to_string(n) + " elements of kind " + std::to_string(k) + " take " +
+                         std::to_string(expect));
+  }
+  *kind_out = kind;
+  if (kind >= kFp32) return Status::Ok();
+  const size_t nscales = kind == kFixed ? 1 : Ceil(n, block_);
+  const uint8_t* codes = p + kBodyHeaderBytes + 4 * nscales;
+  if (n % 2 == 1 && (codes[n / 2] >> 4) != 0) {
+    return DataLossError("loco body: the padding nibble after element " + Where(n - 1) +
+                         " is not zero");
+  }
+  auto zero_codes = [&](size_t first, size_t m) {
+    for (size_t i = first; i < first + m; ++i) {
+      if (loco::Nibble(codes, i) != 0) return false;
+    }
+    return true;
+  };
+  if (kind == kFixed) {
+    const float step = LoadF32(p + kBodyHeaderBytes);
+    if (std::isnan(step)) {
+      if (!zero_codes(0, n)) return DataLossError("loco body: NaN step with nonzero codes");
+    } else if (std::memcmp(&step, &fixed_.step, 4) != 0) {
+      return DataLossError("loco body: step " + std::to_string(step) +
+                           " is not this key's 1/scale (" + std::to_string(fixed_.step) + ")");
+    }
+    return Status::Ok();
+  }
+  for (size_t b = 0; b < nscales; ++b) {
+    const float step = LoadF32(p + kBodyHeaderBytes + 4 * b);
+    const size_t first = b * block_;
+    const size_t m = std::min<size_t>(block_, n - first);
+    if (std::isnan(step)) {
+      if (!zero_codes(first, m)) {
+        return DataLossError("loco body: block " + Where(b) + " has a NaN step and nonzero codes");
+      }
+    } else if (!(step >= 0) || std::isinf(step)) {
+      return DataLossError("loco body: block " + Where(b) + " step " + std::to_string(step) +
+                           " is not a finite value >= 0");
+    }
+    for (size_t i = first; i < first + m; ++i) {
+      if (loco::Nibble(codes, i) == -8) {
+        return DataLossError("loco body: element " + Where(i) +
+                             " has code -8, outside the block quantiser's -7..7");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status LocoCompressor::DecodeBody(ByteSpan body, size_t n, DType, float* out, bool add) {
+  Kind kind;
+  BP_RETURN_IF_ERROR(Validate(body, n, &kind));
+  const uint8_t* data = body.data() + kBodyHeaderBytes;
+  switch (kind) {
+    case kFp32:
+      for (size_t i = 0; i < n; ++i) {
+        const float v = LoadF32(data + 4 * i);
+        out[i] = add ? out[i] + v : v;
+      }
+      return Status::Ok();
+    case kFp16:
+    case kBf16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t u;
+        std::memcpy(&u, data + 2 * i, 2);
+        const float v = kind == kFp16 ? HalfToFloat(u) : Bf16ToFloat(u);
+        out[i] = add ? out[i] + v : v;
+      }
+      return Status::Ok();
+    case kFixed: {
+      const float step = LoadF32(data);
+      if (std::isnan(step)) {
+        for (size_t i = 0; i < n; ++i) out[i] = add ? out[i] + kNaN : kNaN;
+        return Status::Ok();
+      }
+      loco::DecodeFixed(data + 4, n, step, out, add, isa());
+      return Status::Ok();
+    }
+    case kBlock: break;
+  }
+  const size_t nb = Ceil(n, block_);
+  const uint8_t* codes = data + 4 * nb;
+  for (size_t b = 0; b < nb; ++b) {
+    const float step = LoadF32(data + 4 * b);
+    const size_t first = b * block_;
+    const size_t m = std::min<size_t>(block_, n - first);
+    for (size_t i = first; i < first + m; ++i) {
+      const float v = static_cast<float>(loco::Nibble(codes, i)) * step;
+      out[i] = add ? out[i] + v : v;
+    }
+  }
+  return Status::Ok();
+}
+
+// ---- LocoState --------------------------------------------------------------------------
+
+LocoState::LocoState(const v1::LocoParams& params, size_t elements)
+    : n_(elements), fp32_(params.error() == v1::LOCO_ERROR_PRECISION_FP32), block_(params.block()) {
+  const double se = params.scale() * params.error_scale();
+  se_ = static_cast<float>(se);
+  step_e_ = static_cast<float>(1.0 / static_cast<double>(se_));
+  if (fp32_) {
+    e32_.resize(n_);
+  } else {
+    e8_.resize(n_);
+    if (block_ != 0) block_step_.resize(Ceil(n_, block_));
+  }
+  Reset();
+}
+
+void LocoState::Reset() {
+  e32_.zero();
+  e8_.zero();
+  block_step_.zero();
+}
+
+StatusOr<size_t> LocoState::Compress(Compressor& compressor, ConstTensorView x,
+                                     const CompressContext& ctx, MutableByteSpan out) {
+  auto* loco = dynamic_cast<LocoCompressor*>(&compressor);
+  if (loco == nullptr) {
+    return InvalidArgumentError("a loco error state compresses through a loco compressor, not " +
+                                v1::CompressorId_Name(compressor.id()));
+  }
+  return loco->CompressWithState(x, *this, ctx, out);
+}
+
+StatusOr<size_t> LocoState::AggregateCompress(Compressor&, Span<const ByteSpan>, float,
+                                              const CompressContext&, MutableByteSpan) {
+  return FailedPreconditionError("loco does not fuse the server round");
+}
+
+Span<const float> LocoState::residual() const {
+  if (fp32_) return e32_.span();
+  view_.resize(n_);
+  for (size_t i = 0; i < n_; ++i) {
+    const float step = block_ == 0 ? step_e_ : block_step_[i / block_];
+    view_[i] = static_cast<float>(e8_[i]) * step;
+  }
+  return view_.span();
+}
+
+void LocoState::Requantize(const float* e, bool reset) {
+  if (reset) {
+    Reset();
+    return;
+  }
+  if (fp32_) {
+    std::copy(e, e + n_, e32_.data());
+    return;
+  }
+  if (block_ == 0) {
+    for (size_t i = 0; i < n_; ++i) {
+      const float t = e[i] * se_;
+      e8_[i] = static_cast<int8_t>(Finite(t) ? RoundClamp(t, -128.0f, 127.0f) : 0);
+    }
+    return;
+  }
+  for (size_t b = 0; b < block_step_.size(); ++b) {
+    const size_t first = b * block_;
+    const size_t m = std::min<size_t>(block_, n_ - first);
+    float absmax = 0;
+    for (size_t i = first; i < first + m; ++i) absmax = std::max(absmax, std::fabs(e[i]));
+    if (!Finite(absmax)) absmax = 0;
+    const float inv = absmax > 0 ? 127.0f / absmax : 0.0f;
+    block_step_[b] = absmax / 127.0f;
+    for (size_t i = first; i < first + m; ++i) {
+      const float t = e[i] * inv;
+      e8_[i] = static_cast<int8_t>(Finite(t) ? RoundClamp(t, -127.0f, 127.0f) : 0);
+    }
+  }
+}
+
+Status LocoState::Restore(Span<const float> saved) {
+  if (saved.size() != n_) {
+    return InvalidArgumentError("saved loco error has " + std::to_string(saved.size()) +
+                                " elements; this partition has " + std::to_string(n_));
+  }
+  Requantize(saved.data(), false);
+  return Status::Ok();
+}
+
+namespace {
+
+std::unique_ptr<Compressor> NewLoco(const v1::CompressorConfig& config, IsaLevel isa) {
+  return std::make_unique<LocoCompressor>(config.loco(), isa);
+}
+
+// The worker keeps LoCo's error; so does the server where it replies in LoCo's 4 bits (the
+// two-hop variant). A server replying in 16/32 bits keeps the vanilla residual of that
+// rounding.
+std::unique_ptr<ErrorFeedback> NewLocoState(const v1::CompressorConfig& config,
+                                            ErrorFeedbackSide side, size_t elements) {
+  if (side == ErrorFeedbackSide::kServer && config.loco().pull() != v1::PULL_FORMAT_METHOD) {
+    return NewResidualState(config, side, elements);
+  }
+  return std::make_unique<LocoState>(config.loco(), elements);
+}
+
+}  // namespace
+
+// The kernel half of loco (compressors/method.h; spec half in loco_spec.cc).
+const MethodKernels kLocoMethodKernels = {&kLocoMethodSpec, &NewLoco, &NewLocoState};
+
+}  // namespace bitpush::compressors

@@ -1,0 +1,235 @@
+// Every level must compute the same bits: no mul-add pair may be fused behind our back (GCC
+// contracts them by default where the target has FMA); the fused steps are written as fma.
+#pragma GCC optimize("fp-contract=off")
+
+#include "compressors/loco/loco_kernels.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace bitpush::compressors::loco {
+namespace {
+
+// ---- scalar: the definition every other level reproduces bit for bit --------------------
+
+inline bool Finite(float h) {
+  return h - h == 0.0f;
+}
+
+// round_half_even(clamp(t, lo, hi)) == clamp(round_half_even(t), lo, hi) for integer bounds.
+inline int RoundClamp(float t, float lo, float hi) {
+  t = std::min(std::max(t, lo), hi);
+  return static_cast<int>(std::nearbyint(t));
+}
+
+// The code of h, counting saturation and non-finite values.
+inline int Code(float h, const FixedScale& fs, PassCounts* c) {
+  if (!Finite(h)) {
+    c->finite = false;
+    return 0;
+  }
+  const float t = h * fs.s;
+  if (t >= 7.5f || t < -8.5f) ++c->saturated;
+  return RoundClamp(t, -8.0f, 7.0f);
+}
+
+inline void Put(uint8_t* codes, size_t i, int q) {
+  const uint8_t v = static_cast<uint8_t>(q & 0xF);
+  if (i % 2 == 0) {
+    codes[i / 2] = v;
+  } else {
+    codes[i / 2] = static_cast<uint8_t>(codes[i / 2] | (v << 4));
+  }
+}
+
+void QuantizeScalar(const float* x, size_t begin, size_t n, FixedScale fs, uint8_t* codes,
+                    float* residual, PassCounts* c) {
+  for (size_t i = begin; i < n; ++i) {
+    const int q = Code(x[i], fs, c);
+    Put(codes, i, q);
+    if (residual != nullptr) residual[i] = std::fmaf(-static_cast<float>(q), fs.step, x[i]);
+  }
+}
+
+void StepScalar(const float* g, int8_t* e8, float* e32, size_t begin, size_t n, FixedScale fs,
+                ErrorStep es, uint8_t* codes, PassCounts* c) {
+  const float omb = 1.0f - es.beta;
+  const bool beta_one = es.beta == 1.0f;
+  double sq = 0;
+  for (size_t i = begin; i < n; ++i) {
+    const float ep = e8 != nullptr ? static_cast<float>(e8[i]) * es.step_e : e32[i];
+    const float h = g[i] + ep;
+    const int q = Code(h, fs, c);
+    Put(codes, i, q);
+    const float r = std::fmaf(-static_cast<float>(q), fs.step, h);
+    const float en = beta_one ? r : std::fmaf(es.beta, r, omb * ep);
+    if (e8 != nullptr) {
+      int v = 0;
+      if (!es.reset) {
+        const float t = en * es.se;
+        if (t >= 127.5f || t < -128.5f) ++c->error_saturated;
+        v = Finite(t) ? RoundClamp(t, -128.0f, 127.0f) : 0;
+      }
+      e8[i] = static_cast<int8_t>(v);
+      const float d = static_cast<float>(v) * es.step_e;
+      sq += static_cast<double>(d) * d;
+    } else {
+      e32[i] = es.reset ? 0.0f : en;
+      sq += static_cast<double>(e32[i]) * e32[i];
+    }
+  }
+  c->error_sq += sq;
+}
+
+void DecodeScalar(const uint8_t* codes, size_t begin, size_t n, float step, float* out, bool add) {
+  for (size_t i = begin; i < n; ++i) {
+    const float v = static_cast<float>(Nibble(codes, i)) * step;
+    out[i] = add ? out[i] + v : v;
+  }
+}
+
+// ---- AVX-512 ---------------------------------------------------------------------------
+
+// 32 codes (two vectors of int32 in [-8, 7]) -> 16 bytes, element 2i low nibble.
+BP_TARGET_AVX512 inline void Pack32(__m512i q0, __m512i q1, uint8_t* out) {
+  const __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(q0)),
+                                            _mm512_cvtepi32_epi8(q1), 1);
+  const __m256i lo = _mm256_and_si256(b, _mm256_set1_epi16(0x000F));
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi16(0x00F0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_cvtepi16_epi8(_mm256_or_si256(lo, hi)));
+}
+
+struct Codes512 {
+  __m512i q;
+  __m512 qf;
+};
+
+BP_TARGET_AVX512 inline Codes512 Code512(__m512 h, __m512 s, __mmask16* bad, uint64_t* sat) {
+  *bad |= _mm512_cmp_ps_mask(_mm512_sub_ps(h, h), _mm512_setzero_ps(), _CMP_NEQ_UQ);
+  __m512 t = _mm512_mul_ps(h, s);
+  const __mmask16 m = _mm512_cmp_ps_mask(t, _mm512_set1_ps(7.5f), _CMP_GE_OQ) |
+                      _mm512_cmp_ps_mask(t, _mm512_set1_ps(-8.5f), _CMP_LT_OQ);
+  *sat += static_cast<uint64_t>(__builtin_popcount(m));
+  t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-8.0f)), _mm512_set1_ps(7.0f));
+  const __m512i q = _mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return {q, _mm512_cvtepi32_ps(q)};
+}
+
+BP_TARGET_AVX512 size_t QuantizeAvx512(const float* x, size_t n, FixedScale fs, uint8_t* codes,
+                                       float* residual, PassCounts* c) {
+  const __m512 s = _mm512_set1_ps(fs.s);
+  const __m512 step = _mm512_set1_ps(fs.step);
+  __mmask16 bad = 0;
+  uint64_t sat = 0;
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 h0 = _mm512_loadu_ps(x + i);
+    const __m512 h1 = _mm512_loadu_ps(x + i + 16);
+    const Codes512 a = Code512(h0, s, &bad, &sat);
+    const Codes512 b = Code512(h1, s, &bad, &sat);
+    Pack32(a.q, b.q, codes + i / 2);
+    if (residual != nullptr) {
+      _mm512_storeu_ps(residual + i, _mm512_fnmadd_ps(a.qf, step, h0));
+      _mm512_storeu_ps(residual + i + 16, _mm512_fnmadd_ps(b.qf, step, h1));
+    }
+  }
+  c->saturated += sat;
+  if (bad != 0) c->finite = false;
+  return i;
+}
+
+BP_TARGET_AVX512 size_t StepAvx512(const float* g, int8_t* e8, size_t n, FixedScale fs,
+                                   ErrorStep es, uint8_t* codes, PassCounts* c) {
+  const __m512 s = _mm512_set1_ps(fs.s);
+  const __m512 step = _mm512_set1_ps(fs.step);
+  const __m512 se = _mm512_set1_ps(es.se);
+  const __m512 step_e = _mm512_set1_ps(es.step_e);
+  const __m512 beta = _mm512_set1_ps(es.beta);
+  const __m512 omb = _mm512_set1_ps(1.0f - es.beta);
+  const bool beta_one = es.beta == 1.0f;
+  __mmask16 bad = 0;
+  uint64_t sat = 0, esat = 0;
+  __m512 sq = _mm512_setzero_ps();
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m512i q[2];
+    for (int half = 0; half < 2; ++half) {
+      const size_t k = i + 16 * static_cast<size_t>(half);
+      const __m128i eb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(e8 + k));
+      const __m512 ep = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(eb)), step_e);
+      const __m512 h = _mm512_add_ps(_mm512_loadu_ps(g + k), ep);
+      const Codes512 a = Code512(h, s, &bad, &sat);
+      q[half] = a.q;
+      const __m512 r = _mm512_fnmadd_ps(a.qf, step, h);
+      const __m512 en = beta_one ? r : _mm512_fmadd_ps(beta, r, _mm512_mul_ps(omb, ep));
+      __m512i ei = _mm512_setzero_si512();
+      if (!es.reset) {
+        __m512 t = _mm512_mul_ps(en, se);
+        const __mmask16 m = _mm512_cmp_ps_mask(t, _mm512_set1_ps(127.5f), _CMP_GE_OQ) |
+                            _mm512_cmp_ps_mask(t, _mm512_set1_ps(-128.5f), _CMP_LT_OQ);
+        esat += static_cast<uint64_t>(__builtin_popcount(m));
+        t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-128.0f)), _mm512_set1_ps(127.0f));
+        ei = _mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      }
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(e8 + k), _mm512_cvtepi32_epi8(ei));
+      const __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(ei), step_e);
+      sq = _mm512_fmadd_ps(d, d, sq);
+    }
+    Pack32(q[0], q[1], codes + i / 2);
+  }
+  c->saturated += sat;
+  c->error_saturated += esat;
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sq);
+  for (float v : lanes) c->error_sq += static_cast<double>(v);
+  if (bad != 0) c->finite = false;
+  return i;
+}
+
+BP_TARGET_AVX512 size_t DecodeAvx512(const uint8_t* codes, size_t n, float step, float* out,
+                                     bool add) {
+  const __m512i idx = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i shl =
+      _mm512_set_epi32(24, 28, 24, 28, 24, 28, 24, 28, 24, 28, 24, 28, 24, 28, 24, 28);
+  const __m512 vs = _mm512_set1_ps(step);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    uint64_t w;
+    __builtin_memcpy(&w, codes + i / 2, sizeof w);
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(w)));
+    const __m512i v =
+        _mm512_srai_epi32(_mm512_sllv_epi32(_mm512_permutexvar_epi32(idx, bytes), shl), 28);
+    __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(v), vs);
+    if (add) f = _mm512_add_ps(_mm512_loadu_ps(out + i), f);
+    _mm512_storeu_ps(out + i, f);
+  }
+  return i;
+}
+
+}  // namespace
+
+void QuantizeFixed(const float* x, size_t n, FixedScale fs, uint8_t* codes, float* residual,
+                   PassCounts* counts, IsaLevel isa) {
+  size_t done = 0;
+  if (isa == IsaLevel::kAvx512) done = QuantizeAvx512(x, n, fs, codes, residual, counts);
+  QuantizeScalar(x, done, n, fs, codes, residual, counts);
+}
+
+void LocoStepFixed(const float* g, int8_t* e8, float* e32, size_t n, FixedScale fs, ErrorStep es,
+                   uint8_t* codes, PassCounts* counts, IsaLevel isa) {
+  size_t done = 0;
+  if (isa == IsaLevel::kAvx512 && e8 != nullptr) {
+    done = StepAvx512(g, e8, n, fs, es, codes, counts);
+  }
+  StepScalar(g, e8, e32, done, n, fs, es, codes, counts);
+}
+
+void DecodeFixed(const uint8_t* codes, size_t n, float step, float* out, bool add, IsaLevel isa) {
+  size_t done = 0;
+  if (isa == IsaLevel::kAvx512) done = DecodeAvx512(codes, n, step, out, add);
+  DecodeScalar(codes, done, n, step, out, add);
+}
+
+}  // namespace bitpush::compressors::loco

@@ -1,0 +1,67 @@
+// LoCo's element loops (compressors/loco/loco.h has the method and the format): the 4-bit
+// quantiser with the fixed scale s, fused with LoCo's error step where a state is given, and
+// the 4-bit decoder. Scalar and AVX-512 implementations; every ISA level writes the same bytes
+// and the same state (AVX2 runs the scalar loops). Block-scale (block = B) loops are scalar.
+//
+// Per element (fixed scale; step = fp32(1/s), step_e = fp32(1/s_e)):
+//   e_prev = E[i] * step_e                          (int8 error; fp32 error: E[i])
+//   h      = g[i] + e_prev
+//   q      = clamp(round_half_even(h * s), -8, 7)   (the 4-bit code)
+//   r      = fma(-q, step, h)                       (h - C(h), one rounding)
+//   e_new  = beta == 1 ? r : fma(beta, r, (1 - beta) * e_prev)
+//   E[i]   = reset ? 0 : clamp(round_half_even(e_new * s_e), -128, 127)   (int8)
+//            reset ? 0 : e_new                                            (fp32)
+// Codes are packed two per byte, element 2i in the low nibble, 2i+1 in the high nibble.
+//
+// Thread-safety: pure functions over the caller's buffers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/cpu_features.h"
+
+namespace bitpush::compressors::loco {
+
+// Telemetry of one pass (added to, not reset).
+struct PassCounts {
+  uint64_t saturated = 0;        // 4-bit codes clamped (round(h*s) outside [-8, 7])
+  uint64_t error_saturated = 0;  // int8 error values clamped
+  double error_sq = 0;           // sum of the new error's squares (dequantised)
+  bool finite = true;            // false: some h was inf or NaN (the pass's output is garbage)
+};
+
+struct FixedScale {
+  float s = 1;
+  float step = 1;  // fp32(1/s)
+};
+
+// The LoCo error step's parameters (fixed scale).
+struct ErrorStep {
+  float se = 1;
+  float step_e = 1;  // fp32(1/s_e)
+  float beta = 1;
+  bool reset = false;  // this round zeroes the error
+};
+
+// codes <- Q(x); residual (if not null) <- x - C(x) (r above, with h = x). n may be odd (the
+// last high nibble is 0).
+void QuantizeFixed(const float* x, size_t n, FixedScale fs, uint8_t* codes, float* residual,
+                   PassCounts* counts, IsaLevel isa);
+
+// LoCo's step with an int8 error E (in place) or an fp32 error E32 (in place; exactly one of
+// the two is non-null).
+void LocoStepFixed(const float* g, int8_t* e8, float* e32, size_t n, FixedScale fs, ErrorStep es,
+                   uint8_t* codes, PassCounts* counts, IsaLevel isa);
+
+// out[i] = code_i * step (add: out[i] += code_i * step).
+void DecodeFixed(const uint8_t* codes, size_t n, float step, float* out, bool add, IsaLevel isa);
+
+// The 4-bit code of element i.
+inline int Nibble(const uint8_t* codes, size_t i) {
+  const int b = codes[i / 2];
+  const int v = (i % 2 == 0) ? (b & 0xF) : (b >> 4);
+  return v >= 8 ? v - 16 : v;
+}
+
+}  // namespace bitpush::compressors::loco
