@@ -35,6 +35,10 @@ const char* const kDefaultSpecs[] = {
     "dithering:levels=15,partition=linear,norm=max",
     "dithering:levels=3,partition=natural,norm=max",
     "dithering:levels=63,partition=linear,norm=max",
+    "loco",
+    "loco:block=128",
+    "sdp4bit",
+    "sdp4bit:hadamard=off",
 };
 
 struct Options {

@@ -160,6 +160,15 @@ struct ClientStats {
   uint64_t last_push_ns = 0;
   uint64_t first_reply_ns = 0;
   uint64_t op_ns = 0;
+  // Quantiser telemetry (methods that report it: loco; embedded mode only): values quantised
+  // for pushes and how many were clamped to the code range; the error state's values
+  // re-quantised (loco's int8 error) and how many were clamped; and the L2 norm of every
+  // partition's error state as last pushed.
+  uint64_t quantized_values = 0;
+  uint64_t quantized_saturated = 0;
+  uint64_t error_values = 0;
+  uint64_t error_saturated = 0;
+  double error_norm = 0;
   // Peak uncompressed bytes in flight (bounded by credit_bytes, or one partition).
   uint64_t peak_bytes_in_flight = 0;
   // At the moment stats() was taken: uncompressed bytes in flight, partitions queued for the

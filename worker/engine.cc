@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -317,7 +318,8 @@ StatusOr<TensorId> Engine::Declare(const std::string& name, size_t elements, DTy
   t->spec = compressors::CompressorSpecString(t->config);
 
   StatusOr<std::vector<PartitionRange>> ranges =
-      PartitionTensor(index, elements, dtype, cluster_.compression.partition_bytes);
+      PartitionTensor(index, elements, dtype, cluster_.compression.partition_bytes,
+                      t->compressed ? compressors::PartitionAlign(t->config) : 1);
   if (!ranges.ok()) return ranges.status().WithContext(what);
   const bool worker_residual = t->compressed && compressors::WorkerKeepsResidual(policy_);
   compressors::CompressorOptions copts;
@@ -682,6 +684,8 @@ void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpStat
                        : p.compressor->Compress(in, ctx, out);
   }
   const EngineClock::time_point t1 = EngineClock::now();
+  compressors::CompressorTelemetry telemetry;  // quantisers that report (loco)
+  p.compressor->TakeTelemetry(&telemetry);
 
   transport::Message msg;
   if (bytes.ok()) {
@@ -700,6 +704,15 @@ void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpStat
   {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.compress_ns += Ns(t1 - t0);
+    stats_.quantized_values += telemetry.values;
+    stats_.quantized_saturated += telemetry.saturated;
+    stats_.error_values += telemetry.error_values;
+    stats_.error_saturated += telemetry.error_saturated;
+    if (telemetry.error_reported) {
+      error_sq_ += telemetry.error_sq - p.error_sq;
+      p.error_sq = telemetry.error_sq;
+      stats_.error_norm = std::sqrt(std::max(0.0, error_sq_));
+    }
     if (op->failed || !bytes.ok()) {
       if (!op->failed) {
         FailOpLocked(*t, op,

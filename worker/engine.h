@@ -195,7 +195,8 @@ class Engine {
     uint64_t round = 0;       // the round in flight (stage kOnWire / kDecompressing)
     uint64_t seq = 0;         // the posting sequence number of its op (queued or in flight)
     EngineClock::time_point pushed_at;
-    uint64_t bytes = 0;  // uncompressed bytes (what the credit counts)
+    uint64_t bytes = 0;   // uncompressed bytes (what the credit counts)
+    double error_sq = 0;  // the error state's squared norm as last reported (telemetry)
   };
 
   struct Tensor {
@@ -335,6 +336,7 @@ class Engine {
   bool closed_ = false;                    // guarded by mu_
   bool stop_dispatcher_ = false;           // guarded by mu_
   ClientStats stats_;                      // guarded by mu_
+  double error_sq_ = 0;                    // sum of Partition::error_sq; guarded by mu_
 };
 
 }  // namespace bitpush::worker

@@ -33,6 +33,21 @@ void AddEngineMetrics(const Engine& engine, metrics::MetricSet& set) {
   set.Counter(kStage, kStageHelp, static_cast<double>(s.network_ns) / 1e9, {{"stage", "network"}});
   set.Counter(kStage, kStageHelp, static_cast<double>(s.decompress_ns) / 1e9,
               {{"stage", "decompress"}});
+  constexpr char kQuant[] = "bitpush_worker_quantized_values_total";
+  constexpr char kQuantHelp[] =
+      "Values quantised for pushes by methods that report it (loco), and of those clamped to "
+      "the code range (saturated), for the pushed values (quantizer=push) and the error state "
+      "re-quantised (quantizer=error, loco's int8 error).";
+  set.Counter(kQuant, kQuantHelp, s.quantized_values, {{"quantizer", "push"}, {"result", "all"}});
+  set.Counter(kQuant, kQuantHelp, s.quantized_saturated,
+              {{"quantizer", "push"}, {"result", "saturated"}});
+  set.Counter(kQuant, kQuantHelp, s.error_values, {{"quantizer", "error"}, {"result", "all"}});
+  set.Counter(kQuant, kQuantHelp, s.error_saturated,
+              {{"quantizer", "error"}, {"result", "saturated"}});
+  set.Gauge("bitpush_worker_error_feedback_norm",
+            "L2 norm of the worker error state of every partition as last pushed (methods that "
+            "report it: loco).",
+            s.error_norm);
   set.Gauge("bitpush_worker_bytes_in_flight",
             "Uncompressed bytes of partitions holding credit at the time of the scrape.",
             s.bytes_in_flight);

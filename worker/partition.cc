@@ -11,8 +11,11 @@ size_t PartitionElements(DType dtype, uint64_t partition_bytes) {
 }
 
 StatusOr<std::vector<PartitionRange>> PartitionTensor(uint32_t tensor_index, size_t elements,
-                                                      DType dtype, uint64_t partition_bytes) {
-  const size_t per = PartitionElements(dtype, partition_bytes);
+                                                      DType dtype, uint64_t partition_bytes,
+                                                      size_t align) {
+  align = std::max<size_t>(1, align);
+  // A multiple of the method's block (or one block where partitions are smaller).
+  const size_t per = std::max(align, PartitionElements(dtype, partition_bytes) / align * align);
   const size_t count = elements == 0 ? 0 : (elements - 1) / per + 1;
   if (count > (uint64_t{1} << 32)) {
     return InvalidArgumentError(fmt::format(

@@ -2,7 +2,9 @@
 // engine, the tests' reference computations and the benchmark).
 //
 //  - A tensor of `elements` values of `dtype` is cut into partitions of
-//    max(1, partition_bytes / DTypeSize(dtype)) elements; the last one holds the rest. A tensor
+//    max(1, partition_bytes / DTypeSize(dtype)) elements, rounded down to a multiple of
+//    `align` (the compression method's block or group, compressors::PartitionAlign; at least
+//    one block), so no block straddles two keys; the last partition holds the rest. A tensor
 //    of 0 elements has no partition (its push_pull completes at once).
 //  - Partition j of the tensor declared i-th (from 0, over the client's life) is the key
 //    (i << 32) | j. Every worker declares the same tensors in the same order, so every worker
@@ -39,7 +41,8 @@ size_t PartitionElements(DType dtype, uint64_t partition_bytes);
 
 // The partitions of a tensor; InvalidArgument if it would need more than 2^32 partitions.
 StatusOr<std::vector<PartitionRange>> PartitionTensor(uint32_t tensor_index, size_t elements,
-                                                      DType dtype, uint64_t partition_bytes);
+                                                      DType dtype, uint64_t partition_bytes,
+                                                      size_t align = 1);
 
 // Whether a tensor of this size goes compressed (before looking at the spec).
 inline bool AboveCompressThreshold(size_t elements, DType dtype, uint64_t min_compress_bytes) {

@@ -44,8 +44,7 @@ inline bool Finite(float v) {
 }
 
 inline int RoundClamp(float t, float lo, float hi) {
-  t = std::min(std::max(t, lo), hi);
-  return static_cast<int>(std::nearbyint(t));
+  return loco::RoundClampCode(t, lo, hi);
 }
 
 inline void PutNibble(uint8_t* codes, size_t i, int q) {
@@ -77,10 +76,16 @@ float QuantizeBlock(const float* h, size_t m, size_t first, uint8_t* codes, floa
   }
   const float step = absmax / 7.0f;
   const float inv = absmax > 0 ? 7.0f / absmax : 0.0f;
-  for (size_t i = 0; i < m; ++i) {
-    const int q = RoundClamp(h[i] * inv, -7.0f, 7.0f);
-    PutNibble(codes, first + i, q);
-    if (residual != nullptr) residual[i] = std::fmaf(-static_cast<float>(q), step, h[i]);
+  // Blocks start at even elements (B is even): whole bytes, two codes at a time.
+  uint8_t* out = codes + first / 2;
+  for (size_t i = 0; i < m; i += 2) {
+    const int q0 = RoundClamp(h[i] * inv, -7.0f, 7.0f);
+    const int q1 = i + 1 < m ? RoundClamp(h[i + 1] * inv, -7.0f, 7.0f) : 0;
+    out[i / 2] = static_cast<uint8_t>((q0 & 0xF) | ((q1 & 0xF) << 4));
+    if (residual != nullptr) {
+      residual[i] = std::fmaf(-static_cast<float>(q0), step, h[i]);
+      if (i + 1 < m) residual[i + 1] = std::fmaf(-static_cast<float>(q1), step, h[i + 1]);
+    }
   }
   return step;
 }
@@ -225,9 +230,9 @@ StatusOr<size_t> LocoCompressor::CompressWithState(ConstTensorView input, LocoSt
   }
   const float* g = input.f32();
   if (input.dtype() != DType::kFloat32) {
-    float* tmp = Scratch(n);
-    ConvertToFloat(input, tmp, isa());
-    g = tmp;
+    input_.resize(n);  // not Scratch(): the block step uses that
+    ConvertToFloat(input, input_.data(), isa());
+    g = input_.data();
   }
   const size_t body = StepBody(g, n, state, ctx, out.data() + kPayloadHeaderBytes);
   return FinishPayload(dtype, n, body, out.data());
@@ -263,7 +268,7 @@ size_t LocoCompressor::StepBody(const float* g, size_t n, LocoState& st, const C
     // Block scale (scalar on every level): h and the new error through an fp32 scratch.
     float* h = Scratch(2 * n);
     float* e_prev = h + n;
-    std::copy(st.residual().begin(), st.residual().end(), e_prev);
+    st.Dequantize(e_prev);
     for (size_t i = 0; i < n; ++i) h[i] = g[i] + e_prev[i];
     float* r = h;  // h - C(h), in place
     const size_t nb = Ceil(n, block_);
@@ -283,11 +288,12 @@ size_t LocoCompressor::StepBody(const float* g, size_t n, LocoState& st, const C
   if (!c.finite) {
     st.Reset();  // a non-finite gradient resets the state (docs/errors.md)
   } else if (kind == kBlock) {
-    c.error_sq = 0;
-    for (float v : st.residual()) c.error_sq += static_cast<double>(v) * v;
-    if (!st.fp32_) {
-      // Requantize counted nothing: a per-block absmax scale never clamps.
-    }
+    // (Requantize counts no saturation: a per-block absmax scale never clamps.)
+    float* e = Scratch(n);
+    st.Dequantize(e);
+    double sq = 0;
+    for (size_t i = 0; i < n; ++i) sq += static_cast<double>(e[i]) * e[i];
+    c.error_sq = sq;
   }
   telemetry_.values += n;
   telemetry_.saturated += c.saturated;
@@ -381,8 +387,9 @@ Status LocoCompressor::Validate(ByteSpan body, size_t n, Kind* kind_out) const {
       return DataLossError("loco body: block " + Where(b) + " step " + std::to_string(step) +
                            " is not a finite value >= 0");
     }
-    for (size_t i = first; i < first + m; ++i) {
-      if (loco::Nibble(codes, i) == -8) {
+    for (size_t j = first / 2; j < (first + m + 1) / 2; ++j) {
+      if ((codes[j] & 0xF) == 0x8 || (codes[j] >> 4) == 0x8) {
+        const size_t i = (codes[j] & 0xF) == 0x8 ? 2 * j : 2 * j + 1;
         return DataLossError("loco body: element " + Where(i) +
                              " has code -8, outside the block quantiser's -7..7");
       }
@@ -428,9 +435,16 @@ Status LocoCompressor::DecodeBody(ByteSpan body, size_t n, DType, float* out, bo
     const float step = LoadF32(data + 4 * b);
     const size_t first = b * block_;
     const size_t m = std::min<size_t>(block_, n - first);
-    for (size_t i = first; i < first + m; ++i) {
-      const float v = static_cast<float>(loco::Nibble(codes, i)) * step;
-      out[i] = add ? out[i] + v : v;
+    const uint8_t* in = codes + first / 2;
+    float* o = out + first;
+    for (size_t i = 0; i < m; i += 2) {
+      const int8_t byte = static_cast<int8_t>(in[i / 2]);
+      const float lo = static_cast<float>(static_cast<int8_t>(byte << 4) >> 4) * step;
+      o[i] = add ? o[i] + lo : lo;
+      if (i + 1 < m) {
+        const float hi = static_cast<float>(byte >> 4) * step;
+        o[i + 1] = add ? o[i + 1] + hi : hi;
+      }
     }
   }
   return Status::Ok();
@@ -473,13 +487,27 @@ StatusOr<size_t> LocoState::AggregateCompress(Compressor&, Span<const ByteSpan>,
   return FailedPreconditionError("loco does not fuse the server round");
 }
 
+void LocoState::Dequantize(float* out) const {
+  if (fp32_) {
+    std::copy(e32_.begin(), e32_.end(), out);
+    return;
+  }
+  if (block_ == 0) {
+    for (size_t i = 0; i < n_; ++i) out[i] = static_cast<float>(e8_[i]) * step_e_;
+    return;
+  }
+  for (size_t b = 0; b < block_step_.size(); ++b) {
+    const size_t first = b * block_;
+    const size_t end = std::min<size_t>(first + block_, n_);
+    const float step = block_step_[b];
+    for (size_t i = first; i < end; ++i) out[i] = static_cast<float>(e8_[i]) * step;
+  }
+}
+
 Span<const float> LocoState::residual() const {
   if (fp32_) return e32_.span();
   view_.resize(n_);
-  for (size_t i = 0; i < n_; ++i) {
-    const float step = block_ == 0 ? step_e_ : block_step_[i / block_];
-    view_[i] = static_cast<float>(e8_[i]) * step;
-  }
+  Dequantize(view_.data());
   return view_.span();
 }
 

@@ -84,6 +84,7 @@ class LocoCompressor final : public CompressorBase {
   loco::FixedScale fixed_;
   uint32_t block_;
   CompressorTelemetry telemetry_;
+  AlignedBuffer<float> input_;  // a 16-bit input converted to fp32 (CompressWithState)
 };
 
 class LocoState final : public ErrorFeedback {
@@ -106,6 +107,8 @@ class LocoState final : public ErrorFeedback {
  private:
   friend class LocoCompressor;
   void Requantize(const float* e, bool reset);
+  // out[0..n) = dec(E).
+  void Dequantize(float* out) const;
 
   size_t n_;
   bool fp32_;

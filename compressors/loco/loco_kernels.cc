@@ -18,10 +18,8 @@ inline bool Finite(float h) {
   return h - h == 0.0f;
 }
 
-// round_half_even(clamp(t, lo, hi)) == clamp(round_half_even(t), lo, hi) for integer bounds.
 inline int RoundClamp(float t, float lo, float hi) {
-  t = std::min(std::max(t, lo), hi);
-  return static_cast<int>(std::nearbyint(t));
+  return RoundClampCode(t, lo, hi);
 }
 
 // The code of h, counting saturation and non-finite values.
@@ -106,15 +104,24 @@ struct Codes512 {
   __m512 qf;
 };
 
-BP_TARGET_AVX512 inline Codes512 Code512(__m512 h, __m512 s, __mmask16* bad, uint64_t* sat) {
-  *bad |= _mm512_cmp_ps_mask(_mm512_sub_ps(h, h), _mm512_setzero_ps(), _CMP_NEQ_UQ);
-  __m512 t = _mm512_mul_ps(h, s);
-  const __mmask16 m = _mm512_cmp_ps_mask(t, _mm512_set1_ps(7.5f), _CMP_GE_OQ) |
-                      _mm512_cmp_ps_mask(t, _mm512_set1_ps(-8.5f), _CMP_LT_OQ);
-  *sat += static_cast<uint64_t>(__builtin_popcount(m));
-  t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-8.0f)), _mm512_set1_ps(7.0f));
-  const __m512i q = _mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  return {q, _mm512_cvtepi32_ps(q)};
+// h's codes: r = round_half_even(h * s) (roundscale), q = clamp(r, -8, 7); r != q counts as
+// saturated (a non-finite h is flagged in *bad; its code does not matter).
+BP_TARGET_AVX512 inline Codes512 Code512(__m512 h, __m512 s, __mmask16* bad, __m512i* sat) {
+  *bad |= _mm512_fpclass_ps_mask(h, 0x99);  // QNaN | SNaN | +inf | -inf
+  const __m512 r =
+      _mm512_roundscale_ps(_mm512_mul_ps(h, s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 qf = _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-8.0f)), _mm512_set1_ps(7.0f));
+  const __mmask16 m = _mm512_cmp_ps_mask(r, qf, _CMP_NEQ_OQ);
+  *sat = _mm512_mask_sub_epi32(*sat, m, *sat, _mm512_set1_epi32(-1));
+  return {_mm512_cvttps_epi32(qf), qf};
+}
+
+BP_TARGET_AVX512 inline uint64_t Sum(__m512i v) {
+  alignas(64) uint32_t lanes[16];
+  _mm512_store_si512(lanes, v);
+  uint64_t t = 0;
+  for (uint32_t x : lanes) t += x;
+  return t;
 }
 
 BP_TARGET_AVX512 size_t QuantizeAvx512(const float* x, size_t n, FixedScale fs, uint8_t* codes,
@@ -122,7 +129,7 @@ BP_TARGET_AVX512 size_t QuantizeAvx512(const float* x, size_t n, FixedScale fs, 
   const __m512 s = _mm512_set1_ps(fs.s);
   const __m512 step = _mm512_set1_ps(fs.step);
   __mmask16 bad = 0;
-  uint64_t sat = 0;
+  __m512i sat = _mm512_setzero_si512();
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
     const __m512 h0 = _mm512_loadu_ps(x + i);
@@ -135,7 +142,7 @@ BP_TARGET_AVX512 size_t QuantizeAvx512(const float* x, size_t n, FixedScale fs, 
       _mm512_storeu_ps(residual + i + 16, _mm512_fnmadd_ps(b.qf, step, h1));
     }
   }
-  c->saturated += sat;
+  c->saturated += Sum(sat);
   if (bad != 0) c->finite = false;
   return i;
 }
@@ -150,7 +157,7 @@ BP_TARGET_AVX512 size_t StepAvx512(const float* g, int8_t* e8, size_t n, FixedSc
   const __m512 omb = _mm512_set1_ps(1.0f - es.beta);
   const bool beta_one = es.beta == 1.0f;
   __mmask16 bad = 0;
-  uint64_t sat = 0, esat = 0;
+  __m512i sat = _mm512_setzero_si512(), esat = _mm512_setzero_si512();
   __m512 sq = _mm512_setzero_ps();
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -166,24 +173,26 @@ BP_TARGET_AVX512 size_t StepAvx512(const float* g, int8_t* e8, size_t n, FixedSc
       const __m512 en = beta_one ? r : _mm512_fmadd_ps(beta, r, _mm512_mul_ps(omb, ep));
       __m512i ei = _mm512_setzero_si512();
       if (!es.reset) {
-        __m512 t = _mm512_mul_ps(en, se);
-        const __mmask16 m = _mm512_cmp_ps_mask(t, _mm512_set1_ps(127.5f), _CMP_GE_OQ) |
-                            _mm512_cmp_ps_mask(t, _mm512_set1_ps(-128.5f), _CMP_LT_OQ);
-        esat += static_cast<uint64_t>(__builtin_popcount(m));
-        t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-128.0f)), _mm512_set1_ps(127.0f));
-        ei = _mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 re = _mm512_roundscale_ps(_mm512_mul_ps(en, se),
+                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 qe =
+            _mm512_min_ps(_mm512_max_ps(re, _mm512_set1_ps(-128.0f)), _mm512_set1_ps(127.0f));
+        const __mmask16 m = _mm512_cmp_ps_mask(re, qe, _CMP_NEQ_OQ);
+        esat = _mm512_mask_sub_epi32(esat, m, esat, _mm512_set1_epi32(-1));
+        ei = _mm512_cvttps_epi32(qe);
+        sq = _mm512_fmadd_ps(qe, qe, sq);  // in int8 units; scaled by step_e^2 below
       }
       _mm_storeu_si128(reinterpret_cast<__m128i*>(e8 + k), _mm512_cvtepi32_epi8(ei));
-      const __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(ei), step_e);
-      sq = _mm512_fmadd_ps(d, d, sq);
     }
     Pack32(q[0], q[1], codes + i / 2);
   }
-  c->saturated += sat;
-  c->error_saturated += esat;
+  c->saturated += Sum(sat);
+  c->error_saturated += Sum(esat);
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, sq);
-  for (float v : lanes) c->error_sq += static_cast<double>(v);
+  double total = 0;
+  for (float v : lanes) total += static_cast<double>(v);
+  c->error_sq += total * static_cast<double>(es.step_e) * static_cast<double>(es.step_e);
   if (bad != 0) c->finite = false;
   return i;
 }

@@ -57,6 +57,16 @@ void LocoStepFixed(const float* g, int8_t* e8, float* e32, size_t n, FixedScale 
 // out[i] = code_i * step (add: out[i] += code_i * step).
 void DecodeFixed(const uint8_t* codes, size_t n, float step, float* out, bool add, IsaLevel isa);
 
+// round_half_even(clamp(t, lo, hi)) for integer bounds with |lo|, |hi| < 2^22, which equals
+// clamp(round_half_even(t), lo, hi): the magic-number rounding is exact in that range and
+// needs no library call (the SIMD kernels round with roundscale, to the same values).
+inline int RoundClampCode(float t, float lo, float hi) {
+  t = t < lo ? lo : t;
+  t = t > hi ? hi : t;
+  constexpr float kMagic = 0x1.8p23f;
+  return static_cast<int>((t + kMagic) - kMagic);
+}
+
 // The 4-bit code of element i.
 inline int Nibble(const uint8_t* codes, size_t i) {
   const int b = codes[i / 2];

@@ -142,6 +142,12 @@ py::dict StatsDict(const worker::ClientStats& s) {
   d["network_ns"] = s.network_ns;
   d["decompress_ns"] = s.decompress_ns;
   d["peak_bytes_in_flight"] = s.peak_bytes_in_flight;
+  d["raw_bytes_pushed"] = s.raw_bytes_pushed;
+  d["quantized_values"] = s.quantized_values;
+  d["quantized_saturated"] = s.quantized_saturated;
+  d["error_values"] = s.error_values;
+  d["error_saturated"] = s.error_saturated;
+  d["error_norm"] = s.error_norm;
   return d;
 }
 

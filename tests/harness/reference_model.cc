@@ -18,15 +18,15 @@ namespace bitpush::testing {
 
 using compressors::CompressContext;
 using compressors::Compressor;
-using compressors::ResidualState;
+using compressors::ErrorFeedback;
 
 struct ReferenceTensor::State {
   struct Part {
     worker::PartitionRange range;
     std::vector<std::unique_ptr<Compressor>> worker;
-    std::vector<std::unique_ptr<ResidualState>> worker_residual;
+    std::vector<std::unique_ptr<ErrorFeedback>> worker_residual;
     std::unique_ptr<Compressor> server;
-    std::unique_ptr<ResidualState> server_residual;
+    std::unique_ptr<ErrorFeedback> server_residual;
   };
   ReferenceTensorOptions options;
   bool compressed = false;
@@ -50,21 +50,30 @@ StatusOr<ReferenceTensor> ReferenceTensor::Create(const ReferenceTensorOptions& 
   }
   BP_ASSIGN_OR_RETURN(const v1::ErrorFeedbackPolicy policy,
                       compressors::ParseErrorFeedbackPolicy(o.error_feedback));
-  BP_ASSIGN_OR_RETURN(const std::vector<worker::PartitionRange> ranges,
-                      worker::PartitionTensor(o.index, o.elements, o.dtype, o.partition_bytes));
+  BP_ASSIGN_OR_RETURN(
+      const std::vector<worker::PartitionRange> ranges,
+      worker::PartitionTensor(o.index, o.elements, o.dtype, o.partition_bytes,
+                              state->compressed ? compressors::PartitionAlign(config) : 1));
   for (const worker::PartitionRange& r : ranges) {
     State::Part p;
     p.range = r;
     for (uint32_t w = 0; w < o.nodes; ++w) {
       BP_ASSIGN_OR_RETURN(std::unique_ptr<Compressor> c, compressors::CreateCompressor(config));
       p.worker.push_back(std::move(c));
-      p.worker_residual.push_back(state->compressed && compressors::WorkerKeepsResidual(policy)
-                                      ? std::make_unique<ResidualState>(r.elements)
-                                      : nullptr);
+      std::unique_ptr<ErrorFeedback> residual;
+      if (state->compressed && compressors::WorkerKeepsResidual(policy)) {
+        // The method's own worker state (vanilla residual, or loco's error), as the engine.
+        BP_ASSIGN_OR_RETURN(residual,
+                            compressors::CreateErrorFeedback(
+                                config, compressors::ErrorFeedbackSide::kWorker, r.elements));
+      }
+      p.worker_residual.push_back(std::move(residual));
     }
     BP_ASSIGN_OR_RETURN(p.server, compressors::CreateCompressor(config));
     if (state->compressed && compressors::ServerKeepsResidual(policy)) {
-      p.server_residual = std::make_unique<ResidualState>(r.elements);
+      BP_ASSIGN_OR_RETURN(p.server_residual,
+                          compressors::CreateErrorFeedback(
+                              config, compressors::ErrorFeedbackSide::kServer, r.elements));
     }
     state->parts.push_back(std::move(p));
   }

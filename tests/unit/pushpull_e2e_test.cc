@@ -269,6 +269,15 @@ std::vector<std::string> SpecsFor(const std::string& error_feedback) {
   // random-k: unscaled with error feedback, unbiased (scaled) without.
   specs.push_back(error_feedback == "none" ? "randomk:ratio=0.03125,unbiased=true,seed=7"
                                            : "randomk:ratio=0.03125,seed=7");
+  // LoCo: its own error state on the sides the policy names (the server's only where it
+  // replies in LoCo's 4 bits), resets every 3 rounds; per-block scales with 16-bit pulls.
+  specs.push_back("loco:scale=4,beta=0.5,reset=3");
+  specs.push_back("loco:block=64,pull=fp16");
+  // SDP4Bit runs without error feedback (the other policies refuse it).
+  if (error_feedback == "none") {
+    specs.push_back("sdp4bit:seed=5");
+    specs.push_back("sdp4bit:bits=8,group=64,hadamard=off,pull=fp32");
+  }
   return specs;
 }
 

@@ -59,6 +59,12 @@ TEST(MethodSpec, EveryMethodParsesToItsCanonicalForm) {
       {"dithering", "dithering:levels=15,partition=linear,norm=max,seed=0"},
       {"dithering:partition=natural,levels=31,norm=l2,seed=3",
        "dithering:levels=31,partition=natural,norm=l2,seed=3"},
+      {"loco", "loco:scale=524288,error_scale=4,block=0,beta=0.2,reset=512,error=int8,pull=loco"},
+      {"loco:pull=fp16,block=128,beta=1,reset=0,error=fp32,scale=131072,error_scale=6",
+       "loco:scale=131072,error_scale=6,block=128,beta=1,reset=0,error=fp32,pull=fp16"},
+      {"sdp4bit", "sdp4bit:bits=4,group=128,hadamard=on,seed=0,pull=sdp4bit"},
+      {"sdp4bit:hadamard=off,group=30,bits=8,pull=bf16,seed=2",
+       "sdp4bit:bits=8,group=30,hadamard=off,seed=2,pull=bf16"},
   };
   std::set<std::string> covered;
   for (const auto& [spec, canonical] : kCanonical) {
@@ -152,9 +158,19 @@ TEST(MethodSpec, ErrorFeedbackRules) {
   EXPECT_TRUE(ValidateErrorFeedback(unbiased, v1::ERROR_FEEDBACK_NONE).ok());
   for (const MethodSpec* m : Methods()) {
     const v1::CompressorConfig c = *ParseCompressorSpec(MinimalSpec(*m));
+    // SDP4Bit's gradient path is unbiased by design and runs without error feedback (paper
+    // 002): it refuses the other policies, naming itself.
+    const bool none_only = m->id == v1::COMPRESSOR_ID_SDP4BIT;
     for (auto policy : {v1::ERROR_FEEDBACK_NONE, v1::ERROR_FEEDBACK_WORKER,
                         v1::ERROR_FEEDBACK_SERVER, v1::ERROR_FEEDBACK_BOTH}) {
-      EXPECT_TRUE(ValidateErrorFeedback(c, policy).ok()) << m->name;
+      const Status s = ValidateErrorFeedback(c, policy);
+      if (none_only && policy != v1::ERROR_FEEDBACK_NONE) {
+        EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << m->name;
+        EXPECT_NE(s.message().find("SDP4Bit's gradient path is unbiased"), std::string::npos)
+            << s.message();
+      } else {
+        EXPECT_TRUE(s.ok()) << m->name << ": " << s.message();
+      }
     }
     EXPECT_EQ(ValidateErrorFeedback(c, v1::ERROR_FEEDBACK_UNSPECIFIED).code(),
               StatusCode::kInvalidArgument);
