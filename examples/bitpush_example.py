@@ -25,7 +25,8 @@ def add_common_args(parser, default_lr):
                         "(the example's own local cluster) onebit for clan, none otherwise")
     parser.add_argument("--no-error-feedback", action="store_true",
                         help="clan: paper 001 Algorithm 3 (for unbiased compressors such as "
-                        "dithering) instead of Algorithm 4")
+                        "dithering) instead of Algorithm 4; loco: 4-bit without its "
+                        "compensated error")
     parser.add_argument("--error-feedback-decay", type=float, default=None,
                         help="clan: multiply the worker error-feedback residuals by this after "
                         "every step (default: CLAN's: 0.2 for onebit, 1.0 for the other "
@@ -101,8 +102,16 @@ def lr_scheduler(args, opt, total_steps):
 def cluster_error_feedback(args):
     """The compression.error_feedback of the example's own local cluster for these
     arguments."""
-    compressed = args.compression.split(":")[0] not in ("", "none")
-    if args.optimizer == "clan" and compressed and not args.no_error_feedback:
+    method = args.compression.split(":")[0]
+    compressed = method not in ("", "none")
+    if compressed and args.no_error_feedback:
+        return "none"
+    if method in ("loco", "sdp4bit"):
+        # LoCo's compensated error is the method (worker, and server where it replies in 4
+        # bits); SDP4Bit is unbiased and runs without error feedback.
+        from bitpush import _C
+        return _C.recommended_error_feedback(args.compression)
+    if args.optimizer == "clan" and compressed:
         return "both"  # paper 001 Algorithm 4: worker and server residuals
     return "none"
 
@@ -200,6 +209,21 @@ def progress(args, rank, total, desc):
                 dynamic_ncols=tty, ncols=None if tty else 100,
                 mininterval=0.1 if tty else 1.0,
                 file=sys.stderr if tty else _LineStream(sys.stderr))
+
+
+def quantizer_summary():
+    """The saturation fractions and error norm of a quantiser that reports them (loco), for
+    the run's summary; {} otherwise."""
+    import bitpush.torch as bp
+
+    s = bp.stats()
+    if not s.get("quantized_values"):
+        return {}
+    out = {"saturation": s["quantized_saturated"] / s["quantized_values"],
+           "error_norm": s["error_norm"]}
+    if s.get("error_values"):
+        out["error_saturation"] = s["error_saturated"] / s["error_values"]
+    return out
 
 
 def bytes_pushed():

@@ -145,7 +145,7 @@ def run(args, prefix=""):
             "workers": size, "steps": total, "final_train_loss": loss_avg,
             "val_loss": val_loss, "val_bits_per_byte": val_loss / math.log(2),
             "wall_time_s": wall, "bytes_pushed": ex.bytes_pushed() - pushed0,
-            "bytes_fp32": ex.grad_bytes(model) * total}
+            "bytes_fp32": ex.grad_bytes(model) * total, **ex.quantizer_summary()}
 
 
 def main(argv=None):

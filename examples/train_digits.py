@@ -109,7 +109,7 @@ def run(args, prefix=""):
             "workers": size, "steps": step, "final_train_loss": loss_avg,
             "test_accuracy": acc, "wall_time_s": wall,
             "bytes_pushed": ex.bytes_pushed() - pushed0,
-            "bytes_fp32": ex.grad_bytes(model) * step}
+            "bytes_fp32": ex.grad_bytes(model) * step, **ex.quantizer_summary()}
 
 
 def main(argv=None):

@@ -548,6 +548,31 @@ Status LocoState::Restore(Span<const float> saved) {
                                 " elements; this partition has " + std::to_string(n_));
   }
   Requantize(saved.data(), false);
+  if (fp32_ || block_ == 0) return Status::Ok();
+  // Block scale: saved = E * step with step = absmax / 127 as the state held it; absmax / 127
+  // recomputed from the saved values can be one ulp off that step, so the neighbours are
+  // tried too and the one that reproduces every saved value exactly is kept (a bit-exact
+  // resume).
+  for (size_t b = 0; b < block_step_.size(); ++b) {
+    const size_t first = b * block_;
+    const size_t end = std::min<size_t>(first + block_, n_);
+    const float base = block_step_[b];
+    for (float step : {base, std::nextafter(base, 0.0f), std::nextafter(base, 1e30f)}) {
+      if (!(step > 0)) continue;
+      bool exact = true;
+      for (size_t i = first; i < end && exact; ++i) {
+        const float t = saved[i] / step;
+        const int e = Finite(t) ? RoundClamp(t, -127.0f, 127.0f) : 0;
+        exact = static_cast<float>(e) * step == saved[i];
+      }
+      if (!exact) continue;
+      block_step_[b] = step;
+      for (size_t i = first; i < end; ++i) {
+        e8_[i] = static_cast<int8_t>(RoundClamp(saved[i] / step, -127.0f, 127.0f));
+      }
+      break;
+    }
+  }
   return Status::Ok();
 }
 

@@ -106,6 +106,17 @@ void BindConfig(py::module_& m) {
       "docs/compressors.md), parsed by the spec registry the daemons use. A bad spec raises "
       "BitpushError naming the problem ('unknown compressor ...', 'unknown parameter ...').");
   m.def(
+      "recommended_error_feedback",
+      [](const std::string& spec) {
+        return std::string(
+            compressors::ErrorFeedbackPolicyName(compressors::RecommendedErrorFeedback(
+                ValueOrThrow(compressors::ParseCompressorSpec(spec)))));
+      },
+      "The error-feedback policy a compressor spec asks for ('none', 'worker', 'server', "
+      "'both'): both for the biased methods and loco (worker for loco with 16/32-bit pulls), "
+      "none for the unbiased ones (dithering, unbiased randomk, sdp4bit). A bad spec raises "
+      "BitpushError.");
+  m.def(
       "knobs",
       [] {
         py::list out;

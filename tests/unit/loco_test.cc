@@ -319,7 +319,7 @@ TEST(Loco, StateAndPayloadsAgreeAcrossIsaLevels) {
 
 TEST(Loco, CheckpointRestoreContinuesBitForBit) {
   for (const char* spec : {"loco:scale=32,beta=0.3,reset=0", "loco:block=16,beta=0.3,reset=0",
-                           "loco:scale=32,error=fp32,beta=0.3,reset=0"}) {
+                           "loco:block=16,reset=4", "loco:scale=32,error=fp32,beta=0.3,reset=0"}) {
     const size_t n = 301;
     auto c = Make(spec);
     auto a = State(spec, n);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -931,11 +932,16 @@ TEST_P(Resume, AResumedJobMatchesTheUninterruptedRunBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(PushPullE2e, Resume,
-                         ::testing::Combine(::testing::Values("onebit", "topk:ratio=0.1"),
+                         ::testing::Combine(::testing::Values("onebit", "topk:ratio=0.1",
+                                                              "loco:scale=8,beta=0.5,reset=0",
+                                                              "loco:block=16,reset=0"),
                                             ::testing::Values("none", "worker", "both")),
                          [](const ::testing::TestParamInfo<Resume::ParamType>& info) {
                            std::string name =
-                               std::get<0>(info.param).substr(0, 4) + "_" + std::get<1>(info.param);
+                               std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                           for (char& ch : name) {
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
                            return name;
                          });
 

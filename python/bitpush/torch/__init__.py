@@ -382,8 +382,11 @@ def config_path():
 
 def stats():
     """The worker's counters: bytes_pushed, bytes_pulled (compressed payload bytes),
-    ops_completed, ops_failed, partitions_pushed, compress_ns, network_ns, decompress_ns,
-    peak_bytes_in_flight."""
+    raw_bytes_pushed, ops_completed, ops_failed, partitions_pushed, compress_ns, network_ns,
+    decompress_ns, peak_bytes_in_flight; and the quantiser telemetry of methods that report it
+    (loco): quantized_values and quantized_saturated (the pushed 4-bit codes; saturated /
+    values is the saturation fraction), error_values and error_saturated (the int8 error),
+    error_norm (L2 norm of the worker error state as last pushed)."""
     return _require().client.stats()
 
 
