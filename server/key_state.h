@@ -138,6 +138,8 @@ class KeyState {
   Status RestoreServerResidual(Span<const float> saved);
   // A round of the key has pushes not yet pulled by every worker (its residual is in use).
   bool RoundOpen() const;
+  // The reply compressor's telemetry since the last call (Compressor::TakeTelemetry).
+  void TakeTelemetry(compressors::CompressorTelemetry* into) { compressor_->TakeTelemetry(into); }
 
  private:
   struct Round {

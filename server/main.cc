@@ -51,6 +51,9 @@ void WriteStats(const std::string& path, const bitpush::server::Server& server) 
       << ", \"rounds_published\": " << s.rounds_published
       << ", \"bytes_received\": " << s.bytes_received << ", \"bytes_sent\": " << s.bytes_sent
       << ", \"engine_busy_ns\": " << s.engine_busy_ns << ", \"engine_cpu_ns\": " << s.engine_cpu_ns
+      << ", \"quantized_values\": " << s.quantized_values
+      << ", \"quantized_saturated\": " << s.quantized_saturated
+      << ", \"error_values\": " << s.error_values << ", \"error_saturated\": " << s.error_saturated
       << ", \"engine_threads\": [" << threads << "]}\n";
   if (!out) BP_LOG_WARN("bitpush-server: cannot write {}", path);
 }

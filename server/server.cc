@@ -158,6 +158,10 @@ class Server::Impl {
   }
   std::atomic<uint64_t> replies_sent_{0};
   std::atomic<uint64_t> rounds_published_{0};
+  std::atomic<uint64_t> quantized_values_{0};
+  std::atomic<uint64_t> quantized_saturated_{0};
+  std::atomic<uint64_t> error_values_{0};
+  std::atomic<uint64_t> error_saturated_{0};
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> raw_bytes_received_{0};
@@ -279,6 +283,10 @@ ServerStats Server::Impl::Stats() const {
   s.pushes_rejected = pushes_rejected_.load();
   s.replies_sent = replies_sent_.load();
   s.rounds_published = rounds_published_.load();
+  s.quantized_values = quantized_values_.load();
+  s.quantized_saturated = quantized_saturated_.load();
+  s.error_values = error_values_.load();
+  s.error_saturated = error_saturated_.load();
   s.bytes_received = bytes_received_.load();
   s.bytes_sent = bytes_sent_.load();
   s.raw_bytes_received = raw_bytes_received_.load();
@@ -636,6 +644,14 @@ void Server::Impl::HandlePush(Engine& engine, Task& task) {
     SendError(late.worker, DataHeader::OP_PUSH, h.key(), late.round, late.status);
   }
   rounds_published_ += entry.state->stats().rounds_published - published_before;
+  compressors::CompressorTelemetry telemetry;  // the reply's quantiser (loco two-hop)
+  entry.state->TakeTelemetry(&telemetry);
+  if (telemetry.values != 0) {
+    quantized_values_ += telemetry.values;
+    quantized_saturated_ += telemetry.saturated;
+    error_values_ += telemetry.error_values;
+    error_saturated_ += telemetry.error_saturated;
+  }
   ServeWaiting(entry);
 }
 

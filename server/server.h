@@ -57,6 +57,12 @@ struct ServerStats {
   uint64_t raw_bytes_sent = 0;
   uint64_t engine_busy_ns = 0;  // time engine threads spent on key work (wall clock)
   uint64_t engine_cpu_ns = 0;   // the CPU time of that work (excludes time preempted)
+  // Quantiser telemetry of the replies (methods that report it: loco's two-hop replies):
+  // values quantised and clamped, the server error's values re-quantised and clamped.
+  uint64_t quantized_values = 0;
+  uint64_t quantized_saturated = 0;
+  uint64_t error_values = 0;
+  uint64_t error_saturated = 0;
 };
 
 struct EngineThreadInfo {

@@ -17,6 +17,17 @@ void AddServerMetrics(const Server& server, metrics::MetricSet& set) {
       "for coming from a non-worker).";
   set.Counter(kPushes, kPushesHelp, s.pushes_accepted, {{"result", "accepted"}});
   set.Counter(kPushes, kPushesHelp, s.pushes_rejected, {{"result", "rejected"}});
+  constexpr char kQuant[] = "bitpush_server_quantized_values_total";
+  constexpr char kQuantHelp[] =
+      "Values quantised for replies by methods that report it (loco with pull=loco), and of "
+      "those clamped to the code range (saturated), for the replied values (quantizer=reply) "
+      "and the server error re-quantised (quantizer=error).";
+  set.Counter(kQuant, kQuantHelp, s.quantized_values, {{"quantizer", "reply"}, {"result", "all"}});
+  set.Counter(kQuant, kQuantHelp, s.quantized_saturated,
+              {{"quantizer", "reply"}, {"result", "saturated"}});
+  set.Counter(kQuant, kQuantHelp, s.error_values, {{"quantizer", "error"}, {"result", "all"}});
+  set.Counter(kQuant, kQuantHelp, s.error_saturated,
+              {{"quantizer", "error"}, {"result", "saturated"}});
   set.Counter("bitpush_server_replies_sent_total", "Aggregates sent to workers (OP_PULL_REPLY).",
               s.replies_sent);
   constexpr char kBytes[] = "bitpush_server_payload_bytes_total";

@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
       {"randomk", "randomk:ratio=0.03125,unbiased=true,seed=7"},
       {"dithering_linear", "dithering:levels=15,partition=linear,norm=max"},
       {"dithering_natural", "dithering:levels=3,partition=natural,norm=max"},
+      {"loco", "loco:block=64,pull=fp16"},
+      {"sdp4bit", "sdp4bit"},
   };
   std::mt19937 rng(1);
   std::normal_distribution<float> dist;

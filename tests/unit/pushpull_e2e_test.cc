@@ -348,6 +348,40 @@ TEST(PushPullE2e, NoneGivesTheExactAverage) {
   EXPECT_TRUE(c.Shutdown().ok());
 }
 
+TEST(PushPullE2e, LocoTelemetryReachesWorkerAndServerStats) {
+  // loco with scale 1: an input of 100 in element 0 saturates the 4-bit code (7) and the int8
+  // error (error_scale 1: 93 fits, so 300 is used for the error to clamp at 127); the other
+  // elements are 0.25 (code 0, error 0.25 -> int8 0).
+  ClusterOptions o;
+  o.spec = "loco:scale=1,error_scale=1,beta=1,reset=0";
+  o.error_feedback = "both";
+  o.min_compress_bytes = 0;
+  TestCluster c(o);
+  ASSERT_STARTED(c);
+  const size_t n = 1000;  // one partition (4096-byte partitions: 1024 elements)
+  std::vector<float> x(n, 0.25f), out(n);
+  x[0] = 300.0f;
+  const TensorId id = c.worker(0).Declare("w", n, DType::kFloat32, 0, "").value();
+  ASSERT_TRUE(c.worker(0)
+                  .PushPull(id, ConstTensorView(x.data(), n), TensorView(out.data(), n))
+                  .Wait()
+                  .ok());
+  const ClientStats s = c.worker(0).stats();
+  EXPECT_EQ(s.quantized_values, n);
+  EXPECT_EQ(s.quantized_saturated, 1u);
+  EXPECT_EQ(s.error_values, n);
+  EXPECT_EQ(s.error_saturated, 1u);
+  EXPECT_DOUBLE_EQ(s.error_norm, 127.0);
+  // The server replied in LoCo's 4 bits through its own error (two-hop): the aggregate (7 in
+  // element 0) quantises without saturating.
+  const server::ServerStats ss = c.server(0).stats();
+  EXPECT_EQ(ss.quantized_values, n);
+  EXPECT_EQ(ss.quantized_saturated, 0u);
+  EXPECT_EQ(ss.error_values, n);
+  EXPECT_EQ(out[0], 7.0f);
+  EXPECT_TRUE(c.Shutdown().ok());
+}
+
 TEST(PushPullE2e, PerTensorOverrideByNamePatternPicksTheSpec) {
   // compression.overrides: '*.bias' goes uncompressed (one worker: the exact input comes
   // back), everything else takes the cluster's onebit (signs times a scale: not the input); an
