@@ -59,13 +59,9 @@ std::string Where(size_t i) {
 // One block of the block-scale quantiser (codes -7..7, step absmax / 7): writes the codes of
 // h[0..m) at element offset `first` and returns the block's step (NaN when non-finite).
 float QuantizeBlock(const float* h, size_t m, size_t first, uint8_t* codes, float* residual,
-                    PassCounts* c) {
-  float absmax = 0;
+                    PassCounts* c, IsaLevel isa) {
   bool finite = true;
-  for (size_t i = 0; i < m; ++i) {
-    finite = finite && Finite(h[i]);
-    absmax = std::max(absmax, std::fabs(h[i]));
-  }
+  const float absmax = loco::AbsMax(h, m, &finite, isa);
   if (!finite) {
     c->finite = false;
     for (size_t i = 0; i < m; ++i) {
@@ -74,20 +70,15 @@ float QuantizeBlock(const float* h, size_t m, size_t first, uint8_t* codes, floa
     }
     return kNaN;
   }
-  const float step = absmax / 7.0f;
-  const float inv = absmax > 0 ? 7.0f / absmax : 0.0f;
-  // Blocks start at even elements (B is even): whole bytes, two codes at a time.
-  uint8_t* out = codes + first / 2;
-  for (size_t i = 0; i < m; i += 2) {
-    const int q0 = RoundClamp(h[i] * inv, -7.0f, 7.0f);
-    const int q1 = i + 1 < m ? RoundClamp(h[i + 1] * inv, -7.0f, 7.0f) : 0;
-    out[i / 2] = static_cast<uint8_t>((q0 & 0xF) | ((q1 & 0xF) << 4));
-    if (residual != nullptr) {
-      residual[i] = std::fmaf(-static_cast<float>(q0), step, h[i]);
-      if (i + 1 < m) residual[i + 1] = std::fmaf(-static_cast<float>(q1), step, h[i + 1]);
-    }
-  }
-  return step;
+  // The fixed-scale kernel with s = 7 / absmax and step absmax / 7: |h * s| <= 7 (up to one
+  // rounding), so its [-8, 7] clamp never engages and the codes are -7..7. Blocks start at
+  // even elements (B is even), so the block's codes are whole bytes.
+  loco::FixedScale fs;
+  fs.s = absmax > 0 ? 7.0f / absmax : 0.0f;
+  fs.step = absmax / 7.0f;
+  PassCounts ignored;
+  loco::QuantizeFixed(h, m, fs, codes + first / 2, residual, &ignored, isa);
+  return fs.step;
 }
 
 }  // namespace
@@ -148,8 +139,8 @@ size_t LocoCompressor::EncodeBlocks(const float* x, size_t n, float* residual, u
   for (size_t b = 0; b < nb; ++b) {
     const size_t first = b * block_;
     const size_t m = std::min<size_t>(block_, n - first);
-    StoreF32(steps + 4 * b,
-             QuantizeBlock(x + first, m, first, codes, residual ? residual + first : nullptr, &c));
+    StoreF32(steps + 4 * b, QuantizeBlock(x + first, m, first, codes,
+                                          residual ? residual + first : nullptr, &c, isa()));
   }
   telemetry_.values += n;
   return kBodyHeaderBytes + 4 * nb + Ceil(n, 2);
@@ -268,7 +259,7 @@ size_t LocoCompressor::StepBody(const float* g, size_t n, LocoState& st, const C
     // Block scale (scalar on every level): h and the new error through an fp32 scratch.
     float* h = Scratch(2 * n);
     float* e_prev = h + n;
-    st.Dequantize(e_prev);
+    st.Dequantize(e_prev, isa());
     for (size_t i = 0; i < n; ++i) h[i] = g[i] + e_prev[i];
     float* r = h;  // h - C(h), in place
     const size_t nb = Ceil(n, block_);
@@ -276,13 +267,10 @@ size_t LocoCompressor::StepBody(const float* g, size_t n, LocoState& st, const C
     for (size_t b = 0; b < nb; ++b) {
       const size_t first = b * block_;
       const size_t m = std::min<size_t>(block_, n - first);
-      StoreF32(data + 4 * b, QuantizeBlock(h + first, m, first, codes, r + first, &c));
+      StoreF32(data + 4 * b, QuantizeBlock(h + first, m, first, codes, r + first, &c, isa()));
     }
-    const float omb = 1.0f - beta;
-    for (size_t i = 0; i < n; ++i) {
-      r[i] = beta == 1.0f ? r[i] : std::fmaf(beta, r[i], omb * e_prev[i]);
-    }
-    if (c.finite) st.Requantize(r, reset);
+    loco::MovingAverage(r, e_prev, n, beta, isa());
+    if (c.finite) st.Requantize(r, reset, isa());
     bytes = kBodyHeaderBytes + 4 * nb + Ceil(n, 2);
   }
   if (!c.finite) {
@@ -290,7 +278,7 @@ size_t LocoCompressor::StepBody(const float* g, size_t n, LocoState& st, const C
   } else if (kind == kBlock) {
     // (Requantize counts no saturation: a per-block absmax scale never clamps.)
     float* e = Scratch(n);
-    st.Dequantize(e);
+    st.Dequantize(e, isa());
     double sq = 0;
     for (size_t i = 0; i < n; ++i) sq += static_cast<double>(e[i]) * e[i];
     c.error_sq = sq;
@@ -435,17 +423,7 @@ Status LocoCompressor::DecodeBody(ByteSpan body, size_t n, DType, float* out, bo
     const float step = LoadF32(data + 4 * b);
     const size_t first = b * block_;
     const size_t m = std::min<size_t>(block_, n - first);
-    const uint8_t* in = codes + first / 2;
-    float* o = out + first;
-    for (size_t i = 0; i < m; i += 2) {
-      const int8_t byte = static_cast<int8_t>(in[i / 2]);
-      const float lo = static_cast<float>(static_cast<int8_t>(byte << 4) >> 4) * step;
-      o[i] = add ? o[i] + lo : lo;
-      if (i + 1 < m) {
-        const float hi = static_cast<float>(byte >> 4) * step;
-        o[i + 1] = add ? o[i + 1] + hi : hi;
-      }
-    }
+    loco::DecodeFixed(codes + first / 2, m, step, out + first, add, isa());
   }
   return Status::Ok();
 }
@@ -487,20 +465,19 @@ StatusOr<size_t> LocoState::AggregateCompress(Compressor&, Span<const ByteSpan>,
   return FailedPreconditionError("loco does not fuse the server round");
 }
 
-void LocoState::Dequantize(float* out) const {
+void LocoState::Dequantize(float* out, IsaLevel isa) const {
   if (fp32_) {
     std::copy(e32_.begin(), e32_.end(), out);
     return;
   }
   if (block_ == 0) {
-    for (size_t i = 0; i < n_; ++i) out[i] = static_cast<float>(e8_[i]) * step_e_;
+    loco::DequantizeInt8(e8_.data(), n_, step_e_, out, isa);
     return;
   }
   for (size_t b = 0; b < block_step_.size(); ++b) {
     const size_t first = b * block_;
-    const size_t end = std::min<size_t>(first + block_, n_);
-    const float step = block_step_[b];
-    for (size_t i = first; i < end; ++i) out[i] = static_cast<float>(e8_[i]) * step;
+    const size_t m = std::min<size_t>(block_, n_ - first);
+    loco::DequantizeInt8(e8_.data() + first, m, block_step_[b], out + first, isa);
   }
 }
 
@@ -511,7 +488,7 @@ Span<const float> LocoState::residual() const {
   return view_.span();
 }
 
-void LocoState::Requantize(const float* e, bool reset) {
+void LocoState::Requantize(const float* e, bool reset, IsaLevel isa) {
   if (reset) {
     Reset();
     return;
@@ -530,14 +507,14 @@ void LocoState::Requantize(const float* e, bool reset) {
   for (size_t b = 0; b < block_step_.size(); ++b) {
     const size_t first = b * block_;
     const size_t m = std::min<size_t>(block_, n_ - first);
-    float absmax = 0;
-    for (size_t i = first; i < first + m; ++i) absmax = std::max(absmax, std::fabs(e[i]));
-    if (!Finite(absmax)) absmax = 0;
-    const float inv = absmax > 0 ? 127.0f / absmax : 0.0f;
+    bool finite = true;
+    float absmax = loco::AbsMax(e + first, m, &finite, isa);
+    if (!finite) absmax = 0;
     block_step_[b] = absmax / 127.0f;
-    for (size_t i = first; i < first + m; ++i) {
-      const float t = e[i] * inv;
-      e8_[i] = static_cast<int8_t>(Finite(t) ? RoundClamp(t, -127.0f, 127.0f) : 0);
+    if (absmax > 0) {
+      loco::RequantizeInt8(e + first, m, 127.0f / absmax, e8_.data() + first, isa);
+    } else {
+      std::fill(e8_.data() + first, e8_.data() + first + m, int8_t{0});
     }
   }
 }

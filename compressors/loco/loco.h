@@ -106,9 +106,10 @@ class LocoState final : public ErrorFeedback {
 
  private:
   friend class LocoCompressor;
-  void Requantize(const float* e, bool reset);
+  // E = requantise(e) (zero where reset); every ISA level gives the same E.
+  void Requantize(const float* e, bool reset, IsaLevel isa = IsaLevel::kScalar);
   // out[0..n) = dec(E).
-  void Dequantize(float* out) const;
+  void Dequantize(float* out, IsaLevel isa = IsaLevel::kScalar) const;
 
   size_t n_;
   bool fp32_;

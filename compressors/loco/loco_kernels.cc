@@ -217,7 +217,91 @@ BP_TARGET_AVX512 size_t DecodeAvx512(const uint8_t* codes, size_t n, float step,
   return i;
 }
 
+BP_TARGET_AVX512 size_t AbsMaxAvx512(const float* x, size_t n, bool* finite, float* out) {
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  __m512 m = _mm512_setzero_ps();
+  __mmask16 bad = 0;
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    bad |= _mm512_fpclass_ps_mask(v, 0x99);
+    m = _mm512_max_ps(m, _mm512_and_ps(v, abs_mask));
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, m);
+  float r = 0;
+  for (float v : lanes) r = std::max(r, v);
+  *out = r;
+  if (bad != 0) *finite = false;
+  return i;
+}
+
+BP_TARGET_AVX512 size_t MovingAverageAvx512(float* r, const float* ep, size_t n, float beta) {
+  const __m512 b = _mm512_set1_ps(beta);
+  const __m512 omb = _mm512_set1_ps(1.0f - beta);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v =
+        _mm512_fmadd_ps(b, _mm512_loadu_ps(r + i), _mm512_mul_ps(omb, _mm512_loadu_ps(ep + i)));
+    _mm512_storeu_ps(r + i, v);
+  }
+  return i;
+}
+
+BP_TARGET_AVX512 size_t RequantizeAvx512(const float* e, size_t n, float inv, int8_t* out) {
+  const __m512 vi = _mm512_set1_ps(inv);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 t = _mm512_mul_ps(_mm512_loadu_ps(e + i), vi);
+    t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+    const __m512i q = _mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(q));
+  }
+  return i;
+}
+
+BP_TARGET_AVX512 size_t DequantizeAvx512(const int8_t* e, size_t n, float step, float* out) {
+  const __m512 vs = _mm512_set1_ps(step);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(e + i));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), vs));
+  }
+  return i;
+}
+
 }  // namespace
+
+float AbsMax(const float* x, size_t n, bool* finite, IsaLevel isa) {
+  float m = 0;
+  size_t i = 0;
+  if (isa == IsaLevel::kAvx512) i = AbsMaxAvx512(x, n, finite, &m);
+  for (; i < n; ++i) {
+    if (!Finite(x[i])) *finite = false;
+    m = std::max(m, std::fabs(x[i]));
+  }
+  return m;
+}
+
+void MovingAverage(float* r, const float* ep, size_t n, float beta, IsaLevel isa) {
+  if (beta == 1.0f) return;
+  size_t i = 0;
+  if (isa == IsaLevel::kAvx512) i = MovingAverageAvx512(r, ep, n, beta);
+  const float omb = 1.0f - beta;
+  for (; i < n; ++i) r[i] = std::fmaf(beta, r[i], omb * ep[i]);
+}
+
+void RequantizeInt8(const float* e, size_t n, float inv, int8_t* out, IsaLevel isa) {
+  size_t i = 0;
+  if (isa == IsaLevel::kAvx512) i = RequantizeAvx512(e, n, inv, out);
+  for (; i < n; ++i) out[i] = static_cast<int8_t>(RoundClamp(e[i] * inv, -127.0f, 127.0f));
+}
+
+void DequantizeInt8(const int8_t* e, size_t n, float step, float* out, IsaLevel isa) {
+  size_t i = 0;
+  if (isa == IsaLevel::kAvx512) i = DequantizeAvx512(e, n, step, out);
+  for (; i < n; ++i) out[i] = static_cast<float>(e[i]) * step;
+}
 
 void QuantizeFixed(const float* x, size_t n, FixedScale fs, uint8_t* codes, float* residual,
                    PassCounts* counts, IsaLevel isa) {

@@ -57,6 +57,16 @@ void LocoStepFixed(const float* g, int8_t* e8, float* e32, size_t n, FixedScale 
 // out[i] = code_i * step (add: out[i] += code_i * step).
 void DecodeFixed(const uint8_t* codes, size_t n, float step, float* out, bool add, IsaLevel isa);
 
+// Helpers of the block-scale step (same values on every level):
+// max |x[i]| and whether every x[i] is finite.
+float AbsMax(const float* x, size_t n, bool* finite, IsaLevel isa);
+// r[i] = beta == 1 ? r[i] : fma(beta, r[i], (1 - beta) * ep[i]).
+void MovingAverage(float* r, const float* ep, size_t n, float beta, IsaLevel isa);
+// out[i] = clamp(round_half_even(e[i] * inv), -127, 127) (e finite).
+void RequantizeInt8(const float* e, size_t n, float inv, int8_t* out, IsaLevel isa);
+// out[i] = e[i] * step.
+void DequantizeInt8(const int8_t* e, size_t n, float step, float* out, IsaLevel isa);
+
 // round_half_even(clamp(t, lo, hi)) for integer bounds with |lo|, |hi| < 2^22, which equals
 // clamp(round_half_even(t), lo, hi): the magic-number rounding is exact in that range and
 // needs no library call (the SIMD kernels round with roundscale, to the same values).
