@@ -88,6 +88,154 @@ void DecodeScalar(const uint8_t* codes, size_t begin, size_t n, float step, floa
   }
 }
 
+// ---- AVX2 ------------------------------------------------------------------------------
+
+BP_TARGET_AVX2 inline __m256i Sub1Where(__m256i count, __m256 mask) {
+  return _mm256_sub_epi32(count, _mm256_castps_si256(mask));  // all-ones lanes are -1
+}
+
+BP_TARGET_AVX2 inline uint64_t Sum8(__m256i v) {
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
+  uint64_t t = 0;
+  for (uint32_t x : lanes) t += x;
+  return t;
+}
+
+struct Codes256 {
+  __m256i q;
+  __m256 qf;
+};
+
+// As Code512: r = round_half_even(h * s), q = clamp(r, -8, 7), r != q is saturated.
+BP_TARGET_AVX2 inline Codes256 Code256(__m256 h, __m256 s, __m256* bad, __m256i* sat) {
+  *bad = _mm256_or_ps(*bad, _mm256_cmp_ps(_mm256_sub_ps(h, h), _mm256_setzero_ps(), _CMP_NEQ_UQ));
+  const __m256 r =
+      _mm256_round_ps(_mm256_mul_ps(h, s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 qf = _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-8.0f)), _mm256_set1_ps(7.0f));
+  *sat = Sub1Where(*sat, _mm256_cmp_ps(r, qf, _CMP_NEQ_OQ));
+  return {_mm256_cvttps_epi32(qf), qf};
+}
+
+// 32 int32 in [-128, 127] (four vectors) -> 32 int8 in element order.
+BP_TARGET_AVX2 inline __m256i Int8x32(const __m256i v[4]) {
+  return _mm256_permutevar8x32_epi32(
+      _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])),
+      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// 32 codes (four vectors of int32 in [-8, 7]) -> 16 bytes, element 2i low nibble.
+BP_TARGET_AVX2 inline void Pack32Avx2(const __m256i q[4], uint8_t* out) {
+  const __m256i b = Int8x32(q);
+  const __m256i lo = _mm256_and_si256(b, _mm256_set1_epi16(0x000F));
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi16(0x00F0));
+  const __m256i w = _mm256_or_si256(lo, hi);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
+                   _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+}
+
+BP_TARGET_AVX2 size_t QuantizeAvx2(const float* x, size_t n, FixedScale fs, uint8_t* codes,
+                                   float* residual, PassCounts* c) {
+  const __m256 s = _mm256_set1_ps(fs.s);
+  const __m256 step = _mm256_set1_ps(fs.step);
+  __m256 bad = _mm256_setzero_ps();
+  __m256i sat = _mm256_setzero_si256();
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256i q[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m256 h = _mm256_loadu_ps(x + i + 8 * k);
+      const Codes256 a = Code256(h, s, &bad, &sat);
+      q[k] = a.q;
+      if (residual != nullptr) {
+        _mm256_storeu_ps(residual + i + 8 * k, _mm256_fnmadd_ps(a.qf, step, h));
+      }
+    }
+    Pack32Avx2(q, codes + i / 2);
+  }
+  c->saturated += Sum8(sat);
+  if (_mm256_movemask_ps(bad) != 0) c->finite = false;
+  return i;
+}
+
+BP_TARGET_AVX2 size_t StepAvx2(const float* g, int8_t* e8, size_t n, FixedScale fs, ErrorStep es,
+                               uint8_t* codes, PassCounts* c) {
+  const __m256 s = _mm256_set1_ps(fs.s);
+  const __m256 step = _mm256_set1_ps(fs.step);
+  const __m256 se = _mm256_set1_ps(es.se);
+  const __m256 step_e = _mm256_set1_ps(es.step_e);
+  const __m256 beta = _mm256_set1_ps(es.beta);
+  const __m256 omb = _mm256_set1_ps(1.0f - es.beta);
+  const bool beta_one = es.beta == 1.0f;
+  __m256 bad = _mm256_setzero_ps();
+  __m256i sat = _mm256_setzero_si256(), esat = _mm256_setzero_si256();
+  __m256 sq = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256i q[4], e[4];
+    for (int k = 0; k < 4; ++k) {
+      const size_t j = i + 8 * static_cast<size_t>(k);
+      const __m128i eb = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(e8 + j));
+      const __m256 ep = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eb)), step_e);
+      const __m256 h = _mm256_add_ps(_mm256_loadu_ps(g + j), ep);
+      const Codes256 a = Code256(h, s, &bad, &sat);
+      q[k] = a.q;
+      const __m256 r = _mm256_fnmadd_ps(a.qf, step, h);
+      const __m256 en = beta_one ? r : _mm256_fmadd_ps(beta, r, _mm256_mul_ps(omb, ep));
+      __m256i ei = _mm256_setzero_si256();
+      if (!es.reset) {
+        const __m256 re =
+            _mm256_round_ps(_mm256_mul_ps(en, se), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256 qe =
+            _mm256_min_ps(_mm256_max_ps(re, _mm256_set1_ps(-128.0f)), _mm256_set1_ps(127.0f));
+        esat = Sub1Where(esat, _mm256_cmp_ps(re, qe, _CMP_NEQ_OQ));
+        ei = _mm256_cvttps_epi32(qe);
+        sq = _mm256_fmadd_ps(qe, qe, sq);
+      }
+      e[k] = ei;
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(e8 + i), Int8x32(e));
+    Pack32Avx2(q, codes + i / 2);
+  }
+  c->saturated += Sum8(sat);
+  c->error_saturated += Sum8(esat);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sq);
+  double total = 0;
+  for (float v : lanes) total += static_cast<double>(v);
+  c->error_sq += total * static_cast<double>(es.step_e) * static_cast<double>(es.step_e);
+  if (_mm256_movemask_ps(bad) != 0) c->finite = false;
+  return i;
+}
+
+BP_TARGET_AVX2 size_t DecodeAvx2(const uint8_t* codes, size_t n, float step, float* out, bool add) {
+  // Element j of a 32-bit word is bits [4j, 4j + 4): shift it to the top, then down signed.
+  const __m256i shl = _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0);
+  const __m256 vs = _mm256_set1_ps(step);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint32_t w;
+    __builtin_memcpy(&w, codes + i / 2, sizeof w);
+    const __m256i v =
+        _mm256_srai_epi32(_mm256_sllv_epi32(_mm256_set1_epi32(static_cast<int>(w)), shl), 28);
+    __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(v), vs);
+    if (add) f = _mm256_add_ps(_mm256_loadu_ps(out + i), f);
+    _mm256_storeu_ps(out + i, f);
+  }
+  return i;
+}
+
+BP_TARGET_AVX2 size_t MovingAverageAvx2(float* r, const float* ep, size_t n, float beta) {
+  const __m256 b = _mm256_set1_ps(beta);
+  const __m256 omb = _mm256_set1_ps(1.0f - beta);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(r + i, _mm256_fmadd_ps(b, _mm256_loadu_ps(r + i),
+                                            _mm256_mul_ps(omb, _mm256_loadu_ps(ep + i))));
+  }
+  return i;
+}
+
 // ---- AVX-512 ---------------------------------------------------------------------------
 
 // 32 codes (two vectors of int32 in [-8, 7]) -> 16 bytes, element 2i low nibble.
@@ -287,6 +435,7 @@ void MovingAverage(float* r, const float* ep, size_t n, float beta, IsaLevel isa
   if (beta == 1.0f) return;
   size_t i = 0;
   if (isa == IsaLevel::kAvx512) i = MovingAverageAvx512(r, ep, n, beta);
+  if (isa == IsaLevel::kAvx2) i = MovingAverageAvx2(r, ep, n, beta);
   const float omb = 1.0f - beta;
   for (; i < n; ++i) r[i] = std::fmaf(beta, r[i], omb * ep[i]);
 }
@@ -307,6 +456,7 @@ void QuantizeFixed(const float* x, size_t n, FixedScale fs, uint8_t* codes, floa
                    PassCounts* counts, IsaLevel isa) {
   size_t done = 0;
   if (isa == IsaLevel::kAvx512) done = QuantizeAvx512(x, n, fs, codes, residual, counts);
+  if (isa == IsaLevel::kAvx2) done = QuantizeAvx2(x, n, fs, codes, residual, counts);
   QuantizeScalar(x, done, n, fs, codes, residual, counts);
 }
 
@@ -316,12 +466,14 @@ void LocoStepFixed(const float* g, int8_t* e8, float* e32, size_t n, FixedScale 
   if (isa == IsaLevel::kAvx512 && e8 != nullptr) {
     done = StepAvx512(g, e8, n, fs, es, codes, counts);
   }
+  if (isa == IsaLevel::kAvx2 && e8 != nullptr) done = StepAvx2(g, e8, n, fs, es, codes, counts);
   StepScalar(g, e8, e32, done, n, fs, es, codes, counts);
 }
 
 void DecodeFixed(const uint8_t* codes, size_t n, float step, float* out, bool add, IsaLevel isa) {
   size_t done = 0;
   if (isa == IsaLevel::kAvx512) done = DecodeAvx512(codes, n, step, out, add);
+  if (isa == IsaLevel::kAvx2) done = DecodeAvx2(codes, n, step, out, add);
   DecodeScalar(codes, done, n, step, out, add);
 }
 
