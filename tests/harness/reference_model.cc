@@ -126,6 +126,11 @@ StatusOr<std::vector<uint8_t>> ReferenceTensor::Round(
   for (State::Part& p : state_->parts) {
     const size_t n = p.range.elements;
     std::vector<float> acc(n, 0.0f);
+    // The server's round as KeyState runs it: fused (Compressor::AggregateCompress over the
+    // pushes in rank order) where the compressor fuses it, else decompress-add into fp32.
+    const bool fused = n > 0 && (p.server_residual ? p.server_residual->FusesServerRound(*p.server)
+                                                   : p.server->FusesServerRound(false));
+    std::vector<std::vector<uint8_t>> pushes;
     for (uint32_t w = 0; w < o.nodes; ++w) {
       const CompressContext ctx{p.range.key, state_->round, w};  // worker w's random stream
       std::vector<uint8_t> push(p.worker[w]->MaxCompressedBytes(n, o.dtype));
@@ -135,19 +140,26 @@ StatusOr<std::vector<uint8_t>> ReferenceTensor::Round(
                               ? p.worker_residual[w]->Compress(*p.worker[w], in, ctx, push)
                               : p.worker[w]->Compress(in, ctx, push));
       push.resize(pushed);
-      BP_RETURN_IF_ERROR(p.server->DecompressAdd(push, Span<float>(acc.data(), n)));
+      if (!fused) BP_RETURN_IF_ERROR(p.server->DecompressAdd(push, Span<float>(acc.data(), n)));
+      pushes.push_back(std::move(push));
     }
-    if (o.average && o.nodes > 1) {
-      const float inv = 1.0f / static_cast<float>(o.nodes);
+    const float inv = o.average && o.nodes > 1 ? 1.0f / static_cast<float>(o.nodes) : 1.0f;
+    if (!fused && inv != 1.0f) {
       for (float& v : acc) v *= inv;
     }
     CompressContext ctx{p.range.key, state_->round, kServerStream};
     if (o.dtype != DType::kFloat32) ctx.store_as = o.dtype;  // replied in the tensor's dtype
     std::vector<uint8_t> agg(p.server->MaxCompressedBytes(n, DType::kFloat32));
     const ConstTensorView delta(acc.data(), n);
-    BP_ASSIGN_OR_RETURN(const size_t aggregated,
-                        p.server_residual ? p.server_residual->Compress(*p.server, delta, ctx, agg)
-                                          : p.server->Compress(delta, ctx, agg));
+    std::vector<ByteSpan> spans;
+    for (const std::vector<uint8_t>& b : pushes) spans.emplace_back(b.data(), b.size());
+    BP_ASSIGN_OR_RETURN(
+        const size_t aggregated,
+        fused               ? (p.server_residual
+                                   ? p.server_residual->AggregateCompress(*p.server, spans, inv, ctx, agg)
+                                   : p.server->AggregateCompress(spans, n, inv, nullptr, ctx, agg))
+        : p.server_residual ? p.server_residual->Compress(*p.server, delta, ctx, agg)
+                            : p.server->Compress(delta, ctx, agg));
     agg.resize(aggregated);
     BP_RETURN_IF_ERROR(
         p.server->Decompress(agg, TensorView(out.data() + p.range.offset * esz, n, o.dtype)));

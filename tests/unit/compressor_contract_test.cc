@@ -42,6 +42,11 @@ const std::vector<std::string> kSpecs = {
     "dithering:levels=3,partition=natural,norm=max",
     "dithering:levels=7,partition=linear,norm=l2",
     "dithering:levels=255,partition=linear,norm=max",
+    "sdp4bit",
+    "sdp4bit:hadamard=off",
+    "sdp4bit:bits=8,group=256",
+    "loco:scale=8",
+    "loco:block=64,pull=fp16",
 };
 
 const size_t kSizes[] = {0, 1, 31, 32, 33, 4097, size_t{1} << 20};
@@ -90,6 +95,17 @@ size_t ExpectedPayloadBytes(const v1::CompressorConfig& c, size_t n, DType dtype
       size_t b = 0;
       while ((size_t{1} << b) < c.dithering().levels() + 1u) ++b;
       body = 4 + (n + 63) / 64 * (b + 1) * 8;
+      break;
+    }
+    case v1::COMPRESSOR_ID_SDP4BIT: {  // kind 1: header, f32 scale per group, packed codes
+      const auto& q = c.sdp4bit();
+      const size_t m = q.hadamard() ? (n + 31) / 32 * 32 : n;
+      body = 8 + 4 * ((m + q.group() - 1) / q.group()) + (q.bits() == 4 ? (m + 1) / 2 : m);
+      break;
+    }
+    case v1::COMPRESSOR_ID_LOCO: {  // a worker's 4-bit push: header, step(s), packed codes
+      const uint32_t b = c.loco().block();
+      body = 8 + 4 * (b == 0 ? 1 : (n + b - 1) / b) + (n + 1) / 2;
       break;
     }
     default: ADD_FAILURE() << "no expected size for " << c.id();

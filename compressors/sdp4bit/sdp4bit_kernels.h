@@ -1,0 +1,82 @@
+// Kernels of the sdp4bit compressor (compressors/sdp4bit/sdp4bit.h): the 32-point Hadamard
+// transform (fast Walsh-Hadamard, unnormalised: entries +-1, H32 * H32 = 32 I), the group-wise
+// absmax + stochastic-rounding quantiser with the forward transform fused in, int4 / int8
+// packing, and dequantisation with the inverse transform fused in. Each exists as scalar C++,
+// AVX2 and AVX-512, dispatched on an explicit IsaLevel; all levels produce bit-identical codes,
+// scales and decoded values:
+//   - the transform runs the same butterflies in the same order everywhere: stages h = 1, 2, 4,
+//     8, 16; in stage h every pair (i, i + h) with bit h of i clear becomes (a + b, a - b);
+//   - no product feeds an addition where the compiler could contract the two into one fused
+//     multiply-add on some levels and not on others (every such product goes through an
+//     optimisation barrier, in the scalar code too, which may be inlined into SIMD callers);
+//   - random numbers are integers (common/counter_rng.h), their conversion to [0, 1) exact;
+//   - groups the vector kernels do not handle (a zero, non-finite or tiny absmax, a group whose
+//     length is not a multiple of 32) run through the scalar routine on every level.
+//
+// Element i of the (padded, transformed) vector of a partition rounds with
+// CounterRandom32(stream, uint32_t(i)); a group's values are quantised as
+//   v = y * inv, inv = fp32(L / absmax)      (tiny absmax: v = (y * 2^64) * fp32(L / (absmax
+//   2^64))) code = clamp(floor(v) + (u < v - floor(v)), -L, L),  u = (r >> 8) * 2^-24
+// and decode as fp32(code) * scale (then, with the transform, H32 * block * 0.03125).
+//
+// Internal to the compressor; decoders run on validated bodies only. Thread-safety: pure
+// functions over caller-owned memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/cpu_features.h"
+
+namespace bitpush::compressors::sdp4bit {
+
+inline constexpr size_t kBlock = 32;  // Hadamard block
+
+// The largest code magnitude L = 2^(bits-1) - 1: 7 or 127.
+inline uint32_t MaxCode(uint32_t bits) {
+  return (1u << (bits - 1)) - 1;
+}
+// Code bytes of m elements: ceil(m/2) (4 bits) or m (8 bits).
+inline size_t CodeBytes(size_t m, uint32_t bits) {
+  return bits == 4 ? (m + 1) / 2 : m;
+}
+// The padded length of n elements: a multiple of 32 with the transform, n without it.
+inline size_t PaddedLength(size_t n, bool hadamard) {
+  return hadamard ? (n + kBlock - 1) / kBlock * kBlock : n;
+}
+
+struct Layout {
+  uint32_t bits = 4;    // 4 or 8
+  uint32_t group = 0;   // G, even; a multiple of 32 when the transform is used
+  uint64_t stream = 0;  // random stream (quantisation only)
+};
+
+// The forward (x <- H32 x) or inverse (x <- (H32 x) * 0.03125) transform of every 32-block of
+// x[0..m), in place; m must be a multiple of 32.
+void TransformBlocks(float* x, size_t m, bool inverse, IsaLevel isa);
+
+// Quantises elements [first, first + len) of a partition's padded vector, whose values are
+// x[0..count) followed by zeros (count <= len; x points at element `first`), transformed by H32
+// block by block first when `transform`. first is a multiple of G; len is a whole number of
+// groups except at the end of the vector. Writes the groups' f32 scales at scales + 4 * (first /
+// G) and their codes at the code offset of element `first` (unaligned is fine). work: at least
+// G floats, 64-byte aligned.
+void QuantizeGroups(const float* x, size_t count, size_t len, size_t first, bool transform,
+                    const Layout& layout, uint8_t* scales, uint8_t* codes, float* work,
+                    IsaLevel isa);
+
+// Dequantises elements [first, first + len) of a validated body (scales / codes: the body's
+// arrays, from element 0), inverse-transformed block by block when `inverse` (then first and
+// len are multiples of 32), and writes (or, with add, adds) the first `valid` of them to out.
+void DequantizeGroups(const uint8_t* scales, const uint8_t* codes, size_t first, size_t len,
+                      size_t valid, const Layout& layout, bool inverse, float* out, bool add,
+                      IsaLevel isa);
+
+// x[i] *= s for i < n (the same rounding on every level).
+void ScaleInPlace(float* x, size_t n, float s);
+
+// The index of the first byte of codes[0..bytes) holding a code outside [-L, L] (a nibble 0x8
+// for 4 bits, a byte 0x80 for 8 bits), or `bytes` when there is none.
+size_t FindOutOfRangeCode(const uint8_t* codes, size_t bytes, uint32_t bits);
+
+}  // namespace bitpush::compressors::sdp4bit
