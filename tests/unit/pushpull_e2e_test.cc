@@ -348,6 +348,68 @@ TEST(PushPullE2e, NoneGivesTheExactAverage) {
   EXPECT_TRUE(c.Shutdown().ok());
 }
 
+// SDP4Bit with an identity quantiser: inputs whose Hadamard transform is a vector of integer
+// codes in [-7, 7] with a +-7 in every group quantise exactly (scale 1, no fraction to round),
+// so the whole path — forward transform, INT4 push, the server's Hadamard-domain sum and
+// average, one inverse transform, fp32 reply — equals the exact average, for several worker and
+// server counts (the workers' counts are powers of two, so the average is exact too).
+TEST(PushPullE2e, Sdp4bitWithExactCodesGivesTheExactAverage) {
+  const size_t n = 5 * 1024 + 96;  // several partitions of 1024, a partial last group
+  for (uint32_t workers : {1u, 2u, 4u}) {
+    for (uint32_t servers : {1u, 2u}) {
+      SCOPED_TRACE(::testing::Message() << workers << " workers, " << servers << " servers");
+      ClusterOptions o;
+      o.workers = workers;
+      o.servers = servers;
+      o.spec = "sdp4bit:pull=fp32,seed=3";
+      TestCluster c(o);
+      ASSERT_STARTED(c);
+      std::vector<std::vector<float>> in(workers), out(workers, std::vector<float>(n));
+      for (uint32_t w = 0; w < workers; ++w) {
+        // Codes per element of the transformed vector, +-7 at the start of every group of 128.
+        std::vector<float> codes(n);
+        for (size_t i = 0; i < n; ++i) {
+          codes[i] = i % 128 == 0 ? (w % 2 ? -7.0f : 7.0f)
+                                  : static_cast<float>(static_cast<int>((i * 7 + w * 3) % 15) - 7);
+        }
+        // x = (H32 codes) / 32 per block: exact in fp32 (integer sums, a power-of-two divide).
+        in[w].resize(n);
+        for (size_t b = 0; b < n; b += 32) {
+          for (size_t r = 0; r < 32; ++r) {
+            float sum = 0;
+            for (size_t k = 0; k < 32; ++k) {
+              sum += (__builtin_popcount(static_cast<unsigned>(r & k)) % 2 ? -1.0f : 1.0f) *
+                     codes[b + k];
+            }
+            in[w][b + r] = sum / 32.0f;
+          }
+        }
+      }
+      std::vector<TensorId> ids(workers);
+      for (uint32_t w = 0; w < workers; ++w) {
+        ids[w] = c.worker(w).Declare("g", n, DType::kFloat32).value();
+      }
+      std::vector<Status> st(workers);
+      OnEveryWorker(workers, [&](uint32_t w) {
+        st[w] =
+            c.worker(w)
+                .PushPull(ids[w], ConstTensorView(in[w].data(), n), TensorView(out[w].data(), n))
+                .Wait();
+      });
+      for (uint32_t w = 0; w < workers; ++w) {
+        ASSERT_TRUE(st[w].ok()) << st[w].ToString();
+        for (size_t i = 0; i < n; ++i) {
+          double avg = 0;
+          for (uint32_t v = 0; v < workers; ++v) avg += in[v][i];
+          avg /= workers;
+          ASSERT_EQ(out[w][i], static_cast<float>(avg)) << "worker " << w << " element " << i;
+        }
+      }
+      EXPECT_TRUE(c.Shutdown().ok());
+    }
+  }
+}
+
 TEST(PushPullE2e, LocoTelemetryReachesWorkerAndServerStats) {
   // loco with scale 1: an input of 100 in element 0 saturates the 4-bit code (7) and the int8
   // error (error_scale 1: 93 fits, so 300 is used for the error to clamp at 127); the other
