@@ -11,11 +11,16 @@
 //      transform (5 butterfly stages). hadamard=off: m = n, y = x.
 //   2. Groups of G consecutive y (the last may be shorter when G does not divide m); per group
 //      L = 2^(bits-1) - 1 (7 or 127), absmax = max |y|, stored scale = fp32(absmax / L),
-//      inv = fp32(L / absmax), v = y * inv, stochastic rounding
-//        code = clamp(floor(v) + (u < v - floor(v) ? 1 : 0), -L, L),
-//        u = (CounterRandom32(StreamKey(seed, worker, key, round), i) >> 8) * 2^-24
-//      with i the element's index in the padded vector (common/counter_rng.h): unbiased,
-//      E[code * scale] = y up to fp32 rounding, error variance <= scale^2 / 4 per element.
+//      inv = fp32(L / absmax), v = y * inv, stochastic rounding with a 16-bit uniform r16:
+//        w = fp32(y * (inv * 2^16))     (= v * 2^16 exactly unless v is subnormal)
+//        code = clamp((floor(w) + r16) >> 16, -L, L)     (>> arithmetic: floor division)
+//        r = CounterRandom32(StreamKey(seed, worker, key, round), ((i >> 5) << 4) | (i & 15)),
+//        r16 = (i & 16) ? r >> 16 : r & 0xFFFF
+//      with i the element's index in the padded vector (common/counter_rng.h): elements i and
+//      i + 16 of a 32-block share one 32-bit number, one half each. So code = floor(v) + 1 with
+//      probability floor(frac(v) 2^16) / 2^16, i.e. E[code] - v lies in (-2^-16, 0]: unbiased
+//      to within 2^-16 of a step (E[code * scale] = y up to that and fp32 rounding); error
+//      variance <= scale^2 / 4 per element.
 //   3. Decode: code * scale, then (hadamard) x = (H32 block) * 0.03125 per block; the first n.
 // Every ISA level (scalar, AVX2, AVX-512) produces the same bytes and the same decoded values
 // (sdp4bit_kernels.h says how).
@@ -38,8 +43,9 @@
 // Policies:
 //   - zero group (absmax 0): stored scale 1, codes 0 (the paper's "zero groups -> scale 1").
 //     A group whose absmax / L underflows fp32 to 0 (absmax below ~64 * 2^-149) is encoded the
-//     same way (decodes to 0). A tiny absmax where L / absmax overflows fp32 (below ~2e-38)
-//     quantises (y * 2^64) * fp32(L / (absmax * 2^64)) instead (the same codes up to rounding).
+//     same way (decodes to 0). A tiny absmax where fp32(L / absmax) * 2^16 overflows fp32
+//     (absmax below ~L * 2^-112) quantises w = (y * 2^64) * (fp32(L / (absmax * 2^64)) * 2^16)
+//     instead (the same codes up to rounding).
 //   - non-finite group (absmax inf or NaN, i.e. a NaN/inf input in the group, or with the
 //     transform a block whose sums overflow fp32): stored scale NaN, codes 0; it decodes to NaN
 //     over the whole group (and the inverse transform keeps it inside those blocks), so AMP's

@@ -15,8 +15,15 @@ namespace {
 
 constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
 constexpr uint32_t kInfBits = 0x7F800000u;
-constexpr float kTwoM24 = 0x1p-24f;
+constexpr float kTwo16 = 0x1p16f;
 constexpr float kInv32 = 0.03125f;
+// Decoding with the transform folds the final * 2^-5 into the scale (code * (scale * 2^-5),
+// the butterflies, no last product) for scales in [2^-96, 2^96]: every intermediate is then a
+// normal fp32 number (nonzero magnitudes >= ulp(scale) * 2^-5 >= 2^-124, all <= 2^106), so
+// scaling by 2^-5 commutes with each rounding and the values are bit for bit those of the
+// definition. Other scales (and NaN) take the literal path.
+constexpr float kFoldMin = 0x1p-96f;
+constexpr float kFoldMax = 0x1p96f;
 // A tiny absmax (L / absmax overflows fp32) is scaled up by this power of two first (exact).
 constexpr float kPrescale = 0x1p64f;
 
@@ -50,16 +57,16 @@ inline float Opaque(float v) {
 // ---- group parameters (shared by every level) -----------------------------------------------
 
 enum class Mode : uint8_t {
-  kNormal,     // v = y * inv
+  kNormal,     // w = y * inv16
   kZero,       // stored scale 1, codes 0 (all-zero group, or absmax / L underflows to 0)
   kNonFinite,  // stored scale NaN, codes 0
-  kTiny,       // v = (y * 2^64) * inv, inv = L / (absmax * 2^64)
+  kTiny,       // w = (y * 2^64) * inv16, inv16 = fp32(L / (absmax * 2^64)) * 2^16
 };
 
 struct GroupParams {
   Mode mode;
   float scale;  // stored
-  float inv;
+  float inv16;  // fp32(L / absmax) * 2^16 (exact), or the tiny variant
 };
 
 GroupParams ParamsFor(uint32_t amax_bits, uint32_t levels) {
@@ -71,9 +78,16 @@ GroupParams ParamsFor(uint32_t amax_bits, uint32_t levels) {
   const float l = static_cast<float>(levels);
   const float scale = amax / l;
   if (scale == 0.0f) return {Mode::kZero, 1.0f, 0.0f};
-  const float inv = l / amax;
-  if (FloatBits(inv) >= kInfBits) return {Mode::kTiny, scale, l / (amax * kPrescale)};
-  return {Mode::kNormal, scale, inv};
+  const float inv16 = (l / amax) * kTwo16;
+  if (FloatBits(inv16) >= kInfBits) return {Mode::kTiny, scale, (l / (amax * kPrescale)) * kTwo16};
+  return {Mode::kNormal, scale, inv16};
+}
+
+// The 16-bit uniform of element i: CounterRandom32 at ((i >> 5) << 4) | (i & 15) (elements i
+// and i + 16 of a 32-block share one number), its low half for i & 16 clear, else its high half.
+BP_SDP_INLINE uint32_t Uniform16(uint64_t stream, size_t i) {
+  const uint32_t r = CounterRandom32(stream, static_cast<uint32_t>(((i >> 5) << 4) | (i & 15)));
+  return (i & 16) != 0 ? r >> 16 : r & 0xFFFFu;
 }
 
 // ---- scalar (the reference) ------------------------------------------------------------------
@@ -97,14 +111,12 @@ void Fwht32Scalar(float* x) {
   }
 }
 
-// v finite with |v| <= L (1 + 2^-23): floor(v) + Bernoulli(frac), clamped to [-L, L].
-BP_SDP_INLINE int32_t CodeOf(float v, uint32_t r, int32_t levels) {
-  float lo = static_cast<float>(static_cast<int32_t>(v));  // truncation
-  if (lo > v) lo -= 1.0f;                                  // floor
-  const float p = v - lo;
-  const float u = static_cast<float>(r >> 8) * kTwoM24;
-  const int32_t c = static_cast<int32_t>(lo) + (u < p ? 1 : 0);
-  return std::clamp(c, -levels, levels);
+// w = v * 2^16 finite with |w| <= L 2^16 (1 + 2^-22) < 2^23: (floor(w) + r16) >> 16 (an
+// arithmetic shift: floor division by 2^16), clamped to [-L, L].
+BP_SDP_INLINE int32_t CodeOf(float w, uint32_t r16, int32_t levels) {
+  int32_t f = static_cast<int32_t>(w);    // truncation
+  if (static_cast<float>(f) > w) f -= 1;  // floor
+  return std::clamp((f + static_cast<int32_t>(r16)) >> 16, -levels, levels);
 }
 
 // Codes of one group y[0..len) starting at element `first` (even).
@@ -121,8 +133,8 @@ __attribute__((noinline)) void QuantizeGroupScalar(const float* y, size_t len, s
   auto code_at = [&](size_t k) {
     float yk = y[k];
     if (tiny) yk = Opaque(yk * kPrescale);
-    const float v = Opaque(yk * gp.inv);
-    return CodeOf(v, CounterRandom32(stream, static_cast<uint32_t>(first + k)), levels);
+    const float w = Opaque(yk * gp.inv16);
+    return CodeOf(w, Uniform16(stream, first + k), levels);
   };
   if (bits == 8) {
     for (size_t k = 0; k < len; ++k) out[k] = static_cast<uint8_t>(code_at(k));
@@ -282,22 +294,18 @@ BP_TARGET_AVX2 BP_SDP_INLINE Signs256 MakeSigns256() {
 }
 
 struct Quant256 {
-  __m256 inv;
-  __m256i hi;
-  __m256i lmax;
-  __m256i lmin;
+  __m256 inv16;
+  __m256i hi;     // the stream's high word
+  __m256i low16;  // 0xFFFF per lane
+  __m256i step8;  // 8 counters further
+  __m256i lmax;   // +L per byte
+  __m256i lmin;   // -L per byte
 };
 
-BP_TARGET_AVX2 BP_SDP_INLINE __m256i Codes256(__m256 y, __m256i ctr, const Quant256& q) {
-  const __m256 v = Opaque256(_mm256_mul_ps(y, q.inv));
-  const __m256 lo = _mm256_floor_ps(v);
-  const __m256 p = _mm256_sub_ps(v, lo);
-  const __m256i r = Fmix256(_mm256_xor_si256(Fmix256(ctr), q.hi));
-  const __m256 u =
-      _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(r, 8)), _mm256_set1_ps(kTwoM24));
-  const __m256i up = _mm256_castps_si256(_mm256_cmp_ps(u, p, _CMP_LT_OQ));
-  const __m256i c = _mm256_sub_epi32(_mm256_cvttps_epi32(lo), up);  // up = -1 where rounding up
-  return _mm256_max_epi32(_mm256_min_epi32(c, q.lmax), q.lmin);
+// (floor(y * inv16) + r16) >> 16 per lane (the clamp comes after narrowing).
+BP_TARGET_AVX2 BP_SDP_INLINE __m256i Codes256(__m256 y, __m256i r16, const Quant256& q) {
+  const __m256 w = _mm256_floor_ps(_mm256_mul_ps(y, q.inv16));
+  return _mm256_srai_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(w), r16), 16);
 }
 
 // 32 int32 codes (4 vectors) -> 32 int8 in element order.
@@ -316,11 +324,33 @@ BP_TARGET_AVX2 BP_SDP_INLINE __m128i Pack4From8_256(__m256i b) {
   return _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
 }
 
+// The counters (idx * golden + low word) of idx = first .. first + 7.
 BP_TARGET_AVX2 BP_SDP_INLINE __m256i Counter256(uint64_t stream, size_t first) {
   const __m256i idx = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                        _mm256_set1_epi32(static_cast<int>(first)));
   return _mm256_add_epi32(_mm256_mullo_epi32(idx, _mm256_set1_epi32(static_cast<int>(kGolden32))),
                           _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(stream))));
+}
+
+// Codes of one 32-block y[0..4) (elements 0..7, 8..15, 16..23, 24..31) to out (16 bytes for 4
+// bits, 32 for 8); ctr: the counters of its first 8 random numbers (elements 0..7 and 16..23),
+// the next 8 serve elements 8..15 and 24..31.
+template <uint32_t kBits>
+BP_TARGET_AVX2 BP_SDP_INLINE void QuantBlock256(const __m256* y, __m256i ctr, const Quant256& q,
+                                                uint8_t* out) {
+  const __m256i h0 = Fmix256(_mm256_xor_si256(Fmix256(ctr), q.hi));
+  const __m256i h1 = Fmix256(_mm256_xor_si256(Fmix256(_mm256_add_epi32(ctr, q.step8)), q.hi));
+  const __m256i c0 = Codes256(y[0], _mm256_and_si256(h0, q.low16), q);
+  const __m256i c1 = Codes256(y[1], _mm256_and_si256(h1, q.low16), q);
+  const __m256i c2 = Codes256(y[2], _mm256_srli_epi32(h0, 16), q);
+  const __m256i c3 = Codes256(y[3], _mm256_srli_epi32(h1, 16), q);
+  __m256i b = Narrow256(c0, c1, c2, c3);
+  b = _mm256_max_epi8(_mm256_min_epi8(b, q.lmax), q.lmin);
+  if constexpr (kBits == 4) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), Pack4From8_256(b));
+  } else {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), b);
+  }
 }
 
 BP_TARGET_AVX2 BP_SDP_INLINE __m256i AbsBits256(__m256 v) {
@@ -357,9 +387,11 @@ BP_TARGET_AVX2 void QuantizeAvx2T(const float* x, size_t count, size_t len, size
   const Signs256 sg = MakeSigns256();
   Quant256 q;
   q.hi = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(lay.stream >> 32)));
-  q.lmax = _mm256_set1_epi32(static_cast<int>(levels));
-  q.lmin = _mm256_set1_epi32(-static_cast<int>(levels));
-  const __m256i inc = _mm256_set1_epi32(static_cast<int>(8u * kGolden32));
+  q.low16 = _mm256_set1_epi32(0xFFFF);
+  q.step8 = _mm256_set1_epi32(static_cast<int>(8u * kGolden32));
+  q.lmax = _mm256_set1_epi8(static_cast<char>(levels));
+  q.lmin = _mm256_set1_epi8(static_cast<char>(-static_cast<int>(levels)));
+  const __m256i inc = _mm256_set1_epi32(static_cast<int>(16u * kGolden32));
   for (size_t s = 0; s < len; s += g) {
     const size_t glen = std::min(g, len - s);
     if (glen % kBlock != 0) {
@@ -392,22 +424,16 @@ BP_TARGET_AVX2 void QuantizeAvx2T(const float* x, size_t count, size_t len, size
       QuantizeGroupScalar(y, glen, first + s, gp, kBits, lay.stream, codes);
       continue;
     }
-    q.inv = _mm256_set1_ps(gp.inv);
-    __m256i ctr = Counter256(lay.stream, first + s);
+    q.inv16 = _mm256_set1_ps(gp.inv16);
+    // Whole 32-blocks: the first random number of the group is number (first + s) / 2.
+    __m256i ctr = Counter256(lay.stream, (first + s) / 2);
     uint8_t* out = codes + CodeBytes(first + s, kBits);
     for (size_t k = 0; k < glen; k += kBlock) {
-      __m256i c[4];
+      __m256 r[4];
 #pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) {
-        c[j] = Codes256(_mm256_loadu_ps(y + k + 8 * j), ctr, q);
-        ctr = _mm256_add_epi32(ctr, inc);
-      }
-      const __m256i b = Narrow256(c[0], c[1], c[2], c[3]);
-      if constexpr (kBits == 4) {
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k / 2), Pack4From8_256(b));
-      } else {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), b);
-      }
+      for (int j = 0; j < 4; ++j) r[j] = _mm256_loadu_ps(y + k + 8 * j);
+      QuantBlock256<kBits>(r, ctr, q, out + CodeBytes(k, kBits));
+      ctr = _mm256_add_epi32(ctr, inc);
     }
   }
 }
@@ -432,31 +458,54 @@ BP_TARGET_AVX2 BP_SDP_INLINE void DecodeBlock256(const uint8_t* codes, size_t i,
   }
 }
 
-template <uint32_t kBits, bool kInverse>
+template <uint32_t kBits, bool kInverse, bool kAdd>
 BP_TARGET_AVX2 void DequantizeAvx2T(const uint8_t* scales, const uint8_t* codes, size_t first,
-                                    size_t len, size_t valid, const Layout& lay, float* out,
-                                    bool add) {
+                                    size_t len, size_t valid, const Layout& lay, float* out) {
   const size_t g = lay.group;
   const Signs256 sg = MakeSigns256();
   const __m256 inv32 = _mm256_set1_ps(kInv32);
   for (size_t s = 0; s < len && s < valid; s += g) {
     const size_t glen = std::min(g, len - s);
     if (glen % kBlock != 0) {
-      DequantizeScalar(scales, codes, first + s, glen, valid - s, lay, kInverse, out + s, add);
+      DequantizeScalar(scales, codes, first + s, glen, valid - s, lay, kInverse, out + s, kAdd);
       continue;
     }
-    const __m256 scale = _mm256_set1_ps(LoadF32(scales + 4 * ((first + s) / g)));
-    for (size_t b = 0; b < glen && s + b < valid; b += kBlock) {
+    const float sc = LoadF32(scales + 4 * (first / g + s / g));
+    const bool fold = kInverse && sc >= kFoldMin && sc <= kFoldMax;  // see kFoldMin
+    const __m256 scale = _mm256_set1_ps(fold ? sc * kInv32 : sc);
+    size_t b = 0;
+    // Two whole blocks at a time (their independent chains interleave).
+    for (; b + 2 * kBlock <= glen && s + b + 2 * kBlock <= valid; b += 2 * kBlock) {
+      __m256 r[8];
+      DecodeBlock256<kBits>(codes, first + s + b, scale, r);
+      DecodeBlock256<kBits>(codes, first + s + b + kBlock, scale, r + 4);
+      if constexpr (kInverse) {
+        Fwht256(r, sg);
+        Fwht256(r + 4, sg);
+        if (!fold) {
+#pragma GCC unroll 8
+          for (int k = 0; k < 8; ++k) r[k] = Opaque256(_mm256_mul_ps(r[k], inv32));
+        }
+      }
+      float* o = out + s + b;
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        _mm256_storeu_ps(o + 8 * k, kAdd ? _mm256_add_ps(_mm256_loadu_ps(o + 8 * k), r[k]) : r[k]);
+      }
+    }
+    for (; b < glen && s + b < valid; b += kBlock) {
       __m256 r[4];
       DecodeBlock256<kBits>(codes, first + s + b, scale, r);
       if constexpr (kInverse) {
         Fwht256(r, sg);
+        if (!fold) {
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; ++k) r[k] = Opaque256(_mm256_mul_ps(r[k], inv32));
+          for (int k = 0; k < 4; ++k) r[k] = Opaque256(_mm256_mul_ps(r[k], inv32));
+        }
       }
       float* o = out + s + b;
       if (s + b + kBlock <= valid) {
-        if (add) {
+        if constexpr (kAdd) {
 #pragma GCC unroll 4
           for (int k = 0; k < 4; ++k) {
             _mm256_storeu_ps(o + 8 * k, _mm256_add_ps(_mm256_loadu_ps(o + 8 * k), r[k]));
@@ -469,10 +518,18 @@ BP_TARGET_AVX2 void DequantizeAvx2T(const uint8_t* scales, const uint8_t* codes,
         alignas(32) float buf[kBlock];
 #pragma GCC unroll 4
         for (int k = 0; k < 4; ++k) _mm256_store_ps(buf + 8 * k, r[k]);
-        StoreTail(buf, o, valid - (s + b), add);
+        StoreTail(buf, o, valid - (s + b), kAdd);
       }
     }
   }
+}
+
+template <uint32_t kBits, bool kInverse>
+void DequantizeAvx2Dispatch(const uint8_t* scales, const uint8_t* codes, size_t first, size_t len,
+                            size_t valid, const Layout& lay, float* out, bool add) {
+  if (add)
+    return DequantizeAvx2T<kBits, kInverse, true>(scales, codes, first, len, valid, lay, out);
+  DequantizeAvx2T<kBits, kInverse, false>(scales, codes, first, len, valid, lay, out);
 }
 
 BP_TARGET_AVX2 void TransformAvx2(float* x, size_t m, bool inverse) {
@@ -537,26 +594,75 @@ BP_TARGET_AVX512 BP_SDP_INLINE void Fwht512(__m512* a, __m512* b, const Signs512
   *b = _mm512_sub_ps(x, y);
 }
 
-struct Quant512 {
-  __m512 inv;
-  __m512i hi;
-  __m512i lmax;
-  __m512i lmin;
-};
-
-BP_TARGET_AVX512 BP_SDP_INLINE __m512i Codes512(__m512 y, __m512i ctr, const Quant512& q) {
-  const __m512 v = Opaque512(_mm512_mul_ps(y, q.inv));
-  const __m512 lo = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  const __m512 p = _mm512_sub_ps(v, lo);
-  const __m512i r = Fmix512(_mm512_xor_si512(Fmix512(ctr), q.hi));
-  const __m512 u =
-      _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(r, 8)), _mm512_set1_ps(kTwoM24));
-  const __mmask16 up = _mm512_cmp_ps_mask(u, p, _CMP_LT_OQ);
-  __m512i c = _mm512_cvttps_epi32(lo);
-  c = _mm512_mask_add_epi32(c, up, c, _mm512_set1_epi32(1));
-  return _mm512_max_epi32(_mm512_min_epi32(c, q.lmax), q.lmin);
+// Stage-major over kN blocks (a[k], c[k]), so that the independent chains interleave.
+template <int kN>
+BP_TARGET_AVX512 BP_SDP_INLINE void FwhtN512(__m512* a, __m512* c, const Signs512& s) {
+#pragma GCC unroll 4
+  for (int k = 0; k < kN; ++k) {
+    a[k] = Butterfly512(a[k], _mm512_permute_ps(a[k], 0xB1), s.s1);
+    c[k] = Butterfly512(c[k], _mm512_permute_ps(c[k], 0xB1), s.s1);
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < kN; ++k) {
+    a[k] = Butterfly512(a[k], _mm512_permute_ps(a[k], 0x4E), s.s2);
+    c[k] = Butterfly512(c[k], _mm512_permute_ps(c[k], 0x4E), s.s2);
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < kN; ++k) {
+    a[k] = Butterfly512(a[k], _mm512_shuffle_f32x4(a[k], a[k], 0xB1), s.s4);
+    c[k] = Butterfly512(c[k], _mm512_shuffle_f32x4(c[k], c[k], 0xB1), s.s4);
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < kN; ++k) {
+    a[k] = Butterfly512(a[k], _mm512_shuffle_f32x4(a[k], a[k], 0x4E), s.s8);
+    c[k] = Butterfly512(c[k], _mm512_shuffle_f32x4(c[k], c[k], 0x4E), s.s8);
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < kN; ++k) {
+    const __m512 x = a[k], y = c[k];
+    a[k] = _mm512_add_ps(x, y);
+    c[k] = _mm512_sub_ps(x, y);
+  }
 }
 
+struct Quant512 {
+  __m512 inv16;
+  __m512i hi;     // the stream's high word
+  __m512i low16;  // 0xFFFF per lane
+  __m512i nib;    // 0x0F per lane
+  __m512i lmax;   // +L per int16
+  __m512i lmin;   // -L per int16
+};
+
+// Codes of one 32-block (a: elements 0..15, c: 16..31) to out (16 bytes for 4 bits, 32 for 8);
+// ctr: the counters of its 16 random numbers (number j serves elements j and 16 + j).
+template <uint32_t kBits>
+BP_TARGET_AVX512 BP_SDP_INLINE void QuantBlock512(__m512 a, __m512 c, __m512i ctr,
+                                                  const Quant512& q, uint8_t* out) {
+  constexpr int kFloor = _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC;
+  const __m512i r = Fmix512(_mm512_xor_si512(Fmix512(ctr), q.hi));
+  const __m512i fa = _mm512_cvt_roundps_epi32(_mm512_mul_ps(a, q.inv16), kFloor);
+  const __m512i fc = _mm512_cvt_roundps_epi32(_mm512_mul_ps(c, q.inv16), kFloor);
+  const __m512i ca = _mm512_srai_epi32(_mm512_add_epi32(fa, _mm512_and_si512(r, q.low16)), 16);
+  const __m512i cc = _mm512_srai_epi32(_mm512_add_epi32(fc, _mm512_srli_epi32(r, 16)), 16);
+  // 32 int16 codes; 128-bit lane k holds elements 4k..4k+3, then 16+4k..16+4k+3.
+  __m512i p = _mm512_packs_epi32(ca, cc);
+  p = _mm512_max_epi16(_mm512_min_epi16(p, q.lmax), q.lmin);
+  if constexpr (kBits == 4) {
+    // The low byte of every dword (two codes, even element first): (even << 4) | (odd & 0xF).
+    const __m512i t =
+        _mm512_ternarylogic_epi32(_mm512_slli_epi32(p, 4), _mm512_srli_epi32(p, 16), q.nib, 0xF8);
+    const __m128i b = _mm512_cvtepi32_epi8(t);
+    const __m128i order = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_shuffle_epi8(b, order));
+  } else {
+    const __m256i b = _mm512_cvtepi16_epi8(p);
+    const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutevar8x32_epi32(b, order));
+  }
+}
+
+// The counters (idx * golden + low word) of idx = first .. first + 15.
 BP_TARGET_AVX512 BP_SDP_INLINE __m512i Counter512(uint64_t stream, size_t first) {
   const __m512i idx =
       _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -573,6 +679,33 @@ BP_TARGET_AVX512 BP_SDP_INLINE __mmask16 FirstLanes(size_t k) {
   return k >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << k) - 1);
 }
 
+// Loads the 32-block at x[e..e+32) of an input with `count` values (zeros beyond).
+BP_TARGET_AVX512 BP_SDP_INLINE void LoadBlock512(const float* x, size_t e, size_t count, __m512* a,
+                                                 __m512* c) {
+  if (e + kBlock <= count) {
+    *a = _mm512_loadu_ps(x + e);
+    *c = _mm512_loadu_ps(x + e + 16);
+  } else if (e < count) {
+    const size_t have = count - e;
+    *a = _mm512_maskz_loadu_ps(FirstLanes(have), x + e);
+    *c = have > 16 ? _mm512_maskz_loadu_ps(FirstLanes(have - 16), x + e + 16) : _mm512_setzero_ps();
+  } else {
+    *a = *c = _mm512_setzero_ps();
+  }
+}
+
+BP_TARGET_AVX512 BP_SDP_INLINE Quant512 MakeQuant512(const Layout& lay, uint32_t levels) {
+  Quant512 q;
+  q.inv16 = _mm512_setzero_ps();
+  q.hi = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(lay.stream >> 32)));
+  q.low16 = _mm512_set1_epi32(0xFFFF);
+  q.nib = _mm512_set1_epi32(0x0F);
+  q.lmax = _mm512_set1_epi16(static_cast<int16_t>(levels));
+  q.lmin = _mm512_set1_epi16(static_cast<int16_t>(-static_cast<int>(levels)));
+  return q;
+}
+
+// Any G that is a multiple of 32 (the transformed group goes through `work`).
 template <uint32_t kBits>
 BP_TARGET_AVX512 void QuantizeAvx512T(const float* x, size_t count, size_t len, size_t first,
                                       bool transform, const Layout& lay, uint8_t* scales,
@@ -580,10 +713,7 @@ BP_TARGET_AVX512 void QuantizeAvx512T(const float* x, size_t count, size_t len, 
   const size_t g = lay.group;
   const uint32_t levels = MaxCode(kBits);
   const Signs512 sg = MakeSigns512();
-  Quant512 q;
-  q.hi = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(lay.stream >> 32)));
-  q.lmax = _mm512_set1_epi32(static_cast<int>(levels));
-  q.lmin = _mm512_set1_epi32(-static_cast<int>(levels));
+  Quant512 q = MakeQuant512(lay, levels);
   const __m512i inc = _mm512_set1_epi32(static_cast<int>(16u * kGolden32));
   for (size_t s = 0; s < len; s += g) {
     const size_t glen = std::min(g, len - s);
@@ -596,19 +726,8 @@ BP_TARGET_AVX512 void QuantizeAvx512T(const float* x, size_t count, size_t len, 
     __m512i m0 = _mm512_setzero_si512(), m1 = _mm512_setzero_si512();
     if (transform || s + glen > count) {
       for (size_t b = 0; b < glen; b += kBlock) {
-        const size_t e = s + b;
         __m512 a, c;
-        if (e + kBlock <= count) {
-          a = _mm512_loadu_ps(x + e);
-          c = _mm512_loadu_ps(x + e + 16);
-        } else if (e < count) {
-          const size_t have = count - e;
-          a = _mm512_maskz_loadu_ps(FirstLanes(have), x + e);
-          c = have > 16 ? _mm512_maskz_loadu_ps(FirstLanes(have - 16), x + e + 16)
-                        : _mm512_setzero_ps();
-        } else {
-          a = c = _mm512_setzero_ps();
-        }
+        LoadBlock512(x, s + b, count, &a, &c);
         if (transform) Fwht512(&a, &c, sg);
         _mm512_store_ps(work + b, a);
         _mm512_store_ps(work + b + 16, c);
@@ -628,43 +747,154 @@ BP_TARGET_AVX512 void QuantizeAvx512T(const float* x, size_t count, size_t len, 
       QuantizeGroupScalar(y, glen, first + s, gp, kBits, lay.stream, codes);
       continue;
     }
-    q.inv = _mm512_set1_ps(gp.inv);
-    __m512i ctr = Counter512(lay.stream, first + s);
+    q.inv16 = _mm512_set1_ps(gp.inv16);
+    // Whole 32-blocks: the first random number of the group is number (first + s) / 2.
+    __m512i ctr = Counter512(lay.stream, (first + s) / 2);
     uint8_t* out = codes + CodeBytes(first + s, kBits);
     for (size_t k = 0; k < glen; k += kBlock) {
-      const __m512i c0 = Codes512(_mm512_loadu_ps(y + k), ctr, q);
+      QuantBlock512<kBits>(_mm512_loadu_ps(y + k), _mm512_loadu_ps(y + k + 16), ctr, q,
+                           out + CodeBytes(k, kBits));
       ctr = _mm512_add_epi32(ctr, inc);
-      const __m512i c1 = Codes512(_mm512_loadu_ps(y + k + 16), ctr, q);
-      ctr = _mm512_add_epi32(ctr, inc);
-      const __m128i b0 = _mm512_cvtepi32_epi8(c0);
-      const __m128i b1 = _mm512_cvtepi32_epi8(c1);
-      if constexpr (kBits == 4) {
-        const __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(b0), b1, 1);
-        const __m256i hi = _mm256_and_si256(_mm256_slli_epi16(b, 4), _mm256_set1_epi16(0x00F0));
-        const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(b, 8), _mm256_set1_epi16(0x000F));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k / 2),
-                         _mm256_cvtepi16_epi8(_mm256_or_si256(hi, lo)));
-      } else {
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), b0);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k + 16), b1);
-      }
     }
   }
 }
 
-template <uint32_t kBits>
-BP_TARGET_AVX512 BP_SDP_INLINE void DecodeBlock512(const uint8_t* codes, size_t i, __m512 scale,
-                                                   __m512* a, __m512* b) {
-  __m128i e0, e1;
-  if constexpr (kBits == 4) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i / 2));
-    BP_SDP_UNPACK4(v, e0, e1);
-  } else {
-    e0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
-    e1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i + 16));
+// Loads (and transforms) the kNb blocks of the group at x[s..) into a / c; its absmax bits.
+template <int kNb>
+BP_TARGET_AVX512 BP_SDP_INLINE uint32_t LoadGroup512(const float* x, size_t s, size_t count,
+                                                     bool transform, const Signs512& sg, __m512* a,
+                                                     __m512* c) {
+#pragma GCC unroll 4
+  for (int b = 0; b < kNb; ++b) LoadBlock512(x, s + kBlock * b, count, &a[b], &c[b]);
+  if (transform) FwhtN512<kNb>(a, c, sg);
+  __m512i m = _mm512_setzero_si512();
+#pragma GCC unroll 4
+  for (int b = 0; b < kNb; ++b) {
+    m = _mm512_max_epu32(m, _mm512_max_epu32(AbsBits512(a[b]), AbsBits512(c[b])));
   }
-  *a = Opaque512(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(e0)), scale));
-  *b = Opaque512(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(e1)), scale));
+  return _mm512_reduce_max_epu32(m);
+}
+
+// G = 32 kNb <= 128: a group's (transformed) values stay in registers, and the next group is
+// loaded and transformed before this one is quantised (the two chains overlap).
+template <uint32_t kBits, int kNb>
+BP_TARGET_AVX512 void QuantizeAvx512Regs(const float* x, size_t count, size_t len, size_t first,
+                                         bool transform, const Layout& lay, uint8_t* scales,
+                                         uint8_t* codes, float* work) {
+  constexpr size_t g = kNb * kBlock;
+  const uint32_t levels = MaxCode(kBits);
+  const Signs512 sg = MakeSigns512();
+  Quant512 q = MakeQuant512(lay, levels);
+  const __m512i inc = _mm512_set1_epi32(static_cast<int>(16u * kGolden32));
+  const size_t whole = len / g * g;
+  uint8_t* scale_at = scales + 4 * (first / g);  // first: a multiple of G
+  __m512 a[kNb], c[kNb];
+  uint32_t amax = whole > 0 ? LoadGroup512<kNb>(x, 0, count, transform, sg, a, c) : 0;
+  for (size_t s = 0; s < whole; s += g, scale_at += 4) {
+    const GroupParams gp = ParamsFor(amax, levels);
+    StoreF32(scale_at, gp.scale);
+    __m512 na[kNb], nc[kNb];
+    if (s + g < whole) amax = LoadGroup512<kNb>(x, s + g, count, transform, sg, na, nc);
+    if (gp.mode != Mode::kNormal) {
+#pragma GCC unroll 4
+      for (int k = 0; k < kNb; ++k) {
+        _mm512_store_ps(work + kBlock * k, a[k]);
+        _mm512_store_ps(work + kBlock * k + 16, c[k]);
+      }
+      QuantizeGroupScalar(work, g, first + s, gp, kBits, lay.stream, codes);
+    } else {
+      q.inv16 = _mm512_set1_ps(gp.inv16);
+      __m512i ctr = Counter512(lay.stream, (first + s) / 2);
+      uint8_t* out = codes + CodeBytes(first + s, kBits);
+#pragma GCC unroll 4
+      for (int k = 0; k < kNb; ++k) {
+        QuantBlock512<kBits>(a[k], c[k], ctr, q, out + CodeBytes(kBlock * k, kBits));
+        ctr = _mm512_add_epi32(ctr, inc);
+      }
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < kNb; ++k) {
+      a[k] = na[k];
+      c[k] = nc[k];
+    }
+  }
+  if (whole < len) {  // a shorter last group
+    QuantizeAvx512T<kBits>(x + whole, count > whole ? count - whole : 0, len - whole, first + whole,
+                           transform, lay, scales, codes, work);
+  }
+}
+
+template <uint32_t kBits>
+void QuantizeAvx512Dispatch(const float* x, size_t count, size_t len, size_t first, bool transform,
+                            const Layout& lay, uint8_t* scales, uint8_t* codes, float* work) {
+  switch (lay.group) {
+    case 32:
+      return QuantizeAvx512Regs<kBits, 1>(x, count, len, first, transform, lay, scales, codes,
+                                          work);
+    case 64:
+      return QuantizeAvx512Regs<kBits, 2>(x, count, len, first, transform, lay, scales, codes,
+                                          work);
+    case 96:
+      return QuantizeAvx512Regs<kBits, 3>(x, count, len, first, transform, lay, scales, codes,
+                                          work);
+    case 128:
+      return QuantizeAvx512Regs<kBits, 4>(x, count, len, first, transform, lay, scales, codes,
+                                          work);
+    default: break;
+  }
+  QuantizeAvx512T<kBits>(x, count, len, first, transform, lay, scales, codes, work);
+}
+
+// The 32 codes of the block at element i, looked up (4 bits: lut[code & 15]) or converted and
+// multiplied by scale (8 bits): a holds elements 0..15, c 16..31.
+template <uint32_t kBits>
+BP_TARGET_AVX512 BP_SDP_INLINE void DecodeBlock512(const uint8_t* codes, size_t i, __m512 lut,
+                                                   __m512 scale, __m512* a, __m512* c) {
+  if constexpr (kBits == 4) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i / 2));
+    const __m128i h = _mm_srli_epi16(b, 4);
+    // Element 2j: the high nibble of byte j (bits 0..3 of h's byte j), element 2j + 1: its low
+    // nibble; vpermps reads bits 0..3 of each index only.
+    *a = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(h, b)), lut);
+    *c = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(h, b)), lut);
+  } else {
+    const __m128i e0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
+    const __m128i e1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i + 16));
+    *a = Opaque512(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(e0)), scale));
+    *c = Opaque512(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(e1)), scale));
+  }
+}
+
+// kN whole 32-blocks at element i (valid), written or added to o.
+template <uint32_t kBits, bool kInverse, bool kAdd, int kN>
+BP_TARGET_AVX512 BP_SDP_INLINE void DequantBlocks512(const uint8_t* codes, size_t i, __m512 lut,
+                                                     __m512 scale, bool fold, const Signs512& sg,
+                                                     float* o) {
+  __m512 a[kN], c[kN];
+#pragma GCC unroll 4
+  for (int k = 0; k < kN; ++k)
+    DecodeBlock512<kBits>(codes, i + kBlock * k, lut, scale, &a[k], &c[k]);
+  if constexpr (kInverse) {
+    FwhtN512<kN>(a, c, sg);
+    if (!fold) {
+      const __m512 inv32 = _mm512_set1_ps(kInv32);
+#pragma GCC unroll 4
+      for (int k = 0; k < kN; ++k) {
+        a[k] = Opaque512(_mm512_mul_ps(a[k], inv32));
+        c[k] = Opaque512(_mm512_mul_ps(c[k], inv32));
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < kN; ++k) {
+    float* p = o + kBlock * k;
+    if constexpr (kAdd) {
+      a[k] = _mm512_add_ps(_mm512_loadu_ps(p), a[k]);
+      c[k] = _mm512_add_ps(_mm512_loadu_ps(p + 16), c[k]);
+    }
+    _mm512_storeu_ps(p, a[k]);
+    _mm512_storeu_ps(p + 16, c[k]);
+  }
 }
 
 template <uint32_t kBits, bool kInverse, bool kAdd>
@@ -672,37 +902,45 @@ BP_TARGET_AVX512 void DequantizeAvx512T(const uint8_t* scales, const uint8_t* co
                                         size_t len, size_t valid, const Layout& lay, float* out) {
   const size_t g = lay.group;
   const Signs512 sg = MakeSigns512();
-  const __m512 inv32 = _mm512_set1_ps(kInv32);
-  for (size_t s = 0; s < len && s < valid; s += g) {
+  // The 4-bit codes by nibble: 0..7, then -8..-1.
+  const __m512 code_values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+  const uint8_t* scale_at = scales + 4 * (first / g);  // first: a multiple of G
+  for (size_t s = 0; s < len && s < valid; s += g, scale_at += 4) {
     const size_t glen = std::min(g, len - s);
     if (glen % kBlock != 0) {
       DequantizeScalar(scales, codes, first + s, glen, valid - s, lay, kInverse, out + s, kAdd);
       continue;
     }
-    const __m512 scale = _mm512_set1_ps(LoadF32(scales + 4 * ((first + s) / g)));
-    for (size_t b = 0; b < glen && s + b < valid; b += kBlock) {
+    const float sc = LoadF32(scale_at);
+    const bool fold = kInverse && sc >= kFoldMin && sc <= kFoldMax;  // see kFoldMin
+    const __m512 scale = _mm512_set1_ps(fold ? sc * kInv32 : sc);
+    // fp32(code) * scale of each nibble: the products of the definition.
+    const __m512 lut = Opaque512(_mm512_mul_ps(code_values, scale));
+    // Whole blocks: four, two, then one at a time.
+    const size_t whole = std::min(glen, valid - s) / kBlock * kBlock;
+    size_t b = 0;
+    for (; b + 4 * kBlock <= whole; b += 4 * kBlock) {
+      DequantBlocks512<kBits, kInverse, kAdd, 4>(codes, first + s + b, lut, scale, fold, sg,
+                                                 out + s + b);
+    }
+    for (; b + kBlock <= whole; b += kBlock) {
+      DequantBlocks512<kBits, kInverse, kAdd, 1>(codes, first + s + b, lut, scale, fold, sg,
+                                                 out + s + b);
+    }
+    if (b < glen && s + b < valid) {  // the last block, partly valid
       __m512 lo, hi;
-      DecodeBlock512<kBits>(codes, first + s + b, scale, &lo, &hi);
+      DecodeBlock512<kBits>(codes, first + s + b, lut, scale, &lo, &hi);
       if constexpr (kInverse) {
         Fwht512(&lo, &hi, sg);
-        lo = Opaque512(_mm512_mul_ps(lo, inv32));
-        hi = Opaque512(_mm512_mul_ps(hi, inv32));
-      }
-      float* o = out + s + b;
-      const size_t rem = valid - (s + b);
-      if (rem >= kBlock) {
-        if constexpr (kAdd) {
-          lo = _mm512_add_ps(_mm512_loadu_ps(o), lo);
-          hi = _mm512_add_ps(_mm512_loadu_ps(o + 16), hi);
+        if (!fold) {
+          lo = Opaque512(_mm512_mul_ps(lo, _mm512_set1_ps(kInv32)));
+          hi = Opaque512(_mm512_mul_ps(hi, _mm512_set1_ps(kInv32)));
         }
-        _mm512_storeu_ps(o, lo);
-        _mm512_storeu_ps(o + 16, hi);
-      } else {
-        alignas(64) float buf[kBlock];
-        _mm512_store_ps(buf, lo);
-        _mm512_store_ps(buf + 16, hi);
-        StoreTail(buf, o, rem, kAdd);
       }
+      alignas(64) float buf[kBlock];
+      _mm512_store_ps(buf, lo);
+      _mm512_store_ps(buf + 16, hi);
+      StoreTail(buf, out + s + b, valid - (s + b), kAdd);
     }
   }
 }
@@ -748,8 +986,10 @@ void QuantizeGroups(const float* x, size_t count, size_t len, size_t first, bool
   const bool four = lay.bits == 4;
   switch (isa) {
     case IsaLevel::kAvx512:
-      return four ? QuantizeAvx512T<4>(x, count, len, first, transform, lay, scales, codes, work)
-                  : QuantizeAvx512T<8>(x, count, len, first, transform, lay, scales, codes, work);
+      return four ? QuantizeAvx512Dispatch<4>(x, count, len, first, transform, lay, scales, codes,
+                                              work)
+                  : QuantizeAvx512Dispatch<8>(x, count, len, first, transform, lay, scales, codes,
+                                              work);
     case IsaLevel::kAvx2:
       return four ? QuantizeAvx2T<4>(x, count, len, first, transform, lay, scales, codes, work)
                   : QuantizeAvx2T<8>(x, count, len, first, transform, lay, scales, codes, work);
@@ -779,11 +1019,15 @@ void DequantizeGroups(const uint8_t* scales, const uint8_t* codes, size_t first,
                                                        add);
     case IsaLevel::kAvx2:
       if (inverse) {
-        return four ? DequantizeAvx2T<4, true>(scales, codes, first, len, valid, lay, out, add)
-                    : DequantizeAvx2T<8, true>(scales, codes, first, len, valid, lay, out, add);
+        return four ? DequantizeAvx2Dispatch<4, true>(scales, codes, first, len, valid, lay, out,
+                                                      add)
+                    : DequantizeAvx2Dispatch<8, true>(scales, codes, first, len, valid, lay, out,
+                                                      add);
       }
-      return four ? DequantizeAvx2T<4, false>(scales, codes, first, len, valid, lay, out, add)
-                  : DequantizeAvx2T<8, false>(scales, codes, first, len, valid, lay, out, add);
+      return four
+                 ? DequantizeAvx2Dispatch<4, false>(scales, codes, first, len, valid, lay, out, add)
+                 : DequantizeAvx2Dispatch<8, false>(scales, codes, first, len, valid, lay, out,
+                                                    add);
     case IsaLevel::kScalar: break;
   }
   DequantizeScalar(scales, codes, first, len, valid, lay, inverse, out, add);

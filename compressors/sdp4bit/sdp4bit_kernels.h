@@ -9,15 +9,23 @@
 //   - no product feeds an addition where the compiler could contract the two into one fused
 //     multiply-add on some levels and not on others (every such product goes through an
 //     optimisation barrier, in the scalar code too, which may be inlined into SIMD callers);
-//   - random numbers are integers (common/counter_rng.h), their conversion to [0, 1) exact;
+//   - random numbers are integers (common/counter_rng.h) and the rounding decision is integer
+//     arithmetic on floor(w) (exact: |w| < 2^24);
 //   - groups the vector kernels do not handle (a zero, non-finite or tiny absmax, a group whose
-//     length is not a multiple of 32) run through the scalar routine on every level.
+//     length is not a multiple of 32) run through the scalar routine on every level;
+//   - decoding with the inverse transform folds the final * 0.03125 into the scale (code *
+//     fp32(scale * 2^-5), the butterflies, no last product) only for scales in [2^-96, 2^96],
+//     where every intermediate is a normal fp32 number and scaling by 2^-5 commutes with each
+//     rounding: the same values bit for bit (other scales take the literal sequence).
 //
-// Element i of the (padded, transformed) vector of a partition rounds with
-// CounterRandom32(stream, uint32_t(i)); a group's values are quantised as
-//   v = y * inv, inv = fp32(L / absmax)      (tiny absmax: v = (y * 2^64) * fp32(L / (absmax
-//   2^64))) code = clamp(floor(v) + (u < v - floor(v)), -L, L),  u = (r >> 8) * 2^-24
-// and decode as fp32(code) * scale (then, with the transform, H32 * block * 0.03125).
+// Element i of the (padded, transformed) vector of a partition rounds with the 16-bit uniform
+//   r = CounterRandom32(stream, uint32_t(((i >> 5) << 4) | (i & 15))),
+//   r16 = (i & 16) ? r >> 16 : r & 0xFFFF     (elements i, i + 16 of a block share r);
+// a group's values are quantised as
+//   w = y * inv16, inv16 = fp32(L / absmax) * 2^16  (tiny absmax: w = (y * 2^64) * inv16,
+//   inv16 = fp32(L / (absmax 2^64)) * 2^16);  code = clamp((floor(w) + r16) >> 16, -L, L)
+// (P(up) = floor(frac(w 2^-16) 2^16) / 2^16: bias in (-2^-16, 0] of a step), and decode as
+// fp32(code) * scale (then, with the transform, H32 * block * 0.03125).
 //
 // Internal to the compressor; decoders run on validated bodies only. Thread-safety: pure
 // functions over caller-owned memory.

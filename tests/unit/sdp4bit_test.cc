@@ -267,31 +267,80 @@ TEST(Sdp4bitQuantizer, ScalesAreAbsmaxOverLAndCodesInRange) {
 }
 
 // Every code is floor(v) or floor(v) + 1, v = y * fp32(L / absmax), chosen by the documented
-// random number: an independent encoder from the layout and common/counter_rng.h.
+// 16-bit random number: an independent encoder from the layout and common/counter_rng.h, written
+// as the comparison it amounts to (floor(w) + r16 >= 2^16 (k + 1) exactly when the fraction's
+// 16-bit floor plus r16 carries).
 TEST(Sdp4bitQuantizer, CodesFollowTheDocumentedStochasticRounding) {
-  for (const std::string spec : {"sdp4bit:seed=9", "sdp4bit:hadamard=off,bits=8,seed=9"}) {
-    auto c = Make(spec, IsaLevel::kScalar);
-    auto* s = dynamic_cast<Sdp4bitCompressor*>(c.get());
-    const size_t n = 777;
-    const std::vector<float> x = RandomFloats(n, 23);
-    const CompressContext ctx{12, 34, 5};
-    const Parsed r = Parse(Compress(*c, x, ctx), n);
-    const std::vector<float> y = s->hadamard() ? Transformed(x) : x;
-    const uint64_t stream = StreamKey(9, 5, 12, 34);
-    const float levels = s->bits() == 4 ? 7.0f : 127.0f;
-    for (size_t i = 0; i < y.size(); ++i) {
-      const size_t g = i / s->group();
-      float gmax = 0;
-      for (size_t k = g * s->group(); k < std::min<size_t>((g + 1) * s->group(), y.size()); ++k) {
-        gmax = std::max(gmax, std::fabs(y[k]));
+  for (const std::string spec : {"sdp4bit:seed=9", "sdp4bit:hadamard=off,bits=8,seed=9",
+                                 "sdp4bit:hadamard=off,group=30,seed=9"}) {
+    for (IsaLevel isa : SupportedIsaLevels()) {
+      auto c = Make(spec, isa);
+      auto* s = dynamic_cast<Sdp4bitCompressor*>(c.get());
+      const size_t n = 777;
+      const std::vector<float> x = RandomFloats(n, 23);
+      const CompressContext ctx{12, 34, 5};
+      const Parsed r = Parse(Compress(*c, x, ctx), n);
+      const std::vector<float> y = s->hadamard() ? Transformed(x) : x;
+      const uint64_t stream = StreamKey(9, 5, 12, 34);
+      const float levels = s->bits() == 4 ? 7.0f : 127.0f;
+      size_t ups = 0;
+      for (size_t i = 0; i < y.size(); ++i) {
+        const size_t g = i / s->group();
+        float gmax = 0;
+        for (size_t k = g * s->group(); k < std::min<size_t>((g + 1) * s->group(), y.size()); ++k) {
+          gmax = std::max(gmax, std::fabs(y[k]));
+        }
+        const float v = y[i] * (levels / gmax);
+        const double lo = std::floor(static_cast<double>(v));
+        // The 16-bit floor of the fraction (v * 2^16 is exact in double).
+        const double frac16 = std::floor((static_cast<double>(v) - lo) * 65536.0);
+        // Elements i and i + 16 of a 32-block share a number: low and high half.
+        const uint32_t rnd = CounterRandom32(stream, static_cast<uint32_t>((i / 32) * 16 + i % 16));
+        const uint32_t r16 = (i / 16) % 2 == 0 ? rnd & 0xFFFFu : rnd >> 16;
+        const bool up = frac16 + r16 >= 65536.0;
+        ups += up ? 1 : 0;
+        int want = static_cast<int>(lo) + (up ? 1 : 0);
+        want = std::max(-static_cast<int>(levels), std::min(static_cast<int>(levels), want));
+        ASSERT_EQ(r.codes[i], want) << spec << " " << IsaLevelName(isa) << " element " << i;
       }
-      const float v = y[i] * (levels / gmax);
-      const float lo = std::floor(v);
-      const float u =
-          static_cast<float>(CounterRandom32(stream, static_cast<uint32_t>(i)) >> 8) * 0x1p-24f;
-      int want = static_cast<int>(lo) + (u < v - lo ? 1 : 0);
-      want = std::max(-static_cast<int>(levels), std::min(static_cast<int>(levels), want));
-      ASSERT_EQ(r.codes[i], want) << spec << " element " << i;
+      EXPECT_GT(ups, y.size() / 8) << spec;  // the rounding does go up (not all floor)
+    }
+  }
+}
+
+// The random numbers of the rounding: 16-bit halves of CounterRandom32, a pure function of
+// (stream, element index): element i of a 32-block takes the low half of the number at
+// (i / 32) * 16 + i % 16 for i % 32 < 16, its high half otherwise. Checked exactly on values
+// whose fraction is known: with absmax L (inv 1, v = y) and y = k + f, f = j / 2^16, the code is
+// k + 1 exactly when r16 >= 2^16 - j.
+TEST(Sdp4bitQuantizer, RandomNumbersAreTheDocumentedSixteenBitHalves) {
+  for (IsaLevel isa : SupportedIsaLevels()) {
+    SCOPED_TRACE(IsaLevelName(isa));
+    auto c = Make("sdp4bit:hadamard=off,group=64,seed=4", isa);
+    const size_t n = 4096;
+    const CompressContext ctx{2, 6, 1};
+    const uint64_t stream = StreamKey(4, 1, 2, 6);
+    // Fraction 1/2 exactly: the code says whether r16 >= 2^15 (the top bit of the half).
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; ++i) x[i] = i % 64 == 0 ? 7.0f : 2.5f;
+    const Parsed r = Parse(Compress(*c, x, ctx), n);
+    for (size_t i = 0; i < n; ++i) {
+      if (i % 64 == 0) continue;
+      const uint32_t rnd = CounterRandom32(stream, static_cast<uint32_t>((i / 32) * 16 + i % 16));
+      const uint32_t r16 = (i / 16) % 2 == 0 ? rnd & 0xFFFFu : rnd >> 16;
+      ASSERT_EQ(r.codes[i], r16 >= 0x8000u ? 3 : 2) << i;
+    }
+    // Fraction 1/2^16: up only for r16 = 0xFFFF; fraction 1 - 2^-16: down only for r16 = 0.
+    for (const float f : {0x1p-16f, 1.0f - 0x1p-16f}) {
+      for (size_t i = 0; i < n; ++i) x[i] = i % 64 == 0 ? 7.0f : 1.0f + f;
+      const Parsed q = Parse(Compress(*c, x, ctx), n);
+      for (size_t i = 0; i < n; ++i) {
+        if (i % 64 == 0) continue;
+        const uint32_t rnd = CounterRandom32(stream, static_cast<uint32_t>((i / 32) * 16 + i % 16));
+        const uint32_t r16 = (i / 16) % 2 == 0 ? rnd & 0xFFFFu : rnd >> 16;
+        const uint32_t j = static_cast<uint32_t>(f * 65536.0f);
+        ASSERT_EQ(q.codes[i], r16 >= 65536u - j ? 2 : 1) << i << " f=" << f;
+      }
     }
   }
 }
@@ -822,6 +871,38 @@ TEST(Sdp4bitSpecialValues, AgreeAcrossLevelsAndDecodeAsDocumented) {
               std::vector<int>(b.codes.begin() + 896, b.codes.end()));
     EXPECT_TRUE(std::isnan(a.scales[4]) && std::isnan(a.scales[5]));
     EXPECT_EQ(a.scales[0], 1.0f);
+  }
+}
+
+// Every group size and scale range the vector kernels treat differently: G of 32..128 (held in
+// registers), other multiples of 32 and other even G, a shorter last group, partial last blocks,
+// scales below 2^-96 and above 2^96 (the inverse transform without the folded 2^-5), tiny and
+// subnormal groups. Compress, decompress and decompress-add agree with scalar bit for bit.
+TEST(Sdp4bitSpecialValues, EveryGroupShapeAndScaleRangeAgreesAcrossLevels) {
+  const float mult[] = {1.0f, 1e-30f, 3e-28f, 1e27f, 1e31f, 1e-37f, 1e-40f, 1e-44f};
+  for (const std::string spec :
+       {"sdp4bit:group=32", "sdp4bit:group=64", "sdp4bit:group=96", "sdp4bit:group=128",
+        "sdp4bit:group=160", "sdp4bit:bits=8,group=96", "sdp4bit:hadamard=off,group=96",
+        "sdp4bit:hadamard=off,group=30", "sdp4bit:hadamard=off,bits=8,group=128"}) {
+    for (const size_t n : {size_t{96 * 8 + 40}, size_t{1000}, size_t{31}}) {
+      std::vector<float> x = RandomFloats(n, 71);
+      for (size_t i = 0; i < n; ++i) x[i] *= mult[(i / 90) % 8];
+      auto ref = Make(spec, IsaLevel::kScalar);
+      const auto want = Compress(*ref, x, {5, 9});
+      const std::vector<float> d = Decompress(*ref, want, n);
+      std::vector<float> acc = RandomFloats(n, 72);
+      std::vector<float> want_acc = acc;
+      ASSERT_TRUE(ref->DecompressAdd({want.data(), want.size()}, {want_acc.data(), n}).ok());
+      for (IsaLevel isa : SupportedIsaLevels()) {
+        SCOPED_TRACE(spec + " n=" + std::to_string(n) + " " + std::string(IsaLevelName(isa)));
+        auto c = Make(spec, isa);
+        EXPECT_EQ(Compress(*c, x, {5, 9}), want);
+        EXPECT_TRUE(SameBits(Decompress(*c, want, n), d));
+        std::vector<float> got = acc;
+        ASSERT_TRUE(c->DecompressAdd({want.data(), want.size()}, {got.data(), n}).ok());
+        EXPECT_TRUE(SameBits(got, want_acc));
+      }
+    }
   }
 }
 
