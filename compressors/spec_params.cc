@@ -57,4 +57,29 @@ std::string FormatSpecDouble(double d) {
   return buf;
 }
 
+Status ParsePullFormat(const MethodSpec& method, std::string_view param, std::string_view value,
+                       v1::PullFormat* out) {
+  if (value == method.name) {
+    *out = v1::PULL_FORMAT_METHOD;
+  } else if (value == "fp16") {
+    *out = v1::PULL_FORMAT_FP16;
+  } else if (value == "bf16") {
+    *out = v1::PULL_FORMAT_BF16;
+  } else if (value == "fp32") {
+    *out = v1::PULL_FORMAT_FP32;
+  } else {
+    return BadParamValue(method, param, value, std::string(method.name) + ", fp16, bf16 or fp32");
+  }
+  return Status::Ok();
+}
+
+const char* PullFormatName(v1::PullFormat format, const char* own) {
+  switch (format) {
+    case v1::PULL_FORMAT_FP16: return "fp16";
+    case v1::PULL_FORMAT_BF16: return "bf16";
+    case v1::PULL_FORMAT_FP32: return "fp32";
+    default: return own;
+  }
+}
+
 }  // namespace bitpush::compressors

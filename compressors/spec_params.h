@@ -28,6 +28,14 @@ StatusOr<double> ParseDoubleParam(const MethodSpec& method, std::string_view par
 StatusOr<uint64_t> ParseUintParam(const MethodSpec& method, std::string_view param,
                                   std::string_view value);
 
+// The `pull` parameter of methods whose servers reply either in the method's own format or in
+// plain values (loco, sdp4bit): `value` is the method's name (PULL_FORMAT_METHOD), fp16,
+// bf16 or fp32; anything else is BadParamValue.
+Status ParsePullFormat(const MethodSpec& method, std::string_view param, std::string_view value,
+                       v1::PullFormat* out);
+// The spec value of `format`: `own` for PULL_FORMAT_METHOD, else fp16 / bf16 / fp32.
+const char* PullFormatName(v1::PullFormat format, const char* own);
+
 // The shortest "%.*g" form of d that reads back as exactly d (canonical spec strings).
 std::string FormatSpecDouble(double d);
 

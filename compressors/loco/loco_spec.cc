@@ -65,17 +65,9 @@ Status SetParam(const MethodSpec& m, std::string_view p, std::string_view v,
     return Status::Ok();
   }
   // p is "pull"
-  if (v == "loco") {
-    l->set_pull(v1::PULL_FORMAT_METHOD);
-  } else if (v == "fp16") {
-    l->set_pull(v1::PULL_FORMAT_FP16);
-  } else if (v == "bf16") {
-    l->set_pull(v1::PULL_FORMAT_BF16);
-  } else if (v == "fp32") {
-    l->set_pull(v1::PULL_FORMAT_FP32);
-  } else {
-    return BadParamValue(m, p, v, "loco, fp16, bf16 or fp32");
-  }
+  v1::PullFormat f = v1::PULL_FORMAT_UNSPECIFIED;
+  BP_RETURN_IF_ERROR(ParsePullFormat(m, p, v, &f));
+  l->set_pull(f);
   return Status::Ok();
 }
 
@@ -115,15 +107,6 @@ Status Canonicalize(const MethodSpec&, v1::CompressorConfig* c) {
   return Status::Ok();
 }
 
-const char* PullName(v1::PullFormat f) {
-  switch (f) {
-    case v1::PULL_FORMAT_FP16: return "fp16";
-    case v1::PULL_FORMAT_BF16: return "bf16";
-    case v1::PULL_FORMAT_FP32: return "fp32";
-    default: return "loco";
-  }
-}
-
 void FormatParams(const v1::CompressorConfig& c, std::string* s) {
   const v1::LocoParams& l = c.loco();
   *s += ":scale=" + FormatSpecDouble(l.scale());
@@ -132,7 +115,7 @@ void FormatParams(const v1::CompressorConfig& c, std::string* s) {
   *s += ",beta=" + FormatSpecDouble(l.beta());
   *s += ",reset=" + std::to_string(l.reset());
   *s += l.error() == v1::LOCO_ERROR_PRECISION_FP32 ? ",error=fp32" : ",error=int8";
-  *s += std::string(",pull=") + PullName(l.pull());
+  *s += std::string(",pull=") + PullFormatName(l.pull(), "loco");
 }
 
 v1::ErrorFeedbackPolicy Recommended(const v1::CompressorConfig& c) {

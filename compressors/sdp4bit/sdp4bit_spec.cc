@@ -49,17 +49,9 @@ Status SetParam(const MethodSpec& m, std::string_view p, std::string_view v,
     return Status::Ok();
   }
   // p is "pull"
-  if (v == "sdp4bit") {
-    q->set_pull(v1::PULL_FORMAT_METHOD);
-  } else if (v == "fp16") {
-    q->set_pull(v1::PULL_FORMAT_FP16);
-  } else if (v == "bf16") {
-    q->set_pull(v1::PULL_FORMAT_BF16);
-  } else if (v == "fp32") {
-    q->set_pull(v1::PULL_FORMAT_FP32);
-  } else {
-    return BadParamValue(m, p, v, "sdp4bit, fp16, bf16 or fp32");
-  }
+  v1::PullFormat f = v1::PULL_FORMAT_UNSPECIFIED;
+  BP_RETURN_IF_ERROR(ParsePullFormat(m, p, v, &f));
+  q->set_pull(f);
   return Status::Ok();
 }
 
@@ -89,22 +81,13 @@ Status Canonicalize(const MethodSpec&, v1::CompressorConfig* c) {
   return Status::Ok();
 }
 
-const char* PullName(v1::PullFormat f) {
-  switch (f) {
-    case v1::PULL_FORMAT_FP16: return "fp16";
-    case v1::PULL_FORMAT_BF16: return "bf16";
-    case v1::PULL_FORMAT_FP32: return "fp32";
-    default: return "sdp4bit";
-  }
-}
-
 void FormatParams(const v1::CompressorConfig& c, std::string* s) {
   const v1::Sdp4bitParams& q = c.sdp4bit();
   *s += ":bits=" + std::to_string(q.bits());
   *s += ",group=" + std::to_string(q.group());
   *s += q.hadamard() ? ",hadamard=on" : ",hadamard=off";
   *s += ",seed=" + std::to_string(q.seed());
-  *s += std::string(",pull=") + PullName(q.pull());
+  *s += std::string(",pull=") + PullFormatName(q.pull(), "sdp4bit");
 }
 
 Status CheckErrorFeedback(const v1::CompressorConfig& c, v1::ErrorFeedbackPolicy policy) {
