@@ -11,6 +11,7 @@
 
 #include "bench/bench_util.h"
 #include "common/aligned_buffer.h"
+#include "common/counter_rng.h"
 #include "common/cpu_features.h"
 #include "compressors/compressor.h"
 #include "compressors/error_feedback.h"
@@ -53,8 +54,11 @@ void PrintHelp() {
   std::printf(
       "usage: bitpush-bench compressors [--json] [--isa avx512|avx2|scalar] [--sizes-mib 4,64]\n"
       "                                 [--min-time SECONDS] [--only SUBSTRING]\n"
-      "Measures memcpy, then compress, compress_ef, decompress and decompress_add of every\n"
-      "compressor on random normal fp32 data, one thread. gbps = fp32 input bytes / best time.\n");
+      "Measures memcpy, then compress, compress_ef, decompress, decompress_add and server_round\n"
+      "of every compressor on random normal fp32 data, one thread. gbps = fp32 input bytes /\n"
+      "best time. server_round: a server's round over 4 pushes of the payload (the fused\n"
+      "AggregateCompress where the compressor fuses it, else decompress, add, average,\n"
+      "compress), gbps counting the 4 pushes' fp32 bytes.\n");
 }
 
 int ParseArgs(int argc, char** argv, Options* o) {
@@ -215,15 +219,51 @@ int RunCompressorsBench(int argc, char** argv) {
         if (!s.ok()) failure = s;
       };
 
+      // server_round: what a server does with kServerPushes pushes of this payload (one per
+      // worker) — KeyState's round without a server residual: the fused AggregateCompress where
+      // the compressor fuses it (onebit, topk, sdp4bit: the Hadamard-domain sum and its one
+      // inverse transform), else decompress-to-float, decompress-add, average and compress.
+      // Its gbps counts every push's fp32 bytes (kServerPushes x the tensor).
+      constexpr size_t kServerPushes = 4;
+      std::vector<uint8_t> reply(c->MaxCompressedBytes(n, DType::kFloat32));
+      CompressContext sctx;
+      sctx.key = 1;
+      sctx.worker = kServerStream;
+      auto server_round = [&] {
+        const float scale = 1.0f / static_cast<float>(kServerPushes);
+        const ByteSpan push(payload.data(), payload_bytes);
+        Status s;
+        if (c->FusesServerRound(false)) {
+          const ByteSpan pushes[kServerPushes] = {push, push, push, push};
+          auto r = c->AggregateCompress(Span<const ByteSpan>(pushes, kServerPushes), n, scale,
+                                        nullptr, sctx, {reply.data(), reply.size()});
+          if (!r.ok()) s = r.status();
+        } else {
+          s = c->DecompressToFloat(push, acc.span());
+          for (size_t w = 1; w < kServerPushes && s.ok(); ++w)
+            s = c->DecompressAdd(push, acc.span());
+          float* a = acc.data();
+          for (size_t i = 0; s.ok() && i < n; ++i) a[i] *= scale;
+          if (s.ok()) {
+            auto r =
+                c->Compress(ConstTensorView(acc.data(), n), sctx, {reply.data(), reply.size()});
+            if (!r.ok()) s = r.status();
+          }
+        }
+        if (!s.ok()) failure = s;
+      };
+
       struct Op {
         const char* name;
         std::function<void()> fn;
+        size_t pushes = 1;  // tensors of input per call
       };
       // decompress* run on the payload left by the last plain compress.
       const Op ops[] = {{"compress_ef", compress_ef},
                         {"compress", compress},
                         {"decompress", decompress},
-                        {"decompress_add", decompress_add}};
+                        {"decompress_add", decompress_add},
+                        {"server_round", server_round, kServerPushes}};
       for (const Op& op : ops) {
         const Timing t = TimeIt(op.fn, opt.min_seconds, min_reps);
         if (!failure.ok()) {
@@ -231,7 +271,7 @@ int RunCompressorsBench(int argc, char** argv) {
                        failure.ToString().c_str());
           return 1;
         }
-        const double gbps = bytes / t.best_seconds / 1e9;
+        const double gbps = static_cast<double>(op.pushes) * bytes / t.best_seconds / 1e9;
         const double ratio =
             static_cast<double>(bytes) / static_cast<double>(payload_bytes ? payload_bytes : 1);
         records.push_back(JsonRecord()

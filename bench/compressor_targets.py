@@ -20,7 +20,10 @@ TARGETS = {
     # Papers 000 and 002: LoCo's compress with its error update, TLq-HS's quantise with the
     # fused Hadamard transform, the servers' dequantise-add.
     "loco": {"compress_ef": 0.4, "decompress_add": 0.8},
-    "sdp4bit": {"compress": 0.4, "decompress_add": 0.8},
+    # The server's dequantise-add: its round over 4 pushes (server_round: sdp4bit sums in the
+    # Hadamard domain and transforms once per key); decompress_add is the worker's decode of a
+    # reply, with the inverse transform of every block.
+    "sdp4bit": {"compress": 0.4, "server_round": 0.8},
 }
 # (spec, over spec, op, target): the first's GB/s over the second's in the same run (the
 # fused Hadamard "nearly free": >= 0.9 of the same quantiser without it).

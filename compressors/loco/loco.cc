@@ -357,7 +357,7 @@ Status LocoCompressor::Validate(ByteSpan body, size_t n, Kind* kind_out) const {
     const float step = LoadF32(p + kBodyHeaderBytes);
     if (std::isnan(step)) {
       if (!zero_codes(0, n)) return DataLossError("loco body: NaN step with nonzero codes");
-    } else if (std::memcmp(&step, &fixed_.step, 4) != 0) {
+    } else if (step != fixed_.step) {  // exactly the key's step (no NaN here)
       return DataLossError("loco body: step " + std::to_string(step) +
                            " is not this key's 1/scale (" + std::to_string(fixed_.step) + ")");
     }

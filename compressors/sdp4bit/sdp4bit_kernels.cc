@@ -231,10 +231,10 @@ BP_SDP_INLINE void StoreTail(const float* buf, float* out, size_t rem, bool add)
   do {                                                                                          \
     const __m128i lut_ = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1); \
     const __m128i nib_ = _mm_set1_epi8(0x0F);                                                   \
-    const __m128i lo_ = _mm_shuffle_epi8(lut_, _mm_and_si128(b, nib_));                         \
-    const __m128i hi_ = _mm_shuffle_epi8(lut_, _mm_and_si128(_mm_srli_epi16(b, 4), nib_));      \
-    e0 = _mm_unpacklo_epi8(hi_, lo_);                                                           \
-    e1 = _mm_unpackhi_epi8(hi_, lo_);                                                           \
+    const __m128i lo_ = _mm_shuffle_epi8(lut_, _mm_and_si128((b), nib_));                       \
+    const __m128i hi_ = _mm_shuffle_epi8(lut_, _mm_and_si128(_mm_srli_epi16((b), 4), nib_));    \
+    (e0) = _mm_unpacklo_epi8(hi_, lo_);                                                         \
+    (e1) = _mm_unpackhi_epi8(hi_, lo_);                                                         \
   } while (0)
 
 // ---- AVX2 --------------------------------------------------------------------------------------
@@ -317,7 +317,7 @@ BP_TARGET_AVX2 BP_SDP_INLINE __m256i Narrow256(__m256i c0, __m256i c1, __m256i c
 }
 
 // 32 int8 codes in element order -> 16 bytes, element 2i in the high nibble.
-BP_TARGET_AVX2 BP_SDP_INLINE __m128i Pack4From8_256(__m256i b) {
+BP_TARGET_AVX2 BP_SDP_INLINE __m128i Pack4From8Avx2(__m256i b) {
   const __m256i hi = _mm256_and_si256(_mm256_slli_epi16(b, 4), _mm256_set1_epi16(0x00F0));
   const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(b, 8), _mm256_set1_epi16(0x000F));
   const __m256i w = _mm256_or_si256(hi, lo);
@@ -347,7 +347,7 @@ BP_TARGET_AVX2 BP_SDP_INLINE void QuantBlock256(const __m256* y, __m256i ctr, co
   __m256i b = Narrow256(c0, c1, c2, c3);
   b = _mm256_max_epi8(_mm256_min_epi8(b, q.lmax), q.lmin);
   if constexpr (kBits == 4) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), Pack4From8_256(b));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), Pack4From8Avx2(b));
   } else {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), b);
   }
@@ -781,27 +781,27 @@ template <uint32_t kBits, int kNb>
 BP_TARGET_AVX512 void QuantizeAvx512Regs(const float* x, size_t count, size_t len, size_t first,
                                          bool transform, const Layout& lay, uint8_t* scales,
                                          uint8_t* codes, float* work) {
-  constexpr size_t g = kNb * kBlock;
+  constexpr size_t kGroup = kNb * kBlock;
   const uint32_t levels = MaxCode(kBits);
   const Signs512 sg = MakeSigns512();
   Quant512 q = MakeQuant512(lay, levels);
   const __m512i inc = _mm512_set1_epi32(static_cast<int>(16u * kGolden32));
-  const size_t whole = len / g * g;
-  uint8_t* scale_at = scales + 4 * (first / g);  // first: a multiple of G
+  const size_t whole = len / kGroup * kGroup;
+  uint8_t* scale_at = scales + 4 * (first / kGroup);  // first: a multiple of G
   __m512 a[kNb], c[kNb];
   uint32_t amax = whole > 0 ? LoadGroup512<kNb>(x, 0, count, transform, sg, a, c) : 0;
-  for (size_t s = 0; s < whole; s += g, scale_at += 4) {
+  for (size_t s = 0; s < whole; s += kGroup, scale_at += 4) {
     const GroupParams gp = ParamsFor(amax, levels);
     StoreF32(scale_at, gp.scale);
     __m512 na[kNb], nc[kNb];
-    if (s + g < whole) amax = LoadGroup512<kNb>(x, s + g, count, transform, sg, na, nc);
+    if (s + kGroup < whole) amax = LoadGroup512<kNb>(x, s + kGroup, count, transform, sg, na, nc);
     if (gp.mode != Mode::kNormal) {
 #pragma GCC unroll 4
       for (int k = 0; k < kNb; ++k) {
         _mm512_store_ps(work + kBlock * k, a[k]);
         _mm512_store_ps(work + kBlock * k + 16, c[k]);
       }
-      QuantizeGroupScalar(work, g, first + s, gp, kBits, lay.stream, codes);
+      QuantizeGroupScalar(work, kGroup, first + s, gp, kBits, lay.stream, codes);
     } else {
       q.inv16 = _mm512_set1_ps(gp.inv16);
       __m512i ctr = Counter512(lay.stream, (first + s) / 2);

@@ -11,7 +11,7 @@ import sys
 
 bench = sys.argv[1]
 REQUIRED = {"name", "op", "bytes", "gbps", "ratio_to_memcpy", "compression_ratio"}
-OPS = {"compress", "compress_ef", "decompress", "decompress_add"}
+OPS = {"compress", "compress_ef", "decompress", "decompress_add", "server_round"}
 
 
 def run(*args):

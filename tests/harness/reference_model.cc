@@ -152,6 +152,7 @@ StatusOr<std::vector<uint8_t>> ReferenceTensor::Round(
     std::vector<uint8_t> agg(p.server->MaxCompressedBytes(n, DType::kFloat32));
     const ConstTensorView delta(acc.data(), n);
     std::vector<ByteSpan> spans;
+    spans.reserve(pushes.size());
     for (const std::vector<uint8_t>& b : pushes) spans.emplace_back(b.data(), b.size());
     BP_ASSIGN_OR_RETURN(
         const size_t aggregated,
