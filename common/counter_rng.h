@@ -9,6 +9,10 @@
 // - CounterRandom64(s, i): SplitMix64's output number i of the sequence starting at state s.
 // - CounterRandom32(s, i): a cheaper 32-bit hash (two murmur3 finalisers, multiply-xorshift),
 //   used per element by stochastic rounding; kernels vectorise exactly this function.
+// - CounterRandom32Lite(s, i): one murmur3 finaliser of (i * golden + low word) ^ high word,
+//   half CounterRandom32's multiplies, for kernels where the hash is a large share of the time
+//   (sdp4bit's quantiser). Still a bijection of i for a fixed stream, with the finaliser's
+//   avalanche; the statistical tests of its users check unbiasedness and variance.
 // - UniformBelow(r64, bound): Lemire's multiply-shift, bias <= bound / 2^64.
 //
 // Thread-safety: pure functions.
@@ -52,6 +56,12 @@ inline uint32_t CounterRandom32(uint64_t stream, uint32_t i) {
   const uint32_t lo = static_cast<uint32_t>(stream);
   const uint32_t hi = static_cast<uint32_t>(stream >> 32);
   return Fmix32(Fmix32(i * kGolden32 + lo) ^ hi);
+}
+
+inline uint32_t CounterRandom32Lite(uint64_t stream, uint32_t i) {
+  const uint32_t lo = static_cast<uint32_t>(stream);
+  const uint32_t hi = static_cast<uint32_t>(stream >> 32);
+  return Fmix32((i * kGolden32 + lo) ^ hi);
 }
 
 inline uint64_t UniformBelow(uint64_t r64, uint64_t bound) {

@@ -332,19 +332,39 @@ size_t Sdp4bitCompressor::AggregateBody(const ByteSpan* bodies, size_t count, si
     work_.resize(group_);
   }
   float* z = sum_.data();
+  // Every push quantised: the fused round (sum, scale and re-quantisation or store in one pass,
+  // sdp4bit::SumGroups) on the groups where this level has it; the passes below on the rest.
+  bool fused = count > 0;
+  for (size_t w = 0; w < count; ++w) fused = fused && bodies[w].data()[0] == kQuantized;
+  if (fused) {
+    push_scales_.resize(count);
+    push_codes_.resize(count);
+    for (size_t w = 0; w < count; ++w) {
+      push_scales_[w] = bodies[w].data() + kBodyHeaderBytes;
+      push_codes_[w] = push_scales_[w] + 4 * groups;
+    }
+  }
   for (size_t start = 0; start < m; start += chunk) {
     const size_t len = std::min(chunk, m - start);
     const size_t valid = std::min(len, n - start);  // start < n: chunks are whole 32-blocks
-    for (size_t w = 0; w < count; ++w) {
+    const size_t done =
+        fused ? sdp4bit::SumGroups(push_scales_.data(), push_codes_.data(), count, start, len,
+                                   scale, lay, data, data + 4 * groups, work_.data(),
+                                   kind == kQuantized ? nullptr : z, isa())
+              : 0;
+    const size_t rest = len - done;  // elements [start + done, start + len): a multiple of G in
+    float* zr = z + done;            // front of the chunk's end, or the whole chunk
+    for (size_t w = 0; w < count && rest > 0; ++w) {
       const uint8_t* b = bodies[w].data();
       const uint8_t* in = b + kBodyHeaderBytes;
       if (b[0] == kQuantized) {
         // Hadamard domain: no inverse transform per push.
-        sdp4bit::DequantizeGroups(in, in + 4 * groups, start, len, len, lay, false, z, w > 0,
-                                  isa());
+        sdp4bit::DequantizeGroups(in, in + 4 * groups, start + done, rest, rest, lay, false, zr,
+                                  w > 0, isa());
         continue;
       }
-      // A validated push of 16/32-bit values (real domain): transformed like a push would be.
+      // A validated push of 16/32-bit values (real domain): transformed like a push would be
+      // (fused is false here, so done == 0).
       values_.resize(std::min(chunk, m));
       float* v = values_.data();
       LoadValues(in + ValueBytes(b[0]) * start, b[0], valid, v, false, isa());
@@ -352,10 +372,12 @@ size_t Sdp4bitCompressor::AggregateBody(const ByteSpan* bodies, size_t count, si
       if (hadamard_) sdp4bit::TransformBlocks(v, len, false, isa());
       for (size_t i = 0; i < len; ++i) z[i] = w > 0 ? z[i] + v[i] : v[i];
     }
-    if (scale != 1.0f) sdp4bit::ScaleInPlace(z, len, scale);
+    if (rest > 0 && scale != 1.0f) sdp4bit::ScaleInPlace(zr, rest, scale);
     if (kind == kQuantized) {
-      sdp4bit::QuantizeGroups(z, len, len, start, false, lay, data, data + 4 * groups, work_.data(),
-                              isa());
+      if (rest > 0) {
+        sdp4bit::QuantizeGroups(zr, rest, rest, start + done, false, lay, data, data + 4 * groups,
+                                work_.data(), isa());
+      }
     } else {
       if (hadamard_) sdp4bit::TransformBlocks(z, len, true, isa());
       WriteValues(z, valid, kind, data + ValueBytes(kind) * start, isa());

@@ -14,7 +14,7 @@
 //      inv = fp32(L / absmax), v = y * inv, stochastic rounding with a 16-bit uniform r16:
 //        w = fp32(y * (inv * 2^16))     (= v * 2^16 exactly unless v is subnormal)
 //        code = clamp((floor(w) + r16) >> 16, -L, L)     (>> arithmetic: floor division)
-//        r = CounterRandom32(StreamKey(seed, worker, key, round), ((i >> 5) << 4) | (i & 15)),
+//        r = CounterRandom32Lite(StreamKey(seed, worker, key, round), ((i >> 5) << 4) | (i & 15)),
 //        r16 = (i & 16) ? r >> 16 : r & 0xFFFF
 //      with i the element's index in the padded vector (common/counter_rng.h): elements i and
 //      i + 16 of a 32-block share one 32-bit number, one half each. So code = floor(v) + 1 with
@@ -71,6 +71,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "common/aligned_buffer.h"
 #include "compressors/compressor.h"
@@ -124,10 +125,12 @@ class Sdp4bitCompressor final : public CompressorBase {
   bool hadamard_;
   uint64_t seed_;
   v1::PullFormat pull_;
-  AlignedBuffer<float> work_;     // one group of transformed values (the quantiser)
-  AlignedBuffer<float> decoded_;  // C(q) (error feedback)
-  AlignedBuffer<float> sum_;      // the fused server round: one chunk of z
-  AlignedBuffer<float> values_;   // the fused server round: a 16/32-bit push's chunk
+  AlignedBuffer<float> work_;                // one group of transformed values (the quantiser)
+  AlignedBuffer<float> decoded_;             // C(q) (error feedback)
+  AlignedBuffer<float> sum_;                 // the fused server round: one chunk of z
+  AlignedBuffer<float> values_;              // the fused server round: a 16/32-bit push's chunk
+  std::vector<const uint8_t*> push_scales_;  // the fused server round: each push's scales
+  std::vector<const uint8_t*> push_codes_;   // and codes
 };
 
 }  // namespace bitpush::compressors

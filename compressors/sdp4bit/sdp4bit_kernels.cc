@@ -83,10 +83,10 @@ GroupParams ParamsFor(uint32_t amax_bits, uint32_t levels) {
   return {Mode::kNormal, scale, inv16};
 }
 
-// The 16-bit uniform of element i: CounterRandom32 at ((i >> 5) << 4) | (i & 15) (elements i
+// The 16-bit uniform of element i: CounterRandom32Lite at ((i >> 5) << 4) | (i & 15) (elements i
 // and i + 16 of a 32-block share one number), its low half for i & 16 clear, else its high half.
 BP_SDP_INLINE uint32_t Uniform16(uint64_t stream, size_t i) {
-  const uint32_t r = CounterRandom32(stream, static_cast<uint32_t>(((i >> 5) << 4) | (i & 15)));
+  const uint32_t r = CounterRandom32Lite(stream, static_cast<uint32_t>(((i >> 5) << 4) | (i & 15)));
   return (i & 16) != 0 ? r >> 16 : r & 0xFFFFu;
 }
 
@@ -338,8 +338,8 @@ BP_TARGET_AVX2 BP_SDP_INLINE __m256i Counter256(uint64_t stream, size_t first) {
 template <uint32_t kBits>
 BP_TARGET_AVX2 BP_SDP_INLINE void QuantBlock256(const __m256* y, __m256i ctr, const Quant256& q,
                                                 uint8_t* out) {
-  const __m256i h0 = Fmix256(_mm256_xor_si256(Fmix256(ctr), q.hi));
-  const __m256i h1 = Fmix256(_mm256_xor_si256(Fmix256(_mm256_add_epi32(ctr, q.step8)), q.hi));
+  const __m256i h0 = Fmix256(_mm256_xor_si256(ctr, q.hi));
+  const __m256i h1 = Fmix256(_mm256_xor_si256(_mm256_add_epi32(ctr, q.step8), q.hi));
   const __m256i c0 = Codes256(y[0], _mm256_and_si256(h0, q.low16), q);
   const __m256i c1 = Codes256(y[1], _mm256_and_si256(h1, q.low16), q);
   const __m256i c2 = Codes256(y[2], _mm256_srli_epi32(h0, 16), q);
@@ -640,7 +640,7 @@ template <uint32_t kBits>
 BP_TARGET_AVX512 BP_SDP_INLINE void QuantBlock512(__m512 a, __m512 c, __m512i ctr,
                                                   const Quant512& q, uint8_t* out) {
   constexpr int kFloor = _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC;
-  const __m512i r = Fmix512(_mm512_xor_si512(Fmix512(ctr), q.hi));
+  const __m512i r = Fmix512(_mm512_xor_si512(ctr, q.hi));
   const __m512i fa = _mm512_cvt_roundps_epi32(_mm512_mul_ps(a, q.inv16), kFloor);
   const __m512i fc = _mm512_cvt_roundps_epi32(_mm512_mul_ps(c, q.inv16), kFloor);
   const __m512i ca = _mm512_srai_epi32(_mm512_add_epi32(fa, _mm512_and_si512(r, q.low16)), 16);
@@ -775,26 +775,37 @@ BP_TARGET_AVX512 BP_SDP_INLINE uint32_t LoadGroup512(const float* x, size_t s, s
   return _mm512_reduce_max_epu32(m);
 }
 
-// G = 32 kNb <= 128: a group's (transformed) values stay in registers, and the next group is
-// loaded and transformed before this one is quantised (the two chains overlap).
-template <uint32_t kBits, int kNb>
-BP_TARGET_AVX512 void QuantizeAvx512Regs(const float* x, size_t count, size_t len, size_t first,
-                                         bool transform, const Layout& lay, uint8_t* scales,
-                                         uint8_t* codes, float* work) {
+// Loads (and transforms) the group of a partition's input at x[s..) into registers.
+template <int kNb>
+struct InputGroups512 {
+  const float* x;
+  size_t count;
+  bool transform;
+  Signs512 sg;
+  BP_TARGET_AVX512 BP_SDP_INLINE uint32_t operator()(size_t s, __m512* a, __m512* c) const {
+    return LoadGroup512<kNb>(x, s, count, transform, sg, a, c);
+  }
+};
+
+// G = 32 kNb <= 128, `whole` elements (a multiple of G) whose groups `load(s, a, c)` puts in
+// registers (returning their absmax bits): a group's values stay in registers, and the next
+// group is loaded before this one is quantised (the two chains overlap).
+template <uint32_t kBits, int kNb, typename Load>
+BP_TARGET_AVX512 BP_SDP_INLINE void QuantizeRegs512(const Load& load, size_t whole, size_t first,
+                                                    const Layout& lay, uint8_t* scales,
+                                                    uint8_t* codes, float* work) {
   constexpr size_t kGroup = kNb * kBlock;
   const uint32_t levels = MaxCode(kBits);
-  const Signs512 sg = MakeSigns512();
   Quant512 q = MakeQuant512(lay, levels);
   const __m512i inc = _mm512_set1_epi32(static_cast<int>(16u * kGolden32));
-  const size_t whole = len / kGroup * kGroup;
   uint8_t* scale_at = scales + 4 * (first / kGroup);  // first: a multiple of G
   __m512 a[kNb], c[kNb];
-  uint32_t amax = whole > 0 ? LoadGroup512<kNb>(x, 0, count, transform, sg, a, c) : 0;
+  uint32_t amax = whole > 0 ? load(0, a, c) : 0;
   for (size_t s = 0; s < whole; s += kGroup, scale_at += 4) {
     const GroupParams gp = ParamsFor(amax, levels);
     StoreF32(scale_at, gp.scale);
     __m512 na[kNb], nc[kNb];
-    if (s + kGroup < whole) amax = LoadGroup512<kNb>(x, s + kGroup, count, transform, sg, na, nc);
+    if (s + kGroup < whole) amax = load(s + kGroup, na, nc);
     if (gp.mode != Mode::kNormal) {
 #pragma GCC unroll 4
       for (int k = 0; k < kNb; ++k) {
@@ -818,6 +829,16 @@ BP_TARGET_AVX512 void QuantizeAvx512Regs(const float* x, size_t count, size_t le
       c[k] = nc[k];
     }
   }
+}
+
+template <uint32_t kBits, int kNb>
+BP_TARGET_AVX512 void QuantizeAvx512Regs(const float* x, size_t count, size_t len, size_t first,
+                                         bool transform, const Layout& lay, uint8_t* scales,
+                                         uint8_t* codes, float* work) {
+  constexpr size_t kGroup = kNb * kBlock;
+  const size_t whole = len / kGroup * kGroup;
+  const InputGroups512<kNb> load{x, count, transform, MakeSigns512()};
+  QuantizeRegs512<kBits, kNb>(load, whole, first, lay, scales, codes, work);
   if (whole < len) {  // a shorter last group
     QuantizeAvx512T<kBits>(x + whole, count > whole ? count - whole : 0, len - whole, first + whole,
                            transform, lay, scales, codes, work);
@@ -945,6 +966,91 @@ BP_TARGET_AVX512 void DequantizeAvx512T(const uint8_t* scales, const uint8_t* co
   }
 }
 
+// Sums the group at element first + s of `count` quantised bodies (body 0, + body 1, ...: the
+// order of DequantizeGroups then DequantizeGroups(add) per body), times `scale` unless it is 1
+// (ScaleInPlace's product), into registers; no inverse transform (the Hadamard domain).
+template <uint32_t kBits, int kNb>
+struct SummedGroups512 {
+  const uint8_t* const* scales;
+  const uint8_t* const* codes;
+  size_t count;
+  size_t first;
+  float scale;
+  BP_TARGET_AVX512 BP_SDP_INLINE uint32_t operator()(size_t s, __m512* a, __m512* c) const {
+    constexpr size_t kGroup = kNb * kBlock;
+    const __m512 code_values =
+        _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+    const size_t e = first + s;
+    for (size_t w = 0; w < count; ++w) {
+      const __m512 sc = _mm512_set1_ps(LoadF32(scales[w] + 4 * (e / kGroup)));
+      const __m512 lut = Opaque512(_mm512_mul_ps(code_values, sc));
+#pragma GCC unroll 4
+      for (int k = 0; k < kNb; ++k) {
+        __m512 x, y;
+        DecodeBlock512<kBits>(codes[w], e + kBlock * k, lut, sc, &x, &y);
+        a[k] = w == 0 ? x : _mm512_add_ps(a[k], x);
+        c[k] = w == 0 ? y : _mm512_add_ps(c[k], y);
+      }
+    }
+    __m512i m = _mm512_setzero_si512();
+    const __m512 vs = _mm512_set1_ps(scale);
+#pragma GCC unroll 4
+    for (int k = 0; k < kNb; ++k) {
+      if (scale != 1.0f) {
+        a[k] = Opaque512(_mm512_mul_ps(a[k], vs));
+        c[k] = Opaque512(_mm512_mul_ps(c[k], vs));
+      }
+      m = _mm512_max_epu32(m, _mm512_max_epu32(AbsBits512(a[k]), AbsBits512(c[k])));
+    }
+    return _mm512_reduce_max_epu32(m);
+  }
+};
+
+template <uint32_t kBits, int kNb>
+BP_TARGET_AVX512 size_t SumGroupsAvx512T(const uint8_t* const* in_scales,
+                                         const uint8_t* const* in_codes, size_t count, size_t first,
+                                         size_t len, float scale, const Layout& lay,
+                                         uint8_t* scales, uint8_t* codes, float* work, float* out) {
+  constexpr size_t kGroup = kNb * kBlock;
+  const size_t whole = len / kGroup * kGroup;
+  const SummedGroups512<kBits, kNb> load{in_scales, in_codes, count, first, scale};
+  if (out == nullptr) {
+    QuantizeRegs512<kBits, kNb>(load, whole, first, lay, scales, codes, work);
+    return whole;
+  }
+  for (size_t s = 0; s < whole; s += kGroup) {
+    __m512 a[kNb], c[kNb];
+    load(s, a, c);
+#pragma GCC unroll 4
+    for (int k = 0; k < kNb; ++k) {
+      _mm512_storeu_ps(out + s + kBlock * k, a[k]);
+      _mm512_storeu_ps(out + s + kBlock * k + 16, c[k]);
+    }
+  }
+  return whole;
+}
+
+template <uint32_t kBits>
+size_t SumGroupsAvx512(const uint8_t* const* in_scales, const uint8_t* const* in_codes,
+                       size_t count, size_t first, size_t len, float scale, const Layout& lay,
+                       uint8_t* scales, uint8_t* codes, float* work, float* out) {
+  switch (lay.group) {
+    case 32:
+      return SumGroupsAvx512T<kBits, 1>(in_scales, in_codes, count, first, len, scale, lay, scales,
+                                        codes, work, out);
+    case 64:
+      return SumGroupsAvx512T<kBits, 2>(in_scales, in_codes, count, first, len, scale, lay, scales,
+                                        codes, work, out);
+    case 96:
+      return SumGroupsAvx512T<kBits, 3>(in_scales, in_codes, count, first, len, scale, lay, scales,
+                                        codes, work, out);
+    case 128:
+      return SumGroupsAvx512T<kBits, 4>(in_scales, in_codes, count, first, len, scale, lay, scales,
+                                        codes, work, out);
+    default: return 0;
+  }
+}
+
 BP_TARGET_AVX512 void TransformAvx512(float* x, size_t m, bool inverse) {
   const Signs512 sg = MakeSigns512();
   const __m512 inv32 = _mm512_set1_ps(kInv32);
@@ -1031,6 +1137,16 @@ void DequantizeGroups(const uint8_t* scales, const uint8_t* codes, size_t first,
     case IsaLevel::kScalar: break;
   }
   DequantizeScalar(scales, codes, first, len, valid, lay, inverse, out, add);
+}
+
+size_t SumGroups(const uint8_t* const* in_scales, const uint8_t* const* in_codes, size_t count,
+                 size_t first, size_t len, float scale, const Layout& lay, uint8_t* scales,
+                 uint8_t* codes, float* work, float* out, IsaLevel isa) {
+  if (isa != IsaLevel::kAvx512 || count == 0) return 0;
+  return lay.bits == 4 ? SumGroupsAvx512<4>(in_scales, in_codes, count, first, len, scale, lay,
+                                            scales, codes, work, out)
+                       : SumGroupsAvx512<8>(in_scales, in_codes, count, first, len, scale, lay,
+                                            scales, codes, work, out);
 }
 
 void ScaleInPlace(float* x, size_t n, float s) {

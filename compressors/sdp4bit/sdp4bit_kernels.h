@@ -19,7 +19,7 @@
 //     rounding: the same values bit for bit (other scales take the literal sequence).
 //
 // Element i of the (padded, transformed) vector of a partition rounds with the 16-bit uniform
-//   r = CounterRandom32(stream, uint32_t(((i >> 5) << 4) | (i & 15))),
+//   r = CounterRandom32Lite(stream, uint32_t(((i >> 5) << 4) | (i & 15))),
 //   r16 = (i & 16) ? r >> 16 : r & 0xFFFF     (elements i, i + 16 of a block share r);
 // a group's values are quantised as
 //   w = y * inv16, inv16 = fp32(L / absmax) * 2^16  (tiny absmax: w = (y * 2^64) * inv16,
@@ -79,6 +79,19 @@ void QuantizeGroups(const float* x, size_t count, size_t len, size_t first, bool
 void DequantizeGroups(const uint8_t* scales, const uint8_t* codes, size_t first, size_t len,
                       size_t valid, const Layout& layout, bool inverse, float* out, bool add,
                       IsaLevel isa);
+
+// The server's round over `count` quantised bodies in one pass (in_scales / in_codes: each
+// body's arrays, from element 0), over elements [first, first + len) (first a multiple of G):
+// their sum in the transformed domain (body 0 + body 1 + ..., no inverse transform), times
+// `scale` unless it is 1, then either re-quantised with `lay` (out == nullptr: scales / codes /
+// work as QuantizeGroups, transform off) or stored to out[0..). Bit for bit the sequence
+// DequantizeGroups, DequantizeGroups(add) per further body, ScaleInPlace, QuantizeGroups. The
+// bodies share lay.bits and lay.group. Returns how many leading elements it handled: a multiple
+// of G, 0 where this level or G has no fused kernel (AVX-512, G <= 128); the caller runs that
+// sequence on the rest.
+size_t SumGroups(const uint8_t* const* in_scales, const uint8_t* const* in_codes, size_t count,
+                 size_t first, size_t len, float scale, const Layout& lay, uint8_t* scales,
+                 uint8_t* codes, float* work, float* out, IsaLevel isa);
 
 // x[i] *= s for i < n (the same rounding on every level).
 void ScaleInPlace(float* x, size_t n, float s);

@@ -16,14 +16,14 @@ testing = pytest.importorskip("bitpush.testing")
 
 SEEDS = (0, 1, 2)
 # 40 epochs with the example's defaults (lr 0.01, 5 % linear warm-up then cosine decay to 0,
-#batch 32 per worker) : where the biased compressors with error feedback catch up with LANS
-#(docs / training.md has the measurements : at 25 epochs and a constant lr they did not).
+# batch 32 per worker): where the biased compressors with error feedback catch up with LANS
+# (docs/training.md has the measurements: at 25 epochs and a constant lr they did not).
 EPOCHS = int(os.environ.get("BITPUSH_CONVERGENCE_EPOCHS", "40"))
-#Small enough that the MLP's weight matrices (8 KiB .. 64 KiB) are compressed; the biases
-#(<= 512 bytes) go uncompressed.
+# Small enough that the MLP's weight matrices (8 KiB .. 64 KiB) are compressed; the biases
+# (<= 512 bytes) go uncompressed.
 MIN_COMPRESS_BYTES = 2048
 
-#(label, cluster error_feedback, example argv, allowed accuracy drop vs LANS in points)
+# (label, cluster error_feedback, example argv, allowed accuracy drop vs LANS in points)
 CONFIGS = [
     ("LANS (none)", "both", ["--optimizer", "lans"], None),
     ("CLAN onebit+EF", "both", ["--optimizer", "clan", "--compression", "onebit"], 1.0),
@@ -32,20 +32,19 @@ CONFIGS = [
     ("CLAN dithering:levels=63 (no EF)", "none",
      ["--optimizer", "clan", "--compression", "dithering:levels=63", "--no-error-feedback"],
      2.0),
-#Papers 000 and 002(issue targets : within 0.5 point of LANS).LoCo keeps its error on
-#workers and servers(two - hop); scale 2 ^ 12 fits the MLP 's gradients (2^19, the paper' s
-#fine - tuning value, saturates 84 % of them; docs / compressors.md).SDP4Bit runs without
-#error feedback.
+    # LoCo and SDP4Bit (papers 000 and 002): within 0.5 point of LANS. LoCo keeps its error on
+    # workers and servers (two-hop); scale 2^12 fits the MLP's gradients (2^19, the paper's
+    # fine-tuning value, saturates 84 % of them; docs/compressors.md). SDP4Bit runs without
+    # error feedback.
     ("CLAN loco:scale=4096", "both",
      ["--optimizer", "clan", "--compression", "loco:scale=4096"], 0.5),
-#SDP4Bit's stochastic rounding (push and 4-bit pull) makes its figure move by about
-#+ - 0.3 point with the random streams, which follow the keys, which follow how many runs
-#this process made before(docs / training.md) : its guard here is 1.0 point; each run in
-#its own process measures - 0.22(the 0.5 - point target), -0.67 in this shared process.
+    # SDP4Bit's stochastic rounding (push and 4-bit pull) makes its figure move by about
+    # +-0.3 point with the random streams, which follow the keys, which follow how many runs
+    # this process made before (docs/training.md): its guard here is 1.0 point.
     ("CLAN sdp4bit (TLq-HS)", "none", ["--optimizer", "clan", "--compression", "sdp4bit"], 1.0),
 ]
-#The contrast row of docs / training.md(LoCo's 4 bits without its compensation; no bound):
-#BITPUSH_CONVERGENCE_CONTRAST = 1 adds it(three more runs, kept out of CI's time).
+# The contrast row of docs/training.md (LoCo's 4 bits without its compensation; no bound):
+# BITPUSH_CONVERGENCE_CONTRAST=1 adds it (three more runs, kept out of CI's time).
 if os.environ.get("BITPUSH_CONVERGENCE_CONTRAST") == "1":
     CONFIGS.append(("CLAN loco:scale=4096 without compensation", "none",
                     ["--optimizer", "clan", "--compression", "loco:scale=4096",
@@ -66,8 +65,8 @@ def test_clan_digits_accuracy_close_to_lans():
     results = {}
     for ef in ("both", "none"):
         runs = _runs(ef)
-#One cluster per error - feedback setting(a cluster - wide key); every run of it in one
-#process per worker, tensors named per run.
+        # One cluster per error-feedback setting (a cluster-wide key); every run of it in one
+        # process per worker, tensors named per run.
         with testing.LocalCluster(workers=2, servers=2, compression="onebit", error_feedback=ef,
                                   min_compress_bytes=MIN_COMPRESS_BYTES) as cluster:
             out = h.run_workers(cluster, 2, [("w_digits_runs",

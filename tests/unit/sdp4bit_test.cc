@@ -295,7 +295,8 @@ TEST(Sdp4bitQuantizer, CodesFollowTheDocumentedStochasticRounding) {
         // The 16-bit floor of the fraction (v * 2^16 is exact in double).
         const double frac16 = std::floor((static_cast<double>(v) - lo) * 65536.0);
         // Elements i and i + 16 of a 32-block share a number: low and high half.
-        const uint32_t rnd = CounterRandom32(stream, static_cast<uint32_t>((i / 32) * 16 + i % 16));
+        const uint32_t rnd =
+            CounterRandom32Lite(stream, static_cast<uint32_t>((i / 32) * 16 + i % 16));
         const uint32_t r16 = (i / 16) % 2 == 0 ? rnd & 0xFFFFu : rnd >> 16;
         const bool up = frac16 + r16 >= 65536.0;
         ups += up ? 1 : 0;
@@ -308,7 +309,7 @@ TEST(Sdp4bitQuantizer, CodesFollowTheDocumentedStochasticRounding) {
   }
 }
 
-// The random numbers of the rounding: 16-bit halves of CounterRandom32, a pure function of
+// The random numbers of the rounding: 16-bit halves of CounterRandom32Lite, a pure function of
 // (stream, element index): element i of a 32-block takes the low half of the number at
 // (i / 32) * 16 + i % 16 for i % 32 < 16, its high half otherwise. Checked exactly on values
 // whose fraction is known: with absmax L (inv 1, v = y) and y = k + f, f = j / 2^16, the code is
@@ -326,7 +327,8 @@ TEST(Sdp4bitQuantizer, RandomNumbersAreTheDocumentedSixteenBitHalves) {
     const Parsed r = Parse(Compress(*c, x, ctx), n);
     for (size_t i = 0; i < n; ++i) {
       if (i % 64 == 0) continue;
-      const uint32_t rnd = CounterRandom32(stream, static_cast<uint32_t>((i / 32) * 16 + i % 16));
+      const uint32_t rnd =
+          CounterRandom32Lite(stream, static_cast<uint32_t>((i / 32) * 16 + i % 16));
       const uint32_t r16 = (i / 16) % 2 == 0 ? rnd & 0xFFFFu : rnd >> 16;
       ASSERT_EQ(r.codes[i], r16 >= 0x8000u ? 3 : 2) << i;
     }
@@ -336,7 +338,8 @@ TEST(Sdp4bitQuantizer, RandomNumbersAreTheDocumentedSixteenBitHalves) {
       const Parsed q = Parse(Compress(*c, x, ctx), n);
       for (size_t i = 0; i < n; ++i) {
         if (i % 64 == 0) continue;
-        const uint32_t rnd = CounterRandom32(stream, static_cast<uint32_t>((i / 32) * 16 + i % 16));
+        const uint32_t rnd =
+            CounterRandom32Lite(stream, static_cast<uint32_t>((i / 32) * 16 + i % 16));
         const uint32_t r16 = (i / 16) % 2 == 0 ? rnd & 0xFFFFu : rnd >> 16;
         const uint32_t j = static_cast<uint32_t>(f * 65536.0f);
         ASSERT_EQ(q.codes[i], r16 >= 65536u - j ? 2 : 1) << i << " f=" << f;
@@ -823,6 +826,41 @@ TEST(Sdp4bitServerRound, FusedRoundAgreesAcrossIsaLevelsAndFusesOnlyWithoutResid
     for (IsaLevel isa : SupportedIsaLevels()) {
       auto c = Make(spec, isa);
       EXPECT_EQ(Fused(*c, pushes, n, 1.0f / 3.0f, kServer), want) << spec << IsaLevelName(isa);
+    }
+  }
+}
+
+// The one-pass kernel (sdp4bit::SumGroups: AVX-512, G <= 128) against the scalar passes on every
+// group size it takes and one it does not, both widths, every reply kind, pushes holding zero,
+// NaN, infinite and tiny groups, and lengths with a short last group.
+TEST(Sdp4bitServerRound, OnePassKernelEqualsTheScalarPassesForEveryGroupShape) {
+  for (const std::string spec :
+       {"sdp4bit:group=32", "sdp4bit:group=64,bits=8", "sdp4bit:group=96,pull=fp32",
+        "sdp4bit:group=128,pull=fp16", "sdp4bit:group=128,bits=8,pull=bf16", "sdp4bit:group=160",
+        "sdp4bit:hadamard=off,group=64", "sdp4bit:hadamard=off,group=96,bits=8"}) {
+    for (size_t w_count : {1, 2, 4}) {
+      for (size_t n : {size_t{37}, size_t{96 * 3 + 5}, size_t{4096 + 32}, size_t{70001}}) {
+        SCOPED_TRACE(spec + " W=" + std::to_string(w_count) + " n=" + std::to_string(n));
+        auto worker = Make(spec, IsaLevel::kScalar);
+        std::vector<std::vector<uint8_t>> pushes;
+        for (size_t w = 0; w < w_count; ++w) {
+          std::vector<float> x = RandomFloats(n, 77 + w);
+          for (size_t i = 0; i < std::min<size_t>(n, 192); ++i) x[i] = 0.0f;      // zero groups
+          for (size_t i = 400; i < std::min<size_t>(n, 560); ++i) x[i] = 1e-41f;  // tiny groups
+          if (n > 1000 && w == 0) x[1000] = std::numeric_limits<float>::quiet_NaN();
+          if (n > 3000 && w + 1 == w_count) x[3000] = std::numeric_limits<float>::infinity();
+          pushes.push_back(Compress(*worker, x, {5, 2, static_cast<uint32_t>(w)}));
+        }
+        auto ref = Make(spec, IsaLevel::kScalar);
+        for (float scale : {1.0f, 1.0f / static_cast<float>(w_count + 2)}) {
+          const auto want = Fused(*ref, pushes, n, scale, kServer);
+          for (IsaLevel isa : SupportedIsaLevels()) {
+            auto c = Make(spec, isa);
+            ASSERT_EQ(Fused(*c, pushes, n, scale, kServer), want)
+                << IsaLevelName(isa) << " scale " << scale;
+          }
+        }
+      }
     }
   }
 }
