@@ -69,7 +69,7 @@ struct GroupParams {
   float inv16;  // fp32(L / absmax) * 2^16 (exact), or the tiny variant
 };
 
-GroupParams ParamsFor(uint32_t amax_bits, uint32_t levels) {
+BP_SDP_INLINE GroupParams ParamsFor(uint32_t amax_bits, uint32_t levels) {
   if (amax_bits >= kInfBits) {
     return {Mode::kNonFinite, std::numeric_limits<float>::quiet_NaN(), 0.0f};
   }
@@ -632,21 +632,32 @@ struct Quant512 {
   __m512i nib;    // 0x0F per lane
   __m512i lmax;   // +L per int16
   __m512i lmin;   // -L per int16
+  __m512i lmax8;  // +L per int8
+  __m512i lmin8;  // -L per int8
+  __m512i nib16;  // 0x000F per int16
 };
 
 // Codes of one 32-block (a: elements 0..15, c: 16..31) to out (16 bytes for 4 bits, 32 for 8);
 // ctr: the counters of its 16 random numbers (number j serves elements j and 16 + j).
-template <uint32_t kBits>
-BP_TARGET_AVX512 BP_SDP_INLINE void QuantBlock512(__m512 a, __m512 c, __m512i ctr,
-                                                  const Quant512& q, uint8_t* out) {
+// The 32 rounded, unclamped codes of one 32-block (a: elements 0..15, c: 16..31) as int16;
+// 128-bit lane k holds elements 4k..4k+3, then 16+4k..16+4k+3. ctr: the counters of its 16
+// random numbers (number j serves elements j and 16 + j).
+BP_TARGET_AVX512 BP_SDP_INLINE __m512i RoundBlock512(__m512 a, __m512 c, __m512i ctr,
+                                                     const Quant512& q) {
   constexpr int kFloor = _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC;
   const __m512i r = Fmix512(_mm512_xor_si512(ctr, q.hi));
   const __m512i fa = _mm512_cvt_roundps_epi32(_mm512_mul_ps(a, q.inv16), kFloor);
   const __m512i fc = _mm512_cvt_roundps_epi32(_mm512_mul_ps(c, q.inv16), kFloor);
   const __m512i ca = _mm512_srai_epi32(_mm512_add_epi32(fa, _mm512_and_si512(r, q.low16)), 16);
   const __m512i cc = _mm512_srai_epi32(_mm512_add_epi32(fc, _mm512_srli_epi32(r, 16)), 16);
-  // 32 int16 codes; 128-bit lane k holds elements 4k..4k+3, then 16+4k..16+4k+3.
-  __m512i p = _mm512_packs_epi32(ca, cc);
+  return _mm512_packs_epi32(ca, cc);
+}
+
+// Codes of one 32-block to out (16 bytes for 4 bits, 32 for 8).
+template <uint32_t kBits>
+BP_TARGET_AVX512 BP_SDP_INLINE void QuantBlock512(__m512 a, __m512 c, __m512i ctr,
+                                                  const Quant512& q, uint8_t* out) {
+  __m512i p = RoundBlock512(a, c, ctr, q);
   p = _mm512_max_epi16(_mm512_min_epi16(p, q.lmax), q.lmin);
   if constexpr (kBits == 4) {
     // The low byte of every dword (two codes, even element first): (even << 4) | (odd & 0xF).
@@ -660,6 +671,29 @@ BP_TARGET_AVX512 BP_SDP_INLINE void QuantBlock512(__m512 a, __m512 c, __m512i ct
     const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutevar8x32_epi32(b, order));
   }
+}
+
+// 4-bit codes of two consecutive 32-blocks (x: a0/c0, y: a1/c1) to out[0..32): both blocks'
+// int16 codes narrowed to int8 together, clamped, paired into nibbles as words and narrowed
+// again; the same bytes as two QuantBlock512<4> calls.
+BP_TARGET_AVX512 BP_SDP_INLINE void QuantPair512(__m512 a0, __m512 c0, __m512 a1, __m512 c1,
+                                                 __m512i ctr, __m512i inc, const Quant512& q,
+                                                 uint8_t* out) {
+  const __m512i p0 = RoundBlock512(a0, c0, ctr, q);
+  const __m512i p1 = RoundBlock512(a1, c1, _mm512_add_epi32(ctr, inc), q);
+  // Lane k: block 0's elements 4k..4k+3, 16+4k..16+4k+3, then block 1's (|code| <= L + 1: no
+  // saturation).
+  __m512i b = _mm512_packs_epi16(p0, p1);
+  b = _mm512_max_epi8(_mm512_min_epi8(b, q.lmax8), q.lmin8);
+  // Low byte of every word: (even << 4) | (odd & 0xF).
+  const __m512i t =
+      _mm512_ternarylogic_epi32(_mm512_slli_epi16(b, 4), _mm512_srli_epi16(b, 8), q.nib16, 0xF8);
+  // Word w of 128-bit lane k is the byte of element pair: block w / 4, pair 2k + (w & 1) +
+  // 8 * ((w >> 1) & 1); as 16-bit words of the 32 output bytes: dest word d <- source word
+  // 4 (d % 4) + d / 4.
+  const __m256i bytes = _mm512_cvtepi16_epi8(t);
+  const __m256i order = _mm256_setr_epi16(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutexvar_epi16(order, bytes));
 }
 
 // The counters (idx * golden + low word) of idx = first .. first + 15.
@@ -702,6 +736,9 @@ BP_TARGET_AVX512 BP_SDP_INLINE Quant512 MakeQuant512(const Layout& lay, uint32_t
   q.nib = _mm512_set1_epi32(0x0F);
   q.lmax = _mm512_set1_epi16(static_cast<int16_t>(levels));
   q.lmin = _mm512_set1_epi16(static_cast<int16_t>(-static_cast<int>(levels)));
+  q.lmax8 = _mm512_set1_epi8(static_cast<char>(levels));
+  q.lmin8 = _mm512_set1_epi8(static_cast<char>(-static_cast<int>(levels)));
+  q.nib16 = _mm512_set1_epi16(0x000F);
   return q;
 }
 
@@ -817,8 +854,16 @@ BP_TARGET_AVX512 BP_SDP_INLINE void QuantizeRegs512(const Load& load, size_t who
       q.inv16 = _mm512_set1_ps(gp.inv16);
       __m512i ctr = Counter512(lay.stream, (first + s) / 2);
       uint8_t* out = codes + CodeBytes(first + s, kBits);
+      int k = 0;
+      if constexpr (kBits == 4) {
+#pragma GCC unroll 2
+        for (; k + 1 < kNb; k += 2) {
+          QuantPair512(a[k], c[k], a[k + 1], c[k + 1], ctr, inc, q, out + CodeBytes(kBlock * k, 4));
+          ctr = _mm512_add_epi32(ctr, _mm512_add_epi32(inc, inc));
+        }
+      }
 #pragma GCC unroll 4
-      for (int k = 0; k < kNb; ++k) {
+      for (; k < kNb; ++k) {
         QuantBlock512<kBits>(a[k], c[k], ctr, q, out + CodeBytes(kBlock * k, kBits));
         ctr = _mm512_add_epi32(ctr, inc);
       }
