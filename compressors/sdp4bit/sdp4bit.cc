@@ -347,11 +347,10 @@ size_t Sdp4bitCompressor::AggregateBody(const ByteSpan* bodies, size_t count, si
   for (size_t start = 0; start < m; start += chunk) {
     const size_t len = std::min(chunk, m - start);
     const size_t valid = std::min(len, n - start);  // start < n: chunks are whole 32-blocks
-    const size_t done =
-        fused ? sdp4bit::SumGroups(push_scales_.data(), push_codes_.data(), count, start, len,
-                                   scale, lay, data, data + 4 * groups, work_.data(),
-                                   kind == kQuantized ? nullptr : z, isa())
-              : 0;
+    const size_t done = fused ? sdp4bit::SumGroups(push_scales_.data(), push_codes_.data(), count,
+                                                   start, len, scale, lay, kind == kQuantized, data,
+                                                   data + 4 * groups, work_.data(), z, isa())
+                              : 0;
     const size_t rest = len - done;  // elements [start + done, start + len): a multiple of G in
     float* zr = z + done;            // front of the chunk's end, or the whole chunk
     for (size_t w = 0; w < count && rest > 0; ++w) {

@@ -547,6 +547,37 @@ BP_TARGET_AVX2 void TransformAvx2(float* x, size_t m, bool inverse) {
   }
 }
 
+// The server's sum of `count` quantised bodies over the whole groups of [first, first + len)
+// (G a multiple of 32), times `scale` unless it is 1, stored to z: the products and additions
+// of DequantizeGroups per body and ScaleInPlace, in one pass. Returns the elements handled.
+template <uint32_t kBits>
+BP_TARGET_AVX2 size_t SumGroupsAvx2T(const uint8_t* const* in_scales,
+                                     const uint8_t* const* in_codes, size_t count, size_t first,
+                                     size_t len, float scale, const Layout& lay, float* z) {
+  const size_t g = lay.group;
+  const size_t whole = len / g * g;
+  const __m256 vs = _mm256_set1_ps(scale);
+  for (size_t s = 0; s < whole; s += g) {
+    const size_t e = first + s;
+    for (size_t b = 0; b < g; b += kBlock) {
+      __m256 acc[4];
+      for (size_t w = 0; w < count; ++w) {
+        const __m256 sc = _mm256_set1_ps(LoadF32(in_scales[w] + 4 * (e / g)));
+        __m256 r[4];
+        DecodeBlock256<kBits>(in_codes[w], e + b, sc, r);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) acc[k] = w == 0 ? r[k] : _mm256_add_ps(acc[k], r[k]);
+      }
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        if (scale != 1.0f) acc[k] = Opaque256(_mm256_mul_ps(acc[k], vs));
+        _mm256_storeu_ps(z + s + b + 8 * k, acc[k]);
+      }
+    }
+  }
+  return whole;
+}
+
 // ---- AVX-512 -----------------------------------------------------------------------------------
 
 BP_TARGET_AVX512 BP_SDP_INLINE __m512 Opaque512(__m512 v) {
@@ -1055,11 +1086,12 @@ template <uint32_t kBits, int kNb>
 BP_TARGET_AVX512 size_t SumGroupsAvx512T(const uint8_t* const* in_scales,
                                          const uint8_t* const* in_codes, size_t count, size_t first,
                                          size_t len, float scale, const Layout& lay,
-                                         uint8_t* scales, uint8_t* codes, float* work, float* out) {
+                                         bool requantize, uint8_t* scales, uint8_t* codes,
+                                         float* work, float* out) {
   constexpr size_t kGroup = kNb * kBlock;
   const size_t whole = len / kGroup * kGroup;
   const SummedGroups512<kBits, kNb> load{in_scales, in_codes, count, first, scale};
-  if (out == nullptr) {
+  if (requantize) {
     QuantizeRegs512<kBits, kNb>(load, whole, first, lay, scales, codes, work);
     return whole;
   }
@@ -1078,20 +1110,20 @@ BP_TARGET_AVX512 size_t SumGroupsAvx512T(const uint8_t* const* in_scales,
 template <uint32_t kBits>
 size_t SumGroupsAvx512(const uint8_t* const* in_scales, const uint8_t* const* in_codes,
                        size_t count, size_t first, size_t len, float scale, const Layout& lay,
-                       uint8_t* scales, uint8_t* codes, float* work, float* out) {
+                       bool requantize, uint8_t* scales, uint8_t* codes, float* work, float* out) {
   switch (lay.group) {
     case 32:
-      return SumGroupsAvx512T<kBits, 1>(in_scales, in_codes, count, first, len, scale, lay, scales,
-                                        codes, work, out);
+      return SumGroupsAvx512T<kBits, 1>(in_scales, in_codes, count, first, len, scale, lay,
+                                        requantize, scales, codes, work, out);
     case 64:
-      return SumGroupsAvx512T<kBits, 2>(in_scales, in_codes, count, first, len, scale, lay, scales,
-                                        codes, work, out);
+      return SumGroupsAvx512T<kBits, 2>(in_scales, in_codes, count, first, len, scale, lay,
+                                        requantize, scales, codes, work, out);
     case 96:
-      return SumGroupsAvx512T<kBits, 3>(in_scales, in_codes, count, first, len, scale, lay, scales,
-                                        codes, work, out);
+      return SumGroupsAvx512T<kBits, 3>(in_scales, in_codes, count, first, len, scale, lay,
+                                        requantize, scales, codes, work, out);
     case 128:
-      return SumGroupsAvx512T<kBits, 4>(in_scales, in_codes, count, first, len, scale, lay, scales,
-                                        codes, work, out);
+      return SumGroupsAvx512T<kBits, 4>(in_scales, in_codes, count, first, len, scale, lay,
+                                        requantize, scales, codes, work, out);
     default: return 0;
   }
 }
@@ -1185,13 +1217,24 @@ void DequantizeGroups(const uint8_t* scales, const uint8_t* codes, size_t first,
 }
 
 size_t SumGroups(const uint8_t* const* in_scales, const uint8_t* const* in_codes, size_t count,
-                 size_t first, size_t len, float scale, const Layout& lay, uint8_t* scales,
-                 uint8_t* codes, float* work, float* out, IsaLevel isa) {
-  if (isa != IsaLevel::kAvx512 || count == 0) return 0;
-  return lay.bits == 4 ? SumGroupsAvx512<4>(in_scales, in_codes, count, first, len, scale, lay,
-                                            scales, codes, work, out)
-                       : SumGroupsAvx512<8>(in_scales, in_codes, count, first, len, scale, lay,
-                                            scales, codes, work, out);
+                 size_t first, size_t len, float scale, const Layout& lay, bool requantize,
+                 uint8_t* scales, uint8_t* codes, float* work, float* z, IsaLevel isa) {
+  if (count == 0 || lay.group % kBlock != 0) return 0;
+  const bool four = lay.bits == 4;
+  if (isa == IsaLevel::kAvx512) {
+    return four ? SumGroupsAvx512<4>(in_scales, in_codes, count, first, len, scale, lay, requantize,
+                                     scales, codes, work, z)
+                : SumGroupsAvx512<8>(in_scales, in_codes, count, first, len, scale, lay, requantize,
+                                     scales, codes, work, z);
+  }
+  if (isa != IsaLevel::kAvx2) return 0;
+  // AVX2: the sum in one pass, then the quantiser's pass.
+  const size_t done =
+      four ? SumGroupsAvx2T<4>(in_scales, in_codes, count, first, len, scale, lay, z)
+           : SumGroupsAvx2T<8>(in_scales, in_codes, count, first, len, scale, lay, z);
+  if (requantize && done > 0)
+    QuantizeGroups(z, done, done, first, false, lay, scales, codes, work, isa);
+  return done;
 }
 
 void ScaleInPlace(float* x, size_t n, float s) {

@@ -80,18 +80,20 @@ void DequantizeGroups(const uint8_t* scales, const uint8_t* codes, size_t first,
                       size_t valid, const Layout& layout, bool inverse, float* out, bool add,
                       IsaLevel isa);
 
-// The server's round over `count` quantised bodies in one pass (in_scales / in_codes: each
-// body's arrays, from element 0), over elements [first, first + len) (first a multiple of G):
-// their sum in the transformed domain (body 0 + body 1 + ..., no inverse transform), times
-// `scale` unless it is 1, then either re-quantised with `lay` (out == nullptr: scales / codes /
-// work as QuantizeGroups, transform off) or stored to out[0..). Bit for bit the sequence
-// DequantizeGroups, DequantizeGroups(add) per further body, ScaleInPlace, QuantizeGroups. The
-// bodies share lay.bits and lay.group. Returns how many leading elements it handled: a multiple
-// of G, 0 where this level or G has no fused kernel (AVX-512, G <= 128); the caller runs that
-// sequence on the rest.
+// The server's round over `count` quantised bodies (in_scales / in_codes: each body's arrays,
+// from element 0), over elements [first, first + len) (first a multiple of G): their sum in the
+// transformed domain (body 0 + body 1 + ..., no inverse transform), times `scale` unless it is
+// 1, then re-quantised with `lay` (requantize: scales / codes / work as QuantizeGroups,
+// transform off) or stored to z[0..). Bit for bit the sequence DequantizeGroups,
+// DequantizeGroups(add) per further body, ScaleInPlace, QuantizeGroups. The bodies share
+// lay.bits and lay.group. AVX-512 with G <= 128 keeps each group in registers from decode to
+// codes (z untouched when requantising); AVX2 sums in one pass into z, then quantises. Returns
+// how many leading elements it handled: whole groups, 0 where the level has no such kernel
+// (scalar, or G not a multiple of 32; AVX-512 with G > 128); the caller runs the sequence on
+// the rest.
 size_t SumGroups(const uint8_t* const* in_scales, const uint8_t* const* in_codes, size_t count,
-                 size_t first, size_t len, float scale, const Layout& lay, uint8_t* scales,
-                 uint8_t* codes, float* work, float* out, IsaLevel isa);
+                 size_t first, size_t len, float scale, const Layout& lay, bool requantize,
+                 uint8_t* scales, uint8_t* codes, float* work, float* z, IsaLevel isa);
 
 // x[i] *= s for i < n (the same rounding on every level).
 void ScaleInPlace(float* x, size_t n, float s);
