@@ -1107,25 +1107,19 @@ BP_TARGET_AVX512 size_t SumGroupsAvx512T(const uint8_t* const* in_scales,
   return whole;
 }
 
+// G = 32, 64, 96 or 128 (kNb = G / 32 blocks); 0 for any other G.
 template <uint32_t kBits>
 size_t SumGroupsAvx512(const uint8_t* const* in_scales, const uint8_t* const* in_codes,
                        size_t count, size_t first, size_t len, float scale, const Layout& lay,
                        bool requantize, uint8_t* scales, uint8_t* codes, float* work, float* out) {
-  switch (lay.group) {
-    case 32:
-      return SumGroupsAvx512T<kBits, 1>(in_scales, in_codes, count, first, len, scale, lay,
-                                        requantize, scales, codes, work, out);
-    case 64:
-      return SumGroupsAvx512T<kBits, 2>(in_scales, in_codes, count, first, len, scale, lay,
-                                        requantize, scales, codes, work, out);
-    case 96:
-      return SumGroupsAvx512T<kBits, 3>(in_scales, in_codes, count, first, len, scale, lay,
-                                        requantize, scales, codes, work, out);
-    case 128:
-      return SumGroupsAvx512T<kBits, 4>(in_scales, in_codes, count, first, len, scale, lay,
-                                        requantize, scales, codes, work, out);
-    default: return 0;
-  }
+  using Kernel = size_t (*)(const uint8_t* const*, const uint8_t* const*, size_t, size_t, size_t,
+                            float, const Layout&, bool, uint8_t*, uint8_t*, float*, float*);
+  static constexpr Kernel kByBlocks[] = {&SumGroupsAvx512T<kBits, 1>, &SumGroupsAvx512T<kBits, 2>,
+                                         &SumGroupsAvx512T<kBits, 3>, &SumGroupsAvx512T<kBits, 4>};
+  const size_t blocks = lay.group / kBlock;
+  if (lay.group % kBlock != 0 || blocks == 0 || blocks > 4) return 0;
+  return kByBlocks[blocks - 1](in_scales, in_codes, count, first, len, scale, lay, requantize,
+                               scales, codes, work, out);
 }
 
 BP_TARGET_AVX512 void TransformAvx512(float* x, size_t m, bool inverse) {
