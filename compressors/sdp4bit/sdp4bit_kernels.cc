@@ -867,9 +867,13 @@ BP_TARGET_AVX512 BP_SDP_INLINE void QuantizeRegs512(const Load& load, size_t who
   Quant512 q = MakeQuant512(lay, levels);
   const __m512i inc = _mm512_set1_epi32(static_cast<int>(16u * kGolden32));
   uint8_t* scale_at = scales + 4 * (first / kGroup);  // first: a multiple of G
+  const __m512i group_inc = _mm512_set1_epi32(static_cast<int>(kGroup / 2 * kGolden32));
+  // The counters of the group's first 16 random numbers (number (first + s) / 2 onwards).
+  __m512i group_ctr = Counter512(lay.stream, first / 2);
   __m512 a[kNb], c[kNb];
   uint32_t amax = whole > 0 ? load(0, a, c) : 0;
-  for (size_t s = 0; s < whole; s += kGroup, scale_at += 4) {
+  for (size_t s = 0; s < whole;
+       s += kGroup, scale_at += 4, group_ctr = _mm512_add_epi32(group_ctr, group_inc)) {
     const GroupParams gp = ParamsFor(amax, levels);
     StoreF32(scale_at, gp.scale);
     __m512 na[kNb], nc[kNb];
@@ -883,7 +887,7 @@ BP_TARGET_AVX512 BP_SDP_INLINE void QuantizeRegs512(const Load& load, size_t who
       QuantizeGroupScalar(work, kGroup, first + s, gp, kBits, lay.stream, codes);
     } else {
       q.inv16 = _mm512_set1_ps(gp.inv16);
-      __m512i ctr = Counter512(lay.stream, (first + s) / 2);
+      __m512i ctr = group_ctr;
       uint8_t* out = codes + CodeBytes(first + s, kBits);
       int k = 0;
       if constexpr (kBits == 4) {
