@@ -8,6 +8,7 @@
 
 #include "common/counter_rng.h"
 #include "common/half.h"
+#include "common/little_endian.h"
 #include "common/vector_ops.h"
 #include "compressors/method.h"
 
@@ -20,23 +21,6 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 size_t Ceil(size_t n, size_t d) {
   return (n + d - 1) / d;
-}
-
-void StoreU32(uint8_t* p, uint32_t v) {
-  std::memcpy(p, &v, 4);
-}
-uint32_t LoadU32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-void StoreF32(uint8_t* p, float v) {
-  std::memcpy(p, &v, 4);
-}
-float LoadF32(const uint8_t* p) {
-  float v;
-  std::memcpy(&v, p, 4);
-  return v;
 }
 
 inline bool Finite(float v) {
@@ -139,8 +123,8 @@ size_t LocoCompressor::EncodeBlocks(const float* x, size_t n, float* residual, u
   for (size_t b = 0; b < nb; ++b) {
     const size_t first = b * block_;
     const size_t m = std::min<size_t>(block_, n - first);
-    StoreF32(steps + 4 * b, QuantizeBlock(x + first, m, first, codes,
-                                          residual ? residual + first : nullptr, &c, isa()));
+    PutF32(steps + 4 * b, QuantizeBlock(x + first, m, first, codes,
+                                        residual ? residual + first : nullptr, &c, isa()));
   }
   telemetry_.values += n;
   return kBodyHeaderBytes + 4 * nb + Ceil(n, 2);
@@ -149,7 +133,7 @@ size_t LocoCompressor::EncodeBlocks(const float* x, size_t n, float* residual, u
 size_t LocoCompressor::Encode(const float* x, size_t n, Kind kind, float* residual, uint8_t* body) {
   body[0] = kind;
   body[1] = body[2] = body[3] = 0;
-  StoreU32(body + 4, kind == kBlock ? block_ : 0);
+  PutU32(body + 4, kind == kBlock ? block_ : 0);
   uint8_t* data = body + kBodyHeaderBytes;
   switch (kind) {
     case kFp32:
@@ -184,9 +168,9 @@ size_t LocoCompressor::Encode(const float* x, size_t n, Kind kind, float* residu
   if (!c.finite) {
     std::memset(codes, 0, Ceil(n, 2));
     if (residual != nullptr) std::fill(residual, residual + n, 0.0f);
-    StoreF32(data, kNaN);
+    PutF32(data, kNaN);
   } else {
-    StoreF32(data, fixed_.step);
+    PutF32(data, fixed_.step);
   }
   return kBodyHeaderBytes + 4 + Ceil(n, 2);
 }
@@ -236,7 +220,7 @@ size_t LocoCompressor::StepBody(const float* g, size_t n, LocoState& st, const C
   const float beta = static_cast<float>(params_.beta());
   body[0] = kind;
   body[1] = body[2] = body[3] = 0;
-  StoreU32(body + 4, kind == kBlock ? block_ : 0);
+  PutU32(body + 4, kind == kBlock ? block_ : 0);
   uint8_t* data = body + kBodyHeaderBytes;
   PassCounts c;
   size_t bytes = 0;
@@ -249,10 +233,10 @@ size_t LocoCompressor::StepBody(const float* g, size_t n, LocoState& st, const C
     uint8_t* codes = data + 4;
     loco::LocoStepFixed(g, st.fp32_ ? nullptr : st.e8_.data(), st.fp32_ ? st.e32_.data() : nullptr,
                         n, fixed_, es, codes, &c, isa());
-    StoreF32(data, fixed_.step);
+    PutF32(data, fixed_.step);
     if (!c.finite) {
       std::memset(codes, 0, Ceil(n, 2));
-      StoreF32(data, kNaN);
+      PutF32(data, kNaN);
     }
     bytes = kBodyHeaderBytes + 4 + Ceil(n, 2);
   } else {
@@ -267,7 +251,7 @@ size_t LocoCompressor::StepBody(const float* g, size_t n, LocoState& st, const C
     for (size_t b = 0; b < nb; ++b) {
       const size_t first = b * block_;
       const size_t m = std::min<size_t>(block_, n - first);
-      StoreF32(data + 4 * b, QuantizeBlock(h + first, m, first, codes, r + first, &c, isa()));
+      PutF32(data + 4 * b, QuantizeBlock(h + first, m, first, codes, r + first, &c, isa()));
     }
     loco::MovingAverage(r, e_prev, n, beta, isa());
     if (c.finite) st.Requantize(r, reset, isa());
@@ -304,7 +288,7 @@ Status LocoCompressor::Validate(ByteSpan body, size_t n, Kind* kind_out) const {
   }
   const Kind kind = static_cast<Kind>(k);
   if (p[1] != 0 || p[2] != 0 || p[3] != 0) return DataLossError("loco body: reserved bytes set");
-  const uint32_t block = LoadU32(p + 4);
+  const uint32_t block = GetU32(p + 4);
   if (kind == kBlock ? block != block_ : block != 0) {
     return DataLossError(
         "loco body: block " + std::to_string(block) + " but this key uses " +
@@ -354,7 +338,7 @@ Status LocoCompressor::Validate(ByteSpan body, size_t n, Kind* kind_out) const {
     return true;
   };
   if (kind == kFixed) {
-    const float step = LoadF32(p + kBodyHeaderBytes);
+    const float step = GetF32(p + kBodyHeaderBytes);
     if (std::isnan(step)) {
       if (!zero_codes(0, n)) return DataLossError("loco body: NaN step with nonzero codes");
     } else if (step != fixed_.step) {  // exactly the key's step (no NaN here)
@@ -364,7 +348,7 @@ Status LocoCompressor::Validate(ByteSpan body, size_t n, Kind* kind_out) const {
     return Status::Ok();
   }
   for (size_t b = 0; b < nscales; ++b) {
-    const float step = LoadF32(p + kBodyHeaderBytes + 4 * b);
+    const float step = GetF32(p + kBodyHeaderBytes + 4 * b);
     const size_t first = b * block_;
     const size_t m = std::min<size_t>(block_, n - first);
     if (std::isnan(step)) {
@@ -393,7 +377,7 @@ Status LocoCompressor::DecodeBody(ByteSpan body, size_t n, DType, float* out, bo
   switch (kind) {
     case kFp32:
       for (size_t i = 0; i < n; ++i) {
-        const float v = LoadF32(data + 4 * i);
+        const float v = GetF32(data + 4 * i);
         out[i] = add ? out[i] + v : v;
       }
       return Status::Ok();
@@ -407,7 +391,7 @@ Status LocoCompressor::DecodeBody(ByteSpan body, size_t n, DType, float* out, bo
       }
       return Status::Ok();
     case kFixed: {
-      const float step = LoadF32(data);
+      const float step = GetF32(data);
       if (std::isnan(step)) {
         for (size_t i = 0; i < n; ++i) out[i] = add ? out[i] + kNaN : kNaN;
         return Status::Ok();
@@ -420,7 +404,7 @@ Status LocoCompressor::DecodeBody(ByteSpan body, size_t n, DType, float* out, bo
   const size_t nb = Ceil(n, block_);
   const uint8_t* codes = data + 4 * nb;
   for (size_t b = 0; b < nb; ++b) {
-    const float step = LoadF32(data + 4 * b);
+    const float step = GetF32(data + 4 * b);
     const size_t first = b * block_;
     const size_t m = std::min<size_t>(block_, n - first);
     loco::DecodeFixed(codes + first / 2, m, step, out + first, add, isa());

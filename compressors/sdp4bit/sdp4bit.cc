@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/counter_rng.h"
+#include "common/little_endian.h"
 #include "common/vector_ops.h"
 #include "compressors/error_feedback.h"
 #include "compressors/method.h"
@@ -24,20 +25,6 @@ constexpr size_t kConvertChunk = 1024;
 
 size_t Ceil(size_t n, size_t d) {
   return (n + d - 1) / d;
-}
-
-uint32_t LoadU32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-void StoreU32(uint8_t* p, uint32_t v) {
-  std::memcpy(p, &v, sizeof v);
-}
-float LoadF32(const uint8_t* p) {
-  float v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
 }
 
 inline bool Finite(float v) {
@@ -172,7 +159,7 @@ void Sdp4bitCompressor::WriteHeader(Kind kind, uint8_t* body) const {
   body[1] = static_cast<uint8_t>(bits_);
   body[2] = hadamard_ ? 1 : 0;
   body[3] = 0;
-  StoreU32(body + 4, group_);
+  PutU32(body + 4, group_);
 }
 
 size_t Sdp4bitCompressor::Encode(const float* x, size_t n, Kind kind, const CompressContext& ctx,
@@ -244,7 +231,7 @@ Status Sdp4bitCompressor::Validate(ByteSpan body, size_t n, Kind* kind_out) cons
     return DataLossError("sdp4bit: body header byte 3 is " + std::to_string(p[3]) +
                          "; it is reserved and must be 0");
   }
-  const uint32_t group = LoadU32(p + 4);
+  const uint32_t group = GetU32(p + 4);
   if (group != group_) {
     return DataLossError("sdp4bit: body has group=" + std::to_string(group) +
                          " but this key uses group=" + std::to_string(group_));
@@ -287,7 +274,7 @@ Status Sdp4bitCompressor::Validate(ByteSpan body, size_t n, Kind* kind_out) cons
                          ".." + std::to_string(levels));
   }
   for (size_t g = 0; g < groups; ++g) {
-    const float s = LoadF32(scales + 4 * g);
+    const float s = GetF32(scales + 4 * g);
     if (std::isnan(s)) {
       const size_t first = g * group_;
       const size_t len = std::min<size_t>(group_, m - first);

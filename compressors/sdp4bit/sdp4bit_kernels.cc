@@ -7,6 +7,8 @@
 #include <limits>
 
 #include "common/counter_rng.h"
+#include "common/half.h"
+#include "common/little_endian.h"
 
 namespace bitpush::compressors::sdp4bit {
 namespace {
@@ -26,25 +28,6 @@ constexpr float kFoldMin = 0x1p-96f;
 constexpr float kFoldMax = 0x1p96f;
 // A tiny absmax (L / absmax overflows fp32) is scaled up by this power of two first (exact).
 constexpr float kPrescale = 0x1p64f;
-
-inline uint32_t FloatBits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-inline float BitsFloat(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-inline void StoreF32(uint8_t* p, float v) {
-  std::memcpy(p, &v, sizeof v);
-}
-inline float LoadF32(const uint8_t* p) {
-  float v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
 
 // An optimisation barrier: the compiler cannot fuse a product passed through it into a later
 // addition (-ffp-contract=fast would do so only where FMA is enabled, i.e. on the SIMD levels,
@@ -74,7 +57,7 @@ BP_SDP_INLINE GroupParams ParamsFor(uint32_t amax_bits, uint32_t levels) {
     return {Mode::kNonFinite, std::numeric_limits<float>::quiet_NaN(), 0.0f};
   }
   if (amax_bits == 0) return {Mode::kZero, 1.0f, 0.0f};
-  const float amax = BitsFloat(amax_bits);
+  const float amax = BitsToFloat(amax_bits);
   const float l = static_cast<float>(levels);
   const float scale = amax / l;
   if (scale == 0.0f) return {Mode::kZero, 1.0f, 0.0f};
@@ -173,7 +156,7 @@ __attribute__((noinline)) void QuantizeScalar(const float* x, size_t count, size
       y = work;
     }
     const GroupParams gp = ParamsFor(AmaxBitsScalar(y, glen), levels);
-    StoreF32(scales + 4 * ((first + s) / g), gp.scale);
+    PutF32(scales + 4 * ((first + s) / g), gp.scale);
     QuantizeGroupScalar(y, glen, first + s, gp, lay.bits, lay.stream, codes);
   }
 }
@@ -191,7 +174,7 @@ __attribute__((noinline)) void DequantizeScalar(const uint8_t* scales, const uin
   const size_t g = lay.group;
   for (size_t s = 0; s < len; s += g) {
     const size_t glen = std::min(g, len - s);
-    const float scale = LoadF32(scales + 4 * ((first + s) / g));
+    const float scale = GetF32(scales + 4 * ((first + s) / g));
     if (!inverse) {
       for (size_t k = 0; k < glen && s + k < valid; ++k) {
         const float v = Opaque(static_cast<float>(CodeAt(codes, first + s + k, lay.bits)) * scale);
@@ -419,7 +402,7 @@ BP_TARGET_AVX2 void QuantizeAvx2T(const float* x, size_t count, size_t len, size
       }
     }
     const GroupParams gp = ParamsFor(HorizontalMax256(_mm256_max_epu32(m0, m1)), levels);
-    StoreF32(scales + 4 * ((first + s) / g), gp.scale);
+    PutF32(scales + 4 * ((first + s) / g), gp.scale);
     if (gp.mode != Mode::kNormal) {
       QuantizeGroupScalar(y, glen, first + s, gp, kBits, lay.stream, codes);
       continue;
@@ -470,7 +453,7 @@ BP_TARGET_AVX2 void DequantizeAvx2T(const uint8_t* scales, const uint8_t* codes,
       DequantizeScalar(scales, codes, first + s, glen, valid - s, lay, kInverse, out + s, kAdd);
       continue;
     }
-    const float sc = LoadF32(scales + 4 * (first / g + s / g));
+    const float sc = GetF32(scales + 4 * (first / g + s / g));
     const bool fold = kInverse && sc >= kFoldMin && sc <= kFoldMax;  // see kFoldMin
     const __m256 scale = _mm256_set1_ps(fold ? sc * kInv32 : sc);
     size_t b = 0;
@@ -562,7 +545,7 @@ BP_TARGET_AVX2 size_t SumGroupsAvx2T(const uint8_t* const* in_scales,
     for (size_t b = 0; b < g; b += kBlock) {
       __m256 acc[4];
       for (size_t w = 0; w < count; ++w) {
-        const __m256 sc = _mm256_set1_ps(LoadF32(in_scales[w] + 4 * (e / g)));
+        const __m256 sc = _mm256_set1_ps(GetF32(in_scales[w] + 4 * (e / g)));
         __m256 r[4];
         DecodeBlock256<kBits>(in_codes[w], e + b, sc, r);
 #pragma GCC unroll 4
@@ -810,7 +793,7 @@ BP_TARGET_AVX512 void QuantizeAvx512T(const float* x, size_t count, size_t len, 
       }
     }
     const GroupParams gp = ParamsFor(_mm512_reduce_max_epu32(_mm512_max_epu32(m0, m1)), levels);
-    StoreF32(scales + 4 * ((first + s) / g), gp.scale);
+    PutF32(scales + 4 * ((first + s) / g), gp.scale);
     if (gp.mode != Mode::kNormal) {
       QuantizeGroupScalar(y, glen, first + s, gp, kBits, lay.stream, codes);
       continue;
@@ -875,7 +858,7 @@ BP_TARGET_AVX512 BP_SDP_INLINE void QuantizeRegs512(const Load& load, size_t who
   for (size_t s = 0; s < whole;
        s += kGroup, scale_at += 4, group_ctr = _mm512_add_epi32(group_ctr, group_inc)) {
     const GroupParams gp = ParamsFor(amax, levels);
-    StoreF32(scale_at, gp.scale);
+    PutF32(scale_at, gp.scale);
     __m512 na[kNb], nc[kNb];
     if (s + kGroup < whole) amax = load(s + kGroup, na, nc);
     if (gp.mode != Mode::kNormal) {
@@ -1012,7 +995,7 @@ BP_TARGET_AVX512 void DequantizeAvx512T(const uint8_t* scales, const uint8_t* co
       DequantizeScalar(scales, codes, first + s, glen, valid - s, lay, kInverse, out + s, kAdd);
       continue;
     }
-    const float sc = LoadF32(scale_at);
+    const float sc = GetF32(scale_at);
     const bool fold = kInverse && sc >= kFoldMin && sc <= kFoldMax;  // see kFoldMin
     const __m512 scale = _mm512_set1_ps(fold ? sc * kInv32 : sc);
     // fp32(code) * scale of each nibble: the products of the definition.
@@ -1062,7 +1045,7 @@ struct SummedGroups512 {
         _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
     const size_t e = first + s;
     for (size_t w = 0; w < count; ++w) {
-      const __m512 sc = _mm512_set1_ps(LoadF32(scales[w] + 4 * (e / kGroup)));
+      const __m512 sc = _mm512_set1_ps(GetF32(scales[w] + 4 * (e / kGroup)));
       const __m512 lut = Opaque512(_mm512_mul_ps(code_values, sc));
 #pragma GCC unroll 4
       for (int k = 0; k < kNb; ++k) {
