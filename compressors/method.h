@@ -48,12 +48,11 @@ enum class AggregationMode : uint8_t {
   kDecompressSumRecompress,
   // Sum the pushes without decompressing them (e.g. counting sign bits).
   kCompressedDomainSum,
-  // Servers hold the master weights and optimizer state, apply the update after the sum and
-  // serve weights.
-  kServerOptimizer,
 };
+// (Servers that own the weights and run the optimizer are a key's option on top of the first
+// mode, whatever the method: server::KeySpec::optimizer.)
 
-// "decompress-sum-recompress", "compressed-domain-sum", "server-optimizer".
+// "decompress-sum-recompress", "compressed-domain-sum".
 std::string_view AggregationModeName(AggregationMode mode);
 
 // The side of the wire a partition's error-feedback state lives on.

@@ -74,7 +74,6 @@ std::string_view AggregationModeName(AggregationMode mode) {
   switch (mode) {
     case AggregationMode::kDecompressSumRecompress: return "decompress-sum-recompress";
     case AggregationMode::kCompressedDomainSum: return "compressed-domain-sum";
-    case AggregationMode::kServerOptimizer: return "server-optimizer";
   }
   return "unknown";
 }

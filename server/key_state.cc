@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "common/counter_rng.h"
+#include "common/little_endian.h"
 #include "common/logging.h"
 #include "compressors/payload.h"
 #include "compressors/registry.h"
@@ -17,8 +19,7 @@ using compressors::CompressContext;
 Status CheckAggregationMode(const compressors::MethodSpec& method) {
   switch (method.aggregation) {
     case compressors::AggregationMode::kDecompressSumRecompress: return Status::Ok();
-    case compressors::AggregationMode::kCompressedDomainSum:
-    case compressors::AggregationMode::kServerOptimizer: break;
+    case compressors::AggregationMode::kCompressedDomainSum: break;
   }
   return UnimplementedError(fmt::format(
       "{} aggregates by {}, which this server does not implement (it runs {})", method.name,
@@ -43,24 +44,56 @@ StatusOr<std::unique_ptr<KeyState>> KeyState::Create(
     return InvalidArgumentError(
         fmt::format("key {}: {} elements is above the payload limit", spec.key, spec.elements));
   }
+  std::unique_ptr<compressors::Compressor> pull;
+  if (spec.optimizer) {
+    const std::string where = fmt::format("key {}: server-side optimizer", spec.key);
+    if (spec.server_residual) {
+      return InvalidArgumentError(where +
+                                  ": the key keeps no server residual (the server "
+                                  "sends weights, not a compressed aggregate)");
+    }
+    if (spec.dtype != DType::kFloat32) {
+      return InvalidArgumentError(
+          fmt::format("{}: the key's tensor is {}; master weights are "
+                      "fp32, so the tensor must be fp32",
+                      where, DTypeName(spec.dtype)));
+    }
+    if (Status st = spec.optimizer->update.Validate(); !st.ok()) return st.WithContext(where);
+    if (!spec.optimizer->difference) {
+      if (Status st = compressors::CheckRawWeightPull(spec.optimizer->pull); !st.ok()) {
+        return st.WithContext(where);
+      }
+    }
+    auto made = compressors::CreateCompressor(spec.optimizer->pull, options);
+    if (!made.ok()) return made.status().WithContext(where + ": the weights' pull");
+    pull = std::move(*made);
+  }
   std::unique_ptr<compressors::ErrorFeedback> residual;
   if (spec.server_residual) {
     BP_ASSIGN_OR_RETURN(
         residual, compressors::CreateErrorFeedback(
                       spec.compressor, compressors::ErrorFeedbackSide::kServer, spec.elements));
   }
-  return std::unique_ptr<KeyState>(new KeyState(spec, std::move(c), std::move(residual)));
+  return std::unique_ptr<KeyState>(
+      new KeyState(spec, std::move(c), std::move(residual), std::move(pull)));
 }
 
 KeyState::KeyState(const KeySpec& spec, std::unique_ptr<compressors::Compressor> compressor,
-                   std::unique_ptr<compressors::ErrorFeedback> residual)
+                   std::unique_ptr<compressors::ErrorFeedback> residual,
+                   std::unique_ptr<compressors::Compressor> pull)
     : spec_(spec),
       compressor_(std::move(compressor)),
       residual_(std::move(residual)),
-      next_round_(spec.num_workers, 0) {
-  fused_ = spec_.elements > 0 && (residual_ ? residual_->FusesServerRound(*compressor_)
-                                            : compressor_->FusesServerRound(false));
-  accumulate_in_payload_ = !fused_ && !residual_ && spec_.elements > 0 &&
+      pull_(std::move(pull)),
+      next_round_(spec.num_workers, spec.first_round),
+      oldest_round_(spec.first_round) {
+  if (pull_) pull_codec_ = std::make_unique<compressors::CompressorPullCodec>(pull_.get());
+  // A server-side optimizer needs the fp32 average itself: pass-by-pass sum.
+  const bool optimizer = spec_.optimizer.has_value();
+  fused_ = !optimizer && spec_.elements > 0 &&
+           (residual_ ? residual_->FusesServerRound(*compressor_)
+                      : compressor_->FusesServerRound(false));
+  accumulate_in_payload_ = !optimizer && !fused_ && !residual_ && spec_.elements > 0 &&
                            spec_.dtype == DType::kFloat32 &&
                            spec_.compressor.id() == v1::COMPRESSOR_ID_NONE;
   slots_.resize(spec_.max_rounds_in_flight);
@@ -103,8 +136,39 @@ std::string KeyState::Missing(const std::vector<uint8_t>& flags) const {
 }
 
 Status KeyState::Push(uint32_t worker, uint64_t round, transport::Buffer buffer) {
+  return PushImpl(worker, round, std::move(buffer), std::nullopt);
+}
+
+Status KeyState::Push(uint32_t worker, uint64_t round, transport::Buffer buffer, float lr) {
+  return PushImpl(worker, round, std::move(buffer), lr);
+}
+
+Status KeyState::PushImpl(uint32_t worker, uint64_t round, transport::Buffer buffer,
+                          std::optional<float> lr) {
   const ByteSpan payload = buffer.span();
   const uint64_t key = spec_.key;
+  if (spec_.optimizer.has_value() != lr.has_value()) {
+    return Reject(InvalidArgumentError(
+        spec_.optimizer
+            ? fmt::format("key {}: push from worker {} in round {} without a learning rate; the "
+                          "key's optimizer runs on the server",
+                          key, worker, round)
+            : fmt::format("key {}: push from worker {} in round {} with a learning rate; the key "
+                          "has no server-side optimizer",
+                          key, worker, round)));
+  }
+  if (lr && (!(*lr >= 0.0f) || std::isinf(*lr))) {
+    return Reject(InvalidArgumentError(
+        fmt::format("key {}: push from worker {} in round {}: learning rate {} (must be finite "
+                    "and >= 0)",
+                    key, worker, round, *lr)));
+  }
+  if (spec_.optimizer && !param_) {
+    return Reject(FailedPreconditionError(
+        fmt::format("key {}: push from worker {} in round {} before the key's weights were "
+                    "installed on the server",
+                    key, worker, round)));
+  }
   if (worker >= spec_.num_workers) {
     return Reject(InvalidArgumentError(fmt::format(
         "key {}: push from worker {} but the key has {} workers", key, worker, spec_.num_workers)));
@@ -146,6 +210,12 @@ Status KeyState::Push(uint32_t worker, uint64_t round, transport::Buffer buffer)
   }
 
   Round* r = Find(round);
+  if (r != nullptr && lr && r->pushes > 0 && *lr != r->lr) {
+    return Reject(InvalidArgumentError(
+        fmt::format("key {}: worker {} pushed round {} with learning rate {}, another worker's "
+                    "push of that round said {}; every worker must use the same schedule",
+                    key, worker, round, *lr, r->lr)));
+  }
   if (r == nullptr) {
     for (Round& s : slots_) {
       if (!s.active) {
@@ -164,6 +234,7 @@ Status KeyState::Push(uint32_t worker, uint64_t round, transport::Buffer buffer)
     r->is_published = false;
     r->adopted = transport::Buffer();
     r->acc = nullptr;  // AddFirst sets it
+    r->lr = lr.value_or(0.0f);
   }
   if (worker != r->next_to_add) {  // not its turn yet: hold the payload
     r->held[worker] = std::move(buffer);
@@ -288,14 +359,17 @@ Status KeyState::Publish(Round& r) {
   std::shared_ptr<std::vector<uint8_t>>& storage = r.payload_storage;
   if (!storage || storage.use_count() != 1) storage = std::make_shared<std::vector<uint8_t>>();
   std::vector<uint8_t>& out = *storage;
-  const size_t max_bytes = compressor_->MaxCompressedBytes(n, DType::kFloat32);
+  const size_t max_bytes = spec_.optimizer ? pull_->MaxCompressedBytes(n, DType::kFloat32)
+                                           : compressor_->MaxCompressedBytes(n, DType::kFloat32);
   if (out.size() < max_bytes) out.resize(max_bytes);
   // Summed in fp32, replied in the key's dtype (fp16 / bf16 keys: half the bytes of fp32).
   CompressContext ctx{spec_.key, r.round, kServerStream};
   if (spec_.dtype != DType::kFloat32) ctx.store_as = spec_.dtype;
   const MutableByteSpan dst(out.data(), out.size());
   StatusOr<size_t> bytes = size_t{0};
-  if (fused_) {
+  if (spec_.optimizer) {
+    bytes = StepAndEncodeWeights(r, dst);
+  } else if (fused_) {
     // Decompress, average and compress in one call over the held pushes (rank order).
     std::vector<ByteSpan>& pushes = push_spans_;
     pushes.clear();
@@ -313,6 +387,104 @@ Status KeyState::Publish(Round& r) {
         fmt::format("key {}: compressing the aggregate of round {}", spec_.key, r.round));
   }
   return PublishPayload(r, transport::Buffer::Borrow(out.data(), *bytes, storage));
+}
+
+StatusOr<size_t> KeyState::StepAndEncodeWeights(Round& r, MutableByteSpan dst) {
+  // Push refuses every push before InstallWeights, so a round only completes with weights.
+  if (!param_) return InternalError(fmt::format("key {}: no weights installed", spec_.key));
+  optimizers::ParamState& param = *param_;
+  if (Status st = param.Step(r.lr, {r.acc, spec_.elements}); !st.ok()) return st;
+  const CompressContext ctx{spec_.key, r.round, kServerStream};
+  if (mirror_) return mirror_->Encode(param.weights(), ctx, dst);
+  return pull_->Compress(ConstTensorView(param.weights()), ctx, dst);
+}
+
+Status KeyState::InstallWeights(Span<const float> weights) {
+  if (!spec_.optimizer) {
+    return FailedPreconditionError(fmt::format(
+        "key {}: weights installed on a key without a server-side optimizer", spec_.key));
+  }
+  if (RoundOpen()) {
+    return FailedPreconditionError(
+        fmt::format("key {}: weights installed while a round is open", spec_.key));
+  }
+  if (weights.size() != spec_.elements) {
+    return InvalidArgumentError(fmt::format("key {}: {} weights for a key of {} elements",
+                                            spec_.key, weights.size(), spec_.elements));
+  }
+  BP_ASSIGN_OR_RETURN(optimizers::ParamState state,
+                      optimizers::ParamState::Create(spec_.optimizer->update, weights));
+  param_ = std::move(state);
+  mirror_.reset();
+  if (spec_.optimizer->difference) mirror_.emplace(pull_codec_.get(), weights);
+  return Status::Ok();
+}
+
+Span<const float> KeyState::weights() const {
+  return param_ ? param_->weights() : Span<const float>();
+}
+
+Span<const float> KeyState::mirror() const {
+  return mirror_ ? mirror_->mirror() : Span<const float>();
+}
+
+// Layout: u64 length of the ParamState blob, the blob, then (difference form) the mirror as
+// little-endian fp32.
+StatusOr<std::string> KeyState::SaveOptimizerState() const {
+  if (!param_) {
+    return FailedPreconditionError(
+        fmt::format("key {}: no server-side optimizer state (none configured or no weights "
+                    "installed)",
+                    spec_.key));
+  }
+  const std::string state = param_->Save();
+  std::string out(8, '\0');
+  PutU64(reinterpret_cast<uint8_t*>(out.data()), state.size());
+  out += state;
+  if (mirror_) {
+    const size_t at = out.size();
+    out.resize(at + 4 * spec_.elements);
+    auto* p = reinterpret_cast<uint8_t*>(out.data() + at);
+    for (size_t i = 0; i < spec_.elements; ++i) PutF32(p + 4 * i, mirror_->mirror()[i]);
+  }
+  return out;
+}
+
+Status KeyState::RestoreOptimizerState(std::string_view blob) {
+  if (!spec_.optimizer) {
+    return FailedPreconditionError(fmt::format(
+        "key {}: optimizer state restored on a key without a server-side optimizer", spec_.key));
+  }
+  if (RoundOpen()) {
+    return FailedPreconditionError(
+        fmt::format("key {}: optimizer state restored while a round is open", spec_.key));
+  }
+  const auto* p = reinterpret_cast<const uint8_t*>(blob.data());
+  const size_t mirror_bytes = spec_.optimizer->difference ? 4 * spec_.elements : 0;
+  if (blob.size() < 8 || GetU64(p) > blob.size() - 8 ||
+      blob.size() - 8 - GetU64(p) != mirror_bytes) {
+    return DataLossError(fmt::format(
+        "key {}: saved optimizer state of {} bytes does not hold a state and a mirror of {} "
+        "elements",
+        spec_.key, blob.size(), mirror_bytes / 4));
+  }
+  const size_t state_bytes = GetU64(p);
+  const std::vector<float> zeros(spec_.elements, 0.0f);
+  BP_ASSIGN_OR_RETURN(
+      optimizers::ParamState state,
+      optimizers::ParamState::Create(spec_.optimizer->update, {zeros.data(), zeros.size()}));
+  if (Status st = state.Load(blob.substr(8, state_bytes)); !st.ok()) {
+    return st.WithContext(fmt::format("key {}", spec_.key));
+  }
+  param_ = std::move(state);
+  mirror_.reset();
+  if (spec_.optimizer->difference) {
+    std::vector<float> m(spec_.elements);
+    const uint8_t* q = p + 8 + state_bytes;
+    for (size_t i = 0; i < m.size(); ++i) m[i] = GetF32(q + 4 * i);
+    mirror_.emplace(pull_codec_.get(), Span<const float>(m.data(), m.size()));
+  }
+  return Status::Ok();
 }
 
 Status KeyState::PublishPayload(Round& r, transport::Buffer payload) {

@@ -53,13 +53,26 @@
 // counted in stats(). A held push whose body turns out malformed when its turn comes is
 // refused then: TakeLateRejections() returns it (the worker may push that round again).
 //
+// Server-side optimizer (KeySpec::optimizer): the server owns the key's fp32 master weights and
+// optimizer state (optimizers/param_state.h). InstallWeights() puts the starting weights in
+// (the first worker's, or a checkpoint's) before the first push. Each push carries the round's
+// learning rate (every worker's must agree); after the n-th push the average gradient updates
+// the weights once, and the round publishes the weights instead of the aggregate: as C(w − w̃)
+// against the workers' copy w̃ (difference form, compressors/mirror_pull.h; SDP4Bit's qWD
+// with `sdp4bit:hadamard=off,group=2048`) or as C(w) (raw form, refused for biased C). Such a
+// key sums pushes pass by pass (no fused round, no in-payload accumulator) and keeps no server
+// residual. SaveOptimizerState / RestoreOptimizerState carry the weights, moments, step and
+// mirror for checkpoints.
+//
 // Ownership and thread-safety: owned by the server engine thread the key sticks to; not
 // thread-safe (one thread at a time), by design — no lock on key data.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/aligned_buffer.h"
@@ -69,9 +82,20 @@
 #include "compressors/compressor.h"
 #include "compressors/error_feedback.h"
 #include "compressors/method.h"
+#include "compressors/mirror_pull.h"
+#include "optimizers/param_state.h"
 #include "proto/bitpush/v1/compression.pb.h"
 
 namespace bitpush::server {
+
+// The server-side optimizer of a key (see above).
+struct ServerOptimizerSpec {
+  optimizers::UpdateOptions update;
+  // How the weights travel back to the workers.
+  v1::CompressorConfig pull;
+  // The difference against the workers' copy (true) or the weights themselves.
+  bool difference = true;
+};
 
 struct KeySpec {
   uint64_t key = 0;
@@ -89,6 +113,11 @@ struct KeySpec {
   bool average = true;
   // Rounds held at once (>= 2).
   uint32_t max_rounds_in_flight = 2;
+  // Set: the server owns the weights and runs the update (fp32 keys, no server_residual).
+  std::optional<ServerOptimizerSpec> optimizer;
+  // The key's first round (every worker pushes it first): a resumed job's rounds continue
+  // from its checkpoint, so the random streams of (key, round) do too.
+  uint64_t first_round = 0;
 };
 
 struct KeyStats {
@@ -111,6 +140,9 @@ class KeyState {
 
   // Accumulates (or holds, see above) `payload` as worker `worker`'s push for `round`.
   Status Push(uint32_t worker, uint64_t round, transport::Buffer payload);
+  // The same for a key with a server-side optimizer: `lr` is the round's learning rate
+  // (finite, >= 0, the same from every worker). Refused before InstallWeights.
+  Status Push(uint32_t worker, uint64_t round, transport::Buffer payload, float lr);
   // Same, copying the bytes (for callers that do not own a Buffer).
   Status Push(uint32_t worker, uint64_t round, ByteSpan payload) {
     return Push(worker, round, transport::Buffer::Copy(payload.data(), payload.size()));
@@ -138,6 +170,21 @@ class KeyState {
   Status RestoreServerResidual(Span<const float> saved);
   // A round of the key has pushes not yet pulled by every worker (its residual is in use).
   bool RoundOpen() const;
+  // Server-side optimizer: installs the master weights (and the workers' copy: they start
+  // from the same weights), with fresh moments at step 0. FailedPrecondition for a key without
+  // one or while a round is open; InvalidArgument for another size.
+  Status InstallWeights(Span<const float> weights);
+  bool weights_installed() const { return param_.has_value(); }
+  // The master weights (empty before InstallWeights or without a server-side optimizer).
+  Span<const float> weights() const;
+  // The workers' copy as the server tracks it (difference form; empty otherwise).
+  Span<const float> mirror() const;
+  // The whole optimizer state as bytes (weights, moments, step, mirror), and its restore
+  // (refused while a round is open, or for a blob of another rule, size or format; unchanged
+  // then).
+  StatusOr<std::string> SaveOptimizerState() const;
+  Status RestoreOptimizerState(std::string_view blob);
+
   // The reply compressor's telemetry since the last call (Compressor::TakeTelemetry).
   void TakeTelemetry(compressors::CompressorTelemetry* into) { compressor_->TakeTelemetry(into); }
 
@@ -159,10 +206,16 @@ class KeyState {
     // Bytes behind `published`, reused by the next round in this slot when nobody else holds
     // them any more.
     std::shared_ptr<std::vector<uint8_t>> payload_storage;
+    float lr = 0.0f;  // server-side optimizer: the round's learning rate (its first push's)
   };
 
   KeyState(const KeySpec& spec, std::unique_ptr<compressors::Compressor> compressor,
-           std::unique_ptr<compressors::ErrorFeedback> residual);
+           std::unique_ptr<compressors::ErrorFeedback> residual,
+           std::unique_ptr<compressors::Compressor> pull);
+  Status PushImpl(uint32_t worker, uint64_t round, transport::Buffer buffer,
+                  std::optional<float> lr);
+  // Server-side optimizer: the round's update and the weights' payload into dst.
+  StatusOr<size_t> StepAndEncodeWeights(Round& r, MutableByteSpan dst);
   Round* Find(uint64_t round);
   const Round* Find(uint64_t round) const;
   Status Reject(Status s);
@@ -195,6 +248,11 @@ class KeyState {
   // The aggregate is its own payload body (`none`, fp32, no residual): see above.
   bool accumulate_in_payload_ = false;
   std::vector<ByteSpan> push_spans_;  // Publish's scratch
+  // Server-side optimizer: the weights' pull compressor, the weights and state, the mirror.
+  std::unique_ptr<compressors::Compressor> pull_;
+  std::unique_ptr<compressors::CompressorPullCodec> pull_codec_;
+  std::optional<optimizers::ParamState> param_;
+  std::optional<compressors::MirrorPull> mirror_;
   std::vector<Round> slots_;
   std::vector<uint64_t> next_round_;  // per worker: the round it must push next
   std::vector<LateRejection> late_rejections_;

@@ -104,10 +104,6 @@ TEST(MethodRegistry, ServersRefuseAggregationModesTheyDoNotRun) {
   Status s = server::CheckAggregationMode(later);
   EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
   EXPECT_CONTAINS(s.message(), "onebit aggregates by compressed-domain-sum");
-  later.aggregation = AggregationMode::kServerOptimizer;
-  s = server::CheckAggregationMode(later);
-  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
-  EXPECT_CONTAINS(s.message(), "server-optimizer");
 }
 
 }  // namespace

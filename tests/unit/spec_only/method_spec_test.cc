@@ -211,7 +211,6 @@ TEST(MethodSpec, AggregationModes) {
   EXPECT_EQ(AggregationModeName(AggregationMode::kDecompressSumRecompress),
             "decompress-sum-recompress");
   EXPECT_EQ(AggregationModeName(AggregationMode::kCompressedDomainSum), "compressed-domain-sum");
-  EXPECT_EQ(AggregationModeName(AggregationMode::kServerOptimizer), "server-optimizer");
 }
 
 // GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to '-'.
