@@ -20,6 +20,8 @@
 #include "common/logging.h"
 #include "common/node/endpoint.h"
 #include "compressors/registry.h"
+#include "compressors/spec_registry.h"
+#include "optimizers/param_state.h"
 #include "proto/bitpush/v1/control.pb.h"
 #include "scheduler/node_security.h"
 #include "scheduler/scheduler_client.h"
@@ -59,6 +61,29 @@ std::string DescribeDeclaration(const v1::TensorDeclaration& t) {
 bool SameDeclaration(const v1::TensorDeclaration& a, const v1::TensorDeclaration& b) {
   return a.index() == b.index() && a.name() == b.name() && a.elements() == b.elements() &&
          a.dtype() == b.dtype() && a.compression() == b.compression() && a.sum() == b.sum();
+}
+
+}  // namespace
+
+namespace {
+
+// The key's server-side optimizer from its OP_INIT_KEY (DataHeader::server_optimizer).
+StatusOr<ServerOptimizerSpec> OptimizerFromWire(const v1::ServerOptimizer& w) {
+  ServerOptimizerSpec o;
+  BP_ASSIGN_OR_RETURN(o.update.rule, optimizers::ParseUpdateRule(w.rule()));
+  o.update.weight_decay = w.weight_decay();
+  o.update.momentum = w.momentum();
+  o.update.nesterov = w.nesterov();
+  o.update.beta1 = w.beta1();
+  o.update.beta2 = w.beta2();
+  o.update.eps = w.eps();
+  o.update.lans.weight_decay = w.weight_decay();
+  o.update.lans.beta1 = w.beta1();
+  o.update.lans.beta2 = w.beta2();
+  o.update.lans.eps = w.eps();
+  BP_ASSIGN_OR_RETURN(o.pull, compressors::CanonicalizeCompressorConfig(w.pull()));
+  o.difference = w.difference();
+  return o;
 }
 
 }  // namespace
@@ -555,7 +580,8 @@ void Server::Impl::HandleInit(Engine& engine, const Task& task) {
     if (first.element_count() != h.element_count() || first.dtype() != h.dtype() ||
         first.compressor_config().SerializeAsString() !=
             h.compressor_config().SerializeAsString() ||
-        first.server_residual() != h.server_residual() || first.sum() != h.sum()) {
+        first.server_residual() != h.server_residual() || first.sum() != h.sum() ||
+        first.server_optimizer().SerializeAsString() != h.server_optimizer().SerializeAsString()) {
       SendError(task.worker, DataHeader::OP_INIT_KEY, h.key(), 0,
                 InvalidArgumentError(fmt::format(
                     "key {} (tensor '{}'): worker {} declared {} elements of dtype {} with {} "
@@ -579,11 +605,38 @@ void Server::Impl::HandleInit(Engine& engine, const Task& task) {
   spec.server_residual = h.server_residual();
   spec.num_workers = num_workers_;
   spec.average = !h.sum();
+  const std::string where = fmt::format("key {} (tensor '{}')", h.key(), h.tensor());
+  if (h.has_server_optimizer()) {
+    StatusOr<ServerOptimizerSpec> optimizer = OptimizerFromWire(h.server_optimizer());
+    if (!optimizer.ok()) {
+      SendError(task.worker, DataHeader::OP_INIT_KEY, h.key(), 0,
+                optimizer.status().WithContext(where + ": server-side optimizer"));
+      return;
+    }
+    spec.optimizer = std::move(optimizer).value();
+    const std::vector<Buffer>& frames = task.message.frames;
+    if (frames.size() != 1 || frames[0].size() != h.element_count() * sizeof(float)) {
+      SendError(task.worker, DataHeader::OP_INIT_KEY, h.key(), 0,
+                DataLossError(fmt::format(
+                    "{}: a key whose optimizer runs on the server is declared with its starting "
+                    "weights, one frame of {} float32 ({} bytes); got {} frame(s) of {} bytes",
+                    where, h.element_count(), h.element_count() * sizeof(float), frames.size(),
+                    frames.empty() ? 0 : frames[0].size())));
+      return;
+    }
+  }
   // Created on this (pinned) thread: first touch puts the key's buffers on its NUMA node.
   StatusOr<std::unique_ptr<KeyState>> state = KeyState::Create(spec);
+  if (state.ok() && spec.optimizer) {
+    const Buffer& w = task.message.frames[0];
+    std::vector<float> weights(h.element_count());
+    if (!weights.empty()) std::memcpy(weights.data(), w.data(), w.size());
+    if (Status st = (*state)->InstallWeights({weights.data(), weights.size()}); !st.ok()) {
+      state = st;
+    }
+  }
   if (!state.ok()) {
-    SendError(task.worker, DataHeader::OP_INIT_KEY, h.key(), 0,
-              state.status().WithContext(fmt::format("key {} (tensor '{}')", h.key(), h.tensor())));
+    SendError(task.worker, DataHeader::OP_INIT_KEY, h.key(), 0, state.status().WithContext(where));
     return;
   }
   KeyEntry entry;
@@ -627,7 +680,9 @@ void Server::Impl::HandlePush(Engine& engine, Task& task) {
   const uint64_t published_before = entry.state->stats().rounds_published;
   const size_t push_bytes = frames[0].size();
   // Moved, not copied: a buffer nobody else holds may become the round's accumulator.
-  const Status pushed = entry.state->Push(task.worker, h.round(), std::move(frames[0]));
+  const Status pushed =
+      h.has_lr() ? entry.state->Push(task.worker, h.round(), std::move(frames[0]), h.lr())
+                 : entry.state->Push(task.worker, h.round(), std::move(frames[0]));
   if (!pushed.ok()) {
     SendError(task.worker, DataHeader::OP_PUSH, h.key(), h.round(), pushed);
     return;
@@ -669,6 +724,34 @@ void Server::Impl::HandleState(Engine& engine, const Task& task) {
   reply.set_op(DataHeader::OP_STATE_REPLY);
   reply.set_key(h.key());
   reply.set_refused_op(h.op());  // which request this answers
+  if (h.optimizer_state()) {
+    reply.set_optimizer_state(true);
+    const std::string context =
+        fmt::format("server {}: key {}'s optimizer state", options_.rank, h.key());
+    if (h.op() == DataHeader::OP_STATE_READ) {
+      StatusOr<std::string> saved = state.SaveOptimizerState();
+      if (!saved.ok()) {
+        SendError(task.worker, h.op(), h.key(), 0, saved.status().WithContext(context));
+        return;
+      }
+      reply.set_byte_count(saved->size());
+      SendToWorker(task.worker, std::move(reply), {Buffer::Copy(saved->data(), saved->size())});
+      return;
+    }
+    const std::vector<Buffer>& frames = task.message.frames;
+    const Status restored =
+        frames.size() != 1
+            ? DataLossError(
+                  fmt::format("an optimizer state to restore is one frame, got {}", frames.size()))
+            : state.RestoreOptimizerState(std::string_view(
+                  reinterpret_cast<const char*>(frames[0].data()), frames[0].size()));
+    if (!restored.ok()) {
+      SendError(task.worker, h.op(), h.key(), 0, restored.WithContext(context));
+      return;
+    }
+    SendToWorker(task.worker, std::move(reply), {});
+    return;
+  }
   if (h.op() == DataHeader::OP_STATE_READ) {
     const Span<const float> residual = state.server_residual();
     const size_t bytes = residual.size() * sizeof(float);

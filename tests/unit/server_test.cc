@@ -16,7 +16,9 @@
 #include <thread>
 #include <vector>
 
+#include "compressors/mirror_pull.h"
 #include "compressors/registry.h"
+#include "optimizers/param_state.h"
 #include "proto/bitpush/v1/control.pb.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_client.h"
@@ -475,6 +477,134 @@ TEST(Server, EngineThreadsArePinnedByDefault) {
   const auto threads = c.server(0).engine_threads();
   ASSERT_EQ(threads.size(), 2u);
   for (const auto& t : threads) EXPECT_GE(t.cpu, 0);
+}
+
+// A key whose optimizer runs on the server, over the wire: OP_INIT_KEY carries the optimizer and
+// the starting weights, each push its lr, replies are qWD differences that the workers apply;
+// the weights equal one-process ParamState on the average gradient, the optimizer state reads
+// and writes back through OP_STATE_READ / OP_STATE_WRITE, and bad declarations are refused.
+TEST(Server, ServerSideOptimizerOverTheWire) {
+  MiniCluster c(1, 2);
+  ASSERT_TRUE(c.Start().ok());
+  const size_t n = 500;
+  const uint64_t key = 11;
+  v1::ServerOptimizer opt;
+  opt.set_rule("adamw");
+  opt.set_weight_decay(0.01f);
+  opt.set_beta1(0.9f);
+  opt.set_beta2(0.999f);
+  opt.set_eps(1e-8f);
+  *opt.mutable_pull() = *compressors::ParseCompressorSpec("sdp4bit:hadamard=off,group=2048");
+  opt.set_difference(true);
+  const std::vector<float> w0 = RandomFloats(n, 3);
+  auto init = [&](const std::vector<float>& weights) {
+    DataHeader h = Init(key, n, "none");
+    *h.mutable_server_optimizer() = opt;
+    return std::make_pair(
+        h, std::vector<Buffer>{Buffer::Copy(weights.data(), weights.size() * sizeof(float))});
+  };
+  // Refused: no weights frame; then a worker declaring another optimizer than the first.
+  {
+    DataHeader h = Init(key, n, "none");
+    *h.mutable_server_optimizer() = opt;
+    ASSERT_TRUE(c.worker(0).Send(0, h).ok());
+    auto r = c.worker(0).Next();
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->header.op(), DataHeader::OP_ERROR);
+    EXPECT_NE(r->header.error().find("starting weights"), std::string::npos) << r->header.error();
+  }
+  for (uint32_t w = 0; w < 2; ++w) {
+    auto [h, frames] = init(w0);
+    ASSERT_TRUE(c.worker(w).Send(0, h, frames).ok());
+  }
+  {
+    auto [h, frames] = init(w0);
+    h.mutable_server_optimizer()->set_rule("sgd");
+    ASSERT_TRUE(c.worker(1).Send(0, h, frames).ok());
+    auto r = c.worker(1).Next();
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->header.op(), DataHeader::OP_ERROR);
+    EXPECT_NE(r->header.error().find("another worker declared"), std::string::npos);
+  }
+  optimizers::UpdateOptions update;
+  update.rule = optimizers::UpdateRule::kAdamW;
+  update.weight_decay = 0.01f;
+  auto ref = optimizers::ParamState::Create(update, {w0.data(), n});
+  ASSERT_TRUE(ref.ok());
+  auto pull = std::move(compressors::CreateCompressor("sdp4bit:hadamard=off,group=2048")).value();
+  compressors::CompressorPullCodec codec(pull.get());
+  std::vector<std::vector<float>> held(2, w0);
+  for (uint64_t round = 0; round < 4; ++round) {
+    const float lr = 0.01f / static_cast<float>(round + 1);
+    std::vector<float> avg(n, 0.0f);
+    for (uint32_t w = 0; w < 2; ++w) {
+      const std::vector<float> g = RandomFloats(n, 100 * round + w);
+      for (size_t i = 0; i < n; ++i) avg[i] += g[i];
+      auto [h, frames] =
+          Push(key, round, CompressFloats("none", g, key, round), v1::COMPRESSOR_ID_NONE, n);
+      h.set_lr(lr);
+      ASSERT_TRUE(c.worker(w).Send(0, h, frames).ok());
+    }
+    for (float& v : avg) v *= 0.5f;
+    ASSERT_TRUE(ref->Step(lr, {avg.data(), n}).ok());
+    for (uint32_t w = 0; w < 2; ++w) {
+      auto r = c.worker(w).Next();
+      ASSERT_TRUE(r.has_value());
+      ASSERT_EQ(r->header.op(), DataHeader::OP_PULL_REPLY) << r->header.error();
+      ASSERT_TRUE(
+          compressors::ApplyMirrorPull(codec, r->message.frames[0].span(), {held[w].data(), n})
+              .ok());
+    }
+    ASSERT_EQ(held[0], held[1]);
+    // The workers track the server's weights within qWD's error: one INT4 step of the
+    // difference (AdamW moves each weight by about lr <= 0.01 a round: 0.01 / 7 plus what the
+    // last round carried).
+    for (size_t i = 0; i < n; ++i) ASSERT_NEAR(held[0][i], ref->weights()[i], 3e-3) << i;
+  }
+  // A push without its lr is refused naming it.
+  {
+    auto [h, frames] =
+        Push(key, 4, CompressFloats("none", RandomFloats(n, 9), key, 4), v1::COMPRESSOR_ID_NONE, n);
+    ASSERT_TRUE(c.worker(0).Send(0, h, frames).ok());
+    auto r = c.worker(0).Next();
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->header.op(), DataHeader::OP_ERROR);
+    EXPECT_NE(r->header.error().find("without a learning rate"), std::string::npos);
+  }
+  // The optimizer state: read it, write it back (between rounds), read the same bytes again.
+  DataHeader read;
+  read.set_op(DataHeader::OP_STATE_READ);
+  read.set_key(key);
+  read.set_optimizer_state(true);
+  ASSERT_TRUE(c.worker(0).Send(0, read).ok());
+  auto saved = c.worker(0).Next();
+  ASSERT_TRUE(saved.has_value());
+  ASSERT_EQ(saved->header.op(), DataHeader::OP_STATE_REPLY) << saved->header.error();
+  ASSERT_EQ(saved->message.frames.size(), 1u);
+  const std::vector<uint8_t> blob(
+      saved->message.frames[0].data(),
+      saved->message.frames[0].data() + saved->message.frames[0].size());
+  // ParamState's 24-byte header after the 8-byte length, then weights and two moments, then
+  // the mirror: the server's weights are the reference's, bit for bit.
+  ASSERT_EQ(blob.size(), 8 + 24 + 3 * 4 * n + 4 * n);
+  EXPECT_EQ(0, std::memcmp(blob.data() + 8 + 24, ref->weights().data(), 4 * n));
+  DataHeader write = read;
+  write.set_op(DataHeader::OP_STATE_WRITE);
+  ASSERT_TRUE(c.worker(0).Send(0, write, {Buffer::Copy(blob.data(), blob.size())}).ok());
+  auto written = c.worker(0).Next();
+  ASSERT_TRUE(written.has_value());
+  ASSERT_EQ(written->header.op(), DataHeader::OP_STATE_REPLY) << written->header.error();
+  ASSERT_TRUE(c.worker(0).Send(0, write, {Buffer::Copy(blob.data(), blob.size() - 1)}).ok());
+  auto bad = c.worker(0).Next();
+  ASSERT_TRUE(bad.has_value());
+  EXPECT_EQ(bad->header.op(), DataHeader::OP_ERROR);
+  ASSERT_TRUE(c.worker(0).Send(0, read).ok());
+  auto again = c.worker(0).Next();
+  ASSERT_TRUE(again.has_value());
+  ASSERT_EQ(again->message.frames.size(), 1u);
+  EXPECT_EQ(std::vector<uint8_t>(again->message.frames[0].data(),
+                                 again->message.frames[0].data() + again->message.frames[0].size()),
+            blob);
 }
 
 }  // namespace
