@@ -54,25 +54,20 @@ Status MirrorPull::SetMirror(Span<const float> mirror) {
 }
 
 Status ApplyMirrorPull(PullCodec& codec, ByteSpan payload, Span<float> w) {
-  // The same two steps as the sender's mirror update (decode into zeros, then add), so the
-  // receiver's weights and the mirror round identically.
-  std::vector<float> decoded(w.size(), 0.0f);
-  Status st = codec.DecodeAdd(payload, {decoded.data(), decoded.size()});
-  if (!st.ok()) return st;
-  for (size_t i = 0; i < w.size(); ++i) w[i] = w[i] + decoded[i];
-  return Status::Ok();
+  std::vector<float> decoded;
+  return ApplyMirrorPull(codec, payload, w, &decoded);
 }
 
-Status CheckRawWeightPull(const v1::CompressorConfig& config) {
-  if (!MethodCompresses(config.id()) ||
-      RecommendedErrorFeedback(config) == v1::ERROR_FEEDBACK_NONE) {
-    return Status::Ok();
-  }
-  return InvalidArgumentError(
-      "weight pulls with '" + CompressorSpecString(config) +
-      "' as raw weights: the method is biased, and biased compression of the weights themselves "
-      "can stall training (SDP4Bit's Counterexample 4.1); pull the difference against the "
-      "workers' copy instead (the mirror form)");
+Status ApplyMirrorPull(PullCodec& codec, ByteSpan payload, Span<float> w,
+                       std::vector<float>* scratch) {
+  // The same two steps as the sender's mirror update (decode into zeros, then add), so the
+  // receiver's weights and the mirror round identically.
+  scratch->assign(w.size(), 0.0f);
+  Status st = codec.DecodeAdd(payload, {scratch->data(), scratch->size()});
+  if (!st.ok()) return st;
+  const float* d = scratch->data();
+  for (size_t i = 0; i < w.size(); ++i) w[i] = w[i] + d[i];
+  return Status::Ok();
 }
 
 }  // namespace bitpush::compressors

@@ -25,6 +25,7 @@
 #include "common/span.h"
 #include "common/status.h"
 #include "compressors/compressor.h"
+#include "compressors/spec_registry.h"
 #include "proto/bitpush/v1/compression.pb.h"
 
 namespace bitpush::compressors {
@@ -81,10 +82,10 @@ class MirrorPull {
 
 // The receiver's half: w += D(payload). The payload is validated first; w is unchanged on error.
 Status ApplyMirrorPull(PullCodec& codec, ByteSpan payload, Span<float> w);
+// The same with the caller's decode buffer (resized as needed; a hot path keeps one).
+Status ApplyMirrorPull(PullCodec& codec, ByteSpan payload, Span<float> w,
+                       std::vector<float>* scratch);
 
-// OK where a raw-weight pull with this (canonical) config is sound: the method sends values as
-// they are, or needs no error feedback (it is unbiased or lossless). InvalidArgument naming the
-// method and the difference form otherwise.
-Status CheckRawWeightPull(const v1::CompressorConfig& config);
+// CheckRawWeightPull (compressors/spec_registry.h) refuses the raw form for biased methods.
 
 }  // namespace bitpush::compressors

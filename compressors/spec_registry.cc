@@ -219,4 +219,16 @@ size_t PartitionAlign(const v1::CompressorConfig& config) {
   return a == 0 ? 1 : a;
 }
 
+Status CheckRawWeightPull(const v1::CompressorConfig& config) {
+  if (!MethodCompresses(config.id()) ||
+      RecommendedErrorFeedback(config) == v1::ERROR_FEEDBACK_NONE) {
+    return Status::Ok();
+  }
+  return InvalidArgumentError(
+      "weight pulls with '" + CompressorSpecString(config) +
+      "' as raw weights: the method is biased, and biased compression of the weights themselves "
+      "can stall training (SDP4Bit's Counterexample 4.1); pull the difference against the "
+      "workers' copy instead (the mirror form)");
+}
+
 }  // namespace bitpush::compressors

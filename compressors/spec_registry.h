@@ -68,6 +68,11 @@ Status ValidateErrorFeedback(const v1::CompressorConfig& config, v1::ErrorFeedba
 // biased (paper 001), none otherwise.
 v1::ErrorFeedbackPolicy RecommendedErrorFeedback(const v1::CompressorConfig& config);
 
+// OK where a raw-weight pull (compressors/mirror_pull.h) with this (canonical) config is sound:
+// the method sends values as they are, or needs no error feedback (it is unbiased or lossless).
+// InvalidArgument naming the method and the difference form otherwise.
+Status CheckRawWeightPull(const v1::CompressorConfig& config);
+
 // The element count partitions of a tensor compressed with `config` are cut at multiples of
 // (MethodSpec::partition_align; 1 for a method without blocks or an unknown id).
 size_t PartitionAlign(const v1::CompressorConfig& config);

@@ -705,6 +705,13 @@ Status ValidateClusterConfig(const ClusterConfig& c) {
   if (Status s = compressors::ValidateErrorFeedback(*spec, *ef); !s.ok()) {
     return bad("compression.error_feedback", s.message());
   }
+  if (!c.optimizer.PullDifference()) {
+    StatusOr<v1::CompressorConfig> pull = compressors::ParseCompressorSpec(c.optimizer.pull);
+    if (!pull.ok()) return bad("optimizer.pull", pull.status().message());
+    if (Status s = compressors::CheckRawWeightPull(*pull); !s.ok()) {
+      return bad("optimizer.pull_form", s.message());
+    }
+  }
   return Status::Ok();
 }
 
@@ -782,6 +789,12 @@ std::vector<v1::ConfigField> ConfigFields(const ClusterConfig& c) {
     }
     add("compression.overrides", v);
   }
+  if (c.optimizer.placement != "worker") {
+    // Only then, so jobs with the optimizer on the workers keep their hash.
+    add("optimizer.placement", c.optimizer.placement);
+    add("optimizer.pull", c.optimizer.pull);
+    add("optimizer.pull_form", c.optimizer.pull_form);
+  }
   if (c.ProcessCountsDiffer()) {
     // Only then do the counts change results (docs/config.md): the averaging weights.
     std::string v;
@@ -791,6 +804,12 @@ std::vector<v1::ConfigField> ConfigFields(const ClusterConfig& c) {
     add("cluster.training_processes", v);
   }
   return out;
+}
+
+bool OptimizerSettings::PullDifference() const {
+  if (pull_form == "difference") return true;
+  if (pull_form == "raw") return false;
+  return pull != "none";
 }
 
 const std::string& CompressionSettings::SpecForTensor(const std::string& name) const {

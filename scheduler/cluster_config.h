@@ -71,6 +71,27 @@ struct CompressionSettings {
   const std::string& SpecForTensor(const std::string& name) const;
 };
 
+// The `optimizer:` section: where the optimizer runs (docs/optimizer.md "Server-side
+// optimizer"). Every field takes part in config agreement when the placement is not the
+// default (ConfigFields()). The rule and its hyper-parameters come from the training code
+// (bitpush.torch's optimizer, or worker::ServerOptimizerOptions).
+struct OptimizerSettings {
+  // optimizer.placement: "worker" (every worker updates its own copy; the default) or
+  // "server" (servers hold the fp32 master weights and the optimizer state, workers push
+  // gradients and pull weights).
+  std::string placement = "worker";
+  // optimizer.pull: how weights travel back to the workers, a compressor spec (canonical).
+  // SDP4Bit's qWD is `sdp4bit:hadamard=off,group=2048`.
+  std::string pull = "none";
+  // optimizer.pull_form: "auto" (raw weights for `none`, the difference against the workers'
+  // copy otherwise), "difference" or "raw" (refused for biased compressors).
+  std::string pull_form = "auto";
+
+  bool server() const { return placement == "server"; }
+  // Whether `pull` travels as the difference against the workers' copy under pull_form.
+  bool PullDifference() const;
+};
+
 // The `server:` section: how each bitpush-server runs its engine. Local tuning: not part of
 // config agreement (servers on different machines may differ).
 struct ServerSettings {
@@ -208,6 +229,8 @@ struct ClusterConfig {
   UcxSettings ucx;
   // The `compression:` section.
   CompressionSettings compression;
+  // The `optimizer:` section.
+  OptimizerSettings optimizer;
   // The `server:` and `worker:` sections (local tuning).
   ServerSettings server;
   WorkerSettings worker;

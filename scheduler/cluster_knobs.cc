@@ -456,6 +456,35 @@ std::vector<ClusterKnob> BuildTable() {
                    "Example: `overrides: [{pattern: '*.bias', spec: none}, {pattern: 'embed*', "
                    "spec: 'topk:ratio=0.01'}]`.")),
 
+      // ---- optimizer: (agreed when placement is server) ----
+      Scalar(Knob("optimizer.placement")
+                 .Enum({"worker", "server"})
+                 .Agreed()
+                 .Doc("Where the optimizer runs. `worker`: every worker updates its own copy of "
+                      "the weights with the averaged gradients. `server`: the servers hold the "
+                      "fp32 master weights and the optimizer state of their keys and update "
+                      "them after each round; workers push gradients and pull weights "
+                      "(`bitpush.torch.DistributedOptimizer` switches to "
+                      "`bitpush.torch.ServerOptimizer`, docs/optimizer.md)."),
+             In<&ClusterConfig::optimizer, &OptimizerSettings::placement>()),
+      Scalar(Knob("optimizer.pull")
+                 .Custom(&CanonicalCompressorSpec, "compressor spec")
+                 .Agreed()
+                 .Doc("`placement: server`: how the weights travel back to the workers, a "
+                      "compressor spec like `compression.spec`. SDP4Bit's qWD (INT4, G = 2048, "
+                      "stochastic rounding once at the server) is "
+                      "`sdp4bit:hadamard=off,group=2048`."),
+             In<&ClusterConfig::optimizer, &OptimizerSettings::pull>()),
+      Scalar(Knob("optimizer.pull_form")
+                 .Enum({"auto", "difference", "raw"})
+                 .Agreed()
+                 .Doc("`placement: server`: `difference` sends C(w − w̃) against the workers' "
+                      "copy w̃, which the server mirrors (every replica stays bit-identical; "
+                      "any compressor works); `raw` sends C(w), refused for biased compressors "
+                      "(SDP4Bit's Counterexample 4.1); `auto` is `raw` for `pull: none`, "
+                      "`difference` otherwise."),
+             In<&ClusterConfig::optimizer, &OptimizerSettings::pull_form>()),
+
       // ---- server: (local tuning, not agreed) ----
       Scalar(Knob("server.engine_threads")
                  .AutoCount(256)
@@ -630,8 +659,8 @@ std::string FlagsTable() {
 }  // namespace
 
 const std::vector<std::string>& ClusterSections() {
-  static const std::vector<std::string> kSections = {"cluster", "compression", "server",
-                                                     "worker",  "metrics",     "security"};
+  static const std::vector<std::string> kSections = {
+      "cluster", "compression", "optimizer", "server", "worker", "metrics", "security"};
   return kSections;
 }
 

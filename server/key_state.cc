@@ -85,8 +85,8 @@ KeyState::KeyState(const KeySpec& spec, std::unique_ptr<compressors::Compressor>
       compressor_(std::move(compressor)),
       residual_(std::move(residual)),
       pull_(std::move(pull)),
-      next_round_(spec.num_workers, spec.first_round),
-      oldest_round_(spec.first_round) {
+      next_round_(spec.num_workers, 0),
+      oldest_round_(0) {
   if (pull_) pull_codec_ = std::make_unique<compressors::CompressorPullCodec>(pull_.get());
   // A server-side optimizer needs the fp32 average itself: pass-by-pass sum.
   const bool optimizer = spec_.optimizer.has_value();
@@ -394,6 +394,8 @@ StatusOr<size_t> KeyState::StepAndEncodeWeights(Round& r, MutableByteSpan dst) {
   if (!param_) return InternalError(fmt::format("key {}: no weights installed", spec_.key));
   optimizers::ParamState& param = *param_;
   if (Status st = param.Step(r.lr, {r.acc, spec_.elements}); !st.ok()) return st;
+  stepped_ = true;
+  last_stepped_round_ = r.round;
   const CompressContext ctx{spec_.key, r.round, kServerStream};
   if (mirror_) return mirror_->Encode(param.weights(), ctx, dst);
   return pull_->Compress(ConstTensorView(param.weights()), ctx, dst);
@@ -412,12 +414,39 @@ Status KeyState::InstallWeights(Span<const float> weights) {
     return InvalidArgumentError(fmt::format("key {}: {} weights for a key of {} elements",
                                             spec_.key, weights.size(), spec_.elements));
   }
+  if (param_) {
+    return FailedPreconditionError(fmt::format(
+        "key {}: its weights are already installed (by an earlier install or a checkpoint's "
+        "restore); restore a checkpoint's optimizer state to replace them",
+        spec_.key));
+  }
   BP_ASSIGN_OR_RETURN(optimizers::ParamState state,
                       optimizers::ParamState::Create(spec_.optimizer->update, weights));
   param_ = std::move(state);
+  stepped_ = false;
   mirror_.reset();
   if (spec_.optimizer->difference) mirror_.emplace(pull_codec_.get(), weights);
   return Status::Ok();
+}
+
+StatusOr<std::vector<float>> KeyState::WorkersWeights() {
+  if (!param_) {
+    return FailedPreconditionError(
+        fmt::format("key {}: no weights installed on the server", spec_.key));
+  }
+  if (mirror_) return std::vector<float>(mirror_->mirror().begin(), mirror_->mirror().end());
+  const Span<const float> w = param_->weights();
+  std::vector<float> out(w.begin(), w.end());
+  if (!stepped_) return out;
+  // Raw form: the workers hold D(C(w)) of the last published round; w has not moved since.
+  const size_t n = spec_.elements;
+  std::vector<uint8_t> payload(pull_->MaxCompressedBytes(n, DType::kFloat32));
+  const CompressContext ctx{spec_.key, last_stepped_round_, kServerStream};
+  BP_ASSIGN_OR_RETURN(
+      size_t bytes,
+      pull_->Compress(ConstTensorView(w), ctx, MutableByteSpan(payload.data(), payload.size())));
+  BP_RETURN_IF_ERROR(pull_->Decompress(ByteSpan(payload.data(), bytes), TensorView(out.data(), n)));
+  return out;
 }
 
 Span<const float> KeyState::weights() const {
@@ -477,6 +506,14 @@ Status KeyState::RestoreOptimizerState(std::string_view blob) {
     return st.WithContext(fmt::format("key {}", spec_.key));
   }
   param_ = std::move(state);
+  // Every round of a server-side optimizer key is one step: the key continues at the saved
+  // step's round (no round is open, so every worker is at the same next round), and the random
+  // streams of (key, round) continue with it.
+  const uint64_t next = param_->step();
+  std::fill(next_round_.begin(), next_round_.end(), next);
+  oldest_round_ = next;
+  stepped_ = param_->step() > 0;  // raw form: the workers hold D(C(w)) of the last round
+  last_stepped_round_ = next == 0 ? 0 : next - 1;
   mirror_.reset();
   if (spec_.optimizer->difference) {
     std::vector<float> m(spec_.elements);

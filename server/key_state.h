@@ -115,9 +115,6 @@ struct KeySpec {
   uint32_t max_rounds_in_flight = 2;
   // Set: the server owns the weights and runs the update (fp32 keys, no server_residual).
   std::optional<ServerOptimizerSpec> optimizer;
-  // The key's first round (every worker pushes it first): a resumed job's rounds continue
-  // from its checkpoint, so the random streams of (key, round) do too.
-  uint64_t first_round = 0;
 };
 
 struct KeyStats {
@@ -172,18 +169,29 @@ class KeyState {
   bool RoundOpen() const;
   // Server-side optimizer: installs the master weights (and the workers' copy: they start
   // from the same weights), with fresh moments at step 0. FailedPrecondition for a key without
-  // one or while a round is open; InvalidArgument for another size.
+  // one, while a round is open, or once weights are installed or restored (they are installed
+  // once; a checkpoint's RestoreOptimizerState replaces them); InvalidArgument for another
+  // size.
   Status InstallWeights(Span<const float> weights);
   bool weights_installed() const { return param_.has_value(); }
   // The master weights (empty before InstallWeights or without a server-side optimizer).
   Span<const float> weights() const;
   // The workers' copy as the server tracks it (difference form; empty otherwise).
   Span<const float> mirror() const;
+  // What every worker holds after the last published round (OP_STATE_READ `weights`: a worker
+  // that starts or resumes copies it): the mirror in the difference form; in the raw form the
+  // master weights before the first round since the install or restore, else D(C(w)) of the
+  // last round (deterministic in (key, round)). FailedPrecondition before any weights.
+  StatusOr<std::vector<float>> WorkersWeights();
   // The whole optimizer state as bytes (weights, moments, step, mirror), and its restore
   // (refused while a round is open, or for a blob of another rule, size or format; unchanged
   // then).
+  // A restore moves the key to the saved step's round (each round is one step, from round 0):
+  // a resumed job's rounds, and the random streams of (key, round), continue where they were.
   StatusOr<std::string> SaveOptimizerState() const;
   Status RestoreOptimizerState(std::string_view blob);
+  // The round `worker` pushes next.
+  uint64_t next_round(uint32_t worker) const { return next_round_[worker]; }
 
   // The reply compressor's telemetry since the last call (Compressor::TakeTelemetry).
   void TakeTelemetry(compressors::CompressorTelemetry* into) { compressor_->TakeTelemetry(into); }
@@ -253,6 +261,10 @@ class KeyState {
   std::unique_ptr<compressors::CompressorPullCodec> pull_codec_;
   std::optional<optimizers::ParamState> param_;
   std::optional<compressors::MirrorPull> mirror_;
+  // Raw form: a round updated the weights since the install / restore, and the last one's
+  // number (the context of the payload the workers decoded).
+  bool stepped_ = false;
+  uint64_t last_stepped_round_ = 0;
   std::vector<Round> slots_;
   std::vector<uint64_t> next_round_;  // per worker: the round it must push next
   std::vector<LateRejection> late_rejections_;

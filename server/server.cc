@@ -54,13 +54,14 @@ std::string DescribeDeclaration(const v1::TensorDeclaration& t) {
   const std::string dtype = t.dtype() < static_cast<uint32_t>(kNumDTypes)
                                 ? std::string(DTypeName(static_cast<DType>(t.dtype())))
                                 : fmt::format("dtype#{}", t.dtype());
-  return fmt::format("'{}' ({} x {}, {}, {})", t.name(), t.elements(), dtype, t.compression(),
-                     t.sum() ? "sum" : "average");
+  return fmt::format("'{}' ({} x {}, {}, {}{}{})", t.name(), t.elements(), dtype, t.compression(),
+                     t.sum() ? "sum" : "average", t.optimizer().empty() ? "" : ", ", t.optimizer());
 }
 
 bool SameDeclaration(const v1::TensorDeclaration& a, const v1::TensorDeclaration& b) {
   return a.index() == b.index() && a.name() == b.name() && a.elements() == b.elements() &&
-         a.dtype() == b.dtype() && a.compression() == b.compression() && a.sum() == b.sum();
+         a.dtype() == b.dtype() && a.compression() == b.compression() && a.sum() == b.sum() &&
+         a.optimizer() == b.optimizer();
 }
 
 }  // namespace
@@ -106,6 +107,9 @@ class Server::Impl {
   struct KeyEntry {
     std::unique_ptr<KeyState> state;
     DataHeader init;  // the first OP_INIT_KEY (later ones must match it)
+    // Workers whose OP_STATE_READ `weights` waits for the key's weights to be installed (at
+    // most one entry per worker).
+    std::vector<uint32_t> weight_readers;
     // Pushes accepted whose round is not published yet: (worker, round) to answer.
     std::vector<std::pair<uint32_t, uint64_t>> waiting;
   };
@@ -147,6 +151,11 @@ class Server::Impl {
   void HandlePush(Engine& engine, Task& task);
   // OP_STATE_READ / OP_STATE_WRITE: the key's server residual out of / into a checkpoint.
   void HandleState(Engine& engine, const Task& task);
+  // OP_STATE_READ / OP_STATE_WRITE with `weights`: a server-side optimizer key's starting
+  // weights in, the workers' copy out (a read before the install waits in weight_readers).
+  void HandleWeights(KeyEntry& entry, const Task& task, DataHeader reply);
+  void AnswerWeightReaders(KeyEntry& entry);
+  void SendWorkersWeights(KeyEntry& entry, uint32_t worker);
   void ServeWaiting(KeyEntry& entry);
 
   // Any thread.
@@ -614,27 +623,10 @@ void Server::Impl::HandleInit(Engine& engine, const Task& task) {
       return;
     }
     spec.optimizer = std::move(optimizer).value();
-    const std::vector<Buffer>& frames = task.message.frames;
-    if (frames.size() != 1 || frames[0].size() != h.element_count() * sizeof(float)) {
-      SendError(task.worker, DataHeader::OP_INIT_KEY, h.key(), 0,
-                DataLossError(fmt::format(
-                    "{}: a key whose optimizer runs on the server is declared with its starting "
-                    "weights, one frame of {} float32 ({} bytes); got {} frame(s) of {} bytes",
-                    where, h.element_count(), h.element_count() * sizeof(float), frames.size(),
-                    frames.empty() ? 0 : frames[0].size())));
-      return;
-    }
   }
-  // Created on this (pinned) thread: first touch puts the key's buffers on its NUMA node.
+  // Created on this (pinned) thread: first touch puts the key's buffers on its NUMA node. A key
+  // with a server-side optimizer has no weights yet: OP_STATE_WRITE `weights` installs them.
   StatusOr<std::unique_ptr<KeyState>> state = KeyState::Create(spec);
-  if (state.ok() && spec.optimizer) {
-    const Buffer& w = task.message.frames[0];
-    std::vector<float> weights(h.element_count());
-    if (!weights.empty()) std::memcpy(weights.data(), w.data(), w.size());
-    if (Status st = (*state)->InstallWeights({weights.data(), weights.size()}); !st.ok()) {
-      state = st;
-    }
-  }
   if (!state.ok()) {
     SendError(task.worker, DataHeader::OP_INIT_KEY, h.key(), 0, state.status().WithContext(where));
     return;
@@ -724,6 +716,10 @@ void Server::Impl::HandleState(Engine& engine, const Task& task) {
   reply.set_op(DataHeader::OP_STATE_REPLY);
   reply.set_key(h.key());
   reply.set_refused_op(h.op());  // which request this answers
+  if (h.weights()) {
+    HandleWeights(it->second, task, std::move(reply));
+    return;
+  }
   if (h.optimizer_state()) {
     reply.set_optimizer_state(true);
     const std::string context =
@@ -750,6 +746,7 @@ void Server::Impl::HandleState(Engine& engine, const Task& task) {
       return;
     }
     SendToWorker(task.worker, std::move(reply), {});
+    AnswerWeightReaders(it->second);
     return;
   }
   if (h.op() == DataHeader::OP_STATE_READ) {
@@ -815,6 +812,76 @@ void Server::Impl::ServeWaiting(KeyEntry& entry) {
 }
 
 // ---- any thread ----
+
+void Server::Impl::HandleWeights(KeyEntry& entry, const Task& task, DataHeader reply) {
+  const DataHeader& h = task.header;
+  KeyState& state = *entry.state;
+  const std::string context =
+      fmt::format("server {}: key {} (tensor '{}')", options_.rank, h.key(), entry.init.tensor());
+  if (!state.spec().optimizer) {
+    SendError(
+        task.worker, h.op(), h.key(), 0,
+        FailedPreconditionError(context + ": its optimizer does not run on the server (no weights "
+                                          "here)"));
+    return;
+  }
+  if (h.op() == DataHeader::OP_STATE_READ) {
+    if (state.weights_installed()) {
+      SendWorkersWeights(entry, task.worker);
+    } else if (std::find(entry.weight_readers.begin(), entry.weight_readers.end(), task.worker) ==
+               entry.weight_readers.end()) {
+      entry.weight_readers.push_back(task.worker);  // answered at the install
+    }
+    return;
+  }
+  const std::vector<Buffer>& frames = task.message.frames;
+  const size_t n = state.spec().elements;
+  if (frames.size() != 1 || frames[0].size() != n * sizeof(float)) {
+    SendError(
+        task.worker, h.op(), h.key(), 0,
+        DataLossError(fmt::format(
+            "{}: starting weights are one frame of {} float32 ({} bytes); got {} frame(s) "
+            "of {} bytes",
+            context, n, n * sizeof(float), frames.size(), frames.empty() ? 0 : frames[0].size())));
+    return;
+  }
+  std::vector<float> weights(n);
+  if (n > 0) std::memcpy(weights.data(), frames[0].data(), frames[0].size());
+  if (Status st = state.InstallWeights({weights.data(), weights.size()}); !st.ok()) {
+    SendError(task.worker, h.op(), h.key(), 0, st.WithContext(context));
+    return;
+  }
+  reply.set_weights(true);
+  SendToWorker(task.worker, std::move(reply), {});
+  AnswerWeightReaders(entry);
+}
+
+void Server::Impl::AnswerWeightReaders(KeyEntry& entry) {
+  if (!entry.state->weights_installed()) return;
+  std::vector<uint32_t> readers = std::move(entry.weight_readers);
+  entry.weight_readers.clear();
+  for (uint32_t worker : readers) SendWorkersWeights(entry, worker);
+}
+
+void Server::Impl::SendWorkersWeights(KeyEntry& entry, uint32_t worker) {
+  const uint64_t key = entry.state->spec().key;
+  StatusOr<std::vector<float>> w = entry.state->WorkersWeights();
+  if (!w.ok()) {
+    SendError(
+        worker, DataHeader::OP_STATE_READ, key, 0,
+        w.status().WithContext(fmt::format("server {}: key {}'s weights", options_.rank, key)));
+    return;
+  }
+  DataHeader reply;
+  reply.set_op(DataHeader::OP_STATE_REPLY);
+  reply.set_key(key);
+  reply.set_refused_op(DataHeader::OP_STATE_READ);
+  reply.set_weights(true);
+  reply.set_round(entry.state->next_round(worker));  // where the worker's rounds continue
+  reply.set_element_count(w->size());
+  reply.set_byte_count(w->size() * sizeof(float));
+  SendToWorker(worker, std::move(reply), {Buffer::Copy(w->data(), w->size() * sizeof(float))});
+}
 
 void Server::Impl::SendError(uint32_t worker, DataHeader::Op refused, uint64_t key, uint64_t round,
                              const Status& status) {

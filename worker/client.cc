@@ -92,6 +92,23 @@ class EngineBackend final : public ClientBackend {
   PushPullHandle PushPull(TensorId tensor, ConstTensorView input, TensorView output) override {
     return engine_->PushPull(tensor, input, output);
   }
+  PushPullHandle PushPull(TensorId tensor, ConstTensorView gradient, TensorView weights,
+                          float lr) override {
+    return engine_->PushPull(tensor, gradient, weights, lr);
+  }
+  Status InitServerWeights(TensorId tensor, TensorView weights) override {
+    return engine_->InitServerWeights(tensor, weights);
+  }
+  Status PullServerWeights(TensorId tensor, TensorView weights) override {
+    return engine_->PullServerWeights(tensor, weights);
+  }
+  StatusOr<std::vector<std::string>> ServerOptimizerState(TensorId tensor) override {
+    return engine_->ServerOptimizerState(tensor);
+  }
+  Status RestoreServerOptimizerState(TensorId tensor,
+                                     const std::vector<std::string>& saved) override {
+    return engine_->RestoreServerOptimizerState(tensor, saved);
+  }
   Status Barrier() override { return engine_->Barrier(); }
   Status Shutdown(std::chrono::milliseconds timeout) override { return engine_->Shutdown(timeout); }
   void Close() override { engine_->Close(); }
@@ -120,6 +137,10 @@ class EngineBackend final : public ClientBackend {
   metrics::Registry::Registration registration_;
 };
 
+constexpr char kServerOptimizerInDaemonMode[] =
+    "tensors whose optimizer runs on the servers need an embedded worker (one training process "
+    "per worker node, BITPUSH_MODE=embedded); the node's bitpush-worker does not relay weights";
+
 constexpr char kServerStateInDaemonMode[] =
     "the servers' error-feedback residuals are read and restored by an embedded worker; in "
     "daemon mode the node's bitpush-worker does not relay them";
@@ -131,11 +152,32 @@ class DaemonBackend final : public ClientBackend {
 
   StatusOr<TensorId> Declare(const std::string& name, size_t elements, DType dtype,
                              const TensorOptions& options) override {
+    if (options.server_optimizer) {
+      return UnimplementedError(
+          fmt::format("Declare '{}': {}", name, kServerOptimizerInDaemonMode));
+    }
     return daemon_->Declare(name, elements, dtype, options);
   }
   Status CommitDeclarations() override { return daemon_->CommitDeclarations(); }
   PushPullHandle PushPull(TensorId tensor, ConstTensorView input, TensorView output) override {
     return daemon_->PushPull(tensor, input, output);
+  }
+  PushPullHandle PushPull(TensorId, ConstTensorView, TensorView, float) override {
+    auto op = std::make_shared<OpState>();
+    op->Complete(UnimplementedError(kServerOptimizerInDaemonMode));
+    return PushPullHandle(op);
+  }
+  Status InitServerWeights(TensorId, TensorView) override {
+    return UnimplementedError(kServerOptimizerInDaemonMode);
+  }
+  Status PullServerWeights(TensorId, TensorView) override {
+    return UnimplementedError(kServerOptimizerInDaemonMode);
+  }
+  StatusOr<std::vector<std::string>> ServerOptimizerState(TensorId) override {
+    return UnimplementedError(kServerOptimizerInDaemonMode);
+  }
+  Status RestoreServerOptimizerState(TensorId, const std::vector<std::string>&) override {
+    return UnimplementedError(kServerOptimizerInDaemonMode);
   }
   Status Barrier() override { return daemon_->Barrier(); }
   // The daemon bounds the clean end itself (its own op_timeout).
@@ -236,6 +278,27 @@ Status Client::CommitDeclarations() {
 
 PushPullHandle Client::PushPull(TensorId tensor, ConstTensorView input, TensorView output) {
   return backend_->PushPull(tensor, input, output);
+}
+
+PushPullHandle Client::PushPull(TensorId tensor, ConstTensorView gradient, TensorView weights,
+                                float lr) {
+  return backend_->PushPull(tensor, gradient, weights, lr);
+}
+
+Status Client::InitServerWeights(TensorId tensor, TensorView weights) {
+  return backend_->InitServerWeights(tensor, weights);
+}
+
+Status Client::PullServerWeights(TensorId tensor, TensorView weights) {
+  return backend_->PullServerWeights(tensor, weights);
+}
+
+StatusOr<std::vector<std::string>> Client::ServerOptimizerState(TensorId tensor) {
+  return backend_->ServerOptimizerState(tensor);
+}
+
+Status Client::RestoreServerOptimizerState(TensorId tensor, const std::vector<std::string>& saved) {
+  return backend_->RestoreServerOptimizerState(tensor, saved);
 }
 
 Status Client::Barrier() {

@@ -48,6 +48,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,32 @@ struct OpState;
 
 enum class ReduceOp { kAverage, kSum };
 
+// A tensor whose optimizer runs on the servers (TensorOptions::server_optimizer; paper 002's
+// server-side mode, docs/optimizer.md "Server-side optimizer"). The servers own its fp32 master
+// weights and optimizer state; a push_pull sends the gradient with the round's learning rate,
+// each server updates its weights after the round's average, and every worker's copy of the
+// weights (the push_pull's output) receives the new weights: as C(w − w̃) added to the copy
+// (the difference form, which keeps every worker's copy bit-identical to the server's mirror
+// w̃), or as C(w) replacing it (the raw form, for unbiased or lossless C). Before the first
+// push_pull, Client::InitServerWeights installs worker 0's weights on the servers and gives
+// every worker the same copy.
+struct ServerOptimizerOptions {
+  // "sgd", "adamw" or "lans" (optimizers/param_state.h: torch.optim's definitions; lans is
+  // CLAN's update on the averaged gradient).
+  std::string rule = "sgd";
+  float weight_decay = 0.0f;
+  float momentum = 0.0f;  // sgd
+  bool nesterov = false;  // sgd
+  float beta1 = 0.9f;     // adamw, lans
+  float beta2 = 0.999f;   // adamw, lans
+  float eps = 1e-8f;      // adamw, lans
+  // How the weights come back: a compressor spec; "" = the cluster's optimizer.pull.
+  std::string pull;
+  // "difference", "raw", or "" = the cluster's optimizer.pull_form ("auto": raw for `none`,
+  // difference otherwise). Raw is refused for biased compressors.
+  std::string pull_form;
+};
+
 struct TensorOptions {
   // Scheduling priority: lower goes first (use the layer index: front layers are needed
   // first by the next forward pass). Ties: declaration order, then partition order.
@@ -78,6 +105,9 @@ struct TensorOptions {
   // daemon reduces the node's GPUs with the FP16 cast + NCCL path (worker/gpu/,
   // docs/local-ipc.md "GPU tensors"); embedded mode refuses it (copy to host memory instead).
   bool cuda = false;
+  // Set: the tensor's optimizer runs on the servers (see ServerOptimizerOptions): fp32 only,
+  // embedded mode only. Its push_pulls take a learning rate.
+  std::optional<ServerOptimizerOptions> server_optimizer;
 };
 
 // A declared tensor.
@@ -203,6 +233,26 @@ class Client {
   // count and dtype (otherwise the handle completes at once with InvalidArgument). `input` is
   // read and `output` written until the handle completes; they must stay alive until then.
   PushPullHandle PushPull(TensorId tensor, ConstTensorView input, TensorView output);
+  // The push_pull of a tensor whose optimizer runs on the servers: `gradient` goes to the
+  // servers with the round's learning rate `lr` (finite, >= 0, the same on every worker), and
+  // `weights` — this worker's copy, which must not alias the gradient — receives the updated
+  // weights. FailedPrecondition before InitServerWeights / PullServerWeights.
+  PushPullHandle PushPull(TensorId tensor, ConstTensorView gradient, TensorView weights, float lr);
+
+  // Server-side optimizer tensors, collective (every worker calls it, before the tensor's first
+  // push_pull): worker 0's `weights` become the servers' master weights and every worker's
+  // `weights` (worker 0's included) is overwritten with the servers' copy, so all start
+  // bit-identical. Waits (op_timeout) for worker 0's install. Commits declarations if needed.
+  Status InitServerWeights(TensorId tensor, TensorView weights);
+  // Overwrites `weights` with the servers' copy (what every worker holds after the last round),
+  // e.g. after RestoreServerOptimizerState.
+  Status PullServerWeights(TensorId tensor, TensorView weights);
+  // The tensor's server-side optimizer state (master weights, moments, step, the workers'
+  // copy), one blob per partition in order, for checkpoints; Restore puts saved blobs back
+  // (refused while a round is open, or for blobs of another rule or size). One worker reads and
+  // restores for the cluster; then every worker calls PullServerWeights.
+  StatusOr<std::vector<std::string>> ServerOptimizerState(TensorId tensor);
+  Status RestoreServerOptimizerState(TensorId tensor, const std::vector<std::string>& saved);
 
   // Waits for every worker (the scheduler's worker barrier); in daemon mode for every training
   // process of every node.

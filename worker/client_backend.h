@@ -31,6 +31,14 @@ class ClientBackend {
                                      const TensorOptions& options) = 0;
   virtual Status CommitDeclarations() = 0;
   virtual PushPullHandle PushPull(TensorId tensor, ConstTensorView input, TensorView output) = 0;
+  // Server-side optimizer tensors (client.h); the daemon backend refuses them.
+  virtual PushPullHandle PushPull(TensorId tensor, ConstTensorView gradient, TensorView weights,
+                                  float lr) = 0;
+  virtual Status InitServerWeights(TensorId tensor, TensorView weights) = 0;
+  virtual Status PullServerWeights(TensorId tensor, TensorView weights) = 0;
+  virtual StatusOr<std::vector<std::string>> ServerOptimizerState(TensorId tensor) = 0;
+  virtual Status RestoreServerOptimizerState(TensorId tensor,
+                                             const std::vector<std::string>& saved) = 0;
   virtual Status Barrier() = 0;
   virtual Status Shutdown(std::chrono::milliseconds timeout) = 0;
   virtual void Close() = 0;

@@ -10,6 +10,7 @@
 #include "common/logging.h"
 #include "common/vector_ops.h"
 #include "compressors/registry.h"
+#include "optimizers/param_state.h"
 #include "scheduler/node_security.h"
 #include "worker/compression_plan.h"
 
@@ -39,6 +40,69 @@ Status RemoteStatus(uint32_t code, std::string message) {
 
 std::string ServerLabel(const std::string& peer) {
   return peer.rfind("server:", 0) == 0 ? "server " + peer.substr(7) : peer;
+}
+
+// The wire form of a tensor's server-side optimizer (canonical pull config, the pull form
+// resolved against the cluster's optimizer section). InvalidArgument naming the field.
+StatusOr<v1::ServerOptimizer> ServerOptimizerFor(const ServerOptimizerOptions& o,
+                                                 const scheduler::OptimizerSettings& cluster) {
+  BP_ASSIGN_OR_RETURN(optimizers::UpdateRule rule, optimizers::ParseUpdateRule(o.rule));
+  optimizers::UpdateOptions u;
+  u.rule = rule;
+  u.weight_decay = o.weight_decay;
+  u.momentum = o.momentum;
+  u.nesterov = o.nesterov;
+  u.beta1 = o.beta1;
+  u.beta2 = o.beta2;
+  u.eps = o.eps;
+  u.lans.weight_decay = o.weight_decay;
+  u.lans.beta1 = o.beta1;
+  u.lans.beta2 = o.beta2;
+  u.lans.eps = o.eps;
+  BP_RETURN_IF_ERROR(u.Validate());
+  v1::ServerOptimizer w;
+  w.set_rule(optimizers::UpdateRuleName(rule));
+  w.set_weight_decay(o.weight_decay);
+  w.set_momentum(o.momentum);
+  w.set_nesterov(o.nesterov);
+  w.set_beta1(o.beta1);
+  w.set_beta2(o.beta2);
+  w.set_eps(o.eps);
+  scheduler::OptimizerSettings pull = cluster;
+  if (!o.pull.empty()) pull.pull = o.pull;
+  if (!o.pull_form.empty()) pull.pull_form = o.pull_form;
+  if (pull.pull_form != "auto" && pull.pull_form != "difference" && pull.pull_form != "raw") {
+    return InvalidArgumentError(
+        fmt::format("pull_form '{}': expected auto, difference or raw", pull.pull_form));
+  }
+  StatusOr<v1::CompressorConfig> config = compressors::ParseCompressorSpec(pull.pull);
+  if (!config.ok()) return config.status().WithContext("the weights' pull compressor");
+  pull.pull = compressors::CompressorSpecString(*config);
+  w.set_difference(pull.PullDifference());
+  if (!w.difference()) BP_RETURN_IF_ERROR(compressors::CheckRawWeightPull(*config));
+  *w.mutable_pull() = std::move(config).value();
+  return w;
+}
+
+// One line for messages and the declaration check: "adamw(weight_decay=0.01, ...) pull ...".
+std::string DescribeServerOptimizer(const v1::ServerOptimizer& w) {
+  std::string params;
+  if (w.rule() == "sgd") {
+    params = fmt::format("weight_decay={}, momentum={}, nesterov={}", w.weight_decay(),
+                         w.momentum(), w.nesterov());
+  } else {
+    params = fmt::format("weight_decay={}, beta1={}, beta2={}, eps={}", w.weight_decay(), w.beta1(),
+                         w.beta2(), w.eps());
+  }
+  return fmt::format("server {}({}) pull {} {}", w.rule(), params,
+                     compressors::CompressorSpecString(w.pull()),
+                     w.difference() ? "difference" : "raw");
+}
+
+// ApplyMirrorPull's decode buffer, one per pool thread (a partition at most).
+std::vector<float>& PullScratch() {
+  thread_local std::vector<float> scratch;
+  return scratch;
 }
 
 }  // namespace
@@ -307,8 +371,23 @@ StatusOr<TensorId> Engine::Declare(const std::string& name, size_t elements, DTy
       DecideCompression(cluster_.compression, name, elements, dtype, options.compression);
   if (!plan.ok()) return plan.status().WithContext(what + ": compression");
 
+  std::optional<v1::ServerOptimizer> server_optimizer;
+  if (options.server_optimizer) {
+    if (dtype != DType::kFloat32) {
+      return InvalidArgumentError(fmt::format(
+          "{}: a tensor whose optimizer runs on the servers must be float32 (the servers keep "
+          "fp32 master weights), not {}",
+          what, DTypeName(dtype)));
+    }
+    StatusOr<v1::ServerOptimizer> w =
+        ServerOptimizerFor(*options.server_optimizer, cluster_.optimizer);
+    if (!w.ok()) return w.status().WithContext(what + ": server-side optimizer");
+    server_optimizer = std::move(w).value();
+  }
+
   auto t = std::make_unique<Tensor>();
   t->index = index;
+  t->server_optimizer = server_optimizer;
   t->name = name;
   t->elements = elements;
   t->dtype = dtype;
@@ -341,6 +420,13 @@ StatusOr<TensorId> Engine::Declare(const std::string& name, size_t elements, DTy
           t->config, compressors::ErrorFeedbackSide::kWorker, p.range.elements);
       if (!r.ok()) return r.status().WithContext(what);
       p.residual = std::move(r).value();
+    }
+    if (t->server_optimizer) {
+      StatusOr<std::unique_ptr<compressors::Compressor>> pc =
+          compressors::CreateCompressor(t->server_optimizer->pull(), copts);
+      if (!pc.ok()) return pc.status().WithContext(what + ": the weights' pull compressor");
+      p.pull = std::move(pc).value();
+      p.pull_codec = std::make_unique<compressors::CompressorPullCodec>(p.pull.get());
     }
   }
 
@@ -390,6 +476,7 @@ Status Engine::CheckDeclarations(uint64_t epoch, const std::vector<uint32_t>& te
       d->set_dtype(static_cast<uint32_t>(t.dtype));
       d->set_compression(t.spec);
       d->set_sum(t.options.op == ReduceOp::kSum);
+      if (t.server_optimizer) d->set_optimizer(DescribeServerOptimizer(*t.server_optimizer));
     }
     pending_epoch_ = epoch;
     declare_verdict_.reset();
@@ -445,8 +532,11 @@ Status Engine::AnnounceKeys(const std::vector<uint32_t>& tensors) {
       *h.mutable_compressor_config() = t->config;
       h.set_compressor(t->config.id());
       h.set_tensor(t->name);
-      h.set_server_residual(t->compressed && compressors::ServerKeepsResidual(policy_));
+      // A server-side optimizer key publishes weights, not the aggregate: no server residual.
+      h.set_server_residual(t->compressed && !t->server_optimizer &&
+                            compressors::ServerKeepsResidual(policy_));
       h.set_sum(t->options.op == ReduceOp::kSum);
+      if (t->server_optimizer) *h.mutable_server_optimizer() = *t->server_optimizer;
       BP_RETURN_IF_ERROR(endpoint_->SendData(p.peer, h).WithContext(
           fmt::format("{}: announcing key {} (tensor '{}' partition {}) to server {}", label_,
                       p.range.key, t->name, p.range.index, p.server)));
@@ -470,7 +560,8 @@ void Engine::OnDeclareVerdict(uint64_t epoch, Status verdict) {
 // ---------------------------------------------------------------------------------------------
 // push_pull
 
-PushPullHandle Engine::PushPull(TensorId id, ConstTensorView input, TensorView output) {
+PushPullHandle Engine::PushPull(TensorId id, ConstTensorView input, TensorView output,
+                                std::optional<float> lr) {
   auto op = std::make_shared<OpState>();
   PushPullHandle handle(op);
   auto fail = [&](Status s) {
@@ -499,7 +590,26 @@ PushPullHandle Engine::PushPull(TensorId id, ConstTensorView input, TensorView o
   op->tensor_index = t->index;
   op->input = input;
   op->output = output;
+  op->lr = lr;
   const std::string what = fmt::format("{}: push_pull of tensor '{}'", label_, t->name);
+  if (t->server_optimizer.has_value() != lr.has_value()) {
+    return fail(InvalidArgumentError(
+        t->server_optimizer
+            ? what + ": its optimizer runs on the servers; push_pull it with a learning rate "
+                     "(gradient in, weights out)"
+            : what + ": a learning rate was given but the tensor's optimizer does not run on the "
+                     "servers"));
+  }
+  if (lr && (!(*lr >= 0.0f) || std::isinf(*lr))) {
+    return fail(InvalidArgumentError(
+        fmt::format("{}: learning rate {} (must be finite and >= 0)", what, *lr)));
+  }
+  if (lr && t->elements > 0 && input.data() == output.data()) {
+    return fail(InvalidArgumentError(
+        what +
+        ": the gradient and the weights are the same memory; the weights receive the "
+        "servers' update, the gradient must be another buffer"));
+  }
   if (input.count() != t->elements || input.dtype() != t->dtype) {
     return fail(InvalidArgumentError(fmt::format(
         "{}: the input has {} elements of {} but the tensor was declared with {} elements of {}",
@@ -538,6 +648,12 @@ PushPullHandle Engine::PushPull(TensorId id, ConstTensorView input, TensorView o
         what + ": a push_pull of this tensor is already in flight; wait for its handle first");
   } else if (!t->committed) {
     error = InternalError(what + ": the tensor's declaration is not committed");
+  } else if (t->server_optimizer && !t->weights_ready) {
+    error = FailedPreconditionError(
+        what +
+        ": this worker's copy of the weights did not come from the servers yet; call "
+        "InitServerWeights (every worker, before the first push_pull) or PullServerWeights "
+        "after a restore");
   } else if (std::optional<Status> blocked = FinishedWorkerBlocksLocked(*t)) {
     error = *blocked;
   }
@@ -698,6 +814,7 @@ void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpStat
     h.set_element_count(p.range.elements);
     h.set_dtype(static_cast<uint32_t>(t->dtype));
     h.set_byte_count(*bytes);
+    if (op->lr) h.set_lr(*op->lr);
     h.SerializeToString(&msg.header);
     if (!raw) msg.frames.push_back(transport::Buffer::Borrow(p.payload->data(), *bytes, p.payload));
   }
@@ -765,9 +882,18 @@ void Engine::DecompressAndComplete(Tensor* t, uint32_t j, const std::shared_ptr<
   const size_t n = p.range.elements;
   void* dst = static_cast<uint8_t*>(op->output.data()) + p.range.offset * DTypeSize(t->dtype);
   const EngineClock::time_point t0 = EngineClock::now();
-  // The aggregate comes in the tensor's dtype (the server sums in fp32 and rounds once): it
-  // decodes straight into the output.
-  const Status s = p.compressor->Decompress(payload.span(), TensorView(dst, n, t->dtype));
+  Status s;
+  if (!t->server_optimizer) {
+    // The aggregate comes in the tensor's dtype (the server sums in fp32 and rounds once): it
+    // decodes straight into the output.
+    s = p.compressor->Decompress(payload.span(), TensorView(dst, n, t->dtype));
+  } else if (t->server_optimizer->difference()) {
+    // The weights' change against this worker's copy, added the way the server's mirror adds it.
+    s = compressors::ApplyMirrorPull(*p.pull_codec, payload.span(), {static_cast<float*>(dst), n},
+                                     &PullScratch());
+  } else {
+    s = p.pull->Decompress(payload.span(), TensorView(dst, n, DType::kFloat32));
+  }
   const EngineClock::time_point t1 = EngineClock::now();
   std::lock_guard<std::mutex> lock(mu_);
   stats_.decompress_ns += Ns(t1 - t0);
@@ -933,8 +1059,8 @@ void Engine::OnError(const std::string& from, const v1::DataHeader& h) {
     if (call != state_calls_.end() && call->second.peer == from && !call->second.done) {
       call->second.done = true;
       call->second.status = RemoteStatus(
-          h.error_code(), fmt::format("{}: {} refused the server residual of key {}: {}", label_,
-                                      ServerLabel(from), h.key(), h.error()));
+          h.error_code(), fmt::format("{}: {} refused {} of key {}: {}", label_, ServerLabel(from),
+                                      call->second.what, h.key(), h.error()));
       state_cv_.notify_all();
     }
     return;
@@ -960,18 +1086,187 @@ void Engine::OnError(const std::string& from, const v1::DataHeader& h) {
 // Server error-feedback state (checkpoints)
 
 StatusOr<std::vector<float>> Engine::ServerErrorFeedbackState(TensorId tensor) {
+  std::vector<std::string> parts;
+  BP_RETURN_IF_ERROR(ServerStateCall(tensor, StateKind::kResidual, /*write=*/false, {}, &parts));
   std::vector<float> out;
-  BP_RETURN_IF_ERROR(ServerStateCall(tensor, /*write=*/false, {}, &out));
+  bool any = false;
+  for (const std::string& b : parts) any = any || !b.empty();
+  if (!any) return out;  // no partition keeps a server residual
+  std::lock_guard<std::mutex> lock(mu_);
+  const Tensor& t = *tensors_[tensor.index];
+  out.reserve(t.elements);
+  for (size_t j = 0; j < t.partitions.size(); ++j) {
+    const Partition& p = t.partitions[j];
+    if (parts[j].size() != p.range.elements * sizeof(float)) {
+      return DataLossError(fmt::format(
+          "{}: ServerErrorFeedbackState of tensor '{}': {} sent {} bytes for key {}, which has {} "
+          "values",
+          label_, t.name, ServerLabel(p.peer), parts[j].size(), p.range.key, p.range.elements));
+    }
+    const size_t at = out.size();
+    out.resize(at + p.range.elements);
+    if (p.range.elements > 0) std::memcpy(out.data() + at, parts[j].data(), parts[j].size());
+  }
   return out;
 }
 
 Status Engine::RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved) {
-  return ServerStateCall(tensor, /*write=*/true, saved, nullptr);
+  std::vector<std::string> parts;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (tensor.index >= tensors_.size()) {
+      return InvalidArgumentError(
+          fmt::format("RestoreServerErrorFeedbackState: no tensor #{}", tensor.index));
+    }
+    const Tensor& t = *tensors_[tensor.index];
+    if (!saved.empty() && saved.size() != t.elements) {
+      return InvalidArgumentError(
+          fmt::format("RestoreServerErrorFeedbackState of tensor '{}': {} values given, the "
+                      "tensor has {}",
+                      t.name, saved.size(), t.elements));
+    }
+    for (const Partition& p : t.partitions) {
+      parts.emplace_back(
+          saved.empty() ? std::string()
+                        : std::string(reinterpret_cast<const char*>(saved.data() + p.range.offset),
+                                      p.range.elements * sizeof(float)));
+    }
+  }
+  return ServerStateCall(tensor, StateKind::kResidual, /*write=*/true, parts, nullptr);
 }
 
-Status Engine::ServerStateCall(TensorId id, bool write, Span<const float> saved,
-                               std::vector<float>* out) {
-  const char* what = write ? "RestoreServerErrorFeedbackState" : "ServerErrorFeedbackState";
+Status Engine::InitServerWeights(TensorId tensor, TensorView weights) {
+  constexpr const char* kWhat = "InitServerWeights";
+  std::vector<std::string> parts;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (tensor.index >= tensors_.size()) {
+      return InvalidArgumentError(fmt::format("{}: no tensor #{}", kWhat, tensor.index));
+    }
+    const Tensor& t = *tensors_[tensor.index];
+    if (!t.server_optimizer) {
+      return InvalidArgumentError(fmt::format(
+          "{} of tensor '{}': its optimizer does not run on the servers", kWhat, t.name));
+    }
+    if (weights.count() != t.elements || weights.dtype() != DType::kFloat32 ||
+        (t.elements > 0 && weights.data() == nullptr)) {
+      return InvalidArgumentError(
+          fmt::format("{} of tensor '{}': the weights must be {} float32 values, got {} of {}",
+                      kWhat, t.name, t.elements, weights.count(), DTypeName(weights.dtype())));
+    }
+    if (rank_ == 0) {
+      const auto* w = static_cast<const char*>(weights.data());
+      for (const Partition& p : t.partitions) {
+        parts.emplace_back(w + p.range.offset * sizeof(float), p.range.elements * sizeof(float));
+      }
+    }
+  }
+  // Worker 0 installs; every worker (worker 0 too) then reads what the servers hold, which
+  // waits at each server for worker 0's install.
+  if (rank_ == 0) {
+    BP_RETURN_IF_ERROR(
+        ServerStateCall(tensor, StateKind::kWeights, /*write=*/true, parts, nullptr));
+  }
+  return ReadServerWeights(tensor, weights, kWhat);
+}
+
+Status Engine::PullServerWeights(TensorId tensor, TensorView weights) {
+  return ReadServerWeights(tensor, weights, "PullServerWeights");
+}
+
+Status Engine::ReadServerWeights(TensorId tensor, TensorView weights, const char* what) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (tensor.index >= tensors_.size()) {
+      return InvalidArgumentError(fmt::format("{}: no tensor #{}", what, tensor.index));
+    }
+    const Tensor& t = *tensors_[tensor.index];
+    if (!t.server_optimizer) {
+      return InvalidArgumentError(fmt::format(
+          "{} of tensor '{}': its optimizer does not run on the servers", what, t.name));
+    }
+    if (weights.count() != t.elements || weights.dtype() != DType::kFloat32 ||
+        (t.elements > 0 && weights.data() == nullptr)) {
+      return InvalidArgumentError(
+          fmt::format("{} of tensor '{}': the weights must be {} float32 values, got {} of {}",
+                      what, t.name, t.elements, weights.count(), DTypeName(weights.dtype())));
+    }
+  }
+  std::vector<std::string> parts;
+  std::vector<uint64_t> rounds;
+  BP_RETURN_IF_ERROR(
+      ServerStateCall(tensor, StateKind::kWeights, /*write=*/false, {}, &parts, &rounds));
+  std::lock_guard<std::mutex> lock(mu_);
+  Tensor& t = *tensors_[tensor.index];
+  // Every partition of a tensor steps once per push_pull: they continue at the same round.
+  for (size_t j = 1; j < rounds.size(); ++j) {
+    if (rounds[j] != rounds[0]) {
+      return DataLossError(fmt::format(
+          "{}: {} of tensor '{}': its partitions are at different rounds ({} at key {}, {} at "
+          "key {}); restore every partition from the same checkpoint",
+          label_, what, t.name, rounds[0], t.partitions[0].range.key, rounds[j],
+          t.partitions[j].range.key));
+    }
+  }
+  if (t.op) {
+    return FailedPreconditionError(
+        fmt::format("{} of tensor '{}': a push_pull of it is in flight", what, t.name));
+  }
+  for (size_t j = 0; j < t.partitions.size(); ++j) {
+    const Partition& p = t.partitions[j];
+    if (parts[j].size() != p.range.elements * sizeof(float)) {
+      return DataLossError(
+          fmt::format("{}: {} of tensor '{}': {} sent {} bytes of weights for "
+                      "key {}, which has {} values",
+                      label_, what, t.name, ServerLabel(p.peer), parts[j].size(), p.range.key,
+                      p.range.elements));
+    }
+  }
+  auto* out = static_cast<char*>(weights.data());
+  for (size_t j = 0; j < t.partitions.size(); ++j) {
+    const Partition& p = t.partitions[j];
+    if (!parts[j].empty()) {
+      std::memcpy(out + p.range.offset * sizeof(float), parts[j].data(), parts[j].size());
+    }
+  }
+  if (!rounds.empty()) {
+    t.rounds_done = rounds[0];
+    for (Partition& p : t.partitions) p.next_round = rounds[0];
+  }
+  t.weights_ready = true;
+  return Status::Ok();
+}
+
+StatusOr<std::vector<std::string>> Engine::ServerOptimizerState(TensorId tensor) {
+  std::vector<std::string> parts;
+  BP_RETURN_IF_ERROR(
+      ServerStateCall(tensor, StateKind::kOptimizerState, /*write=*/false, {}, &parts));
+  return parts;
+}
+
+Status Engine::RestoreServerOptimizerState(TensorId tensor, const std::vector<std::string>& saved) {
+  return ServerStateCall(tensor, StateKind::kOptimizerState, /*write=*/true, saved, nullptr);
+}
+
+Status Engine::ServerStateCall(TensorId id, StateKind kind, bool write,
+                               const std::vector<std::string>& saved, std::vector<std::string>* out,
+                               std::vector<uint64_t>* rounds) {
+  const char* what = "";
+  const char* state = "";
+  switch (kind) {
+    case StateKind::kResidual:
+      what = write ? "RestoreServerErrorFeedbackState" : "ServerErrorFeedbackState";
+      state = "the server residual";
+      break;
+    case StateKind::kOptimizerState:
+      what = write ? "RestoreServerOptimizerState" : "ServerOptimizerState";
+      state = "the server-side optimizer state";
+      break;
+    case StateKind::kWeights:
+      what = write ? "InitServerWeights" : "PullServerWeights";
+      state = write ? "the starting weights" : "the workers' copy of the weights";
+      break;
+  }
   bool needs_commit = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -983,7 +1278,6 @@ Status Engine::ServerStateCall(TensorId id, bool write, Span<const float> saved,
   // The servers know a tensor's keys once its declaration is committed.
   if (needs_commit) BP_RETURN_IF_ERROR(CommitDeclarations());
   std::lock_guard<std::mutex> call_lock(state_call_mu_);
-  std::vector<std::pair<std::string, transport::Message>> sends;
   Tensor* t = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -992,25 +1286,35 @@ Status Engine::ServerStateCall(TensorId id, bool write, Span<const float> saved,
     const std::string name = fmt::format("{} of tensor '{}'", what, t->name);
     if (!t->error.ok()) return t->error.WithContext(name);
     if (t->op) return FailedPreconditionError(name + ": a push_pull of it is in flight");
-    if (write && !saved.empty() && saved.size() != t->elements) {
+    if (kind != StateKind::kResidual && !t->server_optimizer) {
+      return InvalidArgumentError(name + ": its optimizer does not run on the servers");
+    }
+    if (write && saved.size() != t->partitions.size()) {
       return InvalidArgumentError(
-          fmt::format("{}: {} values given, the tensor has {}", name, saved.size(), t->elements));
+          fmt::format("{}: {} saved part(s) given, the tensor has {} "
+                      "partition(s)",
+                      name, saved.size(), t->partitions.size()));
     }
     state_calls_.clear();
-    for (const Partition& p : t->partitions) state_calls_[p.range.key].peer = p.peer;
+    for (const Partition& p : t->partitions) {
+      StateCall& c = state_calls_[p.range.key];
+      c.peer = p.peer;
+      c.what = state;
+    }
   }
-  for (const Partition& p : t->partitions) {
+  for (size_t j = 0; j < t->partitions.size(); ++j) {
+    const Partition& p = t->partitions[j];
     v1::DataHeader h;
     h.set_op(write ? v1::DataHeader::OP_STATE_WRITE : v1::DataHeader::OP_STATE_READ);
     h.set_key(p.range.key);
     h.set_sender(rank_);
+    h.set_optimizer_state(kind == StateKind::kOptimizerState);
+    h.set_weights(kind == StateKind::kWeights);
     std::vector<transport::Buffer> frames;
     if (write) {
-      const size_t n = saved.empty() ? 0 : p.range.elements;
-      const float* from = saved.empty() ? nullptr : saved.data() + p.range.offset;
-      h.set_element_count(n);
-      h.set_byte_count(n * sizeof(float));
-      frames.push_back(transport::Buffer::Copy(from, n * sizeof(float)));
+      if (kind != StateKind::kOptimizerState) h.set_element_count(saved[j].size() / sizeof(float));
+      h.set_byte_count(saved[j].size());
+      frames.push_back(transport::Buffer::Copy(saved[j].data(), saved[j].size()));
     }
     const Status sent = endpoint_->SendData(p.peer, h, std::move(frames));
     if (!sent.ok()) {
@@ -1035,30 +1339,25 @@ Status Engine::ServerStateCall(TensorId id, bool write, Span<const float> saved,
   if (!answered) {
     for (const auto& [key, call] : calls) {
       if (!call.done) {
-        return TimeoutError(
-            fmt::format("{}: {} of tensor '{}': no answer from {} for key {} "
-                        "within {} ms (worker.op_timeout)",
-                        label_, what, t->name, ServerLabel(call.peer), key,
-                        cluster_.worker.op_timeout.count()));
+        return TimeoutError(fmt::format(
+            "{}: {} of tensor '{}': no answer from {} for key {} within {} ms "
+            "(worker.op_timeout){}",
+            label_, what, t->name, ServerLabel(call.peer), key, cluster_.worker.op_timeout.count(),
+            kind == StateKind::kWeights && !write
+                ? "; the server answers once worker 0's InitServerWeights (or a checkpoint's "
+                  "RestoreServerOptimizerState) installed the weights"
+                : ""));
       }
     }
   }
   for (const auto& [key, call] : calls) BP_RETURN_IF_ERROR(call.status);
   if (out != nullptr) {
     out->clear();
-    bool any = false;
-    for (const Partition& p : t->partitions) any = any || !calls[p.range.key].values.empty();
-    if (!any) return Status::Ok();  // no partition keeps a server residual
-    out->reserve(t->elements);
-    for (const Partition& p : t->partitions) {
-      const std::vector<float>& v = calls[p.range.key].values;
-      if (v.size() != p.range.elements) {
-        return DataLossError(fmt::format(
-            "{}: {} of tensor '{}': {} sent {} values for key {}, which has {}", label_, what,
-            t->name, ServerLabel(p.peer), v.size(), p.range.key, p.range.elements));
-      }
-      out->insert(out->end(), v.begin(), v.end());
-    }
+    for (const Partition& p : t->partitions) out->push_back(std::move(calls[p.range.key].bytes));
+  }
+  if (rounds != nullptr) {
+    rounds->clear();
+    for (const Partition& p : t->partitions) rounds->push_back(calls[p.range.key].round);
   }
   return Status::Ok();
 }
@@ -1075,12 +1374,13 @@ void Engine::OnStateReply(const std::string& from, const v1::DataHeader& h,
   StateCall& c = call->second;
   c.done = true;
   if (h.refused_op() == v1::DataHeader::OP_STATE_READ) {
-    if (m.frames.size() != 1 || m.frames[0].size() % sizeof(float) != 0) {
-      c.status = DataLossError(fmt::format("{}: {} sent a malformed server residual of key {}",
-                                           label_, ServerLabel(from), h.key()));
+    if (m.frames.size() != 1) {
+      c.status =
+          DataLossError(fmt::format("{}: {} sent {} of key {} in {} frames (one expected)", label_,
+                                    ServerLabel(from), c.what, h.key(), m.frames.size()));
     } else {
-      c.values.resize(m.frames[0].size() / sizeof(float));
-      if (!c.values.empty()) std::memcpy(c.values.data(), m.frames[0].data(), m.frames[0].size());
+      c.bytes.assign(reinterpret_cast<const char*>(m.frames[0].data()), m.frames[0].size());
+      c.round = h.round();
     }
   }
   state_cv_.notify_all();

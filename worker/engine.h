@@ -79,6 +79,7 @@
 #include "common/status.h"
 #include "compressors/compressor.h"
 #include "compressors/error_feedback.h"
+#include "compressors/mirror_pull.h"
 #include "proto/bitpush/v1/control.pb.h"
 #include "scheduler/scheduler_client.h"
 #include "worker/client.h"
@@ -97,6 +98,8 @@ struct OpState {
   uint32_t tensor_index = 0;
   ConstTensorView input;
   TensorView output;
+  // Server-side optimizer tensors: the round's learning rate, sent with every push.
+  std::optional<float> lr;
   EngineClock::time_point deadline;
   EngineClock::time_point started = EngineClock::now();
 
@@ -157,7 +160,9 @@ class Engine {
   StatusOr<TensorId> Declare(const std::string& name, size_t elements, DType dtype,
                              const TensorOptions& options);
   Status CommitDeclarations();
-  PushPullHandle PushPull(TensorId tensor, ConstTensorView input, TensorView output);
+  // `lr` is given exactly for tensors whose optimizer runs on the servers (client.h).
+  PushPullHandle PushPull(TensorId tensor, ConstTensorView input, TensorView output,
+                          std::optional<float> lr = std::nullopt);
   Status Barrier();
   Status Shutdown(std::chrono::milliseconds timeout);
   void Close();
@@ -176,6 +181,13 @@ class Engine {
   // OP_STATE_READ / OP_STATE_WRITE per partition to its server, bounded by op_timeout.
   StatusOr<std::vector<float>> ServerErrorFeedbackState(TensorId tensor);
   Status RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved);
+  // Client::InitServerWeights / PullServerWeights / ServerOptimizerState /
+  // RestoreServerOptimizerState (client.h): OP_STATE_WRITE / OP_STATE_READ with `weights` or
+  // `optimizer_state`, one per partition, bounded by op_timeout.
+  Status InitServerWeights(TensorId tensor, TensorView weights);
+  Status PullServerWeights(TensorId tensor, TensorView weights);
+  StatusOr<std::vector<std::string>> ServerOptimizerState(TensorId tensor);
+  Status RestoreServerOptimizerState(TensorId tensor, const std::vector<std::string>& saved);
   uint32_t compress_threads() const { return pool_ ? pool_->size() : 0; }
 
  private:
@@ -188,7 +200,10 @@ class Engine {
     // Owned by the job that holds the partition (stage kCompressing / kDecompressing).
     std::unique_ptr<compressors::Compressor> compressor;
     std::unique_ptr<compressors::ErrorFeedback> residual;  // worker error feedback
-    std::shared_ptr<std::vector<uint8_t>> payload;         // reused when nobody else refers to it
+    // Server-side optimizer: the weights' pull compressor (decodes the replies).
+    std::unique_ptr<compressors::Compressor> pull;
+    std::unique_ptr<compressors::CompressorPullCodec> pull_codec;
+    std::shared_ptr<std::vector<uint8_t>> payload;  // reused when nobody else refers to it
     // Guarded by mu_.
     Stage stage = Stage::kIdle;
     uint64_t next_round = 0;  // the round of the next push
@@ -209,7 +224,10 @@ class Engine {
     std::string spec;             // CompressorSpecString(config)
     bool compressed = false;
     std::vector<Partition> partitions;
+    // Set: the servers own the weights and run this optimizer (as announced; canonical pull).
+    std::optional<v1::ServerOptimizer> server_optimizer;
     // Guarded by mu_.
+    bool weights_ready = false;   // server-side optimizer: this worker's copy came from the servers
     bool committed = false;       // declaration checked and keys announced
     Status error;                 // sticky: failed declaration, or a push_pull failed mid-way
     std::shared_ptr<OpState> op;  // the push_pull in flight
@@ -276,11 +294,21 @@ class Engine {
   // answered by OP_STATE_REPLY or OP_ERROR (guarded by mu_).
   struct StateCall {
     std::string peer;
+    std::string what;  // "the server residual", for messages
     bool done = false;
     Status status;
-    std::vector<float> values;
+    std::string bytes;   // a read's answer
+    uint64_t round = 0;  // a weights read: the round the key continues at
   };
-  Status ServerStateCall(TensorId id, bool write, Span<const float> saved, std::vector<float>* out);
+  enum class StateKind : uint8_t { kResidual, kOptimizerState, kWeights };
+  // One call per partition of `id`: a write sends saved[j] to partition j's server (saved has
+  // one entry per partition); a read fills out[j]. FailedPrecondition while a push_pull of the
+  // tensor is in flight.
+  Status ServerStateCall(TensorId id, StateKind kind, bool write,
+                         const std::vector<std::string>& saved, std::vector<std::string>* out,
+                         std::vector<uint64_t>* rounds = nullptr);
+  // Reads the workers' copy of the weights into `weights` (every partition).
+  Status ReadServerWeights(TensorId id, TensorView weights, const char* what);
   void OnStateReply(const std::string& from, const v1::DataHeader& h, const transport::Message& m);
   std::mutex state_call_mu_;
   std::map<uint64_t, StateCall> state_calls_;

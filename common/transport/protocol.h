@@ -8,6 +8,6 @@
 namespace bitpush {
 
 inline constexpr uint32_t kProtocolMajor = 1;
-inline constexpr uint32_t kProtocolMinor = 1;
+inline constexpr uint32_t kProtocolMinor = 2;
 
 }  // namespace bitpush

@@ -497,34 +497,66 @@ TEST(Server, ServerSideOptimizerOverTheWire) {
   *opt.mutable_pull() = *compressors::ParseCompressorSpec("sdp4bit:hadamard=off,group=2048");
   opt.set_difference(true);
   const std::vector<float> w0 = RandomFloats(n, 3);
-  auto init = [&](const std::vector<float>& weights) {
+  auto init = [&] {
     DataHeader h = Init(key, n, "none");
     *h.mutable_server_optimizer() = opt;
-    return std::make_pair(
-        h, std::vector<Buffer>{Buffer::Copy(weights.data(), weights.size() * sizeof(float))});
+    return h;
   };
-  // Refused: no weights frame; then a worker declaring another optimizer than the first.
+  auto weights_op = [&](DataHeader::Op op) {
+    DataHeader h;
+    h.set_op(op);
+    h.set_key(key);
+    h.set_weights(true);
+    return h;
+  };
+  for (uint32_t w = 0; w < 2; ++w) ASSERT_TRUE(c.worker(w).Send(0, init()).ok());
+  {  // A worker declaring another optimizer than the first is refused.
+    DataHeader h = init();
+    h.mutable_server_optimizer()->set_rule("sgd");
+    ASSERT_TRUE(c.worker(1).Send(0, h).ok());
+    auto r = c.worker(1).Next();
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->header.op(), DataHeader::OP_ERROR);
+    EXPECT_NE(r->header.error().find("another worker declared"), std::string::npos);
+  }
+  // Worker 1 asks for the weights before any are installed: the answer waits for worker 0's
+  // install (a wrong-sized one is refused and installs nothing), then both read w0.
+  ASSERT_TRUE(c.worker(1).Send(0, weights_op(DataHeader::OP_STATE_READ)).ok());
+  ASSERT_TRUE(c.worker(0)
+                  .Send(0, weights_op(DataHeader::OP_STATE_WRITE),
+                        {Buffer::Copy(w0.data(), (n - 1) * sizeof(float))})
+                  .ok());
   {
-    DataHeader h = Init(key, n, "none");
-    *h.mutable_server_optimizer() = opt;
-    ASSERT_TRUE(c.worker(0).Send(0, h).ok());
     auto r = c.worker(0).Next();
     ASSERT_TRUE(r.has_value());
     ASSERT_EQ(r->header.op(), DataHeader::OP_ERROR);
     EXPECT_NE(r->header.error().find("starting weights"), std::string::npos) << r->header.error();
   }
-  for (uint32_t w = 0; w < 2; ++w) {
-    auto [h, frames] = init(w0);
-    ASSERT_TRUE(c.worker(w).Send(0, h, frames).ok());
-  }
+  ASSERT_TRUE(c.worker(0)
+                  .Send(0, weights_op(DataHeader::OP_STATE_WRITE),
+                        {Buffer::Copy(w0.data(), n * sizeof(float))})
+                  .ok());
   {
-    auto [h, frames] = init(w0);
-    h.mutable_server_optimizer()->set_rule("sgd");
-    ASSERT_TRUE(c.worker(1).Send(0, h, frames).ok());
+    auto done = c.worker(0).Next();
+    ASSERT_TRUE(done.has_value());
+    ASSERT_EQ(done->header.op(), DataHeader::OP_STATE_REPLY) << done->header.error();
+    auto r = c.worker(1).Next();
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->header.op(), DataHeader::OP_STATE_REPLY) << r->header.error();
+    ASSERT_TRUE(r->header.weights());
+    ASSERT_EQ(r->message.frames.size(), 1u);
+    ASSERT_EQ(r->message.frames[0].size(), n * sizeof(float));
+    EXPECT_EQ(0, std::memcmp(r->message.frames[0].data(), w0.data(), n * sizeof(float)));
+  }
+  {  // Installed once: a second install is refused, naming why.
+    ASSERT_TRUE(c.worker(1)
+                    .Send(0, weights_op(DataHeader::OP_STATE_WRITE),
+                          {Buffer::Copy(w0.data(), n * sizeof(float))})
+                    .ok());
     auto r = c.worker(1).Next();
     ASSERT_TRUE(r.has_value());
     ASSERT_EQ(r->header.op(), DataHeader::OP_ERROR);
-    EXPECT_NE(r->header.error().find("another worker declared"), std::string::npos);
+    EXPECT_NE(r->header.error().find("already installed"), std::string::npos) << r->header.error();
   }
   optimizers::UpdateOptions update;
   update.rule = optimizers::UpdateRule::kAdamW;
@@ -560,6 +592,15 @@ TEST(Server, ServerSideOptimizerOverTheWire) {
     // difference (AdamW moves each weight by about lr <= 0.01 a round: 0.01 / 7 plus what the
     // last round carried).
     for (size_t i = 0; i < n; ++i) ASSERT_NEAR(held[0][i], ref->weights()[i], 3e-3) << i;
+  }
+  {  // The workers' copy read back is the copy every worker holds, bit for bit.
+    ASSERT_TRUE(c.worker(1).Send(0, weights_op(DataHeader::OP_STATE_READ)).ok());
+    auto r = c.worker(1).Next();
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->header.op(), DataHeader::OP_STATE_REPLY) << r->header.error();
+    ASSERT_EQ(r->message.frames.size(), 1u);
+    ASSERT_EQ(r->message.frames[0].size(), n * sizeof(float));
+    EXPECT_EQ(0, std::memcmp(r->message.frames[0].data(), held[1].data(), n * sizeof(float)));
   }
   // A push without its lr is refused naming it.
   {
