@@ -184,6 +184,38 @@ void RestoreResidual(const PyClient& self, uint32_t index, const py::bytes& save
   ThrowIfError(s);
 }
 
+// worker::ServerOptimizerOptions from the Python layer's dict; unknown keys are refused by name.
+worker::ServerOptimizerOptions ServerOptimizerFromDict(const py::dict& d) {
+  worker::ServerOptimizerOptions o;
+  for (const auto& [k, v] : d) {
+    const std::string key = py::str(k);
+    if (key == "rule") {
+      o.rule = v.cast<std::string>();
+    } else if (key == "weight_decay") {
+      o.weight_decay = v.cast<float>();
+    } else if (key == "momentum") {
+      o.momentum = v.cast<float>();
+    } else if (key == "nesterov") {
+      o.nesterov = v.cast<bool>();
+    } else if (key == "beta1") {
+      o.beta1 = v.cast<float>();
+    } else if (key == "beta2") {
+      o.beta2 = v.cast<float>();
+    } else if (key == "eps") {
+      o.eps = v.cast<float>();
+    } else if (key == "pull") {
+      o.pull = v.is_none() ? "" : v.cast<std::string>();
+    } else if (key == "pull_form") {
+      o.pull_form = v.is_none() ? "" : v.cast<std::string>();
+    } else {
+      throw StatusError(InvalidArgumentError(
+          "server_optimizer: unknown key '" + key +
+          "' (rule, weight_decay, momentum, nesterov, beta1, beta2, eps, pull, pull_form)"));
+    }
+  }
+  return o;
+}
+
 }  // namespace
 
 void BindClient(py::module_& m) {
@@ -217,9 +249,10 @@ void BindClient(py::module_& m) {
           "declare",
           [](const PyClient& self, const std::string& name, size_t elements,
              const std::string& dtype, int64_t priority, const std::string& compression, bool sum,
-             bool cuda) {
+             bool cuda, const std::optional<py::dict>& server_optimizer) {
             auto c = self.Get();
             worker::TensorOptions o;
+            if (server_optimizer) o.server_optimizer = ServerOptimizerFromDict(*server_optimizer);
             o.cuda = cuda;
             o.priority = priority;
             o.compression = compression;
@@ -234,8 +267,94 @@ void BindClient(py::module_& m) {
           },
           py::arg("name"), py::arg("elements"), py::arg("dtype"), py::arg("priority") = 0,
           py::arg("compression") = "", py::arg("sum") = false, py::arg("cuda") = false,
+          py::arg("server_optimizer") = py::none(),
           "Declares a tensor; returns its index. compression '' = the cluster's spec. cuda: "
-          "its push_pulls take CUDA device pointers (fp32, daemon mode: the GPU path).")
+          "its push_pulls take CUDA device pointers (fp32, daemon mode: the GPU path). "
+          "server_optimizer: a dict (rule, weight_decay, momentum, nesterov, beta1, beta2, eps, "
+          "pull, pull_form; worker::ServerOptimizerOptions) when the servers run its optimizer.")
+      .def(
+          "push_pull_step",
+          [](const PyClient& self, uint32_t index, uintptr_t grad_ptr, uintptr_t weights_ptr,
+             size_t elements, float lr, const std::string& name) {
+            auto c = self.Get();
+            PyHandle h;
+            h.tensor = name;
+            {
+              py::gil_scoped_release nogil;
+              h.handle =
+                  c->PushPull(worker::TensorId{index},
+                              ConstTensorView(reinterpret_cast<const float*>(grad_ptr), elements),
+                              TensorView(reinterpret_cast<float*>(weights_ptr), elements), lr);
+            }
+            return h;
+          },
+          py::arg("index"), py::arg("grad_ptr"), py::arg("weights_ptr"), py::arg("elements"),
+          py::arg("lr"), py::arg("name") = "",
+          "Server-side optimizer tensors: pushes the float32 gradient at grad_ptr with the "
+          "round's learning rate; the weights at weights_ptr receive the servers' update. The "
+          "caller keeps both alive until the handle completed.")
+      .def(
+          "init_server_weights",
+          [](const PyClient& self, uint32_t index, uintptr_t ptr, size_t elements) {
+            auto c = self.Get();
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c->InitServerWeights(worker::TensorId{index},
+                                       TensorView(reinterpret_cast<float*>(ptr), elements));
+            }
+            ThrowIfError(s);
+          },
+          py::arg("index"), py::arg("ptr"), py::arg("elements"),
+          "Collective: worker 0's float32 weights at ptr become the servers' master weights; "
+          "every worker's are overwritten with the servers' copy.")
+      .def(
+          "pull_server_weights",
+          [](const PyClient& self, uint32_t index, uintptr_t ptr, size_t elements) {
+            auto c = self.Get();
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c->PullServerWeights(worker::TensorId{index},
+                                       TensorView(reinterpret_cast<float*>(ptr), elements));
+            }
+            ThrowIfError(s);
+          },
+          py::arg("index"), py::arg("ptr"), py::arg("elements"),
+          "Overwrites the float32 weights at ptr with the servers' copy (after a restore).")
+      .def(
+          "server_optimizer_state",
+          [](const PyClient& self, uint32_t index) {
+            auto c = self.Get();
+            StatusOr<std::vector<std::string>> state = InternalError("not read");
+            {
+              py::gil_scoped_release nogil;
+              state = c->ServerOptimizerState(worker::TensorId{index});
+            }
+            py::list out;
+            for (const std::string& b : ValueOrThrow(std::move(state))) out.append(py::bytes(b));
+            return out;
+          },
+          py::arg("index"),
+          "The servers' optimizer state of tensor `index` (weights, moments, step, the workers' "
+          "copy): one bytes object per partition.")
+      .def(
+          "restore_server_optimizer_state",
+          [](const PyClient& self, uint32_t index, const std::vector<py::bytes>& saved) {
+            auto c = self.Get();
+            std::vector<std::string> parts;
+            parts.reserve(saved.size());
+            for (const py::bytes& b : saved) parts.emplace_back(b);
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c->RestoreServerOptimizerState(worker::TensorId{index}, parts);
+            }
+            ThrowIfError(s);
+          },
+          py::arg("index"), py::arg("saved"),
+          "Writes a saved server optimizer state (server_optimizer_state's list) back; then "
+          "every worker calls pull_server_weights.")
       .def(
           "error_feedback_state",
           [](const PyClient& self, uint32_t index) {

@@ -532,6 +532,105 @@ def w_train_until_error(ready_file, seconds=60.0, compression="none"):
     return {"error": None, "steps": step}
 
 
+def _server_opt(model, prefix, rule, lr, compression=None, pull=None, **kw):
+    import bitpush.torch as bp
+
+    named = [(prefix + n, p) for n, p in model.named_parameters()]
+    return bp.ServerOptimizer([p for _, p in named], rule=rule, lr=lr, named_parameters=named,
+                              compression=compression, pull=pull, **kw)
+
+
+def w_server_vs_torch(rule, steps=8, lr=0.05, prefix="so."):
+    """ServerOptimizer (uncompressed pushes, raw fp32 pulls) vs the same torch optimizer run
+    here on the averaged gradient, with an lr schedule that the servers must follow (halved
+    every 3 steps); returns the largest difference, whether every rank's start came from rank
+    0, and the worker-side optimizer state's size."""
+    import bitpush.torch as bp
+
+    rank, size = bp.rank(), bp.size()
+    model = _make_model(rank)  # ranks start apart: construction installs rank 0's weights
+    ref_model = _make_model(0)
+    kw = {"sgd": dict(momentum=0.9), "adamw": dict(weight_decay=0.01),
+          "lans": dict(weight_decay=0.01)}[rule]
+    opt = _server_opt(model, prefix + rule + ".", rule, lr, **kw)
+    started_equal = all(torch.equal(a, b) for a, b in zip(model.parameters(),
+                                                            ref_model.parameters()))
+    if rule == "sgd":
+        ref_opt = torch.optim.SGD(ref_model.parameters(), lr=lr, **kw)
+    elif rule == "adamw":
+        ref_opt = torch.optim.AdamW(ref_model.parameters(), lr=lr, **kw)
+    else:
+        ref_opt = None
+        reference = ReferenceLANS(list(ref_model.parameters()), lr=lr, **kw)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    ref_sched = None if ref_opt is None else \
+        torch.optim.lr_scheduler.StepLR(ref_opt, step_size=3, gamma=0.5)
+    worst = 0.0
+    for step in range(steps):
+        avg = _averaged(ref_model, size, step)
+        opt.zero_grad()
+        x, y = _batch(rank, step * 10)  # _averaged's batch of the step
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        sched.step()
+        if ref_opt is not None:
+            for p, g in zip(ref_model.parameters(), avg):
+                p.grad = g
+            ref_opt.step()
+            ref_sched.step()
+        else:
+            reference.lr = lr * 0.5 ** (step // 3)
+            with torch.no_grad():
+                reference.step(avg)
+        worst = max(worst, max((a - b).abs().max().item()
+                               for a, b in zip(model.parameters(), ref_model.parameters())))
+    opt.remove_hooks()
+    return {"max_abs_diff": worst, "started_equal": started_equal,
+            "worker_state": len(opt.state), "lr": opt.param_groups[0]["lr"],
+            "params": [p.detach().tolist() for p in model.parameters()]}
+
+
+def w_server_checkpoint(path, before, after, resume):
+    """ServerOptimizer with TLq-HS pushes and qWD pulls (random in (key, round)). First job
+    (resume False): `before` steps, save_checkpoint, `after` more steps: returns the final
+    parameters. Resumed job: other starting values, load_checkpoint, `after` steps."""
+    import bitpush.torch as bp
+
+    model = _make_model(0 if not resume else 5)
+    opt = _server_opt(model, "sc.", "adamw", 0.02, compression="sdp4bit", pull=bp.QWD,
+                      weight_decay=0.01)
+    if not resume:
+        _clan_steps(model, opt, 0, before)
+        bp.save_checkpoint(path, model, opt)
+        saved = [p.detach().clone() for p in model.parameters()]
+    else:
+        bp.load_checkpoint(path, model, opt)
+        saved = [p.detach().clone() for p in model.parameters()]
+    _clan_steps(model, opt, before, after)
+    opt.remove_hooks()
+    return {"at_save": [t.tolist() for t in saved],
+            "params": [p.detach().tolist() for p in model.parameters()]}
+
+
+def w_distributed_placement(steps=3):
+    """DistributedOptimizer(SGD) in a cluster whose YAML says optimizer.placement: server."""
+    import bitpush.torch as bp
+
+    model = _make_model(bp.rank())
+    named = [("dp." + n, p) for n, p in model.named_parameters()]
+    opt = bp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                  named_parameters=named)
+    _clan_steps(model, opt, 0, steps)
+    out = {"type": type(opt).__name__, "rule": opt.rule, "worker_state": len(opt.state),
+           "params": [p.detach().tolist() for p in model.parameters()]}
+    try:
+        bp.DistributedOptimizer(torch.optim.RMSprop(_make_model(0).parameters(), lr=0.1))
+    except TypeError as e:
+        out["refused"] = str(e)
+    opt.remove_hooks()
+    return out
+
+
 def _save(obj):
     import io
 

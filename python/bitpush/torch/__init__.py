@@ -32,7 +32,8 @@ __all__ = [
     "broadcast_parameters", "broadcast_optimizer_state", "stats", "declare",
     "error_feedback_state", "restore_error_feedback_state", "compression_report",
     "server_error_feedback_state", "restore_server_error_feedback_state",
-    "Compression", "allreduce", "allreduce_async", "allreduce_", "Average", "Sum",
+    "init_server_weights", "pull_server_weights", "server_optimizer_state",
+    "restore_server_optimizer_state", "Compression", "allreduce", "allreduce_async", "allreduce_", "Average", "Sum",
 ]
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -46,20 +47,25 @@ def _error(code, message):
 
 
 class _Declaration:
-    __slots__ = ("index", "numel", "dtype", "compression", "average", "priority")
+    __slots__ = ("index", "numel", "dtype", "compression", "average", "priority",
+                 "server_optimizer")
 
-    def __init__(self, index, numel, dtype, compression, average, priority):
+    def __init__(self, index, numel, dtype, compression, average, priority,
+                 server_optimizer=None):
         self.index = index
         self.numel = numel
         self.dtype = dtype
         self.compression = compression
         self.average = average
         self.priority = priority
+        self.server_optimizer = server_optimizer
 
     def describe(self):
-        return "%d x %s, compression '%s', %s, priority %d" % (
+        return "%d x %s, compression '%s', %s, priority %d%s" % (
             self.numel, self.dtype, self.compression or "<cluster default>",
-            "average" if self.average else "sum", self.priority)
+            "average" if self.average else "sum", self.priority,
+            "" if self.server_optimizer is None
+            else ", optimizer on the servers %r" % (self.server_optimizer,))
 
 
 class _State:
@@ -415,16 +421,17 @@ def _check_tensor(tensor, name, what="tensor"):
                          % (what, name, tuple(tensor.shape), tensor.stride()))
 
 
-def _declare(s, name, numel, dtype, compression, average, priority, cuda=False):
-    want = _Declaration(None, numel, dtype, compression, average, priority)
+def _declare(s, name, numel, dtype, compression, average, priority, cuda=False,
+             server_optimizer=None):
+    want = _Declaration(None, numel, dtype, compression, average, priority, server_optimizer)
     with s.lock:
         have = s.declarations.get(name)
         if have is None:
             want.index = s.client.declare(name, numel, dtype, priority, compression,
-                                          not average, cuda)
+                                          not average, cuda, server_optimizer)
             s.declarations[name] = want
             return want.index, True
-    for field in ("numel", "dtype", "compression", "average", "priority"):
+    for field in ("numel", "dtype", "compression", "average", "priority", "server_optimizer"):
         if getattr(have, field) != getattr(want, field):
             raise _error("InvalidArgument",
                          "bitpush: tensor '%s' was declared as %s but is now pushed as %s (%s "
@@ -588,17 +595,19 @@ def _start_push_pull(s, name, index, tensor, output, staged, dtype, ready):
     return handle
 
 
-def declare(name, tensor, compression=None, average=True, priority=0):
+def declare(name, tensor, compression=None, average=True, priority=0, server_optimizer=None):
     """Declares `name` for push_pulls of tensors like `tensor` (numel, dtype, device) without
     pushing; the first push_pull of a name does this otherwise. Every worker must declare in
-    the same order. Used before restoring error-feedback state (a checkpoint)."""
+    the same order. Used before restoring error-feedback state (a checkpoint).
+    server_optimizer: for tensors whose optimizer runs on the servers (ServerOptimizer), a dict
+    of worker::ServerOptimizerOptions' fields."""
     s = _require()
     _check_tensor(tensor, name)
     spec = "" if compression is None else str(compression)
     on_gpu = tensor.device.type == "cuda" and s.mode == "daemon"
     with s.declare_lock:
         _, first = _declare(s, name, tensor.numel(), _DTYPES[tensor.dtype], spec, bool(average),
-                            int(priority), on_gpu)
+                            int(priority), on_gpu, server_optimizer)
         if first and s.starter is not None:
             _commit_declarations(s)  # see push_pull_async
 
@@ -691,6 +700,63 @@ def restore_server_error_feedback_state(name, residual):
     tensor's first push_pull of the run (declare it first). One process restores it for the
     cluster (load_checkpoint: rank 0)."""
     _write_residual(name, residual, "restore_server_error_feedback_state")
+
+
+# ---------------------------------------------------------------------------------------------
+# Server-side optimizer tensors (bitpush.torch.ServerOptimizer; worker/client.h)
+
+def _push_pull_step_async(grad, weights, name, lr):
+    """Starts the push_pull of a declared server-side optimizer tensor: `grad` (contiguous
+    float32 CPU) goes to the servers with the round's learning rate and `weights` (contiguous
+    float32 CPU, this worker's copy) receives the update. Returns a Handle whose output is
+    `weights`."""
+    s = _require()
+    d = _declared(s, name, "push_pull")
+    with s.declare_lock, s.lock:
+        previous = s.in_flight.get(name)
+        if previous is not None and not previous.ready():
+            raise _error("FailedPrecondition",
+                         "bitpush: a push_pull of tensor '%s' is still in flight; synchronize "
+                         "its handle first" % name)
+        g, w = grad.detach(), weights.detach()
+        h = s.client.push_pull_step(d.index, g.data_ptr(), w.data_ptr(), g.numel(), float(lr),
+                                    name)
+        handle = Handle(h, s, name, g, weights)
+        s.in_flight[name] = handle
+    return handle
+
+
+def init_server_weights(name, weights):
+    """Collective (every worker, in the same order): rank 0's `weights` (contiguous float32
+    CPU) become the servers' master weights of declared tensor `name`, and every worker's
+    `weights` is overwritten with the servers' copy."""
+    s = _require()
+    d = _declared(s, name, "init_server_weights")
+    s.client.init_server_weights(d.index, weights.data_ptr(), weights.numel())
+
+
+def pull_server_weights(name, weights):
+    """Overwrites `weights` (contiguous float32 CPU) with the servers' copy of tensor `name`
+    (what every worker holds after the last round), e.g. after a restore."""
+    s = _require()
+    d = _declared(s, name, "pull_server_weights")
+    s.client.pull_server_weights(d.index, weights.data_ptr(), weights.numel())
+
+
+def server_optimizer_state(name):
+    """The servers' optimizer state of tensor `name` (master weights, moments, step, the
+    workers' copy) as a list of bytes, one per partition."""
+    s = _require()
+    return list(s.client.server_optimizer_state(_declared(s, name,
+                                                          "server_optimizer_state").index))
+
+
+def restore_server_optimizer_state(name, parts):
+    """Writes a state read by server_optimizer_state back to the servers (one process for the
+    cluster); every worker then calls pull_server_weights."""
+    s = _require()
+    s.client.restore_server_optimizer_state(
+        _declared(s, name, "restore_server_optimizer_state").index, [bytes(p) for p in parts])
 
 
 def synchronize(handle, timeout=None):
@@ -919,10 +985,12 @@ def _check_compression(compression, what):
 
 
 from . import checkpoint as _checkpoint, hooks as _hooks, optimizer as _optimizer  # noqa: E402
+from . import server_optimizer as _server_optimizer  # noqa: E402
 
 __all__ += list(getattr(_optimizer, "__all__", [])) + list(getattr(_hooks, "__all__", [])) + \
-    list(getattr(_checkpoint, "__all__", []))
+    list(getattr(_checkpoint, "__all__", [])) + list(_server_optimizer.__all__)
 
 from .optimizer import *  # noqa
+from .server_optimizer import *  # noqa
 from .hooks import *  # noqa
 from .checkpoint import *  # noqa

@@ -53,10 +53,7 @@ def _tensor_names(optimizer):
 def _declare_all(optimizer):
     """Declares the optimizer's tensors in parameter order, as its first exchange would (a
     no-op for the ones already declared)."""
-    bp = _bp()
-    for p in optimizer._bp_params:
-        bp.declare(optimizer._bp_name(p), p.detach(), compression=optimizer._bp_spec(p),
-                   average=True)
+    optimizer._bp_declare_all()
 
 
 def _job(optimizer, model):

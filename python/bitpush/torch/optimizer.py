@@ -247,12 +247,18 @@ class _GradientExchange:
         if not residuals:
             return
         bp = _bp()
-        for p in self._bp_params:
-            bp.declare(self._bp_name(p), p.detach(), compression=self._bp_spec(p), average=True)
+        self._bp_declare_all()
         for p in self._bp_params:
             name = self._bp_name(p)
             if name in residuals:
                 bp.restore_error_feedback_state(name, residuals[name])
+
+    def _bp_declare_all(self):
+        """Declares every gradient in parameter order, as the first exchange would (a no-op for
+        the ones already declared)."""
+        bp = _bp()
+        for p in self._bp_params:
+            bp.declare(self._bp_name(p), p.detach(), compression=self._bp_spec(p), average=True)
 
     def _bp_sync_for_step(self):
         if self._bp_skip_sync:
@@ -580,10 +586,21 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     The result is an instance of a subclass of the optimizer's class built over the same
     param_groups (hyper-parameters kept); the wrapped optimizer's existing state is not
     carried over, so wrap it before training starts.
+
+    When the cluster YAML says ``optimizer.placement: server``, the result is a
+    ``bitpush.torch.ServerOptimizer`` running the same rule on the servers (SGD, AdamW, Adam
+    without weight decay, LANS, CLAN; its hyper-parameters per group), and the workers keep no
+    optimizer state.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError("DistributedOptimizer wraps a torch.optim.Optimizer, got %s"
                         % type(optimizer).__name__)
+    if _cluster_knob("optimizer.placement") == "server":
+        server = importlib.import_module("bitpush.torch.server_optimizer")
+        if isinstance(optimizer, _GradientExchange):
+            optimizer.remove_hooks()  # CLAN / LANS: their gradients go to the servers instead
+        return server._from_torch_optimizer(optimizer, named_parameters, compression,
+                                            backward_passes_per_step)
     if isinstance(optimizer, (CLAN, _GradientExchange)):
         raise TypeError("%s already exchanges gradients over bitpush; do not wrap it in "
                         "DistributedOptimizer" % type(optimizer).__name__)

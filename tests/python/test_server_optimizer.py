@@ -1,0 +1,63 @@
+"""bitpush.torch.ServerOptimizer (docs/optimizer.md, "Server-side optimizer"): the servers run
+SGD / AdamW / LANS on the averaged gradient and the workers' parameters follow torch's (or the
+reference LANS's) result with an lr schedule, every rank starts from rank 0's values and keeps
+no optimizer state; a job killed after a checkpoint and resumed in a new cluster continues bit
+for bit with TLq-HS pushes and qWD pulls; DistributedOptimizer switches to it under
+optimizer.placement: server.
+"""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+torch = pytest.importorskip("torch")
+testing = pytest.importorskip("bitpush.testing")
+import _helpers_clan as h  # noqa: E402
+
+
+def _cluster(**kw):
+    return testing.LocalCluster(workers=2, servers=2, min_compress_bytes=64,
+                                extra={"optimizer": {"placement": "server"}}, **kw)
+
+
+def test_server_side_sgd_adamw_lans_follow_the_one_process_optimizer():
+    with _cluster() as cluster:
+        out = h.run_workers(cluster, 2, [("w_server_vs_torch", {"rule": r})
+                                         for r in ("sgd", "adamw", "lans")])
+    for rank in range(2):
+        for r in out[rank]:
+            # fp32 on both sides, torch's kernels vs the servers' (different operation order):
+            # within a few ulps of the weights after 8 steps.
+            assert r["max_abs_diff"] < 2e-6, r["max_abs_diff"]
+            assert r["started_equal"], "rank %d did not start from rank 0's weights" % rank
+            assert r["worker_state"] == 0
+            assert r["lr"] == pytest.approx(0.05 * 0.25)
+    for a, b in zip(out[0], out[1]):
+        assert a["params"] == b["params"]  # every replica bit-identical
+
+
+def test_killed_job_resumes_bit_for_bit_with_tlq_pushes_and_qwd_pulls(tmp_path):
+    path = str(tmp_path / "ckpt" / "job.pt")
+    kw = {"path": path, "before": 4, "after": 3}
+    with _cluster(compression="sdp4bit") as cluster:
+        first = h.run_workers(cluster, 2, [("w_server_checkpoint", dict(kw, resume=False))])
+    saved = torch.load(path)
+    assert set(saved["optimizer"]["bitpush_server_state"]) == \
+        {"sc.0.weight", "sc.0.bias", "sc.2.weight", "sc.2.bias", "sc.4.weight", "sc.4.bias"}
+    with _cluster(compression="sdp4bit") as cluster:
+        resumed = h.run_workers(cluster, 2, [("w_server_checkpoint", dict(kw, resume=True))])
+    for rank in range(2):
+        assert resumed[rank][0]["at_save"] == first[rank][0]["at_save"]
+        assert resumed[rank][0]["params"] == first[rank][0]["params"], rank
+    assert first[0][0]["params"] == first[1][0]["params"]
+
+
+def test_distributed_optimizer_moves_to_the_servers_under_placement_server():
+    with _cluster() as cluster:
+        out = h.run_workers(cluster, 2, [("w_distributed_placement", {})])
+    for r in (out[0][0], out[1][0]):
+        assert r["type"] == "ServerOptimizer" and r["rule"] == "sgd"
+        assert r["worker_state"] == 0
+        assert "RMSprop has no server rule" in r["refused"]
+    assert out[0][0]["params"] == out[1][0]["params"]
