@@ -48,6 +48,16 @@ def add_common_args(parser, default_lr):
     parser.add_argument("--min-compress-bytes", type=int, default=4096,
                         help="the local cluster's compression.min_compress_bytes")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    parser.add_argument("--server-side", action="store_true",
+                        help="run the optimizer on the servers (optimizer.placement: server, "
+                        "bitpush.torch.ServerOptimizer): workers push gradients and pull "
+                        "weights; clan and lans run LANS there, adam AdamW, sgd SGD with "
+                        "momentum 0.9")
+    parser.add_argument("--pull", default=None,
+                        help="--server-side: how the weights come back, a compressor spec "
+                        "(default: SDP4Bit's qWD, %s, with --compression sdp4bit; the "
+                        "cluster's optimizer.pull otherwise, none for the local cluster)"
+                        % "sdp4bit:hadamard=off,group=2048")
     parser.set_defaults(default_lr=default_lr)
 
 
@@ -58,6 +68,9 @@ def resolve(args):
         # The example builds its own cluster from these arguments; under a launcher the
         # cluster YAML decides (None).
         args.compression = "onebit" if args.optimizer == "clan" else "none"
+    if args.server_side and args.pull is None and args.compression is not None and \
+            args.compression.split(":")[0] == "sdp4bit":
+        args.pull = "sdp4bit:hadamard=off,group=2048"  # TLq-HS pushes, qWD pulls
     return args
 
 
@@ -121,10 +134,11 @@ def launch_local(args, argv, script):
     exit status (0 when every worker succeeded)."""
     from bitpush.testing import LocalCluster
 
+    extra = {"optimizer": {"placement": "server"}} if args.server_side else None
     with LocalCluster(workers=args.workers, servers=args.servers,
                       compression=args.compression,
                       error_feedback=cluster_error_feedback(args),
-                      min_compress_bytes=args.min_compress_bytes) as cluster:
+                      min_compress_bytes=args.min_compress_bytes, extra=extra) as cluster:
         procs = []
         for rank in range(args.workers):
             env = dict(os.environ)
@@ -160,6 +174,14 @@ def build_optimizer(args, model, prefix=""):
 
     named = [(prefix + n, p) for n, p in model.named_parameters()]
     params = [p for _, p in named]
+    if args.server_side:
+        rule = {"clan": "lans", "lans": "lans", "adam": "adamw", "sgd": "sgd"}[args.optimizer]
+        extra = {"momentum": 0.9} if rule == "sgd" else {}
+        return bp.ServerOptimizer(params, rule=rule, lr=args.lr, weight_decay=args.weight_decay,
+                                  named_parameters=named,
+                                  compression="none" if args.optimizer == "lans"
+                                  else args.compression,
+                                  pull=args.pull, **extra)
     if args.optimizer == "clan":
         extra = {}
         if args.error_feedback_decay is not None:

@@ -6,6 +6,9 @@ through the cluster (CLAN compresses them), and the test split's accuracy is rep
     PYTHONPATH=build/python /usr/bin/python3 examples/train_digits.py \
         --optimizer clan --compression onebit --epochs 10 --json digits.json
 
+With --server-side the optimizer runs on the servers (bitpush.torch.ServerOptimizer); with
+--compression sdp4bit the gradients go as TLq-HS and the weights come back as qWD.
+
 Without BITPUSH_CONFIG it starts its own loopback cluster and --workers processes of itself
 (examples/bitpush_example.py); rank 0 prints the summary. docs/training.md has the details.
 """
@@ -106,6 +109,8 @@ def run(args, prefix=""):
     return {"example": "digits", "optimizer": args.optimizer,
             "compression": ex.effective_compression(args),
             "error_feedback": ex.error_feedback_on(args), "seed": args.seed,
+            "server_side": bool(args.server_side),
+            "pull": getattr(opt, "pull", None),
             "workers": size, "steps": step, "final_train_loss": loss_avg,
             "test_accuracy": acc, "wall_time_s": wall,
             "bytes_pushed": ex.bytes_pushed() - pushed0,

@@ -1,6 +1,8 @@
 """Convergence of CLAN on the digits example (2 workers on loopback, 3 seeds): compressed
 CLAN reaches the test accuracy of uncompressed LANS within a few points (paper 001 Section 5's
-claim, in miniature), and LoCo and SDP4Bit within half a point. Prints the accuracy table (docs/training.md has the measured one)."""
+claim, in miniature), LoCo and SDP4Bit within half a point, and the optimizer on the servers
+(LANS within 0.2 point of LANS on the workers; SDP4Bit's TLq-HS pushes with qWD pulls within
+half a point). Prints the accuracy table (docs/training.md has the measured one)."""
 
 import os
 import statistics
@@ -42,6 +44,12 @@ CONFIGS = [
     # +-0.3 point with the random streams, which follow the keys, which follow how many runs
     # this process made before (docs/training.md): its guard here is 1.0 point.
     ("CLAN sdp4bit (TLq-HS)", "none", ["--optimizer", "clan", "--compression", "sdp4bit"], 1.0),
+    # The optimizer on the servers (bitpush.torch.ServerOptimizer): LANS there equals LANS on
+    # the workers within 0.2 point; SDP4Bit's whole scheme — TLq-HS pushes, qWD pulls of the
+    # weight differences — within 0.5 point of uncompressed LANS.
+    ("LANS on the servers", "both", ["--optimizer", "lans", "--server-side"], 0.2),
+    ("SDP4Bit on the servers (TLq-HS + qWD)", "none",
+     ["--optimizer", "clan", "--compression", "sdp4bit", "--server-side"], 0.5),
 ]
 # The contrast row of docs/training.md (LoCo's 4 bits without its compensation; no bound):
 # BITPUSH_CONVERGENCE_CONTRAST=1 adds it (three more runs, kept out of CI's time).
@@ -94,7 +102,8 @@ def test_clan_digits_accuracy_close_to_lans():
         assert all(s["steps"] == runs[0]["steps"] > 0 for s in runs)
         if allowed is None:
             continue
-        assert all(s["bytes_pushed"] < s["bytes_fp32"] for s in runs), (label, runs)
+        if "--compression" in CONFIGS[[c[0] for c in CONFIGS].index(label)][2]:
+            assert all(s["bytes_pushed"] < s["bytes_fp32"] for s in runs), (label, runs)
         mean = statistics.mean(s["test_accuracy"] for s in runs)
         if mean < base - allowed:
             misses.append("%s: mean accuracy %.2f vs LANS %.2f (allowed drop %.1f)"
