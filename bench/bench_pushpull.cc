@@ -106,6 +106,7 @@
 #include "common/transport/ucx/info.h"
 #include "common/transport/ucx/transport.h"
 #include "compressors/registry.h"
+#include "optimizers/param_state.h"
 #include "scheduler/cluster_config.h"
 #include "scheduler/key_mapping.h"
 #include "scheduler/node_security.h"
@@ -149,7 +150,29 @@ struct Options {
   std::string pslite_dir;  // the ps-lite checkout holding our driver (bench/peers/README.md)
   int peer_reps = 3;       // alternations of ps-lite and bitpush clusters (medians reported)
   int reps = 1;            // without --peer: passes over all the runs (medians reported)
+  // "worker", "server" (--server-side, --placement): where the optimizer runs; each compressor
+  // runs once per placement.
+  std::vector<std::string> placements;
+  std::string optimizer;      // the optimizer's rule ("": adamw on the servers, none on workers)
+  std::string pull = "auto";  // server placement: the weights' pull spec (auto: qWD for sdp4bit)
 };
+
+// The optimizer.pull of a server-placement run of push compressor `spec`: --pull, or with
+// `auto` SDP4Bit's qWD for sdp4bit pushes and raw fp32 weights otherwise (canonical).
+std::string PullFor(const Options& opt, const std::string& spec) {
+  std::string pull = opt.pull;
+  if (pull == "auto") {
+    pull = spec.rfind("sdp4bit", 0) == 0 ? "sdp4bit:hadamard=off,group=2048" : "none";
+  }
+  StatusOr<v1::CompressorConfig> c = compressors::ParseCompressorSpec(pull);
+  return c.ok() ? compressors::CompressorSpecString(*c) : pull;
+}
+
+// The optimizer rule a run of `placement` uses ("" = none).
+std::string OptimizerFor(const Options& opt, const std::string& placement) {
+  if (!opt.optimizer.empty()) return opt.optimizer;
+  return placement == "server" ? "adamw" : "";
+}
 
 // bench/peers/build-pslite-driver.sh in the source tree (bench/CMakeLists.txt), if known.
 #ifndef BITPUSH_PEERS_DIR
@@ -183,6 +206,8 @@ void PrintHelp() {
       "         [--link-gbit R] [--security none|curve[,...]] [--transport zmq|ucx[,...]]\n"
       "         [--ucx-tls TLS] [--reps 1]\n"
       "         [--peer pslite --pslite-dir DIR [--peer-reps 3]]\n"
+      "         [--server-side | --placement worker|server[,...]] [--optimizer sgd|adamw|lans]\n"
+      "         [--pull SPEC|auto]\n"
       "Runs a real cluster on loopback per compressor (bitpush-scheduler, S bitpush-server,\n"
       "W workers) and times N PushPull+Wait iterations of MB MiB of --dtype (float32) per worker\n"
       "(in K equal tensors), in partitions of partition-kb x 1024 bytes. --compressor takes a list "
@@ -209,7 +234,13 @@ void PrintHelp() {
       "--peer pslite --pslite-dir DIR: dmlc/ps-lite side by side (our dense driver, built in\n"
       "DIR by bench/peers/build-pslite-driver.sh: bench/peers/README.md), same sizes, R\n"
       "alternations of a ps-lite and the bitpush clusters (--peer-reps, default 3), medians;\n"
-      "records get peer and ratio_to_pslite. Without a driver: bitpush alone, exit 0.\n");
+      "records get peer and ratio_to_pslite. Without a driver: bitpush alone, exit 0.\n"
+      "--server-side (= --placement server): the servers run the optimizer (--optimizer,\n"
+      "default adamw) and the workers pull weights (--pull: auto = SDP4Bit's qWD,\n"
+      "sdp4bit:hadamard=off,group=2048, for sdp4bit pushes, raw fp32 otherwise); --placement\n"
+      "worker,server runs each compressor both ways (worker: --optimizer, if given, runs in the\n"
+      "worker processes on the averaged gradient). Records get placement, optimizer, pull;\n"
+      "worker_peak_rss_mb shows where the optimizer state lives.\n");
 }
 
 int Fail(const std::string& what) {
@@ -671,6 +702,9 @@ class BenchKeys {
 
 struct ClusterResult {
   std::string spec;
+  std::string placement = "worker";
+  std::string optimizer;  // "" = none
+  std::string pull;       // server placement
   std::string error_feedback;
   std::string security;
   std::string transport;
@@ -690,7 +724,8 @@ class ClusterRun {
  public:
   // keys_dir: the nodes' keys when security is "curve".
   ClusterRun(const Options& opt, const NetPlan& net, std::string spec, std::string ef,
-             std::string security, std::string transport, std::string keys_dir, std::string bin_dir)
+             std::string security, std::string transport, std::string placement,
+             std::string keys_dir, std::string bin_dir)
       : opt_(opt),
         net_(net),
         dir_("bp-bench"),
@@ -700,6 +735,9 @@ class ClusterRun {
     result_.error_feedback = std::move(ef);
     result_.security = std::move(security);
     result_.transport = std::move(transport);
+    result_.placement = std::move(placement);
+    result_.optimizer = OptimizerFor(opt_, result_.placement);
+    if (result_.placement == "server") result_.pull = PullFor(opt_, result_.spec);
   }
   ~ClusterRun() {
     children_.clear();  // kills and reaps what still runs
@@ -731,12 +769,20 @@ class ClusterRun {
     const std::string tensor_mb = Fmt(opt_.mb / opt_.tensors, "%.17g");
     for (int w = 0; w < opt_.workers; ++w) {
       const std::string r = std::to_string(w);
-      workers_.push_back(Spawn(
-          "worker " + r,
-          {self, "pushpull-worker", "--config", config_path_, "--rank", r, "--tensor-mb", tensor_mb,
-           "--tensors", std::to_string(opt_.tensors), "--dtype", std::string(DTypeName(opt_.dtype)),
-           "--iters", std::to_string(opt_.iters), "--warmup", std::to_string(opt_.warmup),
-           "--results", dir_.path() + "/worker" + r + ".json", "--quiet"}));
+      std::vector<std::string> argv = {self,          "pushpull-worker",
+                                       "--config",    config_path_,
+                                       "--rank",      r,
+                                       "--tensor-mb", tensor_mb,
+                                       "--tensors",   std::to_string(opt_.tensors),
+                                       "--dtype",     std::string(DTypeName(opt_.dtype)),
+                                       "--iters",     std::to_string(opt_.iters),
+                                       "--warmup",    std::to_string(opt_.warmup),
+                                       "--results",   dir_.path() + "/worker" + r + ".json",
+                                       "--placement", result_.placement,
+                                       "--quiet"};
+      if (!result_.optimizer.empty())
+        argv.insert(argv.end() - 1, {"--optimizer", result_.optimizer});
+      workers_.push_back(Spawn("worker " + r, argv));
     }
     BP_RETURN_IF_ERROR(WaitForAll(config));
     result_.wall_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -796,6 +842,11 @@ class ClusterRun {
       << "  partition_bytes: " << opt_.partition_kb * 1024 << "\n"
       << "worker:\n"
       << "  op_timeout_s: " << opt_.timeout_s << "\n";
+    if (result_.placement == "server") {
+      y << "optimizer:\n"
+        << "  placement: server\n"
+        << "  pull: \"" << result_.pull << "\"\n";
+    }
     if (result_.security == "curve") {
       y << "security:\n"
         << "  mode: curve\n"
@@ -968,7 +1019,7 @@ int RunDriver(const Options& opt) {
     }
   }
   struct RunSpec {
-    std::string spec, error_feedback, security, transport;
+    std::string spec, error_feedback, security, transport, placement;
   };
   // Per compressor, one per security mode and transport (adjacent: fair ratios).
   std::vector<RunSpec> runs;
@@ -986,9 +1037,11 @@ int RunDriver(const Options& opt) {
       std::fprintf(stderr, "%s: %s\n", kName, c.status().message().c_str());
       return 2;
     }
-    for (const std::string& security : opt.securities) {
-      for (const std::string& transport : opt.transports) {
-        runs.push_back({spec, *ef, security, transport});
+    for (const std::string& placement : opt.placements) {
+      for (const std::string& security : opt.securities) {
+        for (const std::string& transport : opt.transports) {
+          runs.push_back({spec, *ef, security, transport, placement});
+        }
       }
     }
   }
@@ -1067,11 +1120,11 @@ int RunDriver(const Options& opt) {
     for (size_t i = 0; i < runs.size(); ++i) {
       const RunSpec& spec = runs[i];
       ClusterRun run(opt, net, spec.spec, spec.error_feedback, spec.security, spec.transport,
-                     keys.Dir(), bin_dir);
+                     spec.placement, keys.Dir(), bin_dir);
       StatusOr<ClusterResult> r = run.Run();
       if (!r.ok()) {
         return Fail(spec.spec + " (security " + spec.security + ", transport " + spec.transport +
-                    "): " + r.status().ToString());
+                    ", optimizer on the " + spec.placement + "s): " + r.status().ToString());
       }
       runs_of[i].push_back(*r);
     }
@@ -1140,15 +1193,18 @@ int RunDriver(const Options& opt) {
                 raw.MedianGbps());
     std::printf("raw TCP both ways at once, per direction: %.2f GB/s (best), %.2f GB/s (median)\n",
                 duplex_gbps, raw.DuplexMedianGbps());
-    std::printf("%-28s %-5s %-5s %-4s %8s %8s %8s %8s %8s %9s %9s %9s %9s %9s %9s %10s\n",
+    std::printf("%-28s %-5s %-5s %-4s %8s %8s %8s %8s %8s %9s %9s %9s %9s %9s %9s %10s %9s\n",
                 "compressor", "ef", "sec", "tr", "goodput", "x raw", "x duplex", "x sec", "x zmq",
-                "iter_ms", "compress", "network", "server", "decomp", "srv_rss", "rss_target");
+                "iter_ms", "compress", "network", "server", "decomp", "srv_rss", "rss_target",
+                "wrk_rss");
   }
-  // The goodput of the run of `spec` under `security` over `transport` (NaN when there is none).
+  // The goodput of the run of `spec` under `security` over `transport` with the optimizer's
+  // `placement` (NaN when there is none).
   auto goodput_of = [&](const std::string& spec, const std::string& security,
-                        const std::string& transport) {
+                        const std::string& transport, const std::string& placement) {
     for (const ClusterResult& r : results) {
-      if (r.spec == spec && r.security == security && r.transport == transport) {
+      if (r.spec == spec && r.security == security && r.transport == transport &&
+          r.placement == placement) {
         return r.goodput_gbps;
       }
     }
@@ -1167,16 +1223,22 @@ int RunDriver(const Options& opt) {
   for (const ClusterResult& r : results) {
     // ratio_to_none: against the none compressor under the same security and transport, when it
     // runs first.
-    const double none_gbps =
-        results.front().spec == "none" ? goodput_of("none", r.security, r.transport) : NAN;
-    const double security_ratio = r.goodput_gbps / goodput_of(r.spec, "none", r.transport);
-    const double transport_ratio = r.goodput_gbps / goodput_of(r.spec, r.security, "zmq");
+    const double none_gbps = results.front().spec == "none"
+                                 ? goodput_of("none", r.security, r.transport, r.placement)
+                                 : NAN;
+    const double security_ratio =
+        r.goodput_gbps / goodput_of(r.spec, "none", r.transport, r.placement);
+    const double transport_ratio =
+        r.goodput_gbps / goodput_of(r.spec, r.security, "zmq", r.placement);
     JsonRecord rec;
     rec.Add("peer", "bitpush")
         .Add("compressor", r.spec)
         .Add("error_feedback", r.error_feedback)
         .Add("security", r.security)
         .Add("transport", r.transport)
+        .Add("placement", r.placement)
+        .Add("optimizer", r.optimizer)
+        .Add("pull", r.pull)
         .Add("ucx_tls", r.transport == "ucx" ? ucx_lanes : "")
         .Add("ucx_tls_configured", r.transport == "ucx" ? opt.ucx_tls : "")
         .Add("workers", opt.workers)
@@ -1223,16 +1285,17 @@ int RunDriver(const Options& opt) {
     if (!opt.json) {
       std::printf(
           "%-28s %-5s %-5s %-4s %8.3f %8.2f %8.2f %8.2f %8.2f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f "
-          "%10.1f\n",
-          r.spec.c_str(), r.error_feedback.c_str(), r.security.c_str(), r.transport.c_str(),
-          r.goodput_gbps, r.goodput_gbps / raw_gbps, r.goodput_gbps / duplex_gbps, security_ratio,
-          transport_ratio, r.iter_ms, r.compress_ms, r.network_ms, r.server_ms, r.decompress_ms,
-          r.server_peak_rss_mb, 4 * r.server_owned_mb + 64);
+          "%10.1f %9.1f\n",
+          (r.spec + (r.placement == "server" ? " @server" : "")).c_str(), r.error_feedback.c_str(),
+          r.security.c_str(), r.transport.c_str(), r.goodput_gbps, r.goodput_gbps / raw_gbps,
+          r.goodput_gbps / duplex_gbps, security_ratio, transport_ratio, r.iter_ms, r.compress_ms,
+          r.network_ms, r.server_ms, r.decompress_ms, r.server_peak_rss_mb,
+          4 * r.server_owned_mb + 64, r.worker_peak_rss_mb);
     }
   }
   if (!pslite_runs.empty()) {
     // Against bitpush's none under security none, the like-for-like run.
-    const double bitpush_none = goodput_of("none", "none", "zmq");
+    const double bitpush_none = goodput_of("none", "none", "zmq", "worker");
     JsonRecord rec;
     rec.Add("peer", "pslite")
         .Add("compressor", "none")
@@ -1380,6 +1443,19 @@ int ParseArgs(int argc, char** argv, Options* o) {
       o->pslite_dir = next();
     } else if (a == "--peer-reps") {
       o->peer_reps = static_cast<int>(integer(1));
+    } else if (a == "--server-side") {
+      if (std::find(o->placements.begin(), o->placements.end(), "server") == o->placements.end()) {
+        o->placements.push_back("server");
+      }
+    } else if (a == "--placement") {
+      add_choices({"worker", "server"}, &o->placements);
+    } else if (a == "--optimizer") {
+      o->optimizer = next();
+      if (!optimizers::ParseUpdateRule(o->optimizer).ok()) bad(o->optimizer.c_str());
+    } else if (a == "--pull") {
+      o->pull = next();
+      if (o->pull != "auto" && !compressors::ParseCompressorSpec(o->pull).ok())
+        bad(o->pull.c_str());
     } else if (a == "--reps") {
       o->reps = static_cast<int>(integer(1));
     } else if (a == "--help" || a == "-h") {
@@ -1407,6 +1483,14 @@ int ParseArgs(int argc, char** argv, Options* o) {
   if (o->compressors.empty()) o->compressors.push_back("none");
   if (o->securities.empty()) o->securities.push_back("none");
   if (o->transports.empty()) o->transports.push_back("zmq");
+  if (o->placements.empty()) o->placements.push_back("worker");
+  if (o->dtype != DType::kFloat32 &&
+      (!o->optimizer.empty() ||
+       std::find(o->placements.begin(), o->placements.end(), "server") != o->placements.end())) {
+    std::fprintf(stderr, "%s: an optimizer (--optimizer, --server-side) updates float32 tensors\n",
+                 kName);
+    return 2;
+  }
   if (!o->ucx_tls.empty() &&
       std::find(o->transports.begin(), o->transports.end(), "ucx") == o->transports.end()) {
     std::fprintf(stderr, "%s: --ucx-tls needs --transport ucx\n", kName);

@@ -17,6 +17,7 @@
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "common/vector_ops.h"
+#include "optimizers/param_state.h"
 #include "scheduler/cluster_config.h"
 #include "worker/client.h"
 
@@ -29,12 +30,17 @@ using std::chrono::milliseconds;
 constexpr char kUsage[] =
     "usage: %s --config CLUSTER.yaml --rank N [--tensor-mb X] [--tensors K] [--iters N]\n"
     "       [--warmup W] [--pause-ms M] [--linger-ms L] [--compression SPEC]\n"
-    "       [--dtype float32|float16|bfloat16]\n"
+    "       [--dtype float32|float16|bfloat16] [--placement worker|server]\n"
+    "       [--optimizer sgd|adamw|lans]\n"
     "       [--results PATH] [--quiet]\n"
     "       [--shutdown-timeout-ms T] [--log-level trace|debug|info|warn|error]\n"
     "Declares K tensors of X MiB of the dtype (default 1 x 1 MiB of float32), runs W warm-up\n"
     "and N timed (default 10) PushPull+Wait iterations, sleeping M ms before each, then shuts "
     "down.\n"
+    "--placement server: the servers run --optimizer (default adamw) on float32 tensors: each\n"
+    "iteration pushes the gradient with lr 1e-3 and receives the weights (worker 0's starting\n"
+    "weights installed first). --placement worker with --optimizer: this process runs the\n"
+    "optimizer on the averaged gradient after each iteration (its state lives here).\n"
     "Exit: 0 ok, 1 start-up/declare/shutdown failure, 2 usage, 3 a push_pull failed.\n";
 
 struct Options {
@@ -52,7 +58,11 @@ struct Options {
   std::string results_path;
   std::string log_level = "warn";
   bool quiet = false;
+  std::string placement = "worker";  // "server": the servers run the optimizer
+  std::string optimizer;             // "" = none (worker) / adamw (server)
 };
+
+constexpr float kLr = 1e-3f;
 
 double Ms(Clock::duration d) {
   return std::chrono::duration<double, std::milli>(d).count();
@@ -110,9 +120,22 @@ class Worker {
     elements_ = elements;
     inputs_.resize(static_cast<size_t>(opt_.tensors));
     outputs_.resize(inputs_.size());
+    const bool server = opt_.placement == "server";
+    if ((server || !opt_.optimizer.empty()) && opt_.dtype != DType::kFloat32) {
+      std::fprintf(stderr, "%s: an optimizer updates float32 tensors, not %s\n", program_.c_str(),
+                   std::string(DTypeName(opt_.dtype)).c_str());
+      return 2;
+    }
     for (size_t i = 0; i < inputs_.size(); ++i) {
-      StatusOr<worker::TensorId> id = client_->Declare(
-          "t" + std::to_string(i), elements, opt_.dtype, static_cast<int64_t>(i), opt_.compression);
+      worker::TensorOptions to;
+      to.priority = static_cast<int64_t>(i);
+      to.compression = opt_.compression;
+      if (server) {
+        to.server_optimizer.emplace();
+        to.server_optimizer->rule = opt_.optimizer.empty() ? "adamw" : opt_.optimizer;
+      }
+      StatusOr<worker::TensorId> id =
+          client_->Declare("t" + std::to_string(i), elements, opt_.dtype, to);
       if (!id.ok()) return Fail(1, "declare", id.status());
       ids_.push_back(*id);
       std::vector<float> gradient(elements);
@@ -125,6 +148,27 @@ class Worker {
     const auto t_commit = Clock::now();
     if (Status s = client_->CommitDeclarations(); !s.ok()) return Fail(1, "declare", s);
     record_.Add("commit_seconds", Seconds(Clock::now() - t_commit));
+    for (size_t i = 0; i < ids_.size(); ++i) {
+      // The starting weights: a small multiple of the first gradient (worker 0's win).
+      auto* w = reinterpret_cast<float*>(outputs_[i].data());
+      const auto* g = reinterpret_cast<const float*>(inputs_[i].data());
+      if (server || !opt_.optimizer.empty()) {
+        for (size_t k = 0; k < elements; ++k) w[k] = 0.01f * g[k];
+      }
+      if (server) {
+        if (Status s = client_->InitServerWeights(ids_[i], TensorView(w, elements)); !s.ok()) {
+          return Fail(1, "InitServerWeights", s);
+        }
+      } else if (!opt_.optimizer.empty()) {
+        optimizers::UpdateOptions u;
+        StatusOr<optimizers::UpdateRule> rule = optimizers::ParseUpdateRule(opt_.optimizer);
+        if (!rule.ok()) return Fail(2, "--optimizer", rule.status());
+        u.rule = *rule;
+        StatusOr<optimizers::ParamState> ps = optimizers::ParamState::Create(u, {w, elements});
+        if (!ps.ok()) return Fail(1, "optimizer", ps.status());
+        params_.push_back(std::move(ps).value());
+      }
+    }
     last_success_ = Clock::now();
 
     for (long long i = 0; i < opt_.warmup; ++i) {
@@ -149,6 +193,9 @@ class Worker {
     std::sort(iter_seconds.begin(), iter_seconds.end());
     const double pause_seconds = static_cast<double>(opt_.pause_ms * opt_.iters) / 1000.0;
     record_.Add("tensor_bytes", elements * esz)
+        .Add("placement", opt_.placement)
+        .Add("optimizer",
+             opt_.optimizer.empty() && opt_.placement == "server" ? "adamw" : opt_.optimizer)
         .Add("iters", static_cast<long long>(iter_seconds.size()))
         .Add("loop_seconds", loop_seconds)
         .Add("pause_seconds", pause_seconds)
@@ -182,14 +229,20 @@ class Worker {
     const auto t0 = Clock::now();
     std::vector<worker::PushPullHandle> handles;
     handles.reserve(ids_.size());
+    const bool server = opt_.placement == "server";
     for (size_t t = 0; t < ids_.size(); ++t) {
-      handles.push_back(client_->PushPull(ids_[t],
-                                          ConstTensorView(inputs_[t].data(), elements_, opt_.dtype),
-                                          TensorView(outputs_[t].data(), elements_, opt_.dtype)));
+      const ConstTensorView in(inputs_[t].data(), elements_, opt_.dtype);
+      const TensorView out(outputs_[t].data(), elements_, opt_.dtype);
+      handles.push_back(server ? client_->PushPull(ids_[t], in, out, kLr)
+                               : client_->PushPull(ids_[t], in, out));
     }
     Status first;
-    for (const worker::PushPullHandle& h : handles) {
-      Status s = h.Wait();
+    for (size_t t = 0; t < handles.size(); ++t) {
+      Status s = handles[t].Wait();
+      // Worker-side training: this process's optimizer on the averaged gradient.
+      if (s.ok() && t < params_.size()) {
+        s = params_[t].Step(kLr, {reinterpret_cast<const float*>(outputs_[t].data()), elements_});
+      }
       if (first.ok() && !s.ok()) first = s;
     }
     const auto t1 = Clock::now();
@@ -239,7 +292,9 @@ class Worker {
   std::unique_ptr<worker::Client> client_;
   std::vector<worker::TensorId> ids_;
   std::vector<std::vector<uint8_t>> inputs_, outputs_;  // raw bytes of the dtype
-  size_t elements_ = 0;                                 // per tensor
+  // --placement worker --optimizer: the optimizer state of each tensor, here.
+  std::vector<optimizers::ParamState> params_;
+  size_t elements_ = 0;  // per tensor
   Clock::time_point last_success_;
   JsonRecord record_;
 };
@@ -280,6 +335,16 @@ int RunPushPullWorker(const char* program, int argc, char** argv) {
       StatusOr<DType> d = ParseDType(v);
       if (!d.ok()) return usage("--dtype: " + d.status().message());
       opt.dtype = *d;
+    } else if (arg == "--placement") {
+      opt.placement = v;
+      if (opt.placement != "worker" && opt.placement != "server") {
+        return usage("--placement takes worker or server, got '" + opt.placement + "'");
+      }
+    } else if (arg == "--optimizer") {
+      opt.optimizer = v;
+      if (!optimizers::ParseUpdateRule(opt.optimizer).ok()) {
+        return usage("--optimizer takes sgd, adamw or lans, got '" + opt.optimizer + "'");
+      }
     } else if (arg == "--results") {
       opt.results_path = v;
     } else if (arg == "--log-level") {

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/little_endian.h"
+#include "optimizers/param_state_kernels.h"
 
 namespace bitpush::optimizers {
 namespace {
@@ -109,7 +110,38 @@ size_t ParamState::MomentCount() const {
   return 0;
 }
 
+namespace internal {
+
+void SgdStepScalar(const SgdConstants& k, float* w, float* b, const float* g, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    float d = k.weight_decay != 0.0f ? g[i] + k.weight_decay * w[i] : g[i];
+    if (k.momentum > 0.0f) {
+      b[i] = k.first_step ? d : k.momentum * b[i] + d;
+      d = k.nesterov ? d + k.momentum * b[i] : b[i];
+    }
+    w[i] = w[i] - k.lr * d;
+  }
+}
+
+void AdamWStepScalar(const AdamWConstants& k, float* w, float* m, float* v, const float* g,
+                     size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (k.weight_decay != 0.0f) w[i] = w[i] * k.decay;
+    m[i] = k.beta1 * m[i] + k.one_minus_beta1 * g[i];
+    v[i] = k.beta2 * v[i] + k.one_minus_beta2 * (g[i] * g[i]);
+    const float denom = std::sqrt(v[i]) / k.bc2_sqrt + k.eps;
+    w[i] = w[i] - k.step_size * (m[i] / denom);
+  }
+}
+
+}  // namespace internal
+
 Status ParamState::Step(float lr, Span<const float> grad) {
+  static const IsaLevel best = BestIsaLevel();
+  return Step(lr, grad, best);
+}
+
+Status ParamState::Step(float lr, Span<const float> grad, IsaLevel isa) {
   if (grad.size() != weights_.size()) {
     return InvalidArgumentError("optimizer step: gradient of " + std::to_string(grad.size()) +
                                 " elements for weights of " + std::to_string(weights_.size()));
@@ -122,39 +154,34 @@ Status ParamState::Step(float lr, Span<const float> grad) {
   float* w = weights_.data();
   const float* g = grad.data();
   const uint64_t t = step_ + 1;
+  const bool avx512 = isa == IsaLevel::kAvx512;
   switch (options_.rule) {
     case UpdateRule::kSgd: {
-      const float wd = options_.weight_decay;
-      const float mu = options_.momentum;
-      float* b = m_.data();
-      for (size_t i = 0; i < n; ++i) {
-        float d = wd != 0.0f ? g[i] + wd * w[i] : g[i];
-        if (mu > 0.0f) {
-          b[i] = t == 1 ? d : mu * b[i] + d;
-          d = options_.nesterov ? d + mu * b[i] : b[i];
-        }
-        w[i] = w[i] - lr * d;
-      }
+      internal::SgdConstants k;
+      k.lr = lr;
+      k.weight_decay = options_.weight_decay;
+      k.momentum = options_.momentum;
+      k.nesterov = options_.nesterov;
+      k.first_step = t == 1;
+      (avx512 ? internal::SgdStepAvx512 : internal::SgdStepScalar)(k, w, m_.data(), g, n);
       break;
     }
     case UpdateRule::kAdamW: {
+      internal::AdamWConstants k;
       const float b1 = options_.beta1;
       const float b2 = options_.beta2;
-      const float decay = 1.0f - lr * options_.weight_decay;
       const double td = static_cast<double>(t);
-      const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), td));
-      const float bc2_sqrt =
-          static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(b2), td)));
-      const float step_size = lr / bc1;
-      float* m = m_.data();
-      float* v = v_.data();
-      for (size_t i = 0; i < n; ++i) {
-        if (options_.weight_decay != 0.0f) w[i] = w[i] * decay;
-        m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-        v[i] = b2 * v[i] + (1.0f - b2) * (g[i] * g[i]);
-        const float denom = std::sqrt(v[i]) / bc2_sqrt + options_.eps;
-        w[i] = w[i] - step_size * (m[i] / denom);
-      }
+      k.weight_decay = options_.weight_decay;
+      k.decay = 1.0f - lr * options_.weight_decay;
+      k.beta1 = b1;
+      k.one_minus_beta1 = 1.0f - b1;
+      k.beta2 = b2;
+      k.one_minus_beta2 = 1.0f - b2;
+      k.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(b2), td)));
+      k.eps = options_.eps;
+      k.step_size = lr / static_cast<float>(1.0 - std::pow(static_cast<double>(b1), td));
+      (avx512 ? internal::AdamWStepAvx512 : internal::AdamWStepScalar)(k, w, m_.data(), v_.data(),
+                                                                       g, n);
       break;
     }
     case UpdateRule::kLans: {

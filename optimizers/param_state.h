@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/cpu_features.h"
 #include "common/span.h"
 #include "common/status.h"
 #include "optimizers/lans.h"
@@ -62,6 +63,9 @@ class ParamState {
   // One update with the aggregated gradient (grad.size() == size()); step() grows by one.
   // InvalidArgument for a size mismatch or lr < 0 / NaN; the state is unchanged then.
   Status Step(float lr, Span<const float> grad);
+  // The same at a given SIMD level (sgd and adamw have AVX-512 loops; the others run the scalar
+  // one): every level gives the same bits.
+  Status Step(float lr, Span<const float> grad, IsaLevel isa);
 
   size_t size() const { return weights_.size(); }
   uint64_t step() const { return step_; }

@@ -1086,11 +1086,11 @@ void Engine::OnError(const std::string& from, const v1::DataHeader& h) {
 // Server error-feedback state (checkpoints)
 
 StatusOr<std::vector<float>> Engine::ServerErrorFeedbackState(TensorId tensor) {
-  std::vector<std::string> parts;
+  std::vector<transport::Buffer> parts;
   BP_RETURN_IF_ERROR(ServerStateCall(tensor, StateKind::kResidual, /*write=*/false, {}, &parts));
   std::vector<float> out;
   bool any = false;
-  for (const std::string& b : parts) any = any || !b.empty();
+  for (const transport::Buffer& b : parts) any = any || b.size() != 0;
   if (!any) return out;  // no partition keeps a server residual
   std::lock_guard<std::mutex> lock(mu_);
   const Tensor& t = *tensors_[tensor.index];
@@ -1132,116 +1132,143 @@ Status Engine::RestoreServerErrorFeedbackState(TensorId tensor, Span<const float
                                       p.range.elements * sizeof(float)));
     }
   }
-  return ServerStateCall(tensor, StateKind::kResidual, /*write=*/true, parts, nullptr);
+  return ServerStateCall(tensor, StateKind::kResidual, /*write=*/true, std::move(parts), nullptr);
+}
+
+namespace {
+
+// Weights move to and from the servers in batches of whole partitions of at most this many bytes
+// (one partition when larger), so a worker's transient copies stay bounded whatever the model.
+constexpr uint64_t kWeightBatchBytes = 16ull << 20;
+
+}  // namespace
+
+std::vector<std::pair<size_t, size_t>> Engine::WeightBatches(const Tensor& t) {
+  std::vector<std::pair<size_t, size_t>> out;  // (first partition, count)
+  uint64_t bytes = 0;
+  for (size_t j = 0; j < t.partitions.size(); ++j) {
+    const uint64_t b = t.partitions[j].range.elements * sizeof(float);
+    if (out.empty() || bytes + b > kWeightBatchBytes) {
+      out.emplace_back(j, 0);
+      bytes = 0;
+    }
+    ++out.back().second;
+    bytes += b;
+  }
+  return out;
+}
+
+Status Engine::CheckServerWeightsCall(TensorId tensor, const TensorView& weights,
+                                      const char* what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (tensor.index >= tensors_.size()) {
+    return InvalidArgumentError(fmt::format("{}: no tensor #{}", what, tensor.index));
+  }
+  const Tensor& t = *tensors_[tensor.index];
+  if (!t.server_optimizer) {
+    return InvalidArgumentError(
+        fmt::format("{} of tensor '{}': its optimizer does not run on the servers", what, t.name));
+  }
+  if (weights.count() != t.elements || weights.dtype() != DType::kFloat32 ||
+      (t.elements > 0 && weights.data() == nullptr)) {
+    return InvalidArgumentError(
+        fmt::format("{} of tensor '{}': the weights must be {} float32 values, got {} of {}", what,
+                    t.name, t.elements, weights.count(), DTypeName(weights.dtype())));
+  }
+  return Status::Ok();
 }
 
 Status Engine::InitServerWeights(TensorId tensor, TensorView weights) {
   constexpr const char* kWhat = "InitServerWeights";
-  std::vector<std::string> parts;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (tensor.index >= tensors_.size()) {
-      return InvalidArgumentError(fmt::format("{}: no tensor #{}", kWhat, tensor.index));
-    }
-    const Tensor& t = *tensors_[tensor.index];
-    if (!t.server_optimizer) {
-      return InvalidArgumentError(fmt::format(
-          "{} of tensor '{}': its optimizer does not run on the servers", kWhat, t.name));
-    }
-    if (weights.count() != t.elements || weights.dtype() != DType::kFloat32 ||
-        (t.elements > 0 && weights.data() == nullptr)) {
-      return InvalidArgumentError(
-          fmt::format("{} of tensor '{}': the weights must be {} float32 values, got {} of {}",
-                      kWhat, t.name, t.elements, weights.count(), DTypeName(weights.dtype())));
-    }
-    if (rank_ == 0) {
-      const auto* w = static_cast<const char*>(weights.data());
-      for (const Partition& p : t.partitions) {
-        parts.emplace_back(w + p.range.offset * sizeof(float), p.range.elements * sizeof(float));
-      }
-    }
-  }
+  BP_RETURN_IF_ERROR(CheckServerWeightsCall(tensor, weights, kWhat));
   // Worker 0 installs; every worker (worker 0 too) then reads what the servers hold, which
   // waits at each server for worker 0's install.
   if (rank_ == 0) {
-    BP_RETURN_IF_ERROR(
-        ServerStateCall(tensor, StateKind::kWeights, /*write=*/true, parts, nullptr));
+    const Tensor* t;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      t = tensors_[tensor.index].get();  // partitions are immutable after Declare
+    }
+    const auto* w = static_cast<const char*>(weights.data());
+    for (const auto& [first, count] : WeightBatches(*t)) {
+      std::vector<std::string> parts;
+      for (size_t j = first; j < first + count; ++j) {
+        const PartitionRange& r = t->partitions[j].range;
+        parts.emplace_back(w + r.offset * sizeof(float), r.elements * sizeof(float));
+      }
+      BP_RETURN_IF_ERROR(ServerStateCall(tensor, StateKind::kWeights, /*write=*/true,
+                                         std::move(parts), nullptr, nullptr, first, count));
+    }
   }
   return ReadServerWeights(tensor, weights, kWhat);
 }
 
 Status Engine::PullServerWeights(TensorId tensor, TensorView weights) {
-  return ReadServerWeights(tensor, weights, "PullServerWeights");
+  constexpr const char* kWhat = "PullServerWeights";
+  BP_RETURN_IF_ERROR(CheckServerWeightsCall(tensor, weights, kWhat));
+  return ReadServerWeights(tensor, weights, kWhat);
 }
 
 Status Engine::ReadServerWeights(TensorId tensor, TensorView weights, const char* what) {
+  const Tensor* tp;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (tensor.index >= tensors_.size()) {
-      return InvalidArgumentError(fmt::format("{}: no tensor #{}", what, tensor.index));
-    }
-    const Tensor& t = *tensors_[tensor.index];
-    if (!t.server_optimizer) {
-      return InvalidArgumentError(fmt::format(
-          "{} of tensor '{}': its optimizer does not run on the servers", what, t.name));
-    }
-    if (weights.count() != t.elements || weights.dtype() != DType::kFloat32 ||
-        (t.elements > 0 && weights.data() == nullptr)) {
-      return InvalidArgumentError(
-          fmt::format("{} of tensor '{}': the weights must be {} float32 values, got {} of {}",
-                      what, t.name, t.elements, weights.count(), DTypeName(weights.dtype())));
-    }
+    tp = tensors_[tensor.index].get();
   }
-  std::vector<std::string> parts;
-  std::vector<uint64_t> rounds;
-  BP_RETURN_IF_ERROR(
-      ServerStateCall(tensor, StateKind::kWeights, /*write=*/false, {}, &parts, &rounds));
-  std::lock_guard<std::mutex> lock(mu_);
-  Tensor& t = *tensors_[tensor.index];
-  // Every partition of a tensor steps once per push_pull: they continue at the same round.
-  for (size_t j = 1; j < rounds.size(); ++j) {
-    if (rounds[j] != rounds[0]) {
-      return DataLossError(fmt::format(
-          "{}: {} of tensor '{}': its partitions are at different rounds ({} at key {}, {} at "
-          "key {}); restore every partition from the same checkpoint",
-          label_, what, t.name, rounds[0], t.partitions[0].range.key, rounds[j],
-          t.partitions[j].range.key));
-    }
-  }
-  if (t.op) {
-    return FailedPreconditionError(
-        fmt::format("{} of tensor '{}': a push_pull of it is in flight", what, t.name));
-  }
-  for (size_t j = 0; j < t.partitions.size(); ++j) {
-    const Partition& p = t.partitions[j];
-    if (parts[j].size() != p.range.elements * sizeof(float)) {
-      return DataLossError(
-          fmt::format("{}: {} of tensor '{}': {} sent {} bytes of weights for "
-                      "key {}, which has {} values",
-                      label_, what, t.name, ServerLabel(p.peer), parts[j].size(), p.range.key,
-                      p.range.elements));
-    }
-  }
+  const Tensor& t = *tp;  // partitions are immutable after Declare
   auto* out = static_cast<char*>(weights.data());
-  for (size_t j = 0; j < t.partitions.size(); ++j) {
-    const Partition& p = t.partitions[j];
-    if (!parts[j].empty()) {
-      std::memcpy(out + p.range.offset * sizeof(float), parts[j].data(), parts[j].size());
+  std::optional<uint64_t> round;
+  for (const auto& [first, count] : WeightBatches(t)) {
+    std::vector<transport::Buffer> parts;
+    std::vector<uint64_t> rounds;
+    BP_RETURN_IF_ERROR(ServerStateCall(tensor, StateKind::kWeights, /*write=*/false, {}, &parts,
+                                       &rounds, first, count));
+    for (size_t k = 0; k < count; ++k) {
+      const Partition& p = t.partitions[first + k];
+      // Every partition of a tensor steps once per push_pull: they continue at the same round.
+      if (!round) round = rounds[k];
+      if (rounds[k] != *round) {
+        return DataLossError(fmt::format(
+            "{}: {} of tensor '{}': its partitions are at different rounds ({} at key {}, {} at "
+            "key {}); restore every partition from the same checkpoint",
+            label_, what, t.name, *round, t.partitions[0].range.key, rounds[k], p.range.key));
+      }
+      if (parts[k].size() != p.range.elements * sizeof(float)) {
+        return DataLossError(
+            fmt::format("{}: {} of tensor '{}': {} sent {} bytes of weights for key {}, which "
+                        "has {} values",
+                        label_, what, t.name, ServerLabel(p.peer), parts[k].size(), p.range.key,
+                        p.range.elements));
+      }
+      if (parts[k].size() != 0) {
+        std::memcpy(out + p.range.offset * sizeof(float), parts[k].data(), parts[k].size());
+      }
     }
   }
-  if (!rounds.empty()) {
-    t.rounds_done = rounds[0];
-    for (Partition& p : t.partitions) p.next_round = rounds[0];
+  std::lock_guard<std::mutex> lock(mu_);
+  Tensor& mt = *tensors_[tensor.index];
+  if (mt.op) {
+    return FailedPreconditionError(
+        fmt::format("{} of tensor '{}': a push_pull of it is in flight", what, mt.name));
   }
-  t.weights_ready = true;
+  if (round) {
+    mt.rounds_done = *round;
+    for (Partition& p : mt.partitions) p.next_round = *round;
+  }
+  mt.weights_ready = true;
   return Status::Ok();
 }
 
 StatusOr<std::vector<std::string>> Engine::ServerOptimizerState(TensorId tensor) {
-  std::vector<std::string> parts;
+  std::vector<transport::Buffer> parts;
   BP_RETURN_IF_ERROR(
       ServerStateCall(tensor, StateKind::kOptimizerState, /*write=*/false, {}, &parts));
-  return parts;
+  std::vector<std::string> out;
+  out.reserve(parts.size());
+  for (const transport::Buffer& b : parts) {
+    out.emplace_back(reinterpret_cast<const char*>(b.data()), b.size());
+  }
+  return out;
 }
 
 Status Engine::RestoreServerOptimizerState(TensorId tensor, const std::vector<std::string>& saved) {
@@ -1249,8 +1276,8 @@ Status Engine::RestoreServerOptimizerState(TensorId tensor, const std::vector<st
 }
 
 Status Engine::ServerStateCall(TensorId id, StateKind kind, bool write,
-                               const std::vector<std::string>& saved, std::vector<std::string>* out,
-                               std::vector<uint64_t>* rounds) {
+                               std::vector<std::string> saved, std::vector<transport::Buffer>* out,
+                               std::vector<uint64_t>* rounds, size_t first, size_t count) {
   const char* what = "";
   const char* state = "";
   switch (kind) {
@@ -1289,20 +1316,23 @@ Status Engine::ServerStateCall(TensorId id, StateKind kind, bool write,
     if (kind != StateKind::kResidual && !t->server_optimizer) {
       return InvalidArgumentError(name + ": its optimizer does not run on the servers");
     }
-    if (write && saved.size() != t->partitions.size()) {
+    first = std::min(first, t->partitions.size());
+    count = std::min(count, t->partitions.size() - first);
+    if (write && saved.size() != count) {
       return InvalidArgumentError(
           fmt::format("{}: {} saved part(s) given, the tensor has {} "
                       "partition(s)",
-                      name, saved.size(), t->partitions.size()));
+                      name, saved.size(), count));
     }
     state_calls_.clear();
-    for (const Partition& p : t->partitions) {
+    for (size_t j = first; j < first + count; ++j) {
+      const Partition& p = t->partitions[j];
       StateCall& c = state_calls_[p.range.key];
       c.peer = p.peer;
       c.what = state;
     }
   }
-  for (size_t j = 0; j < t->partitions.size(); ++j) {
+  for (size_t j = first; j < first + count; ++j) {
     const Partition& p = t->partitions[j];
     v1::DataHeader h;
     h.set_op(write ? v1::DataHeader::OP_STATE_WRITE : v1::DataHeader::OP_STATE_READ);
@@ -1314,7 +1344,7 @@ Status Engine::ServerStateCall(TensorId id, StateKind kind, bool write,
     if (write) {
       if (kind != StateKind::kOptimizerState) h.set_element_count(saved[j].size() / sizeof(float));
       h.set_byte_count(saved[j].size());
-      frames.push_back(transport::Buffer::Copy(saved[j].data(), saved[j].size()));
+      frames.push_back(transport::Buffer::Take(std::move(saved[j - first])));
     }
     const Status sent = endpoint_->SendData(p.peer, h, std::move(frames));
     if (!sent.ok()) {
@@ -1353,11 +1383,15 @@ Status Engine::ServerStateCall(TensorId id, StateKind kind, bool write,
   for (const auto& [key, call] : calls) BP_RETURN_IF_ERROR(call.status);
   if (out != nullptr) {
     out->clear();
-    for (const Partition& p : t->partitions) out->push_back(std::move(calls[p.range.key].bytes));
+    for (size_t j = first; j < first + count; ++j) {
+      out->push_back(std::move(calls[t->partitions[j].range.key].frame));
+    }
   }
   if (rounds != nullptr) {
     rounds->clear();
-    for (const Partition& p : t->partitions) rounds->push_back(calls[p.range.key].round);
+    for (size_t j = first; j < first + count; ++j) {
+      rounds->push_back(calls[t->partitions[j].range.key].round);
+    }
   }
   return Status::Ok();
 }
@@ -1379,7 +1413,7 @@ void Engine::OnStateReply(const std::string& from, const v1::DataHeader& h,
           DataLossError(fmt::format("{}: {} sent {} of key {} in {} frames (one expected)", label_,
                                     ServerLabel(from), c.what, h.key(), m.frames.size()));
     } else {
-      c.bytes.assign(reinterpret_cast<const char*>(m.frames[0].data()), m.frames[0].size());
+      c.frame = m.frames[0];  // shares the received bytes
       c.round = h.round();
     }
   }

@@ -297,17 +297,25 @@ class Engine {
     std::string what;  // "the server residual", for messages
     bool done = false;
     Status status;
-    std::string bytes;   // a read's answer
-    uint64_t round = 0;  // a weights read: the round the key continues at
+    transport::Buffer frame;  // a read's answer
+    uint64_t round = 0;       // a weights read: the round the key continues at
   };
   enum class StateKind : uint8_t { kResidual, kOptimizerState, kWeights };
   // One call per partition of `id`: a write sends saved[j] to partition j's server (saved has
-  // one entry per partition); a read fills out[j]. FailedPrecondition while a push_pull of the
-  // tensor is in flight.
-  Status ServerStateCall(TensorId id, StateKind kind, bool write,
-                         const std::vector<std::string>& saved, std::vector<std::string>* out,
-                         std::vector<uint64_t>* rounds = nullptr);
-  // Reads the workers' copy of the weights into `weights` (every partition).
+  // one entry per partition; moved into the frames, not copied); a read fills out[j] (the
+  // reply's frame) and rounds[j]. FailedPrecondition while a push_pull of the tensor is in
+  // flight.
+  // Only partitions [first, first + count) when given.
+  Status ServerStateCall(TensorId id, StateKind kind, bool write, std::vector<std::string> saved,
+                         std::vector<transport::Buffer>* out,
+                         std::vector<uint64_t>* rounds = nullptr, size_t first = 0,
+                         size_t count = SIZE_MAX);
+  // Server-side optimizer weights: the call's arguments checked; the partition batches they
+  // travel in (bounded bytes each: the worker's transient copies stay small); the workers' copy
+  // read into `weights` batch by batch (on error `weights` may be partly overwritten and the
+  // tensor stays not ready).
+  Status CheckServerWeightsCall(TensorId id, const TensorView& weights, const char* what);
+  static std::vector<std::pair<size_t, size_t>> WeightBatches(const Tensor& t);
   Status ReadServerWeights(TensorId id, TensorView weights, const char* what);
   void OnStateReply(const std::string& from, const v1::DataHeader& h, const transport::Message& m);
   std::mutex state_call_mu_;

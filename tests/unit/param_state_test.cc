@@ -115,6 +115,45 @@ TEST(ParamStateTest, AdamWFollowsTheDefinition) {
   }
 }
 
+// The AVX-512 loops give the scalar loop's bits (sizes with and without a tail, every switch).
+TEST(ParamStateTest, SimdLevelsGiveTheScalarBits) {
+  if (!IsaSupported(IsaLevel::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  std::vector<UpdateOptions> cases;
+  for (float wd : {0.0f, 0.02f}) {
+    for (float mu : {0.0f, 0.9f}) {
+      for (bool nesterov : {false, true}) {
+        if (nesterov && mu == 0.0f) continue;
+        UpdateOptions o;
+        o.rule = UpdateRule::kSgd;
+        o.weight_decay = wd;
+        o.momentum = mu;
+        o.nesterov = nesterov;
+        cases.push_back(o);
+      }
+    }
+    UpdateOptions a;
+    a.rule = UpdateRule::kAdamW;
+    a.weight_decay = wd;
+    cases.push_back(a);
+  }
+  for (size_t n : {size_t{1}, size_t{16}, size_t{17}, kN}) {
+    for (const UpdateOptions& o : cases) {
+      const std::vector<float> w0 = Normal(n, 3);
+      ParamState scalar = Make(o, w0);
+      ParamState simd = Make(o, w0);
+      for (int t = 0; t < kSteps; ++t) {
+        const std::vector<float> g = Normal(n, 100 + t, 0.1f);
+        const float lr = 0.05f / static_cast<float>(t + 1);
+        ASSERT_TRUE(scalar.Step(lr, {g.data(), n}, IsaLevel::kScalar).ok());
+        ASSERT_TRUE(simd.Step(lr, {g.data(), n}, IsaLevel::kAvx512).ok());
+      }
+      EXPECT_EQ(scalar.Save(), simd.Save())
+          << UpdateRuleName(o.rule) << " n=" << n << " wd=" << o.weight_decay
+          << " momentum=" << o.momentum << " nesterov=" << o.nesterov;
+    }
+  }
+}
+
 TEST(ParamStateTest, LansIsLansStepBitForBit) {
   UpdateOptions o;
   o.rule = UpdateRule::kLans;
