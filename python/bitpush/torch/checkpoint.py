@@ -16,8 +16,11 @@ What resumes bit for bit: the model, the optimizer (moments, steps, hyper-parame
 worker residuals and — compression.error_feedback server or both — the servers' residuals,
 which rank 0 reads from the servers into `path` (worker::Client::ServerErrorFeedbackState) and
 writes back on load before the first step. Rounds need no saving: a new cluster numbers them
-from 0 on workers and servers alike. In daemon mode the node's bitpush-worker does not relay
-the servers' residuals: save_checkpoint warns that the resumed run starts them from zero.
+from 0 on workers and servers alike — except for a ServerOptimizer's tensors, whose state (the
+servers' master weights, moments, step and the workers' copy) is in `path` and whose rounds
+continue at the restored step (docs/training.md). In daemon mode the node's bitpush-worker
+does not relay the servers' residuals: save_checkpoint warns that the resumed run starts them
+from zero.
 
 Thread-safety: call from the training thread, with no push_pull in flight.
 """
@@ -45,8 +48,9 @@ def _node_path(path, node):
 
 def _tensor_names(optimizer):
     if not hasattr(optimizer, "_bp_params"):
-        raise TypeError("bitpush checkpoints take a bitpush optimizer (CLAN, LANS or "
-                        "DistributedOptimizer), got %s" % type(optimizer).__name__)
+        raise TypeError("bitpush checkpoints take a bitpush optimizer (CLAN, LANS, "
+                        "DistributedOptimizer or ServerOptimizer), got %s"
+                        % type(optimizer).__name__)
     return [optimizer._bp_name(p) for p in optimizer._bp_params]
 
 
