@@ -61,3 +61,36 @@ def test_restored_clan_onebit_run_continues_bit_for_bit_in_daemon_mode():
         by_node.setdefault(r["node"], set()).add(r["digest"])
     assert all(len(d) == 1 for d in by_node.values()), by_node
     assert by_node[0] != by_node[1], by_node
+
+
+def _server_optimizer_in_daemon_mode():
+    """ServerOptimizer in a daemon-mode process: refused at construction, naming the mode, and
+    the C++ declaration refuses it too (a caller going around the Python check)."""
+    import bitpush.torch as bpt
+    import torch
+
+    torch.set_num_threads(1)
+    bpt.init()
+    out = {}
+    try:
+        model = torch.nn.Linear(4, 2)
+        try:
+            bpt.ServerOptimizer(model.parameters(), rule="sgd", lr=0.1)
+        except bpt.BitpushError as e:
+            out["python"] = str(e)
+        try:
+            bpt.declare("so.w", torch.zeros(8), server_optimizer={"rule": "sgd"})
+        except bpt.BitpushError as e:
+            out["declare"] = str(e)
+    finally:
+        bpt.shutdown()
+    return out
+
+
+def test_server_optimizer_is_refused_in_daemon_mode():
+    with testing.LocalCluster(workers=1, servers=1, local_size=2) as cluster:
+        results = cluster.run_workers(_server_optimizer_in_daemon_mode, timeout=120)
+    for w in results:
+        assert w.returncode == 0 and w.error is None, (w.error, w.output[-3000:])
+        assert "needs an embedded worker" in w.value["python"], w.value
+        assert "need an embedded worker" in w.value["declare"], w.value
