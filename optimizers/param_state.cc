@@ -110,6 +110,24 @@ size_t ParamState::MomentCount() const {
   return 0;
 }
 
+StatusOr<UpdateOptions> MakeUpdateOptions(std::string_view rule, float weight_decay, float momentum,
+                                          bool nesterov, float beta1, float beta2, float eps) {
+  UpdateOptions u;
+  BP_ASSIGN_OR_RETURN(u.rule, ParseUpdateRule(rule));
+  u.weight_decay = weight_decay;
+  u.momentum = momentum;
+  u.nesterov = nesterov;
+  u.beta1 = beta1;
+  u.beta2 = beta2;
+  u.eps = eps;
+  u.lans.weight_decay = weight_decay;
+  u.lans.beta1 = beta1;
+  u.lans.beta2 = beta2;
+  u.lans.eps = eps;
+  BP_RETURN_IF_ERROR(u.Validate());
+  return u;
+}
+
 namespace internal {
 
 void SgdStepScalar(const SgdConstants& k, float* w, float* b, const float* g, size_t n) {

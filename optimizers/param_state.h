@@ -54,6 +54,13 @@ struct UpdateOptions {
   Status Validate() const;
 };
 
+// The options of rule `rule` ("sgd", "adamw", "lans") with these hyper-parameters, the way a
+// server-side optimizer is declared (worker::ServerOptimizerOptions, the wire's
+// v1::ServerOptimizer): lans takes weight_decay, beta1, beta2 and eps into `lans`, its other
+// switches at their defaults. InvalidArgument for an unknown rule or an invalid value.
+StatusOr<UpdateOptions> MakeUpdateOptions(std::string_view rule, float weight_decay, float momentum,
+                                          bool nesterov, float beta1, float beta2, float eps);
+
 class ParamState {
  public:
   // The state of a tensor whose weights start as `weights`, moments at zero, step 0.

@@ -71,17 +71,9 @@ namespace {
 // The key's server-side optimizer from its OP_INIT_KEY (DataHeader::server_optimizer).
 StatusOr<ServerOptimizerSpec> OptimizerFromWire(const v1::ServerOptimizer& w) {
   ServerOptimizerSpec o;
-  BP_ASSIGN_OR_RETURN(o.update.rule, optimizers::ParseUpdateRule(w.rule()));
-  o.update.weight_decay = w.weight_decay();
-  o.update.momentum = w.momentum();
-  o.update.nesterov = w.nesterov();
-  o.update.beta1 = w.beta1();
-  o.update.beta2 = w.beta2();
-  o.update.eps = w.eps();
-  o.update.lans.weight_decay = w.weight_decay();
-  o.update.lans.beta1 = w.beta1();
-  o.update.lans.beta2 = w.beta2();
-  o.update.lans.eps = w.eps();
+  BP_ASSIGN_OR_RETURN(o.update,
+                      optimizers::MakeUpdateOptions(w.rule(), w.weight_decay(), w.momentum(),
+                                                    w.nesterov(), w.beta1(), w.beta2(), w.eps()));
   BP_ASSIGN_OR_RETURN(o.pull, compressors::CanonicalizeCompressorConfig(w.pull()));
   o.difference = w.difference();
   return o;

@@ -46,22 +46,11 @@ std::string ServerLabel(const std::string& peer) {
 // resolved against the cluster's optimizer section). InvalidArgument naming the field.
 StatusOr<v1::ServerOptimizer> ServerOptimizerFor(const ServerOptimizerOptions& o,
                                                  const scheduler::OptimizerSettings& cluster) {
-  BP_ASSIGN_OR_RETURN(optimizers::UpdateRule rule, optimizers::ParseUpdateRule(o.rule));
-  optimizers::UpdateOptions u;
-  u.rule = rule;
-  u.weight_decay = o.weight_decay;
-  u.momentum = o.momentum;
-  u.nesterov = o.nesterov;
-  u.beta1 = o.beta1;
-  u.beta2 = o.beta2;
-  u.eps = o.eps;
-  u.lans.weight_decay = o.weight_decay;
-  u.lans.beta1 = o.beta1;
-  u.lans.beta2 = o.beta2;
-  u.lans.eps = o.eps;
-  BP_RETURN_IF_ERROR(u.Validate());
+  BP_ASSIGN_OR_RETURN(optimizers::UpdateOptions u,
+                      optimizers::MakeUpdateOptions(o.rule, o.weight_decay, o.momentum, o.nesterov,
+                                                    o.beta1, o.beta2, o.eps));
   v1::ServerOptimizer w;
-  w.set_rule(optimizers::UpdateRuleName(rule));
+  w.set_rule(optimizers::UpdateRuleName(u.rule));
   w.set_weight_decay(o.weight_decay);
   w.set_momentum(o.momentum);
   w.set_nesterov(o.nesterov);

@@ -78,19 +78,8 @@ ServerOptimizerOptions Rule(const std::string& rule) {
 }
 
 optimizers::UpdateOptions UpdateFor(const ServerOptimizerOptions& o) {
-  optimizers::UpdateOptions u;
-  u.rule = *optimizers::ParseUpdateRule(o.rule);
-  u.weight_decay = o.weight_decay;
-  u.momentum = o.momentum;
-  u.nesterov = o.nesterov;
-  u.beta1 = o.beta1;
-  u.beta2 = o.beta2;
-  u.eps = o.eps;
-  u.lans.weight_decay = o.weight_decay;
-  u.lans.beta1 = o.beta1;
-  u.lans.beta2 = o.beta2;
-  u.lans.eps = o.eps;
-  return u;
+  return *optimizers::MakeUpdateOptions(o.rule, o.weight_decay, o.momentum, o.nesterov, o.beta1,
+                                        o.beta2, o.eps);
 }
 
 // Worker w's gradient of round t.
