@@ -272,7 +272,11 @@ void NodeEndpoint::ReleasePlane(Plane plane) {
   held_[i] = false;
   std::deque<transport::Received> held = std::move(held_msgs_[i]);
   held_msgs_[i].clear();
-  for (transport::Received& r : held) DispatchLocked(r);
+  // Held messages passed the plane check when they arrived: a data-plane message came on the
+  // data transport when there is one. Re-dispatched as such (not as the main transport's,
+  // which would refuse a worker's held declaration as misrouted).
+  const bool on_data = plane == Plane::kData && data_transport_ != nullptr;
+  for (transport::Received& r : held) DispatchLocked(r, on_data);
 }
 
 Plane NodeEndpoint::PlaneOf(const Sender& sender) const {

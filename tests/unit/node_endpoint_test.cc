@@ -538,6 +538,42 @@ TEST(NodeEndpoint, ADataTransportCarriesTheDataPlaneAndRefusesControlOnIt) {
                                             "push from worker:1", "heartbeat from scheduler"}));
 }
 
+// A held data plane on a node with a data transport (a server between registering and its
+// assignment, under cluster.transport ucx): a worker's message that arrived on the data
+// transport meanwhile is dispatched at the release, not refused as if it had come on the main
+// transport.
+TEST(NodeEndpoint, HeldDataPlaneMessagesOfTheDataTransportAreDispatchedAtRelease) {
+  auto hub = transport::NewInprocHub();
+  auto make = [&](NodeIdentity self, const std::string& data) {
+    NodeEndpointOptions o;
+    o.self = self;
+    o.listen_address = "inproc://" + NodePeerId(self.role, self.rank);
+    o.data_listen_address = data;
+    o.inproc_hub = hub;
+    return NodeEndpoint::Create(o).value();
+  };
+  auto server = make({v1::ROLE_SERVER, 0}, "inproc://server:0/data");
+  auto worker = make({v1::ROLE_WORKER, 2}, "inproc://worker:2/data");
+  std::atomic<int> pushes{0};
+  server->OnData(DataHeader::OP_PUSH, RoleSet::Of(v1::ROLE_WORKER),
+                 [&](const Sender&, DataHeader&, Message&) { ++pushes; });
+  server->HoldPlane(Plane::kData);
+  server->Start();
+  ASSERT_TRUE(worker->Connect("server:0", server->data_address()).ok());
+  ASSERT_TRUE(worker->Send("server:0", DataMessage(DataHeader::OP_PUSH)).ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (server->stats().data_transport.messages_received < 1 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_EQ(server->stats().data_transport.messages_received, 1u);
+  EXPECT_EQ(pushes.load(), 0);  // held
+  server->ReleasePlane(Plane::kData);
+  EXPECT_EQ(pushes.load(), 1);
+  EXPECT_EQ(server->stats().refused, 0u);
+  server->Close();
+}
+
 // The data transport fails alone (its process-level cause: UCX's worker failed): the failure
 // handlers hear it once, naming the data transport and its address, while the main transport
 // still carries the control plane (the node can still tell the scheduler it stops).
