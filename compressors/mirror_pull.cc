@@ -35,12 +35,9 @@ StatusOr<size_t> MirrorPull::Encode(Span<const float> w, const CompressContext& 
   for (size_t i = 0; i < n; ++i) diff_[i] = w[i] - mirror_[i];
   auto bytes = codec_->Encode({diff_.data(), n}, ctx, out);
   if (!bytes.ok()) return bytes.status();
-  // The receivers' operation on the mirror: mirror += D(payload), decoded apart first so a
-  // failing decode leaves the mirror as it was.
-  decoded_.assign(n, 0.0f);
-  Status st = codec_->DecodeAdd({out.data(), *bytes}, {decoded_.data(), n});
-  if (!st.ok()) return st;
-  for (size_t i = 0; i < n; ++i) mirror_[i] = mirror_[i] + decoded_[i];
+  // The receivers' operation on the mirror, the same call: mirror += D(payload) (DecodeAdd
+  // validates the whole payload first, so a failing decode leaves the mirror as it was).
+  BP_RETURN_IF_ERROR(codec_->DecodeAdd({out.data(), *bytes}, {mirror_.data(), n}));
   return *bytes;
 }
 
@@ -54,20 +51,9 @@ Status MirrorPull::SetMirror(Span<const float> mirror) {
 }
 
 Status ApplyMirrorPull(PullCodec& codec, ByteSpan payload, Span<float> w) {
-  std::vector<float> decoded;
-  return ApplyMirrorPull(codec, payload, w, &decoded);
-}
-
-Status ApplyMirrorPull(PullCodec& codec, ByteSpan payload, Span<float> w,
-                       std::vector<float>* scratch) {
-  // The same two steps as the sender's mirror update (decode into zeros, then add), so the
-  // receiver's weights and the mirror round identically.
-  scratch->assign(w.size(), 0.0f);
-  Status st = codec.DecodeAdd(payload, {scratch->data(), scratch->size()});
-  if (!st.ok()) return st;
-  const float* d = scratch->data();
-  for (size_t i = 0; i < w.size(); ++i) w[i] = w[i] + d[i];
-  return Status::Ok();
+  // The sender's mirror update, the same call on the same bits: the receiver's weights and the
+  // mirror stay equal.
+  return codec.DecodeAdd(payload, w);
 }
 
 }  // namespace bitpush::compressors

@@ -76,15 +76,13 @@ class MirrorPull {
  private:
   PullCodec* codec_;
   std::vector<float> mirror_;
-  std::vector<float> diff_;     // w − w̃
-  std::vector<float> decoded_;  // D(payload), added to the mirror once the payload decoded
+  std::vector<float> diff_;  // w − w̃
 };
 
-// The receiver's half: w += D(payload). The payload is validated first; w is unchanged on error.
+// The receiver's half: w += D(payload), by the codec's DecodeAdd — the call the sender makes on
+// its mirror, so a receiver that held the mirror's bits holds them again. The payload is
+// validated first; w is unchanged on error.
 Status ApplyMirrorPull(PullCodec& codec, ByteSpan payload, Span<float> w);
-// The same with the caller's decode buffer (resized as needed; a hot path keeps one).
-Status ApplyMirrorPull(PullCodec& codec, ByteSpan payload, Span<float> w,
-                       std::vector<float>* scratch);
 
 // CheckRawWeightPull (compressors/spec_registry.h) refuses the raw form for biased methods.
 

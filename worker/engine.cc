@@ -88,12 +88,6 @@ std::string DescribeServerOptimizer(const v1::ServerOptimizer& w) {
                      w.difference() ? "difference" : "raw");
 }
 
-// ApplyMirrorPull's decode buffer, one per pool thread (a partition at most).
-std::vector<float>& PullScratch() {
-  thread_local std::vector<float> scratch;
-  return scratch;
-}
-
 }  // namespace
 
 void OpState::Complete(Status s) {
@@ -878,8 +872,7 @@ void Engine::DecompressAndComplete(Tensor* t, uint32_t j, const std::shared_ptr<
     s = p.compressor->Decompress(payload.span(), TensorView(dst, n, t->dtype));
   } else if (t->server_optimizer->difference()) {
     // The weights' change against this worker's copy, added the way the server's mirror adds it.
-    s = compressors::ApplyMirrorPull(*p.pull_codec, payload.span(), {static_cast<float*>(dst), n},
-                                     &PullScratch());
+    s = compressors::ApplyMirrorPull(*p.pull_codec, payload.span(), {static_cast<float*>(dst), n});
   } else {
     s = p.pull->Decompress(payload.span(), TensorView(dst, n, DType::kFloat32));
   }
