@@ -590,6 +590,32 @@ def w_server_vs_torch(rule, steps=8, lr=0.05, prefix="so."):
             "params": [p.detach().tolist() for p in model.parameters()]}
 
 
+def w_server_cuda(steps=4, lr=0.05):
+    """ServerOptimizer on CUDA parameters (staged through host memory) vs torch SGD on the CPU
+    with the averaged gradient."""
+    import bitpush.torch as bp
+
+    rank, size = bp.rank(), bp.size()
+    model = _make_model(rank).cuda()
+    ref_model = _make_model(0)
+    opt = _server_opt(model, "cuda.", "sgd", lr, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref_model.parameters(), lr=lr, momentum=0.9)
+    worst = 0.0
+    for step in range(steps):
+        avg = _averaged(ref_model, size, step)
+        opt.zero_grad()
+        x, y = (t.cuda() for t in _batch(rank, step * 10))
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        for p, g in zip(ref_model.parameters(), avg):
+            p.grad = g
+        ref_opt.step()
+        worst = max(worst, max((a.cpu() - b).abs().max().item()
+                               for a, b in zip(model.parameters(), ref_model.parameters())))
+    opt.remove_hooks()
+    return {"max_abs_diff": worst, "worker_state": len(opt.state)}
+
+
 def w_server_checkpoint(path, before, after, resume):
     """ServerOptimizer with TLq-HS pushes and qWD pulls (random in (key, round)). First job
     (resume False): `before` steps, save_checkpoint, `after` more steps: returns the final

@@ -61,3 +61,13 @@ def test_distributed_optimizer_moves_to_the_servers_under_placement_server():
         assert r["worker_state"] == 0
         assert "RMSprop has no server rule" in r["refused"]
     assert out[0][0]["params"] == out[1][0]["params"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (the CUDA parameters "
+                    "of ServerOptimizer are staged through host memory; this checks that path)")
+def test_cuda_parameters_follow_torch_sgd():
+    with _cluster() as cluster:
+        out = h.run_workers(cluster, 2, [("w_server_cuda", {})])
+    for rank in range(2):
+        assert out[rank][0]["max_abs_diff"] < 2e-6, out[rank][0]
+        assert out[rank][0]["worker_state"] == 0
