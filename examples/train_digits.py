@@ -109,8 +109,10 @@ def run(args, prefix=""):
     return {"example": "digits", "optimizer": args.optimizer,
             "compression": ex.effective_compression(args),
             "error_feedback": ex.error_feedback_on(args), "seed": args.seed,
-            "server_side": bool(args.server_side),
-            "pull": getattr(opt, "pull", None),
+            # The YAML's optimizer.placement: server moves DistributedOptimizer there too.
+            "server_side": isinstance(opt, bp.ServerOptimizer),
+            "pull": (opt.pull or bp.cluster_optimizer_pull())
+            if isinstance(opt, bp.ServerOptimizer) else None,
             "workers": size, "steps": step, "final_train_loss": loss_avg,
             "test_accuracy": acc, "wall_time_s": wall,
             "bytes_pushed": ex.bytes_pushed() - pushed0,

@@ -42,7 +42,7 @@ import torch
 
 from .optimizer import LANS, CLAN, _GradientExchange, _cluster_knob, _error_cls
 
-__all__ = ["ServerOptimizer", "QWD", "cluster_optimizer_placement"]
+__all__ = ["ServerOptimizer", "QWD", "cluster_optimizer_placement", "cluster_optimizer_pull"]
 
 # SDP4Bit's quantisation of weight differences (paper 002's qWD): INT4, groups of 2048,
 # stochastic rounding once at the server.
@@ -59,6 +59,12 @@ def cluster_optimizer_placement():
     """The cluster's optimizer.placement ("worker" or "server"), or None when no cluster config
     is known (read like cluster_error_feedback())."""
     return _cluster_knob("optimizer.placement")
+
+
+def cluster_optimizer_pull():
+    """The cluster's optimizer.pull (canonical compressor spec): how a ServerOptimizer built
+    without `pull` receives the weights; None when no cluster config is known."""
+    return _cluster_knob("optimizer.pull")
 
 
 class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
