@@ -225,6 +225,10 @@ struct ClusterConfig {
   // cluster.startup_timeout_s: how long the scheduler waits for every node to register, and
   // how long a node retries an unanswering scheduler (the YAML accepts fractions: 0.5).
   std::chrono::milliseconds startup_timeout{60000};
+  // cluster.server_rejoin_timeout_s: 0 = off (a dead server ends the job); otherwise how long
+  // the scheduler waits for a dead server to register again, the job rolling back to its
+  // checkpoint meanwhile (NodeFailed.rejoin_deadline_ms, NodeRejoined).
+  std::chrono::milliseconds server_rejoin_timeout{0};
   // cluster.ucx (transport ucx only).
   UcxSettings ucx;
   // The `compression:` section.

@@ -389,6 +389,16 @@ std::vector<ClusterKnob> BuildTable() {
                       "naming each missing node), and how long a node keeps retrying a "
                       "scheduler that does not answer."),
              Top<&ClusterConfig::startup_timeout>()),
+      Scalar(Knob("cluster.server_rejoin_timeout_s")
+                 .Seconds(86400)
+                 .Optional("off", "off")
+                 .Doc("A server that dies does not end the job: the scheduler waits this long "
+                      "for it to register again (a restarted process), every node drops the "
+                      "job's data-plane state, and the workers' push_pulls fail with "
+                      "Unavailable until it is back; then the job resumes from its last "
+                      "checkpoint (docs/training.md, \"A server restarted alone\"). Off: a dead "
+                      "server ends the job."),
+             Top<&ClusterConfig::server_rejoin_timeout>()),
       Scalar(Knob("cluster.ucx.port_offset")
                  .Integer(1, 65534, "")
                  .Doc("`transport: ucx`: each server and worker listens for the data plane at "

@@ -185,6 +185,7 @@ Status Scheduler::Run() {
     }
     if (!assigned_ && now - start_ >= cluster_.startup_timeout) return StartupTimeout();
     if (std::optional<Status> dead = CheckDeadNodes(now)) return *dead;
+    if (std::optional<Status> gone = CheckRejoinDeadlines(now)) return *gone;
 
     time_point wake = std::min(next_heartbeat, now + kMaxLoopWait);
     if (!assigned_) wake = std::min(wake, start_ + cluster_.startup_timeout);
@@ -385,7 +386,12 @@ void Scheduler::HandleRegister(const std::string& from, const v1::RegisterReques
                              slot.data_address, slot.address, cluster_.ucx.port_offset));
     return;
   }
-  if (slot.registered && slot.incarnation != req.incarnation()) {
+  // A new process of a live server (it restarted before its silence was noticed): under
+  // cluster.server_rejoin_timeout_s the old one is gone; the new one rejoins below once the
+  // config agrees.
+  const bool restarted = slot.registered && !slot.rejoining && !slot.dead &&
+                         slot.incarnation != req.incarnation() && MayRejoin(slot);
+  if (slot.registered && !slot.rejoining && !restarted && slot.incarnation != req.incarnation()) {
     Refuse(from, req, nullptr,
            fmt::format("duplicate registration for {} {} at {} (already registered by {}:{})", role,
                        req.rank(), slot.address, slot.host, slot.pid));
@@ -402,6 +408,18 @@ void Scheduler::HandleRegister(const std::string& from, const v1::RegisterReques
   if (!diff.empty()) {
     Refuse(from, req, &slot, diff);
     return;
+  }
+  if (restarted) {
+    stat_dead_.fetch_add(1, std::memory_order_relaxed);
+    LoseServer(slot,
+               fmt::format("a new process of it registered from {}:{} (the old one, {}:{}, is "
+                           "gone)",
+                           req.host(), req.pid(), slot.host, slot.pid),
+               clock_->Now());
+  }
+  if (slot.rejoining) {
+    if (slot.incarnation != req.incarnation()) HandleRejoin(slot, req);
+    return;  // the dead process's own retries: nothing to answer
   }
 
   const bool retry = slot.registered;
@@ -443,6 +461,89 @@ void Scheduler::HandleRegister(const std::string& from, const v1::RegisterReques
   } else if (registered_ == slots_.size()) {
     SendAssignments();
   }
+}
+
+bool Scheduler::MayRejoin(const Slot& s) const {
+  return assigned_ && s.role == v1::ROLE_SERVER && cluster_.server_rejoin_timeout.count() > 0 &&
+         !finished_;
+}
+
+void Scheduler::LoseServer(Slot& s, const std::string& reason, time_point now) {
+  s.dead = true;
+  s.rejoining = true;
+  s.rejoin_deadline = now + cluster_.server_rejoin_timeout;
+  ++generation_;
+  BP_LOG_ERROR(
+      "scheduler: {} {} at {} failed: {}; waiting up to {} ms for it to register again "
+      "(generation {})",
+      RoleName(s.role), s.rank, s.address, reason, cluster_.server_rejoin_timeout.count(),
+      generation_);
+  v1::ControlMessage m;
+  *m.mutable_node_failed()->mutable_node() = InfoOf(s);
+  m.mutable_node_failed()->set_reason(reason);
+  m.mutable_node_failed()->set_rejoin_deadline_ms(
+      static_cast<uint64_t>(cluster_.server_rejoin_timeout.count()));
+  m.mutable_node_failed()->set_generation(generation_);
+  for (const Slot& other : slots_) {
+    if (!other.registered || other.dead) continue;
+    Status st = SendTo(other.name, m);
+    if (!st.ok()) BP_LOG_WARN("scheduler: cannot tell {}: {}", other.name, st.ToString());
+  }
+}
+
+void Scheduler::HandleRejoin(Slot& slot, const v1::RegisterRequest& req) {
+  // The config agreement and identity checks above passed; the old process is gone.
+  endpoint_->Disconnect(slot.name);
+  if (Status c = endpoint_->Connect(slot.name, slot.address); !c.ok()) {
+    BP_LOG_WARN("scheduler: cannot connect to the rejoining {} at {}: {}", slot.name, slot.address,
+                c.ToString());
+    return;  // it retries; its window bounds it
+  }
+  slot.rejoining = false;
+  slot.dead = false;
+  slot.disconnected = false;
+  slot.incarnation = req.incarnation();
+  slot.host = req.host();
+  slot.pid = req.pid();
+  slot.last_refusal.clear();
+  slot.last_heard = clock_->Now();
+  BP_LOG_WARN(
+      "scheduler: {} {} rejoined from {} ({}:{}); the data plane continues in generation {}",
+      RoleName(slot.role), slot.rank, slot.address, slot.host, slot.pid, generation_);
+  v1::ControlMessage m;
+  v1::RegisterAccepted* a = m.mutable_register_accepted();
+  a->set_registered(static_cast<uint32_t>(registered_));
+  a->set_expected(static_cast<uint32_t>(slots_.size()));
+  a->set_heartbeat_interval_ms(static_cast<uint32_t>(cluster_.heartbeat_interval.count()));
+  a->set_heartbeat_timeout_ms(static_cast<uint32_t>(cluster_.heartbeat_timeout.count()));
+  a->set_startup_remaining_ms(0);
+  (void)SendTo(slot.name, m);
+  v1::ControlMessage am;
+  *am.mutable_assignment() = AssignmentFor(slot);
+  (void)SendTo(slot.name, am);
+  v1::ControlMessage r;
+  *r.mutable_node_rejoined()->mutable_node() = InfoOf(slot);
+  r.mutable_node_rejoined()->set_generation(generation_);
+  for (const Slot& other : slots_) {
+    if (!other.registered || other.dead) continue;
+    if (Status st = SendTo(other.name, r); !st.ok()) {
+      BP_LOG_WARN("scheduler: cannot tell {}: {}", other.name, st.ToString());
+    }
+  }
+}
+
+std::optional<Status> Scheduler::CheckRejoinDeadlines(time_point now) {
+  for (const Slot& s : slots_) {
+    if (!s.rejoining || now < s.rejoin_deadline) continue;
+    const std::string error = fmt::format(
+        "{} {} at {} failed and did not register again within {} ms "
+        "(cluster.server_rejoin_timeout_s)",
+        RoleName(s.role), s.rank, s.address, cluster_.server_rejoin_timeout.count());
+    BP_LOG_ERROR("scheduler: {}", error);
+    ShutdownNodes(error);
+    return UnavailableError(error);
+  }
+  return std::nullopt;
 }
 
 v1::Assignment Scheduler::AssignmentFor(const Slot& slot) const {
@@ -573,6 +674,11 @@ std::optional<Status> Scheduler::CheckDeadNodes(time_point now) {
                     cluster_.heartbeat_timeout.count());
     const std::string line =
         fmt::format("{} {} at {} failed: {}", RoleName(s.role), s.rank, s.address, reason);
+    // A server may come back (cluster.server_rejoin_timeout_s): the job rolls back instead.
+    if (MayRejoin(s)) {
+      LoseServer(s, reason, now);
+      continue;
+    }
     BP_LOG_ERROR("scheduler: {}", line);
     error += (error.empty() ? "" : "; ") + line;
     v1::ControlMessage m;
@@ -584,6 +690,7 @@ std::optional<Status> Scheduler::CheckDeadNodes(time_point now) {
       if (!st.ok()) BP_LOG_WARN("scheduler: cannot tell {}: {}", other.name, st.ToString());
     }
   }
+  if (error.empty()) return std::nullopt;
   ShutdownNodes(error);
   return UnavailableError(error);
 }

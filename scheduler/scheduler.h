@@ -113,6 +113,9 @@ class Scheduler {
     bool shutdown_acked = false;
     bool disconnected = false;  // the transport reported its endpoint gone (no verdict)
     std::string last_refusal;   // why its last registration attempt was refused, if it was
+    // A dead server that may register again (cluster.server_rejoin_timeout_s) until this.
+    bool rejoining = false;
+    time_point rejoin_deadline{};
   };
 
   struct BarrierState {
@@ -129,6 +132,16 @@ class Scheduler {
   // The registered, live slot of `sender`, marked heard; null (and logged) otherwise.
   Slot* HeardFrom(const node::Sender& sender);
   void HandleRegister(const std::string& from, const v1::RegisterRequest& req);
+  // A dead server's new process registered within its rejoin window: accepted, assigned, and
+  // every live node told (NodeRejoined).
+  void HandleRejoin(Slot& slot, const v1::RegisterRequest& req);
+  // Whether `s` may rejoin if it dies (a server, cluster.server_rejoin_timeout_s, after the
+  // assignment); LoseServer marks it dead and rejoining, bumps the generation and tells every
+  // live node (NodeFailed with rejoin_deadline_ms).
+  bool MayRejoin(const Slot& s) const;
+  void LoseServer(Slot& s, const std::string& reason, time_point now);
+  // Status when a rejoining server's window closed, else nullopt.
+  std::optional<Status> CheckRejoinDeadlines(time_point now);
   void HandleBarrier(Slot& slot, const v1::BarrierRequest& req);
   // Marks the worker done and forwards its rounds (WorkerFinished) to the workers still
   // running, whose rounds beyond them can no longer complete.
@@ -181,6 +194,8 @@ class Scheduler {
   std::optional<Status> finished_;        // set when Run must end (OK = clean shutdown)
   std::map<int, BarrierState> barriers_;  // by v1::Group
   uint64_t heartbeat_seq_ = 0;
+  // The data plane's generation: bumped when a server dies under server_rejoin_timeout_s.
+  uint64_t generation_ = 0;
   time_point start_;
   // ShutdownNodes is waiting for acknowledgements: handlers count ShutdownAcks and departures
   // only.

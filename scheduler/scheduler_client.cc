@@ -130,7 +130,8 @@ void SchedulerClient::Attach() {
        {v1::ControlMessage::kHeartbeat, v1::ControlMessage::kRegisterAccepted,
         v1::ControlMessage::kRegisterRefused, v1::ControlMessage::kAssignment,
         v1::ControlMessage::kBarrierRelease, v1::ControlMessage::kNodeFailed,
-        v1::ControlMessage::kShutdown, v1::ControlMessage::kWorkerFinished}) {
+        v1::ControlMessage::kShutdown, v1::ControlMessage::kWorkerFinished,
+        v1::ControlMessage::kNodeRejoined}) {
     endpoint_->OnControl(
         kind, [this](const Sender&, const v1::ControlMessage& m) { HandleFromScheduler(m); });
   }
@@ -474,9 +475,27 @@ void SchedulerClient::HandleFromScheduler(const v1::ControlMessage& msg) {
     }
     case v1::ControlMessage::kNodeFailed: {
       const v1::NodeFailed& f = msg.node_failed();
+      if (f.rejoin_deadline_ms() > 0 && f.node().role() == v1::ROLE_SERVER &&
+          options_.on_server_lost) {
+        options_.on_server_lost(
+            f.node().rank(), f.generation(),
+            UnavailableError(fmt::format(
+                "server {} at {} failed: {} (reported by the scheduler at {}); the job waits up "
+                "to {} ms for it to register again (cluster.server_rejoin_timeout_s), then "
+                "resumes from its last checkpoint",
+                f.node().rank(), f.node().address(), f.reason(), sched, f.rejoin_deadline_ms())));
+        return;
+      }
       Fail(UnavailableError(fmt::format("{} {} at {} failed: {} (reported by the scheduler at {})",
                                         RoleName(f.node().role()), f.node().rank(),
                                         f.node().address(), f.reason(), sched)));
+      return;
+    }
+    case v1::ControlMessage::kNodeRejoined: {
+      const v1::NodeRejoined& r = msg.node_rejoined();
+      BP_LOG_WARN("{}: server {} rejoined (generation {}; told by the scheduler at {})", label_,
+                  r.node().rank(), r.generation(), sched);
+      if (options_.on_server_rejoined) options_.on_server_rejoined(r.node().rank(), r.generation());
       return;
     }
     case v1::ControlMessage::kWorkerFinished: {

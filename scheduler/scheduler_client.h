@@ -83,6 +83,12 @@ struct SchedulerClientOptions {
   // Workers: called on the I/O thread when the scheduler says another worker is done, with that
   // worker's rank and the rounds it completed of each tensor (WorkerFinished).
   std::function<void(uint32_t worker, const std::vector<uint64_t>& rounds)> on_worker_finished;
+  // cluster.server_rejoin_timeout_s: called on the I/O thread when a server died and the
+  // scheduler waits for it to register again (instead of the sticky error: the job is not over),
+  // with the data plane's new generation and `why` (naming the server and the wait); and when it
+  // rejoined. A node without on_server_lost treats the failure as fatal.
+  std::function<void(uint32_t server, uint64_t generation, const Status& why)> on_server_lost;
+  std::function<void(uint32_t server, uint64_t generation)> on_server_rejoined;
   // The clock of heartbeats, silence verdicts, registration back-off and every bounded wait;
   // null = the endpoint's clock.
   std::shared_ptr<const Clock> clock;

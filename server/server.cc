@@ -164,6 +164,12 @@ class Server::Impl {
   // Dispatch state: touched by the endpoint's handlers only (one at a time).
   std::unordered_map<uint64_t, uint32_t> placement_;
   std::map<uint64_t, DeclareEpoch> declare_epochs_;
+  // The data plane's generation (cluster.server_rejoin_timeout_s): a server that died and
+  // rejoined starts the next one; every key and declaration of an older one is dropped.
+  uint64_t generation_ = 0;
+  // Drops the job's data-plane state (every key, on its engine thread; the placements and
+  // declaration epochs here) and moves to `generation`.
+  void ResetGeneration(uint64_t generation, const std::string& why);
 
   std::atomic<uint64_t> pushes_accepted_{0};
   std::atomic<uint64_t> pushes_rejected_{0};
@@ -253,6 +259,16 @@ Status Server::Impl::Start() {
   co.capabilities = {"data:v1"};
   co.on_error = [rank = options_.rank](const Status& s) {
     BP_LOG_ERROR("server {}: {}", rank, s.ToString());
+  };
+  // Another server died and may rejoin: the job rolls back to its checkpoint, so this server
+  // drops its keys (the endpoint's thread, like the data handlers).
+  co.on_server_lost = [this](uint32_t, uint64_t generation, const Status& why) {
+    if (generation > generation_) ResetGeneration(generation, why.message());
+  };
+  co.on_server_rejoined = [this](uint32_t server, uint64_t generation) {
+    if (generation > generation_) {
+      ResetGeneration(generation, fmt::format("server {} rejoined", server));
+    }
   };
   BP_ASSIGN_OR_RETURN(client_, scheduler::SchedulerClient::Create(std::move(co), endpoint_.get()));
   RegisterHandlers();
@@ -415,7 +431,34 @@ std::optional<uint32_t> Server::Impl::CheckedWorker(const node::Sender& sender,
                                                *worker, header.sender())));
     return std::nullopt;
   }
+  if (header.generation() < generation_) {  // sent before a server failed: its job rolled back
+    BP_LOG_DEBUG("server {}: dropped a {} of generation {} from worker {} (now {})", options_.rank,
+                 DataHeader::Op_Name(header.op()), header.generation(), *worker, generation_);
+    return std::nullopt;
+  }
+  if (header.generation() > generation_) {  // the worker heard of the failure first
+    ResetGeneration(header.generation(), fmt::format("worker {} is in it", *worker));
+  }
   return worker;
+}
+
+void Server::Impl::ResetGeneration(uint64_t generation, const std::string& why) {
+  BP_LOG_WARN("server {}: data-plane generation {} -> {} ({}): dropping {} keys", options_.rank,
+              generation_, generation, why, placement_.size());
+  generation_ = generation;
+  placement_.clear();
+  declare_epochs_.clear();
+  keys_ = 0;
+  for (const std::unique_ptr<Engine>& e : engines_) {
+    e->load = 0;
+    e->keys = 0;
+    {
+      std::lock_guard<std::mutex> lock(e->mu);
+      Task reset;  // op OP_UNSPECIFIED: drop every key of this engine
+      e->queue.push_back(std::move(reset));
+    }
+    e->cv.notify_one();
+  }
 }
 
 void Server::Impl::PlaceInit(uint32_t worker, DataHeader& header, Message& msg) {
@@ -558,7 +601,9 @@ void Server::Impl::EngineLoop(Engine& engine) {
     lock.unlock();
     const Clock::time_point start = Clock::now();
     const uint64_t cpu_start = ThreadCpuNs();
-    if (task.header.op() == DataHeader::OP_INIT_KEY) {
+    if (task.header.op() == DataHeader::OP_UNSPECIFIED) {  // ResetGeneration
+      engine.key_states.clear();
+    } else if (task.header.op() == DataHeader::OP_INIT_KEY) {
       HandleInit(engine, task);
     } else if (task.header.op() == DataHeader::OP_STATE_READ ||
                task.header.op() == DataHeader::OP_STATE_WRITE) {

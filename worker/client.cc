@@ -109,6 +109,9 @@ class EngineBackend final : public ClientBackend {
                                      const std::vector<std::string>& saved) override {
     return engine_->RestoreServerOptimizerState(tensor, saved);
   }
+  Status WaitForServers(std::chrono::milliseconds timeout) override {
+    return engine_->WaitForServers(timeout);
+  }
   Status Barrier() override { return engine_->Barrier(); }
   Status Shutdown(std::chrono::milliseconds timeout) override { return engine_->Shutdown(timeout); }
   void Close() override { engine_->Close(); }
@@ -178,6 +181,11 @@ class DaemonBackend final : public ClientBackend {
   }
   Status RestoreServerOptimizerState(TensorId, const std::vector<std::string>&) override {
     return UnimplementedError(kServerOptimizerInDaemonMode);
+  }
+  Status WaitForServers(std::chrono::milliseconds) override {
+    return UnimplementedError(
+        "a server rejoining a running job (cluster.server_rejoin_timeout_s) needs embedded "
+        "workers; the node's bitpush-worker does not relay it");
   }
   Status Barrier() override { return daemon_->Barrier(); }
   // The daemon bounds the clean end itself (its own op_timeout).
@@ -299,6 +307,10 @@ StatusOr<std::vector<std::string>> Client::ServerOptimizerState(TensorId tensor)
 
 Status Client::RestoreServerOptimizerState(TensorId tensor, const std::vector<std::string>& saved) {
   return backend_->RestoreServerOptimizerState(tensor, saved);
+}
+
+Status Client::WaitForServers(std::chrono::milliseconds timeout) {
+  return backend_->WaitForServers(timeout);
 }
 
 Status Client::Barrier() {

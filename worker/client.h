@@ -254,6 +254,16 @@ class Client {
   StatusOr<std::vector<std::string>> ServerOptimizerState(TensorId tensor);
   Status RestoreServerOptimizerState(TensorId tensor, const std::vector<std::string>& saved);
 
+  // cluster.server_rejoin_timeout_s (docs/training.md, "A server restarted alone"): a server
+  // that died does not end the job; every push_pull fails with Unavailable naming it until a
+  // new process of it registered again. WaitForServers blocks (bounded) until then: OK means
+  // every server dropped the job's data-plane state and every tensor is declared but not yet
+  // committed, its rounds at 0 — restore the job's checkpoint (LoadCheckpoint, and for tensors
+  // whose optimizer runs on the servers RestoreServerOptimizerState + PullServerWeights) and go
+  // on. Returns at once when no server is missing; the cluster's error if it ended (the server
+  // did not come back in time). Embedded mode (daemon mode: Unimplemented).
+  Status WaitForServers(std::chrono::milliseconds timeout);
+
   // Waits for every worker (the scheduler's worker barrier); in daemon mode for every training
   // process of every node.
   Status Barrier();

@@ -39,6 +39,7 @@ class ClientBackend {
   virtual StatusOr<std::vector<std::string>> ServerOptimizerState(TensorId tensor) = 0;
   virtual Status RestoreServerOptimizerState(TensorId tensor,
                                              const std::vector<std::string>& saved) = 0;
+  virtual Status WaitForServers(std::chrono::milliseconds timeout) = 0;
   virtual Status Barrier() = 0;
   virtual Status Shutdown(std::chrono::milliseconds timeout) = 0;
   virtual void Close() = 0;

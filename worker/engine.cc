@@ -168,6 +168,12 @@ Status Engine::Start(EngineOptions& options) {
   so.max_backoff = options.max_backoff;
   so.on_error = [this](const Status& s) { OnClusterError(s); };
   so.on_shutdown = [this](const Status& verdict) { OnShutdownVerdict(verdict); };
+  so.on_server_lost = [this](uint32_t, uint64_t generation, const Status& why) {
+    OnServerLost(generation, why);
+  };
+  so.on_server_rejoined = [this](uint32_t server, uint64_t generation) {
+    OnServerRejoined(server, generation);
+  };
   so.on_worker_finished = [this](uint32_t worker, const std::vector<uint64_t>& rounds) {
     OnWorkerFinished(worker, rounds);
   };
@@ -326,7 +332,86 @@ std::optional<Status> Engine::StoppedLocked() const {
   if (!cluster_error_.ok()) return cluster_error_;
   if (closed_) return CancelledError(label_ + ": the client was closed");
   if (shutting_down_) return CancelledError(label_ + ": the client is shutting down");
+  if (recovering_) return recovering_;
   return std::nullopt;
+}
+
+void Engine::OnServerLost(uint64_t generation, const Status& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || !cluster_error_.ok()) return;
+    const Status error(why.code(), label_ + ": " + why.message());
+    recovering_ = error;
+    generation_ = std::max(generation_.load(), generation);
+    FailAllLocked(error);
+  }
+  decl_cv_.notify_all();
+  state_cv_.notify_all();
+  recover_cv_.notify_all();
+}
+
+void Engine::OnServerRejoined(uint32_t server, uint64_t generation) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || !cluster_error_.ok()) return;
+    // The job rolls back: every server dropped its keys and declarations of the old
+    // generation, so every tensor is declared, announced and (server-side optimizer) given its
+    // weights again; rounds start over (a restored optimizer state says where, when pulled).
+    generation_ = std::max(generation_.load(), generation);
+    for (const auto& tp : tensors_) {
+      Tensor& t = *tp;
+      t.committed = false;
+      t.error = Status::Ok();
+      t.rounds_done = 0;
+      t.weights_ready = false;
+      for (Partition& p : t.partitions) p.next_round = 0;
+    }
+    finished_workers_.clear();
+  }
+  // The old process's connection is gone for good (the transport refuses sends on it): connect
+  // to the new one at the same address before anything is sent there.
+  const std::string peer = scheduler::NodePeerId(v1::ROLE_SERVER, server);
+  for (const v1::NodeInfo& s : client_->assignment().servers()) {
+    if (s.rank() != server) continue;
+    const std::string& address = s.data_address().empty() ? s.address() : s.data_address();
+    endpoint_->Disconnect(peer);
+    if (Status c = endpoint_->Connect(peer, address); !c.ok()) {
+      OnClusterError(c.WithContext(fmt::format("{}: reconnecting to the rejoined server {} at {}",
+                                               label_, server, address)));
+      return;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    BP_LOG_WARN(
+        "{}: server {} rejoined: the job continues in generation {} (restore its "
+        "checkpoint before the next step)",
+        label_, server, generation_.load());
+    recovering_.reset();
+  }
+  recover_cv_.notify_all();
+}
+
+Status Engine::WaitForServers(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // A push_pull can fail on a server's dropped connection before the scheduler's verdict: with
+  // no server missing yet, wait up to two heartbeat timeouts for one to be declared.
+  if (!recovering_ && cluster_error_.ok() && !closed_) {
+    const uint64_t before = generation_.load();
+    recover_cv_.wait_for(lock, std::min(timeout, 2 * cluster_.heartbeat_timeout), [&] {
+      return recovering_.has_value() || generation_.load() != before || !cluster_error_.ok() ||
+             closed_;
+    });
+  }
+  const bool back = recover_cv_.wait_for(
+      lock, timeout, [&] { return !recovering_.has_value() || !cluster_error_.ok() || closed_; });
+  if (!cluster_error_.ok()) return cluster_error_;
+  if (closed_) return CancelledError(label_ + ": the client was closed");
+  if (!back) {
+    return TimeoutError(fmt::format("{}: the failed server did not rejoin within {} ms: {}", label_,
+                                    timeout.count(), recovering_->message()));
+  }
+  return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -430,6 +515,11 @@ Status Engine::CommitDeclarations() {
     }
   }
   if (fresh.empty()) return Status::Ok();
+  // A rejoined server started a new generation: the servers' declaration epochs start over.
+  if (const uint64_t g = generation_.load(); g != epoch_generation_) {
+    epoch_generation_ = g;
+    next_epoch_ = 0;
+  }
   const uint64_t epoch = next_epoch_++;
   Status s = CheckDeclarations(epoch, fresh);
   if (s.ok()) s = AnnounceKeys(fresh);
@@ -466,6 +556,7 @@ Status Engine::CheckDeclarations(uint64_t epoch, const std::vector<uint32_t>& te
   }
   v1::DataHeader h;
   h.set_op(v1::DataHeader::OP_DECLARE);
+  h.set_generation(generation_.load());
   h.set_round(epoch);
   h.set_sender(rank_);
   std::string body;
@@ -508,6 +599,7 @@ Status Engine::AnnounceKeys(const std::vector<uint32_t>& tensors) {
     for (const Partition& p : t->partitions) {
       v1::DataHeader h;
       h.set_op(v1::DataHeader::OP_INIT_KEY);
+      h.set_generation(generation_.load());
       h.set_key(p.range.key);
       h.set_sender(rank_);
       h.set_element_count(p.range.elements);
@@ -790,6 +882,7 @@ void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpStat
   if (bytes.ok()) {
     v1::DataHeader h;
     h.set_op(v1::DataHeader::OP_PUSH);
+    h.set_generation(generation_.load());
     h.set_key(p.range.key);
     h.set_round(round);
     h.set_sender(rank_);
@@ -1318,6 +1411,7 @@ Status Engine::ServerStateCall(TensorId id, StateKind kind, bool write,
     const Partition& p = t->partitions[j];
     v1::DataHeader h;
     h.set_op(write ? v1::DataHeader::OP_STATE_WRITE : v1::DataHeader::OP_STATE_READ);
+    h.set_generation(generation_.load());
     h.set_key(p.range.key);
     h.set_sender(rank_);
     h.set_optimizer_state(kind == StateKind::kOptimizerState);
@@ -1338,7 +1432,7 @@ Status Engine::ServerStateCall(TensorId id, StateKind kind, bool write,
   }
   std::unique_lock<std::mutex> lock(mu_);
   const bool answered = state_cv_.wait_for(lock, cluster_.worker.op_timeout, [&] {
-    if (!cluster_error_.ok() || closed_) return true;
+    if (!cluster_error_.ok() || closed_ || recovering_) return true;
     for (const auto& [key, call] : state_calls_) {
       if (!call.done) return false;
     }
@@ -1348,6 +1442,7 @@ Status Engine::ServerStateCall(TensorId id, StateKind kind, bool write,
   state_calls_.clear();
   if (!cluster_error_.ok()) return cluster_error_;
   if (closed_) return CancelledError(label_ + ": the client was closed");
+  if (recovering_) return *recovering_;
   if (!answered) {
     for (const auto& [key, call] : calls) {
       if (!call.done) {
@@ -1440,6 +1535,7 @@ void Engine::OnClusterError(const Status& error) {
   }
   decl_cv_.notify_all();
   state_cv_.notify_all();
+  recover_cv_.notify_all();
 }
 
 void Engine::OnShutdownVerdict(const Status& verdict) {

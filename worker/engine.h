@@ -188,6 +188,9 @@ class Engine {
   Status PullServerWeights(TensorId tensor, TensorView weights);
   StatusOr<std::vector<std::string>> ServerOptimizerState(TensorId tensor);
   Status RestoreServerOptimizerState(TensorId tensor, const std::vector<std::string>& saved);
+  // cluster.server_rejoin_timeout_s: after a server failed, waits (bounded) until it rejoined
+  // (OK: restore the job's checkpoint next), or returns the cluster's error / Timeout.
+  Status WaitForServers(std::chrono::milliseconds timeout);
   uint32_t compress_threads() const { return pool_ ? pool_->size() : 0; }
 
  private:
@@ -261,6 +264,12 @@ class Engine {
   // SchedulerClientOptions::on_worker_finished: fails the push_pulls that can no longer
   // complete (their round is beyond what that worker pushed), now and later.
   void OnWorkerFinished(uint32_t worker, const std::vector<uint64_t>& rounds);
+  // SchedulerClientOptions::on_server_lost / on_server_rejoined (cluster.server_rejoin_timeout_s):
+  // a lost server fails every pending push_pull and every new one with Unavailable until it
+  // rejoins; its rejoining resets every tensor to "declared, not committed", rounds from 0, for
+  // the job to restore its checkpoint in the new generation.
+  void OnServerLost(uint64_t generation, const Status& why);
+  void OnServerRejoined(uint32_t server, uint64_t generation);
   // Why tensor `t`'s next round (t.rounds_done) cannot complete, if a finished worker did not
   // push it.
   std::optional<Status> FinishedWorkerBlocksLocked(const Tensor& t) const;
@@ -348,9 +357,10 @@ class Engine {
   std::unique_ptr<TaskPool> pool_;
   std::thread dispatcher_;
 
-  std::mutex declare_mu_;    // serialises Declare (tensor indices are assigned in order)
-  std::mutex decl_mu_;       // serialises CommitDeclarations
-  uint64_t next_epoch_ = 0;  // guarded by decl_mu_
+  std::mutex declare_mu_;          // serialises Declare (tensor indices are assigned in order)
+  std::mutex decl_mu_;             // serialises CommitDeclarations
+  uint64_t next_epoch_ = 0;        // guarded by decl_mu_
+  uint64_t epoch_generation_ = 0;  // guarded by decl_mu_: the generation next_epoch_ counts in
 
   mutable std::mutex mu_;
   std::condition_variable dispatch_cv_;  // wakes the dispatcher
@@ -371,8 +381,13 @@ class Engine {
   bool shutting_down_ = false;             // guarded by mu_
   bool closed_ = false;                    // guarded by mu_
   bool stop_dispatcher_ = false;           // guarded by mu_
-  ClientStats stats_;                      // guarded by mu_
-  double error_sq_ = 0;                    // sum of Partition::error_sq; guarded by mu_
+  // A server failed and may rejoin: why (every new push_pull fails with it). Guarded by mu_.
+  std::optional<Status> recovering_;
+  std::condition_variable recover_cv_;  // WaitForServers
+  // The data plane's generation, stamped on every message to a server (written under mu_).
+  std::atomic<uint64_t> generation_{0};
+  ClientStats stats_;    // guarded by mu_
+  double error_sq_ = 0;  // sum of Partition::error_sq; guarded by mu_
 };
 
 }  // namespace bitpush::worker

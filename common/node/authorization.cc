@@ -44,7 +44,11 @@ std::vector<MessageRule> FromScheduler(v1::Role receiver) {
       rule(ControlMessage::kHeartbeat, "Heartbeat", "—"),
       rule(ControlMessage::kBarrierRelease, "BarrierRelease",
            "releases a barrier this node waits in"),
-      rule(ControlMessage::kNodeFailed, "NodeFailed", "—"),
+      rule(ControlMessage::kNodeFailed, "NodeFailed",
+           "a server's failure under cluster.server_rejoin_timeout_s drops the job's data-plane "
+           "state of the old generation instead of ending the node"),
+      rule(ControlMessage::kNodeRejoined, "NodeRejoined",
+           "only a newer generation than this node's counts"),
       rule(ControlMessage::kShutdown, "Shutdown",
            receiver == kWorker
                ? "fails every pending and later operation at once, naming the shutdown"

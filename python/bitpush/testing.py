@@ -281,10 +281,7 @@ class LocalCluster:
                                [self._bin("bitpush-scheduler"), "--config", self.config_path]
                                + self._log_args(), os.path.join(self.dir, "scheduler.log"))
         for i in range(self.servers):
-            self.server_procs.append(_Proc(
-                "server %d" % i,
-                [self._bin("bitpush-server"), "--config", self.config_path, "--rank", str(i)]
-                + self._log_args(), os.path.join(self.dir, "server%d.log" % i)))
+            self.server_procs.append(self._server_proc(i))
         if self.local_size > 1:
             for n in range(self.workers):
                 self.daemon_procs.append(_Proc(
@@ -343,6 +340,19 @@ class LocalCluster:
         p = self.server_procs[i]
         p.signal(sig)
         p.wait(10.0)
+
+    def restart_server(self, i):
+        """Starts a new process for server i (after kill_server): with
+        cluster.server_rejoin_timeout_s set, it registers again and rejoins the job. Its log
+        goes to server<i>.restart<k>.log."""
+        self._restarts = getattr(self, "_restarts", 0) + 1
+        self.server_procs[i] = self._server_proc(i, ".restart%d" % self._restarts)
+        return self.server_procs[i]
+
+    def _server_proc(self, i, suffix=""):
+        return _Proc("server %d" % i,
+                     [self._bin("bitpush-server"), "--config", self.config_path, "--rank", str(i)]
+                     + self._log_args(), os.path.join(self.dir, "server%d%s.log" % (i, suffix)))
 
     # -- workers --------------------------------------------------------------------------
 

@@ -424,6 +424,21 @@ void BindClient(py::module_& m) {
           "Starts a push_pull of tensor `index` from the memory at in_ptr into out_ptr (may be "
           "equal). The caller keeps both alive until the handle completed.")
       .def(
+          "wait_for_servers",
+          [](const PyClient& self, double timeout_s) {
+            auto c = self.Get();
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c->WaitForServers(
+                  std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+            }
+            ThrowIfError(s);
+          },
+          py::arg("timeout_s"),
+          "cluster.server_rejoin_timeout_s: waits until a failed server rejoined (then restore "
+          "the checkpoint); at once when none is missing.")
+      .def(
           "barrier",
           [](const PyClient& self) {
             auto c = self.Get();

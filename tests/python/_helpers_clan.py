@@ -638,6 +638,46 @@ def w_server_checkpoint(path, before, after, resume):
             "params": [p.detach().tolist() for p in model.parameters()]}
 
 
+def w_server_rejoin(path, flag_dir, total=8, save_at=3, fail_at=None, kind="server"):
+    """ServerOptimizer (adamw; kind "clan": CLAN on the workers with the cluster's compression
+    and error feedback) for `total` steps with a checkpoint after `save_at`. With
+    `fail_at`, rank 0 asks the test to kill server 1 before that step (flag file "kill") and
+    waits until it did ("killed"); the failed step raises Unavailable on every worker, which
+    waits for the server to rejoin, restores the checkpoint and goes on from `save_at`."""
+    import bitpush.torch as bp
+
+    model = _make_model(0)
+    if kind == "clan":
+        opt = _clan(model, "rj.")
+    else:
+        opt = _server_opt(model, "rj.", "adamw", 0.02, weight_decay=0.01)
+    step, recovered, errors = 0, 0, []
+    while step < total:
+        try:
+            if step == save_at and recovered == 0:
+                bp.save_checkpoint(path, model, opt)
+            if step == fail_at and recovered == 0 and bp.rank() == 0:
+                open(os.path.join(flag_dir, "kill"), "w").close()
+                deadline = time.time() + 30
+                while not os.path.exists(os.path.join(flag_dir, "killed")):
+                    if time.time() > deadline:
+                        raise RuntimeError("the test did not kill server 1")
+                    time.sleep(0.02)
+            _clan_steps(model, opt, step, 1)
+            step += 1
+        except bp.BitpushError as e:
+            if getattr(e, "code", None) != "Unavailable" or recovered > 0:
+                raise
+            errors.append(str(e))
+            bp.wait_for_servers(60)
+            bp.load_checkpoint(path, model, opt)
+            step = save_at
+            recovered += 1
+    opt.remove_hooks()
+    return {"params": [p.detach().tolist() for p in model.parameters()], "recovered": recovered,
+            "errors": errors}
+
+
 def w_distributed_placement(steps=3):
     """DistributedOptimizer(SGD) in a cluster whose YAML says optimizer.placement: server."""
     import bitpush.torch as bp

@@ -71,3 +71,47 @@ def test_cuda_parameters_follow_torch_sgd():
     for rank in range(2):
         assert out[rank][0]["max_abs_diff"] < 2e-6, out[rank][0]
         assert out[rank][0]["worker_state"] == 0
+
+
+@pytest.mark.parametrize("kind", ["server", "clan"])
+def test_a_server_restarted_alone_rejoins_and_the_job_continues_from_its_checkpoint(tmp_path,
+                                                                                     kind):
+    """cluster.server_rejoin_timeout_s: server 1 is killed mid-run and a new process of it
+    started; every worker's failed step raises Unavailable naming it, the workers wait for it
+    to rejoin, restore the last checkpoint and finish: the same parameters, bit for bit, as a
+    run without the failure. "server": ServerOptimizer (the servers' weights and moments come
+    back from the checkpoint); "clan": CLAN with onebit and error feedback on both sides (the
+    workers' and the servers' residuals come back)."""
+    import time as _time
+
+    extra = {"cluster": {"server_rejoin_timeout_s": 30}}
+    if kind == "server":
+        extra["optimizer"] = {"placement": "server"}
+    spec, ef = ("onebit", "both") if kind == "clan" else ("none", "none")
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    with testing.LocalCluster(workers=2, servers=2, min_compress_bytes=64, compression=spec,
+                              error_feedback=ef, extra=extra) as cluster:
+        reference = h.run_workers(cluster, 2, [("w_server_rejoin",
+                                                {"path": str(tmp_path / "ref.pt"),
+                                                 "flag_dir": str(flags), "kind": kind})])
+    with testing.LocalCluster(workers=2, servers=2, min_compress_bytes=64, compression=spec,
+                              error_feedback=ef, extra=extra) as cluster:
+        workers = h.start_workers(cluster, 2, [("w_server_rejoin",
+                                                {"path": str(tmp_path / "job.pt"),
+                                                 "flag_dir": str(flags), "fail_at": 5,
+                                                 "kind": kind})])
+        deadline = _time.time() + 60
+        while not (flags / "kill").exists():
+            assert _time.time() < deadline, "the workers never asked for the kill"
+            _time.sleep(0.02)
+        cluster.kill_server(1)
+        (flags / "killed").touch()
+        cluster.restart_server(1)
+        out = workers.wait(240)
+    for rank in range(2):
+        r = out[rank][0]
+        assert r["recovered"] == 1, r
+        # The scheduler's verdict, or a push that met the dropped connection first.
+        assert "server 1" in r["errors"][0], r
+        assert r["params"] == reference[rank][0]["params"], rank

@@ -33,7 +33,7 @@ __all__ = [
     "error_feedback_state", "restore_error_feedback_state", "compression_report",
     "server_error_feedback_state", "restore_server_error_feedback_state",
     "init_server_weights", "pull_server_weights", "server_optimizer_state",
-    "restore_server_optimizer_state", "Compression", "allreduce", "allreduce_async", "allreduce_", "Average", "Sum",
+    "restore_server_optimizer_state", "wait_for_servers", "Compression", "allreduce", "allreduce_async", "allreduce_", "Average", "Sum",
 ]
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -757,6 +757,17 @@ def restore_server_optimizer_state(name, parts):
     s = _require()
     s.client.restore_server_optimizer_state(
         _declared(s, name, "restore_server_optimizer_state").index, [bytes(p) for p in parts])
+
+
+def wait_for_servers(timeout=600.0):
+    """With the YAML's cluster.server_rejoin_timeout_s: after a push_pull failed because a
+    server died (BitpushError, code Unavailable), waits until a new process of it registered
+    again, then returns; the job continues from its last checkpoint (load_checkpoint, every
+    process). Returns at once when no server is missing; raises BitpushError when the job ended
+    (the server did not come back in time) or after `timeout` seconds (docs/training.md, "A
+    server restarted alone")."""
+    s = _require()
+    s.client.wait_for_servers(float(timeout))
 
 
 def synchronize(handle, timeout=None):

@@ -382,6 +382,9 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
         # first push, as the uninterrupted run decays them before its next one.
         super()._bp_restore_ef_state(residuals)
         self._ef_restored = self._ef_restored or bool(residuals)
+        # A checkpoint is taken between steps: the next push is a step's first (also when this
+        # process restores in place, after a failed step had already decayed its residuals).
+        self._ef_decay_pending = True
 
     def _decay_error_feedback(self):
         if self.error_feedback_decay == 1.0:
