@@ -407,7 +407,7 @@ Status Engine::WaitForServers(std::chrono::milliseconds timeout) {
       lock, timeout, [&] { return !recovering_.has_value() || !cluster_error_.ok() || closed_; });
   if (!cluster_error_.ok()) return cluster_error_;
   if (closed_) return CancelledError(label_ + ": the client was closed");
-  if (!back) {
+  if (!back && recovering_) {
     return TimeoutError(fmt::format("{}: the failed server did not rejoin within {} ms: {}", label_,
                                     timeout.count(), recovering_->message()));
   }
