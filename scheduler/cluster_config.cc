@@ -79,6 +79,7 @@ class Parser {
                         bool servers, ClusterConfig* c, std::map<std::string, uint64_t>* next_port);
   Status ParseGpus(const Entry& e, const std::string& key, std::vector<uint32_t>* out) const;
   Status ParseOverrides(const Entry& e, ClusterConfig* c);
+  Status ParseOptimizerOverrides(const Entry& e, ClusterConfig* c);
   Status ReadTokenFile(const Entry& e, std::string* out) const;
 
   const std::string source_;
@@ -263,6 +264,7 @@ Status Parser::ParseStructured(const ClusterKnob& knob, const Entry& e, const En
     return ParseNodes(e, path == "cluster.servers", c);
   }
   if (path == "compression.overrides") return ParseOverrides(e, c);
+  if (path == "optimizer.overrides") return ParseOptimizerOverrides(e, c);
   return InternalError(path + " is declared structured but the parser has no code for it");
 }
 
@@ -493,6 +495,41 @@ Status Parser::ParseOverrides(const Entry& e, ClusterConfig* c) {
     }
     ov.spec = spec->text;
     c->compression.overrides.push_back(std::move(ov));
+  }
+  return Status::Ok();
+}
+
+Status Parser::ParseOptimizerOverrides(const Entry& e, ClusterConfig* c) {
+  std::vector<std::string> entry_keys;
+  for (const config::KnobSpec& k : FindClusterKnob("optimizer.overrides")->spec.entry_keys) {
+    entry_keys.push_back(k.path);
+  }
+  const YAML::Node& list = e.value;
+  if (!list.IsSequence()) {
+    return Error(list, e.key_mark, "optimizer.overrides",
+                 "expected a list of {pattern: NAME-PATTERN, placement: worker|server}");
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string key = fmt::format("optimizer.overrides[{}]", i);
+    EntryMap o;
+    BP_RETURN_IF_ERROR(Entries(list[i], list[i].Mark(), key, entry_keys, &o));
+    for (const char* field : {"pattern", "placement"}) {
+      if (o.find(field) == o.end()) {
+        return Error(list[i], e.key_mark, key, fmt::format("needs '{}'", field));
+      }
+    }
+    OptimizerSettings::Override ov;
+    BP_RETURN_IF_ERROR(Scalar(o.at("pattern"), key + ".pattern", &ov.pattern));
+    if (ov.pattern.empty()) {
+      return Error(o.at("pattern").value, o.at("pattern").key_mark, key + ".pattern",
+                   "must not be empty");
+    }
+    BP_RETURN_IF_ERROR(Scalar(o.at("placement"), key + ".placement", &ov.placement));
+    if (ov.placement != "worker" && ov.placement != "server") {
+      return Error(o.at("placement").value, o.at("placement").key_mark, key + ".placement",
+                   fmt::format("'{}': expected worker or server", ov.placement));
+    }
+    c->optimizer.overrides.push_back(std::move(ov));
   }
   return Status::Ok();
 }
@@ -789,11 +826,16 @@ std::vector<v1::ConfigField> ConfigFields(const ClusterConfig& c) {
     }
     add("compression.overrides", v);
   }
-  if (c.optimizer.placement != "worker") {
+  if (c.optimizer.placement != "worker" || !c.optimizer.overrides.empty()) {
     // Only then, so jobs with the optimizer on the workers keep their hash.
     add("optimizer.placement", c.optimizer.placement);
     add("optimizer.pull", c.optimizer.pull);
     add("optimizer.pull_form", c.optimizer.pull_form);
+    std::string v;
+    for (const auto& o : c.optimizer.overrides) {
+      v += (v.empty() ? "" : ";") + o.pattern + "=" + o.placement;
+    }
+    if (!v.empty()) add("optimizer.overrides", v);
   }
   if (c.ProcessCountsDiffer()) {
     // Only then do the counts change results (docs/config.md): the averaging weights.
@@ -804,6 +846,13 @@ std::vector<v1::ConfigField> ConfigFields(const ClusterConfig& c) {
     add("cluster.training_processes", v);
   }
   return out;
+}
+
+const std::string& OptimizerSettings::PlacementFor(const std::string& name) const {
+  for (const Override& o : overrides) {
+    if (fnmatch(o.pattern.c_str(), name.c_str(), 0) == 0) return o.placement;
+  }
+  return placement;
 }
 
 bool OptimizerSettings::PullDifference() const {
@@ -891,6 +940,14 @@ std::string DescribeClusterConfig(const ClusterConfig& c) {
         }
       }
       return list(c.workers) + nodes;
+    }
+    if (path == "optimizer.overrides") {
+      if (c.optimizer.overrides.empty()) return std::string("[]");
+      std::string out;
+      for (const auto& o : c.optimizer.overrides) {
+        out += fmt::format("\n    - {{pattern: '{}', placement: {}}}", o.pattern, o.placement);
+      }
+      return out;
     }
     if (path == "compression.overrides") {
       if (c.compression.overrides.empty()) return std::string("[]");

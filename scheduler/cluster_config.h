@@ -86,8 +86,17 @@ struct OptimizerSettings {
   // optimizer.pull_form: "auto" (raw weights for `none`, the difference against the workers'
   // copy otherwise), "difference" or "raw" (refused for biased compressors).
   std::string pull_form = "auto";
+  // optimizer.overrides: per-tensor placement by name pattern (fnmatch), in order; the first
+  // pattern matching a tensor's name gives its placement. Agreed when non-empty.
+  struct Override {
+    std::string pattern;
+    std::string placement;  // "worker" | "server"
+  };
+  std::vector<Override> overrides;
 
   bool server() const { return placement == "server"; }
+  // The placement of tensor `name`: the first matching override's, else `placement`.
+  const std::string& PlacementFor(const std::string& name) const;
   // Whether `pull` travels as the difference against the workers' copy under pull_form.
   bool PullDifference() const;
 };

@@ -494,6 +494,20 @@ std::vector<ClusterKnob> BuildTable() {
                       "(SDP4Bit's Counterexample 4.1); `auto` is `raw` for `pull: none`, "
                       "`difference` otherwise."),
              In<&ClusterConfig::optimizer, &OptimizerSettings::pull_form>()),
+      Structured(
+          Knob("optimizer.overrides")
+              .Structured("list of `{pattern, placement}`")
+              .Optional("none")
+              .Agreed()
+              .EntryKeys({Knob("pattern").Structured("name pattern"),
+                          Knob("placement").Structured("`worker` \\| `server`")})
+              .Doc("Per-tensor placement by parameter name: the first `pattern` (`fnmatch`, as "
+                   "in `compression.overrides`) matching a parameter's name gives its "
+                   "`placement`; unmatched ones take `placement`. "
+                   "`bitpush.torch.DistributedOptimizer` then runs the server-placed parameters' "
+                   "rule on the servers and the others' in the worker (a mix: "
+                   "docs/optimizer.md). Example: `overrides: [{pattern: '*.bias', placement: "
+                   "worker}]`.")),
 
       // ---- server: (local tuning, not agreed) ----
       Scalar(Knob("server.engine_threads")

@@ -103,6 +103,10 @@ def _yaml_scalar(v):
         return "true" if v else "false"
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_yaml_scalar(x) for x in v) + "]"
+    if isinstance(v, dict):  # flow style: {pattern: '*.bias', placement: worker}
+        return "{" + ", ".join("%s: %s" % (k, _yaml_scalar(x)) for k, x in v.items()) + "}"
+    if isinstance(v, str) and any(c in v for c in "*?[]{},:#"):
+        return "'%s'" % v.replace("'", "''")
     return str(v)
 
 

@@ -50,6 +50,9 @@ void BindConfig(py::module_& m) {
         d["worker_gpus"] = gpus;
         d["worker_sockets"] = sockets;
         d["processes_differ"] = c.ProcessCountsDiffer();
+        std::vector<std::pair<std::string, std::string>> placements;
+        for (const auto& o : c.optimizer.overrides) placements.emplace_back(o.pattern, o.placement);
+        d["optimizer_overrides"] = placements;
         d["description"] = scheduler::DescribeClusterConfig(c);
         // Every scalar knob's canonical value by its path (secrets left out).
         py::dict knobs;
@@ -65,7 +68,8 @@ void BindConfig(py::module_& m) {
       "servers, workers (normalised URLs), transport, worker_local_size (0 = unset), "
       "worker_socket ('' = default), per worker node worker_processes (0 = unset), "
       "worker_gpus (device indices, [] = CPU) and worker_sockets (the daemon's socket path), "
-      "processes_differ (nodes run different numbers of processes), description (the "
+      "processes_differ (nodes run different numbers of processes), optimizer_overrides "
+      "([(pattern, placement), ...]), description (the "
       "effective config as text) and knobs ({'worker.op_timeout_s': '300', ...}: every "
       "scalar knob but the token, in canonical text; docs/config.md). A bad file raises "
       "BitpushError whose message names the file, line and key.");

@@ -678,6 +678,46 @@ def w_server_rejoin(path, flag_dir, total=8, save_at=3, fail_at=None, kind="serv
             "errors": errors}
 
 
+def w_distributed_mixed(steps=6, lr=0.05):
+    """DistributedOptimizer(SGD with momentum) under optimizer.placement: server with the
+    biases placed on the workers (optimizer.overrides): every parameter follows torch SGD on
+    the averaged gradient; the momentum buffers of the biases live here, the weights' on the
+    servers."""
+    import bitpush.torch as bp
+
+    rank, size = bp.rank(), bp.size()
+    model = _make_model(rank)
+    ref_model = _make_model(0)
+    named = [("mx." + n, p) for n, p in model.named_parameters()]
+    opt = bp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
+                                  named_parameters=named)
+    ref_opt = torch.optim.SGD(ref_model.parameters(), lr=lr, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=2, gamma=0.5)
+    started_equal = None
+    worst = 0.0
+    for step in range(steps):
+        if started_equal is None:
+            started_equal = [torch.equal(a, b) for a, b in zip(model.parameters(),
+                                                                 ref_model.parameters())]
+        avg = _averaged(ref_model, size, step)
+        opt.zero_grad()
+        x, y = _batch(rank, step * 10)
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        sched.step()
+        for p, g in zip(ref_model.parameters(), avg):
+            p.grad = g
+        ref_opt.step()
+        ref_sched.step()
+        worst = max(worst, max((a - b).abs().max().item()
+                               for a, b in zip(model.parameters(), ref_model.parameters())))
+    local_state = [n for n, p in named if p in opt._local.state] if opt._local else []
+    opt.remove_hooks()
+    return {"type": type(opt).__name__, "max_abs_diff": worst, "local_state": local_state,
+            "worker_state": len(opt.state), "started_equal": started_equal}
+
+
 def w_distributed_placement(steps=3):
     """DistributedOptimizer(SGD) in a cluster whose YAML says optimizer.placement: server."""
     import bitpush.torch as bp

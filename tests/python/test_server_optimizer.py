@@ -115,3 +115,19 @@ def test_a_server_restarted_alone_rejoins_and_the_job_continues_from_its_checkpo
         # The scheduler's verdict, or a push that met the dropped connection first.
         assert "server 1" in r["errors"][0], r
         assert r["params"] == reference[rank][0]["params"], rank
+
+
+def test_optimizer_overrides_keep_some_parameters_on_the_workers():
+    """optimizer.overrides: the biases stay on the workers (their SGD momentum lives there), the
+    weights go to the servers; every parameter follows torch SGD on the averaged gradient with
+    an lr schedule."""
+    extra = {"optimizer": {"placement": "server",
+                           "overrides": [{"pattern": "*.bias", "placement": "worker"}]}}
+    with testing.LocalCluster(workers=2, servers=2, min_compress_bytes=64,
+                              extra=extra) as cluster:
+        out = h.run_workers(cluster, 2, [("w_distributed_mixed", {})])
+    for r in (out[0][0], out[1][0]):
+        assert r["type"] == "ServerOptimizer", r
+        assert r["max_abs_diff"] < 2e-6, r
+        assert sorted(r["local_state"]) == ["mx.0.bias", "mx.2.bias", "mx.4.bias"], r
+        assert r["worker_state"] == 0, r

@@ -598,12 +598,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError("DistributedOptimizer wraps a torch.optim.Optimizer, got %s"
                         % type(optimizer).__name__)
-    if _cluster_knob("optimizer.placement") == "server":
-        server = importlib.import_module("bitpush.torch.server_optimizer")
+    server = importlib.import_module("bitpush.torch.server_optimizer")
+    named_parameters = None if named_parameters is None else list(named_parameters)
+    where = server._placements(optimizer, named_parameters)
+    if any(w == "server" for w in where.values()):
         if isinstance(optimizer, _GradientExchange):
             optimizer.remove_hooks()  # CLAN / LANS: their gradients go to the servers instead
         return server._from_torch_optimizer(optimizer, named_parameters, compression,
-                                            backward_passes_per_step)
+                                            backward_passes_per_step, where)
     if isinstance(optimizer, (CLAN, _GradientExchange)):
         raise TypeError("%s already exchanges gradients over bitpush; do not wrap it in "
                         "DistributedOptimizer" % type(optimizer).__name__)

@@ -36,6 +36,7 @@ host memory (the worker's copy of the weights lives on the host).
 Thread-safety: as any torch optimizer: one training thread.
 """
 
+import fnmatch
 import importlib
 
 import torch
@@ -59,6 +60,33 @@ def cluster_optimizer_placement():
     """The cluster's optimizer.placement ("worker" or "server"), or None when no cluster config
     is known (read like cluster_error_feedback())."""
     return _cluster_knob("optimizer.placement")
+
+
+def _cluster_placements():
+    """(placement, [(pattern, placement), ...]) of the cluster's YAML, or (None, [])."""
+    placement = _cluster_knob("optimizer.placement")
+    if placement is None:
+        return None, []
+    path = None
+    fn = getattr(_bp(), "config_path", None)
+    try:
+        path = fn() if callable(fn) else None
+    except Exception:  # not initialised
+        path = None
+    if not path:
+        path = importlib.import_module("bitpush._env").bootstrap().config
+    overrides = importlib.import_module("bitpush._C").load_cluster_config(path)[
+        "optimizer_overrides"]
+    return placement, [tuple(o) for o in overrides]
+
+
+def placement_of(name, placement, overrides):
+    """The placement of parameter `name`: the first override whose pattern matches it (fnmatch,
+    as the C++ side matches compression.overrides), else `placement`."""
+    for pattern, where in overrides:
+        if fnmatch.fnmatchcase(name, pattern):
+            return where
+    return placement
 
 
 def cluster_optimizer_pull():
@@ -86,7 +114,8 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
 
     def __init__(self, params, rule="lans", lr=1e-3, momentum=0.0, nesterov=False,
                  betas=(0.9, 0.999), eps=None, weight_decay=0.0, named_parameters=None,
-                 compression=None, pull=None, pull_form=None, backward_passes_per_step=1):
+                 compression=None, pull=None, pull_form=None, backward_passes_per_step=1,
+                 _local=None):
         if rule not in _RULES:
             raise ValueError("ServerOptimizer: rule %r; the servers run %s"
                              % (rule, ", ".join(_RULES)))
@@ -119,6 +148,12 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
         self._exchange_init(named_parameters, compression, backward_passes_per_step,
                             "ServerOptimizer")
         self._bp_group = {id(p): g for g in self.param_groups for p in g["params"]}
+        # DistributedOptimizer under optimizer.overrides: a torch optimizer over the parameters
+        # placed on the workers (their groups are this optimizer's too); their gradients are
+        # averaged into p.grad and it steps them here.
+        self._local = _local
+        self._bp_local = set() if _local is None else \
+            {id(p) for g in _local.param_groups for p in g["params"]}
         # The worker's copy of each parameter's weights: the parameter itself on the CPU, a
         # pinned host copy for a CUDA parameter.
         self._bp_host = {}
@@ -130,11 +165,17 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
         # servers' copy into every worker's parameters.
         self._bp_declare_all()
         for p in self._bp_params:
+            if id(p) in self._bp_local:
+                continue
             w = self._bp_weights(p)
             bp.init_server_weights(self._bp_name(p), w)
             if p.is_cuda:
                 with torch.no_grad():
                     p.copy_(w)
+        if self._bp_local:
+            # The worker-placed parameters start from rank 0's too, as the servers' do.
+            bp.broadcast_parameters([(self._bp_name(p), p) for p in self._bp_params
+                                     if id(p) in self._bp_local], root_rank=0)
         self._bp_declared = True
         bp._announce_compression([self._bp_name(p) for p in self._bp_params])
 
@@ -152,10 +193,17 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
     def _bp_declare_all(self):
         bp = _bp()
         for p in self._bp_params:
-            bp.declare(self._bp_name(p), self._bp_weights(p), compression=self._bp_spec(p),
-                       average=True, server_optimizer=self._bp_server_options(p))
+            if id(p) in self._bp_local:
+                bp.declare(self._bp_name(p), p.detach(), compression=self._bp_spec(p),
+                           average=True)
+            else:
+                bp.declare(self._bp_name(p), self._bp_weights(p), compression=self._bp_spec(p),
+                           average=True, server_optimizer=self._bp_server_options(p))
 
     def _bp_start(self, p):
+        if id(p) in self._bp_local:
+            _GradientExchange._bp_start(self, p)  # the average into p.grad
+            return
         g = p.grad
         if g is None:
             # Every key steps every round: a parameter without a gradient pushes zeros.
@@ -176,8 +224,12 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
         bp = _bp()
         try:
             for p, handle in list(self._bp_handles.values()):
-                bp.synchronize(handle)
-                if p.is_cuda:
+                out = bp.synchronize(handle)
+                if id(p) in self._bp_local:
+                    if out is not None and out.data_ptr() != p.grad.data_ptr():
+                        with torch.no_grad():
+                            p.grad.copy_(out)
+                elif p.is_cuda:
                     with torch.no_grad():
                         p.copy_(self._bp_host[id(p)], non_blocking=False)
         finally:
@@ -194,6 +246,8 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._bp_sync_for_step()
+        if self._local is not None:
+            self._local.step()
         return loss
 
     def zero_grad(self, set_to_none=False):
@@ -206,7 +260,7 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
         """{name: [bytes per partition]}: the servers' optimizer state of every parameter."""
         bp = _bp()
         return {self._bp_name(p): bp.server_optimizer_state(self._bp_name(p))
-                for p in self._bp_params}
+                for p in self._bp_params if id(p) not in self._bp_local}
 
     def state_dict(self):
         sd = super().state_dict()
@@ -216,6 +270,8 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
                          "ef_residuals": residuals,
                          "node": _bp().node_rank() if residuals else None}
         sd["bitpush_server_state"] = self.server_state()
+        if self._local is not None:
+            sd["bitpush_local"] = self._local.state_dict()
         return sd
 
     def load_state_dict(self, state_dict):
@@ -224,6 +280,7 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
         state_dict = dict(state_dict)
         meta = state_dict.pop("bitpush", None) or {}
         server = state_dict.pop("bitpush_server_state", None)
+        local = state_dict.pop("bitpush_local", None)
         names = [self._bp_name(p) for p in self._bp_params]
         if meta.get("rule", self.rule) != self.rule:
             raise ValueError("load_state_dict: the checkpoint's optimizer ran rule %r on the "
@@ -234,7 +291,10 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         self._bp_group = {id(p): g for g in self.param_groups for p in g["params"]}
         bp = _bp()
+        if local is not None and self._local is not None:
+            self._local.load_state_dict(local)
         if server is not None:
+            names = [self._bp_name(p) for p in self._bp_params if id(p) not in self._bp_local]
             missing = [n for n in names if n not in server]
             if missing:
                 raise ValueError("load_state_dict: the checkpoint has no server state for '%s'"
@@ -244,6 +304,8 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
                     bp.restore_server_optimizer_state(n, server[n])
             bp.barrier()
             for p in self._bp_params:
+                if id(p) in self._bp_local:
+                    continue
                 w = self._bp_weights(p)
                 bp.pull_server_weights(self._bp_name(p), w)
                 if p.is_cuda:
@@ -279,14 +341,51 @@ def _server_rule(optimizer):
                     "weight decay), LANS and CLAN; %s has no server rule" % cls.__name__)
 
 
-def _from_torch_optimizer(optimizer, named_parameters, compression, backward_passes_per_step):
-    """DistributedOptimizer under optimizer.placement: server."""
+def _placements(optimizer, named_parameters):
+    """{id(param): "worker" | "server"} under the YAML's optimizer.placement and
+    optimizer.overrides (parameter names as DistributedOptimizer names them)."""
+    placement, overrides = _cluster_placements()
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    names = {}
+    if named_parameters is not None:
+        for name, p in named_parameters:
+            names.setdefault(id(p), name)
+    return {id(p): placement_of(names.get(id(p), "param.%d" % i), placement or "worker",
+                                overrides)
+            for i, p in enumerate(params)}
+
+
+def _from_torch_optimizer(optimizer, named_parameters, compression, backward_passes_per_step,
+                          where):
+    """DistributedOptimizer with parameters placed on the servers (`where`: _placements)."""
     rule, fields = _server_rule(optimizer)
-    groups = []
+    if named_parameters is None:
+        # The names DistributedOptimizer gives (the wrapped optimizer's order), kept although
+        # the groups below are split.
+        named_parameters = [("param.%d" % i, p) for i, p in
+                            enumerate(p for g in optimizer.param_groups for p in g["params"])]
+    server_groups, local_groups = [], []
     for g in optimizer.param_groups:
-        groups.append({"params": g["params"], **{k: g[k] for k in fields if k in g}})
+        on_server = [p for p in g["params"] if where[id(p)] == "server"]
+        on_worker = [p for p in g["params"] if where[id(p)] != "server"]
+        hyper = {k: g[k] for k in fields if k in g}
+        if on_server:
+            server_groups.append({"params": on_server, **hyper})
+        if on_worker:
+            # The wrapped optimizer's own group (every key it reads), over these parameters.
+            local_groups.append({**{k: v for k, v in g.items() if k != "params"},
+                                 "params": on_worker})
     if compression is None and isinstance(optimizer, CLAN):
         compression = optimizer.compression
-    return ServerOptimizer(groups, rule=rule, named_parameters=named_parameters,
-                           compression=compression,
-                           backward_passes_per_step=backward_passes_per_step)
+    local = None
+    if local_groups:
+        # The same class and defaults, over the worker-placed parameters; its groups join the
+        # ServerOptimizer's (shared dicts: an LR scheduler's change reaches both).
+        if isinstance(optimizer, CLAN):
+            raise TypeError("optimizer.overrides: CLAN / LANS with some parameters on the "
+                            "workers is not supported; place all on the servers or none")
+        local = type(optimizer)(local_groups, **optimizer.defaults)
+    opt = ServerOptimizer(server_groups + local_groups, rule=rule,
+                          named_parameters=named_parameters, compression=compression,
+                          backward_passes_per_step=backward_passes_per_step, _local=local)
+    return opt
