@@ -442,12 +442,8 @@ void Scheduler::HandleRegister(const std::string& from, const v1::RegisterReques
                 slot.address, slot.host, slot.pid, registered_, slots_.size());
   }
   slot.last_heard = clock_->Now();
-  v1::ControlMessage m;
+  v1::ControlMessage m = RegisterAcceptedMessage();
   v1::RegisterAccepted* a = m.mutable_register_accepted();
-  a->set_registered(static_cast<uint32_t>(registered_));
-  a->set_expected(static_cast<uint32_t>(slots_.size()));
-  a->set_heartbeat_interval_ms(static_cast<uint32_t>(cluster_.heartbeat_interval.count()));
-  a->set_heartbeat_timeout_ms(static_cast<uint32_t>(cluster_.heartbeat_timeout.count()));
   const Clock::duration left = start_ + cluster_.startup_timeout - clock_->Now();
   a->set_startup_remaining_ms(assigned_ ? 0
                                         : static_cast<uint32_t>(std::max<int64_t>(0, Ms(left))));
@@ -461,6 +457,16 @@ void Scheduler::HandleRegister(const std::string& from, const v1::RegisterReques
   } else if (registered_ == slots_.size()) {
     SendAssignments();
   }
+}
+
+v1::ControlMessage Scheduler::RegisterAcceptedMessage() const {
+  v1::ControlMessage m;
+  v1::RegisterAccepted* a = m.mutable_register_accepted();
+  a->set_registered(static_cast<uint32_t>(registered_));
+  a->set_expected(static_cast<uint32_t>(slots_.size()));
+  a->set_heartbeat_interval_ms(static_cast<uint32_t>(cluster_.heartbeat_interval.count()));
+  a->set_heartbeat_timeout_ms(static_cast<uint32_t>(cluster_.heartbeat_timeout.count()));
+  return m;
 }
 
 bool Scheduler::MayRejoin(const Slot& s) const {
@@ -510,14 +516,7 @@ void Scheduler::HandleRejoin(Slot& slot, const v1::RegisterRequest& req) {
   BP_LOG_WARN(
       "scheduler: {} {} rejoined from {} ({}:{}); the data plane continues in generation {}",
       RoleName(slot.role), slot.rank, slot.address, slot.host, slot.pid, generation_);
-  v1::ControlMessage m;
-  v1::RegisterAccepted* a = m.mutable_register_accepted();
-  a->set_registered(static_cast<uint32_t>(registered_));
-  a->set_expected(static_cast<uint32_t>(slots_.size()));
-  a->set_heartbeat_interval_ms(static_cast<uint32_t>(cluster_.heartbeat_interval.count()));
-  a->set_heartbeat_timeout_ms(static_cast<uint32_t>(cluster_.heartbeat_timeout.count()));
-  a->set_startup_remaining_ms(0);
-  (void)SendTo(slot.name, m);
+  (void)SendTo(slot.name, RegisterAcceptedMessage());  // startup_remaining_ms 0: assigned
   v1::ControlMessage am;
   *am.mutable_assignment() = AssignmentFor(slot);
   (void)SendTo(slot.name, am);

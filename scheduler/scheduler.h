@@ -139,6 +139,8 @@ class Scheduler {
   // assignment); LoseServer marks it dead and rejoining, bumps the generation and tells every
   // live node (NodeFailed with rejoin_deadline_ms).
   bool MayRejoin(const Slot& s) const;
+  // RegisterAccepted with the counts and heartbeat timing (startup_remaining_ms unset: 0).
+  v1::ControlMessage RegisterAcceptedMessage() const;
   void LoseServer(Slot& s, const std::string& reason, time_point now);
   // Status when a rejoining server's window closed, else nullopt.
   std::optional<Status> CheckRejoinDeadlines(time_point now);

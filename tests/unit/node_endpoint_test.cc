@@ -452,6 +452,17 @@ TEST(NodeEndpoint, CloseEndsTheLoopWithoutCallingTheFailureHandlers) {
   EXPECT_EQ(e->Poll(milliseconds(1)).code(), StatusCode::kCancelled);
 }
 
+// A node of `hub` with a data transport listening at `data` (as under cluster.transport ucx).
+std::unique_ptr<NodeEndpoint> MakeWithData(const std::shared_ptr<transport::InprocHub>& hub,
+                                           NodeIdentity self, const std::string& data) {
+  NodeEndpointOptions o;
+  o.self = self;
+  o.listen_address = "inproc://" + NodePeerId(self.role, self.rank);
+  o.data_listen_address = data;
+  o.inproc_hub = hub;
+  return NodeEndpoint::Create(o).value();
+}
+
 // A server with a data transport (as under cluster.transport ucx; inproc here): the workers'
 // data arrives there and is dispatched to the same handlers as the main transport's, the
 // scheduler's control messages use the main transport, and a control-plane message that
@@ -459,16 +470,8 @@ TEST(NodeEndpoint, CloseEndsTheLoopWithoutCallingTheFailureHandlers) {
 // counted, never dispatched.
 TEST(NodeEndpoint, ADataTransportCarriesTheDataPlaneAndRefusesControlOnIt) {
   auto hub = transport::NewInprocHub();
-  auto make = [&](NodeIdentity self, const std::string& data) {
-    NodeEndpointOptions o;
-    o.self = self;
-    o.listen_address = "inproc://" + NodePeerId(self.role, self.rank);
-    o.data_listen_address = data;
-    o.inproc_hub = hub;
-    return NodeEndpoint::Create(o).value();
-  };
-  auto server = make({v1::ROLE_SERVER, 0}, "inproc://server:0/data");
-  auto worker = make({v1::ROLE_WORKER, 1}, "inproc://worker:1/data");
+  auto server = MakeWithData(hub, {v1::ROLE_SERVER, 0}, "inproc://server:0/data");
+  auto worker = MakeWithData(hub, {v1::ROLE_WORKER, 1}, "inproc://worker:1/data");
   auto scheduler = Make(hub, {v1::ROLE_SCHEDULER, 0});
   EXPECT_EQ(server->address(), "inproc://server:0");
   EXPECT_EQ(server->data_address(), "inproc://server:0/data");
@@ -544,16 +547,8 @@ TEST(NodeEndpoint, ADataTransportCarriesTheDataPlaneAndRefusesControlOnIt) {
 // transport.
 TEST(NodeEndpoint, HeldDataPlaneMessagesOfTheDataTransportAreDispatchedAtRelease) {
   auto hub = transport::NewInprocHub();
-  auto make = [&](NodeIdentity self, const std::string& data) {
-    NodeEndpointOptions o;
-    o.self = self;
-    o.listen_address = "inproc://" + NodePeerId(self.role, self.rank);
-    o.data_listen_address = data;
-    o.inproc_hub = hub;
-    return NodeEndpoint::Create(o).value();
-  };
-  auto server = make({v1::ROLE_SERVER, 0}, "inproc://server:0/data");
-  auto worker = make({v1::ROLE_WORKER, 2}, "inproc://worker:2/data");
+  auto server = MakeWithData(hub, {v1::ROLE_SERVER, 0}, "inproc://server:0/data");
+  auto worker = MakeWithData(hub, {v1::ROLE_WORKER, 2}, "inproc://worker:2/data");
   std::atomic<int> pushes{0};
   server->OnData(DataHeader::OP_PUSH, RoleSet::Of(v1::ROLE_WORKER),
                  [&](const Sender&, DataHeader&, Message&) { ++pushes; });
