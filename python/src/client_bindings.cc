@@ -437,7 +437,7 @@ void BindClient(py::module_& m) {
           },
           py::arg("timeout_s"),
           "cluster.server_rejoin_timeout_s: waits until a failed server rejoined (then restore "
-          "the checkpoint); at once when none is missing.")
+          "the checkpoint); with none missing yet, waits up to 2 heartbeat timeouts for a verdict.")
       .def(
           "barrier",
           [](const PyClient& self) {

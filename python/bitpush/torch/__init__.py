@@ -763,9 +763,10 @@ def wait_for_servers(timeout=600.0):
     """With the YAML's cluster.server_rejoin_timeout_s: after a push_pull failed because a
     server died (BitpushError, code Unavailable), waits until a new process of it registered
     again, then returns; the job continues from its last checkpoint (load_checkpoint, every
-    process). Returns at once when no server is missing; raises BitpushError when the job ended
-    (the server did not come back in time) or after `timeout` seconds (docs/training.md, "A
-    server restarted alone")."""
+    process). With no server missing yet it waits up to two heartbeat timeouts for the
+    scheduler's verdict (a push can meet the dropped connection first), then returns; raises
+    BitpushError when the job ended (the server did not come back in time) or after `timeout`
+    seconds (docs/training.md, "A server restarted alone")."""
     s = _require()
     s.client.wait_for_servers(float(timeout))
 
