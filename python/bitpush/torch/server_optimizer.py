@@ -164,20 +164,26 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
         # Collective, in parameter order: declare, then rank 0's weights to the servers and the
         # servers' copy into every worker's parameters.
         self._bp_declare_all()
-        for p in self._bp_params:
-            if id(p) in self._bp_local:
-                continue
-            w = self._bp_weights(p)
-            bp.init_server_weights(self._bp_name(p), w)
-            if p.is_cuda:
-                with torch.no_grad():
-                    p.copy_(w)
+        self._bp_weights_from_servers(bp.init_server_weights)
         if self._bp_local:
             # The worker-placed parameters start from rank 0's too, as the servers' do.
             bp.broadcast_parameters([(self._bp_name(p), p) for p in self._bp_params
                                      if id(p) in self._bp_local], root_rank=0)
         self._bp_declared = True
         bp._announce_compression([self._bp_name(p) for p in self._bp_params])
+
+    def _bp_weights_from_servers(self, call):
+        """Every server-placed parameter, in order, through `call(name, weights)`
+        (init_server_weights or pull_server_weights), which leaves the servers' copy in the
+        host weights; a CUDA parameter then takes them."""
+        for p in self._bp_params:
+            if id(p) in self._bp_local:
+                continue
+            w = self._bp_weights(p)
+            call(self._bp_name(p), w)
+            if p.is_cuda:
+                with torch.no_grad():
+                    p.copy_(w)
 
     def _bp_weights(self, p):
         return self._bp_host.get(id(p), p.data)
@@ -303,14 +309,7 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
                 for n in names:
                     bp.restore_server_optimizer_state(n, server[n])
             bp.barrier()
-            for p in self._bp_params:
-                if id(p) in self._bp_local:
-                    continue
-                w = self._bp_weights(p)
-                bp.pull_server_weights(self._bp_name(p), w)
-                if p.is_cuda:
-                    with torch.no_grad():
-                        p.copy_(w)
+            self._bp_weights_from_servers(bp.pull_server_weights)
         self._bp_restore_ef_state(meta.get("ef_residuals"))
 
 
