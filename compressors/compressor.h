@@ -57,8 +57,9 @@ struct CompressContext {
   std::optional<DType> store_as = std::nullopt;
 };
 
-// What a quantising method reports about its own encodings (loco), since the last
-// TakeTelemetry; zero for methods that report nothing.
+// What a quantising method reports about its own encodings (loco), or an error-feedback state
+// about itself (separate: ErrorFeedback::TakeTelemetry), since the last TakeTelemetry; zero
+// for methods that report nothing.
 struct CompressorTelemetry {
   uint64_t values = 0;           // values quantised
   uint64_t saturated = 0;        // of which clamped to the code range
@@ -68,6 +69,10 @@ struct CompressorTelemetry {
   // not a sum); meaningful where error_reported.
   double error_sq = 0;
   bool error_reported = false;
+  // The squared L2 norm of the gradient that last compression took (a level; meaningful
+  // where gradient_reported): with error_sq, the ratio ||e|| / ||g|| (separate).
+  double gradient_sq = 0;
+  bool gradient_reported = false;
 };
 
 struct CompressorOptions {
@@ -138,6 +143,11 @@ class Compressor {
   // nullptr) (FailedPrecondition otherwise).
   // (Single caveat: a residual entry that is -0.0 and untouched by any push stays -0.0 where
   // the unfused sequence makes it +0.0; residuals only hold -0.0 if one was restored.)
+  // A compressed-domain method (MethodSpec::aggregation == kCompressedDomainSum) defines this
+  // round in its own code domain, and servers call nothing else on its pushes: binsgdm keeps
+  // the contract above exactly (its codes decode to +-1, counted per element); separate's
+  // reply is scale times the sum of the pushes' projection vectors (linear: the projection of
+  // the sum), not a re-compression of a decoded aggregate.
   virtual StatusOr<size_t> AggregateCompress(Span<const ByteSpan> pushes, size_t n, float scale,
                                              float* residual, const CompressContext& ctx,
                                              MutableByteSpan out) = 0;

@@ -57,10 +57,26 @@ class ErrorFeedback {
                                              float scale, const CompressContext& ctx,
                                              MutableByteSpan out) = 0;
 
-  // The state as fp32 values, for checkpoints and tests.
+  // Worker side: decodes the server's reply `payload` into `out` (the round ctx's aggregate,
+  // which the worker hands to its optimizer). States whose update needs the aggregate override
+  // it (separate: the residual against the global reconstruction, paper 003 Algorithm 1,
+  // fused into the decode). Default: compressor.Decompress(payload, out), the state untouched.
+  virtual Status DecompressReply(Compressor& compressor, ByteSpan payload,
+                                 const CompressContext& ctx, TensorView out) {
+    (void)ctx;
+    return compressor.Decompress(payload, out);
+  }
+
+  // Adds what this state reports since the last call (error and gradient norms:
+  // CompressorTelemetry) to `into`. Default: nothing.
+  virtual void TakeTelemetry(CompressorTelemetry* into) { (void)into; }
+
+  // The state as fp32 values, for checkpoints and tests: state_size() of them (size() for a
+  // residual; a state that keeps more per element — binsgdm's moments — says so).
   virtual Span<const float> residual() const = 0;
+  virtual size_t state_size() const { return size(); }
   // Replaces the state with values residual() gave earlier (checkpoint restore); the size
-  // must match.
+  // must match (state_size()).
   virtual Status Restore(Span<const float> saved) = 0;
   virtual void Reset() = 0;
 };

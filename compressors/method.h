@@ -39,18 +39,23 @@ namespace bitpush::compressors {
 class Compressor;
 class ErrorFeedback;
 
-// How servers aggregate a method's pushes (docs/compressors.md "Server aggregation modes").
-// Servers implement kDecompressSumRecompress; a key whose method declares another mode is
-// refused with Unimplemented where the server meets it (server::KeyState::Create).
+// How servers aggregate a method's pushes (docs/compressors.md "Server aggregation modes");
+// server::KeyState runs both.
 enum class AggregationMode : uint8_t {
   // Decompress every push, sum in fp32 (times 1/n when averaging), add the server residual
   // where the key keeps one, re-compress the aggregate (paper 001 Algorithms 3 and 4).
   kDecompressSumRecompress,
-  // Sum the pushes without decompressing them (e.g. counting sign bits).
+  // Never decompress: the server validates each push and hands them all to the compressor's
+  // compressed-domain round (Compressor::AggregateCompress), which combines the codes
+  // themselves — separate sums projection vectors; binsgdm counts sign bits, adds the server
+  // residual and re-binarises. Such a compressor must fuse the server round
+  // (FusesServerRound) for every server-residual setting its method accepts; its Decompress
+  // is the workers' alone.
   kCompressedDomainSum,
 };
 // (Servers that own the weights and run the optimizer are a key's option on top of the first
-// mode, whatever the method: server::KeySpec::optimizer.)
+// mode, whatever the method: server::KeySpec::optimizer. The compressed-domain mode refuses
+// it: the server never holds the gradient.)
 
 // "decompress-sum-recompress", "compressed-domain-sum".
 std::string_view AggregationModeName(AggregationMode mode);

@@ -16,15 +16,21 @@ namespace bitpush::server {
 
 using compressors::CompressContext;
 
-Status CheckAggregationMode(const compressors::MethodSpec& method) {
+Status CheckAggregationMode(const compressors::MethodSpec& method, const KeySpec& spec) {
   switch (method.aggregation) {
     case compressors::AggregationMode::kDecompressSumRecompress: return Status::Ok();
-    case compressors::AggregationMode::kCompressedDomainSum: break;
+    case compressors::AggregationMode::kCompressedDomainSum:
+      if (spec.optimizer) {
+        return InvalidArgumentError(fmt::format(
+            "{} aggregates by {}: servers never see its gradients, so they cannot run the "
+            "optimizer (optimizer.placement: server); keep the optimizer on the workers",
+            method.name, compressors::AggregationModeName(method.aggregation)));
+      }
+      return Status::Ok();
   }
-  return UnimplementedError(fmt::format(
-      "{} aggregates by {}, which this server does not implement (it runs {})", method.name,
-      compressors::AggregationModeName(method.aggregation),
-      compressors::AggregationModeName(compressors::AggregationMode::kDecompressSumRecompress)));
+  return UnimplementedError(
+      fmt::format("{} declares aggregation mode {}, which this server does not implement",
+                  method.name, static_cast<int>(method.aggregation)));
 }
 
 StatusOr<std::unique_ptr<KeyState>> KeyState::Create(
@@ -37,7 +43,7 @@ StatusOr<std::unique_ptr<KeyState>> KeyState::Create(
                       compressors::CreateCompressor(spec.compressor, options));
   // CreateCompressor has validated the config, so the method exists.
   const compressors::MethodSpec& method = *compressors::FindMethod(spec.compressor.id());
-  if (Status s = CheckAggregationMode(method); !s.ok()) {
+  if (Status s = CheckAggregationMode(method, spec); !s.ok()) {
     return s.WithContext(fmt::format("key {}", spec.key));
   }
   if (spec.elements > 0 && spec.elements > compressors::kMaxPayloadElements) {
@@ -74,6 +80,15 @@ StatusOr<std::unique_ptr<KeyState>> KeyState::Create(
         residual, compressors::CreateErrorFeedback(
                       spec.compressor, compressors::ErrorFeedbackSide::kServer, spec.elements));
   }
+  if (method.aggregation == compressors::AggregationMode::kCompressedDomainSum &&
+      spec.elements > 0 &&
+      !(residual ? residual->FusesServerRound(*c) : c->FusesServerRound(false))) {
+    return UnimplementedError(fmt::format(
+        "key {}: {} aggregates by {}, but its compressor has no compressed-domain round {} a "
+        "server residual",
+        spec.key, method.name, compressors::AggregationModeName(method.aggregation),
+        residual ? "with" : "without"));
+  }
   return std::unique_ptr<KeyState>(
       new KeyState(spec, std::move(c), std::move(residual), std::move(pull)));
 }
@@ -88,11 +103,17 @@ KeyState::KeyState(const KeySpec& spec, std::unique_ptr<compressors::Compressor>
       next_round_(spec.num_workers, 0),
       oldest_round_(0) {
   if (pull_) pull_codec_ = std::make_unique<compressors::CompressorPullCodec>(pull_.get());
-  // A server-side optimizer needs the fp32 average itself: pass-by-pass sum.
+  // A server-side optimizer needs the fp32 average itself: pass-by-pass sum. A compressed-
+  // domain method is always aggregated in one call over its held pushes (Create checked that
+  // its compressor can); the decompress-sum-recompress mode takes that path where the
+  // compressor fuses it.
   const bool optimizer = spec_.optimizer.has_value();
+  const compressors::MethodSpec& method = *compressors::FindMethod(spec_.compressor.id());
+  const bool compressed_domain =
+      method.aggregation == compressors::AggregationMode::kCompressedDomainSum;
   fused_ = !optimizer && spec_.elements > 0 &&
-           (residual_ ? residual_->FusesServerRound(*compressor_)
-                      : compressor_->FusesServerRound(false));
+           (compressed_domain || (residual_ ? residual_->FusesServerRound(*compressor_)
+                                            : compressor_->FusesServerRound(false)));
   accumulate_in_payload_ = !optimizer && !fused_ && !residual_ && spec_.elements > 0 &&
                            spec_.dtype == DType::kFloat32 &&
                            spec_.compressor.id() == v1::COMPRESSOR_ID_NONE;

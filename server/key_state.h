@@ -36,15 +36,23 @@
 // slot reuses once the transport has let go of it (a fresh one otherwise).
 //
 // Method: the key's compression method (compressors/method.h) says how servers aggregate it
-// and supplies the server's error-feedback state (compressors::ErrorFeedback, created where
-// the key keeps a server residual). KeyState runs the mode kDecompressSumRecompress described
-// above; a key whose method declares another aggregation mode is refused by Create with
-// Unimplemented (CheckAggregationMode).
+// (its AggregationMode) and supplies the server's error-feedback state (compressors::
+// ErrorFeedback, created where the key keeps a server residual). KeyState runs both modes:
+//   kDecompressSumRecompress   as described above, pass by pass or fused (below);
+//   kCompressedDomainSum       the pushes are never decompressed: each is validated at its
+//                              turn and held, and Publish hands them all, in rank order, to
+//                              the method's compressed-domain round (Compressor::
+//                              AggregateCompress: separate sums projection vectors, binsgdm
+//                              counts sign bits, adds the server residual and re-binarises).
+//                              Create refuses such a key with a server-side optimizer (the
+//                              server never holds the gradient) or where the compressor has
+//                              no such round.
 //
 // Fused round: where the compressor fuses the server round (onebit; topk with a server
 // residual), a push at its turn is only validated and held, and Publish hands every push to
 // Compressor::AggregateCompress, which decodes, averages and compresses in one or two passes
-// over the residual — the same bytes, without an accumulator (docs/compressors.md).
+// over the residual — the same bytes, without an accumulator (docs/compressors.md). The
+// compressed-domain mode always takes this path.
 //
 // Validation: a push with a malformed payload, another compressor id, another element count
 // or dtype, an unknown worker, a second push from the same worker in a round, or a round out
@@ -126,9 +134,10 @@ struct KeyStats {
   uint64_t bytes_published = 0;
 };
 
-// OK iff KeyState aggregates keys of `method` (its aggregation mode is
-// kDecompressSumRecompress); Unimplemented naming the method and its mode otherwise.
-Status CheckAggregationMode(const compressors::MethodSpec& method);
+// OK iff KeyState aggregates a key of `spec` by `method`'s aggregation mode: InvalidArgument
+// for a compressed-domain method under a server-side optimizer; Unimplemented for a mode this
+// server does not know.
+Status CheckAggregationMode(const compressors::MethodSpec& method, const KeySpec& spec);
 
 class KeyState {
  public:
@@ -249,7 +258,8 @@ class KeyState {
   // The server's error-feedback state (ẽ); null without server_residual.
   std::unique_ptr<compressors::ErrorFeedback> residual_;
   // The compressor fuses the round (Compressor::FusesServerRound, with the residual's consent
-  // where there is one: ErrorFeedback::FusesServerRound): pushes are validated on
+  // where there is one: ErrorFeedback::FusesServerRound), or the method aggregates in the
+  // compressed domain: pushes are validated on
   // their turn and held, and Publish aggregates and compresses them in one call; no
   // accumulator is allocated.
   bool fused_ = false;

@@ -193,12 +193,14 @@ struct ClientStats {
   // Quantiser telemetry (methods that report it: loco; embedded mode only): values quantised
   // for pushes and how many were clamped to the code range; the error state's values
   // re-quantised (loco's int8 error) and how many were clamped; and the L2 norm of every
-  // partition's error state as last pushed.
+  // partition's error state as last pushed; with the L2 norm of the gradients those pushes
+  // compressed (methods that report it: separate), the ratio ||e|| / ||g||.
   uint64_t quantized_values = 0;
   uint64_t quantized_saturated = 0;
   uint64_t error_values = 0;
   uint64_t error_saturated = 0;
   double error_norm = 0;
+  double gradient_norm = 0;
   // Peak uncompressed bytes in flight (bounded by credit_bytes, or one partition).
   uint64_t peak_bytes_in_flight = 0;
   // At the moment stats() was taken: uncompressed bytes in flight, partitions queued for the
@@ -288,7 +290,8 @@ class Client {
   ClientStats stats() const;
 
   // The worker error-feedback residual of `tensor` (paper 001 Algorithm 4's e_i: its partitions'
-  // residuals in element order, fp32, one value per element), for checkpoints; empty when the
+  // residuals in element order, fp32, one value per element; a method whose state keeps more,
+  // partition by partition: binsgdm's m, b and e), for checkpoints; empty when the
   // tensor keeps none (below min_compress_bytes, "none", or compression.error_feedback keeps no
   // worker residual). Restore puts a saved one back (the size must match; empty for a tensor
   // that keeps none). FailedPrecondition while a push_pull of the tensor is in flight.

@@ -265,6 +265,12 @@ Status Engine::status() const {
   return client_ ? client_->status() : Status::Ok();
 }
 
+size_t Engine::StateValues(const Tensor& t) {
+  size_t values = 0;
+  for (const Partition& p : t.partitions) values += p.residual ? p.residual->state_size() : 0;
+  return values;
+}
+
 StatusOr<std::vector<float>> Engine::ErrorFeedbackState(TensorId id) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (id.index >= tensors_.size()) {
@@ -277,7 +283,7 @@ StatusOr<std::vector<float>> Engine::ErrorFeedbackState(TensorId id) const {
   }
   std::vector<float> out;
   if (t.partitions.empty() || !t.partitions.front().residual) return out;  // keeps none
-  out.reserve(t.elements);
+  out.reserve(StateValues(t));
   for (const Partition& p : t.partitions) {
     const Span<const float> r = p.residual->residual();
     out.insert(out.end(), r.begin(), r.end());
@@ -303,15 +309,17 @@ Status Engine::RestoreErrorFeedbackState(TensorId id, Span<const float> saved) {
         "compression.error_feedback keeps none on workers) but {} values were given",
         t.name, saved.size()));
   }
-  if (saved.size() != t.elements) {
-    return InvalidArgumentError(
-        fmt::format("RestoreErrorFeedbackState of tensor '{}': {} values given, the tensor has {}",
-                    t.name, saved.size(), t.elements));
+  if (saved.size() != StateValues(t)) {
+    const size_t values = StateValues(t);
+    return InvalidArgumentError(fmt::format(
+        "RestoreErrorFeedbackState of tensor '{}': {} values given, the tensor has {}{}", t.name,
+        saved.size(), t.elements,
+        values == t.elements ? "" : fmt::format(" elements and its state {} values", values)));
   }
   size_t at = 0;
   for (Partition& p : t.partitions) {
-    BP_RETURN_IF_ERROR(p.residual->Restore(saved.subspan(at, p.residual->size())));
-    at += p.residual->size();
+    BP_RETURN_IF_ERROR(p.residual->Restore(saved.subspan(at, p.residual->state_size())));
+    at += p.residual->state_size();
   }
   return Status::Ok();
 }
@@ -875,8 +883,9 @@ void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpStat
                        : p.compressor->Compress(in, ctx, out);
   }
   const EngineClock::time_point t1 = EngineClock::now();
-  compressors::CompressorTelemetry telemetry;  // quantisers that report (loco)
+  compressors::CompressorTelemetry telemetry;  // quantisers (loco) and states (separate)
   p.compressor->TakeTelemetry(&telemetry);
+  if (p.residual) p.residual->TakeTelemetry(&telemetry);
 
   transport::Message msg;
   if (bytes.ok()) {
@@ -905,6 +914,11 @@ void Engine::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr<OpStat
       error_sq_ += telemetry.error_sq - p.error_sq;
       p.error_sq = telemetry.error_sq;
       stats_.error_norm = std::sqrt(std::max(0.0, error_sq_));
+    }
+    if (telemetry.gradient_reported) {
+      gradient_sq_ += telemetry.gradient_sq - p.gradient_sq;
+      p.gradient_sq = telemetry.gradient_sq;
+      stats_.gradient_norm = std::sqrt(std::max(0.0, gradient_sq_));
     }
     if (op->failed || !bytes.ok()) {
       if (!op->failed) {
@@ -962,7 +976,10 @@ void Engine::DecompressAndComplete(Tensor* t, uint32_t j, const std::shared_ptr<
   if (!t->server_optimizer) {
     // The aggregate comes in the tensor's dtype (the server sums in fp32 and rounds once): it
     // decodes straight into the output.
-    s = p.compressor->Decompress(payload.span(), TensorView(dst, n, t->dtype));
+    const TensorView out(dst, n, t->dtype);
+    s = p.residual ? p.residual->DecompressReply(*p.compressor, payload.span(),
+                                                 CompressContext{p.range.key, p.round, rank_}, out)
+                   : p.compressor->Decompress(payload.span(), out);
   } else if (t->server_optimizer->difference()) {
     // The weights' change against this worker's copy, added the way the server's mirror adds it.
     s = compressors::ApplyMirrorPull(*p.pull_codec, payload.span(), {static_cast<float*>(dst), n});

@@ -213,8 +213,9 @@ class Engine {
     uint64_t round = 0;       // the round in flight (stage kOnWire / kDecompressing)
     uint64_t seq = 0;         // the posting sequence number of its op (queued or in flight)
     EngineClock::time_point pushed_at;
-    uint64_t bytes = 0;   // uncompressed bytes (what the credit counts)
-    double error_sq = 0;  // the error state's squared norm as last reported (telemetry)
+    uint64_t bytes = 0;      // uncompressed bytes (what the credit counts)
+    double error_sq = 0;     // the error state's squared norm as last reported (telemetry)
+    double gradient_sq = 0;  // the gradient's squared norm as last reported (telemetry)
   };
 
   struct Tensor {
@@ -325,6 +326,9 @@ class Engine {
   // tensor stays not ready).
   Status CheckServerWeightsCall(TensorId id, const TensorView& weights, const char* what);
   static std::vector<std::pair<size_t, size_t>> WeightBatches(const Tensor& t);
+  // The values of t's worker error-feedback state (ErrorFeedback::state_size over its
+  // partitions; 0 where it keeps none).
+  static size_t StateValues(const Tensor& t);
   Status ReadServerWeights(TensorId id, TensorView weights, const char* what);
   void OnStateReply(const std::string& from, const v1::DataHeader& h, const transport::Message& m);
   std::mutex state_call_mu_;
@@ -386,8 +390,9 @@ class Engine {
   std::condition_variable recover_cv_;  // WaitForServers
   // The data plane's generation, stamped on every message to a server (written under mu_).
   std::atomic<uint64_t> generation_{0};
-  ClientStats stats_;    // guarded by mu_
-  double error_sq_ = 0;  // sum of Partition::error_sq; guarded by mu_
+  ClientStats stats_;       // guarded by mu_
+  double error_sq_ = 0;     // sum of Partition::error_sq; guarded by mu_
+  double gradient_sq_ = 0;  // sum of Partition::gradient_sq; guarded by mu_
 };
 
 }  // namespace bitpush::worker

@@ -46,8 +46,12 @@ void AddEngineMetrics(const Engine& engine, metrics::MetricSet& set) {
               {{"quantizer", "error"}, {"result", "saturated"}});
   set.Gauge("bitpush_worker_error_feedback_norm",
             "L2 norm of the worker error state of every partition as last pushed (methods that "
-            "report it: loco).",
+            "report it: loco, separate).",
             s.error_norm);
+  set.Gauge("bitpush_worker_error_feedback_gradient_norm",
+            "L2 norm of the gradients of every partition as last pushed, beside the error state's "
+            "(methods that report it: separate): error_norm / gradient_norm is ||e|| / ||g||.",
+            s.gradient_norm);
   set.Gauge("bitpush_worker_bytes_in_flight",
             "Uncompressed bytes of partitions holding credit at the time of the scrape.",
             s.bytes_in_flight);

@@ -148,6 +148,7 @@ py::dict StatsDict(const worker::ClientStats& s) {
   d["error_values"] = s.error_values;
   d["error_saturated"] = s.error_saturated;
   d["error_norm"] = s.error_norm;
+  d["gradient_norm"] = s.gradient_norm;
   return d;
 }
 

@@ -95,15 +95,25 @@ TEST(MethodRegistry, ErrorFeedbackStateIsTheVanillaResidual) {
             StatusCode::kInvalidArgument);
 }
 
-TEST(MethodRegistry, ServersRefuseAggregationModesTheyDoNotRun) {
+TEST(MethodRegistry, ServersRunEveryAggregationModeAndRefuseServerOptimizersInTheCompressedDomain) {
+  server::KeySpec plain;
+  server::KeySpec with_optimizer;
+  with_optimizer.optimizer = server::ServerOptimizerSpec{};
   for (const MethodSpec* m : Methods()) {
-    EXPECT_TRUE(server::CheckAggregationMode(*m).ok()) << m->name;
+    EXPECT_TRUE(server::CheckAggregationMode(*m, plain).ok()) << m->name;
+    const Status s = server::CheckAggregationMode(*m, with_optimizer);
+    if (m->aggregation == AggregationMode::kCompressedDomainSum) {
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << m->name;
+      EXPECT_CONTAINS(s.message(), "servers never see its gradients");
+    } else {
+      EXPECT_TRUE(s.ok()) << m->name << ": " << s.message();
+    }
   }
-  MethodSpec later = *FindMethod(v1::COMPRESSOR_ID_ONEBIT);
-  later.aggregation = AggregationMode::kCompressedDomainSum;
-  Status s = server::CheckAggregationMode(later);
+  MethodSpec unknown = *FindMethod(v1::COMPRESSOR_ID_ONEBIT);
+  unknown.aggregation = static_cast<AggregationMode>(7);
+  const Status s = server::CheckAggregationMode(unknown, plain);
   EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
-  EXPECT_CONTAINS(s.message(), "onebit aggregates by compressed-domain-sum");
+  EXPECT_CONTAINS(s.message(), "onebit declares aggregation mode 7");
 }
 
 }  // namespace
