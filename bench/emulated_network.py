@@ -64,8 +64,13 @@ def sh(argv, check=True):
 
 
 def error_feedback_for(spec):
+    """The compression.error_feedback a method's rounds run with: both for the biased ones and
+    binsgdm (paper 004 Algorithm 1 keeps worker and server errors), worker for separate (its
+    moving-average error; servers only sum projections), none for the unbiased ones."""
     name = spec.split(":")[0]
-    return "both" if name in ("onebit", "topk") else "none"
+    if name in ("onebit", "topk", "binsgdm"):
+        return "both"
+    return "worker" if name == "separate" else "none"
 
 
 # ---- the emulated network --------------------------------------------------------------------

@@ -18,7 +18,10 @@ import torch
 
 
 def add_common_args(parser, default_lr):
-    parser.add_argument("--optimizer", choices=["clan", "lans", "adam", "sgd"], default="clan")
+    parser.add_argument("--optimizer", choices=["clan", "lans", "adam", "adamw", "sgd", "binsgdm"],
+                        default="clan",
+                        help="binsgdm: bitpush.torch.BinSGDM (paper 004), one-bit pushes and "
+                        "pulls whatever --compression says")
     parser.add_argument("--compression", default=None,
                         help="compressor spec of the gradients (docs/compressors.md); default: "
                         "the cluster YAML's compression.spec under bitpush launch; without it "
@@ -64,6 +67,13 @@ def add_common_args(parser, default_lr):
 def resolve(args):
     if args.lr is None:
         args.lr = args.default_lr[args.optimizer]
+    if args.optimizer == "binsgdm":
+        # BinSGDM's tensors go as binsgdm whatever the cluster's spec; the local cluster runs
+        # its error feedback (both: Algorithm 1).
+        if args.server_side:
+            raise SystemExit("--optimizer binsgdm runs on the workers (its servers only count "
+                             "sign bits); drop --server-side")
+        args.compression = "binsgdm"
     if args.compression is None and not os.environ.get("BITPUSH_CONFIG"):
         # The example builds its own cluster from these arguments; under a launcher the
         # cluster YAML decides (None).
@@ -81,6 +91,8 @@ def effective_compression(args):
 
     if args.optimizer == "lans":
         return "none"
+    if args.optimizer == "binsgdm":
+        return "binsgdm"
     return args.compression if args.compression is not None else bp.cluster_compression()
 
 
@@ -119,9 +131,10 @@ def cluster_error_feedback(args):
     compressed = method not in ("", "none")
     if compressed and args.no_error_feedback:
         return "none"
-    if method in ("loco", "sdp4bit"):
+    if method in ("loco", "sdp4bit", "separate", "binsgdm"):
         # LoCo's compensated error is the method (worker, and server where it replies in 4
-        # bits); SDP4Bit is unbiased and runs without error feedback.
+        # bits); SDP4Bit is unbiased and runs without error feedback; SEPARATE keeps its
+        # moving-average error on the workers; BinSGDM keeps both sides' (Algorithm 1).
         from bitpush import _C
         return _C.recommended_error_feedback(args.compression)
     if args.optimizer == "clan" and compressed:
@@ -175,7 +188,8 @@ def build_optimizer(args, model, prefix=""):
     named = [(prefix + n, p) for n, p in model.named_parameters()]
     params = [p for _, p in named]
     if args.server_side:
-        rule = {"clan": "lans", "lans": "lans", "adam": "adamw", "sgd": "sgd"}[args.optimizer]
+        rule = {"clan": "lans", "lans": "lans", "adam": "adamw", "adamw": "adamw",
+                "sgd": "sgd"}[args.optimizer]
         extra = {"momentum": 0.9} if rule == "sgd" else {}
         return bp.ServerOptimizer(params, rule=rule, lr=args.lr, weight_decay=args.weight_decay,
                                   named_parameters=named,
@@ -193,8 +207,13 @@ def build_optimizer(args, model, prefix=""):
     if args.optimizer == "lans":
         return bp.LANS(params, lr=args.lr, weight_decay=args.weight_decay,
                        named_parameters=named)
+    if args.optimizer == "binsgdm":
+        return bp.BinSGDM(params, lr=args.lr, weight_decay=args.weight_decay, seed=args.seed,
+                          named_parameters=named)
     if args.optimizer == "adam":
         inner = torch.optim.Adam(params, lr=args.lr, weight_decay=args.weight_decay)
+    elif args.optimizer == "adamw":
+        inner = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
     else:
         inner = torch.optim.SGD(params, lr=args.lr, momentum=0.9,
                                 weight_decay=args.weight_decay)
@@ -234,11 +253,15 @@ def progress(args, rank, total, desc):
 
 
 def quantizer_summary():
-    """The saturation fractions and error norm of a quantiser that reports them (loco), for
-    the run's summary; {} otherwise."""
+    """The saturation fractions and error norm of a quantiser that reports them (loco), or the
+    ratio ||e|| / ||g|| of an error-feedback state that reports it (separate), for the run's
+    summary; {} otherwise."""
     import bitpush.torch as bp
 
     s = bp.stats()
+    if s.get("gradient_norm"):
+        return {"error_norm": s["error_norm"], "gradient_norm": s["gradient_norm"],
+                "error_ratio": s["error_norm"] / s["gradient_norm"]}
     if not s.get("quantized_values"):
         return {}
     out = {"saturation": s["quantized_saturated"] / s["quantized_values"],

@@ -746,6 +746,46 @@ def _save(obj):
     return buf
 
 
+def w_binsgdm_run(steps=6, lr=0.01, weight_decay=0.0, prefix="bs."):
+    """BinSGDM over a compressed weight (3000 elements: three keys at partition_bytes 4096)
+    and an uncompressed bias (40, below min_compress_bytes: SoftSignSGD). Returns the final
+    parameters, the largest deviation of any weight's per-step move from +-lr (weight_decay
+    0), the bytes pushed, and the worker state's size."""
+    import bitpush.torch as bp
+
+    torch.manual_seed(3)
+    w = torch.nn.Parameter(torch.randn(3000))
+    b = torch.nn.Parameter(torch.randn(40))
+    opt = bp.BinSGDM([w, b], lr=lr, weight_decay=weight_decay,
+                     named_parameters=[(prefix + "w", w), (prefix + "b", b)])
+    pushed0 = bp.stats()["bytes_pushed"]
+    worst = 0.0
+    for t in range(steps):
+        gen = torch.Generator().manual_seed(100 * t + bp.rank())
+        w.grad = torch.randn(3000, generator=gen) + 0.3
+        b.grad = torch.randn(40, generator=gen)
+        before = w.detach().clone()
+        opt.step()
+        moved = (w.detach().double() - before.double()).abs()
+        worst = max(worst, (moved - lr).abs().max().item())
+    state = bp.error_feedback_state(prefix + "w")
+    return {"w": w.detach().tolist(), "b": b.detach().tolist(), "worst_move_error": worst,
+            "bytes_pushed": bp.stats()["bytes_pushed"] - pushed0,
+            "state_values": None if state is None else state.numel()}
+
+
+def w_binsgdm_refused():
+    """BinSGDM in a cluster that keeps no worker error feedback: the message."""
+    import bitpush.torch as bp
+
+    p = torch.nn.Parameter(torch.zeros(4096))
+    try:
+        bp.BinSGDM([p], lr=0.01)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def w_digits_runs(configs):
     """Several train_digits runs in one cluster (tensor names prefixed per run)."""
     sys.path.insert(0, EXAMPLES)

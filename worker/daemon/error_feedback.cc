@@ -78,10 +78,13 @@ void Daemon::OnErrorFeedback(Conn& c, const v1::LocalErrorFeedback& e) {
     StatusOr<std::vector<float>> state = engine_->ErrorFeedbackState(t.engine_id);
     if (!state.ok()) return refuse(state.status().WithContext(label_));
     if (state->size() > t.elements) {
-      return refuse(
-          InternalError(fmt::format("{}: tensor '{}' keeps {} residual values for {} "
-                                    "elements",
-                                    label_, name, state->size(), t.elements)));
+      // The slice carries one value per element; a method whose state keeps more (binsgdm's
+      // m, b and e) is read and restored in embedded mode.
+      return refuse(UnimplementedError(
+          fmt::format("{}: tensor '{}' keeps {} state values for {} elements (its method's "
+                      "worker state holds more than one value per element); daemon mode "
+                      "carries one per element: read and restore it in embedded mode",
+                      label_, name, state->size(), t.elements)));
     }
     if (!state->empty()) std::memcpy(values, state->data(), state->size() * sizeof(float));
     return answer(Status::Ok(), state->size(), false);

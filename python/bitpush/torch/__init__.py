@@ -998,11 +998,14 @@ def _check_compression(compression, what):
 
 from . import checkpoint as _checkpoint, hooks as _hooks, optimizer as _optimizer  # noqa: E402
 from . import server_optimizer as _server_optimizer  # noqa: E402
+from . import binsgdm as _binsgdm  # noqa: E402
 
 __all__ += list(getattr(_optimizer, "__all__", [])) + list(getattr(_hooks, "__all__", [])) + \
-    list(getattr(_checkpoint, "__all__", [])) + list(_server_optimizer.__all__)
+    list(getattr(_checkpoint, "__all__", [])) + list(_server_optimizer.__all__) + \
+    list(_binsgdm.__all__)
 
 from .optimizer import *  # noqa
+from .binsgdm import *  # noqa
 from .server_optimizer import *  # noqa
 from .hooks import *  # noqa
 from .checkpoint import *  # noqa
