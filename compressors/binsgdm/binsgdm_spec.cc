@@ -96,6 +96,7 @@ constexpr MethodSpec BinsgdmSpec() {
   m.params_case = v1::CompressorConfig::kBinsgdm;
   m.params = Span<const ParamDoc>(kParams, std::size(kParams));
   m.compresses = true;
+  m.carries_non_finite = false;  // +-1 only: a non-finite element restarts (optimizers/binsgdm.h)
   m.aggregation = AggregationMode::kCompressedDomainSum;
   m.payload_format = kPayloadFormatVersion;
   m.wire_format = "wire-format.md#binsgdm-id-11";
