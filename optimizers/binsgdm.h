@@ -14,8 +14,11 @@
 // Q, stochastic binarisation with P(+1) = clamp((y + 1) / 2, 0, 1) (unbiased on [-1, 1];
 // |y| >= 1 maps to sign(y) deterministically), is defined once, by BinsgdmBit below: element i
 // of stream s is +1 iff
-//   float(CounterRandom32(s, uint32_t(i)) >> 8) * 2^-24  <  (y + 1.0f) * 0.5f
-// (common/counter_rng.h; a 24-bit uniform on [0, 1), so P(+1) is within 2^-24 of the clamp).
+//   float(CounterRandom32Lite(s, uint32_t(i)) >> 8)  <  (y + 1.0f) * 2^23
+// i.e. U < (y + 1) / 2 for the 24-bit uniform U = (r >> 8) * 2^-24 on [0, 1) (every operation
+// but y + 1 is exact), so P(+1) is within 2^-24 of the clamp. CounterRandom32Lite (one murmur3
+// finaliser, common/counter_rng.h) rather than CounterRandom32: the hash is most of the worker
+// step's arithmetic, and binsgdm_test checks the quantiser's mean and variance.
 // The stream is StreamKey(seed, worker, key, round), worker = kServerStream on the server.
 //
 // Non-finite values: an element whose b or y is not finite (a NaN or inf gradient; a moment
@@ -53,8 +56,7 @@ BinsgdmHyper MakeBinsgdmHyper(double beta, double eps);
 
 // Q's decision for element i of stream `stream` given y: true means +1.
 inline bool BinsgdmBit(uint64_t stream, uint32_t i, float y) {
-  const float u = static_cast<float>(CounterRandom32(stream, i) >> 8) * 0x1p-24f;
-  return u < (y + 1.0f) * 0.5f;
+  return static_cast<float>(CounterRandom32Lite(stream, i) >> 8) < (y + 1.0f) * 0x1p23f;
 }
 
 // Bytes of n packed bits.
