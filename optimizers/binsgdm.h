@@ -19,7 +19,8 @@
 // but y + 1 is exact), so P(+1) is within 2^-24 of the clamp. CounterRandom32Lite (one murmur3
 // finaliser, common/counter_rng.h) rather than CounterRandom32: the hash is most of the worker
 // step's arithmetic, and binsgdm_test checks the quantiser's mean and variance.
-// The stream is StreamKey(seed, worker, key, round), worker = kServerStream on the server.
+// The stream is StreamKey(seed, worker, key, round), worker = kServerStream on the server; i
+// is the element's index in the partition (mod 2^32; partitions are far smaller).
 //
 // Non-finite values: an element whose b or y is not finite (a NaN or inf gradient; a moment
 // overflowing fp32) restarts: m = b = 0 and y = 0, so it pushes Q(0) (a fair coin) and keeps
@@ -31,6 +32,8 @@
 // and the AVX-512 code multiplies and adds with separate instructions, so payloads and states
 // are bit-identical across levels (binsgdm_test checks it).
 //
+// Ownership: the kernels write only the caller's buffers (the binsgdm compressor's worker state
+// and payloads, compressors/binsgdm); a BinsgdmReference owns its per-key states.
 // Thread-safety: the kernels are pure functions over caller-owned memory. A BinsgdmReference
 // is used by one thread at a time.
 #pragma once
