@@ -40,6 +40,7 @@ const char* const kDefaultSpecs[] = {
     "loco:block=128",
     "sdp4bit",
     "sdp4bit:hadamard=off",
+    "binsgdm",
 };
 
 struct Options {
@@ -58,7 +59,10 @@ void PrintHelp() {
       "of every compressor on random normal fp32 data, one thread. gbps = fp32 input bytes /\n"
       "best time. server_round: a server's round over 4 pushes of the payload (the fused\n"
       "AggregateCompress where the compressor fuses it, else decompress, add, average,\n"
-      "compress), gbps counting the 4 pushes' fp32 bytes.\n");
+      "compress; a compressed-domain method's round runs through its server error-feedback\n"
+      "state where its recommended policy keeps one), gbps counting the 4 pushes' fp32 bytes.\n"
+      "compress_ef runs through the method's worker error-feedback state (binsgdm: its whole\n"
+      "worker step).\n");
 }
 
 int ParseArgs(int argc, char** argv, Options* o) {
@@ -222,9 +226,25 @@ int RunCompressorsBench(int argc, char** argv) {
       // server_round: what a server does with kServerPushes pushes of this payload (one per
       // worker) — KeyState's round without a server residual: the fused AggregateCompress where
       // the compressor fuses it (onebit, topk, sdp4bit: the Hadamard-domain sum and its one
-      // inverse transform), else decompress-to-float, decompress-add, average and compress.
+      // inverse transform), else decompress-to-float, decompress-add, average and compress. A
+      // compressed-domain method (binsgdm) runs the round its servers run by default: through
+      // the method's server error-feedback state where its recommended policy keeps one
+      // (binsgdm: the bit counts, the server residual and the re-binarisation).
       // Its gbps counts every push's fp32 bytes (kServerPushes x the tensor).
       constexpr size_t kServerPushes = 4;
+      std::unique_ptr<compressors::ErrorFeedback> server_ef;
+      if (compressors::FindMethod(config->id())->aggregation ==
+              compressors::AggregationMode::kCompressedDomainSum &&
+          compressors::ServerKeepsResidual(compressors::RecommendedErrorFeedback(*config))) {
+        auto made =
+            compressors::CreateErrorFeedback(*config, compressors::ErrorFeedbackSide::kServer, n);
+        if (!made.ok()) {
+          std::fprintf(stderr, "bitpush-bench compressors: %s: %s\n", spec,
+                       made.status().ToString().c_str());
+          return 1;
+        }
+        server_ef = std::move(made).value();
+      }
       std::vector<uint8_t> reply(c->MaxCompressedBytes(n, DType::kFloat32));
       CompressContext sctx;
       sctx.key = 1;
@@ -233,7 +253,12 @@ int RunCompressorsBench(int argc, char** argv) {
         const float scale = 1.0f / static_cast<float>(kServerPushes);
         const ByteSpan push(payload.data(), payload_bytes);
         Status s;
-        if (c->FusesServerRound(false)) {
+        if (server_ef != nullptr) {
+          const ByteSpan pushes[kServerPushes] = {push, push, push, push};
+          auto r = server_ef->AggregateCompress(*c, Span<const ByteSpan>(pushes, kServerPushes),
+                                                scale, sctx, {reply.data(), reply.size()});
+          if (!r.ok()) s = r.status();
+        } else if (c->FusesServerRound(false)) {
           const ByteSpan pushes[kServerPushes] = {push, push, push, push};
           auto r = c->AggregateCompress(Span<const ByteSpan>(pushes, kServerPushes), n, scale,
                                         nullptr, sctx, {reply.data(), reply.size()});

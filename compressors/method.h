@@ -86,6 +86,10 @@ struct MethodSpec {
   // false for a method that sends the tensor's values as they are (none): such tensors keep no
   // error feedback and weigh as uncompressed keys in server placement.
   bool compresses = true;
+  // Whether a NaN / inf in the input reaches the decoded output, so that AMP's overflow check
+  // still sees it (docs/errors.md). false: the format has no non-finite value (binsgdm decodes
+  // to exactly +-1); such a method restarts the state of the elements concerned instead.
+  bool carries_non_finite = true;
   AggregationMode aggregation = AggregationMode::kDecompressSumRecompress;
   // The payload format version its compressor writes (the header's first byte), and the
   // section of docs/wire-format.md that lays out its body ("wire-format.md#<anchor>").

@@ -56,6 +56,7 @@ for isa in ("scalar", "avx2", "avx512"):
         "onebit": 4 * n / (16 + 4 + 8 * n // 64),
         "topk:ratio=0.001": 4 * n / (16 + 4 + 262 * 8),
         "dithering:levels=15,partition=linear,norm=max": 4 * n / (16 + 4 + n // 64 * 5 * 8),
+        "binsgdm": 4 * n / (16 + n // 8),
     }
     for spec, ratio in expect.items():
         got = by_spec[spec]["compress"]["compression_ratio"]

@@ -70,7 +70,20 @@ TEST(MethodRegistry, ErrorFeedbackStateIsTheVanillaResidual) {
       auto state = CreateErrorFeedback(config, side, n);
       ASSERT_TRUE(state.ok()) << state.status().ToString();
       ASSERT_EQ((*state)->size(), n);
+      ASSERT_EQ((*state)->residual().size(), (*state)->state_size());
       for (float v : (*state)->residual()) ASSERT_EQ(v, 0.0f);
+      if ((*state)->state_size() != n) {
+        // A state that keeps more than a residual per element is the method's own algorithm
+        // (binsgdm's worker state: the moments m, b and the residual e), not vanilla error
+        // feedback: it must start at zero and write the method's payload.
+        const std::vector<float> x = RandomFloats(n, 10);
+        std::vector<uint8_t> got((*c)->MaxCompressedBytes(n, DType::kFloat32));
+        auto g =
+            (*state)->Compress(**c, ConstTensorView(x.data(), n), {3, 0}, {got.data(), got.size()});
+        ASSERT_TRUE(g.ok()) << g.status().ToString();
+        EXPECT_TRUE((*c)->ValidatePayload({got.data(), *g}, n).ok());
+        continue;
+      }
       EXPECT_EQ((*state)->FusesServerRound(**c), (*c)->FusesServerRound(true));
       // Two rounds through the state are the compressor's own error-feedback step.
       std::vector<float> e(n, 0.0f);

@@ -65,6 +65,8 @@ TEST(MethodSpec, EveryMethodParsesToItsCanonicalForm) {
       {"sdp4bit", "sdp4bit:bits=4,group=128,hadamard=on,seed=0,pull=sdp4bit"},
       {"sdp4bit:hadamard=off,group=30,bits=8,pull=bf16,seed=2",
        "sdp4bit:bits=8,group=30,hadamard=off,seed=2,pull=bf16"},
+      {"binsgdm", "binsgdm:beta=0.95,eps=1e-08,seed=0"},
+      {"binsgdm:seed=3,eps=1e-6,beta=0.9", "binsgdm:beta=0.9,eps=1e-06,seed=3"},
   };
   std::set<std::string> covered;
   for (const auto& [spec, canonical] : kCanonical) {
@@ -161,6 +163,8 @@ TEST(MethodSpec, ErrorFeedbackRules) {
     // SDP4Bit's gradient path is unbiased by design and runs without error feedback (paper
     // 002): it refuses the other policies, naming itself.
     const bool none_only = m->id == v1::COMPRESSOR_ID_SDP4BIT;
+    // BinSGDM's worker state holds the optimizer moments: it needs a worker side.
+    const bool worker_side = m->id == v1::COMPRESSOR_ID_BINSGDM;
     for (auto policy : {v1::ERROR_FEEDBACK_NONE, v1::ERROR_FEEDBACK_WORKER,
                         v1::ERROR_FEEDBACK_SERVER, v1::ERROR_FEEDBACK_BOTH}) {
       const Status s = ValidateErrorFeedback(c, policy);
@@ -168,6 +172,16 @@ TEST(MethodSpec, ErrorFeedbackRules) {
         EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << m->name;
         EXPECT_NE(s.message().find("SDP4Bit's gradient path is unbiased"), std::string::npos)
             << s.message();
+      } else if (worker_side &&
+                 (policy == v1::ERROR_FEEDBACK_NONE || policy == v1::ERROR_FEEDBACK_SERVER)) {
+        EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << m->name;
+        EXPECT_EQ(s.message(),
+                  "'" + std::string(ErrorFeedbackPolicyName(policy)) +
+                      "' with 'binsgdm:beta=0.95,eps=1e-08,seed=0' is refused: binsgdm keeps its "
+                      "optimizer moments (m, b) and the worker residual in the worker's "
+                      "error-feedback state, so it needs one on the worker. Use error_feedback: "
+                      "both (Algorithm 1: worker and server residuals), or worker (no server "
+                      "residual)");
       } else {
         EXPECT_TRUE(s.ok()) << m->name << ": " << s.message();
       }
@@ -190,6 +204,7 @@ TEST(MethodSpec, ErrorFeedbackRules) {
       {"randomk:ratio=0.01", v1::ERROR_FEEDBACK_BOTH},
       {"randomk:ratio=0.01,unbiased=true", v1::ERROR_FEEDBACK_NONE},
       {"dithering", v1::ERROR_FEEDBACK_NONE},
+      {"binsgdm", v1::ERROR_FEEDBACK_BOTH},
   };
   for (const auto& [spec, policy] : kRecommended) {
     EXPECT_EQ(RecommendedErrorFeedback(*ParseCompressorSpec(spec)), policy) << spec;
@@ -206,7 +221,13 @@ TEST(MethodSpec, OnlyNoneSendsTensorsUncompressed) {
 
 TEST(MethodSpec, AggregationModes) {
   for (const MethodSpec* m : Methods()) {
-    EXPECT_EQ(m->aggregation, AggregationMode::kDecompressSumRecompress) << m->name;
+    // BinSGDM's server counts sign bits, adds its residual and re-binarises (paper 004).
+    const bool compressed_domain = m->id == v1::COMPRESSOR_ID_BINSGDM;
+    EXPECT_EQ(m->aggregation, compressed_domain ? AggregationMode::kCompressedDomainSum
+                                                : AggregationMode::kDecompressSumRecompress)
+        << m->name;
+    // Only a format without non-finite values may drop them (docs/errors.md).
+    EXPECT_EQ(m->carries_non_finite, m->id != v1::COMPRESSOR_ID_BINSGDM) << m->name;
   }
   EXPECT_EQ(AggregationModeName(AggregationMode::kDecompressSumRecompress),
             "decompress-sum-recompress");
