@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bitpush_example as ex  # noqa: E402
 
 DEFAULT_LR = {"clan": 0.01, "lans": 0.01, "adam": 0.002, "adamw": 0.002, "sgd": 0.1,
-              "binsgdm": 0.0005}
+              "binsgdm": 0.002}
 
 
 def parse_args(argv=None):

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bitpush_example as ex  # noqa: E402
 
 DEFAULT_LR = {"clan": 0.01, "lans": 0.01, "adam": 0.003, "adamw": 0.003, "sgd": 0.05,
-              "binsgdm": 0.001}
+              "binsgdm": 0.003}
 
 
 def parse_args(argv=None):

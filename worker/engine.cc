@@ -10,6 +10,7 @@
 #include "common/logging.h"
 #include "common/vector_ops.h"
 #include "compressors/registry.h"
+#include "compressors/spec_registry.h"
 #include "optimizers/param_state.h"
 #include "scheduler/node_security.h"
 #include "worker/compression_plan.h"
@@ -454,6 +455,14 @@ StatusOr<TensorId> Engine::Declare(const std::string& name, size_t elements, DTy
           "{}: a tensor whose optimizer runs on the servers must be float32 (the servers keep "
           "fp32 master weights), not {}",
           what, DTypeName(dtype)));
+    }
+    const compressors::MethodSpec& method = *compressors::FindMethod(plan->config.id());
+    if (method.aggregation == compressors::AggregationMode::kCompressedDomainSum) {
+      return InvalidArgumentError(fmt::format(
+          "{}: {} aggregates by {}: servers never see its gradients, so they cannot run the "
+          "optimizer; keep this tensor's optimizer on the workers (optimizer.overrides) or "
+          "compress it with another method",
+          what, method.name, compressors::AggregationModeName(method.aggregation)));
     }
     StatusOr<v1::ServerOptimizer> w =
         ServerOptimizerFor(*options.server_optimizer, cluster_.optimizer);

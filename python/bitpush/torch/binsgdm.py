@@ -115,7 +115,10 @@ class BinSGDM(_GradientExchange, torch.optim.Optimizer):
                 loss = closure()
         self._bp_sync_for_step()
         for group in self.param_groups:
-            lr, wd = float(group["lr"]), float(group["weight_decay"])
+            # lr as the fp32 the servers' signs are scaled by; the decay factor from it in
+            # double, rounded once (optimizers/binsgdm.h: the reference's exact arithmetic).
+            lr = torch.tensor(float(group["lr"]), dtype=torch.float32).item()
+            wd = float(group["weight_decay"])
             beta, eps = group["beta"], group["eps"]
             for p in group["params"]:
                 if p.grad is None or not p.requires_grad:
