@@ -1,0 +1,365 @@
+// Every level must compute the same bits: no multiply-add pair may be fused (GCC contracts them
+// by default where the target has FMA, intrinsics included; clang honours the STDC pragma).
+#pragma GCC optimize("fp-contract=off")
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+#include "compressors/separate/separate_kernels.h"
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/counter_rng.h"
+
+namespace bitpush::compressors::separate {
+namespace {
+
+// ln(1 + t) = t + t^2 Q(t) on t in [sqrt(1/2) - 1, sqrt(2) - 1] (least squares on Chebyshev
+// nodes; |error| < 1.3e-6).
+constexpr float kQ0 = -0.5000041098036507f;
+constexpr float kQ1 = 0.3332492378399105f;
+constexpr float kQ2 = -0.24932814686415142f;
+constexpr float kQ3 = 0.20346345796528031f;
+constexpr float kQ4 = -0.18482634454517025f;
+constexpr float kQ5 = 0.12282626818558533f;
+constexpr float kLn2 = 0.6931471805599453f;
+// sin a = a + a y S(y), cos a = 1 + y C(y), y = a^2, a in [0, pi/2] (|error| < 2e-7).
+constexpr float kS0 = -0.16666665966663552f;
+constexpr float kS1 = 0.00833324233936099f;
+constexpr float kS2 = -0.00019822761487411304f;
+constexpr float kS3 = 2.634815732772284e-06f;
+constexpr float kC0 = -0.4999999234908889f;
+constexpr float kC1 = 0.04166567177667821f;
+constexpr float kC2 = -0.0013868639015691098f;
+constexpr float kC3 = 2.34768493312373e-05f;
+constexpr float kAngleStep = 4.7936899621426287e-05f;  // fp32(pi / 65536)
+constexpr float kRadiusStep = 7.62939453125e-06f;      // 2^-17
+constexpr uint32_t kSqrt2Mantissa = 0x3FB504F3u;        // bits of fp32(sqrt 2)
+
+inline float Bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// The pair of lane hash x: half 0 (cos) and half 1 (sin). The reference every level matches.
+inline void PairScalar(uint32_t x, float* c_out, float* s_out) {
+  // radius: r = sqrt(-2 ln u), u = (2 k + 1) 2^-17
+  const float u = static_cast<float>(static_cast<int32_t>(((x & 0xFFFFu) << 1) | 1u)) * kRadiusStep;
+  const uint32_t ub = Bits(u);
+  int32_t e = static_cast<int32_t>(ub >> 23) - 127;
+  uint32_t mb = (ub & 0x7FFFFFu) | 0x3F800000u;
+  if (mb > kSqrt2Mantissa) {
+    mb -= 0x00800000u;  // m / 2, exactly
+    e += 1;
+  }
+  const float t = Bits(mb) - 1.0f;
+  float q = kQ5;
+  q = q * t + kQ4;
+  q = q * t + kQ3;
+  q = q * t + kQ2;
+  q = q * t + kQ1;
+  q = q * t + kQ0;
+  const float tt = t * t;
+  const float ln_m = t + tt * q;
+  const float ln_u = static_cast<float>(e) * kLn2 + ln_m;
+  const float r = std::sqrt(ln_u * -2.0f);
+  // angle
+  const float a = static_cast<float>(static_cast<int32_t>(((x >> 18) << 1) | 1u)) * kAngleStep;
+  const float y = a * a;
+  float s = kS3;
+  s = s * y + kS2;
+  s = s * y + kS1;
+  s = s * y + kS0;
+  const float sn = a + (a * y) * s;
+  float c = kC3;
+  c = c * y + kC2;
+  c = c * y + kC1;
+  c = c * y + kC0;
+  const float cs = 1.0f + y * c;
+  *c_out = Bits(Bits(r * cs) ^ ((x << 15) & 0x80000000u));
+  *s_out = Bits(Bits(r * sn) ^ ((x << 14) & 0x80000000u));
+}
+
+inline uint32_t LaneHash(uint64_t stream, uint32_t group, uint32_t lane) {
+  return CounterRandom32Lite(stream, group * 16u + lane);
+}
+
+void GroupScalar(uint64_t stream, uint32_t group, float* out) {
+  for (uint32_t l = 0; l < 16; ++l) PairScalar(LaneHash(stream, group, l), out + l, out + 16 + l);
+}
+
+template <typename Group>
+void FillWith(uint64_t stream, uint32_t first, size_t count, float* out, Group group_fn) {
+  if (count == 0) return;
+  const uint64_t end = uint64_t{first} + count;
+  uint64_t pos = first;
+  float tmp[kGaussianGroup];
+  while (pos < end) {
+    const uint32_t g = static_cast<uint32_t>(pos / kGaussianGroup);
+    const uint64_t g0 = uint64_t{g} * kGaussianGroup;
+    float* dst = out + (pos - first);
+    if (pos == g0 && end - pos >= kGaussianGroup) {
+      group_fn(stream, g, dst);
+      pos += kGaussianGroup;
+      continue;
+    }
+    group_fn(stream, g, tmp);
+    const uint64_t stop = end < g0 + kGaussianGroup ? end : g0 + kGaussianGroup;
+    std::memcpy(dst, tmp + (pos - g0), (stop - pos) * sizeof(float));
+    pos = stop;
+  }
+}
+
+// ---- AVX-512: 16 lanes, the group's two halves in two registers -------------------------
+
+BP_TARGET_AVX512 inline void PairsAvx512(uint64_t stream, uint32_t group, __m512* cos_half,
+                                         __m512* sin_half) {
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(group * 16u)), lane);
+  __m512i x = _mm512_add_epi32(_mm512_mullo_epi32(idx, _mm512_set1_epi32(int32_t(kGolden32))),
+                               _mm512_set1_epi32(static_cast<int32_t>(stream)));
+  x = _mm512_xor_si512(x, _mm512_set1_epi32(static_cast<int32_t>(stream >> 32)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(int32_t(0x85EBCA6Bu)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 13));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(int32_t(0xC2B2AE35u)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i k1 = _mm512_or_si512(
+      _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0xFFFF)), 1), one);
+  const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(k1), _mm512_set1_ps(kRadiusStep));
+  const __m512i ub = _mm512_castps_si512(u);
+  __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(ub, 23), _mm512_set1_epi32(127));
+  __m512i mb = _mm512_or_si512(_mm512_and_si512(ub, _mm512_set1_epi32(0x7FFFFF)),
+                               _mm512_set1_epi32(0x3F800000));
+  const __mmask16 big = _mm512_cmpgt_epu32_mask(mb, _mm512_set1_epi32(int32_t(kSqrt2Mantissa)));
+  mb = _mm512_mask_sub_epi32(mb, big, mb, _mm512_set1_epi32(0x00800000));
+  e = _mm512_mask_add_epi32(e, big, e, one);
+  const __m512 t = _mm512_sub_ps(_mm512_castsi512_ps(mb), _mm512_set1_ps(1.0f));
+  __m512 q = _mm512_set1_ps(kQ5);
+  q = _mm512_add_ps(_mm512_mul_ps(q, t), _mm512_set1_ps(kQ4));
+  q = _mm512_add_ps(_mm512_mul_ps(q, t), _mm512_set1_ps(kQ3));
+  q = _mm512_add_ps(_mm512_mul_ps(q, t), _mm512_set1_ps(kQ2));
+  q = _mm512_add_ps(_mm512_mul_ps(q, t), _mm512_set1_ps(kQ1));
+  q = _mm512_add_ps(_mm512_mul_ps(q, t), _mm512_set1_ps(kQ0));
+  const __m512 tt = _mm512_mul_ps(t, t);
+  const __m512 ln_m = _mm512_add_ps(t, _mm512_mul_ps(tt, q));
+  const __m512 ln_u = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(e), _mm512_set1_ps(kLn2)), ln_m);
+  const __m512 r = _mm512_sqrt_ps(_mm512_mul_ps(ln_u, _mm512_set1_ps(-2.0f)));
+
+  const __m512i k2 = _mm512_or_si512(_mm512_slli_epi32(_mm512_srli_epi32(x, 18), 1), one);
+  const __m512 a = _mm512_mul_ps(_mm512_cvtepi32_ps(k2), _mm512_set1_ps(kAngleStep));
+  const __m512 y = _mm512_mul_ps(a, a);
+  __m512 s = _mm512_set1_ps(kS3);
+  s = _mm512_add_ps(_mm512_mul_ps(s, y), _mm512_set1_ps(kS2));
+  s = _mm512_add_ps(_mm512_mul_ps(s, y), _mm512_set1_ps(kS1));
+  s = _mm512_add_ps(_mm512_mul_ps(s, y), _mm512_set1_ps(kS0));
+  const __m512 sn = _mm512_add_ps(a, _mm512_mul_ps(_mm512_mul_ps(a, y), s));
+  __m512 c = _mm512_set1_ps(kC3);
+  c = _mm512_add_ps(_mm512_mul_ps(c, y), _mm512_set1_ps(kC2));
+  c = _mm512_add_ps(_mm512_mul_ps(c, y), _mm512_set1_ps(kC1));
+  c = _mm512_add_ps(_mm512_mul_ps(c, y), _mm512_set1_ps(kC0));
+  const __m512 cs = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_mul_ps(y, c));
+  const __m512i sign = _mm512_set1_epi32(int32_t(0x80000000u));
+  const __m512i zc = _mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(r, cs)),
+                                      _mm512_and_si512(_mm512_slli_epi32(x, 15), sign));
+  const __m512i zs = _mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(r, sn)),
+                                      _mm512_and_si512(_mm512_slli_epi32(x, 14), sign));
+  *cos_half = _mm512_castsi512_ps(zc);
+  *sin_half = _mm512_castsi512_ps(zs);
+}
+
+BP_TARGET_AVX512 void GroupAvx512(uint64_t stream, uint32_t group, float* out) {
+  __m512 zc, zs;
+  PairsAvx512(stream, group, &zc, &zs);
+  _mm512_storeu_ps(out, zc);
+  _mm512_storeu_ps(out + 16, zs);
+}
+
+BP_TARGET_AVX512 void FillAvx512(uint64_t stream, uint32_t first, size_t count, float* out) {
+  if (count == 0) return;
+  const uint64_t end = uint64_t{first} + count;
+  uint64_t pos = first;
+  float tmp[kGaussianGroup];
+  while (pos < end) {
+    const uint32_t g = static_cast<uint32_t>(pos / kGaussianGroup);
+    const uint64_t g0 = uint64_t{g} * kGaussianGroup;
+    if (pos == g0 && end - pos >= kGaussianGroup) {  // whole groups straight into out
+      float* dst = out + (pos - first);
+      const uint64_t whole = (end - pos) / kGaussianGroup;
+      for (uint64_t k = 0; k < whole; ++k) GroupAvx512(stream, g + static_cast<uint32_t>(k), dst + 32 * k);
+      pos += whole * kGaussianGroup;
+      if (pos == end) break;
+      continue;
+    }
+    GroupAvx512(stream, g, tmp);
+    const uint64_t stop = end < g0 + kGaussianGroup ? end : g0 + kGaussianGroup;
+    std::memcpy(out + (pos - first), tmp + (pos - g0), (stop - pos) * sizeof(float));
+    pos = stop;
+  }
+}
+
+// ---- block kernels ------------------------------------------------------------------------
+
+float FoldLanes(float* acc) {
+  for (int w = 8; w >= 1; w /= 2) {
+    for (int l = 0; l < w; ++l) acc[l] = acc[l] + acc[l + w];
+  }
+  return acc[0];
+}
+
+void ProjectScalar(uint64_t block_stream, const float* h, size_t d, size_t m, float* p) {
+  float z[kGaussianGroup];
+  for (size_t r = 0; r < m; ++r) {
+    const uint64_t rs = RowStream(block_stream, r);
+    float acc[16] = {};
+    for (size_t c0 = 0; c0 < d; c0 += kGaussianGroup) {
+      GroupScalar(rs, static_cast<uint32_t>(c0 / kGaussianGroup), z);
+      const size_t k_end = d - c0 < kGaussianGroup ? d - c0 : kGaussianGroup;
+      for (size_t k = 0; k < k_end; ++k) acc[k % 16] = acc[k % 16] + z[k] * h[c0 + k];
+    }
+    p[r] = FoldLanes(acc);
+  }
+}
+
+void ReconstructScalar(uint64_t block_stream, const float* q, size_t d, size_t m, float* out) {
+  float z[kGaussianGroup];
+  for (size_t r = 0; r < m; ++r) {
+    const uint64_t rs = RowStream(block_stream, r);
+    const float qr = q[r];
+    for (size_t c0 = 0; c0 < d; c0 += kGaussianGroup) {
+      GroupScalar(rs, static_cast<uint32_t>(c0 / kGaussianGroup), z);
+      const size_t k_end = d - c0 < kGaussianGroup ? d - c0 : kGaussianGroup;
+      float* o = out + c0;
+      if (r == 0) {
+        for (size_t k = 0; k < k_end; ++k) o[k] = qr * z[k];
+      } else {
+        for (size_t k = 0; k < k_end; ++k) o[k] = o[k] + qr * z[k];
+      }
+    }
+  }
+}
+
+BP_TARGET_AVX512 inline __mmask16 TailMask(size_t left) {
+  return left >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
+}
+
+BP_TARGET_AVX512 void ProjectAvx512(uint64_t block_stream, const float* h, size_t d, size_t m,
+                                    float* p) {
+  const size_t whole = d / kGaussianGroup;
+  for (size_t r = 0; r < m; ++r) {
+    const uint64_t rs = RowStream(block_stream, r);
+    __m512 acc = _mm512_setzero_ps();
+    for (size_t g = 0; g < whole; ++g) {
+      __m512 zc, zs;
+      PairsAvx512(rs, static_cast<uint32_t>(g), &zc, &zs);
+      acc = _mm512_add_ps(acc, _mm512_mul_ps(zc, _mm512_loadu_ps(h + 32 * g)));
+      acc = _mm512_add_ps(acc, _mm512_mul_ps(zs, _mm512_loadu_ps(h + 32 * g + 16)));
+    }
+    if (const size_t left = d - whole * kGaussianGroup; left > 0) {
+      __m512 zc, zs;
+      PairsAvx512(rs, static_cast<uint32_t>(whole), &zc, &zs);
+      const float* hh = h + whole * kGaussianGroup;
+      acc = _mm512_add_ps(acc, _mm512_mul_ps(zc, _mm512_maskz_loadu_ps(TailMask(left), hh)));
+      if (left > 16) {
+        acc = _mm512_add_ps(acc,
+                            _mm512_mul_ps(zs, _mm512_maskz_loadu_ps(TailMask(left - 16), hh + 16)));
+      }
+    }
+    // fold: l + 8, l + 4, l + 2, l + 1
+    __m256 x8 = _mm256_add_ps(_mm512_castps512_ps256(acc),
+                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+    __m128 x4 = _mm_add_ps(_mm256_castps256_ps128(x8), _mm256_extractf128_ps(x8, 1));
+    __m128 x2 = _mm_add_ps(x4, _mm_movehl_ps(x4, x4));
+    __m128 x1 = _mm_add_ss(x2, _mm_shuffle_ps(x2, x2, 1));
+    p[r] = _mm_cvtss_f32(x1);
+  }
+}
+
+BP_TARGET_AVX512 void ReconstructAvx512(uint64_t block_stream, const float* q, size_t d, size_t m,
+                                        float* out) {
+  const size_t whole = d / kGaussianGroup;
+  for (size_t r = 0; r < m; ++r) {
+    const uint64_t rs = RowStream(block_stream, r);
+    const __m512 qr = _mm512_set1_ps(q[r]);
+    for (size_t g = 0; g < whole; ++g) {
+      __m512 zc, zs;
+      PairsAvx512(rs, static_cast<uint32_t>(g), &zc, &zs);
+      float* o = out + 32 * g;
+      if (r == 0) {
+        _mm512_storeu_ps(o, _mm512_mul_ps(qr, zc));
+        _mm512_storeu_ps(o + 16, _mm512_mul_ps(qr, zs));
+      } else {
+        _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_mul_ps(qr, zc)));
+        _mm512_storeu_ps(o + 16, _mm512_add_ps(_mm512_loadu_ps(o + 16), _mm512_mul_ps(qr, zs)));
+      }
+    }
+    if (const size_t left = d - whole * kGaussianGroup; left > 0) {
+      __m512 zc, zs;
+      PairsAvx512(rs, static_cast<uint32_t>(whole), &zc, &zs);
+      float* o = out + whole * kGaussianGroup;
+      const __mmask16 k0 = TailMask(left);
+      const __mmask16 k1 = left > 16 ? TailMask(left - 16) : __mmask16(0);
+      if (r == 0) {
+        _mm512_mask_storeu_ps(o, k0, _mm512_mul_ps(qr, zc));
+        _mm512_mask_storeu_ps(o + 16, k1, _mm512_mul_ps(qr, zs));
+      } else {
+        _mm512_mask_storeu_ps(
+            o, k0, _mm512_add_ps(_mm512_maskz_loadu_ps(k0, o), _mm512_mul_ps(qr, zc)));
+        _mm512_mask_storeu_ps(
+            o + 16, k1, _mm512_add_ps(_mm512_maskz_loadu_ps(k1, o + 16), _mm512_mul_ps(qr, zs)));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+float GaussianAt(uint64_t stream, uint32_t i) {
+  float c, s;
+  PairScalar(LaneHash(stream, i / kGaussianGroup, i % 16), &c, &s);
+  return (i / 16) % 2 == 0 ? c : s;
+}
+
+void FillGaussians(uint64_t stream, uint32_t first, size_t count, float* out, IsaLevel isa) {
+  if (isa == IsaLevel::kAvx512) {
+    FillAvx512(stream, first, count, out);
+    return;
+  }
+  FillWith(stream, first, count, out, &GroupScalar);
+}
+
+}  // namespace bitpush::compressors::separate
+
+namespace bitpush::compressors::separate {
+
+void ProjectBlock(uint64_t block_stream, const float* h, size_t d, size_t m, float* p,
+                  IsaLevel isa) {
+  if (isa == IsaLevel::kAvx512) {
+    ProjectAvx512(block_stream, h, d, m, p);
+  } else {
+    ProjectScalar(block_stream, h, d, m, p);
+  }
+}
+
+void ReconstructBlock(uint64_t block_stream, const float* q, size_t d, size_t m, float* out,
+                      IsaLevel isa) {
+  if (isa == IsaLevel::kAvx512) {
+    ReconstructAvx512(block_stream, q, d, m, out);
+  } else {
+    ReconstructScalar(block_stream, q, d, m, out);
+  }
+}
+
+}  // namespace bitpush::compressors::separate
