@@ -10,13 +10,13 @@
 //   x = Fmix32((16 G + l) * 0x9E3779B1 + lo(s)) ^ ... = CounterRandom32Lite(s, 16 G + l)
 // and turns it into a pair of normals by Box-Muller with 16-bit uniforms:
 //   u = (2 (x & 0xFFFF) + 1) / 2^17                      (radius uniform, exact in fp32)
-//   r = sqrt(-2 ln u)                                     (polynomial ln, see gaussian.cc)
+//   r = sqrt(-2 ln u)                        (polynomial ln, separate_kernels.cc PairScalar)
 //   a = (2 (x >> 18) + 1) * fp32(pi / 65536)              (angle in (0, pi/2), 14 bits)
 //   half 0: r cos a with the sign of bit 16 of x;  half 1: r sin a with the sign of bit 17.
 // The two sign bits reflect the first-quadrant angle into a uniform angle on the circle.
 // Properties: |value| <= sqrt(2 ln 2^17) = 4.85 (the tail beyond, probability 1.2e-6, is
-// cut); the radius takes 2^16 values and the angle 2^16; no value is 0; the ln and sin / cos
-// polynomials are accurate to ~1e-6. Moments (tests/unit/separate_test.cc) E z^2 = 1 and
+// cut); the radius takes 2^16 values and the angle 2^16; no value is 0; the ln polynomial is
+// accurate to 9e-6, sin / cos to 2e-7. Moments (tests/unit/separate_test.cc) E z^2 = 1 and
 // E z^4 = 3 to well within 0.5%.
 //
 // Thread-safety: pure functions.

@@ -19,13 +19,12 @@ namespace bitpush::compressors::separate {
 namespace {
 
 // ln(1 + t) = t + t^2 Q(t) on t in [sqrt(1/2) - 1, sqrt(2) - 1] (least squares on Chebyshev
-// nodes; |error| < 1.3e-6).
-constexpr float kQ0 = -0.5000041098036507f;
-constexpr float kQ1 = 0.3332492378399105f;
-constexpr float kQ2 = -0.24932814686415142f;
-constexpr float kQ3 = 0.20346345796528031f;
-constexpr float kQ4 = -0.18482634454517025f;
-constexpr float kQ5 = 0.12282626818558533f;
+// nodes; |error| < 9e-6).
+constexpr float kQ0 = -0.499971912465509f;
+constexpr float kQ1 = 0.33285304047507147f;
+constexpr float kQ2 = -0.2525464861402502f;
+constexpr float kQ3 = 0.2181354776815364f;
+constexpr float kQ4 = -0.14757303190911011f;
 constexpr float kLn2 = 0.6931471805599453f;
 // sin a = a + a y S(y), cos a = 1 + y C(y), y = a^2, a in [0, pi/2] (|error| < 2e-7).
 constexpr float kS0 = -0.16666665966663552f;
@@ -37,8 +36,7 @@ constexpr float kC1 = 0.04166567177667821f;
 constexpr float kC2 = -0.0013868639015691098f;
 constexpr float kC3 = 2.34768493312373e-05f;
 constexpr float kAngleStep = 4.7936899621426287e-05f;  // fp32(pi / 65536)
-constexpr float kRadiusStep = 7.62939453125e-06f;      // 2^-17
-constexpr uint32_t kSqrt2Mantissa = 0x3FB504F3u;        // bits of fp32(sqrt 2)
+constexpr float kSqrt2 = 1.41421353816986083984375f;   // fp32(sqrt 2)
 
 inline float Bits(uint32_t u) {
   float f;
@@ -51,30 +49,29 @@ inline uint32_t Bits(float f) {
   return u;
 }
 
-// The pair of lane hash x: half 0 (cos) and half 1 (sin). The reference every level matches.
+// The pair of lane hash x: half 0 (cos) and half 1 (sin). The reference every level matches;
+// each line is one IEEE operation of the AVX-512 kernel (getexp / getmant are exact).
 inline void PairScalar(uint32_t x, float* c_out, float* s_out) {
-  // radius: r = sqrt(-2 ln u), u = (2 k + 1) 2^-17
-  const float u = static_cast<float>(static_cast<int32_t>(((x & 0xFFFFu) << 1) | 1u)) * kRadiusStep;
-  const uint32_t ub = Bits(u);
-  int32_t e = static_cast<int32_t>(ub >> 23) - 127;
-  uint32_t mb = (ub & 0x7FFFFFu) | 0x3F800000u;
-  if (mb > kSqrt2Mantissa) {
-    mb -= 0x00800000u;  // m / 2, exactly
-    e += 1;
+  // radius: r^2 = -2 ln u, u = f 2^-17, f = 2 (x & 0xFFFF) + 1 = m 2^e, m in [1, 2)
+  const float f = static_cast<float>(static_cast<int32_t>(((x << 1) & 0x1FFFEu) | 1u));
+  const uint32_t fb = Bits(f);
+  float e = static_cast<float>(static_cast<int32_t>(fb >> 23) - 127);  // getexp
+  float m = Bits((fb & 0x7FFFFFu) | 0x3F800000u);                       // getmant [1, 2)
+  if (m > kSqrt2) {  // m in [sqrt(1/2), sqrt(2)]
+    m = m * 0.5f;
+    e = e + 1.0f;
   }
-  const float t = Bits(mb) - 1.0f;
-  float q = kQ5;
-  q = q * t + kQ4;
+  const float t = m - 1.0f;
+  float q = kQ4;
   q = q * t + kQ3;
   q = q * t + kQ2;
   q = q * t + kQ1;
   q = q * t + kQ0;
-  const float tt = t * t;
-  const float ln_m = t + tt * q;
-  const float ln_u = static_cast<float>(e) * kLn2 + ln_m;
+  const float ln_m = t + (t * t) * q;
+  const float ln_u = (e - 17.0f) * kLn2 + ln_m;
   const float r = std::sqrt(ln_u * -2.0f);
-  // angle
-  const float a = static_cast<float>(static_cast<int32_t>(((x >> 18) << 1) | 1u)) * kAngleStep;
+  // angle a = (2 (x >> 18) + 1) pi / 65536 in (0, pi/2)
+  const float a = static_cast<float>(static_cast<int32_t>((x >> 17) | 1u)) * kAngleStep;
   const float y = a * a;
   float s = kS3;
   s = s * y + kS2;
@@ -122,43 +119,49 @@ void FillWith(uint64_t stream, uint32_t first, size_t count, float* out, Group g
 
 // ---- AVX-512: 16 lanes, the group's two halves in two registers -------------------------
 
-BP_TARGET_AVX512 inline void PairsAvx512(uint64_t stream, uint32_t group, __m512* cos_half,
-                                         __m512* sin_half) {
+// The hash input of lane l of group g is (16 g + l) golden + lo: `pre`, advanced by 16 golden
+// per group by the callers.
+BP_TARGET_AVX512 inline __m512i FirstPre(uint64_t stream, uint32_t group) {
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(group * 16u)), lane);
-  __m512i x = _mm512_add_epi32(_mm512_mullo_epi32(idx, _mm512_set1_epi32(int32_t(kGolden32))),
-                               _mm512_set1_epi32(static_cast<int32_t>(stream)));
-  x = _mm512_xor_si512(x, _mm512_set1_epi32(static_cast<int32_t>(stream >> 32)));
+  return _mm512_add_epi32(_mm512_mullo_epi32(idx, _mm512_set1_epi32(int32_t(kGolden32))),
+                          _mm512_set1_epi32(static_cast<int32_t>(stream)));
+}
+
+BP_TARGET_AVX512 inline __m512i NextPre(__m512i pre) {
+  return _mm512_add_epi32(pre, _mm512_set1_epi32(static_cast<int32_t>(16u * kGolden32)));
+}
+
+BP_TARGET_AVX512 inline void PairsAvx512(__m512i pre, __m512i hi, __m512* cos_half,
+                                         __m512* sin_half) {
+  __m512i x = _mm512_xor_si512(pre, hi);
   x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
   x = _mm512_mullo_epi32(x, _mm512_set1_epi32(int32_t(0x85EBCA6Bu)));
   x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 13));
   x = _mm512_mullo_epi32(x, _mm512_set1_epi32(int32_t(0xC2B2AE35u)));
   x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
 
-  const __m512i one = _mm512_set1_epi32(1);
-  const __m512i k1 = _mm512_or_si512(
-      _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0xFFFF)), 1), one);
-  const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(k1), _mm512_set1_ps(kRadiusStep));
-  const __m512i ub = _mm512_castps_si512(u);
-  __m512i e = _mm512_sub_epi32(_mm512_srli_epi32(ub, 23), _mm512_set1_epi32(127));
-  __m512i mb = _mm512_or_si512(_mm512_and_si512(ub, _mm512_set1_epi32(0x7FFFFF)),
-                               _mm512_set1_epi32(0x3F800000));
-  const __mmask16 big = _mm512_cmpgt_epu32_mask(mb, _mm512_set1_epi32(int32_t(kSqrt2Mantissa)));
-  mb = _mm512_mask_sub_epi32(mb, big, mb, _mm512_set1_epi32(0x00800000));
-  e = _mm512_mask_add_epi32(e, big, e, one);
-  const __m512 t = _mm512_sub_ps(_mm512_castsi512_ps(mb), _mm512_set1_ps(1.0f));
-  __m512 q = _mm512_set1_ps(kQ5);
-  q = _mm512_add_ps(_mm512_mul_ps(q, t), _mm512_set1_ps(kQ4));
+  // f = ((x << 1) & 0x1FFFE) | 1   (ternary logic: (A & B) | C)
+  const __m512i fi = _mm512_ternarylogic_epi32(
+      _mm512_slli_epi32(x, 1), _mm512_set1_epi32(0x1FFFE), _mm512_set1_epi32(1), 0xEA);
+  const __m512 f = _mm512_cvtepi32_ps(fi);
+  __m512 e = _mm512_getexp_ps(f);
+  __m512 m = _mm512_getmant_ps(f, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);
+  const __mmask16 big = _mm512_cmp_ps_mask(m, _mm512_set1_ps(kSqrt2), _CMP_GT_OQ);
+  m = _mm512_mask_mul_ps(m, big, m, _mm512_set1_ps(0.5f));
+  e = _mm512_mask_add_ps(e, big, e, _mm512_set1_ps(1.0f));
+  const __m512 t = _mm512_sub_ps(m, _mm512_set1_ps(1.0f));
+  __m512 q = _mm512_set1_ps(kQ4);
   q = _mm512_add_ps(_mm512_mul_ps(q, t), _mm512_set1_ps(kQ3));
   q = _mm512_add_ps(_mm512_mul_ps(q, t), _mm512_set1_ps(kQ2));
   q = _mm512_add_ps(_mm512_mul_ps(q, t), _mm512_set1_ps(kQ1));
   q = _mm512_add_ps(_mm512_mul_ps(q, t), _mm512_set1_ps(kQ0));
-  const __m512 tt = _mm512_mul_ps(t, t);
-  const __m512 ln_m = _mm512_add_ps(t, _mm512_mul_ps(tt, q));
-  const __m512 ln_u = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(e), _mm512_set1_ps(kLn2)), ln_m);
+  const __m512 ln_m = _mm512_add_ps(t, _mm512_mul_ps(_mm512_mul_ps(t, t), q));
+  const __m512 ln_u = _mm512_add_ps(
+      _mm512_mul_ps(_mm512_sub_ps(e, _mm512_set1_ps(17.0f)), _mm512_set1_ps(kLn2)), ln_m);
   const __m512 r = _mm512_sqrt_ps(_mm512_mul_ps(ln_u, _mm512_set1_ps(-2.0f)));
 
-  const __m512i k2 = _mm512_or_si512(_mm512_slli_epi32(_mm512_srli_epi32(x, 18), 1), one);
+  const __m512i k2 = _mm512_or_si512(_mm512_srli_epi32(x, 17), _mm512_set1_epi32(1));
   const __m512 a = _mm512_mul_ps(_mm512_cvtepi32_ps(k2), _mm512_set1_ps(kAngleStep));
   const __m512 y = _mm512_mul_ps(a, a);
   __m512 s = _mm512_set1_ps(kS3);
@@ -171,18 +174,21 @@ BP_TARGET_AVX512 inline void PairsAvx512(uint64_t stream, uint32_t group, __m512
   c = _mm512_add_ps(_mm512_mul_ps(c, y), _mm512_set1_ps(kC1));
   c = _mm512_add_ps(_mm512_mul_ps(c, y), _mm512_set1_ps(kC0));
   const __m512 cs = _mm512_add_ps(_mm512_set1_ps(1.0f), _mm512_mul_ps(y, c));
+  // z ^ ((x << 15) & sign)   (ternary logic: A ^ (B & C))
   const __m512i sign = _mm512_set1_epi32(int32_t(0x80000000u));
-  const __m512i zc = _mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(r, cs)),
-                                      _mm512_and_si512(_mm512_slli_epi32(x, 15), sign));
-  const __m512i zs = _mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(r, sn)),
-                                      _mm512_and_si512(_mm512_slli_epi32(x, 14), sign));
-  *cos_half = _mm512_castsi512_ps(zc);
-  *sin_half = _mm512_castsi512_ps(zs);
+  *cos_half = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
+      _mm512_castps_si512(_mm512_mul_ps(r, cs)), _mm512_slli_epi32(x, 15), sign, 0x78));
+  *sin_half = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
+      _mm512_castps_si512(_mm512_mul_ps(r, sn)), _mm512_slli_epi32(x, 14), sign, 0x78));
+}
+
+BP_TARGET_AVX512 inline __m512i HiOf(uint64_t stream) {
+  return _mm512_set1_epi32(static_cast<int32_t>(stream >> 32));
 }
 
 BP_TARGET_AVX512 void GroupAvx512(uint64_t stream, uint32_t group, float* out) {
   __m512 zc, zs;
-  PairsAvx512(stream, group, &zc, &zs);
+  PairsAvx512(FirstPre(stream, group), HiOf(stream), &zc, &zs);
   _mm512_storeu_ps(out, zc);
   _mm512_storeu_ps(out + 16, zs);
 }
@@ -213,7 +219,7 @@ BP_TARGET_AVX512 void FillAvx512(uint64_t stream, uint32_t first, size_t count, 
 // ---- block kernels ------------------------------------------------------------------------
 
 float FoldLanes(float* acc) {
-  for (int w = 8; w >= 1; w /= 2) {
+  for (int w = 16; w >= 1; w /= 2) {
     for (int l = 0; l < w; ++l) acc[l] = acc[l] + acc[l + w];
   }
   return acc[0];
@@ -223,11 +229,11 @@ void ProjectScalar(uint64_t block_stream, const float* h, size_t d, size_t m, fl
   float z[kGaussianGroup];
   for (size_t r = 0; r < m; ++r) {
     const uint64_t rs = RowStream(block_stream, r);
-    float acc[16] = {};
+    float acc[kGaussianGroup] = {};
     for (size_t c0 = 0; c0 < d; c0 += kGaussianGroup) {
       GroupScalar(rs, static_cast<uint32_t>(c0 / kGaussianGroup), z);
       const size_t k_end = d - c0 < kGaussianGroup ? d - c0 : kGaussianGroup;
-      for (size_t k = 0; k < k_end; ++k) acc[k % 16] = acc[k % 16] + z[k] * h[c0 + k];
+      for (size_t k = 0; k < k_end; ++k) acc[k] = acc[k] + z[k] * h[c0 + k];
     }
     p[r] = FoldLanes(acc);
   }
@@ -258,26 +264,30 @@ BP_TARGET_AVX512 inline __mmask16 TailMask(size_t left) {
 BP_TARGET_AVX512 void ProjectAvx512(uint64_t block_stream, const float* h, size_t d, size_t m,
                                     float* p) {
   const size_t whole = d / kGaussianGroup;
+  const size_t left = d - whole * kGaussianGroup;
   for (size_t r = 0; r < m; ++r) {
     const uint64_t rs = RowStream(block_stream, r);
-    __m512 acc = _mm512_setzero_ps();
-    for (size_t g = 0; g < whole; ++g) {
+    const __m512i hi = HiOf(rs);
+    __m512i pre = FirstPre(rs, 0);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (size_t g = 0; g < whole; ++g, pre = NextPre(pre)) {
       __m512 zc, zs;
-      PairsAvx512(rs, static_cast<uint32_t>(g), &zc, &zs);
-      acc = _mm512_add_ps(acc, _mm512_mul_ps(zc, _mm512_loadu_ps(h + 32 * g)));
-      acc = _mm512_add_ps(acc, _mm512_mul_ps(zs, _mm512_loadu_ps(h + 32 * g + 16)));
+      PairsAvx512(pre, hi, &zc, &zs);
+      acc0 = _mm512_add_ps(acc0, _mm512_mul_ps(zc, _mm512_loadu_ps(h + 32 * g)));
+      acc1 = _mm512_add_ps(acc1, _mm512_mul_ps(zs, _mm512_loadu_ps(h + 32 * g + 16)));
     }
-    if (const size_t left = d - whole * kGaussianGroup; left > 0) {
+    if (left > 0) {
       __m512 zc, zs;
-      PairsAvx512(rs, static_cast<uint32_t>(whole), &zc, &zs);
+      PairsAvx512(pre, hi, &zc, &zs);
       const float* hh = h + whole * kGaussianGroup;
-      acc = _mm512_add_ps(acc, _mm512_mul_ps(zc, _mm512_maskz_loadu_ps(TailMask(left), hh)));
+      acc0 = _mm512_add_ps(acc0, _mm512_mul_ps(zc, _mm512_maskz_loadu_ps(TailMask(left), hh)));
       if (left > 16) {
-        acc = _mm512_add_ps(acc,
-                            _mm512_mul_ps(zs, _mm512_maskz_loadu_ps(TailMask(left - 16), hh + 16)));
+        acc1 = _mm512_add_ps(
+            acc1, _mm512_mul_ps(zs, _mm512_maskz_loadu_ps(TailMask(left - 16), hh + 16)));
       }
     }
-    // fold: l + 8, l + 4, l + 2, l + 1
+    // fold: l + 16, l + 8, l + 4, l + 2, l + 1
+    const __m512 acc = _mm512_add_ps(acc0, acc1);
     __m256 x8 = _mm256_add_ps(_mm512_castps512_ps256(acc),
                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
     __m128 x4 = _mm_add_ps(_mm256_castps256_ps128(x8), _mm256_extractf128_ps(x8, 1));
@@ -290,12 +300,17 @@ BP_TARGET_AVX512 void ProjectAvx512(uint64_t block_stream, const float* h, size_
 BP_TARGET_AVX512 void ReconstructAvx512(uint64_t block_stream, const float* q, size_t d, size_t m,
                                         float* out) {
   const size_t whole = d / kGaussianGroup;
+  const size_t left = d - whole * kGaussianGroup;
+  const __mmask16 k0 = TailMask(left);
+  const __mmask16 k1 = left > 16 ? TailMask(left - 16) : __mmask16(0);
   for (size_t r = 0; r < m; ++r) {
     const uint64_t rs = RowStream(block_stream, r);
+    const __m512i hi = HiOf(rs);
+    __m512i pre = FirstPre(rs, 0);
     const __m512 qr = _mm512_set1_ps(q[r]);
-    for (size_t g = 0; g < whole; ++g) {
+    for (size_t g = 0; g < whole; ++g, pre = NextPre(pre)) {
       __m512 zc, zs;
-      PairsAvx512(rs, static_cast<uint32_t>(g), &zc, &zs);
+      PairsAvx512(pre, hi, &zc, &zs);
       float* o = out + 32 * g;
       if (r == 0) {
         _mm512_storeu_ps(o, _mm512_mul_ps(qr, zc));
@@ -305,12 +320,10 @@ BP_TARGET_AVX512 void ReconstructAvx512(uint64_t block_stream, const float* q, s
         _mm512_storeu_ps(o + 16, _mm512_add_ps(_mm512_loadu_ps(o + 16), _mm512_mul_ps(qr, zs)));
       }
     }
-    if (const size_t left = d - whole * kGaussianGroup; left > 0) {
+    if (left > 0) {
       __m512 zc, zs;
-      PairsAvx512(rs, static_cast<uint32_t>(whole), &zc, &zs);
+      PairsAvx512(pre, hi, &zc, &zs);
       float* o = out + whole * kGaussianGroup;
-      const __mmask16 k0 = TailMask(left);
-      const __mmask16 k1 = left > 16 ? TailMask(left - 16) : __mmask16(0);
       if (r == 0) {
         _mm512_mask_storeu_ps(o, k0, _mm512_mul_ps(qr, zc));
         _mm512_mask_storeu_ps(o + 16, k1, _mm512_mul_ps(qr, zs));

@@ -7,8 +7,8 @@
 //
 // Row r of block j is the stream RowStream(BlockStream(s, j), r), positions 0..d-1 (so a
 // shorter last block draws the leading columns of a full block's rows).
-// Projection, per row: 16 fp32 lane sums, lane l adding Xi[r][c] * h[c] (multiply, then add)
-// for c = l, l + 16, ... in order; then lanes folded as l + 8, l + 4, l + 2, l + 1.
+// Projection, per row: 32 fp32 lane sums, lane l adding Xi[r][c] * h[c] (multiply, then add)
+// for c = l, l + 32, ... in order; then lanes folded as l + 16, l + 8, l + 4, l + 2, l + 1.
 // Reconstruction, per column c: out[c] = q[0] Xi[0][c], then out[c] = out[c] + q[r] Xi[r][c]
 // for r = 1..m-1 in order.
 //
