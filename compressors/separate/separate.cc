@@ -245,15 +245,10 @@ StatusOr<size_t> SeparateCompressor::CompressWithState(ConstTensorView input, Se
     const size_t d = std::min<size_t>(block_, n - first);
     const size_t m = RowsOf(d, block_, m_);
     float* h = h_.data();
-    if (input.dtype() == DType::kFloat32) {
-      std::memcpy(h, input.f32() + first, 4 * d);
-    } else {
-      ConvertToFloat(Slice(input, first, d), h, isa());
-    }
-    for (size_t i = 0; i < d; ++i) {
-      gsq += static_cast<double>(h[i]) * h[i];
-      h[i] = h[i] + e[first + i];
-    }
+    const bool f32 = input.dtype() == DType::kFloat32;
+    if (!f32) ConvertToFloat(Slice(input, first, d), h, isa());
+    const float* g = f32 ? input.f32() + first : h;  // in place: h = g + e element by element
+    gsq += separate::AddAndSquare(g, e + first, h, d, isa());
     ProjectBlock(BlockStream(stream, j), h, d, m, p_.data(), isa());
     for (size_t r = 0; r < m; ++r) finite &= Finite(p_[r]);
     std::memcpy(proj + 4 * rows, p_.data(), 4 * m);
@@ -262,7 +257,7 @@ StatusOr<size_t> SeparateCompressor::CompressWithState(ConstTensorView input, Se
     if (reset) {
       std::fill(eb, eb + d, 0.0f);
     } else {
-      for (size_t i = 0; i < d; ++i) eb[i] = a_old * eb[i] + a_new * h[i];
+      separate::MovingAverage(eb, h, d, a_old, a_new, isa());
     }
   }
   finite &= std::isfinite(gsq);
@@ -314,13 +309,7 @@ Status SeparateCompressor::DecompressWithState(ByteSpan payload, SeparateState& 
     ReconstructBlockOf(body.data(), layout, j, d, ht);
     if (out.dtype() != DType::kFloat32) ConvertFromFloat(ht, Slice(out, first, d), isa());
     if (!update) continue;
-    float* eb = e + first;
-    for (size_t i = 0; i < d; ++i) {
-      const float v = eb[i] - a_new * ht[i];
-      finite &= Finite(v);
-      esq += static_cast<double>(v) * v;
-      eb[i] = v;
-    }
+    esq += separate::SubtractScaled(e + first, ht, d, a_new, &finite, isa());
   }
   if (update) {
     if (!finite) {

@@ -337,7 +337,96 @@ BP_TARGET_AVX512 void ReconstructAvx512(uint64_t block_stream, const float* q, s
   }
 }
 
+// ---- element loops of the error state (plain loops the compiler vectorises per level) ----
+
+constexpr size_t kLanes = 16;
+
+template <int kDummy = 0>
+inline double AddAndSquareBody(const float* g, const float* e, float* h, size_t d) {
+  float acc[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= d; i += kLanes) {
+    for (size_t l = 0; l < kLanes; ++l) {
+      const float v = g[i + l];
+      acc[l] = acc[l] + v * v;
+      h[i + l] = v + e[i + l];
+    }
+  }
+  double sum = 0;
+  for (; i < d; ++i) {
+    sum += static_cast<double>(g[i]) * g[i];
+    h[i] = g[i] + e[i];
+  }
+  for (size_t l = 0; l < kLanes; ++l) sum += acc[l];
+  return sum;
+}
+
+template <int kDummy = 0>
+inline void MovingAverageBody(float* e, const float* h, size_t d, float a_old, float a_new) {
+  for (size_t i = 0; i < d; ++i) e[i] = a_old * e[i] + a_new * h[i];
+}
+
+template <int kDummy = 0>
+inline double SubtractScaledBody(float* e, const float* ht, size_t d, float a_new, bool* finite) {
+  float acc[kLanes] = {};
+  float bad[kLanes] = {};  // v - v: 0 for finite v, NaN otherwise
+  size_t i = 0;
+  for (; i + kLanes <= d; i += kLanes) {
+    for (size_t l = 0; l < kLanes; ++l) {
+      const float v = e[i + l] - a_new * ht[i + l];
+      e[i + l] = v;
+      acc[l] = acc[l] + v * v;
+      bad[l] = bad[l] + (v - v);
+    }
+  }
+  double sum = 0;
+  float tail_bad = 0;
+  for (; i < d; ++i) {
+    const float v = e[i] - a_new * ht[i];
+    e[i] = v;
+    sum += static_cast<double>(v) * v;
+    tail_bad = tail_bad + (v - v);
+  }
+  for (size_t l = 0; l < kLanes; ++l) {
+    sum += acc[l];
+    tail_bad = tail_bad + bad[l];
+  }
+  if (tail_bad != 0.0f || tail_bad != tail_bad) *finite = false;
+  return sum;
+}
+
+BP_TARGET_AVX512 double AddAndSquareAvx512(const float* g, const float* e, float* h, size_t d) {
+  return AddAndSquareBody(g, e, h, d);
+}
+BP_TARGET_AVX512 void MovingAverageAvx512(float* e, const float* h, size_t d, float a_old,
+                                          float a_new) {
+  MovingAverageBody(e, h, d, a_old, a_new);
+}
+BP_TARGET_AVX512 double SubtractScaledAvx512(float* e, const float* ht, size_t d, float a_new,
+                                             bool* finite) {
+  return SubtractScaledBody(e, ht, d, a_new, finite);
+}
+
 }  // namespace
+
+double AddAndSquare(const float* g, const float* e, float* h, size_t d, IsaLevel isa) {
+  if (isa == IsaLevel::kAvx512) return AddAndSquareAvx512(g, e, h, d);
+  return AddAndSquareBody(g, e, h, d);
+}
+
+void MovingAverage(float* e, const float* h, size_t d, float a_old, float a_new, IsaLevel isa) {
+  if (isa == IsaLevel::kAvx512) {
+    MovingAverageAvx512(e, h, d, a_old, a_new);
+  } else {
+    MovingAverageBody(e, h, d, a_old, a_new);
+  }
+}
+
+double SubtractScaled(float* e, const float* ht, size_t d, float a_new, bool* finite,
+                      IsaLevel isa) {
+  if (isa == IsaLevel::kAvx512) return SubtractScaledAvx512(e, ht, d, a_new, finite);
+  return SubtractScaledBody(e, ht, d, a_new, finite);
+}
 
 float GaussianAt(uint64_t stream, uint32_t i) {
   float c, s;

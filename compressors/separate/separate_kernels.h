@@ -39,4 +39,14 @@ void ProjectBlock(uint64_t block_stream, const float* h, size_t d, size_t m, flo
 void ReconstructBlock(uint64_t block_stream, const float* q, size_t d, size_t m, float* out,
                       IsaLevel isa);
 
+// The error state's element loops (every level writes the same h and e; the returned sums of
+// squares are telemetry and may differ in the last bits between levels):
+// h[i] = g[i] + e[i]; returns sum g[i]^2.
+double AddAndSquare(const float* g, const float* e, float* h, size_t d, IsaLevel isa);
+// e[i] = a_old e[i] + a_new h[i].
+void MovingAverage(float* e, const float* h, size_t d, float a_old, float a_new, IsaLevel isa);
+// e[i] = e[i] - a_new ht[i]; returns sum e[i]^2 and clears *finite when some e[i] is not finite.
+double SubtractScaled(float* e, const float* ht, size_t d, float a_new, bool* finite,
+                      IsaLevel isa);
+
 }  // namespace bitpush::compressors::separate

@@ -477,8 +477,8 @@ TEST(SeparateErrorFeedback, ResetZeroesTheErrorAndTheTelemetryReportsIt) {
     ASSERT_TRUE(tel.error_reported && tel.gradient_reported);
     double gsq = 0;
     for (float v : g[0]) gsq += double{v} * v;
-    EXPECT_NEAR(tel.gradient_sq, gsq, 1e-9 * gsq);
-    EXPECT_NEAR(tel.error_sq, esq, 1e-6 * esq + 1e-12);
+    EXPECT_NEAR(tel.gradient_sq, gsq, 1e-6 * gsq);  // fp32 lane sums
+    EXPECT_NEAR(tel.error_sq, esq, 1e-5 * esq + 1e-12);
   }
 }
 
