@@ -286,9 +286,10 @@ TEST(SeparateProjection, WireSizeIsHeaderPlusOneFloatPerProjection) {
   };
   const Case cases[] = {
       {"separate", 0, 0},
-      {"separate", 1, 1},                           // last block 1 of 128: max(1, ceil(8/128))
-      {"separate", 128, 8},                         // one full block, m = 8
-      {"separate", 1000, 7 * 8 + 7},                // 7 full, last 104: ceil(104*8/128) = 7
+      {"separate", 1, 1},            // last block 1 of 64: max(1, ceil(4/64))
+      {"separate", 128, 8},          // two full blocks, m = 4
+      {"separate", 1000, 15 * 4 + 3},  // 15 full, last 40: ceil(40*4/64) = 3
+      {"separate:block=128", 1000, 7 * 8 + 7},  // 7 full, last 104: ceil(104*8/128) = 7
       {"separate:ratio=4,block=64", 1000, 15 * 16 + 10},  // last 40: ceil(40*16/64) = 10
       {"separate:ratio=3,block=10", 25, 2 * 4 + 2},       // m = ceil(10/3) = 4; last 5: 2
       {"separate:ratio=1,block=7", 9, 7 + 2},
@@ -535,7 +536,7 @@ TEST(SeparateErrorFeedback, OnlyWorkerErrorFeedback) {
     EXPECT_NE(s.message().find("worker"), std::string::npos) << s.ToString();
   }
   EXPECT_EQ(RecommendedErrorFeedback(*cfg), v1::ERROR_FEEDBACK_WORKER);
-  EXPECT_EQ(PartitionAlign(*cfg), 128u);
+  EXPECT_EQ(PartitionAlign(*cfg), 64u);
 }
 
 }  // namespace

@@ -65,6 +65,9 @@ TEST(MethodSpec, EveryMethodParsesToItsCanonicalForm) {
       {"sdp4bit", "sdp4bit:bits=4,group=128,hadamard=on,seed=0,pull=sdp4bit"},
       {"sdp4bit:hadamard=off,group=30,bits=8,pull=bf16,seed=2",
        "sdp4bit:bits=8,group=30,hadamard=off,seed=2,pull=bf16"},
+      {"separate", "separate:ratio=16,block=64,beta=0.95,reset=128,ema=stable,seed=0"},
+      {"separate:seed=3407,ema=printed,reset=0,beta=1,block=256,ratio=4.5",
+       "separate:ratio=4.5,block=256,beta=1,reset=0,ema=printed,seed=3407"},
   };
   std::set<std::string> covered;
   for (const auto& [spec, canonical] : kCanonical) {
@@ -161,12 +164,20 @@ TEST(MethodSpec, ErrorFeedbackRules) {
     // SDP4Bit's gradient path is unbiased by design and runs without error feedback (paper
     // 002): it refuses the other policies, naming itself.
     const bool none_only = m->id == v1::COMPRESSOR_ID_SDP4BIT;
+    // separate's servers only sum projections: its error feedback lives on the workers alone.
+    const bool no_server = m->id == v1::COMPRESSOR_ID_SEPARATE;
     for (auto policy : {v1::ERROR_FEEDBACK_NONE, v1::ERROR_FEEDBACK_WORKER,
                         v1::ERROR_FEEDBACK_SERVER, v1::ERROR_FEEDBACK_BOTH}) {
       const Status s = ValidateErrorFeedback(c, policy);
       if (none_only && policy != v1::ERROR_FEEDBACK_NONE) {
         EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << m->name;
         EXPECT_NE(s.message().find("SDP4Bit's gradient path is unbiased"), std::string::npos)
+            << s.message();
+      } else if (no_server && (policy == v1::ERROR_FEEDBACK_SERVER ||
+                                policy == v1::ERROR_FEEDBACK_BOTH)) {
+        EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << m->name;
+        EXPECT_NE(s.message().find("keep no error feedback"), std::string::npos) << s.message();
+        EXPECT_NE(s.message().find("Use error_feedback: worker"), std::string::npos)
             << s.message();
       } else {
         EXPECT_TRUE(s.ok()) << m->name << ": " << s.message();
@@ -190,6 +201,7 @@ TEST(MethodSpec, ErrorFeedbackRules) {
       {"randomk:ratio=0.01", v1::ERROR_FEEDBACK_BOTH},
       {"randomk:ratio=0.01,unbiased=true", v1::ERROR_FEEDBACK_NONE},
       {"dithering", v1::ERROR_FEEDBACK_NONE},
+      {"separate", v1::ERROR_FEEDBACK_WORKER},
   };
   for (const auto& [spec, policy] : kRecommended) {
     EXPECT_EQ(RecommendedErrorFeedback(*ParseCompressorSpec(spec)), policy) << spec;
@@ -206,7 +218,11 @@ TEST(MethodSpec, OnlyNoneSendsTensorsUncompressed) {
 
 TEST(MethodSpec, AggregationModes) {
   for (const MethodSpec* m : Methods()) {
-    EXPECT_EQ(m->aggregation, AggregationMode::kDecompressSumRecompress) << m->name;
+    // separate's servers sum projection vectors; everything else is decompressed and summed.
+    const AggregationMode want = m->id == v1::COMPRESSOR_ID_SEPARATE
+                                     ? AggregationMode::kCompressedDomainSum
+                                     : AggregationMode::kDecompressSumRecompress;
+    EXPECT_EQ(m->aggregation, want) << m->name;
   }
   EXPECT_EQ(AggregationModeName(AggregationMode::kDecompressSumRecompress),
             "decompress-sum-recompress");
