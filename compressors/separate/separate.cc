@@ -183,15 +183,14 @@ Status SeparateCompressor::DecodeBody(ByteSpan body, size_t n, DType, float* out
 Status SeparateCompressor::ValidateAggregate(const ByteSpan* bodies, size_t count, size_t) {
   for (size_t w = 1; w < count; ++w) {
     if (std::memcmp(bodies[w].data(), bodies[0].data(), kBodyHeaderBytes) != 0) {
-      return DataLossError(
-          "separate: push " + std::to_string(w) + " projects with stream " +
-          std::to_string(GetU64(bodies[w].data())) + ", block " +
-          std::to_string(GetU32(bodies[w].data() + 8)) + ", m " +
-          std::to_string(GetU32(bodies[w].data() + 12)) + " but push 0 with stream " +
-          std::to_string(GetU64(bodies[0].data())) + ", block " +
-          std::to_string(GetU32(bodies[0].data() + 8)) + ", m " +
-          std::to_string(GetU32(bodies[0].data() + 12)) +
-          ": the workers used different seeds, rounds or separate parameters");
+      return DataLossError("separate: push " + std::to_string(w) + " projects with stream " +
+                           std::to_string(GetU64(bodies[w].data())) + ", block " +
+                           std::to_string(GetU32(bodies[w].data() + 8)) + ", m " +
+                           std::to_string(GetU32(bodies[w].data() + 12)) +
+                           " but push 0 with stream " + std::to_string(GetU64(bodies[0].data())) +
+                           ", block " + std::to_string(GetU32(bodies[0].data() + 8)) + ", m " +
+                           std::to_string(GetU32(bodies[0].data() + 12)) +
+                           ": the workers used different seeds, rounds or separate parameters");
     }
   }
   return Status::Ok();

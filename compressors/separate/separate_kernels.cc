@@ -56,8 +56,8 @@ inline void PairScalar(uint32_t x, float* c_out, float* s_out) {
   const float f = static_cast<float>(static_cast<int32_t>(((x << 1) & 0x1FFFEu) | 1u));
   const uint32_t fb = Bits(f);
   float e = static_cast<float>(static_cast<int32_t>(fb >> 23) - 127);  // getexp
-  float m = Bits((fb & 0x7FFFFFu) | 0x3F800000u);                       // getmant [1, 2)
-  if (m > kSqrt2) {  // m in [sqrt(1/2), sqrt(2)]
+  float m = Bits((fb & 0x7FFFFFu) | 0x3F800000u);                      // getmant [1, 2)
+  if (m > kSqrt2) {                                                    // m in [sqrt(1/2), sqrt(2)]
     m = m * 0.5f;
     e = e + 1.0f;
   }
@@ -142,8 +142,8 @@ BP_TARGET_AVX512 inline void PairsAvx512(__m512i pre, __m512i hi, __m512* cos_ha
   x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
 
   // f = ((x << 1) & 0x1FFFE) | 1   (ternary logic: (A & B) | C)
-  const __m512i fi = _mm512_ternarylogic_epi32(
-      _mm512_slli_epi32(x, 1), _mm512_set1_epi32(0x1FFFE), _mm512_set1_epi32(1), 0xEA);
+  const __m512i fi = _mm512_ternarylogic_epi32(_mm512_slli_epi32(x, 1), _mm512_set1_epi32(0x1FFFE),
+                                               _mm512_set1_epi32(1), 0xEA);
   const __m512 f = _mm512_cvtepi32_ps(fi);
   __m512 e = _mm512_getexp_ps(f);
   __m512 m = _mm512_getmant_ps(f, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);
@@ -204,7 +204,8 @@ BP_TARGET_AVX512 void FillAvx512(uint64_t stream, uint32_t first, size_t count, 
     if (pos == g0 && end - pos >= kGaussianGroup) {  // whole groups straight into out
       float* dst = out + (pos - first);
       const uint64_t whole = (end - pos) / kGaussianGroup;
-      for (uint64_t k = 0; k < whole; ++k) GroupAvx512(stream, g + static_cast<uint32_t>(k), dst + 32 * k);
+      for (uint64_t k = 0; k < whole; ++k)
+        GroupAvx512(stream, g + static_cast<uint32_t>(k), dst + 32 * k);
       pos += whole * kGaussianGroup;
       if (pos == end) break;
       continue;
@@ -328,8 +329,8 @@ BP_TARGET_AVX512 void ReconstructAvx512(uint64_t block_stream, const float* q, s
         _mm512_mask_storeu_ps(o, k0, _mm512_mul_ps(qr, zc));
         _mm512_mask_storeu_ps(o + 16, k1, _mm512_mul_ps(qr, zs));
       } else {
-        _mm512_mask_storeu_ps(
-            o, k0, _mm512_add_ps(_mm512_maskz_loadu_ps(k0, o), _mm512_mul_ps(qr, zc)));
+        _mm512_mask_storeu_ps(o, k0,
+                              _mm512_add_ps(_mm512_maskz_loadu_ps(k0, o), _mm512_mul_ps(qr, zc)));
         _mm512_mask_storeu_ps(
             o + 16, k1, _mm512_add_ps(_mm512_maskz_loadu_ps(k1, o + 16), _mm512_mul_ps(qr, zs)));
       }

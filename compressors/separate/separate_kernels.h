@@ -46,7 +46,6 @@ double AddAndSquare(const float* g, const float* e, float* h, size_t d, IsaLevel
 // e[i] = a_old e[i] + a_new h[i].
 void MovingAverage(float* e, const float* h, size_t d, float a_old, float a_new, IsaLevel isa);
 // e[i] = e[i] - a_new ht[i]; returns sum e[i]^2 and clears *finite when some e[i] is not finite.
-double SubtractScaled(float* e, const float* ht, size_t d, float a_new, bool* finite,
-                      IsaLevel isa);
+double SubtractScaled(float* e, const float* ht, size_t d, float a_new, bool* finite, IsaLevel isa);
 
 }  // namespace bitpush::compressors::separate

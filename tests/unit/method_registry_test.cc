@@ -105,8 +105,7 @@ TEST(MethodRegistry, ErrorFeedbackStateIsTheVanillaResidual) {
           const ByteSpan push(got.data(), *g);
           std::vector<uint8_t> reply((*c)->MaxCompressedBytes(n, DType::kFloat32));
           auto r = (*c)->AggregateCompress(Span<const ByteSpan>(&push, 1), n, 1.0f, nullptr,
-                                           {3, round, kServerStream},
-                                           {reply.data(), reply.size()});
+                                           {3, round, kServerStream}, {reply.data(), reply.size()});
           ASSERT_TRUE(r.ok()) << r.status().ToString();
           std::vector<float> out(n);
           const Status s = (*state)->DecompressReply(**c, ByteSpan(reply.data(), *r), {3, round},

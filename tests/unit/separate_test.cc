@@ -3,6 +3,8 @@
 // (d + 1) / m ||g||^2), linearity and the server's sum, the moving-average error feedback
 // (telescoping between resets in both conventions, the reset), the wire size and the
 // decoder's refusals.
+#include "compressors/separate/separate.h"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,7 +20,6 @@
 #include "compressors/error_feedback.h"
 #include "compressors/registry.h"
 #include "compressors/separate/gaussian.h"
-#include "compressors/separate/separate.h"
 #include "compressors/separate/separate_kernels.h"
 #include "compressors/spec_registry.h"
 #include "tests/unit/test_util.h"
@@ -82,14 +83,15 @@ TEST(SeparateGaussian, FillMatchesTheDefinitionOnEveryLevelAtAnyOffset) {
     SCOPED_TRACE(std::string(IsaLevelName(isa)));
     for (uint64_t stream : {uint64_t{0}, uint64_t{0x123456789ABCDEFull}, ~uint64_t{0}}) {
       for (uint32_t first : {0u, 1u, 15u, 16u, 31u, 32u, 33u, 1000u, 0xFFFFFF00u}) {
-        for (size_t count : {size_t{0}, size_t{1}, size_t{17}, size_t{32}, size_t{95}, size_t{200}}) {
+        for (size_t count :
+             {size_t{0}, size_t{1}, size_t{17}, size_t{32}, size_t{95}, size_t{200}}) {
           std::vector<float> got(count + 1, 7.0f);
           FillGaussians(stream, first, count, got.data(), isa);
           for (size_t k = 0; k < count; ++k) {
             const float want = GaussianAt(stream, first + static_cast<uint32_t>(k));
             ASSERT_EQ(0, std::memcmp(&got[k], &want, 4))
-                << "stream " << stream << " position " << first + k << ": " << got[k]
-                << " vs " << want;
+                << "stream " << stream << " position " << first + k << ": " << got[k] << " vs "
+                << want;
           }
           ASSERT_EQ(got[count], 7.0f) << "wrote past count";
         }
@@ -179,8 +181,8 @@ TEST(SeparateGaussian, MomentsAreStandardNormal) {
   }
   const double n = kCount;
   const double half = n / 2;
-  printf("E z = %.5f, E z^2 = %.5f, E z^3 = %.5f, E z^4 = %.5f, max |z| = %.3f\n", s1 / n,
-         s2 / n, s3 / n, s4 / n, max_abs);
+  printf("E z = %.5f, E z^2 = %.5f, E z^3 = %.5f, E z^4 = %.5f, max |z| = %.3f\n", s1 / n, s2 / n,
+         s3 / n, s4 / n, max_abs);
   EXPECT_NEAR(s1 / n, 0.0, 0.002);
   EXPECT_NEAR(s2 / n, 1.0, 0.003);
   EXPECT_NEAR(s3 / n, 0.0, 0.01);
@@ -220,9 +222,10 @@ TEST(SeparateProjection, UnbiasedWithTheExactVariance) {
   const double expect_bias = std::sqrt((d + 1.0) / (16.0 * kRounds));
   const double var = sum_err / kRounds;
   const double var_se = std::sqrt((sum_err_sq / kRounds - var * var) / kRounds);
-  printf("||mean - g|| / ||g|| = %.4f (expected %.4f); E||g~ - g||^2 / ||g||^2 = %.3f +- %.3f "
-         "(exact %.4f)\n",
-         rel_bias, expect_bias, var, var_se, (d + 1.0) / 16.0);
+  printf(
+      "||mean - g|| / ||g|| = %.4f (expected %.4f); E||g~ - g||^2 / ||g||^2 = %.3f +- %.3f "
+      "(exact %.4f)\n",
+      rel_bias, expect_bias, var, var_se, (d + 1.0) / 16.0);
   EXPECT_GT(rel_bias, 0.75 * expect_bias);
   EXPECT_LT(rel_bias, 1.25 * expect_bias);
   EXPECT_NEAR(var, (d + 1.0) / 16.0, 4 * var_se);
@@ -286,10 +289,10 @@ TEST(SeparateProjection, WireSizeIsHeaderPlusOneFloatPerProjection) {
   };
   const Case cases[] = {
       {"separate", 0, 0},
-      {"separate", 1, 1},            // last block 1 of 64: max(1, ceil(4/64))
-      {"separate", 128, 8},          // two full blocks, m = 4
-      {"separate", 1000, 15 * 4 + 3},  // 15 full, last 40: ceil(40*4/64) = 3
-      {"separate:block=128", 1000, 7 * 8 + 7},  // 7 full, last 104: ceil(104*8/128) = 7
+      {"separate", 1, 1},                                 // last block 1 of 64: max(1, ceil(4/64))
+      {"separate", 128, 8},                               // two full blocks, m = 4
+      {"separate", 1000, 15 * 4 + 3},                     // 15 full, last 40: ceil(40*4/64) = 3
+      {"separate:block=128", 1000, 7 * 8 + 7},            // 7 full, last 104: ceil(104*8/128) = 7
       {"separate:ratio=4,block=64", 1000, 15 * 16 + 10},  // last 40: ceil(40*16/64) = 10
       {"separate:ratio=3,block=10", 25, 2 * 4 + 2},       // m = ceil(10/3) = 4; last 5: 2
       {"separate:ratio=1,block=7", 9, 7 + 2},
@@ -406,8 +409,10 @@ struct Cluster {
                                                   {7, round, static_cast<uint32_t>(w)},
                                                   TensorView(out.data(), n));
       EXPECT_TRUE(s.ok()) << s.ToString();
-      if (w == 0) out0 = out;
-      else EXPECT_EQ(0, std::memcmp(out.data(), out0.data(), 4 * n));  // the same everywhere
+      if (w == 0)
+        out0 = out;
+      else
+        EXPECT_EQ(0, std::memcmp(out.data(), out0.data(), 4 * n));  // the same everywhere
     }
     return out0;
   }

@@ -173,12 +173,11 @@ TEST(MethodSpec, ErrorFeedbackRules) {
         EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << m->name;
         EXPECT_NE(s.message().find("SDP4Bit's gradient path is unbiased"), std::string::npos)
             << s.message();
-      } else if (no_server && (policy == v1::ERROR_FEEDBACK_SERVER ||
-                                policy == v1::ERROR_FEEDBACK_BOTH)) {
+      } else if (no_server &&
+                 (policy == v1::ERROR_FEEDBACK_SERVER || policy == v1::ERROR_FEEDBACK_BOTH)) {
         EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << m->name;
         EXPECT_NE(s.message().find("keep no error feedback"), std::string::npos) << s.message();
-        EXPECT_NE(s.message().find("Use error_feedback: worker"), std::string::npos)
-            << s.message();
+        EXPECT_NE(s.message().find("Use error_feedback: worker"), std::string::npos) << s.message();
       } else {
         EXPECT_TRUE(s.ok()) << m->name << ": " << s.message();
       }
