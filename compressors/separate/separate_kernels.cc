@@ -258,6 +258,147 @@ void ReconstructScalar(uint64_t block_stream, const float* q, size_t d, size_t m
   }
 }
 
+// ---- AVX2: the 16 lanes of a group as two sets of 8 (same operations, same bits) ----------
+
+// The hash inputs of lanes 8k..8k+7 of group 0: (8k + l) golden + lo; +16 golden per group.
+BP_TARGET_AVX2 inline __m256i FirstPre8(uint64_t stream, int k) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(8 * k), lane);
+  return _mm256_add_epi32(_mm256_mullo_epi32(idx, _mm256_set1_epi32(int32_t(kGolden32))),
+                          _mm256_set1_epi32(static_cast<int32_t>(stream)));
+}
+
+BP_TARGET_AVX2 inline __m256i NextPre8(__m256i pre) {
+  return _mm256_add_epi32(pre, _mm256_set1_epi32(static_cast<int32_t>(16u * kGolden32)));
+}
+
+BP_TARGET_AVX2 inline void Pairs8Avx2(__m256i pre, __m256i hi, __m256* cos_half, __m256* sin_half) {
+  __m256i x = _mm256_xor_si256(pre, hi);
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(int32_t(0x85EBCA6Bu)));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 13));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(int32_t(0xC2B2AE35u)));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+
+  const __m256i fi = _mm256_or_si256(
+      _mm256_and_si256(_mm256_slli_epi32(x, 1), _mm256_set1_epi32(0x1FFFE)), _mm256_set1_epi32(1));
+  const __m256 f = _mm256_cvtepi32_ps(fi);
+  const __m256i fb = _mm256_castps_si256(f);
+  __m256 e =
+      _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(fb, 23), _mm256_set1_epi32(127)));
+  __m256 m = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(fb, _mm256_set1_epi32(0x7FFFFF)),
+                                                 _mm256_set1_epi32(0x3F800000)));
+  const __m256 big = _mm256_cmp_ps(m, _mm256_set1_ps(kSqrt2), _CMP_GT_OQ);
+  m = _mm256_blendv_ps(m, _mm256_mul_ps(m, _mm256_set1_ps(0.5f)), big);
+  e = _mm256_blendv_ps(e, _mm256_add_ps(e, _mm256_set1_ps(1.0f)), big);
+  const __m256 t = _mm256_sub_ps(m, _mm256_set1_ps(1.0f));
+  __m256 q = _mm256_set1_ps(kQ4);
+  q = _mm256_add_ps(_mm256_mul_ps(q, t), _mm256_set1_ps(kQ3));
+  q = _mm256_add_ps(_mm256_mul_ps(q, t), _mm256_set1_ps(kQ2));
+  q = _mm256_add_ps(_mm256_mul_ps(q, t), _mm256_set1_ps(kQ1));
+  q = _mm256_add_ps(_mm256_mul_ps(q, t), _mm256_set1_ps(kQ0));
+  const __m256 ln_m = _mm256_add_ps(t, _mm256_mul_ps(_mm256_mul_ps(t, t), q));
+  const __m256 ln_u = _mm256_add_ps(
+      _mm256_mul_ps(_mm256_sub_ps(e, _mm256_set1_ps(17.0f)), _mm256_set1_ps(kLn2)), ln_m);
+  const __m256 r = _mm256_sqrt_ps(_mm256_mul_ps(ln_u, _mm256_set1_ps(-2.0f)));
+
+  const __m256i k2 = _mm256_or_si256(_mm256_srli_epi32(x, 17), _mm256_set1_epi32(1));
+  const __m256 a = _mm256_mul_ps(_mm256_cvtepi32_ps(k2), _mm256_set1_ps(kAngleStep));
+  const __m256 y = _mm256_mul_ps(a, a);
+  __m256 s = _mm256_set1_ps(kS3);
+  s = _mm256_add_ps(_mm256_mul_ps(s, y), _mm256_set1_ps(kS2));
+  s = _mm256_add_ps(_mm256_mul_ps(s, y), _mm256_set1_ps(kS1));
+  s = _mm256_add_ps(_mm256_mul_ps(s, y), _mm256_set1_ps(kS0));
+  const __m256 sn = _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(a, y), s));
+  __m256 c = _mm256_set1_ps(kC3);
+  c = _mm256_add_ps(_mm256_mul_ps(c, y), _mm256_set1_ps(kC2));
+  c = _mm256_add_ps(_mm256_mul_ps(c, y), _mm256_set1_ps(kC1));
+  c = _mm256_add_ps(_mm256_mul_ps(c, y), _mm256_set1_ps(kC0));
+  const __m256 cs = _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_mul_ps(y, c));
+  const __m256i sign = _mm256_set1_epi32(int32_t(0x80000000u));
+  *cos_half = _mm256_castsi256_ps(_mm256_xor_si256(
+      _mm256_castps_si256(_mm256_mul_ps(r, cs)), _mm256_and_si256(_mm256_slli_epi32(x, 15), sign)));
+  *sin_half = _mm256_castsi256_ps(_mm256_xor_si256(
+      _mm256_castps_si256(_mm256_mul_ps(r, sn)), _mm256_and_si256(_mm256_slli_epi32(x, 14), sign)));
+}
+
+// The 32 values of a group: z[0] positions 0..7, z[1] 8..15, z[2] 16..23, z[3] 24..31.
+BP_TARGET_AVX2 inline void GroupRegsAvx2(__m256i pre0, __m256i pre1, __m256i hi, __m256* z) {
+  Pairs8Avx2(pre0, hi, &z[0], &z[2]);
+  Pairs8Avx2(pre1, hi, &z[1], &z[3]);
+}
+
+BP_TARGET_AVX2 void GroupAvx2(uint64_t stream, uint32_t group, float* out) {
+  const __m256i step = _mm256_set1_epi32(static_cast<int32_t>(group * 16u * kGolden32));
+  const __m256i hi = _mm256_set1_epi32(static_cast<int32_t>(stream >> 32));
+  __m256 z[4];
+  GroupRegsAvx2(_mm256_add_epi32(FirstPre8(stream, 0), step),
+                _mm256_add_epi32(FirstPre8(stream, 1), step), hi, z);
+  for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + 8 * k, z[k]);
+}
+
+BP_TARGET_AVX2 void ProjectAvx2(uint64_t block_stream, const float* h, size_t d, size_t m,
+                                float* p) {
+  const size_t groups = (d + kGaussianGroup - 1) / kGaussianGroup;
+  const size_t whole = d / kGaussianGroup;
+  float tail[kGaussianGroup] = {};
+  if (whole < groups)
+    std::memcpy(tail, h + whole * kGaussianGroup, 4 * (d - whole * kGaussianGroup));
+  for (size_t r = 0; r < m; ++r) {
+    const uint64_t rs = RowStream(block_stream, r);
+    const __m256i hi = _mm256_set1_epi32(static_cast<int32_t>(rs >> 32));
+    __m256i pre0 = FirstPre8(rs, 0), pre1 = FirstPre8(rs, 1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    for (size_t g = 0; g < groups; ++g, pre0 = NextPre8(pre0), pre1 = NextPre8(pre1)) {
+      __m256 z[4];
+      GroupRegsAvx2(pre0, pre1, hi, z);
+      // A partial last group reads zeros past d (adding +0 leaves a lane sum as it is, as the
+      // scalar reference's skipped terms do: no lane sum is ever -0).
+      const float* hh = g < whole ? h + kGaussianGroup * g : tail;
+      for (int k = 0; k < 4; ++k) {
+        acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(z[k], _mm256_loadu_ps(hh + 8 * k)));
+      }
+    }
+    // fold: l + 16, l + 8, l + 4, l + 2, l + 1
+    const __m256 a16 = _mm256_add_ps(acc[0], acc[2]);
+    const __m256 b16 = _mm256_add_ps(acc[1], acc[3]);
+    const __m256 x8 = _mm256_add_ps(a16, b16);
+    __m128 x4 = _mm_add_ps(_mm256_castps256_ps128(x8), _mm256_extractf128_ps(x8, 1));
+    __m128 x2 = _mm_add_ps(x4, _mm_movehl_ps(x4, x4));
+    __m128 x1 = _mm_add_ss(x2, _mm_shuffle_ps(x2, x2, 1));
+    p[r] = _mm_cvtss_f32(x1);
+  }
+}
+
+BP_TARGET_AVX2 void ReconstructAvx2(uint64_t block_stream, const float* q, size_t d, size_t m,
+                                    float* out) {
+  const size_t groups = (d + kGaussianGroup - 1) / kGaussianGroup;
+  const size_t whole = d / kGaussianGroup;
+  const size_t left = d - whole * kGaussianGroup;
+  float tail[kGaussianGroup] = {};
+  for (size_t r = 0; r < m; ++r) {
+    const uint64_t rs = RowStream(block_stream, r);
+    const __m256i hi = _mm256_set1_epi32(static_cast<int32_t>(rs >> 32));
+    __m256i pre0 = FirstPre8(rs, 0), pre1 = FirstPre8(rs, 1);
+    const __m256 qr = _mm256_set1_ps(q[r]);
+    for (size_t g = 0; g < groups; ++g, pre0 = NextPre8(pre0), pre1 = NextPre8(pre1)) {
+      __m256 z[4];
+      GroupRegsAvx2(pre0, pre1, hi, z);
+      float* o = g < whole ? out + kGaussianGroup * g : tail;
+      for (int k = 0; k < 4; ++k) {
+        const __m256 v = _mm256_mul_ps(qr, z[k]);
+        _mm256_storeu_ps(o + 8 * k, r == 0 ? v : _mm256_add_ps(_mm256_loadu_ps(o + 8 * k), v));
+      }
+    }
+  }
+  if (left > 0) std::memcpy(out + whole * kGaussianGroup, tail, 4 * left);
+}
+
+BP_TARGET_AVX2 void FillAvx2(uint64_t stream, uint32_t first, size_t count, float* out) {
+  FillWith(stream, first, count, out, &GroupAvx2);
+}
+
 BP_TARGET_AVX512 inline __mmask16 TailMask(size_t left) {
   return left >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
 }
@@ -396,6 +537,18 @@ inline double SubtractScaledBody(float* e, const float* ht, size_t d, float a_ne
   return sum;
 }
 
+BP_TARGET_AVX2 double AddAndSquareAvx2(const float* g, const float* e, float* h, size_t d) {
+  return AddAndSquareBody(g, e, h, d);
+}
+BP_TARGET_AVX2 void MovingAverageAvx2(float* e, const float* h, size_t d, float a_old,
+                                      float a_new) {
+  MovingAverageBody(e, h, d, a_old, a_new);
+}
+BP_TARGET_AVX2 double SubtractScaledAvx2(float* e, const float* ht, size_t d, float a_new,
+                                         bool* finite) {
+  return SubtractScaledBody(e, ht, d, a_new, finite);
+}
+
 BP_TARGET_AVX512 double AddAndSquareAvx512(const float* g, const float* e, float* h, size_t d) {
   return AddAndSquareBody(g, e, h, d);
 }
@@ -412,12 +565,15 @@ BP_TARGET_AVX512 double SubtractScaledAvx512(float* e, const float* ht, size_t d
 
 double AddAndSquare(const float* g, const float* e, float* h, size_t d, IsaLevel isa) {
   if (isa == IsaLevel::kAvx512) return AddAndSquareAvx512(g, e, h, d);
+  if (isa == IsaLevel::kAvx2) return AddAndSquareAvx2(g, e, h, d);
   return AddAndSquareBody(g, e, h, d);
 }
 
 void MovingAverage(float* e, const float* h, size_t d, float a_old, float a_new, IsaLevel isa) {
   if (isa == IsaLevel::kAvx512) {
     MovingAverageAvx512(e, h, d, a_old, a_new);
+  } else if (isa == IsaLevel::kAvx2) {
+    MovingAverageAvx2(e, h, d, a_old, a_new);
   } else {
     MovingAverageBody(e, h, d, a_old, a_new);
   }
@@ -426,6 +582,7 @@ void MovingAverage(float* e, const float* h, size_t d, float a_old, float a_new,
 double SubtractScaled(float* e, const float* ht, size_t d, float a_new, bool* finite,
                       IsaLevel isa) {
   if (isa == IsaLevel::kAvx512) return SubtractScaledAvx512(e, ht, d, a_new, finite);
+  if (isa == IsaLevel::kAvx2) return SubtractScaledAvx2(e, ht, d, a_new, finite);
   return SubtractScaledBody(e, ht, d, a_new, finite);
 }
 
@@ -440,6 +597,10 @@ void FillGaussians(uint64_t stream, uint32_t first, size_t count, float* out, Is
     FillAvx512(stream, first, count, out);
     return;
   }
+  if (isa == IsaLevel::kAvx2) {
+    FillAvx2(stream, first, count, out);
+    return;
+  }
   FillWith(stream, first, count, out, &GroupScalar);
 }
 
@@ -451,6 +612,8 @@ void ProjectBlock(uint64_t block_stream, const float* h, size_t d, size_t m, flo
                   IsaLevel isa) {
   if (isa == IsaLevel::kAvx512) {
     ProjectAvx512(block_stream, h, d, m, p);
+  } else if (isa == IsaLevel::kAvx2) {
+    ProjectAvx2(block_stream, h, d, m, p);
   } else {
     ProjectScalar(block_stream, h, d, m, p);
   }
@@ -460,6 +623,8 @@ void ReconstructBlock(uint64_t block_stream, const float* q, size_t d, size_t m,
                       IsaLevel isa) {
   if (isa == IsaLevel::kAvx512) {
     ReconstructAvx512(block_stream, q, d, m, out);
+  } else if (isa == IsaLevel::kAvx2) {
+    ReconstructAvx2(block_stream, q, d, m, out);
   } else {
     ReconstructScalar(block_stream, q, d, m, out);
   }

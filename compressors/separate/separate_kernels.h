@@ -1,9 +1,9 @@
 // SEPARATE's block kernels (compressors/separate/separate.h has the method and the format):
 // the projection p = Xi h and the reconstruction Xi^T q of one block, with the block's
 // Gaussian matrix Xi (m rows of d) regenerated row by row from its stream (gaussian.h) and
-// never stored whole. Scalar and AVX-512 implementations (AVX2 runs the scalar one); every
-// level computes the same bits: the AVX-512 kernels use the generator's registers directly and
-// the scalar ones reproduce their operation order.
+// never stored whole. Scalar, AVX2 and AVX-512 implementations; every level computes the same
+// bits: the SIMD kernels use the generator's registers directly and the scalar ones reproduce
+// their operation order.
 //
 // Row r of block j is the stream RowStream(BlockStream(s, j), r), positions 0..d-1 (so a
 // shorter last block draws the leading columns of a full block's rows).

@@ -100,20 +100,23 @@ TEST(SeparateGaussian, FillMatchesTheDefinitionOnEveryLevelAtAnyOffset) {
   }
 }
 
-TEST(SeparateGaussian, Avx512KernelsMatchScalarBitForBit) {
-  if (!IsaSupported(IsaLevel::kAvx512)) GTEST_SKIP() << "no AVX-512 here";
-  for (size_t d : {1, 15, 16, 17, 31, 32, 33, 48, 64, 100, 128, 1000}) {
-    for (size_t m : {1, 3, 8}) {
-      const std::vector<float> h = RandomFloats(d, 5 + d);
-      const std::vector<float> q = RandomFloats(m, 9 + m);
-      const uint64_t bs = BlockStream(77, d * 10 + m);
-      std::vector<float> p1(m), p2(m), r1(d, 1.0f), r2(d, 2.0f);
-      separate::ProjectBlock(bs, h.data(), d, m, p1.data(), IsaLevel::kScalar);
-      separate::ProjectBlock(bs, h.data(), d, m, p2.data(), IsaLevel::kAvx512);
-      EXPECT_EQ(0, std::memcmp(p1.data(), p2.data(), 4 * m)) << "project d=" << d << " m=" << m;
-      separate::ReconstructBlock(bs, q.data(), d, m, r1.data(), IsaLevel::kScalar);
-      separate::ReconstructBlock(bs, q.data(), d, m, r2.data(), IsaLevel::kAvx512);
-      EXPECT_EQ(0, std::memcmp(r1.data(), r2.data(), 4 * d)) << "reconstruct d=" << d << " m=" << m;
+TEST(SeparateGaussian, SimdKernelsMatchScalarBitForBit) {
+  for (IsaLevel isa : testing::SupportedIsaLevels()) {
+    SCOPED_TRACE(std::string(IsaLevelName(isa)));
+    for (size_t d : {1, 15, 16, 17, 31, 32, 33, 48, 64, 100, 128, 1000}) {
+      for (size_t m : {1, 3, 8}) {
+        const std::vector<float> h = RandomFloats(d, 5 + d);
+        const std::vector<float> q = RandomFloats(m, 9 + m);
+        const uint64_t bs = BlockStream(77, d * 10 + m);
+        std::vector<float> p1(m), p2(m), r1(d, 1.0f), r2(d, 2.0f);
+        separate::ProjectBlock(bs, h.data(), d, m, p1.data(), IsaLevel::kScalar);
+        separate::ProjectBlock(bs, h.data(), d, m, p2.data(), isa);
+        EXPECT_EQ(0, std::memcmp(p1.data(), p2.data(), 4 * m)) << "project d=" << d << " m=" << m;
+        separate::ReconstructBlock(bs, q.data(), d, m, r1.data(), IsaLevel::kScalar);
+        separate::ReconstructBlock(bs, q.data(), d, m, r2.data(), isa);
+        EXPECT_EQ(0, std::memcmp(r1.data(), r2.data(), 4 * d))
+            << "reconstruct d=" << d << " m=" << m;
+      }
     }
   }
 }
