@@ -41,6 +41,7 @@ const char* const kDefaultSpecs[] = {
     "sdp4bit",
     "sdp4bit:hadamard=off",
     "separate",
+    "separate:block=32",
     "separate:block=64",
     "separate:block=128",
     "separate:block=256",
