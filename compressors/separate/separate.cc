@@ -62,8 +62,11 @@ SeparateCompressor::SeparateCompressor(const v1::SeparateParams& params, IsaLeve
     : CompressorBase(v1::COMPRESSOR_ID_SEPARATE, isa), params_(params), block_(params.block()) {
   const double m = std::ceil(static_cast<double>(block_) / params.ratio());
   m_ = static_cast<uint32_t>(std::clamp(m, 1.0, static_cast<double>(block_)));
-  h_.resize(block_);
-  p_.resize(m_);
+}
+
+void SeparateCompressor::Reserve(size_t d, size_t m) {
+  if (h_.size() < d) h_.resize(d);
+  if (p_.size() < m) p_.resize(m);
 }
 
 uint64_t SeparateCompressor::Projections(uint64_t n, uint64_t block, uint64_t m) {
@@ -90,6 +93,7 @@ size_t SeparateCompressor::Project(const float* x, size_t n, uint64_t stream, ui
   for (size_t j = 0, first = 0; first < n; ++j, first += block_) {
     const size_t d = std::min<size_t>(block_, n - first);
     const size_t m = RowsOf(d, block_, m_);
+    Reserve(0, m);
     ProjectBlock(BlockStream(stream, j), x + first, d, m, p_.data(), isa());
     std::memcpy(out + 4 * rows, p_.data(), 4 * m);
     rows += m;
@@ -107,6 +111,7 @@ size_t SeparateCompressor::EncodeBodyWithFeedback(float* q, size_t n, DType,
   const size_t bytes = Project(q, n, StreamFor(ctx), body);
   // q <- q - C(q), C(q) the reconstruction of this body (what DecodeBody gives).
   Layout layout{GetU64(body), block_, m_};
+  Reserve(std::min<size_t>(block_, n), 0);
   bool finite = true;
   for (size_t j = 0, first = 0; first < n; ++j, first += block_) {
     const size_t d = std::min<size_t>(block_, n - first);
@@ -126,7 +131,7 @@ void SeparateCompressor::ReconstructBlockOf(const uint8_t* body, const Layout& l
   // Blocks before j are full (m rows each).
   const size_t m = RowsOf(d, layout.block, layout.m);
   const uint8_t* p = body + kBodyHeaderBytes + 4 * (j * size_t{layout.m});
-  p_.resize(std::max<size_t>(p_.size(), m));
+  Reserve(0, m);
   for (size_t r = 0; r < m; ++r) p_[r] = GetF32(p + 4 * r);
   ScaleRows(p_.data(), m, p_.data());
   ReconstructBlock(BlockStream(layout.stream, j), p_.data(), d, m, out, isa());
@@ -167,7 +172,7 @@ Status SeparateCompressor::ValidateBody(ByteSpan body, size_t n, DType) {
 Status SeparateCompressor::DecodeBody(ByteSpan body, size_t n, DType, float* out, bool add) {
   Layout layout;
   BP_RETURN_IF_ERROR(Validate(body, n, &layout));
-  h_.resize(std::max<size_t>(h_.size(), std::min<size_t>(layout.block, n)));
+  Reserve(std::min<size_t>(layout.block, n), 0);
   for (size_t j = 0, first = 0; first < n; ++j, first += layout.block) {
     const size_t d = std::min<size_t>(layout.block, n - first);
     if (!add) {
@@ -229,6 +234,7 @@ StatusOr<size_t> SeparateCompressor::CompressWithState(ConstTensorView input, Se
   }
   const bool reset = st.reset_ > 0 && ctx.round % st.reset_ == 0;
   const uint64_t stream = StreamFor(ctx);
+  Reserve(std::min<size_t>(block_, n), RowsOf(std::min<size_t>(block_, n), block_, m_));
   uint8_t* body = out.data() + kPayloadHeaderBytes;
   PutU64(body, stream);
   PutU32(body + 8, block_);
@@ -297,7 +303,7 @@ Status SeparateCompressor::DecompressWithState(ByteSpan payload, SeparateState& 
   // The reply of this state's push: e <- e - a_new h~ (skipped after a reset push).
   const bool update = st.pending_ && st.pending_round_ == ctx.round && !st.pending_reset_;
   st.pending_ = false;
-  h_.resize(std::max<size_t>(h_.size(), std::min<size_t>(layout.block, n)));
+  Reserve(std::min<size_t>(layout.block, n), 0);
   float* e = st.e_.data();
   const float a_new = st.a_new_;
   bool finite = true;

@@ -97,6 +97,9 @@ class SeparateCompressor final : public CompressorBase {
   void ReconstructBlockOf(const uint8_t* body, const Layout& layout, size_t j, size_t d,
                           float* out);
   Status Validate(ByteSpan body, size_t n, Layout* layout) const;
+  // Grows the scratch to at least d block values and m projections (allocated on first use:
+  // a partition smaller than the block needs less).
+  void Reserve(size_t d, size_t m);
 
   v1::SeparateParams params_;
   uint32_t block_;
