@@ -18,14 +18,33 @@
 namespace bitpush::compressors::separate {
 namespace {
 
-// ln(1 + t) = t + t^2 Q(t) on t in [sqrt(1/2) - 1, sqrt(2) - 1] (least squares on Chebyshev
-// nodes; |error| < 9e-6).
-constexpr float kQ0 = -0.499971912465509f;
-constexpr float kQ1 = 0.33285304047507147f;
-constexpr float kQ2 = -0.2525464861402502f;
-constexpr float kQ3 = 0.2181354776815364f;
-constexpr float kQ4 = -0.14757303190911011f;
-constexpr float kLn2 = 0.6931471805599453f;
+// -2 ln u by a 32-entry table: u = f 2^-17 with f = m 2^(e + [m < 1]), e = getexp(f) and m in
+// [0.75, 1.5) (getmant's interval); i = the top 5 fraction bits of m's fp32 encoding. i < 16:
+// m in [1 + i/32, 1 + (i+1)/32), centre c_i = 1 + (i + 0.5)/32, kLnC[i] = fp32(-2 ln c_i);
+// 16 <= i < 31: m in [(32 + i)/64, (33 + i)/64), c_i = (32.5 + i)/64, kLnC[i] = fp32(-2 ln 2c_i)
+// (the [m < 1] of the exponent); i = 31 (m just below 1, u near 1): c_i = 1 and kLnC[i] =
+// kMinus2Ln2 itself, so (e - 17) kMinus2Ln2 + kLnC[i] is exactly 0 there and r keeps its
+// relative accuracy as u -> 1. kInvC[i] = fp32(1 / c_i); t = m / c_i - 1 in [-1/64, 1/64] and
+// -2 ln(1 + t) = t (-2 + t (1 - 2t/3)) (|error| < 3e-8).
+alignas(64) constexpr float kInvC[32] = {
+    0x1.f81f82p-1f, 0x1.e9131ap-1f, 0x1.dae608p-1f, 0x1.cd8568p-1f, 0x1.c0e07p-1f,  0x1.b4e81cp-1f,
+    0x1.a98ef6p-1f, 0x1.9ec8eap-1f, 0x1.948b1p-1f,  0x1.8acb9p-1f,  0x1.818182p-1f, 0x1.78a4c8p-1f,
+    0x1.702e06p-1f, 0x1.681682p-1f, 0x1.605816p-1f, 0x1.58ed24p-1f, 0x1.51d07ep+0f, 0x1.4afd6ap+0f,
+    0x1.446f86p+0f, 0x1.3e22ccp+0f, 0x1.381382p+0f, 0x1.323e34p+0f, 0x1.2c9fb4p+0f, 0x1.27350cp+0f,
+    0x1.21fb78p+0f, 0x1.1cf06ap+0f, 0x1.181182p+0f, 0x1.135c82p+0f, 0x1.0ecf56p+0f, 0x1.0a681p+0f,
+    0x1.0624dep+0f, 0x1.0p+0f,
+};
+alignas(64) constexpr float kLnC[32] = {
+    -0x1.fc0a8cp-6f, -0x1.77459p-4f,  -0x1.341d7ap-3f, -0x1.a926d4p-3f, -0x1.0d77e8p-2f,
+    -0x1.44d2b6p-2f, -0x1.7ab89p-2f,  -0x1.af3c94p-2f, -0x1.e27076p-2f, -0x1.0a324ep-1f,
+    -0x1.22942p-1f,  -0x1.3a64c6p-1f, -0x1.51aad8p-1f, -0x1.686c82p-1f, -0x1.7eaf84p-1f,
+    -0x1.947942p-1f, -0x1.a9cecap-1f, -0x1.beb4dap-1f, -0x1.d32fe8p-1f, -0x1.e74426p-1f,
+    -0x1.faf588p-1f, -0x1.0723e6p+0f, -0x1.109f3ap+0f, -0x1.19ee6cp+0f, -0x1.23130ep+0f,
+    -0x1.2c0e9ep+0f, -0x1.34e28ap+0f, -0x1.3d9026p+0f, -0x1.4618bcp+0f, -0x1.4e7d82p+0f,
+    -0x1.56bf9ep+0f, -0x1.62e43p+0f,
+};
+constexpr float kMinus2Ln2 = -0x1.62e43p+0f;  // fp32(-2 ln 2)
+constexpr float kMinusTwoThirds = -0x1.555556p-1f;
 // sin a = a + a y S(y), cos a = 1 + y C(y), y = a^2, a in [0, pi/2] (|error| < 2e-7).
 constexpr float kS0 = -0.16666665966663552f;
 constexpr float kS1 = 0.00833324233936099f;
@@ -36,7 +55,6 @@ constexpr float kC1 = 0.04166567177667821f;
 constexpr float kC2 = -0.0013868639015691098f;
 constexpr float kC3 = 2.34768493312373e-05f;
 constexpr float kAngleStep = 4.7936899621426287e-05f;  // fp32(pi / 65536)
-constexpr float kSqrt2 = 1.41421353816986083984375f;   // fp32(sqrt 2)
 
 inline float Bits(uint32_t u) {
   float f;
@@ -52,24 +70,18 @@ inline uint32_t Bits(float f) {
 // The pair of lane hash x: half 0 (cos) and half 1 (sin). The reference every level matches;
 // each line is one IEEE operation of the AVX-512 kernel (getexp / getmant are exact).
 inline void PairScalar(uint32_t x, float* c_out, float* s_out) {
-  // radius: r^2 = -2 ln u, u = f 2^-17, f = 2 (x & 0xFFFF) + 1 = m 2^e, m in [1, 2)
+  // radius: r^2 = -2 ln u, u = f 2^-17, f = 2 (x & 0xFFFF) + 1 = m 2^e, m in [0.75, 1.5)
   const float f = static_cast<float>(static_cast<int32_t>(((x << 1) & 0x1FFFEu) | 1u));
   const uint32_t fb = Bits(f);
-  float e = static_cast<float>(static_cast<int32_t>(fb >> 23) - 127);  // getexp
-  float m = Bits((fb & 0x7FFFFFu) | 0x3F800000u);                      // getmant [1, 2)
-  if (m > kSqrt2) {                                                    // m in [sqrt(1/2), sqrt(2)]
-    m = m * 0.5f;
-    e = e + 1.0f;
-  }
-  const float t = m - 1.0f;
-  float q = kQ4;
-  q = q * t + kQ3;
-  q = q * t + kQ2;
-  q = q * t + kQ1;
-  q = q * t + kQ0;
-  const float ln_m = t + (t * t) * q;
-  const float ln_u = (e - 17.0f) * kLn2 + ln_m;
-  const float r = std::sqrt(ln_u * -2.0f);
+  const uint32_t hi = (fb >> 22) & 1u;  // fraction >= 0.5: getmant halves m
+  const uint32_t mb = (fb & 0x7FFFFFu) | (hi != 0 ? 0x3F000000u : 0x3F800000u);  // getmant
+  const float e = static_cast<float>(static_cast<int32_t>(fb >> 23) - 127);      // getexp
+  const uint32_t i = (mb >> 18) & 31u;
+  const float t = Bits(mb) * kInvC[i] - 1.0f;
+  float q = t * kMinusTwoThirds + 1.0f;
+  q = q * t + -2.0f;
+  q = q * t;
+  const float r = std::sqrt(((e - 17.0f) * kMinus2Ln2 + kLnC[i]) + q);
   // angle a = (2 (x >> 18) + 1) pi / 65536 in (0, pi/2)
   const float a = static_cast<float>(static_cast<int32_t>((x >> 17) | 1u)) * kAngleStep;
   const float y = a * a;
@@ -145,21 +157,20 @@ BP_TARGET_AVX512 inline void PairsAvx512(__m512i pre, __m512i hi, __m512* cos_ha
   const __m512i fi = _mm512_ternarylogic_epi32(_mm512_slli_epi32(x, 1), _mm512_set1_epi32(0x1FFFE),
                                                _mm512_set1_epi32(1), 0xEA);
   const __m512 f = _mm512_cvtepi32_ps(fi);
-  __m512 e = _mm512_getexp_ps(f);
-  __m512 m = _mm512_getmant_ps(f, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);
-  const __mmask16 big = _mm512_cmp_ps_mask(m, _mm512_set1_ps(kSqrt2), _CMP_GT_OQ);
-  m = _mm512_mask_mul_ps(m, big, m, _mm512_set1_ps(0.5f));
-  e = _mm512_mask_add_ps(e, big, e, _mm512_set1_ps(1.0f));
-  const __m512 t = _mm512_sub_ps(m, _mm512_set1_ps(1.0f));
-  __m512 q = _mm512_set1_ps(kQ4);
-  q = _mm512_add_ps(_mm512_mul_ps(q, t), _mm512_set1_ps(kQ3));
-  q = _mm512_add_ps(_mm512_mul_ps(q, t), _mm512_set1_ps(kQ2));
-  q = _mm512_add_ps(_mm512_mul_ps(q, t), _mm512_set1_ps(kQ1));
-  q = _mm512_add_ps(_mm512_mul_ps(q, t), _mm512_set1_ps(kQ0));
-  const __m512 ln_m = _mm512_add_ps(t, _mm512_mul_ps(_mm512_mul_ps(t, t), q));
-  const __m512 ln_u = _mm512_add_ps(
-      _mm512_mul_ps(_mm512_sub_ps(e, _mm512_set1_ps(17.0f)), _mm512_set1_ps(kLn2)), ln_m);
-  const __m512 r = _mm512_sqrt_ps(_mm512_mul_ps(ln_u, _mm512_set1_ps(-2.0f)));
+  const __m512 m = _mm512_getmant_ps(f, _MM_MANT_NORM_p75_1p5, _MM_MANT_SIGN_src);
+  const __m512 e = _mm512_getexp_ps(f);
+  const __m512i i = _mm512_srli_epi32(_mm512_castps_si512(m), 18);  // the permutes read bits 0..4
+  const __m512 inv_c = _mm512_permutex2var_ps(_mm512_load_ps(kInvC), i, _mm512_load_ps(kInvC + 16));
+  const __m512 ln_c = _mm512_permutex2var_ps(_mm512_load_ps(kLnC), i, _mm512_load_ps(kLnC + 16));
+  const __m512 t = _mm512_sub_ps(_mm512_mul_ps(m, inv_c), _mm512_set1_ps(1.0f));
+  __m512 q = _mm512_add_ps(_mm512_mul_ps(t, _mm512_set1_ps(kMinusTwoThirds)), _mm512_set1_ps(1.0f));
+  q = _mm512_add_ps(_mm512_mul_ps(q, t), _mm512_set1_ps(-2.0f));
+  q = _mm512_mul_ps(q, t);
+  const __m512 w = _mm512_add_ps(
+      _mm512_add_ps(
+          _mm512_mul_ps(_mm512_sub_ps(e, _mm512_set1_ps(17.0f)), _mm512_set1_ps(kMinus2Ln2)), ln_c),
+      q);
+  const __m512 r = _mm512_sqrt_ps(w);
 
   const __m512i k2 = _mm512_or_si512(_mm512_srli_epi32(x, 17), _mm512_set1_epi32(1));
   const __m512 a = _mm512_mul_ps(_mm512_cvtepi32_ps(k2), _mm512_set1_ps(kAngleStep));
@@ -272,6 +283,18 @@ BP_TARGET_AVX2 inline __m256i NextPre8(__m256i pre) {
   return _mm256_add_epi32(pre, _mm256_set1_epi32(static_cast<int32_t>(16u * kGolden32)));
 }
 
+// table[i] for i in 0..31: four 8-entry permutes, blended by bits 3 and 4 of i (faster than a
+// gather here).
+BP_TARGET_AVX2 inline __m256 Lookup32Avx2(const float* table, __m256i i) {
+  const __m256 p0 = _mm256_permutevar8x32_ps(_mm256_load_ps(table), i);
+  const __m256 p1 = _mm256_permutevar8x32_ps(_mm256_load_ps(table + 8), i);
+  const __m256 p2 = _mm256_permutevar8x32_ps(_mm256_load_ps(table + 16), i);
+  const __m256 p3 = _mm256_permutevar8x32_ps(_mm256_load_ps(table + 24), i);
+  const __m256 bit3 = _mm256_castsi256_ps(_mm256_slli_epi32(i, 28));  // blendv reads bit 31
+  const __m256 bit4 = _mm256_castsi256_ps(_mm256_slli_epi32(i, 27));
+  return _mm256_blendv_ps(_mm256_blendv_ps(p0, p1, bit3), _mm256_blendv_ps(p2, p3, bit3), bit4);
+}
+
 BP_TARGET_AVX2 inline void Pairs8Avx2(__m256i pre, __m256i hi, __m256* cos_half, __m256* sin_half) {
   __m256i x = _mm256_xor_si256(pre, hi);
   x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
@@ -284,23 +307,26 @@ BP_TARGET_AVX2 inline void Pairs8Avx2(__m256i pre, __m256i hi, __m256* cos_half,
       _mm256_and_si256(_mm256_slli_epi32(x, 1), _mm256_set1_epi32(0x1FFFE)), _mm256_set1_epi32(1));
   const __m256 f = _mm256_cvtepi32_ps(fi);
   const __m256i fb = _mm256_castps_si256(f);
-  __m256 e =
+  const __m256i half = _mm256_and_si256(_mm256_srli_epi32(fb, 22), _mm256_set1_epi32(1));
+  const __m256 e =
       _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(fb, 23), _mm256_set1_epi32(127)));
-  __m256 m = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(fb, _mm256_set1_epi32(0x7FFFFF)),
-                                                 _mm256_set1_epi32(0x3F800000)));
-  const __m256 big = _mm256_cmp_ps(m, _mm256_set1_ps(kSqrt2), _CMP_GT_OQ);
-  m = _mm256_blendv_ps(m, _mm256_mul_ps(m, _mm256_set1_ps(0.5f)), big);
-  e = _mm256_blendv_ps(e, _mm256_add_ps(e, _mm256_set1_ps(1.0f)), big);
-  const __m256 t = _mm256_sub_ps(m, _mm256_set1_ps(1.0f));
-  __m256 q = _mm256_set1_ps(kQ4);
-  q = _mm256_add_ps(_mm256_mul_ps(q, t), _mm256_set1_ps(kQ3));
-  q = _mm256_add_ps(_mm256_mul_ps(q, t), _mm256_set1_ps(kQ2));
-  q = _mm256_add_ps(_mm256_mul_ps(q, t), _mm256_set1_ps(kQ1));
-  q = _mm256_add_ps(_mm256_mul_ps(q, t), _mm256_set1_ps(kQ0));
-  const __m256 ln_m = _mm256_add_ps(t, _mm256_mul_ps(_mm256_mul_ps(t, t), q));
-  const __m256 ln_u = _mm256_add_ps(
-      _mm256_mul_ps(_mm256_sub_ps(e, _mm256_set1_ps(17.0f)), _mm256_set1_ps(kLn2)), ln_m);
-  const __m256 r = _mm256_sqrt_ps(_mm256_mul_ps(ln_u, _mm256_set1_ps(-2.0f)));
+  // m's exponent: 0x3F800000 - (hi << 23) (126 where the fraction is >= 0.5)
+  const __m256i mb =
+      _mm256_or_si256(_mm256_and_si256(fb, _mm256_set1_epi32(0x7FFFFF)),
+                      _mm256_sub_epi32(_mm256_set1_epi32(0x3F800000), _mm256_slli_epi32(half, 23)));
+  const __m256i i = _mm256_and_si256(_mm256_srli_epi32(mb, 18), _mm256_set1_epi32(31));
+  const __m256 inv_c = Lookup32Avx2(kInvC, i);
+  const __m256 ln_c = Lookup32Avx2(kLnC, i);
+  const __m256 t =
+      _mm256_sub_ps(_mm256_mul_ps(_mm256_castsi256_ps(mb), inv_c), _mm256_set1_ps(1.0f));
+  __m256 q = _mm256_add_ps(_mm256_mul_ps(t, _mm256_set1_ps(kMinusTwoThirds)), _mm256_set1_ps(1.0f));
+  q = _mm256_add_ps(_mm256_mul_ps(q, t), _mm256_set1_ps(-2.0f));
+  q = _mm256_mul_ps(q, t);
+  const __m256 w = _mm256_add_ps(
+      _mm256_add_ps(
+          _mm256_mul_ps(_mm256_sub_ps(e, _mm256_set1_ps(17.0f)), _mm256_set1_ps(kMinus2Ln2)), ln_c),
+      q);
+  const __m256 r = _mm256_sqrt_ps(w);
 
   const __m256i k2 = _mm256_or_si256(_mm256_srli_epi32(x, 17), _mm256_set1_epi32(1));
   const __m256 a = _mm256_mul_ps(_mm256_cvtepi32_ps(k2), _mm256_set1_ps(kAngleStep));
@@ -584,6 +610,10 @@ double SubtractScaled(float* e, const float* ht, size_t d, float a_new, bool* fi
   if (isa == IsaLevel::kAvx512) return SubtractScaledAvx512(e, ht, d, a_new, finite);
   if (isa == IsaLevel::kAvx2) return SubtractScaledAvx2(e, ht, d, a_new, finite);
   return SubtractScaledBody(e, ht, d, a_new, finite);
+}
+
+void GaussianPair(uint32_t x, float* cos_half, float* sin_half) {
+  PairScalar(x, cos_half, sin_half);
 }
 
 float GaussianAt(uint64_t stream, uint32_t i) {

@@ -121,6 +121,40 @@ TEST(SeparateGaussian, SimdKernelsMatchScalarBitForBit) {
   }
 }
 
+// Every radius (16 bits) and every angle (14 bits) against the exact Box-Muller values.
+TEST(SeparateGaussian, EveryRadiusAndAngleIsAccurate) {
+  double worst_r = 0, worst_a = 0;
+  for (uint32_t k1 = 0; k1 < 65536; ++k1) {
+    float c, s;
+    separate::GaussianPair(k1, &c, &s);  // angle index 0, both signs +
+    const double u = (2.0 * k1 + 1) / 131072.0;
+    const double r = std::sqrt(-2 * std::log(u));
+    const double a = M_PI / 65536;
+    worst_r = std::max(worst_r, std::fabs(std::hypot(double{c}, double{s}) - r));
+    ASSERT_GT(c, 0.0f);
+    ASSERT_GT(s, 0.0f);
+    ASSERT_NEAR(c, r * std::cos(a), 2e-5) << k1;
+  }
+  for (uint32_t k2 = 0; k2 < 16384; ++k2) {
+    float c, s;
+    const uint32_t k1 = 12345;  // r = 1.37...
+    separate::GaussianPair(k1 | (k2 << 18), &c, &s);
+    const double r = std::sqrt(-2 * std::log((2.0 * k1 + 1) / 131072.0));
+    const double a = (2.0 * k2 + 1) * M_PI / 65536;
+    worst_a =
+        std::max(worst_a, std::max(std::fabs(c - r * std::cos(a)), std::fabs(s - r * std::sin(a))));
+  }
+  // Signs: bits 16 and 17 flip the two halves.
+  float c0, s0, c1, s1;
+  separate::GaussianPair(777, &c0, &s0);
+  separate::GaussianPair(777 | (3u << 16), &c1, &s1);
+  EXPECT_EQ(c1, -c0);
+  EXPECT_EQ(s1, -s0);
+  printf("max |r - exact| = %.3g, max |z - exact| over the angles = %.3g\n", worst_r, worst_a);
+  EXPECT_LT(worst_r, 2e-5);
+  EXPECT_LT(worst_a, 2e-6);
+}
+
 // A child process draws the stream (scalar) and sends its bytes back through a pipe: the
 // parent's draw at its best level is identical.
 TEST(SeparateGaussian, AnotherProcessDrawsTheSameBytes) {
