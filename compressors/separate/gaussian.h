@@ -7,8 +7,9 @@
 //
 // Definition. Positions come in groups of 32: position i is lane l = i % 16 of half
 // q = (i / 16) % 2 of group G = i / 32. The group's lane l draws one 32-bit hash
-//   x = Fmix32((16 G + l) * 0x9E3779B1 + lo(s)) ^ ... = CounterRandom32Lite(s, 16 G + l)
-// and turns it into a pair of normals by Box-Muller with 16-bit uniforms:
+//   x = CounterRandom32Lite(s, 16 G + l) = Fmix32(((16 G + l) * 0x9E3779B1 + lo(s)) ^ hi(s))
+// (common/counter_rng.h) and turns it into a pair of normals by Box-Muller with 16-bit
+// uniforms:
 //   u = f / 2^17, f = 2 (x & 0xFFFF) + 1                  (radius uniform, exact in fp32)
 //   r = sqrt(-2 ln u)          (ln from a 32-entry table and a cubic; separate_kernels.cc)
 //   a = (2 (x >> 18) + 1) * fp32(pi / 65536)              (angle in (0, pi/2), 14 bits)

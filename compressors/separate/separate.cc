@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <string>
 
 #include "common/counter_rng.h"
@@ -19,7 +18,6 @@ using separate::BlockStream;
 using separate::ProjectBlock;
 using separate::ReconstructBlock;
 
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // The largest block a body may declare (the spec's bound).
 constexpr uint64_t kMaxBlock = uint64_t{1} << 24;
 
