@@ -119,9 +119,10 @@ def cluster_error_feedback(args):
     compressed = method not in ("", "none")
     if compressed and args.no_error_feedback:
         return "none"
-    if method in ("loco", "sdp4bit"):
+    if method in ("loco", "sdp4bit", "separate"):
         # LoCo's compensated error is the method (worker, and server where it replies in 4
-        # bits); SDP4Bit is unbiased and runs without error feedback.
+        # bits); SDP4Bit is unbiased and runs without error feedback; SEPARATE keeps its
+        # moving-average error on the workers only.
         from bitpush import _C
         return _C.recommended_error_feedback(args.compression)
     if args.optimizer == "clan" and compressed:
