@@ -40,6 +40,13 @@ const char* const kDefaultSpecs[] = {
     "loco:block=128",
     "sdp4bit",
     "sdp4bit:hadamard=off",
+    "separate",
+    "separate:block=32",
+    "separate:block=64",
+    "separate:block=128",
+    "separate:block=256",
+    "separate:block=512",
+    "separate:block=1024",
     "binsgdm",
 };
 
@@ -160,6 +167,7 @@ int RunCompressorsBench(int argc, char** argv) {
                           .Add("seconds", mem.best_seconds)
                           .Add("median_seconds", mem.median_seconds)
                           .Add("gbps", memcpy_gbps)
+                          .Add("elements_per_s", static_cast<double>(n) / mem.best_seconds)
                           .Add("ratio_to_memcpy", 1.0)
                           .Add("compression_ratio", 1.0));
     if (!opt.json) {
@@ -308,6 +316,8 @@ int RunCompressorsBench(int argc, char** argv) {
                               .Add("seconds", t.best_seconds)
                               .Add("median_seconds", t.median_seconds)
                               .Add("gbps", gbps)
+                              .Add("elements_per_s", static_cast<double>(op.pushes) *
+                                                         static_cast<double>(n) / t.best_seconds)
                               .Add("ratio_to_memcpy", gbps / memcpy_gbps)
                               .Add("compression_ratio", ratio)
                               .Add("payload_bytes", payload_bytes));

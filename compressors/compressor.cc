@@ -189,6 +189,7 @@ StatusOr<size_t> CompressorBase::AggregateCompress(Span<const ByteSpan> pushes, 
     }
     bodies.push_back(pushes[w].subspan(kPayloadHeaderBytes, h.body_bytes));
   }
+  BP_RETURN_IF_ERROR(ValidateAggregate(bodies.data(), bodies.size(), n));
   const size_t body = AggregateBody(bodies.data(), bodies.size(), n, dtype, scale, residual, ctx,
                                     out.data() + kPayloadHeaderBytes);
   return FinishPayload(out_dtype, n, body, out.data());

@@ -231,6 +231,13 @@ class CompressorBase : public Compressor {
   // Default: Unimplemented (compressors that fuse the server round implement it).
   virtual Status ValidateBody(ByteSpan body, size_t n, DType dtype);
 
+  // The checks a server round makes across its validated bodies before AggregateBody (a
+  // compressed-domain method whose pushes must agree on a layout: separate's common stream).
+  // DataLoss naming the disagreement. Default: OK.
+  virtual Status ValidateAggregate(const ByteSpan* /*bodies*/, size_t /*count*/, size_t /*n*/) {
+    return Status::Ok();
+  }
+
   // The fused server round over validated bodies (see AggregateCompress): writes the body of
   // C(a + e) (residual != nullptr, e updated) or C(a), in ctx.store_as (fp32 when unset), and
   // returns its size. `dtype` is the pushes'. Only called where FusesServerRound(residual !=

@@ -49,6 +49,12 @@ StatusOr<std::unique_ptr<ErrorFeedback>> CreateErrorFeedback(const v1::Compresso
     made = k->new_error_feedback(c, side, elements);
   }
   if (made == nullptr) {
+    // A method that keeps no state on this side (separate's servers) refuses the policy that
+    // would ask for one; say so rather than "no factory".
+    const Status refused =
+        ValidateErrorFeedback(c, side == ErrorFeedbackSide::kWorker ? v1::ERROR_FEEDBACK_WORKER
+                                                                    : v1::ERROR_FEEDBACK_SERVER);
+    if (!refused.ok()) return refused;
     return InternalError("compressor " + CompressorSpecString(c) +
                          " has no error-feedback factory");
   }

@@ -118,8 +118,8 @@ void BindConfig(py::module_& m) {
       },
       "The error-feedback policy a compressor spec asks for ('none', 'worker', 'server', "
       "'both'): both for the biased methods and loco (worker for loco with 16/32-bit pulls), "
-      "none for the unbiased ones (dithering, unbiased randomk, sdp4bit). A bad spec raises "
-      "BitpushError.");
+      "worker for separate, none for the unbiased ones (dithering, unbiased randomk, sdp4bit). "
+      "A bad spec raises BitpushError.");
   m.def(
       "knobs",
       [] {

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
       {"dithering_natural", "dithering:levels=3,partition=natural,norm=max"},
       {"loco", "loco:block=64,pull=fp16"},
       {"sdp4bit", "sdp4bit"},
+      {"separate", "separate:ratio=4,block=64"},
       {"binsgdm", "binsgdm"},
   };
   std::mt19937 rng(1);

@@ -162,8 +162,20 @@ StatusOr<std::vector<uint8_t>> ReferenceTensor::Round(
         : p.server_residual ? p.server_residual->Compress(*p.server, delta, ctx, agg)
                             : p.server->Compress(delta, ctx, agg));
     agg.resize(aggregated);
-    BP_RETURN_IF_ERROR(
-        p.server->Decompress(agg, TensorView(out.data() + p.range.offset * esz, n, o.dtype)));
+    const TensorView dst(out.data() + p.range.offset * esz, n, o.dtype);
+    if (p.worker_residual.empty() || !p.worker_residual[0]) {
+      BP_RETURN_IF_ERROR(p.server->Decompress(agg, dst));
+      continue;
+    }
+    // Every worker decodes the reply through its state, as the engine (a state may complete
+    // its round there: separate's residual against the reconstruction); the outputs agree,
+    // worker 0's is the reference's.
+    std::vector<uint8_t> other(n * esz);
+    for (uint32_t w = 0; w < o.nodes; ++w) {
+      const CompressContext wctx{p.range.key, state_->round, w};
+      BP_RETURN_IF_ERROR(p.worker_residual[w]->DecompressReply(
+          *p.worker[w], agg, wctx, w == 0 ? dst : TensorView(other.data(), n, o.dtype)));
+    }
   }
   ++state_->round;
   return out;

@@ -217,7 +217,6 @@ void ExpectDistributedEqualsPieces(const std::string& spec, const std::string& p
 }
 
 TEST(CompressedDomainE2e, SeparateEveryWorkerDecodesWhatThePiecesGiveBitForBit) {
-  if (compressors::FindMethod("separate") == nullptr) GTEST_SKIP() << "no separate method";
   // The stable convention with resets inside the run, and the printed one.
   ExpectDistributedEqualsPieces("separate:ratio=16,block=256,reset=3", "worker", 3, 7);
   ExpectDistributedEqualsPieces("separate:ratio=4,block=64,ema=printed,beta=0.1", "worker", 2, 4);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/counter_rng.h"
 #include "compressors/registry.h"
 #include "server/key_state.h"
 #include "tests/unit/test_util.h"
@@ -61,14 +62,27 @@ TEST(MethodRegistry, ErrorFeedbackStateIsTheVanillaResidual) {
     SCOPED_TRACE(m->name);
     // loco keeps its own state (a moving average in int8, reset periodically); with beta = 1,
     // no reset and an fp32 error it is the vanilla residual, which this checks.
-    const std::string spec =
-        m->id == v1::COMPRESSOR_ID_LOCO ? "loco:beta=1,reset=0,error=fp32" : MinimalSpec(*m);
+    // separate keeps a moving average of the residual against the global reconstruction; with
+    // beta = 0 (stable convention: e <- 0 e + 1 (h - h~)) and no reset, one worker's round
+    // through it is the vanilla residual too.
+    const std::string spec = m->id == v1::COMPRESSOR_ID_LOCO ? "loco:beta=1,reset=0,error=fp32"
+                             : m->id == v1::COMPRESSOR_ID_SEPARATE
+                                 ? "separate:beta=0,reset=0,ema=stable"
+                                 : MinimalSpec(*m);
     const v1::CompressorConfig config = *ParseCompressorSpec(spec);
     auto c = CreateCompressor(config);
     ASSERT_TRUE(c.ok());
     for (ErrorFeedbackSide side : {ErrorFeedbackSide::kWorker, ErrorFeedbackSide::kServer}) {
       auto state = CreateErrorFeedback(config, side, n);
-      ASSERT_TRUE(state.ok()) << state.status().ToString();
+      if (!state.ok()) {  // a side the method keeps no state on refuses its policy
+        EXPECT_EQ(state.status().code(), StatusCode::kInvalidArgument);
+        EXPECT_FALSE(ValidateErrorFeedback(config, side == ErrorFeedbackSide::kWorker
+                                                       ? v1::ERROR_FEEDBACK_WORKER
+                                                       : v1::ERROR_FEEDBACK_SERVER)
+                         .ok())
+            << state.status().ToString();
+        continue;
+      }
       ASSERT_EQ((*state)->size(), n);
       ASSERT_EQ((*state)->residual().size(), (*state)->state_size());
       for (float v : (*state)->residual()) ASSERT_EQ(v, 0.0f);
@@ -98,6 +112,19 @@ TEST(MethodRegistry, ErrorFeedbackStateIsTheVanillaResidual) {
         ASSERT_TRUE(g.ok() && w.ok());
         ASSERT_EQ(*g, *w);
         EXPECT_EQ(std::memcmp(got.data(), want.data(), *g), 0);
+        if (m->aggregation == AggregationMode::kCompressedDomainSum) {
+          // The state's round ends at the server's reply (separate: the residual against the
+          // global reconstruction): one worker's round, its push summed at scale 1, decoded.
+          const ByteSpan push(got.data(), *g);
+          std::vector<uint8_t> reply((*c)->MaxCompressedBytes(n, DType::kFloat32));
+          auto r = (*c)->AggregateCompress(Span<const ByteSpan>(&push, 1), n, 1.0f, nullptr,
+                                           {3, round, kServerStream}, {reply.data(), reply.size()});
+          ASSERT_TRUE(r.ok()) << r.status().ToString();
+          std::vector<float> out(n);
+          const Status s = (*state)->DecompressReply(**c, ByteSpan(reply.data(), *r), {3, round},
+                                                     TensorView(out.data(), n));
+          ASSERT_TRUE(s.ok()) << s.ToString();
+        }
         EXPECT_EQ(std::memcmp((*state)->residual().data(), e.data(), n * sizeof(float)), 0);
       }
     }

@@ -279,6 +279,12 @@ std::vector<std::string> SpecsFor(const std::string& error_feedback) {
     specs.push_back("sdp4bit:seed=5");
     specs.push_back("sdp4bit:bits=8,group=64,hadamard=off,pull=fp32");
   }
+  // separate: servers sum projections (compressed domain); its error feedback lives on the
+  // workers only (server and both refuse it), reset every 3 rounds.
+  if (error_feedback == "none" || error_feedback == "worker") {
+    specs.push_back("separate:ratio=4,block=64,reset=3,seed=5");
+    specs.push_back("separate:block=100,beta=0.9,ema=printed,reset=0");
+  }
   return specs;
 }
 

@@ -65,6 +65,9 @@ TEST(MethodSpec, EveryMethodParsesToItsCanonicalForm) {
       {"sdp4bit", "sdp4bit:bits=4,group=128,hadamard=on,seed=0,pull=sdp4bit"},
       {"sdp4bit:hadamard=off,group=30,bits=8,pull=bf16,seed=2",
        "sdp4bit:bits=8,group=30,hadamard=off,seed=2,pull=bf16"},
+      {"separate", "separate:ratio=16,block=64,beta=0.95,reset=128,ema=stable,seed=0"},
+      {"separate:seed=3407,ema=printed,reset=0,beta=1,block=256,ratio=4.5",
+       "separate:ratio=4.5,block=256,beta=1,reset=0,ema=printed,seed=3407"},
       {"binsgdm", "binsgdm:beta=0.95,eps=1e-08,seed=0"},
       {"binsgdm:seed=3,eps=1e-6,beta=0.9", "binsgdm:beta=0.9,eps=1e-06,seed=3"},
   };
@@ -165,6 +168,8 @@ TEST(MethodSpec, ErrorFeedbackRules) {
     const bool none_only = m->id == v1::COMPRESSOR_ID_SDP4BIT;
     // BinSGDM's worker state holds the optimizer moments: it needs a worker side.
     const bool worker_side = m->id == v1::COMPRESSOR_ID_BINSGDM;
+    // separate's servers only sum projections: its error feedback lives on the workers alone.
+    const bool no_server = m->id == v1::COMPRESSOR_ID_SEPARATE;
     for (auto policy : {v1::ERROR_FEEDBACK_NONE, v1::ERROR_FEEDBACK_WORKER,
                         v1::ERROR_FEEDBACK_SERVER, v1::ERROR_FEEDBACK_BOTH}) {
       const Status s = ValidateErrorFeedback(c, policy);
@@ -182,6 +187,11 @@ TEST(MethodSpec, ErrorFeedbackRules) {
                       "error-feedback state, so it needs one on the worker. Use error_feedback: "
                       "both (Algorithm 1: worker and server residuals), or worker (no server "
                       "residual)");
+      } else if (no_server &&
+                 (policy == v1::ERROR_FEEDBACK_SERVER || policy == v1::ERROR_FEEDBACK_BOTH)) {
+        EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << m->name;
+        EXPECT_NE(s.message().find("keep no error feedback"), std::string::npos) << s.message();
+        EXPECT_NE(s.message().find("Use error_feedback: worker"), std::string::npos) << s.message();
       } else {
         EXPECT_TRUE(s.ok()) << m->name << ": " << s.message();
       }
@@ -204,6 +214,7 @@ TEST(MethodSpec, ErrorFeedbackRules) {
       {"randomk:ratio=0.01", v1::ERROR_FEEDBACK_BOTH},
       {"randomk:ratio=0.01,unbiased=true", v1::ERROR_FEEDBACK_NONE},
       {"dithering", v1::ERROR_FEEDBACK_NONE},
+      {"separate", v1::ERROR_FEEDBACK_WORKER},
       {"binsgdm", v1::ERROR_FEEDBACK_BOTH},
   };
   for (const auto& [spec, policy] : kRecommended) {
@@ -221,8 +232,10 @@ TEST(MethodSpec, OnlyNoneSendsTensorsUncompressed) {
 
 TEST(MethodSpec, AggregationModes) {
   for (const MethodSpec* m : Methods()) {
-    // BinSGDM's server counts sign bits, adds its residual and re-binarises (paper 004).
-    const bool compressed_domain = m->id == v1::COMPRESSOR_ID_BINSGDM;
+    // separate's servers sum projection vectors; BinSGDM's count sign bits, add their
+    // residual and re-binarise (papers 003, 004); everything else is decompressed and summed.
+    const bool compressed_domain =
+        m->id == v1::COMPRESSOR_ID_SEPARATE || m->id == v1::COMPRESSOR_ID_BINSGDM;
     EXPECT_EQ(m->aggregation, compressed_domain ? AggregationMode::kCompressedDomainSum
                                                 : AggregationMode::kDecompressSumRecompress)
         << m->name;
