@@ -19,7 +19,7 @@ constexpr uint64_t kMaxBlock = uint64_t{1} << 24;
 constexpr ParamDoc kParams[] = {
     {"ratio", "CR >= 1", "16", "4",
      "compression ratio: m = ceil(B / CR) projections per block of B elements"},
-    {"block", "B in 1..16777216", "64", "256",
+    {"block", "B in 1..16777216", "32", "256",
      "elements per projection block (a block-diagonal projection; m*B Gaussians per block per "
      "pass)"},
     {"beta", "0 <= b <= 1", "0.95", "0.9", "error moving-average coefficient (see ema)"},
@@ -64,7 +64,7 @@ Status SetParam(const MethodSpec& m, std::string_view p, std::string_view v,
 Status Canonicalize(const MethodSpec&, v1::CompressorConfig* c) {
   v1::SeparateParams* s = c->mutable_separate();
   if (!s->has_ratio()) s->set_ratio(16.0);
-  if (!s->has_block()) s->set_block(64);
+  if (!s->has_block()) s->set_block(32);
   if (!s->has_beta()) s->set_beta(0.95);
   if (!s->has_reset()) s->set_reset(128);
   if (s->ema() == v1::SEPARATE_EMA_UNSPECIFIED) s->set_ema(v1::SEPARATE_EMA_STABLE);

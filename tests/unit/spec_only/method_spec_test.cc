@@ -65,7 +65,7 @@ TEST(MethodSpec, EveryMethodParsesToItsCanonicalForm) {
       {"sdp4bit", "sdp4bit:bits=4,group=128,hadamard=on,seed=0,pull=sdp4bit"},
       {"sdp4bit:hadamard=off,group=30,bits=8,pull=bf16,seed=2",
        "sdp4bit:bits=8,group=30,hadamard=off,seed=2,pull=bf16"},
-      {"separate", "separate:ratio=16,block=64,beta=0.95,reset=128,ema=stable,seed=0"},
+      {"separate", "separate:ratio=16,block=32,beta=0.95,reset=128,ema=stable,seed=0"},
       {"separate:seed=3407,ema=printed,reset=0,beta=1,block=256,ratio=4.5",
        "separate:ratio=4.5,block=256,beta=1,reset=0,ema=printed,seed=3407"},
       {"binsgdm", "binsgdm:beta=0.95,eps=1e-08,seed=0"},
