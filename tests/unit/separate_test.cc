@@ -578,7 +578,7 @@ TEST(SeparateErrorFeedback, OnlyWorkerErrorFeedback) {
     EXPECT_NE(s.message().find("worker"), std::string::npos) << s.ToString();
   }
   EXPECT_EQ(RecommendedErrorFeedback(*cfg), v1::ERROR_FEEDBACK_WORKER);
-  EXPECT_EQ(PartitionAlign(*cfg), 64u);
+  EXPECT_EQ(PartitionAlign(*cfg), 32u);  // the default block
 }
 
 }  // namespace
