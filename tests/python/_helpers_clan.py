@@ -769,9 +769,17 @@ def w_binsgdm_run(steps=6, lr=0.01, weight_decay=0.0, prefix="bs."):
         moved = (w.detach().double() - before.double()).abs()
         worst = max(worst, (moved - lr).abs().max().item())
     state = bp.error_feedback_state(prefix + "w")
+    # The state_dict carries the engine's m, b, e; loading it back (after zeroing them in the
+    # engine) puts them back exactly.
+    sd = opt.state_dict()
+    bp.restore_error_feedback_state(prefix + "w", torch.zeros_like(state))
+    opt.load_state_dict(sd)
+    restored = bp.error_feedback_state(prefix + "w")
     return {"w": w.detach().tolist(), "b": b.detach().tolist(), "worst_move_error": worst,
             "bytes_pushed": bp.stats()["bytes_pushed"] - pushed0,
-            "state_values": None if state is None else state.numel()}
+            "state_values": None if state is None else state.numel(),
+            "state_restored": bool(torch.equal(state, restored)),
+            "bias_state": sorted(opt.state[b].keys())}
 
 
 def w_binsgdm_refused():

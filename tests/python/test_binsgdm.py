@@ -31,6 +31,8 @@ def test_binsgdm_workers_agree_move_by_lr_and_push_one_bit_per_element():
     per_step = 3 * 16 + 128 + 128 + 119 + 16 + 160
     assert r0["bytes_pushed"] == steps * per_step, r0["bytes_pushed"]
     assert r0["state_values"] == 3 * 3000  # m, b and e of every element
+    assert r0["state_restored"]
+    assert r0["bias_state"] == ["b", "m"]  # the raw bias runs SoftSignSGD in Python
 
 
 def test_binsgdm_needs_worker_error_feedback():

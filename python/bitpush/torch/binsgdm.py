@@ -153,19 +153,7 @@ class BinSGDM(_GradientExchange, torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         state_dict = dict(state_dict)
-        meta = state_dict.pop("bitpush", None)
-        if meta is not None:
-            names = [self._bp_name(p) for p in self._bp_params]
-            if meta.get("names") is not None and list(meta["names"]) != names:
-                raise ValueError("load_state_dict: the checkpoint's tensors %r are not this "
-                                 "optimizer's %r" % (meta["names"][:4], names[:4]))
-            node = meta.get("node")
-            if meta.get("ef_residuals") and node is not None and node != _bp().node_rank():
-                raise ValueError(
-                    "load_state_dict: the checkpoint holds node %d's BinSGDM worker state, but "
-                    "this process is on node %d; save and load with "
-                    "bitpush.torch.save_checkpoint / load_checkpoint, which keep every node's"
-                    % (node, _bp().node_rank()))
+        meta = self._bp_check_meta(state_dict.pop("bitpush", None))
         super().load_state_dict(state_dict)
         if meta is not None:
             self._bp_restore_ef_state(meta.get("ef_residuals"))

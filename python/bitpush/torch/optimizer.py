@@ -253,6 +253,25 @@ class _GradientExchange:
             if name in residuals:
                 bp.restore_error_feedback_state(name, residuals[name])
 
+    def _bp_check_meta(self, meta):
+        """Checks a state_dict's "bitpush" entry (None passes) against this optimizer: the
+        same tensors, and worker states saved on this node. Returns it."""
+        if meta is None:
+            return None
+        names = [self._bp_name(p) for p in self._bp_params]
+        if meta.get("names") is not None and list(meta["names"]) != names:
+            raise ValueError("load_state_dict: the checkpoint's tensors %r are not this "
+                             "optimizer's %r" % (meta["names"][:4], names[:4]))
+        node = meta.get("node")
+        if meta.get("ef_residuals") and node is not None and node != _bp().node_rank():
+            raise ValueError(
+                "load_state_dict: the checkpoint holds node %d's worker error-feedback "
+                "residuals, but this process is on node %d, whose residuals differ (a "
+                "checkpoint saved by one worker and loaded by all would diverge); save "
+                "and load with bitpush.torch.save_checkpoint / load_checkpoint, which "
+                "keep every node's" % (node, _bp().node_rank()))
+        return meta
+
     def _bp_declare_all(self):
         """Declares every gradient in parameter order, as the first exchange would (a no-op for
         the ones already declared)."""
@@ -476,20 +495,7 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         state_dict = dict(state_dict)
-        meta = state_dict.pop("bitpush", None)
-        if meta is not None:
-            names = [self._bp_name(p) for p in self._bp_params]
-            if meta.get("names") is not None and list(meta["names"]) != names:
-                raise ValueError("load_state_dict: the checkpoint's tensors %r are not this "
-                                 "optimizer's %r" % (meta["names"][:4], names[:4]))
-            node = meta.get("node")
-            if meta.get("ef_residuals") and node is not None and node != _bp().node_rank():
-                raise ValueError(
-                    "load_state_dict: the checkpoint holds node %d's worker error-feedback "
-                    "residuals, but this process is on node %d, whose residuals differ (a "
-                    "checkpoint saved by one worker and loaded by all would diverge); save "
-                    "and load with bitpush.torch.save_checkpoint / load_checkpoint, which "
-                    "keep every node's" % (node, _bp().node_rank()))
+        meta = self._bp_check_meta(state_dict.pop("bitpush", None))
         super().load_state_dict(state_dict)
         if meta is not None:
             self._bp_restore_ef_state(meta.get("ef_residuals"))
