@@ -20,6 +20,14 @@
 
 #include <cstdint>
 
+// Fmix32 and CounterRandom32Lite are also device functions under nvcc (SEPARATE's Gaussian
+// stream on the GPU, worker/gpu/separate_gaussian.cu): the same integer arithmetic.
+#if defined(__CUDACC__)
+#define BITPUSH_COUNTER_RNG_HD __host__ __device__
+#else
+#define BITPUSH_COUNTER_RNG_HD
+#endif
+
 namespace bitpush {
 
 inline constexpr uint64_t kGolden64 = 0x9E3779B97F4A7C15ull;
@@ -31,7 +39,7 @@ inline uint64_t Mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-inline uint32_t Fmix32(uint32_t h) {
+BITPUSH_COUNTER_RNG_HD inline uint32_t Fmix32(uint32_t h) {
   h ^= h >> 16;
   h *= 0x85EBCA6Bu;
   h ^= h >> 13;
@@ -58,7 +66,7 @@ inline uint32_t CounterRandom32(uint64_t stream, uint32_t i) {
   return Fmix32(Fmix32(i * kGolden32 + lo) ^ hi);
 }
 
-inline uint32_t CounterRandom32Lite(uint64_t stream, uint32_t i) {
+BITPUSH_COUNTER_RNG_HD inline uint32_t CounterRandom32Lite(uint64_t stream, uint32_t i) {
   const uint32_t lo = static_cast<uint32_t>(stream);
   const uint32_t hi = static_cast<uint32_t>(stream >> 32);
   return Fmix32((i * kGolden32 + lo) ^ hi);

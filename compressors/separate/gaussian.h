@@ -2,7 +2,8 @@
 // counter-based N(0, 1) generator whose value at position i of stream s is a pure function
 // of (s, i), bit for bit the same on every ISA level, in every process, and (the definition
 // uses only integer hashing and IEEE-754 single +, -, x and sqrt, each rounded once, in a
-// fixed order, never fused) in a CUDA port. Every worker regenerates the same projection
+// fixed order, never fused: gaussian_pair.h) on a GPU (worker/gpu/separate_gaussian.h). Every
+// worker regenerates the same projection
 // matrix from the stream id a payload carries.
 //
 // Definition. Positions come in groups of 32: position i is lane l = i % 16 of half
