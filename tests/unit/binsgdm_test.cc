@@ -24,6 +24,12 @@
 namespace bitpush::compressors {
 namespace {
 
+// memcmp that allows empty ranges (an empty vector's data() may be null, and memcmp of a null
+// pointer is undefined even for 0 bytes).
+int SameBytesCmp(const void* a, const void* b, size_t bytes) {
+  return bytes == 0 ? 0 : std::memcmp(a, b, bytes);
+}
+
 using bitpush::testing::RandomFloats;
 using optimizers::BinsgdmReference;
 
@@ -186,7 +192,7 @@ TEST(BinsgdmAlgorithm, OneWorkerServerEchoesThePushAndKeepsNoResidual) {
                                   {1, 3, kServerStream}, {reply.data(), reply.size()});
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     ASSERT_EQ(*r, bytes);
-    EXPECT_EQ(0, std::memcmp(reply.data(), push.data(), bytes));
+    EXPECT_EQ(0, SameBytesCmp(reply.data(), push.data(), bytes));
   }
   for (float v : e) ASSERT_EQ(v, 0.0f);
 }
@@ -339,12 +345,12 @@ TEST(BinsgdmKernels, Avx512MatchesScalarBitForBit) {
                                     bits1.data(), IsaLevel::kScalar);
       optimizers::BinsgdmWorkerStep(h, stream, g.data(), m2.data(), b2.data(), e2.data(), n,
                                     bits2.data(), IsaLevel::kAvx512);
-      ASSERT_EQ(0, std::memcmp(bits1.data(), bits2.data(), bytes)) << t;
+      ASSERT_EQ(0, SameBytesCmp(bits1.data(), bits2.data(), bytes)) << t;
       ASSERT_EQ(bits1[bytes], 0xAB);  // nothing written past the body
       ASSERT_EQ(bits2[bytes], 0xCD);
-      ASSERT_EQ(0, std::memcmp(m1.data(), m2.data(), 4 * n));
-      ASSERT_EQ(0, std::memcmp(b1.data(), b2.data(), 4 * n));
-      ASSERT_EQ(0, std::memcmp(e1.data(), e2.data(), 4 * n));
+      ASSERT_EQ(0, SameBytesCmp(m1.data(), m2.data(), 4 * n));
+      ASSERT_EQ(0, SameBytesCmp(b1.data(), b2.data(), 4 * n));
+      ASSERT_EQ(0, SameBytesCmp(e1.data(), e2.data(), 4 * n));
       if (n % 8) ASSERT_EQ(bits1[bytes - 1] >> (n % 8), 0);  // padding zero
       for (size_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(e1[i]) && std::isfinite(m1[i]));
     }
@@ -357,8 +363,8 @@ TEST(BinsgdmKernels, Avx512MatchesScalarBitForBit) {
                                   IsaLevel::kScalar);
       optimizers::BinsgdmBinarize(9, xp, form == 1 ? nullptr : r2.data(), n, bits2.data(),
                                   IsaLevel::kAvx512);
-      ASSERT_EQ(0, std::memcmp(bits1.data(), bits2.data(), bytes)) << form;
-      ASSERT_EQ(0, std::memcmp(r1.data(), r2.data(), 4 * n)) << form;
+      ASSERT_EQ(0, SameBytesCmp(bits1.data(), bits2.data(), bytes)) << form;
+      ASSERT_EQ(0, SameBytesCmp(r1.data(), r2.data(), 4 * n)) << form;
     }
     // Server round, 1..5 pushes, with and without a residual, averaged and summed.
     for (size_t k = 1; k <= 5; ++k) {
@@ -376,8 +382,8 @@ TEST(BinsgdmKernels, Avx512MatchesScalarBitForBit) {
                                          77, bits1.data(), IsaLevel::kScalar);
           optimizers::BinsgdmServerRound(ptrs.data(), k, n, scale, residual ? s2.data() : nullptr,
                                          77, bits2.data(), IsaLevel::kAvx512);
-          ASSERT_EQ(0, std::memcmp(bits1.data(), bits2.data(), bytes)) << k;
-          ASSERT_EQ(0, std::memcmp(s1.data(), s2.data(), 4 * n)) << k;
+          ASSERT_EQ(0, SameBytesCmp(bits1.data(), bits2.data(), bytes)) << k;
+          ASSERT_EQ(0, SameBytesCmp(s1.data(), s2.data(), 4 * n)) << k;
         }
       }
     }
@@ -431,8 +437,8 @@ TEST(BinsgdmServerRound, FusedEqualsDecompressSumCompress) {
                                                     {unfused.data(), unfused.size()});
               ASSERT_TRUE(r2.ok());
               ASSERT_EQ(*r1, *r2);
-              EXPECT_EQ(0, std::memcmp(fused.data(), unfused.data(), *r1));
-              EXPECT_EQ(0, std::memcmp(e1.data(), e2.data(), 4 * n));
+              EXPECT_EQ(0, SameBytesCmp(fused.data(), unfused.data(), *r1));
+              EXPECT_EQ(0, SameBytesCmp(e1.data(), e2.data(), 4 * n));
             }
           }
         }
@@ -512,18 +518,18 @@ TEST(BinsgdmReference, EqualsTheCompressorStateAndServerRoundPieces) {
         ASSERT_TRUE(ref.Step(k.id, round, ptrs, n, k.x_ref.data(), lr, wd).ok());
         const BinsgdmReference::KeyState& s = *ref.state(k.id);
         for (size_t w = 0; w < workers; ++w) {
-          ASSERT_EQ(0, std::memcmp(bufs[w].data() + kPayloadHeaderBytes, s.pushes[w].data(),
-                                   s.pushes[w].size()))
+          ASSERT_EQ(0, SameBytesCmp(bufs[w].data() + kPayloadHeaderBytes, s.pushes[w].data(),
+                                    s.pushes[w].size()))
               << "push of worker " << w << ", key " << k.id << ", round " << round;
           auto* st = static_cast<const BinsgdmState*>(k.worker_states[w].get());
-          ASSERT_EQ(0, std::memcmp(st->m().data(), s.workers[w].m.data(), 4 * n));
-          ASSERT_EQ(0, std::memcmp(st->b().data(), s.workers[w].b.data(), 4 * n));
-          ASSERT_EQ(0, std::memcmp(st->e().data(), s.workers[w].e.data(), 4 * n));
+          ASSERT_EQ(0, SameBytesCmp(st->m().data(), s.workers[w].m.data(), 4 * n));
+          ASSERT_EQ(0, SameBytesCmp(st->b().data(), s.workers[w].b.data(), 4 * n));
+          ASSERT_EQ(0, SameBytesCmp(st->e().data(), s.workers[w].e.data(), 4 * n));
         }
         ASSERT_EQ(0,
-                  std::memcmp(reply.data() + kPayloadHeaderBytes, s.reply.data(), s.reply.size()));
-        ASSERT_EQ(0, std::memcmp(k.server_state->residual().data(), s.server_e.data(), 4 * n));
-        ASSERT_EQ(0, std::memcmp(k.x_sys.data(), k.x_ref.data(), 4 * n)) << "round " << round;
+                  SameBytesCmp(reply.data() + kPayloadHeaderBytes, s.reply.data(), s.reply.size()));
+        ASSERT_EQ(0, SameBytesCmp(k.server_state->residual().data(), s.server_e.data(), 4 * n));
+        ASSERT_EQ(0, SameBytesCmp(k.x_sys.data(), k.x_ref.data(), 4 * n)) << "round " << round;
       }
     }
   }
@@ -572,7 +578,7 @@ TEST(BinsgdmState, HoldsMomentsAndResidualAndRestores) {
   ASSERT_TRUE(
       b->Compress(*c, ConstTensorView(g.data(), n), {1, 3, 0}, {p2.data(), p2.size()}).ok());
   EXPECT_EQ(p1, p2);
-  EXPECT_EQ(0, std::memcmp(a->residual().data(), b->residual().data(), 12 * n));
+  EXPECT_EQ(0, SameBytesCmp(a->residual().data(), b->residual().data(), 12 * n));
   // Wrong sizes and the wrong compressor are refused.
   EXPECT_EQ(b->Restore({saved.data(), n}).code(), StatusCode::kInvalidArgument);
   auto onebit = Make("onebit");
@@ -610,9 +616,9 @@ TEST(BinsgdmState, HalfPrecisionGradientsAreConvertedExactly) {
         s32->Compress(*c, ConstTensorView(exact.data(), n), {1, 1, 1}, {p32.data(), p32.size()});
     ASSERT_TRUE(r16.ok() && r32.ok());
     EXPECT_EQ(ParsePayloadHeader(ByteSpan(p16.data(), *r16))->dtype, dtype);
-    EXPECT_EQ(0, std::memcmp(p16.data() + kPayloadHeaderBytes, p32.data() + kPayloadHeaderBytes,
-                             (n + 7) / 8));
-    EXPECT_EQ(0, std::memcmp(s16->residual().data(), s32->residual().data(), 12 * n));
+    EXPECT_EQ(0, SameBytesCmp(p16.data() + kPayloadHeaderBytes, p32.data() + kPayloadHeaderBytes,
+                              (n + 7) / 8));
+    EXPECT_EQ(0, SameBytesCmp(s16->residual().data(), s32->residual().data(), 12 * n));
   }
 }
 
