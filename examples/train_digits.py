@@ -7,7 +7,10 @@ through the cluster (CLAN compresses them), and the test split's accuracy is rep
         --optimizer clan --compression onebit --epochs 10 --json digits.json
 
 With --server-side the optimizer runs on the servers (bitpush.torch.ServerOptimizer); with
---compression sdp4bit the gradients go as TLq-HS and the weights come back as qWD.
+--compression sdp4bit the gradients go as TLq-HS and the weights come back as qWD. With
+--optimizer binsgdm it trains with bitpush.torch.BinSGDM (one-bit pushes and pulls); with
+--compression separate the gradients go as SEPARATE's Gaussian projections (e.g. with
+--optimizer sgd).
 
 Without BITPUSH_CONFIG it starts its own loopback cluster and --workers processes of itself
 (examples/bitpush_example.py); rank 0 prints the summary. docs/training.md has the details.
