@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -39,6 +40,35 @@ BP_TARGET_AVX512 void DecodeAvx512(const uint8_t* bits, size_t n, float* out, bo
     if (add) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out + i), v);
     _mm512_mask_storeu_ps(out + i, mask, v);
   }
+}
+
+// Decompress into a tensor of at least this many elements streams its stores past the caches
+// (the values are not read right away; a 100 MB reply written through the cache costs a read
+// of every line first). Below it the plain path: the tensor likely stays in cache.
+constexpr size_t kStreamDecodeMin = size_t{1} << 16;
+
+// DecodeAvx512 without add, with non-temporal stores from the first 64-byte boundary of out
+// (4-byte aligned) on; the head before it and the tail after the last whole vector go through
+// the masked path.
+BP_TARGET_AVX512 void DecodeStreamAvx512(const uint8_t* bits, size_t n, float* out) {
+  const __m512 plus = _mm512_set1_ps(1.0f);
+  const __m512 minus = _mm512_set1_ps(-1.0f);
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(out);
+  const size_t head = std::min(n, static_cast<size_t>(((64 - (addr & 63)) & 63) / 4));
+  DecodeScalar(bits, head, out, false);
+  size_t i = head;
+  for (; i + 16 <= n; i += 16) {
+    // Bits i .. i + 15 lie in bytes i/8 .. (i + 15)/8, all inside the body (i + 16 <= n); a
+    // third byte is read only when i is not a multiple of 8, and then it is one of them.
+    const size_t byte = i / 8;
+    const unsigned shift = static_cast<unsigned>(i % 8);
+    uint32_t w = uint32_t{bits[byte]} | (uint32_t{bits[byte + 1]} << 8);
+    if (shift != 0) w |= uint32_t{bits[byte + 2]} << 16;
+    const auto mask = static_cast<__mmask16>(w >> shift);
+    _mm512_stream_ps(out + i, _mm512_mask_blend_ps(mask, minus, plus));
+  }
+  _mm_sfence();
+  for (; i < n; ++i) out[i] = ((bits[i >> 3] >> (i & 7)) & 1) ? 1.0f : -1.0f;
 }
 
 Status CheckCapacity(size_t need, MutableByteSpan out) {
@@ -120,6 +150,16 @@ Status BinsgdmCompressor::DecodeBody(ByteSpan body, size_t n, DType dtype, float
   } else {
     DecodeScalar(body.data(), n, out, add);
   }
+  return Status::Ok();
+}
+
+Status BinsgdmCompressor::DecodeBodyToTensor(ByteSpan body, size_t n, DType dtype, float* out) {
+  if (isa() != IsaLevel::kAvx512 || n < kStreamDecodeMin ||
+      reinterpret_cast<uintptr_t>(out) % alignof(float) != 0) {
+    return DecodeBody(body, n, dtype, out, false);
+  }
+  BP_RETURN_IF_ERROR(ValidateBody(body, n, dtype));
+  DecodeStreamAvx512(body.data(), n, out);
   return Status::Ok();
 }
 

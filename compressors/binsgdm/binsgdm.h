@@ -71,6 +71,8 @@ class BinsgdmCompressor final : public CompressorBase {
   size_t EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n, const CompressContext& ctx,
                                    uint8_t* body) override;
   Status DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) override;
+  // Decompress into an fp32 tensor: the same values, with non-temporal stores for large n.
+  Status DecodeBodyToTensor(ByteSpan body, size_t n, DType dtype, float* out) override;
   Status ValidateBody(ByteSpan body, size_t n, DType dtype) override;
   size_t AggregateBody(const ByteSpan* bodies, size_t count, size_t n, DType dtype, float scale,
                        float* residual, const CompressContext& ctx, uint8_t* body) override;

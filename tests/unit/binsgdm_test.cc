@@ -351,7 +351,9 @@ TEST(BinsgdmKernels, Avx512MatchesScalarBitForBit) {
       ASSERT_EQ(0, SameBytesCmp(m1.data(), m2.data(), 4 * n));
       ASSERT_EQ(0, SameBytesCmp(b1.data(), b2.data(), 4 * n));
       ASSERT_EQ(0, SameBytesCmp(e1.data(), e2.data(), 4 * n));
-      if (n % 8) ASSERT_EQ(bits1[bytes - 1] >> (n % 8), 0);  // padding zero
+      if (n % 8) {
+        ASSERT_EQ(bits1[bytes - 1] >> (n % 8), 0);  // padding zero
+      }
       for (size_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(e1[i]) && std::isfinite(m1[i]));
     }
     // Binarise, all three forms.
@@ -681,6 +683,34 @@ TEST(BinsgdmSpec, ErrorFeedbackNeedsTheWorkerState) {
   EXPECT_EQ(RecommendedErrorFeedback(c), v1::ERROR_FEEDBACK_BOTH);
   EXPECT_EQ(FindMethod(v1::COMPRESSOR_ID_BINSGDM)->aggregation,
             AggregationMode::kCompressedDomainSum);
+}
+
+// Decompress into an fp32 tensor streams its stores for large tensors (DecodeBodyToTensor):
+// the same values as the plain decode at every alignment of the output and at lengths that
+// end inside a vector and inside a byte.
+TEST(BinsgdmCompressor, LargeDecompressEqualsThePlainDecodeAtEveryAlignment) {
+  for (IsaLevel isa : {IsaLevel::kScalar, IsaLevel::kAvx512}) {
+    if (isa == IsaLevel::kAvx512 && !AvxAvailable()) continue;
+    auto c = Make("binsgdm", isa);
+    for (size_t n : {size_t{65536}, size_t{70001}, size_t{131077}}) {
+      const std::vector<float> g = Gradients(n, n);
+      std::vector<uint8_t> payload(c->MaxCompressedBytes(n, DType::kFloat32));
+      auto bytes = c->Compress(ConstTensorView(g.data(), n), CompressContext{1, 2, 3},
+                               {payload.data(), payload.size()});
+      ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+      const ByteSpan p(payload.data(), *bytes);
+      std::vector<float> want(n, 0.0f);
+      ASSERT_TRUE(c->DecompressAdd(p, {want.data(), n}).ok());  // 0 + (+-1) = +-1
+      for (size_t offset = 0; offset < 17; ++offset) {
+        std::vector<float> buf(n + 17, 5.0f);
+        ASSERT_TRUE(c->Decompress(p, TensorView(buf.data() + offset, n, DType::kFloat32)).ok());
+        ASSERT_EQ(0, SameBytesCmp(buf.data() + offset, want.data(), 4 * n))
+            << "n " << n << " offset " << offset;
+        for (size_t k = 0; k < offset; ++k) ASSERT_EQ(buf[k], 5.0f);               // nothing before
+        for (size_t k = offset + n; k < buf.size(); ++k) ASSERT_EQ(buf[k], 5.0f);  // or after
+      }
+    }
+  }
 }
 
 }  // namespace
