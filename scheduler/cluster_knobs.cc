@@ -434,9 +434,12 @@ std::vector<ClusterKnob> BuildTable() {
       Scalar(Knob("compression.error_feedback")
                  .Custom(&CanonicalErrorFeedback, "`none` \\| `worker` \\| `server` \\| `both`")
                  .Agreed()
-                 .Doc("Where error-feedback residuals are kept (paper 001: `both`). Refused with "
-                      "`randomk:...,unbiased=true` unless `none` (its residual would grow "
-                      "without bound)."),
+                 .Doc("Where error-feedback residuals are kept (paper 001: `both`). A method "
+                      "refuses the policies that do not suit it: `randomk:...,unbiased=true` "
+                      "(its residual would grow without bound) and `sdp4bit` take only `none`; "
+                      "`separate` `none` or `worker` (its servers only sum projections); "
+                      "`binsgdm` `worker` or `both` (its worker state holds the optimizer's "
+                      "moments)."),
              In<&ClusterConfig::compression, &CompressionSettings::error_feedback>()),
       Scalar(Knob("compression.min_compress_bytes")
                  .Bytes(0, kMaxMemoryBytes)
