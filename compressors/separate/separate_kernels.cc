@@ -22,17 +22,6 @@ namespace {
 alignas(64) constexpr float kInvC[32] = BITPUSH_SEPARATE_INV_C;
 alignas(64) constexpr float kLnC[32] = BITPUSH_SEPARATE_LN_C;
 
-inline float Bits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline uint32_t Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
 // The pair of lane hash x: half 0 (cos) and half 1 (sin) — gaussian_pair.h, the reference
 // every level matches.
 inline void PairScalar(uint32_t x, float* c_out, float* s_out) {
