@@ -96,7 +96,7 @@ demo: configure
 	./$(BUILD)/bin/bitpush launch --config deploy/examples/local.yaml -- \
 	  /usr/bin/python3 examples/train_digits.py --optimizer clan --compression onebit --epochs 40
 
-# The key tables of docs/config.md, regenerated from the knob table (scheduler/cluster_knobs.cc);
+# The key tables of docs/config.md, regenerated from the knob table (config/cluster_knobs.cc);
 # the ctest test config_docs fails while they disagree.
 config-docs:
 	test -f $(BUILD)/build.ninja || $(MAKE) configure
@@ -112,8 +112,8 @@ config-docs:
 CLANG_TIDY ?= clang-tidy-22
 # Our headers are checked where the sources above include them (anchored at this checkout:
 # generated headers under the build trees are not).
-LINT_TIDY_HEADER_DIRS = common|compressors|scheduler|server|worker|optimizers|bench|tests
-LINT_TIDY_SOURCES = 'common/*.cc' 'compressors/*.cc' 'scheduler/*.cc' 'server/*.cc' 'worker/*.cc' \
+LINT_TIDY_HEADER_DIRS = common|compressors|config|scheduler|server|worker|optimizers|bench|tests
+LINT_TIDY_SOURCES = 'common/*.cc' 'compressors/*.cc' 'config/*.cc' 'scheduler/*.cc' 'server/*.cc' 'worker/*.cc' \
   'optimizers/*.cc' 'bench/*.cc' 'tests/harness/*.cc' ':(exclude)bench/peers/pslite_driver.cc' \
   ':(exclude)optimizers/lans_cuda_stub.cc'
 lint: build

@@ -106,10 +106,10 @@
 #include "common/transport/ucx/info.h"
 #include "common/transport/ucx/transport.h"
 #include "compressors/registry.h"
+#include "config/cluster_config.h"
+#include "config/key_mapping.h"
+#include "config/node_security.h"
 #include "optimizers/param_state.h"
-#include "scheduler/cluster_config.h"
-#include "scheduler/key_mapping.h"
-#include "scheduler/node_security.h"
 #include "tests/harness/child_process.h"
 #include "worker/partition.h"
 
@@ -675,11 +675,11 @@ class BenchKeys {
       std::snprintf(g_keys_dir, sizeof(g_keys_dir), "%s", dir_.c_str());
       CleanUpOnSignals();
     }
-    scheduler::ClusterConfig shape;
+    config::ClusterConfig shape;
     shape.servers.resize(static_cast<size_t>(servers));
     shape.workers.resize(static_cast<size_t>(workers));
     StatusOr<std::vector<std::string>> written =
-        security::WriteClusterKeys(dir_, scheduler::ClusterNodeNames(shape), /*overwrite=*/false);
+        security::WriteClusterKeys(dir_, config::ClusterNodeNames(shape), /*overwrite=*/false);
     if (!written.ok()) return written.status().WithContext("--security curve");
     return Status::Ok();
   }
@@ -746,7 +746,7 @@ class ClusterRun {
 
   StatusOr<ClusterResult> Run() {
     if (!dir_.ok()) return InternalError("cannot create a temp dir under /tmp");
-    BP_ASSIGN_OR_RETURN(scheduler::ClusterConfig config, WriteConfig());
+    BP_ASSIGN_OR_RETURN(config::ClusterConfig config, WriteConfig());
     const std::string self = SelfExe();
     const auto t0 = Clock::now();
     scheduler_ = Spawn("scheduler", {bin_dir_ + "/bitpush-scheduler", "--config", config_path_});
@@ -791,7 +791,7 @@ class ClusterRun {
   }
 
  private:
-  StatusOr<scheduler::ClusterConfig> WriteConfig() {
+  StatusOr<config::ClusterConfig> WriteConfig() {
     std::set<int> used;
     // Ports free on loopback; the servers' namespace (if any) is fresh: all free there. Over
     // ucx a server's or worker's data port (its port + kUcxPortOffset) is free too.
@@ -855,7 +855,7 @@ class ClusterRun {
     const std::string yaml = y.str();
     config_path_ = dir_.path() + "/cluster.yaml";
     std::ofstream(config_path_) << yaml;
-    StatusOr<scheduler::ClusterConfig> c = scheduler::ParseClusterConfig(yaml, config_path_);
+    StatusOr<config::ClusterConfig> c = config::ParseClusterConfig(yaml, config_path_);
     if (!c.ok()) return c.status().WithContext("the generated cluster YAML");
     return c;
   }
@@ -874,7 +874,7 @@ class ClusterRun {
 
   // Until every process exited: OK when all exited 0. The first failing process ends the
   // run: the others get the heartbeat bound to notice, then are killed.
-  Status WaitForAll(const scheduler::ClusterConfig& config) {
+  Status WaitForAll(const config::ClusterConfig& config) {
     std::vector<Child*> all;
     all.reserve(children_.size());
     for (auto& c : children_) all.push_back(c.get());
@@ -929,7 +929,7 @@ class ClusterRun {
     return Status::Ok();
   }
 
-  Status Collect(const scheduler::ClusterConfig& config) {
+  Status Collect(const config::ClusterConfig& config) {
     ClusterResult& r = result_;
     const double iters = opt_.iters;
     double slowest_loop = 0, best_iter = INFINITY, tensor_bytes = 0;
@@ -961,7 +961,7 @@ class ClusterRun {
 
     // What each server owns: the partitions of tensors 0..K-1 under the scheduler's mapping.
     std::vector<double> owned(opt_.servers, 0);
-    const v1::KeyMapping mapping = scheduler::MakeKeyMapping(opt_.servers);
+    const v1::KeyMapping mapping = config::MakeKeyMapping(opt_.servers);
     const double esz = static_cast<double>(DTypeSize(opt_.dtype));
     const size_t elements = static_cast<size_t>(tensor_bytes / opt_.tensors / esz);
     for (int t = 0; t < opt_.tensors; ++t) {
@@ -969,7 +969,7 @@ class ClusterRun {
           std::vector<worker::PartitionRange> parts,
           worker::PartitionTensor(t, elements, opt_.dtype, config.compression.partition_bytes));
       for (const worker::PartitionRange& p : parts) {
-        owned[scheduler::ServerForKey(p.key, mapping)] += static_cast<double>(p.elements) * esz;
+        owned[config::ServerForKey(p.key, mapping)] += static_cast<double>(p.elements) * esz;
       }
     }
     double busy_ns = 0, cpu_ns = 0;
@@ -1032,7 +1032,7 @@ int RunDriver(const Options& opt) {
         "cluster:\n  scheduler: 127.0.0.1:1\n  servers: [127.0.0.1:2]\n"
         "  workers: [127.0.0.1:3]\ncompression:\n  spec: \"" +
         spec + "\"\n  error_feedback: " + *ef + "\n";
-    if (StatusOr<scheduler::ClusterConfig> c = scheduler::ParseClusterConfig(yaml, "--compressor");
+    if (StatusOr<config::ClusterConfig> c = config::ParseClusterConfig(yaml, "--compressor");
         !c.ok()) {
       std::fprintf(stderr, "%s: %s\n", kName, c.status().message().c_str());
       return 2;
@@ -1533,13 +1533,13 @@ int RunPushPullKeygenMode(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s CLUSTER.yaml DIR\n", kProgram);
     return 2;
   }
-  StatusOr<scheduler::ClusterConfig> c = scheduler::LoadClusterConfig(argv[1]);
+  StatusOr<config::ClusterConfig> c = config::LoadClusterConfig(argv[1]);
   if (!c.ok()) {
     std::fprintf(stderr, "%s: %s\n", kProgram, c.status().message().c_str());
     return 2;
   }
   StatusOr<std::vector<std::string>> written =
-      security::WriteClusterKeys(argv[2], scheduler::ClusterNodeNames(*c), /*overwrite=*/false);
+      security::WriteClusterKeys(argv[2], config::ClusterNodeNames(*c), /*overwrite=*/false);
   if (!written.ok()) {
     std::fprintf(stderr, "%s: %s\n", kProgram, written.status().ToString().c_str());
     return 1;

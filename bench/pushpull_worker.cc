@@ -17,8 +17,8 @@
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "common/vector_ops.h"
+#include "config/cluster_config.h"
 #include "optimizers/param_state.h"
-#include "scheduler/cluster_config.h"
 #include "worker/client.h"
 
 namespace bitpush::bench {
@@ -90,7 +90,7 @@ class Worker {
   }
 
   int Run() {
-    StatusOr<scheduler::ClusterConfig> config = scheduler::LoadClusterConfig(opt_.config_path);
+    StatusOr<config::ClusterConfig> config = config::LoadClusterConfig(opt_.config_path);
     if (!config.ok()) {
       std::fprintf(stderr, "%s: config error: %s\n", program_.c_str(),
                    config.status().message().c_str());

@@ -15,9 +15,9 @@
 #include "common/logging.h"
 #include "common/sd_notify.h"
 #include "common/termination_signals.h"
-#include "scheduler/daemon_command_line.h"
-#include "scheduler/node_metrics.h"
-#include "scheduler/node_security.h"
+#include "config/daemon_command_line.h"
+#include "config/node_metrics.h"
+#include "config/node_security.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_metrics.h"
 
@@ -33,11 +33,10 @@ constexpr char kExitStatus[] =
 
 int main(int argc, char** argv) {
   using namespace bitpush;
-  scheduler::DaemonCommandLine cli({"bitpush-scheduler", kSummary, kExitStatus, {}});
+  config::DaemonCommandLine cli({"bitpush-scheduler", kSummary, kExitStatus, {}});
   if (int exit_code = cli.ParseOrExit(argc, argv); exit_code >= 0) return exit_code;
   // Keys are configuration: a missing or unsafe key file is a config error (exit 2).
-  if (Status s =
-          scheduler::NodeTransportSecurity(cli.config(), scheduler::kSchedulerPeerId).status();
+  if (Status s = config::NodeTransportSecurity(cli.config(), config::kSchedulerPeerId).status();
       !s.ok()) {
     return cli.ConfigError(s.message());
   }
@@ -61,8 +60,8 @@ int main(int argc, char** argv) {
   }
   running = sched->get();
   // metrics.port (docs/metrics.md).
-  StatusOr<std::unique_ptr<scheduler::NodeMetrics>> node_metrics =
-      scheduler::NodeMetrics::Start(cli.config(), v1::ROLE_SCHEDULER, 0);
+  StatusOr<std::unique_ptr<config::NodeMetrics>> node_metrics =
+      config::NodeMetrics::Start(cli.config(), v1::ROLE_SCHEDULER, 0);
   if (!node_metrics.ok()) {
     std::fprintf(stderr, "bitpush-scheduler: error: %s\n",
                  node_metrics.status().ToString().c_str());

@@ -5,9 +5,9 @@
 #include "common/logging.h"
 #include "common/node/identity.h"
 #include "common/transport/protocol.h"
+#include "config/key_mapping.h"
+#include "config/node_security.h"
 #include "fmt/format.h"
-#include "scheduler/key_mapping.h"
-#include "scheduler/node_security.h"
 
 namespace bitpush::scheduler {
 
@@ -43,15 +43,15 @@ bool TokensEqual(const std::string& a, const std::string& b) {
 
 StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
     SchedulerOptions options, std::unique_ptr<transport::Transport> transport) {
-  BP_RETURN_IF_ERROR(ValidateClusterConfig(options.cluster));
+  BP_RETURN_IF_ERROR(config::ValidateClusterConfig(options.cluster));
   if (options.shutdown_ack_timeout.count() < 0) {
     return InvalidArgumentError("SchedulerOptions::shutdown_ack_timeout is negative");
   }
-  if (transport != nullptr && transport->name() != kSchedulerPeerId) {
+  if (transport != nullptr && transport->name() != config::kSchedulerPeerId) {
     return InvalidArgumentError(
         fmt::format("scheduler: the injected transport is named '{}', "
                     "not '{}'",
-                    transport->name(), kSchedulerPeerId));
+                    transport->name(), config::kSchedulerPeerId));
   }
   const bool injected = transport != nullptr;
   node::NodeEndpointOptions e;
@@ -59,7 +59,7 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
   e.listen_address = options.cluster.scheduler_address;
   e.backend = options.cluster.transport;
   e.inproc_hub = options.inproc_hub;
-  BP_RETURN_IF_ERROR(ConfigureNodeEndpoint(options.cluster, &e));
+  BP_RETURN_IF_ERROR(config::ConfigureNodeEndpoint(options.cluster, &e));
   e.clock = options.clock;
   StatusOr<std::unique_ptr<node::NodeEndpoint>> endpoint =
       node::NodeEndpoint::Create(std::move(e), std::move(transport));
@@ -68,10 +68,10 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
     return endpoint.status().WithContext(
         fmt::format("scheduler: cannot listen at {}", options.cluster.scheduler_address));
   }
-  if (std::string warning = InsecureModeWarning(options.cluster); !warning.empty()) {
+  if (std::string warning = config::InsecureModeWarning(options.cluster); !warning.empty()) {
     BP_LOG_WARN("scheduler: {}", warning);
   }
-  if (options.cluster.security.mode == SecurityMode::kCurve &&
+  if (options.cluster.security.mode == config::SecurityMode::kCurve &&
       options.cluster.transport != "inproc") {
     BP_LOG_INFO(
         "scheduler: security.mode curve: every connection is authenticated and encrypted "
@@ -88,15 +88,15 @@ Scheduler::Scheduler(SchedulerOptions options, std::unique_ptr<node::NodeEndpoin
       cluster_(options_.cluster),
       clock_(options_.clock ? options_.clock : SystemClock()),
       endpoint_(std::move(endpoint)) {
-  config_fields_ = ConfigFields(cluster_);
-  config_hash_ = ConfigHash(config_fields_);
+  config_fields_ = config::ConfigFields(cluster_);
+  config_hash_ = config::ConfigHash(config_fields_);
   for (v1::Role role : {v1::ROLE_SERVER, v1::ROLE_WORKER}) {
     const auto& list = role == v1::ROLE_SERVER ? cluster_.servers : cluster_.workers;
     for (uint32_t rank = 0; rank < list.size(); ++rank) {
       Slot s;
       s.role = role;
       s.rank = rank;
-      s.name = NodePeerId(role, rank);
+      s.name = config::NodePeerId(role, rank);
       s.address = list[rank];
       s.data_address = cluster_.DataAddress(role, rank);
       slot_by_name_[s.name] = slots_.size();
@@ -166,7 +166,7 @@ Status Scheduler::Run() {
   ran_ = true;
   start_ = clock_->Now();
   BP_LOG_INFO("bitpush-scheduler {}.{} listening at {}; effective config:\n{}", kProtocolMajor,
-              kProtocolMinor, endpoint_->address(), DescribeClusterConfig(cluster_));
+              kProtocolMinor, endpoint_->address(), config::DescribeClusterConfig(cluster_));
   BP_LOG_INFO("waiting up to {} ms for {} servers and {} workers", cluster_.startup_timeout.count(),
               cluster_.servers.size(), cluster_.workers.size());
   time_point next_heartbeat = start_ + cluster_.heartbeat_interval;
@@ -310,7 +310,7 @@ void Scheduler::Refuse(const std::string& from, const v1::RegisterRequest& req, 
   // Answer through a private alias: the requester may claim a name (and slot) that belongs
   // to a registered node, whose connection must stay untouched.
   const std::string alias = fmt::format("{}{}#{:x}", kRefusedAliasPrefix, from, req.incarnation());
-  StatusOr<std::string> addr = NormalizeAddress(req.address(), cluster_.transport);
+  StatusOr<std::string> addr = config::NormalizeAddress(req.address(), cluster_.transport);
   if (!addr.ok()) {
     BP_LOG_WARN("scheduler: cannot answer '{}': {}", from, addr.status().message());
     return;
@@ -347,7 +347,7 @@ void Scheduler::HandleRegister(const std::string& from, const v1::RegisterReques
                        static_cast<int>(req.role())));
     return;
   }
-  const std::string role = std::string(RoleName(req.role()));
+  const std::string role = std::string(config::RoleName(req.role()));
   const std::string expected_address = cluster_.NodeAddress(req.role(), req.rank());
   if (expected_address.empty()) {
     Refuse(from, req, nullptr,
@@ -358,14 +358,14 @@ void Scheduler::HandleRegister(const std::string& from, const v1::RegisterReques
                req.role() == v1::ROLE_SERVER ? cluster_.servers.size() : cluster_.workers.size()));
     return;
   }
-  Slot& slot = *FindSlot(NodePeerId(req.role(), req.rank()));
+  Slot& slot = *FindSlot(config::NodePeerId(req.role(), req.rank()));
   if (from != slot.name) {
     Refuse(from, req, &slot,
            fmt::format("node named '{}' registers as {} rank {} (whose name is '{}')", from, role,
                        req.rank(), slot.name));
     return;
   }
-  StatusOr<std::string> addr = NormalizeAddress(req.address(), cluster_.transport);
+  StatusOr<std::string> addr = config::NormalizeAddress(req.address(), cluster_.transport);
   if (!addr.ok() || *addr != slot.address) {
     Refuse(from, req, &slot,
            fmt::format("unknown node: {} {} registers from {} but the cluster YAML has {} at that "
@@ -398,7 +398,7 @@ void Scheduler::HandleRegister(const std::string& from, const v1::RegisterReques
     return;
   }
   std::vector<v1::ConfigField> fields(req.config_fields().begin(), req.config_fields().end());
-  std::string diff = DescribeConfigDifference(fields, config_fields_);
+  std::string diff = config::DescribeConfigDifference(fields, config_fields_);
   if (diff.empty() && req.config_hash() != config_hash_) {
     diff = fmt::format(
         "config hash differs from the scheduler's ({:016x} here, {:016x} on the "
@@ -482,7 +482,7 @@ void Scheduler::LoseServer(Slot& s, const std::string& reason, time_point now) {
   BP_LOG_ERROR(
       "scheduler: {} {} at {} failed: {}; waiting up to {} ms for it to register again "
       "(generation {})",
-      RoleName(s.role), s.rank, s.address, reason, cluster_.server_rejoin_timeout.count(),
+      config::RoleName(s.role), s.rank, s.address, reason, cluster_.server_rejoin_timeout.count(),
       generation_);
   v1::ControlMessage m;
   *m.mutable_node_failed()->mutable_node() = InfoOf(s);
@@ -515,7 +515,7 @@ void Scheduler::HandleRejoin(Slot& slot, const v1::RegisterRequest& req) {
   slot.last_heard = clock_->Now();
   BP_LOG_WARN(
       "scheduler: {} {} rejoined from {} ({}:{}); the data plane continues in generation {}",
-      RoleName(slot.role), slot.rank, slot.address, slot.host, slot.pid, generation_);
+      config::RoleName(slot.role), slot.rank, slot.address, slot.host, slot.pid, generation_);
   (void)SendTo(slot.name, RegisterAcceptedMessage());  // startup_remaining_ms 0: assigned
   v1::ControlMessage am;
   *am.mutable_assignment() = AssignmentFor(slot);
@@ -537,7 +537,7 @@ std::optional<Status> Scheduler::CheckRejoinDeadlines(time_point now) {
     const std::string error = fmt::format(
         "{} {} at {} failed and did not register again within {} ms "
         "(cluster.server_rejoin_timeout_s)",
-        RoleName(s.role), s.rank, s.address, cluster_.server_rejoin_timeout.count());
+        config::RoleName(s.role), s.rank, s.address, cluster_.server_rejoin_timeout.count());
     BP_LOG_ERROR("scheduler: {}", error);
     ShutdownNodes(error);
     return UnavailableError(error);
@@ -551,7 +551,7 @@ v1::Assignment Scheduler::AssignmentFor(const Slot& slot) const {
   for (const Slot& s : slots_) {
     *(s.role == v1::ROLE_SERVER ? a.add_servers() : a.add_workers()) = InfoOf(s);
   }
-  *a.mutable_key_mapping() = MakeKeyMapping(static_cast<uint32_t>(cluster_.servers.size()));
+  *a.mutable_key_mapping() = config::MakeKeyMapping(static_cast<uint32_t>(cluster_.servers.size()));
   a.set_heartbeat_interval_ms(static_cast<uint32_t>(cluster_.heartbeat_interval.count()));
   a.set_heartbeat_timeout_ms(static_cast<uint32_t>(cluster_.heartbeat_timeout.count()));
   return a;
@@ -578,7 +578,7 @@ void Scheduler::HandleBarrier(Slot& slot, const v1::BarrierRequest& req) {
   }
   if (!IsMember(slot, group)) {
     BP_LOG_WARN("scheduler: {} asked for barrier {} of group {}, which it is not in; ignored",
-                slot.name, req.barrier_id(), GroupName(group));
+                slot.name, req.barrier_id(), config::GroupName(group));
     return;
   }
   BarrierState& b = barriers_[group];
@@ -586,7 +586,7 @@ void Scheduler::HandleBarrier(Slot& slot, const v1::BarrierRequest& req) {
     BP_LOG_WARN(
         "scheduler: {} asked for barrier {} of group {}, but that group is at barrier {}; "
         "ignored",
-        slot.name, req.barrier_id(), GroupName(group), b.next_id);
+        slot.name, req.barrier_id(), config::GroupName(group), b.next_id);
     return;
   }
   const size_t index = slot_by_name_[slot.name];
@@ -597,7 +597,7 @@ void Scheduler::HandleBarrier(Slot& slot, const v1::BarrierRequest& req) {
   size_t members = 0;
   for (const Slot& s : slots_) members += IsMember(s, group) ? 1 : 0;
   if (b.count < members) return;
-  BP_LOG_DEBUG("scheduler: releasing barrier {} of group {}", b.next_id, GroupName(group));
+  BP_LOG_DEBUG("scheduler: releasing barrier {} of group {}", b.next_id, config::GroupName(group));
   v1::ControlMessage m;
   m.mutable_barrier_release()->set_group(group);
   m.mutable_barrier_release()->set_barrier_id(b.next_id);
@@ -672,7 +672,7 @@ std::optional<Status> Scheduler::CheckDeadNodes(time_point now) {
         fmt::format("no heartbeat for {} ms (heartbeat timeout {} ms)", Ms(now - s.last_heard),
                     cluster_.heartbeat_timeout.count());
     const std::string line =
-        fmt::format("{} {} at {} failed: {}", RoleName(s.role), s.rank, s.address, reason);
+        fmt::format("{} {} at {} failed: {}", config::RoleName(s.role), s.rank, s.address, reason);
     // A server may come back (cluster.server_rejoin_timeout_s): the job rolls back instead.
     if (MayRejoin(s)) {
       LoseServer(s, reason, now);
@@ -698,7 +698,7 @@ Status Scheduler::StartupTimeout() {
   std::vector<std::string> missing;
   for (const Slot& s : slots_) {
     if (s.registered) continue;
-    std::string m = fmt::format("{} rank {} at {}", RoleName(s.role), s.rank, s.address);
+    std::string m = fmt::format("{} rank {} at {}", config::RoleName(s.role), s.rank, s.address);
     if (!s.last_refusal.empty()) m += " (its registration was refused: " + s.last_refusal + ")";
     missing.push_back(std::move(m));
   }

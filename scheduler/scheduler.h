@@ -33,15 +33,15 @@
 #include "common/node/endpoint.h"
 #include "common/status.h"
 #include "common/transport/transport.h"
+#include "config/cluster_config.h"
 #include "proto/bitpush/v1/control.pb.h"
-#include "scheduler/cluster_config.h"
 
 namespace bitpush::scheduler {
 
 struct SchedulerOptions {
   // The cluster (the scheduler's YAML is the reference for config agreement). Validated by
   // Create (ValidateClusterConfig).
-  ClusterConfig cluster;
+  config::ClusterConfig cluster;
   // inproc backend only: the hub shared by the endpoints of the in-process cluster.
   std::shared_ptr<transport::InprocHub> inproc_hub;
   // After sending Shutdown, how long to wait for every live node's ShutdownAck before
@@ -100,9 +100,10 @@ class Scheduler {
   struct Slot {
     v1::Role role;
     uint32_t rank;
-    std::string name;          // PeerId, "server:0"
-    std::string address;       // from the YAML
-    std::string data_address;  // ClusterConfig::DataAddress ("" = the data plane uses address)
+    std::string name;     // PeerId, "server:0"
+    std::string address;  // from the YAML
+    std::string
+        data_address;  // config::ClusterConfig::DataAddress ("" = the data plane uses address)
     bool registered = false;
     uint64_t incarnation = 0;
     std::string host;
@@ -170,7 +171,7 @@ class Scheduler {
   Slot* FindSlot(const std::string& peer);
 
   const SchedulerOptions options_;
-  const ClusterConfig& cluster_;
+  const config::ClusterConfig& cluster_;
   const std::shared_ptr<const Clock> clock_;
   std::unique_ptr<node::NodeEndpoint> endpoint_;
   std::vector<v1::ConfigField> config_fields_;

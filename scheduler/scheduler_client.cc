@@ -7,9 +7,9 @@
 
 #include "common/counter_rng.h"
 #include "common/logging.h"
+#include "config/key_mapping.h"
+#include "config/node_security.h"
 #include "fmt/format.h"
-#include "scheduler/key_mapping.h"
-#include "scheduler/node_security.h"
 
 namespace bitpush::scheduler {
 
@@ -42,7 +42,7 @@ std::string HostName() {
 }  // namespace
 
 Status SchedulerClient::Validate(const SchedulerClientOptions& options) {
-  BP_RETURN_IF_ERROR(ValidateClusterConfig(options.cluster));
+  BP_RETURN_IF_ERROR(config::ValidateClusterConfig(options.cluster));
   if (options.role != v1::ROLE_SERVER && options.role != v1::ROLE_WORKER) {
     return InvalidArgumentError("SchedulerClientOptions::role must be ROLE_SERVER or ROLE_WORKER");
   }
@@ -53,7 +53,7 @@ Status SchedulerClient::Validate(const SchedulerClientOptions& options) {
     return InvalidArgumentError(
         fmt::format("{} rank {} is not in the cluster: cluster.{}s in {} "
                     "has {} entries (ranks 0..{})",
-                    RoleName(options.role), options.rank, RoleName(options.role),
+                    config::RoleName(options.role), options.rank, config::RoleName(options.role),
                     options.cluster.source, n, n - 1));
   }
   if (options.initial_backoff.count() <= 0 || options.max_backoff < options.initial_backoff) {
@@ -73,7 +73,7 @@ StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(SchedulerClie
   if (!(endpoint->self() == self)) {
     return InvalidArgumentError(
         fmt::format("SchedulerClient for {} {} attached to the endpoint of '{}'",
-                    RoleName(options.role), options.rank, endpoint->name()));
+                    config::RoleName(options.role), options.rank, endpoint->name()));
   }
   std::unique_ptr<SchedulerClient> c(new SchedulerClient(std::move(options), endpoint, nullptr));
   c->Attach();
@@ -89,15 +89,15 @@ StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(
   e.listen_address = address;
   e.backend = options.cluster.transport;
   e.inproc_hub = options.inproc_hub;
-  BP_RETURN_IF_ERROR(ConfigureNodeEndpoint(options.cluster, &e));
+  BP_RETURN_IF_ERROR(config::ConfigureNodeEndpoint(options.cluster, &e));
   e.clock = options.clock;
   const bool injected = transport != nullptr;
   StatusOr<std::unique_ptr<node::NodeEndpoint>> made =
       node::NodeEndpoint::Create(std::move(e), std::move(transport));
   if (!made.ok()) {
     if (injected) return made.status();
-    return made.status().WithContext(
-        fmt::format("{} {}: cannot listen at {}", RoleName(options.role), options.rank, address));
+    return made.status().WithContext(fmt::format(
+        "{} {}: cannot listen at {}", config::RoleName(options.role), options.rank, address));
   }
   node::NodeEndpoint* endpoint = made->get();
   std::unique_ptr<SchedulerClient> c(
@@ -110,9 +110,9 @@ StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(
 SchedulerClient::SchedulerClient(SchedulerClientOptions options, node::NodeEndpoint* endpoint,
                                  std::unique_ptr<node::NodeEndpoint> owned)
     : options_(std::move(options)),
-      name_(NodePeerId(options_.role, options_.rank)),
+      name_(config::NodePeerId(options_.role, options_.rank)),
       address_(options_.cluster.NodeAddress(options_.role, options_.rank)),
-      label_(fmt::format("{} {}", RoleName(options_.role), options_.rank)),
+      label_(fmt::format("{} {}", config::RoleName(options_.role), options_.rank)),
       incarnation_(NewIncarnation()),
       endpoint_(endpoint),
       owned_endpoint_(std::move(owned)),
@@ -211,11 +211,11 @@ const v1::Assignment& SchedulerClient::assignment() const {
 }
 
 uint32_t SchedulerClient::ServerForKey(uint64_t key) const {
-  return scheduler::ServerForKey(key, assignment().key_mapping());
+  return config::ServerForKey(key, assignment().key_mapping());
 }
 
 Status SchedulerClient::SendToScheduler(const v1::ControlMessage& msg) {
-  return endpoint_->SendControl(kSchedulerPeerId, msg);
+  return endpoint_->SendControl(config::kSchedulerPeerId, msg);
 }
 
 v1::RegisterRequest SchedulerClient::MakeRequest() const {
@@ -227,8 +227,8 @@ v1::RegisterRequest SchedulerClient::MakeRequest() const {
   r.set_address(address_);
   r.set_data_address(options_.cluster.DataAddress(options_.role, options_.rank));
   for (const std::string& c : options_.capabilities) r.add_capabilities(c);
-  const std::vector<v1::ConfigField> fields = ConfigFields(options_.cluster);
-  r.set_config_hash(ConfigHash(fields));
+  const std::vector<v1::ConfigField> fields = config::ConfigFields(options_.cluster);
+  r.set_config_hash(config::ConfigHash(fields));
   for (const v1::ConfigField& f : fields) *r.add_config_fields() = f;
   r.set_cluster_token(options_.cluster.token);
   r.set_host(HostName());
@@ -279,7 +279,7 @@ Status SchedulerClient::Register() {
       connected = scheduler_connected_;
     }
     if (!connected) {
-      s = endpoint_->Connect(kSchedulerPeerId, sched);
+      s = endpoint_->Connect(config::kSchedulerPeerId, sched);
       if (s.ok()) {
         std::lock_guard<std::mutex> lock(mu_);
         scheduler_connected_ = true;
@@ -327,7 +327,7 @@ Status SchedulerClient::Barrier(v1::Group group, milliseconds timeout) {
                       (group == v1::GROUP_SERVERS && options_.role == v1::ROLE_SERVER);
   if (!member) {
     return InvalidArgumentError(fmt::format("{} is not in barrier group {} ({})", label_,
-                                            GroupName(group), static_cast<int>(group)));
+                                            config::GroupName(group), static_cast<int>(group)));
   }
   uint64_t id;
   {
@@ -341,7 +341,7 @@ Status SchedulerClient::Barrier(v1::Group group, milliseconds timeout) {
   m.mutable_barrier_request()->set_barrier_id(id);
   if (Status s = SendToScheduler(m); !s.ok()) {
     Status e = Status(s.code(), fmt::format("{}: barrier {} of group {}: {}", label_, id,
-                                            GroupName(group), s.message()));
+                                            config::GroupName(group), s.message()));
     Fail(e);
     return e;
   }
@@ -353,7 +353,7 @@ Status SchedulerClient::Barrier(v1::Group group, milliseconds timeout) {
   lock.unlock();
   Status e = TimeoutError(fmt::format(
       "{}: barrier {} of group {} not released by the scheduler at {} within {} ms", label_, id,
-      GroupName(group), options_.cluster.scheduler_address, timeout.count()));
+      config::GroupName(group), options_.cluster.scheduler_address, timeout.count()));
   Fail(e);
   return e;
 }
@@ -431,10 +431,10 @@ void SchedulerClient::HandleFromScheduler(const v1::ControlMessage& msg) {
     }
     case v1::ControlMessage::kAssignment: {
       const v1::Assignment& a = msg.assignment();
-      Status valid = ValidateKeyMapping(a.key_mapping());
+      Status valid = config::ValidateKeyMapping(a.key_mapping());
       if (valid.ok() && (a.self().role() != options_.role || a.self().rank() != options_.rank)) {
-        valid = DataLossError(
-            fmt::format("the assignment is for {} {}", RoleName(a.self().role()), a.self().rank()));
+        valid = DataLossError(fmt::format("the assignment is for {} {}",
+                                          config::RoleName(a.self().role()), a.self().rank()));
       }
       if (valid.ok() && (a.heartbeat_interval_ms() == 0 || a.heartbeat_timeout_ms() == 0)) {
         valid = DataLossError("the assignment has no heartbeat settings");
@@ -487,7 +487,7 @@ void SchedulerClient::HandleFromScheduler(const v1::ControlMessage& msg) {
         return;
       }
       Fail(UnavailableError(fmt::format("{} {} at {} failed: {} (reported by the scheduler at {})",
-                                        RoleName(f.node().role()), f.node().rank(),
+                                        config::RoleName(f.node().role()), f.node().rank(),
                                         f.node().address(), f.reason(), sched)));
       return;
     }

@@ -47,15 +47,15 @@
 #include "common/status.h"
 #include "common/transport/protocol.h"
 #include "common/transport/transport.h"
+#include "config/cluster_config.h"
 #include "proto/bitpush/v1/control.pb.h"
-#include "scheduler/cluster_config.h"
 
 namespace bitpush::scheduler {
 
 struct SchedulerClientOptions {
   // This node's view of the cluster (its copy of the YAML): its own address, the
   // scheduler's, the token and the settings it must agree on.
-  ClusterConfig cluster;
+  config::ClusterConfig cluster;
   // Who this node is: ROLE_SERVER or ROLE_WORKER and the index in that YAML list.
   v1::Role role = v1::ROLE_UNSPECIFIED;
   uint32_t rank = 0;

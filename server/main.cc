@@ -21,9 +21,9 @@
 #include "common/process_memory.h"
 #include "common/sd_notify.h"
 #include "common/termination_signals.h"
-#include "scheduler/daemon_command_line.h"
-#include "scheduler/node_metrics.h"
-#include "scheduler/node_security.h"
+#include "config/daemon_command_line.h"
+#include "config/node_metrics.h"
+#include "config/node_security.h"
 #include "server/server.h"
 #include "server/server_metrics.h"
 
@@ -63,14 +63,14 @@ void WriteStats(const std::string& path, const bitpush::server::Server& server) 
 int main(int argc, char** argv) {
   using namespace bitpush;
   KeepLargeBuffersInProcess();
-  scheduler::DaemonCommandLine cli(
+  config::DaemonCommandLine cli(
       {"bitpush-server",
        kSummary,
        kExitStatus,
        {{"--rank", "N", "this server's rank in cluster.servers", config::FlagKind::kCount, true},
         {"--stats-json", "PATH", "write the server's counters as JSON at exit"}}});
   if (int exit_code = cli.ParseOrExit(argc, argv); exit_code >= 0) return exit_code;
-  const scheduler::ClusterConfig& config = cli.config();
+  const config::ClusterConfig& config = cli.config();
   const uint64_t rank = cli.flags().count("--rank", 0);
   const std::string stats_path = cli.flags().text("--stats-json");
   if (rank >= config.servers.size()) {
@@ -78,8 +78,8 @@ int main(int argc, char** argv) {
                           " lists " + std::to_string(config.servers.size()) + " server(s)");
   }
   // Keys are configuration: a missing or unsafe key file is a config error (exit 2).
-  if (Status s = scheduler::NodeTransportSecurity(
-                     config, scheduler::NodePeerId(v1::ROLE_SERVER, static_cast<uint32_t>(rank)))
+  if (Status s = config::NodeTransportSecurity(
+                     config, config::NodePeerId(v1::ROLE_SERVER, static_cast<uint32_t>(rank)))
                      .status();
       !s.ok()) {
     return cli.ConfigError(s.message());
@@ -95,8 +95,8 @@ int main(int argc, char** argv) {
   });
 
   // metrics.port (docs/metrics.md): served from before registration to the end.
-  StatusOr<std::unique_ptr<scheduler::NodeMetrics>> node_metrics =
-      scheduler::NodeMetrics::Start(config, v1::ROLE_SERVER, static_cast<uint32_t>(rank));
+  StatusOr<std::unique_ptr<config::NodeMetrics>> node_metrics =
+      config::NodeMetrics::Start(config, v1::ROLE_SERVER, static_cast<uint32_t>(rank));
   if (!node_metrics.ok()) {
     std::fprintf(stderr, "bitpush-server: error: %s\n", node_metrics.status().ToString().c_str());
     return 1;

@@ -21,9 +21,9 @@
 #include "common/node/endpoint.h"
 #include "compressors/registry.h"
 #include "compressors/spec_registry.h"
+#include "config/node_security.h"
 #include "optimizers/param_state.h"
 #include "proto/bitpush/v1/control.pb.h"
-#include "scheduler/node_security.h"
 #include "scheduler/scheduler_client.h"
 #include "server/key_state.h"
 
@@ -205,21 +205,21 @@ class Server::Impl {
 };
 
 Status Server::Impl::Start() {
-  const scheduler::ClusterConfig& cluster = options_.cluster;
+  const config::ClusterConfig& cluster = options_.cluster;
   if (options_.rank >= cluster.servers.size()) {
     return InvalidArgumentError(fmt::format("server rank {} is not in the config ({} servers)",
                                             options_.rank, cluster.servers.size()));
   }
-  const scheduler::ServerSettings& settings = cluster.server;
+  const config::ServerSettings& settings = cluster.server;
   size_t threads = settings.engine_threads;
   if (threads == 0) threads = std::clamp<size_t>(AllowedCpuCount() - 1, 1, 8);
 
   std::vector<CpuSlot> plan;
-  if (settings.numa != scheduler::NumaMode::kOff) {
+  if (settings.numa != config::NumaMode::kOff) {
     StatusOr<std::vector<CpuSlot>> cores = ProcessCores();
     if (cores.ok()) {
       plan = PlanEngineThreads(*cores, threads, options_.rank);
-    } else if (settings.numa == scheduler::NumaMode::kOn) {
+    } else if (settings.numa == config::NumaMode::kOn) {
       return cores.status().WithContext("server.numa is on");
     } else {
       BP_LOG_WARN("server {}: engine threads not pinned: {}", options_.rank,
@@ -244,7 +244,7 @@ Status Server::Impl::Start() {
   eo.listen_address = cluster.servers[options_.rank];
   eo.backend = cluster.transport;
   eo.inproc_hub = options_.inproc_hub;
-  BP_RETURN_IF_ERROR(scheduler::ConfigureNodeEndpoint(cluster, &eo));
+  BP_RETURN_IF_ERROR(config::ConfigureNodeEndpoint(cluster, &eo));
   StatusOr<std::unique_ptr<node::NodeEndpoint>> endpoint = node::NodeEndpoint::Create(eo);
   if (!endpoint.ok()) {
     return endpoint.status().WithContext(
@@ -281,7 +281,7 @@ Status Server::Impl::Start() {
   const v1::Assignment& a = client_->assignment();
   num_workers_ = static_cast<uint32_t>(a.workers_size());
   for (int i = 0; i < a.workers_size(); ++i) {
-    const std::string peer = scheduler::NodePeerId(v1::ROLE_WORKER, static_cast<uint32_t>(i));
+    const std::string peer = config::NodePeerId(v1::ROLE_WORKER, static_cast<uint32_t>(i));
     // The worker's data plane: its data address when it has one (transport ucx).
     const v1::NodeInfo& w = a.workers(i);
     const std::string& address = w.data_address().empty() ? w.address() : w.data_address();
@@ -939,8 +939,8 @@ void Server::Impl::SendError(uint32_t worker, DataHeader::Op refused, uint64_t k
 
 void Server::Impl::SendToWorker(uint32_t worker, DataHeader header, std::vector<Buffer> frames) {
   header.set_sender(options_.rank);
-  const Status sent = endpoint_->SendData(scheduler::NodePeerId(v1::ROLE_WORKER, worker), header,
-                                          std::move(frames));
+  const Status sent =
+      endpoint_->SendData(config::NodePeerId(v1::ROLE_WORKER, worker), header, std::move(frames));
   if (!sent.ok()) {
     BP_LOG_WARN("server {}: cannot answer worker {}: {}", options_.rank, worker, sent.ToString());
   }

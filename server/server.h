@@ -29,7 +29,7 @@
 #include "common/node/endpoint.h"
 #include "common/status.h"
 #include "common/transport/transport.h"
-#include "scheduler/cluster_config.h"
+#include "config/cluster_config.h"
 
 namespace bitpush::server {
 
@@ -37,7 +37,7 @@ namespace bitpush::server {
 inline constexpr uint64_t kCompressedKeyWeight = 4;
 
 struct ServerOptions {
-  scheduler::ClusterConfig cluster;
+  config::ClusterConfig cluster;
   uint32_t rank = 0;
   // inproc backend only: the hub of the in-process cluster.
   std::shared_ptr<transport::InprocHub> inproc_hub;

@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "common/logging.h"
-#include "scheduler/node_metrics.h"
+#include "config/node_metrics.h"
 #include "worker/client_backend.h"
 #include "worker/daemon_client.h"
 #include "worker/engine.h"
@@ -70,7 +70,7 @@ namespace {
 // the node's metrics when metrics.port is set.
 class EngineBackend final : public ClientBackend {
  public:
-  EngineBackend(std::unique_ptr<Engine> engine, std::unique_ptr<scheduler::NodeMetrics> metrics)
+  EngineBackend(std::unique_ptr<Engine> engine, std::unique_ptr<config::NodeMetrics> metrics)
       : engine_(std::move(engine)), metrics_(std::move(metrics)) {
     if (metrics_) {
       registration_ = metrics_->registry().Add(
@@ -136,7 +136,7 @@ class EngineBackend final : public ClientBackend {
  private:
   // Destroyed in reverse: the collector goes first, then the exporter, then the engine.
   const std::unique_ptr<Engine> engine_;
-  const std::unique_ptr<scheduler::NodeMetrics> metrics_;
+  const std::unique_ptr<config::NodeMetrics> metrics_;
   metrics::Registry::Registration registration_;
 };
 
@@ -236,12 +236,11 @@ StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
         options.rank,
         options.cluster.source.empty() ? "the cluster config" : options.cluster.source));
   }
-  scheduler::CompressionSettings compression = options.cluster.compression;
+  config::CompressionSettings compression = options.cluster.compression;
   // The node's metrics (docs/metrics.md), bound before registration so a taken port fails
   // before the cluster counts this worker.
-  BP_ASSIGN_OR_RETURN(
-      std::unique_ptr<scheduler::NodeMetrics> metrics,
-      scheduler::NodeMetrics::Start(options.cluster, v1::ROLE_WORKER, options.rank));
+  BP_ASSIGN_OR_RETURN(std::unique_ptr<config::NodeMetrics> metrics,
+                      config::NodeMetrics::Start(options.cluster, v1::ROLE_WORKER, options.rank));
   EngineOptions e;
   e.cluster = std::move(options.cluster);
   e.rank = options.rank;
@@ -253,7 +252,7 @@ StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
                  std::move(compression)));
 }
 
-Client::Client(std::unique_ptr<ClientBackend> backend, scheduler::CompressionSettings compression)
+Client::Client(std::unique_ptr<ClientBackend> backend, config::CompressionSettings compression)
     : backend_(std::move(backend)), compression_(std::move(compression)) {}
 
 Client::~Client() {

@@ -57,7 +57,7 @@
 #include "common/status.h"
 #include "common/tensor_view.h"
 #include "common/transport/transport.h"
-#include "scheduler/cluster_config.h"
+#include "config/cluster_config.h"
 #include "worker/compression_plan.h"
 
 namespace bitpush::worker {
@@ -145,7 +145,7 @@ enum class ClientMode {
 struct ClientOptions {
   // The cluster (the worker's copy of the YAML): addresses, compression, worker settings. In
   // daemon mode only startup_timeout and worker.socket are used.
-  scheduler::ClusterConfig cluster;
+  config::ClusterConfig cluster;
   // This worker's rank (index in cluster.workers): in daemon mode, the node whose daemon to
   // use (for the default socket path).
   uint32_t rank = 0;
@@ -284,7 +284,7 @@ class Client {
   uint32_t num_workers() const;
   uint32_t num_servers() const;
   // This process's copy of the cluster's compression settings.
-  const scheduler::CompressionSettings& compression() const { return compression_; }
+  const config::CompressionSettings& compression() const { return compression_; }
   // The cluster's sticky error (OK while healthy).
   Status status() const;
   ClientStats stats() const;
@@ -326,10 +326,10 @@ class Client {
       const std::vector<TensorId>& tensors) const;
 
  private:
-  Client(std::unique_ptr<ClientBackend> backend, scheduler::CompressionSettings compression);
+  Client(std::unique_ptr<ClientBackend> backend, config::CompressionSettings compression);
   // The node's engine (embedded) or its daemon connection (daemon mode): client_backend.h.
   const std::unique_ptr<ClientBackend> backend_;
-  const scheduler::CompressionSettings compression_;
+  const config::CompressionSettings compression_;
   mutable std::mutex declared_mu_;
   std::vector<TensorCompression> declared_;  // by TensorId::index; guarded by declared_mu_
 };

@@ -10,7 +10,7 @@
 
 namespace bitpush::worker {
 
-StatusOr<TensorCompression> DecideCompression(const scheduler::CompressionSettings& settings,
+StatusOr<TensorCompression> DecideCompression(const config::CompressionSettings& settings,
                                               const std::string& name, size_t elements, DType dtype,
                                               const std::string& spec) {
   const std::string& given = spec.empty() ? settings.SpecForTensor(name) : spec;

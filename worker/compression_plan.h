@@ -16,8 +16,8 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "config/cluster_config.h"
 #include "proto/bitpush/v1/compression.pb.h"
-#include "scheduler/cluster_config.h"
 
 namespace bitpush::worker {
 
@@ -40,7 +40,7 @@ struct TensorCompression {
 
 // The decision for a tensor declared as (name, elements, dtype) with `spec` ("" = the
 // cluster's). InvalidArgument naming the spec when it does not parse.
-StatusOr<TensorCompression> DecideCompression(const scheduler::CompressionSettings& settings,
+StatusOr<TensorCompression> DecideCompression(const config::CompressionSettings& settings,
                                               const std::string& name, size_t elements, DType dtype,
                                               const std::string& spec);
 

@@ -36,7 +36,7 @@ DaemonStats Daemon::stats() const {
 }
 
 StatusOr<std::unique_ptr<Daemon>> Daemon::Create(DaemonOptions options) {
-  BP_RETURN_IF_ERROR(scheduler::ValidateClusterConfig(options.cluster));
+  BP_RETURN_IF_ERROR(config::ValidateClusterConfig(options.cluster));
   if (options.rank >= options.cluster.workers.size()) {
     return InvalidArgumentError(
         fmt::format("bitpush-worker: rank {} but the cluster has {} workers", options.rank,
@@ -87,10 +87,10 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Create(DaemonOptions options) {
   d->compress_threads_ = o.cluster.worker.compress_threads != 0
                              ? o.cluster.worker.compress_threads
                              : DefaultCompressThreads(core_count, d->reduce_threads_);
-  if (o.cluster.worker.numa != scheduler::NumaMode::kOff) {
+  if (o.cluster.worker.numa != config::NumaMode::kOff) {
     if (cores.ok()) {
       d->cpu_plan_ = PlanWorkerCpus(*cores, d->reduce_threads_, d->compress_threads_);
-    } else if (o.cluster.worker.numa == scheduler::NumaMode::kOn) {
+    } else if (o.cluster.worker.numa == config::NumaMode::kOn) {
       return cores.status().WithContext("worker.numa is on");
     } else {
       BP_LOG_WARN("{}: threads not pinned: {}", d->label_, cores.status().ToString());

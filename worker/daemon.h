@@ -99,7 +99,7 @@
 
 #include "common/cpu_topology.h"
 #include "common/status.h"
-#include "scheduler/cluster_config.h"
+#include "config/cluster_config.h"
 #include "worker/client.h"
 #include "worker/daemon/gpu_rounds.h"
 #include "worker/daemon/node_barrier.h"
@@ -115,7 +115,7 @@ namespace bitpush::worker {
 
 struct DaemonOptions {
   // The cluster (the node's copy of the YAML). The daemon is worker `rank` in it.
-  scheduler::ClusterConfig cluster;
+  config::ClusterConfig cluster;
   uint32_t rank = 0;
   // The Unix socket to listen on; "" = cluster.worker.socket, or when that is empty
   // DefaultDaemonSocketPath(rank) (<private dir>/worker-<rank>.sock, daemon_client.h).

@@ -34,8 +34,8 @@ std::string DefaultDaemonSocketPath(uint32_t rank) {
   return ipc::DefaultSocketPath(rank);
 }
 
-std::string DaemonSocketPath(const std::string& explicit_path,
-                             const scheduler::ClusterConfig& cluster, uint32_t rank) {
+std::string DaemonSocketPath(const std::string& explicit_path, const config::ClusterConfig& cluster,
+                             uint32_t rank) {
   if (!explicit_path.empty()) return explicit_path;
   if (!cluster.worker.socket.empty()) return cluster.worker.SocketFor(rank);
   return DefaultDaemonSocketPath(rank);

@@ -59,8 +59,8 @@ std::string DefaultDaemonSocketPath(uint32_t rank);
 // The socket of node `rank`'s daemon: `explicit_path` when set (--socket,
 // ClientOptions::daemon_socket), else the YAML's worker.socket ({rank} expanded), else
 // DefaultDaemonSocketPath(rank). The daemon and its clients both use this.
-std::string DaemonSocketPath(const std::string& explicit_path,
-                             const scheduler::ClusterConfig& cluster, uint32_t rank);
+std::string DaemonSocketPath(const std::string& explicit_path, const config::ClusterConfig& cluster,
+                             uint32_t rank);
 
 // How much longer than the daemon's op_timeout a client waits for a LocalPushPullDone, so the
 // daemon's own (more precise) timeout error arrives first.

@@ -25,9 +25,9 @@
 #include "common/process_memory.h"
 #include "common/sd_notify.h"
 #include "common/termination_signals.h"
-#include "scheduler/daemon_command_line.h"
-#include "scheduler/node_metrics.h"
-#include "scheduler/node_security.h"
+#include "config/daemon_command_line.h"
+#include "config/node_metrics.h"
+#include "config/node_security.h"
 #include "worker/daemon.h"
 #include "worker/daemon_metrics.h"
 #include "worker/engine_metrics.h"
@@ -45,8 +45,8 @@ int main(int argc, char** argv) {
   using namespace bitpush;
   KeepLargeBuffersInProcess();
   // --socket, --local-size and --reduce-threads come from the knob table (worker.socket,
-  // worker.local_size, worker.reduce_threads: scheduler/cluster_knobs.cc).
-  scheduler::DaemonCommandLine cli(
+  // worker.local_size, worker.reduce_threads: config/cluster_knobs.cc).
+  config::DaemonCommandLine cli(
       {"bitpush-worker",
        kSummary,
        kExitStatus,
@@ -54,17 +54,16 @@ int main(int argc, char** argv) {
         {"--no-sweep", "", "keep other processes' leftover shared-memory segments",
          config::FlagKind::kSwitch}}});
   if (int exit_code = cli.ParseOrExit(argc, argv); exit_code >= 0) return exit_code;
-  const scheduler::ClusterConfig& config = cli.config();
+  const config::ClusterConfig& config = cli.config();
   const uint64_t rank_flag = cli.flags().count("--rank", 0);
   if (rank_flag >= config.workers.size()) {
     return cli.UsageError("--rank " + std::to_string(rank_flag) + " but " + cli.config_path() +
                           " lists " + std::to_string(config.workers.size()) + " worker(s)");
   }
   // Keys are configuration: a missing or unsafe key file is a config error (exit 2).
-  if (Status s =
-          scheduler::NodeTransportSecurity(
-              config, scheduler::NodePeerId(v1::ROLE_WORKER, static_cast<uint32_t>(rank_flag)))
-              .status();
+  if (Status s = config::NodeTransportSecurity(
+                     config, config::NodePeerId(v1::ROLE_WORKER, static_cast<uint32_t>(rank_flag)))
+                     .status();
       !s.ok()) {
     return cli.ConfigError(s.message());
   }
@@ -88,8 +87,8 @@ int main(int argc, char** argv) {
   });
 
   // metrics.port (docs/metrics.md): served from before registration to the end.
-  StatusOr<std::unique_ptr<scheduler::NodeMetrics>> node_metrics =
-      scheduler::NodeMetrics::Start(config, v1::ROLE_WORKER, static_cast<uint32_t>(rank));
+  StatusOr<std::unique_ptr<config::NodeMetrics>> node_metrics =
+      config::NodeMetrics::Start(config, v1::ROLE_WORKER, static_cast<uint32_t>(rank));
   if (!node_metrics.ok()) {
     std::fprintf(stderr, "bitpush-worker node %ld: %s\n", rank,
                  node_metrics.status().ToString().c_str());

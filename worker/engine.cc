@@ -11,8 +11,8 @@
 #include "common/vector_ops.h"
 #include "compressors/registry.h"
 #include "compressors/spec_registry.h"
+#include "config/node_security.h"
 #include "optimizers/param_state.h"
-#include "scheduler/node_security.h"
 #include "worker/compression_plan.h"
 
 namespace bitpush::worker {
@@ -46,7 +46,7 @@ std::string ServerLabel(const std::string& peer) {
 // The wire form of a tensor's server-side optimizer (canonical pull config, the pull form
 // resolved against the cluster's optimizer section). InvalidArgument naming the field.
 StatusOr<v1::ServerOptimizer> ServerOptimizerFor(const ServerOptimizerOptions& o,
-                                                 const scheduler::OptimizerSettings& cluster) {
+                                                 const config::OptimizerSettings& cluster) {
   BP_ASSIGN_OR_RETURN(optimizers::UpdateOptions u,
                       optimizers::MakeUpdateOptions(o.rule, o.weight_decay, o.momentum, o.nesterov,
                                                     o.beta1, o.beta2, o.eps));
@@ -58,7 +58,7 @@ StatusOr<v1::ServerOptimizer> ServerOptimizerFor(const ServerOptimizerOptions& o
   w.set_beta1(o.beta1);
   w.set_beta2(o.beta2);
   w.set_eps(o.eps);
-  scheduler::OptimizerSettings pull = cluster;
+  config::OptimizerSettings pull = cluster;
   if (!o.pull.empty()) pull.pull = o.pull;
   if (!o.pull_form.empty()) pull.pull_form = o.pull_form;
   if (pull.pull_form != "auto" && pull.pull_form != "difference" && pull.pull_form != "raw") {
@@ -105,7 +105,7 @@ void OpState::Complete(Status s) {
 // Construction and shutdown
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
-  BP_RETURN_IF_ERROR(scheduler::ValidateClusterConfig(options.cluster));
+  BP_RETURN_IF_ERROR(config::ValidateClusterConfig(options.cluster));
   if (options.rank >= options.cluster.workers.size()) {
     return InvalidArgumentError(fmt::format("worker rank {} is not in the cluster ({} workers)",
                                             options.rank, options.cluster.workers.size()));
@@ -149,7 +149,7 @@ Status Engine::Start(EngineOptions& options) {
   eo.listen_address = cluster_.workers[rank_];
   eo.backend = cluster_.transport;
   eo.inproc_hub = options.inproc_hub;
-  BP_RETURN_IF_ERROR(scheduler::ConfigureNodeEndpoint(cluster_, &eo));
+  BP_RETURN_IF_ERROR(config::ConfigureNodeEndpoint(cluster_, &eo));
   eo.clock = clock_;
   const bool injected = options.transport != nullptr;
   StatusOr<std::unique_ptr<node::NodeEndpoint>> endpoint =
@@ -186,7 +186,7 @@ Status Engine::Start(EngineOptions& options) {
   num_workers_ = static_cast<uint32_t>(a.workers_size());
   num_servers_ = static_cast<uint32_t>(a.servers_size());
   for (const v1::NodeInfo& s : a.servers()) {
-    const std::string peer = scheduler::NodePeerId(v1::ROLE_SERVER, s.rank());
+    const std::string peer = config::NodePeerId(v1::ROLE_SERVER, s.rank());
     // The server's data plane: its data address when it has one (transport ucx).
     const std::string& address = s.data_address().empty() ? s.address() : s.data_address();
     BP_RETURN_IF_ERROR(endpoint_->Connect(peer, address)
@@ -379,7 +379,7 @@ void Engine::OnServerRejoined(uint32_t server, uint64_t generation) {
   }
   // The old process's connection is gone for good (the transport refuses sends on it): connect
   // to the new one at the same address before anything is sent there.
-  const std::string peer = scheduler::NodePeerId(v1::ROLE_SERVER, server);
+  const std::string peer = config::NodePeerId(v1::ROLE_SERVER, server);
   for (const v1::NodeInfo& s : client_->assignment().servers()) {
     if (s.rank() != server) continue;
     const std::string& address = s.data_address().empty() ? s.address() : s.data_address();
@@ -493,7 +493,7 @@ StatusOr<TensorId> Engine::Declare(const std::string& name, size_t elements, DTy
     Partition& p = t->partitions[j];
     p.range = (*ranges)[j];
     p.server = client_->ServerForKey(p.range.key);
-    p.peer = scheduler::NodePeerId(v1::ROLE_SERVER, p.server);
+    p.peer = config::NodePeerId(v1::ROLE_SERVER, p.server);
     p.bytes = static_cast<uint64_t>(p.range.elements) * DTypeSize(dtype);
     StatusOr<std::unique_ptr<compressors::Compressor>> c =
         compressors::CreateCompressor(t->config, copts);

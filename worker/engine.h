@@ -130,7 +130,7 @@ struct OpState {
 };
 
 struct EngineOptions {
-  scheduler::ClusterConfig cluster;
+  config::ClusterConfig cluster;
   uint32_t rank = 0;
   std::shared_ptr<transport::InprocHub> inproc_hub;
   // CPUs for the compression pool's threads (thread i on compress_cpus[i % size]); empty: not
@@ -352,7 +352,7 @@ class Engine {
   uint32_t rank_ = 0;
   uint32_t num_workers_ = 0;
   uint32_t num_servers_ = 0;
-  scheduler::ClusterConfig cluster_;
+  config::ClusterConfig cluster_;
   v1::ErrorFeedbackPolicy policy_;
   IsaLevel isa_;
   std::shared_ptr<const Clock> clock_;

@@ -8,7 +8,7 @@
 //    of 0 elements has no partition (its push_pull completes at once).
 //  - Partition j of the tensor declared i-th (from 0, over the client's life) is the key
 //    (i << 32) | j. Every worker declares the same tensors in the same order, so every worker
-//    computes the same keys; the scheduler's mapping (scheduler/key_mapping.h) gives the owner.
+//    computes the same keys; the scheduler's mapping (config/key_mapping.h) gives the owner.
 //  - A tensor is compressed when its whole size in bytes is >= min_compress_bytes (paper 001
 //    §4.2.3; BytePS tests the whole tensor, not the partition) and its spec is not "none";
 //    otherwise every partition goes with the "none" compressor.

@@ -6,7 +6,7 @@
 // parser of the knob's text (errors name the key), its canonical text, its row in the
 // reference table of the docs and its command-line flag. Nothing here knows YAML or a
 // particular configuration struct: a configuration's table binds each spec to a field
-// (scheduler/cluster_knobs.h for the cluster YAML).
+// (config/cluster_knobs.h for the cluster YAML).
 //
 // Values are held as KnobValue: a number (integers, bytes, milliseconds, seconds as
 // milliseconds, `auto` counts with 0 for auto, booleans as 0/1) or a text (enums, strings,

@@ -100,7 +100,7 @@ struct NodeEndpointOptions {
   // Longest wait of the loop while no timer is due (Close wakes it at once in any case).
   std::chrono::milliseconds idle_wait{1000};
   // How the node proves who it is and learns who sent each message, and the bounds on what a
-  // peer can make it hold (transport.h; scheduler/node_security.h fills them from the config).
+  // peer can make it hold (transport.h; config/node_security.h fills them from the config).
   transport::TransportSecurity security;
   uint64_t max_message_bytes = uint64_t{1} << 32;
   size_t max_connections = 1024;

@@ -42,7 +42,7 @@ LOCAL_SIZE = "BITPUSH_LOCAL_SIZE"
 MODE = "BITPUSH_MODE"
 DAEMON_SOCKET = "BITPUSH_DAEMON_SOCKET"
 # security.keys_dir / security.key_file (docs/security.md): read by the C++ node
-# (scheduler/node_security.cc); the launcher sets KEYS_DIR to keys it makes for a single-host run.
+# (config/node_security.cc); the launcher sets KEYS_DIR to keys it makes for a single-host run.
 KEYS_DIR = "BITPUSH_KEYS_DIR"
 KEY_FILE = "BITPUSH_KEY_FILE"
 BIN_DIR = "BITPUSH_BIN_DIR"

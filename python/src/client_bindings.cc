@@ -24,9 +24,9 @@
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "compressors/spec_registry.h"
+#include "config/cluster_config.h"
 #include "python/src/bindings.h"
 #include "python/src/status_error.h"
-#include "scheduler/cluster_config.h"
 #include "worker/client.h"
 
 namespace bitpush::python {
@@ -60,7 +60,7 @@ class PyClient {
     StatusOr<std::unique_ptr<Client>> client = InternalError("not created");
     {
       py::gil_scoped_release nogil;
-      StatusOr<scheduler::ClusterConfig> cluster = scheduler::LoadClusterConfig(config_path);
+      StatusOr<config::ClusterConfig> cluster = config::LoadClusterConfig(config_path);
       if (!cluster.ok()) {
         client = cluster.status();
       } else {

@@ -1,8 +1,8 @@
 // `bitpush._C.load_cluster_config(path)`: the cluster YAML read by the C++ parser
-// (scheduler/cluster_config.h), for `bitpush check-config`, `bitpush launch`
+// (config/cluster_config.h), for `bitpush check-config`, `bitpush launch`
 // (python/bitpush/launch.py, docs/launch.md) and bitpush.torch (the cluster's
 // compression.error_feedback, the per-node process counts). `bitpush._C.knobs()`: the knob
-// table (scheduler/cluster_knobs.h). One parser: the Python package never reads the YAML
+// table (config/cluster_knobs.h). One parser: the Python package never reads the YAML
 // itself, so a file it accepts is a file every daemon accepts, with the same values.
 // `bitpush._C.compressor_spec(spec)`: a compressor spec checked and printed canonically by
 // the same registry, so bitpush.torch refuses a mistyped spec when it is given, not at the
@@ -16,10 +16,10 @@
 
 #include "common/security/keys.h"
 #include "compressors/spec_registry.h"
+#include "config/cluster_config.h"
+#include "config/cluster_knobs.h"
+#include "config/node_security.h"
 #include "python/src/status_error.h"
-#include "scheduler/cluster_config.h"
-#include "scheduler/cluster_knobs.h"
-#include "scheduler/node_security.h"
 #include "worker/daemon_client.h"
 
 namespace bitpush::python {
@@ -30,7 +30,7 @@ void BindConfig(py::module_& m) {
   m.def(
       "load_cluster_config",
       [](const std::string& path) {
-        scheduler::ClusterConfig c = ValueOrThrow(scheduler::LoadClusterConfig(path));
+        config::ClusterConfig c = ValueOrThrow(config::LoadClusterConfig(path));
         py::dict d;
         d["scheduler"] = c.scheduler_address;
         d["transport"] = c.transport;
@@ -53,10 +53,10 @@ void BindConfig(py::module_& m) {
         std::vector<std::pair<std::string, std::string>> placements;
         for (const auto& o : c.optimizer.overrides) placements.emplace_back(o.pattern, o.placement);
         d["optimizer_overrides"] = placements;
-        d["description"] = scheduler::DescribeClusterConfig(c);
+        d["description"] = config::DescribeClusterConfig(c);
         // Every scalar knob's canonical value by its path (secrets left out).
         py::dict knobs;
-        for (const scheduler::ClusterKnob& k : scheduler::ClusterKnobs()) {
+        for (const config::ClusterKnob& k : config::ClusterKnobs()) {
           if (k.get == nullptr || k.spec.secret) continue;
           knobs[py::str(k.spec.path)] = config::FormatKnobValue(k.spec, k.get(c));
         }
@@ -76,14 +76,14 @@ void BindConfig(py::module_& m) {
   m.def(
       "write_cluster_keys",
       [](const std::string& path, std::string out_dir, bool overwrite) {
-        scheduler::ClusterConfig c = ValueOrThrow(scheduler::LoadClusterConfig(path));
-        if (out_dir.empty()) out_dir = scheduler::KeysDir(c);
+        config::ClusterConfig c = ValueOrThrow(config::LoadClusterConfig(path));
+        if (out_dir.empty()) out_dir = config::KeysDir(c);
         if (out_dir.empty()) {
           throw StatusError(InvalidArgumentError(
               path + ": security.keys_dir is not set: give the directory (--out DIR)"));
         }
         return ValueOrThrow(
-            security::WriteClusterKeys(out_dir, scheduler::ClusterNodeNames(c), overwrite));
+            security::WriteClusterKeys(out_dir, config::ClusterNodeNames(c), overwrite));
       },
       py::arg("path"), py::arg("out_dir") = "", py::arg("overwrite") = false,
       "`bitpush keygen`: a CURVE key file for every node of the cluster YAML at `path` "
@@ -93,8 +93,8 @@ void BindConfig(py::module_& m) {
   m.def(
       "check_node_security",
       [](const std::string& path, const std::string& node) {
-        scheduler::ClusterConfig c = ValueOrThrow(scheduler::LoadClusterConfig(path));
-        ThrowIfError(scheduler::NodeTransportSecurity(c, node).status());
+        config::ClusterConfig c = ValueOrThrow(config::LoadClusterConfig(path));
+        ThrowIfError(config::NodeTransportSecurity(c, node).status());
       },
       py::arg("path"), py::arg("node"),
       "Raises BitpushError naming the file and the problem when node ('scheduler', "
@@ -124,7 +124,7 @@ void BindConfig(py::module_& m) {
       "knobs",
       [] {
         py::list out;
-        for (const scheduler::ClusterKnob& k : scheduler::ClusterKnobs()) {
+        for (const config::ClusterKnob& k : config::ClusterKnobs()) {
           py::dict d;
           d["path"] = k.spec.path;
           d["type"] = config::KnobTypeDoc(k.spec);

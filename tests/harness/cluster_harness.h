@@ -37,7 +37,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "common/transport/transport.h"
-#include "scheduler/cluster_config.h"
+#include "config/cluster_config.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/scheduler_client.h"
 #include "tests/harness/faulty_transport.h"
@@ -47,7 +47,7 @@ namespace bitpush::testing {
 struct NodeId {
   v1::Role role;
   uint32_t rank;
-  std::string name() const { return scheduler::NodePeerId(role, rank); }
+  std::string name() const { return config::NodePeerId(role, rank); }
 };
 
 // What a node does after Register() succeeded. Its result is the node's status.
@@ -69,7 +69,7 @@ struct ClusterHarnessOptions {
   std::chrono::milliseconds heartbeat_interval{50};
   std::chrono::milliseconds heartbeat_timeout{2000};  // a stalled sanitizer build is no failure
   std::chrono::milliseconds startup_timeout{5000};
-  scheduler::CompressionSettings compression;
+  config::CompressionSettings compression;
   std::string token;
   // The scheduler thread: whether it runs, and its start delay (scheduler-last starts).
   bool run_scheduler = true;
@@ -109,7 +109,7 @@ class ClusterHarness {
 
   // The generated cluster config (TestClusterConfig, tests/harness/test_cluster.h): transport
   // inproc, addresses inproc://scheduler, inproc://server:N, inproc://worker:N.
-  const scheduler::ClusterConfig& config() const { return config_; }
+  const config::ClusterConfig& config() const { return config_; }
   const std::shared_ptr<transport::InprocHub>& hub() const { return hub_; }
   // Client options for (role, rank) in this cluster, e.g. for an extra client in a test.
   scheduler::SchedulerClientOptions ClientOptions(v1::Role role, uint32_t rank) const;
@@ -145,7 +145,7 @@ class ClusterHarness {
 
   const ClusterHarnessOptions options_;
   const std::shared_ptr<transport::InprocHub> hub_;
-  scheduler::ClusterConfig config_;
+  config::ClusterConfig config_;
   std::map<std::string, std::shared_ptr<FaultSwitch>> faults_;  // fixed after Start()
 
   std::mutex mu_;

@@ -35,8 +35,8 @@ std::string Quoted(const std::string& text) {
 
 }  // namespace
 
-scheduler::ClusterConfig TestClusterConfig(const TestClusterOptions& o) {
-  scheduler::ClusterConfig c;
+config::ClusterConfig TestClusterConfig(const TestClusterOptions& o) {
+  config::ClusterConfig c;
   c.source = o.source;
   std::set<int> used;
   // A free port (and, with a data port, port + offset), neither taken by another node.
@@ -52,7 +52,7 @@ scheduler::ClusterConfig TestClusterConfig(const TestClusterOptions& o) {
   };
   auto node = [&](v1::Role role, uint32_t rank) -> std::string {
     switch (o.transport) {
-      case TestTransport::kInproc: return "inproc://" + scheduler::NodePeerId(role, rank);
+      case TestTransport::kInproc: return "inproc://" + config::NodePeerId(role, rank);
       case TestTransport::kTcp: return tcp();
       case TestTransport::kUcx: return tcp(/*data_port=*/true);
       case TestTransport::kIpc:
@@ -94,7 +94,7 @@ scheduler::ClusterConfig TestClusterConfig(const TestClusterOptions& o) {
   return c;
 }
 
-std::string TestClusterYaml(const scheduler::ClusterConfig& c) {
+std::string TestClusterYaml(const config::ClusterConfig& c) {
   std::string y = "cluster:\n";
   y += "  scheduler: " + c.scheduler_address + "\n";
   if (c.transport != "zmq") y += "  transport: " + c.transport + "\n";
@@ -110,7 +110,7 @@ std::string TestClusterYaml(const scheduler::ClusterConfig& c) {
     if (!c.ucx.tls.empty()) y += "    tls: " + Quoted(c.ucx.tls) + "\n";
     if (!c.ucx.net_devices.empty()) y += "    net_devices: " + Quoted(c.ucx.net_devices) + "\n";
   }
-  const scheduler::CompressionSettings& k = c.compression;
+  const config::CompressionSettings& k = c.compression;
   y += "compression:\n";
   y += "  spec: " + Quoted(k.spec) + "\n";
   y += "  error_feedback: " + k.error_feedback + "\n";
@@ -126,19 +126,19 @@ std::string TestClusterYaml(const scheduler::ClusterConfig& c) {
   if (c.server.engine_threads != 0) {
     y += fmt::format("  engine_threads: {}\n", c.server.engine_threads);
   }
-  y += "  numa: " + std::string(scheduler::NumaModeName(c.server.numa)) + "\n";
-  const scheduler::WorkerSettings& w = c.worker;
+  y += "  numa: " + std::string(config::NumaModeName(c.server.numa)) + "\n";
+  const config::WorkerSettings& w = c.worker;
   y += "worker:\n";
   if (w.compress_threads != 0) y += fmt::format("  compress_threads: {}\n", w.compress_threads);
   if (w.reduce_threads != 0) y += fmt::format("  reduce_threads: {}\n", w.reduce_threads);
-  y += "  numa: " + std::string(scheduler::NumaModeName(w.numa)) + "\n";
+  y += "  numa: " + std::string(config::NumaModeName(w.numa)) + "\n";
   y += fmt::format("  credit_bytes: {}\n", w.credit_bytes);
   y += "  op_timeout_s: " + Seconds(w.op_timeout) + "\n";
   if (w.local_size != 0) y += fmt::format("  local_size: {}\n", w.local_size);
   if (!w.socket.empty()) y += "  socket: " + Quoted(w.socket) + "\n";
-  if (c.security.mode != scheduler::SecurityMode::kNone) {
+  if (c.security.mode != config::SecurityMode::kNone) {
     y += "security:\n";
-    y += "  mode: " + std::string(scheduler::SecurityModeName(c.security.mode)) + "\n";
+    y += "  mode: " + std::string(config::SecurityModeName(c.security.mode)) + "\n";
     if (!c.security.keys_dir.empty()) y += "  keys_dir: " + Quoted(c.security.keys_dir) + "\n";
   }
   if (c.metrics.port != 0) {
@@ -149,7 +149,7 @@ std::string TestClusterYaml(const scheduler::ClusterConfig& c) {
   return y;
 }
 
-Status WriteTestClusterYaml(const scheduler::ClusterConfig& config, const std::string& path) {
+Status WriteTestClusterYaml(const config::ClusterConfig& config, const std::string& path) {
   std::ofstream out(path);
   out << TestClusterYaml(config);
   out.close();
@@ -165,7 +165,7 @@ ThreadCluster::~ThreadCluster() {
 }
 
 Status ThreadCluster::Start() {
-  const scheduler::ClusterConfig& config = options_.config;
+  const config::ClusterConfig& config = options_.config;
   scheduler::SchedulerOptions so;
   so.cluster = config;
   so.inproc_hub = hub_;

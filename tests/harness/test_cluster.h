@@ -27,7 +27,7 @@
 
 #include "common/status.h"
 #include "common/transport/transport.h"
-#include "scheduler/cluster_config.h"
+#include "config/cluster_config.h"
 #include "scheduler/scheduler.h"
 #include "server/server.h"
 #include "worker/client.h"
@@ -59,27 +59,27 @@ struct TestClusterOptions {
   std::chrono::milliseconds heartbeat_interval{50};
   std::chrono::milliseconds heartbeat_timeout{2000};  // a stalled sanitizer build is no failure
   std::chrono::milliseconds startup_timeout{5000};
-  scheduler::CompressionSettings compression;
-  scheduler::ServerSettings server;
-  scheduler::WorkerSettings worker;
+  config::CompressionSettings compression;
+  config::ServerSettings server;
+  config::WorkerSettings worker;
 };
 
 // The cluster config the options describe (tcp ports are picked free now).
-scheduler::ClusterConfig TestClusterConfig(const TestClusterOptions& options);
+config::ClusterConfig TestClusterConfig(const TestClusterOptions& options);
 
 // `config` as cluster YAML: every key of the cluster, compression, server and worker sections
 // (not the host form's per-node training processes; cluster.ucx under transport ucx), the
 // metrics section when its port is set, and security.mode and keys_dir when the mode is not
 // none. The token is written as it is.
-std::string TestClusterYaml(const scheduler::ClusterConfig& config);
+std::string TestClusterYaml(const config::ClusterConfig& config);
 
 // Writes TestClusterYaml(config) to `path`.
-Status WriteTestClusterYaml(const scheduler::ClusterConfig& config, const std::string& path);
+Status WriteTestClusterYaml(const config::ClusterConfig& config, const std::string& path);
 
 struct ThreadClusterOptions {
-  scheduler::ClusterConfig config;  // transport inproc
-  bool start_servers = true;        // false: the test brings its own server endpoints
-  bool start_workers = true;        // false: the test brings its own worker endpoints
+  config::ClusterConfig config;  // transport inproc
+  bool start_servers = true;     // false: the test brings its own server endpoints
+  bool start_workers = true;     // false: the test brings its own worker endpoints
   // Called on its own thread for each node Start does not start itself (a role switched off
   // above), concurrently with the others; its status is the node's start status.
   std::function<Status(v1::Role role, uint32_t rank)> custom_node;
@@ -111,7 +111,7 @@ class ThreadCluster {
 
   worker::Client& worker(uint32_t w) { return *workers_.at(w); }
   server::Server& server(uint32_t s) { return *servers_.at(s); }
-  const scheduler::ClusterConfig& config() const { return options_.config; }
+  const config::ClusterConfig& config() const { return options_.config; }
   const std::shared_ptr<transport::InprocHub>& hub() const { return hub_; }
 
  private:

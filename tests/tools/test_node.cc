@@ -23,8 +23,8 @@
 
 #include "common/logging.h"
 #include "common/security/keys.h"
-#include "scheduler/daemon_command_line.h"
-#include "scheduler/node_security.h"
+#include "config/daemon_command_line.h"
+#include "config/node_security.h"
 #include "scheduler/scheduler_client.h"
 
 namespace {
@@ -36,9 +36,9 @@ using std::chrono::milliseconds;
 
 int main(int argc, char** argv) {
   if (argc == 4 && std::string(argv[1]) == "keygen") {
-    StatusOr<scheduler::ClusterConfig> c = scheduler::LoadClusterConfig(argv[2]);
+    StatusOr<config::ClusterConfig> c = config::LoadClusterConfig(argv[2]);
     StatusOr<std::vector<std::string>> written =
-        c.ok() ? security::WriteClusterKeys(argv[3], scheduler::ClusterNodeNames(*c), false)
+        c.ok() ? security::WriteClusterKeys(argv[3], config::ClusterNodeNames(*c), false)
                : StatusOr<std::vector<std::string>>(c.status());
     if (!written.ok()) {
       std::fprintf(stderr, "bitpush-test-node keygen: %s\n", written.status().ToString().c_str());
@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  scheduler::DaemonCommandLine cli(
+  config::DaemonCommandLine cli(
       {"bitpush-test-node",
        "",
        "",
@@ -59,9 +59,9 @@ int main(int argc, char** argv) {
          config::FlagKind::kCount}}});
   if (int exit_code = cli.ParseOrExit(argc, argv); exit_code >= 0) return exit_code;
   const std::string role_name = cli.flags().text("--role");
-  StatusOr<v1::Role> role = scheduler::ParseNodeRole(role_name);
+  StatusOr<v1::Role> role = config::ParseNodeRole(role_name);
   if (!role.ok()) return cli.UsageError(role.status().message());
-  const scheduler::ClusterConfig* config = &cli.config();
+  const config::ClusterConfig* config = &cli.config();
   const long long rank = static_cast<long long>(cli.flags().count("--rank", 0));
   const long long run_ms = static_cast<long long>(cli.flags().count("--run-ms", 0));
   const long long barriers = static_cast<long long>(cli.flags().count("--barriers", 0));

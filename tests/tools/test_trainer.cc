@@ -66,7 +66,7 @@
 #include "common/vector_ops.h"
 #include "compressors/error_feedback.h"
 #include "compressors/registry.h"
-#include "scheduler/cluster_config.h"
+#include "config/cluster_config.h"
 #include "tests/harness/reference_model.h"
 #include "tests/unit/test_util.h"
 #include "worker/client.h"
@@ -100,9 +100,8 @@ std::vector<uint8_t> Input(uint32_t node, uint32_t local_rank, size_t t, uint64_
 
 // The reference of one tensor across all nodes (tests/harness/reference_model.h; see the file
 // comment). The cluster's options are valid (the trainer loaded them), so Create cannot fail.
-testing::ReferenceTensor Reference(const scheduler::ClusterConfig& c, uint32_t index,
-                                   size_t elements, DType dtype, uint32_t nodes,
-                                   uint32_t local_size) {
+testing::ReferenceTensor Reference(const config::ClusterConfig& c, uint32_t index, size_t elements,
+                                   DType dtype, uint32_t nodes, uint32_t local_size) {
   testing::ReferenceTensorOptions o;
   o.spec = c.compression.spec;
   o.error_feedback = c.compression.error_feedback;
@@ -153,8 +152,7 @@ const std::vector<DType> kDTypes = {DType::kFloat32, DType::kFloat32, DType::kFl
 // The --ef-probe mode (see the file comment).
 class EfProbe {
  public:
-  EfProbe(const scheduler::ClusterConfig& c, uint32_t node, uint32_t local_rank,
-          uint32_t local_size)
+  EfProbe(const config::ClusterConfig& c, uint32_t node, uint32_t local_rank, uint32_t local_size)
       : config_(c), node_(node), local_rank_(local_rank), local_size_(local_size) {}
 
   int Run(const std::string& socket, long iters) {
@@ -387,7 +385,7 @@ class EfProbe {
     return Compare(0, "after round " + std::to_string(r)) &&
            Compare(2, "after round " + std::to_string(r));
   }
-  const scheduler::ClusterConfig& config_;
+  const config::ClusterConfig& config_;
   uint32_t node_, local_rank_, local_size_;
   std::unique_ptr<worker::ipc::Channel> ch_;
   std::vector<testing::ReferenceTensor> refs_;
@@ -526,7 +524,7 @@ int main(int argc, char** argv) {
     return HelloOnly(socket, static_cast<uint32_t>(hello_major), static_cast<uint32_t>(local_rank),
                      static_cast<uint32_t>(local_size));
   }
-  StatusOr<scheduler::ClusterConfig> config = scheduler::LoadClusterConfig(config_path);
+  StatusOr<config::ClusterConfig> config = config::LoadClusterConfig(config_path);
   if (!config.ok()) {
     Say("error: " + config.status().ToString());
     return 2;

@@ -1,6 +1,6 @@
 // The cluster YAML (docs/config.md): values, defaults, normalisation, and the error messages
 // users see — each naming the file, the line and the key.
-#include "scheduler/cluster_config.h"
+#include "config/cluster_config.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -13,7 +13,7 @@
 #include "fmt/format.h"
 #include "tests/unit/test_util.h"
 
-namespace bitpush::scheduler {
+namespace bitpush::config {
 namespace {
 
 using std::chrono::milliseconds;
@@ -776,4 +776,4 @@ TEST(ClusterConfigUcx, ValidateChecksCodeBuiltConfigs) {
 }
 
 }  // namespace
-}  // namespace bitpush::scheduler
+}  // namespace bitpush::config

@@ -49,7 +49,7 @@ std::unique_ptr<testing::ThreadCluster> MakeCluster(uint32_t workers, const std:
   t.compression.min_compress_bytes = 1024;
   t.compression.partition_bytes = kPartitionFloats * sizeof(float);
   t.server.engine_threads = 1;
-  t.server.numa = scheduler::NumaMode::kOff;
+  t.server.numa = config::NumaMode::kOff;
   t.worker.compress_threads = 1;
   t.worker.op_timeout = milliseconds(20000);
   testing::ThreadClusterOptions c;

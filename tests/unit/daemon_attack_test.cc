@@ -153,7 +153,7 @@ class DaemonAttack : public ::testing::Test {
   TempDir dir_{"bp-dattack"};
   std::string saved_xdg_;
   std::string saved_runtime_;
-  scheduler::ClusterConfig config_;
+  config::ClusterConfig config_;
   std::string path_;
   std::vector<std::unique_ptr<Child>> children_;
 };

@@ -1,5 +1,5 @@
-// The key-to-server mapping every process computes identically (scheduler/key_mapping.h).
-#include "scheduler/key_mapping.h"
+// The key-to-server mapping every process computes identically (config/key_mapping.h).
+#include "config/key_mapping.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 
 #include "common/counter_rng.h"
 
-namespace bitpush::scheduler {
+namespace bitpush::config {
 namespace {
 
 uint64_t Key(uint64_t tensor, uint64_t partition) {
@@ -119,4 +119,4 @@ TEST(KeyMapping, Validation) {
 }
 
 }  // namespace
-}  // namespace bitpush::scheduler
+}  // namespace bitpush::config

@@ -1,5 +1,5 @@
 // The knob registry: the typed knob specs and command-line flags of common/config/, the
-// generated doc blocks, and the cluster YAML's knob table (scheduler/cluster_knobs.h) with what
+// generated doc blocks, and the cluster YAML's knob table (config/cluster_knobs.h) with what
 // follows from it: ValidateClusterConfig's checks of every section, --set / knob flags of the
 // daemons' command lines, and the tables of docs/config.md.
 #include <gtest/gtest.h>
@@ -14,20 +14,20 @@
 #include "common/config/doc_blocks.h"
 #include "common/config/flags.h"
 #include "common/config/knob.h"
-#include "scheduler/cluster_config.h"
-#include "scheduler/cluster_knobs.h"
-#include "scheduler/daemon_command_line.h"
+#include "config/cluster_config.h"
+#include "config/cluster_knobs.h"
+#include "config/daemon_command_line.h"
 #include "tests/unit/test_util.h"
 
 namespace bitpush {
 namespace {
 
+using config::ClusterConfig;
 using config::FlagKind;
 using config::FlagSpec;
 using config::Knob;
 using config::KnobSpec;
 using config::KnobValue;
-using scheduler::ClusterConfig;
 
 // ---- common/config: knob types ----
 
@@ -153,12 +153,12 @@ ClusterConfig Valid() {
 
 TEST(ClusterKnobs, EveryKnobIsDeclaredOnceWithADocLine) {
   std::set<std::string> paths, flags, envs;
-  for (const scheduler::ClusterKnob& k : scheduler::ClusterKnobs()) {
+  for (const config::ClusterKnob& k : config::ClusterKnobs()) {
     EXPECT_TRUE(paths.insert(k.spec.path).second) << k.spec.path;
     EXPECT_FALSE(k.spec.doc.empty()) << k.spec.path;
-    EXPECT_NE(std::find(scheduler::ClusterSections().begin(), scheduler::ClusterSections().end(),
+    EXPECT_NE(std::find(config::ClusterSections().begin(), config::ClusterSections().end(),
                         k.spec.section()),
-              scheduler::ClusterSections().end())
+              config::ClusterSections().end())
         << k.spec.path;
     EXPECT_EQ(k.get == nullptr, k.spec.structured()) << k.spec.path;
     if (!k.spec.flag.name.empty()) {
@@ -176,7 +176,7 @@ TEST(ClusterKnobs, EveryKnobIsDeclaredOnceWithADocLine) {
   EXPECT_EQ(flags, (std::set<std::string>{"--reduce-threads", "--local-size", "--socket"}));
   EXPECT_EQ(envs, (std::set<std::string>{"BITPUSH_DAEMON_SOCKET", "BITPUSH_KEY_FILE",
                                          "BITPUSH_KEYS_DIR"}));
-  EXPECT_EQ(scheduler::SectionKeys("server"), (std::vector<std::string>{"engine_threads", "numa"}));
+  EXPECT_EQ(config::SectionKeys("server"), (std::vector<std::string>{"engine_threads", "numa"}));
 }
 
 // Every number in the YAML has an upper bound a real cluster stays far below, so a typo (1e12,
@@ -184,7 +184,7 @@ TEST(ClusterKnobs, EveryKnobIsDeclaredOnceWithADocLine) {
 // then multiplies or allocates.
 TEST(ClusterKnobs, EveryNumericKnobHasAnUpperBound) {
   std::vector<KnobSpec> specs;
-  for (const scheduler::ClusterKnob& k : scheduler::ClusterKnobs()) {
+  for (const config::ClusterKnob& k : config::ClusterKnobs()) {
     specs.push_back(k.spec);
     for (const KnobSpec& e : k.spec.entry_keys) specs.push_back(e);
   }
@@ -204,8 +204,7 @@ TEST(ClusterKnobs, EveryNumericKnobHasAnUpperBound) {
     }
   }
   EXPECT_GE(numeric, 15u);
-  const scheduler::ClusterKnob* partition =
-      scheduler::FindClusterKnob("compression.partition_bytes");
+  const config::ClusterKnob* partition = config::FindClusterKnob("compression.partition_bytes");
   ASSERT_NE(partition, nullptr);
   // A partition is one transport message: at most 1 GiB.
   EXPECT_EQ(partition->spec.max, uint64_t{1} << 30);
@@ -225,11 +224,11 @@ TEST(ClusterKnobs, ValidateChecksTheServerAndWorkerSections) {
   const Case cases[] = {
       {[](ClusterConfig* c) { c->server.engine_threads = 300; },
        "server.engine_threads: expected 'auto' or an integer from 1 to 256, got '300'"},
-      {[](ClusterConfig* c) { c->server.numa = static_cast<scheduler::NumaMode>(7); },
+      {[](ClusterConfig* c) { c->server.numa = static_cast<config::NumaMode>(7); },
        "server.numa: unknown value 'invalid'; valid: auto, on, off"},
       {[](ClusterConfig* c) { c->worker.compress_threads = 257; }, "worker.compress_threads: "},
       {[](ClusterConfig* c) { c->worker.reduce_threads = 1000; }, "worker.reduce_threads: "},
-      {[](ClusterConfig* c) { c->worker.numa = static_cast<scheduler::NumaMode>(9); },
+      {[](ClusterConfig* c) { c->worker.numa = static_cast<config::NumaMode>(9); },
        "worker.numa: unknown value 'invalid'; valid: auto, on, off"},
       {[](ClusterConfig* c) { c->worker.credit_bytes = 0; }, "worker.credit_bytes: "},
       {[](ClusterConfig* c) { c->worker.op_timeout = std::chrono::milliseconds(0); },
@@ -256,12 +255,12 @@ TEST(ClusterKnobs, NumaIsAnEnumNamingItsValues) {
   const std::string yaml =
       "cluster:\n  scheduler: localhost:9000\n  servers: [localhost:9101]\n"
       "  workers: [localhost:9201]\nserver:\n  numa: on\nworker:\n  numa: off\n";
-  StatusOr<ClusterConfig> c = scheduler::ParseClusterConfig(yaml, "c.yaml");
+  StatusOr<ClusterConfig> c = config::ParseClusterConfig(yaml, "c.yaml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_EQ(c->server.numa, scheduler::NumaMode::kOn);
-  EXPECT_EQ(c->worker.numa, scheduler::NumaMode::kOff);
-  EXPECT_EQ(scheduler::NumaModeName(scheduler::NumaMode::kAuto), "auto");
-  EXPECT_CONTAINS(scheduler::ParseClusterConfig(yaml + "  x: 1\n", "c.yaml").status().message(),
+  EXPECT_EQ(c->server.numa, config::NumaMode::kOn);
+  EXPECT_EQ(c->worker.numa, config::NumaMode::kOff);
+  EXPECT_EQ(config::NumaModeName(config::NumaMode::kAuto), "auto");
+  EXPECT_CONTAINS(config::ParseClusterConfig(yaml + "  x: 1\n", "c.yaml").status().message(),
                   "c.yaml:9: worker.x: unknown key; valid keys of worker: compress_threads, "
                   "credit_bytes, local_size, numa, op_timeout_s, reduce_threads, socket");
 }
@@ -269,16 +268,16 @@ TEST(ClusterKnobs, NumaIsAnEnumNamingItsValues) {
 TEST(ClusterKnobs, HostEntryBoundsComeFromTheTable) {
   const std::string head = "cluster:\n  scheduler: localhost:9000\n  servers: [localhost:9101]\n";
   EXPECT_CONTAINS(
-      scheduler::ParseClusterConfig(head + "  workers: {host: a, processes: 0}\n", "c.yaml")
+      config::ParseClusterConfig(head + "  workers: {host: a, processes: 0}\n", "c.yaml")
           .status()
           .message(),
       "c.yaml:4: cluster.workers.processes: expected 1..1024 training processes, got 0");
   EXPECT_CONTAINS(
-      scheduler::ParseClusterConfig(head + "  workers: {host: a, count: 2000}\n", "c.yaml")
+      config::ParseClusterConfig(head + "  workers: {host: a, count: 2000}\n", "c.yaml")
           .status()
           .message(),
       "c.yaml:4: cluster.workers.count: expected 1..1024 worker nodes per host, got 2000");
-  EXPECT_EQ(scheduler::FindHostEntryKey(/*servers=*/true, "processes"), nullptr);
+  EXPECT_EQ(config::FindHostEntryKey(/*servers=*/true, "processes"), nullptr);
   ClusterConfig c = Valid();
   c.worker_nodes.resize(1);
   c.worker_nodes[0].processes = 2000;
@@ -288,25 +287,25 @@ TEST(ClusterKnobs, HostEntryBoundsComeFromTheTable) {
 
 TEST(ClusterKnobs, SetClusterKnobParsesByTheKnobsType) {
   ClusterConfig c = Valid();
-  ASSERT_TRUE(scheduler::SetClusterKnob(&c, "worker.op_timeout_s", "2.5").ok());
+  ASSERT_TRUE(config::SetClusterKnob(&c, "worker.op_timeout_s", "2.5").ok());
   EXPECT_EQ(c.worker.op_timeout.count(), 2500);
-  ASSERT_TRUE(scheduler::SetClusterKnob(&c, "server.numa", "off").ok());
-  EXPECT_EQ(c.server.numa, scheduler::NumaMode::kOff);
-  ASSERT_TRUE(scheduler::SetClusterKnob(&c, "compression.spec", "onebit").ok());
+  ASSERT_TRUE(config::SetClusterKnob(&c, "server.numa", "off").ok());
+  EXPECT_EQ(c.server.numa, config::NumaMode::kOff);
+  ASSERT_TRUE(config::SetClusterKnob(&c, "compression.spec", "onebit").ok());
   EXPECT_EQ(c.compression.spec, "onebit:scaled=true");  // canonical
-  EXPECT_CONTAINS(scheduler::SetClusterKnob(&c, "server.numa", "yes").message(),
+  EXPECT_CONTAINS(config::SetClusterKnob(&c, "server.numa", "yes").message(),
                   "server.numa: unknown value 'yes'; valid: auto, on, off");
-  EXPECT_CONTAINS(scheduler::SetClusterKnob(&c, "worker.bogus", "1").message(),
+  EXPECT_CONTAINS(config::SetClusterKnob(&c, "worker.bogus", "1").message(),
                   "worker.bogus: unknown knob; valid: ");
-  EXPECT_CONTAINS(scheduler::SetClusterKnob(&c, "cluster.servers", "a:1").message(),
+  EXPECT_CONTAINS(config::SetClusterKnob(&c, "cluster.servers", "a:1").message(),
                   "cluster.servers: takes addresses or hosts, which only the YAML can give");
 }
 
 TEST(ClusterKnobs, DocBlocksHaveOneRowPerKnob) {
-  const config::DocBlocks blocks = scheduler::ClusterKnobDocBlocks();
+  const config::DocBlocks blocks = config::ClusterKnobDocBlocks();
   std::string all;
   for (const auto& [name, content] : blocks) all += content + "\n";
-  for (const scheduler::ClusterKnob& k : scheduler::ClusterKnobs()) {
+  for (const config::ClusterKnob& k : config::ClusterKnobs()) {
     EXPECT_CONTAINS(all, "| `" + k.spec.key() + "` |");
   }
   EXPECT_CONTAINS(all, "`--reduce-threads T` (`bitpush-worker`)");
@@ -324,18 +323,18 @@ class DaemonCommandLineTest : public ::testing::Test {
   }
   void TearDown() override { unlink(path_.c_str()); }
 
-  scheduler::DaemonCommandLine Worker() {
-    return scheduler::DaemonCommandLine(
+  config::DaemonCommandLine Worker() {
+    return config::DaemonCommandLine(
         {"bitpush-worker", "Runs.", "", {{"--rank", "N", "rank", FlagKind::kCount, true}}});
   }
   std::string path_;
 };
 
 TEST_F(DaemonCommandLineTest, KnobFlagsAndSetOverrideTheYaml) {
-  scheduler::DaemonCommandLine cli = Worker();
+  config::DaemonCommandLine cli = Worker();
   ASSERT_EQ(cli.Parse({"--config", path_, "--rank", "0", "--reduce-threads", "3", "--set",
                        "worker.op_timeout_s=30", "--local-size", "4", "--socket", "/tmp/x.sock"}),
-            scheduler::DaemonCommandLine::Outcome::kRun)
+            config::DaemonCommandLine::Outcome::kRun)
       << cli.error();
   EXPECT_EQ(cli.config().worker.reduce_threads, 3u);  // sets the knob
   EXPECT_EQ(cli.config().worker.op_timeout.count(), 30000);
@@ -350,24 +349,24 @@ TEST_F(DaemonCommandLineTest, KnobFlagsAndSetOverrideTheYaml) {
 }
 
 TEST_F(DaemonCommandLineTest, BadValuesAreUsageOrConfigErrors) {
-  using Outcome = scheduler::DaemonCommandLine::Outcome;
-  scheduler::DaemonCommandLine a = Worker();
+  using Outcome = config::DaemonCommandLine::Outcome;
+  config::DaemonCommandLine a = Worker();
   EXPECT_EQ(a.Parse({"--config", path_, "--rank", "0", "--reduce-threads", "0"}),
             Outcome::kUsageError);
   EXPECT_CONTAINS(a.error(), "--reduce-threads");
-  scheduler::DaemonCommandLine b = Worker();
+  config::DaemonCommandLine b = Worker();
   EXPECT_EQ(b.Parse({"--config", path_, "--rank", "0", "--set", "worker.numa=maybe"}),
             Outcome::kUsageError);
   EXPECT_CONTAINS(b.error(), "worker.numa: unknown value 'maybe'; valid: auto, on, off");
-  scheduler::DaemonCommandLine c = Worker();
+  config::DaemonCommandLine c = Worker();
   EXPECT_EQ(
       c.Parse({"--config", path_, "--rank", "0", "--set", "cluster.heartbeat_interval_ms=4000"}),
       Outcome::kConfigError);
   EXPECT_CONTAINS(c.error(), "cluster.heartbeat_timeout_ms: must be at least 2 x");
   EXPECT_CONTAINS(c.error(), "(after the command-line overrides)");
-  scheduler::DaemonCommandLine d = Worker();
+  config::DaemonCommandLine d = Worker();
   EXPECT_EQ(d.Parse({"--config", path_ + ".missing", "--rank", "0"}), Outcome::kConfigError);
-  scheduler::DaemonCommandLine e = Worker();
+  config::DaemonCommandLine e = Worker();
   EXPECT_EQ(e.Parse({"--rank", "0", "--help"}), Outcome::kHelp);
 }
 

@@ -119,7 +119,7 @@ TEST_F(LocalIpcAttack, TheDefaultPathIsInThePrivateDirectoryFromTheEnvironment) 
   EXPECT_EQ(worker::DefaultDaemonSocketPath(1),
             fmt::format("/tmp/bitpush-{}/worker-1.sock", geteuid()));
   // The daemon and its clients resolve the same path (DaemonSocketPath is the one place).
-  scheduler::ClusterConfig c;
+  config::ClusterConfig c;
   EXPECT_EQ(worker::DaemonSocketPath("", c, 1), worker::DefaultDaemonSocketPath(1));
   EXPECT_EQ(worker::DaemonSocketPath("/x/y.sock", c, 1), "/x/y.sock");
 }

@@ -143,7 +143,7 @@ class MetricsProcessTest : public ::testing::Test {
   }
 
   TempDir dir_;
-  scheduler::ClusterConfig config_;
+  config::ClusterConfig config_;
   std::string path_;
   std::vector<std::unique_ptr<Child>> children_;
 };

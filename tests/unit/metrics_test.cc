@@ -15,9 +15,9 @@
 #include "common/metrics/exporter.h"
 #include "common/metrics/process.h"
 #include "common/metrics/registry.h"
-#include "scheduler/cluster_config.h"
-#include "scheduler/cluster_knobs.h"
-#include "scheduler/node_metrics.h"
+#include "config/cluster_config.h"
+#include "config/cluster_knobs.h"
+#include "config/node_metrics.h"
 #include "tests/harness/child_process.h"
 #include "tests/harness/http_get.h"
 #include "tests/unit/test_util.h"
@@ -214,8 +214,8 @@ TEST(Exporter, ATakenPortOrABadAddressIsRefusedNamingIt) {
   EXPECT_CONTAINS(bad.status().message(), "'localhost' is not an IPv4 or IPv6 literal");
 }
 
-scheduler::ClusterConfig TwoByTwo() {
-  scheduler::ClusterConfig c;
+config::ClusterConfig TwoByTwo() {
+  config::ClusterConfig c;
   c.scheduler_address = "tcp://127.0.0.1:19000";
   c.servers = {"tcp://127.0.0.1:19100", "tcp://127.0.0.1:19101"};
   c.workers = {"tcp://127.0.0.1:19200", "tcp://127.0.0.1:19201"};
@@ -223,10 +223,10 @@ scheduler::ClusterConfig TwoByTwo() {
 }
 
 TEST(NodeMetrics, PortsByRoleAndRankAndOffByDefault) {
-  scheduler::ClusterConfig c = TwoByTwo();
+  config::ClusterConfig c = TwoByTwo();
   EXPECT_EQ(c.MetricsPort(v1::ROLE_SCHEDULER, 0), 0u);
-  StatusOr<std::unique_ptr<scheduler::NodeMetrics>> off =
-      scheduler::NodeMetrics::Start(c, v1::ROLE_SERVER, 0);
+  StatusOr<std::unique_ptr<config::NodeMetrics>> off =
+      config::NodeMetrics::Start(c, v1::ROLE_SERVER, 0);
   ASSERT_TRUE(off.ok());
   EXPECT_EQ(*off, nullptr);  // no thread, no socket
   c.metrics.port = 19400;
@@ -238,12 +238,12 @@ TEST(NodeMetrics, PortsByRoleAndRankAndOffByDefault) {
 }
 
 TEST(NodeMetrics, ServesTheProcessAndTheNodeAtItsPort) {
-  scheduler::ClusterConfig c = TwoByTwo();
+  config::ClusterConfig c = TwoByTwo();
   const int port = FreeTcpPort();
   ASSERT_GT(port, 3);
   c.metrics.port = static_cast<uint32_t>(port - 3);  // worker 0 = port - 3 + 1 + 2 + 0
-  StatusOr<std::unique_ptr<scheduler::NodeMetrics>> m =
-      scheduler::NodeMetrics::Start(c, v1::ROLE_WORKER, 0);
+  StatusOr<std::unique_ptr<config::NodeMetrics>> m =
+      config::NodeMetrics::Start(c, v1::ROLE_WORKER, 0);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   ASSERT_NE(*m, nullptr);
   EXPECT_EQ((*m)->port(), port);
@@ -255,8 +255,8 @@ TEST(NodeMetrics, ServesTheProcessAndTheNodeAtItsPort) {
   EXPECT_GT(SampleValue(a.body, "process_resident_memory_bytes"), 0);
   EXPECT_EQ(SampleValue(a.body, "bitpush_worker_x_total"), 9);
   // The same port again: refused, naming the key.
-  StatusOr<std::unique_ptr<scheduler::NodeMetrics>> again =
-      scheduler::NodeMetrics::Start(c, v1::ROLE_WORKER, 0);
+  StatusOr<std::unique_ptr<config::NodeMetrics>> again =
+      config::NodeMetrics::Start(c, v1::ROLE_WORKER, 0);
   ASSERT_FALSE(again.ok());
   EXPECT_CONTAINS(again.status().message(), "metrics.port: worker 0 metrics: cannot listen at");
 }
@@ -265,16 +265,16 @@ TEST(MetricsKnobs, PortAndBindAddressAreValidatedNamingTheKey) {
   const std::string head =
       "cluster:\n  scheduler: 127.0.0.1:19000\n  servers: [127.0.0.1:19100, 127.0.0.1:19101]\n"
       "  workers: [127.0.0.1:19200, 127.0.0.1:19201]\n";
-  StatusOr<scheduler::ClusterConfig> ok = scheduler::ParseClusterConfig(
+  StatusOr<config::ClusterConfig> ok = config::ParseClusterConfig(
       head + "metrics:\n  port: 19400\n  bind_address: '::1'\n", "c.yaml");
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->metrics.port, 19400u);
   EXPECT_EQ(ok->metrics.bind_address, "::1");
-  EXPECT_CONTAINS(scheduler::DescribeClusterConfig(*ok), "metrics:\n  port: 19400");
-  StatusOr<scheduler::ClusterConfig> off = scheduler::ParseClusterConfig(head, "c.yaml");
+  EXPECT_CONTAINS(config::DescribeClusterConfig(*ok), "metrics:\n  port: 19400");
+  StatusOr<config::ClusterConfig> off = config::ParseClusterConfig(head, "c.yaml");
   ASSERT_TRUE(off.ok());
   EXPECT_EQ(off->metrics.port, 0u);
-  EXPECT_CONTAINS(scheduler::DescribeClusterConfig(*off), "metrics:\n  port: off");
+  EXPECT_CONTAINS(config::DescribeClusterConfig(*off), "metrics:\n  port: off");
 
   struct Case {
     std::string yaml;
@@ -296,16 +296,16 @@ TEST(MetricsKnobs, PortAndBindAddressAreValidatedNamingTheKey) {
        "bind_address, port"},
   };
   for (const Case& k : cases) {
-    StatusOr<scheduler::ClusterConfig> c = scheduler::ParseClusterConfig(head + k.yaml, "c.yaml");
+    StatusOr<config::ClusterConfig> c = config::ParseClusterConfig(head + k.yaml, "c.yaml");
     ASSERT_FALSE(c.ok()) << k.yaml;
     EXPECT_CONTAINS(c.status().message(), k.message);
   }
   // Configs built in code get the same rules.
-  scheduler::ClusterConfig c = TwoByTwo();
+  config::ClusterConfig c = TwoByTwo();
   c.metrics.port = 65534;
-  EXPECT_CONTAINS(scheduler::ValidateClusterConfig(c).message(), "metrics.port: must be at most");
+  EXPECT_CONTAINS(config::ValidateClusterConfig(c).message(), "metrics.port: must be at most");
   // --set overrides it like any scalar knob.
-  EXPECT_TRUE(scheduler::SetClusterKnob(&c, "metrics.port", "19400").ok());
+  EXPECT_TRUE(config::SetClusterKnob(&c, "metrics.port", "19400").ok());
   EXPECT_EQ(c.metrics.port, 19400u);
 }
 

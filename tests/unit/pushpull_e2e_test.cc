@@ -69,7 +69,7 @@ struct ClusterOptions {
   uint32_t servers = 1;
   std::string spec = "none";
   std::string error_feedback = "none";
-  std::vector<scheduler::CompressionSettings::Override> overrides;
+  std::vector<config::CompressionSettings::Override> overrides;
   uint64_t min_compress_bytes = 2048;
   uint64_t partition_bytes = 4096;
   uint64_t credit_bytes = 64ull << 20;
@@ -95,7 +95,7 @@ class TestCluster {
   void Close() { cluster_.Close(); }
 
   Client& worker(uint32_t w) { return cluster_.worker(w); }
-  const scheduler::ClusterConfig& config() const { return cluster_.config(); }
+  const config::ClusterConfig& config() const { return cluster_.config(); }
   const std::shared_ptr<transport::InprocHub>& hub() const { return cluster_.hub(); }
   server::Server& server(uint32_t s) { return cluster_.server(s); }
   const ClusterOptions& options() const { return options_; }
@@ -115,7 +115,7 @@ class TestCluster {
     t.compression.min_compress_bytes = o.min_compress_bytes;
     t.compression.partition_bytes = o.partition_bytes;
     t.server.engine_threads = 1;
-    t.server.numa = scheduler::NumaMode::kOff;
+    t.server.numa = config::NumaMode::kOff;
     t.worker.compress_threads = o.compress_threads;
     t.worker.credit_bytes = o.credit_bytes;
     t.worker.op_timeout = o.op_timeout;
@@ -832,7 +832,7 @@ TEST(PushPullE2e, AnOpCompletesOnlyOnceTheTransportLetGoOfItsInput) {
   t.compression.spec = "none";
   t.compression.partition_bytes = 4096;
   t.server.engine_threads = 1;
-  t.server.numa = scheduler::NumaMode::kOff;
+  t.server.numa = config::NumaMode::kOff;
   t.worker.compress_threads = 1;
   t.worker.op_timeout = co.op_timeout;
   testing::ThreadClusterOptions o;
@@ -848,7 +848,7 @@ TEST(PushPullE2e, AnOpCompletesOnlyOnceTheTransportLetGoOfItsInput) {
     e.rank = rank;
     e.inproc_hub = cluster_ptr->hub();
     transport::TransportOptions to;
-    to.name = scheduler::NodePeerId(v1::ROLE_WORKER, rank);
+    to.name = config::NodePeerId(v1::ROLE_WORKER, rank);
     to.listen_address = e.cluster.NodeAddress(v1::ROLE_WORKER, rank);
     to.inproc_hub = cluster_ptr->hub();
     BP_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> inner,
@@ -1138,7 +1138,7 @@ class FakeServer {
     BP_RETURN_IF_ERROR(client_->Register());
     for (const v1::NodeInfo& w : client_->assignment().workers()) {
       BP_RETURN_IF_ERROR(
-          endpoint_->Connect(scheduler::NodePeerId(v1::ROLE_WORKER, w.rank()), w.address()));
+          endpoint_->Connect(config::NodePeerId(v1::ROLE_WORKER, w.rank()), w.address()));
     }
     return Status::Ok();
   }

@@ -27,9 +27,9 @@
 
 #include "common/security/keys.h"
 #include "common/tensor_view.h"
-#include "scheduler/cluster_config.h"
-#include "scheduler/key_mapping.h"
-#include "scheduler/node_security.h"
+#include "config/cluster_config.h"
+#include "config/key_mapping.h"
+#include "config/node_security.h"
 #include "tests/harness/child_process.h"
 #include "tests/harness/reference_model.h"
 #include "tests/harness/test_cluster.h"
@@ -102,12 +102,12 @@ class PushPullProcessTest : public ::testing::TestWithParam<TransportCase> {
     t.compression.error_feedback = "both";
     t.compression.partition_bytes = kPartitionBytes;
     t.worker.op_timeout = milliseconds(20000);
-    scheduler::ClusterConfig c = TestClusterConfig(t);
+    config::ClusterConfig c = TestClusterConfig(t);
     if (GetParam().curve) {
-      c.security.mode = scheduler::SecurityMode::kCurve;
+      c.security.mode = config::SecurityMode::kCurve;
       c.security.keys_dir = dir_.path() + "/keys";
       StatusOr<std::vector<std::string>> written = security::WriteClusterKeys(
-          c.security.keys_dir, scheduler::ClusterNodeNames(c), /*overwrite=*/false);
+          c.security.keys_dir, config::ClusterNodeNames(c), /*overwrite=*/false);
       ASSERT_TRUE(written.ok()) << written.status().ToString();
     }
     config_ = dir_.path() + "/cluster.yaml";
@@ -146,9 +146,9 @@ class PushPullProcessTest : public ::testing::TestWithParam<TransportCase> {
     StatusOr<std::vector<worker::PartitionRange>> parts =
         worker::PartitionTensor(0, elements, DType::kFloat32, kPartitionBytes);
     std::set<uint32_t> owners;
-    const v1::KeyMapping mapping = scheduler::MakeKeyMapping(servers);
+    const v1::KeyMapping mapping = config::MakeKeyMapping(servers);
     for (const worker::PartitionRange& p : *parts) {
-      owners.insert(scheduler::ServerForKey(p.key, mapping));
+      owners.insert(config::ServerForKey(p.key, mapping));
     }
     return owners;
   }
@@ -317,7 +317,7 @@ TEST_P(PushPullProcessTest, ResultsMatchTheReferenceBitForBit) {
   constexpr size_t kElements = 3 * (1 << 20) / 4 + 1000;  // 4 partitions, the last partial
   constexpr int kRounds = 4;
   WriteConfig(2, kWorkers);
-  StatusOr<scheduler::ClusterConfig> cluster = scheduler::LoadClusterConfig(config_);
+  StatusOr<config::ClusterConfig> cluster = config::LoadClusterConfig(config_);
   ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
   std::vector<Child*> nodes = {StartScheduler(), StartServer(0), StartServer(1)};
 

@@ -52,10 +52,10 @@ testing::TestClusterOptions ClusterOptions() {
   t.heartbeat_timeout = milliseconds(2000);
   t.startup_timeout = milliseconds(10000);
   t.server.engine_threads = 1;
-  t.server.numa = scheduler::NumaMode::kOff;
+  t.server.numa = config::NumaMode::kOff;
   t.worker.compress_threads = 1;
   t.worker.reduce_threads = 1;
-  t.worker.numa = scheduler::NumaMode::kOff;
+  t.worker.numa = config::NumaMode::kOff;
   t.worker.op_timeout = kOpTimeout;
   return t;
 }

@@ -72,7 +72,7 @@ class SchedulerProcessTest : public ::testing::Test {
     t.startup_timeout = milliseconds(static_cast<int64_t>(startup_timeout_s * 1000));
     t.compression.spec = "onebit";
     t.compression.error_feedback = "both";
-    const scheduler::ClusterConfig c = TestClusterConfig(t);
+    const config::ClusterConfig c = TestClusterConfig(t);
     server_addresses_ = c.servers;
     worker_addresses_ = c.workers;
     config_ = dir_.path() + "/cluster.yaml";

@@ -13,8 +13,8 @@
 #include "common/logging.h"
 #include "common/transport/protocol.h"
 #include "compressors/registry.h"
+#include "config/key_mapping.h"
 #include "fmt/format.h"
-#include "scheduler/key_mapping.h"
 #include "scheduler/scheduler_client.h"
 #include "tests/harness/cluster_harness.h"
 #include "tests/harness/manual_clock.h"
@@ -90,14 +90,14 @@ TEST(Scheduler, RanksFollowTheYamlNotTheArrivalOrder) {
   ExpectAllOk(h.Join(kJoin));
   ASSERT_EQ(seen.size(), 5u);
   for (const auto& [name, a] : seen) {
-    EXPECT_EQ(scheduler::NodePeerId(a.self().role(), a.self().rank()), name);
+    EXPECT_EQ(config::NodePeerId(a.self().role(), a.self().rank()), name);
     EXPECT_EQ(a.self().address(), "inproc://" + name);
     ASSERT_EQ(a.servers_size(), 2);
     ASSERT_EQ(a.workers_size(), 3);
     for (int i = 0; i < a.servers_size(); ++i) {
       EXPECT_EQ(a.servers(i).rank(), static_cast<uint32_t>(i));
       EXPECT_EQ(a.servers(i).address(), h.config().servers[i]);
-      EXPECT_EQ(a.servers(i).name(), scheduler::NodePeerId(v1::ROLE_SERVER, i));
+      EXPECT_EQ(a.servers(i).name(), config::NodePeerId(v1::ROLE_SERVER, i));
     }
     for (int i = 0; i < a.workers_size(); ++i) {
       EXPECT_EQ(a.workers(i).rank(), static_cast<uint32_t>(i));
@@ -379,7 +379,7 @@ class RawNode {
     auto made = transport::CreateTransport(t);
     BP_CHECK_OK(made.status());
     transport_ = std::move(made).value();
-    BP_CHECK_OK(transport_->Connect(scheduler::kSchedulerPeerId, h.config().scheduler_address));
+    BP_CHECK_OK(transport_->Connect(config::kSchedulerPeerId, h.config().scheduler_address));
   }
 
   void Send(const v1::ControlMessage& m) { SendRaw(m.SerializeAsString()); }
@@ -390,7 +390,7 @@ class RawNode {
     for (;;) {
       transport::Message msg;
       msg.header = header;
-      Status s = transport_->Send(scheduler::kSchedulerPeerId, std::move(msg));
+      Status s = transport_->Send(config::kSchedulerPeerId, std::move(msg));
       if (s.ok()) return;
       ASSERT_LT(Clock::now(), deadline) << s.ToString();
       std::this_thread::sleep_for(milliseconds(5));
@@ -427,9 +427,9 @@ v1::ControlMessage Request(const ClusterHarness& h, uint32_t rank, uint64_t inca
   r->set_role(v1::ROLE_WORKER);
   r->set_rank(rank);
   r->set_address(h.config().workers[rank]);
-  const auto fields = scheduler::ConfigFields(h.config());
+  const auto fields = config::ConfigFields(h.config());
   for (const auto& f : fields) *r->add_config_fields() = f;
-  r->set_config_hash(scheduler::ConfigHash(fields));
+  r->set_config_hash(config::ConfigHash(fields));
   r->set_host(host);
   r->set_pid(pid);
   r->set_incarnation(incarnation);
@@ -502,7 +502,7 @@ TEST(Scheduler, UcxDataAddressIsCheckedAndAssigned) {
   scheduler::SchedulerOptions so;
   so.cluster = TestClusterConfig(t);
   so.shutdown_ack_timeout = milliseconds(200);  // the raw nodes never ack
-  const scheduler::ClusterConfig& c = so.cluster;
+  const config::ClusterConfig& c = so.cluster;
   StatusOr<std::unique_ptr<scheduler::Scheduler>> sched = scheduler::Scheduler::Create(so);
   ASSERT_TRUE(sched.ok()) << sched.status().ToString();
   Status run_status;
@@ -511,11 +511,11 @@ TEST(Scheduler, UcxDataAddressIsCheckedAndAssigned) {
   // A node's control-plane endpoint: zmq at its YAML address, no security.
   auto raw = [&](v1::Role role) {
     transport::TransportOptions o;
-    o.name = scheduler::NodePeerId(role, 0);
+    o.name = config::NodePeerId(role, 0);
     o.listen_address = c.NodeAddress(role, 0);
     StatusOr<std::unique_ptr<transport::Transport>> made = transport::CreateTransport(o);
     BP_CHECK_OK(made.status());
-    BP_CHECK_OK((*made)->Connect(scheduler::kSchedulerPeerId, c.scheduler_address));
+    BP_CHECK_OK((*made)->Connect(config::kSchedulerPeerId, c.scheduler_address));
     return std::move(made).value();
   };
   auto request = [&](v1::Role role, const std::string& data_address) {
@@ -527,9 +527,9 @@ TEST(Scheduler, UcxDataAddressIsCheckedAndAssigned) {
     r->set_rank(0);
     r->set_address(c.NodeAddress(role, 0));
     r->set_data_address(data_address);
-    const auto fields = scheduler::ConfigFields(c);
+    const auto fields = config::ConfigFields(c);
     for (const auto& f : fields) *r->add_config_fields() = f;
-    r->set_config_hash(scheduler::ConfigHash(fields));
+    r->set_config_hash(config::ConfigHash(fields));
     r->set_incarnation(role == v1::ROLE_SERVER ? 1 : 2);
     transport::Message msg;
     msg.header = m.SerializeAsString();
@@ -555,7 +555,7 @@ TEST(Scheduler, UcxDataAddressIsCheckedAndAssigned) {
 
   std::unique_ptr<transport::Transport> worker = raw(v1::ROLE_WORKER);
   // No data address, then one at another port: both refused, naming the expected one.
-  ASSERT_TRUE(worker->Send(scheduler::kSchedulerPeerId, request(v1::ROLE_WORKER, "")).ok());
+  ASSERT_TRUE(worker->Send(config::kSchedulerPeerId, request(v1::ROLE_WORKER, "")).ok());
   auto refused = next(*worker, v1::ControlMessage::kRegisterRefused);
   ASSERT_TRUE(refused.has_value());
   EXPECT_EQ(refused->register_refused().error(),
@@ -563,7 +563,7 @@ TEST(Scheduler, UcxDataAddressIsCheckedAndAssigned) {
                         "cluster YAML implies {} (its address {} + cluster.ucx.port_offset 1000)",
                         worker_data, c.workers[0]));
   const std::string wrong = "ucx://127.0.0.1:1";
-  ASSERT_TRUE(worker->Send(scheduler::kSchedulerPeerId, request(v1::ROLE_WORKER, wrong)).ok());
+  ASSERT_TRUE(worker->Send(config::kSchedulerPeerId, request(v1::ROLE_WORKER, wrong)).ok());
   refused = next(*worker, v1::ControlMessage::kRegisterRefused);
   ASSERT_TRUE(refused.has_value());
   EXPECT_EQ(refused->register_refused().error(),
@@ -574,12 +574,10 @@ TEST(Scheduler, UcxDataAddressIsCheckedAndAssigned) {
   EXPECT_EQ((*sched)->stats().nodes_registered, 0u);
 
   // The right ones are accepted, and the Assignment carries both data addresses.
-  ASSERT_TRUE(
-      worker->Send(scheduler::kSchedulerPeerId, request(v1::ROLE_WORKER, worker_data)).ok());
+  ASSERT_TRUE(worker->Send(config::kSchedulerPeerId, request(v1::ROLE_WORKER, worker_data)).ok());
   ASSERT_TRUE(next(*worker, v1::ControlMessage::kRegisterAccepted).has_value());
   std::unique_ptr<transport::Transport> server = raw(v1::ROLE_SERVER);
-  ASSERT_TRUE(
-      server->Send(scheduler::kSchedulerPeerId, request(v1::ROLE_SERVER, server_data)).ok());
+  ASSERT_TRUE(server->Send(config::kSchedulerPeerId, request(v1::ROLE_SERVER, server_data)).ok());
   for (transport::Transport* tr : {worker.get(), server.get()}) {
     auto a = next(*tr, v1::ControlMessage::kAssignment);
     ASSERT_TRUE(a.has_value()) << tr->name();

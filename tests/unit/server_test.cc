@@ -44,7 +44,7 @@ struct Received {
 class RawWorker {
  public:
   ~RawWorker() { Close(); }
-  Status Start(const scheduler::ClusterConfig& cluster, uint32_t rank,
+  Status Start(const config::ClusterConfig& cluster, uint32_t rank,
                std::shared_ptr<transport::InprocHub> hub) {
     rank_ = rank;
     node::NodeEndpointOptions e;
@@ -74,9 +74,8 @@ class RawWorker {
     BP_RETURN_IF_ERROR(client_->Register());
     const v1::Assignment& a = client_->assignment();
     for (int i = 0; i < a.servers_size(); ++i) {
-      BP_RETURN_IF_ERROR(
-          endpoint_->Connect(scheduler::NodePeerId(v1::ROLE_SERVER, static_cast<uint32_t>(i)),
-                             a.servers(i).address()));
+      BP_RETURN_IF_ERROR(endpoint_->Connect(
+          config::NodePeerId(v1::ROLE_SERVER, static_cast<uint32_t>(i)), a.servers(i).address()));
     }
     return Status::Ok();
   }
@@ -84,13 +83,12 @@ class RawWorker {
   Status Send(uint32_t server, DataHeader h, std::vector<Buffer> frames = {},
               bool fix_sender = true) {
     if (fix_sender) h.set_sender(rank_);
-    return endpoint_->SendData(scheduler::NodePeerId(v1::ROLE_SERVER, server), h,
-                               std::move(frames));
+    return endpoint_->SendData(config::NodePeerId(v1::ROLE_SERVER, server), h, std::move(frames));
   }
   Status SendRaw(uint32_t server, std::string header) {
     Message m;
     m.header = std::move(header);
-    return endpoint_->Send(scheduler::NodePeerId(v1::ROLE_SERVER, server), std::move(m));
+    return endpoint_->Send(config::NodePeerId(v1::ROLE_SERVER, server), std::move(m));
   }
 
   // The next data message (bounded).
@@ -122,7 +120,7 @@ class RawWorker {
 // (tests/harness/test_cluster.h) whose workers are RawWorkers.
 class MiniCluster {
  public:
-  MiniCluster(uint32_t servers, uint32_t workers, scheduler::ServerSettings settings = {})
+  MiniCluster(uint32_t servers, uint32_t workers, config::ServerSettings settings = {})
       : workers_(workers) {
     testing::TestClusterOptions t;
     t.source = "server_test";
@@ -444,9 +442,9 @@ TEST(Server, DeclarationsAreComparedAcrossWorkers) {
 // Keys go to the engine thread with the least weighted load; a compressed key weighs
 // kCompressedKeyWeight times its bytes.
 TEST(Server, KeysArePlacedByWeightedLoad) {
-  scheduler::ServerSettings settings;
+  config::ServerSettings settings;
   settings.engine_threads = 2;
-  settings.numa = scheduler::NumaMode::kOff;
+  settings.numa = config::NumaMode::kOff;
   MiniCluster c(1, 1, settings);
   ASSERT_TRUE(c.Start().ok());
   RawWorker& w = c.worker(0);
@@ -470,7 +468,7 @@ TEST(Server, KeysArePlacedByWeightedLoad) {
 }
 
 TEST(Server, EngineThreadsArePinnedByDefault) {
-  scheduler::ServerSettings settings;
+  config::ServerSettings settings;
   settings.engine_threads = 2;
   MiniCluster c(1, 1, settings);
   ASSERT_TRUE(c.Start().ok());

@@ -3,7 +3,7 @@
 // for non-default settings, so the two kinds of tests run the same cluster.
 #include <gtest/gtest.h>
 
-#include "scheduler/cluster_config.h"
+#include "config/cluster_config.h"
 #include "tests/harness/child_process.h"
 #include "tests/harness/test_cluster.h"
 #include "tests/unit/test_util.h"
@@ -13,14 +13,14 @@ namespace {
 
 using std::chrono::milliseconds;
 
-void ExpectRoundTrip(const scheduler::ClusterConfig& c) {
+void ExpectRoundTrip(const config::ClusterConfig& c) {
   const std::string yaml = TestClusterYaml(c);
-  StatusOr<scheduler::ClusterConfig> parsed = scheduler::ParseClusterConfig(yaml, "round trip");
+  StatusOr<config::ClusterConfig> parsed = config::ParseClusterConfig(yaml, "round trip");
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString() << "\n" << yaml;
-  const auto want = scheduler::ConfigFields(c);
-  const auto got = scheduler::ConfigFields(*parsed);
-  EXPECT_EQ(scheduler::DescribeConfigDifference(got, want), "") << yaml;
-  EXPECT_EQ(scheduler::ConfigHash(got), scheduler::ConfigHash(want)) << yaml;
+  const auto want = config::ConfigFields(c);
+  const auto got = config::ConfigFields(*parsed);
+  EXPECT_EQ(config::DescribeConfigDifference(got, want), "") << yaml;
+  EXPECT_EQ(config::ConfigHash(got), config::ConfigHash(want)) << yaml;
   // What the hash leaves out but a node reads.
   EXPECT_EQ(parsed->scheduler_address, c.scheduler_address);
   EXPECT_EQ(parsed->token, c.token);
@@ -40,7 +40,7 @@ TEST(TestClusterYaml, DefaultsRoundTripOverTcp) {
   o.servers = 2;
   o.workers = 3;
   o.transport = TestTransport::kTcp;
-  const scheduler::ClusterConfig c = TestClusterConfig(o);
+  const config::ClusterConfig c = TestClusterConfig(o);
   ASSERT_EQ(c.servers.size(), 2u);
   ASSERT_EQ(c.workers.size(), 3u);
   for (const std::string& a : c.servers) EXPECT_EQ(a.rfind("tcp://127.0.0.1:", 0), 0u) << a;
@@ -64,14 +64,14 @@ TEST(TestClusterYaml, EverySettingRoundTripsOverIpc) {
   o.compression.partition_bytes = 32768;
   o.compression.overrides = {{"embed.*", "none"}, {"*.bias", "onebit"}};
   o.server.engine_threads = 3;
-  o.server.numa = scheduler::NumaMode::kOff;
+  o.server.numa = config::NumaMode::kOff;
   o.worker.compress_threads = 2;
   o.worker.reduce_threads = 1;
-  o.worker.numa = scheduler::NumaMode::kOn;
+  o.worker.numa = config::NumaMode::kOn;
   o.worker.credit_bytes = 1 << 20;
   o.worker.op_timeout = milliseconds(12345);
   o.worker.local_size = 4;
-  const scheduler::ClusterConfig c = TestClusterConfig(o);
+  const config::ClusterConfig c = TestClusterConfig(o);
   EXPECT_EQ(c.workers[1], "ipc://" + dir.path() + "/w1.sock");
   ExpectRoundTrip(c);
 }

@@ -84,15 +84,15 @@ TEST(WorkerPartition, CompressionThresholdTestsTheWholeTensor) {
   EXPECT_FALSE(AboveCompressThreshold(0, DType::kFloat32, 1));
 }
 
-scheduler::CompressionSettings Settings(const std::string& spec, uint64_t min_bytes) {
-  scheduler::CompressionSettings c;
+config::CompressionSettings Settings(const std::string& spec, uint64_t min_bytes) {
+  config::CompressionSettings c;
   c.spec = spec;
   c.min_compress_bytes = min_bytes;
   return c;
 }
 
 TEST(CompressionPlan, DecidesBySpecAndSizeAndSaysWhy) {
-  const scheduler::CompressionSettings c = Settings("onebit", 4096);
+  const config::CompressionSettings c = Settings("onebit", 4096);
   using Why = TensorCompression::Why;
   // 1024 fp32 = 4096 bytes: compressed with the cluster's spec.
   StatusOr<TensorCompression> t = DecideCompression(c, "w", 1024, DType::kFloat32, "");
@@ -123,7 +123,7 @@ TEST(CompressionPlan, DecidesBySpecAndSizeAndSaysWhy) {
 TEST(CompressionPlan, TheDefaultThresholdCompressesASmallModelsWeights) {
   // A 64x128 weight (32 KiB) is compressed at the default min_compress_bytes; a 128-element
   // bias (512 B) is not (docs/config.md has the measurement behind the default).
-  scheduler::CompressionSettings c;
+  config::CompressionSettings c;
   c.spec = "onebit";
   EXPECT_EQ(c.min_compress_bytes, 4096u);
   EXPECT_TRUE(DecideCompression(c, "fc.weight", 64 * 128, DType::kFloat32, "")->compressed());
@@ -131,7 +131,7 @@ TEST(CompressionPlan, TheDefaultThresholdCompressesASmallModelsWeights) {
 }
 
 TEST(CompressionPlan, TheLineCountsTensorsAndBytesBySpecAndReason) {
-  const scheduler::CompressionSettings c = Settings("onebit", 4096);
+  const config::CompressionSettings c = Settings("onebit", 4096);
   std::vector<TensorCompression> ts;
   auto add = [&](const std::string& name, size_t elements, const std::string& spec) {
     StatusOr<TensorCompression> t = DecideCompression(c, name, elements, DType::kFloat32, spec);

@@ -1,12 +1,12 @@
 // The knob table of the cluster YAML: every key of the `cluster:`, `compression:`, `server:`
 // and `worker:` sections declared once (common/config/knob.h: type, bounds, flag, environment
-// variable, doc line) and bound to its field of ClusterConfig (scheduler/cluster_config.h),
+// variable, doc line) and bound to its field of ClusterConfig (config/cluster_config.h),
 // whose initial value is the knob's default.
 //
 // Everything that lists or checks knobs reads this table: the YAML parser (scalar keys are
 // parsed by their type; the structured ones — addresses, host entries, overrides, the token
 // file — by its own code, the table giving their valid keys), ValidateClusterConfig,
-// DescribeClusterConfig, the daemons' command lines (scheduler/daemon_command_line.h), the
+// DescribeClusterConfig, the daemons' command lines (config/daemon_command_line.h), the
 // tables of docs/config.md (bitpush-config-docs) and Python (`bitpush._C.knobs()`).
 //
 // Adding a knob: its field in cluster_config.h, one entry in ClusterKnobs() (cluster_knobs.cc),
@@ -22,9 +22,9 @@
 
 #include "common/config/doc_blocks.h"
 #include "common/config/knob.h"
-#include "scheduler/cluster_config.h"
+#include "config/cluster_config.h"
 
-namespace bitpush::scheduler {
+namespace bitpush::config {
 
 struct ClusterKnob {
   config::KnobSpec spec;
@@ -65,4 +65,4 @@ Status SetClusterKnob(ClusterConfig* config, std::string_view path, std::string_
 config::DocBlocks ClusterKnobDocBlocks();
 inline constexpr char kKnobDocTag[] = "knobs";
 
-}  // namespace bitpush::scheduler
+}  // namespace bitpush::config

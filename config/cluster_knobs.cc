@@ -1,4 +1,4 @@
-#include "scheduler/cluster_knobs.h"
+#include "config/cluster_knobs.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -10,7 +10,7 @@
 #include "compressors/spec_registry.h"
 #include "fmt/format.h"
 
-namespace bitpush::scheduler {
+namespace bitpush::config {
 
 namespace {
 
@@ -759,4 +759,4 @@ config::DocBlocks ClusterKnobDocBlocks() {
   return blocks;
 }
 
-}  // namespace bitpush::scheduler
+}  // namespace bitpush::config

@@ -1,6 +1,6 @@
 // The command line of a bitpush daemon (bitpush-scheduler, bitpush-server, bitpush-worker and
 // the test node): `--config CLUSTER.yaml`, the program's own flags, the knob flags that the
-// knob table (scheduler/cluster_knobs.h) gives this program, `--set KEY=VALUE` (any scalar
+// knob table (config/cluster_knobs.h) gives this program, `--set KEY=VALUE` (any scalar
 // knob) and `--log-level`. The usage text comes from the same declarations; the YAML is
 // loaded, the knob overrides applied in command-line order and the result validated
 // (ValidateClusterConfig), so a daemon sees one checked ClusterConfig.
@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "common/config/flags.h"
-#include "scheduler/cluster_config.h"
+#include "config/cluster_config.h"
 
-namespace bitpush::scheduler {
+namespace bitpush::config {
 
 struct DaemonCommandLineSpec {
   std::string program;  // "bitpush-worker"; also selects the knob flags of the table
@@ -72,4 +72,4 @@ class DaemonCommandLine {
   std::string error_;
 };
 
-}  // namespace bitpush::scheduler
+}  // namespace bitpush::config

@@ -18,9 +18,9 @@
 #include "common/metrics/exporter.h"
 #include "common/metrics/registry.h"
 #include "common/status.h"
-#include "scheduler/cluster_config.h"
+#include "config/cluster_config.h"
 
-namespace bitpush::scheduler {
+namespace bitpush::config {
 
 class NodeMetrics {
  public:
@@ -48,4 +48,4 @@ class NodeMetrics {
   std::unique_ptr<metrics::Exporter> exporter_;
 };
 
-}  // namespace bitpush::scheduler
+}  // namespace bitpush::config

@@ -1,5 +1,5 @@
 // bitpush-config-docs: the tables of docs/config.md, generated from the knob table
-// (scheduler/cluster_knobs.h), and of docs/security.md ("Who may send what"), generated from
+// (config/cluster_knobs.h), and of docs/security.md ("Who may send what"), generated from
 // the authorization table (common/node/authorization.h). A build tool; not installed.
 //
 //   bitpush-config-docs print                       every generated block, with its markers
@@ -18,7 +18,7 @@
 
 #include "common/config/doc_blocks.h"
 #include "common/node/authorization.h"
-#include "scheduler/cluster_knobs.h"
+#include "config/cluster_knobs.h"
 
 namespace {
 
@@ -28,7 +28,7 @@ constexpr char kUsage[] =
     "usage: bitpush-config-docs print\n"
     "       bitpush-config-docs update FILE [--output OUT]\n";
 constexpr char kNote[] =
-    "generated from scheduler/cluster_knobs.cc by `make config-docs`; edit the table there";
+    "generated from config/cluster_knobs.cc by `make config-docs`; edit the table there";
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "bitpush-config-docs: %s\n", message.c_str());
@@ -39,12 +39,12 @@ int Fail(const std::string& message) {
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
-  const config::DocBlocks blocks = scheduler::ClusterKnobDocBlocks();
+  const config::DocBlocks blocks = config::ClusterKnobDocBlocks();
   if (args.size() == 1 && args[0] == "print") {
     for (const auto& [name, content] : blocks) {
       std::printf("%s\n%s\n%s\n\n",
-                  config::BlockBeginMarker(scheduler::kKnobDocTag, name, kNote).c_str(),
-                  content.c_str(), config::BlockEndMarker(scheduler::kKnobDocTag, name).c_str());
+                  config::BlockBeginMarker(config::kKnobDocTag, name, kNote).c_str(),
+                  content.c_str(), config::BlockEndMarker(config::kKnobDocTag, name).c_str());
     }
     return 0;
   }
@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
   const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   StatusOr<std::string> updated =
       security ? config::ReplaceGeneratedBlocks(doc, "tables", security_blocks)
-               : config::ReplaceGeneratedBlocks(doc, scheduler::kKnobDocTag, blocks);
+               : config::ReplaceGeneratedBlocks(doc, config::kKnobDocTag, blocks);
   if (!updated.ok()) return Fail(path + ": " + updated.status().message());
   std::ofstream out(out_path, std::ios::binary | std::ios::trunc);
   out << *updated;

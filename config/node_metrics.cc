@@ -1,9 +1,9 @@
-#include "scheduler/node_metrics.h"
+#include "config/node_metrics.h"
 
 #include "common/metrics/process.h"
 #include "fmt/format.h"
 
-namespace bitpush::scheduler {
+namespace bitpush::config {
 
 StatusOr<std::unique_ptr<NodeMetrics>> NodeMetrics::Start(const ClusterConfig& config,
                                                           v1::Role role, uint32_t rank) {
@@ -39,4 +39,4 @@ void NodeMetrics::Stop() {
   if (exporter_) exporter_->Stop();
 }
 
-}  // namespace bitpush::scheduler
+}  // namespace bitpush::config

@@ -13,9 +13,9 @@
 #include "common/node/endpoint.h"
 #include "common/status.h"
 #include "common/transport/transport.h"
-#include "scheduler/cluster_config.h"
+#include "config/cluster_config.h"
 
-namespace bitpush::scheduler {
+namespace bitpush::config {
 
 // security.keys_dir, overridden by $BITPUSH_KEYS_DIR ("" when neither is set).
 std::string KeysDir(const ClusterConfig& c);
@@ -55,4 +55,4 @@ Status ConfigureNodeEndpoint(const ClusterConfig& c, node::NodeEndpointOptions* 
 // loopback ("" otherwise).
 std::string InsecureModeWarning(const ClusterConfig& c);
 
-}  // namespace bitpush::scheduler
+}  // namespace bitpush::config

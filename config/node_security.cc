@@ -1,4 +1,4 @@
-#include "scheduler/node_security.h"
+#include "config/node_security.h"
 
 #include <unistd.h>
 
@@ -12,7 +12,7 @@
 #include "common/security/keys.h"
 #include "fmt/format.h"
 
-namespace bitpush::scheduler {
+namespace bitpush::config {
 namespace {
 
 // The host of a tcp:// address ("" for other schemes).
@@ -168,4 +168,4 @@ std::string InsecureModeWarning(const ClusterConfig& c) {
   return "";
 }
 
-}  // namespace bitpush::scheduler
+}  // namespace bitpush::config

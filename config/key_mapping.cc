@@ -1,10 +1,10 @@
-#include "scheduler/key_mapping.h"
+#include "config/key_mapping.h"
 
 #include "common/counter_rng.h"
 #include "common/logging.h"
 #include "fmt/format.h"
 
-namespace bitpush::scheduler {
+namespace bitpush::config {
 
 v1::KeyMapping MakeKeyMapping(uint32_t num_servers, uint64_t seed) {
   v1::KeyMapping m;
@@ -41,4 +41,4 @@ uint32_t ServerForKey(uint64_t key, const v1::KeyMapping& mapping) {
   return static_cast<uint32_t>((Mix64(tensor ^ mapping.seed()) % n + partition % n) % n);
 }
 
-}  // namespace bitpush::scheduler
+}  // namespace bitpush::config

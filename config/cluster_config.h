@@ -7,11 +7,11 @@
 // the file, the line and the key ("cluster.yaml:7: cluster.heartbeat_timeout_ms: ...").
 //
 // Each knob (its YAML key, type, bounds, flag, environment variable and doc line) is declared
-// once, in the knob table (scheduler/cluster_knobs.h); the parser, ValidateClusterConfig,
+// once, in the knob table (config/cluster_knobs.h); the parser, ValidateClusterConfig,
 // DescribeClusterConfig, the daemons' command lines and the tables of docs/config.md come from
 // it. A knob's default is the initial value of its field below.
 //
-// Owned by the scheduler module; servers and workers use it through bitpush_scheduler.
+// Part of bitpush_config (config/), which the scheduler, the servers and the workers each link.
 // Thread-safety: plain values and pure functions.
 #pragma once
 
@@ -25,7 +25,7 @@
 #include "common/status.h"
 #include "proto/bitpush/v1/control.pb.h"
 
-namespace bitpush::scheduler {
+namespace bitpush::config {
 
 // server.numa / worker.numa: whether threads are pinned to cores (common/cpu_topology.h).
 // kAuto pins when the topology can be read and warns otherwise; kOn fails start-up then; kOff
@@ -41,7 +41,7 @@ enum class SecurityMode { kNone, kCurve };
 std::string_view SecurityModeName(SecurityMode mode);
 
 // The comments below say what a field holds in code; each key's type, bounds and doc line are
-// in the knob table (scheduler/cluster_knobs.cc), which checks them.
+// in the knob table (config/cluster_knobs.cc), which checks them.
 
 // The `compression:` section. Every field takes part in config agreement (ConfigFields()).
 struct CompressionSettings {
@@ -327,4 +327,4 @@ std::string NodePeerId(v1::Role role, uint32_t rank);
 // The scheduler's PeerId.
 inline constexpr char kSchedulerPeerId[] = "scheduler";
 
-}  // namespace bitpush::scheduler
+}  // namespace bitpush::config

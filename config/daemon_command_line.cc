@@ -1,12 +1,12 @@
-#include "scheduler/daemon_command_line.h"
+#include "config/daemon_command_line.h"
 
 #include <cstdio>
 
 #include "common/logging.h"
+#include "config/cluster_knobs.h"
 #include "fmt/format.h"
-#include "scheduler/cluster_knobs.h"
 
-namespace bitpush::scheduler {
+namespace bitpush::config {
 
 namespace {
 
@@ -119,4 +119,4 @@ std::optional<config::KnobValue> DaemonCommandLine::knob_flag(std::string_view p
   return std::nullopt;
 }
 
-}  // namespace bitpush::scheduler
+}  // namespace bitpush::config

@@ -12,7 +12,8 @@
 // servers, and the busier server's link sets the round time. Changing a scheme or its constants
 // changes where keys live: it needs a new Scheme value.
 //
-// Owned by the scheduler module. Thread-safety: pure functions.
+// Part of bitpush_config: the scheduler makes the mapping, workers and servers read it.
+// Thread-safety: pure functions.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +21,7 @@
 #include "common/status.h"
 #include "proto/bitpush/v1/control.pb.h"
 
-namespace bitpush::scheduler {
+namespace bitpush::config {
 
 // The seed the scheduler distributes (fixed, so a cluster maps keys the same way every run).
 inline constexpr uint64_t kDefaultKeyMappingSeed = 0x6269747075736821ull;  // "bitpush!"
@@ -35,4 +36,4 @@ Status ValidateKeyMapping(const v1::KeyMapping& mapping);
 // The rank of the server that owns `key`. `mapping` must be valid (checked: aborts if not).
 uint32_t ServerForKey(uint64_t key, const v1::KeyMapping& mapping);
 
-}  // namespace bitpush::scheduler
+}  // namespace bitpush::config
