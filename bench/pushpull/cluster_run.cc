@@ -59,7 +59,7 @@ std::string Dirname(const std::string& path) {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
-std::string Fmt(double v, const char* format = "%.6g") {
+std::string Fmt(double v, const char* format) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), format, v);
   return buf;
