@@ -5,7 +5,7 @@
 //
 // One program for the three ps-lite roles; ps-lite reads the role and the cluster shape from the
 // environment (DMLC_ROLE, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER;
-// DMLC_NODE_HOST and PORT pin a node's own address). The launcher (bench_pushpull.cc) sets them.
+// DMLC_NODE_HOST and PORT pin a node's own address). The launcher (pslite_peer.cc) sets them.
 //
 // The tensor: --mb MiB of fp32 per worker, cut into partitions of --partition-kb x 1024 bytes,
 // one ps-lite key per partition, the partitions dealt round-robin over the servers (partition p

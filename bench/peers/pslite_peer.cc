@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/pushpull/peer.h"
 #include "tests/harness/child_process.h"
 
 namespace bitpush::bench {
@@ -249,4 +250,123 @@ StatusOr<PsliteResult> RunPsliteCluster(const std::string& driver, const PsliteS
   return cluster.Run();
 }
 
+namespace {
+
+// bench/peers/build-pslite-driver.sh in the source tree (bench/CMakeLists.txt), if known.
+#ifndef BITPUSH_PEERS_DIR
+#define BITPUSH_PEERS_DIR ""
+#endif
+
+constexpr double kMiB = 1 << 20;
+
+// --peer pslite: one ps-lite cluster of our driver per pass, of bitpush's shape and bytes (one
+// key per partition, dense fp32 summed on the servers: compressor none).
+class PslitePeer : public pushpull::Peer {
+ public:
+  PslitePeer(const pushpull::Options& opt, uint64_t tensor_bytes)
+      : opt_(opt), tensor_bytes_(tensor_bytes) {}
+
+  std::string name() const override { return "pslite"; }
+
+  Status Prepare() override {
+    const std::string peers_dir = BITPUSH_PEERS_DIR;
+    StatusOr<std::string> d = FindPsliteDriver(
+        opt_.pslite_dir, peers_dir.empty() ? "" : peers_dir + "/build-pslite-driver.sh");
+    if (!d.ok()) return d.status();
+    driver_ = *d;
+    return Status::Ok();
+  }
+
+  std::string HowTo() const override { return PsliteHowTo(); }
+
+  std::string NotRunLine(const std::string& reason) const override {
+    return "ps-lite: not run (" + reason + "); see bench/peers/README.md";
+  }
+
+  Status RunOnce() override {
+    PsliteShape shape;
+    shape.workers = opt_.workers;
+    shape.servers = opt_.servers;
+    shape.mb = static_cast<double>(tensor_bytes_) / kMiB;  // bitpush's bytes, all K tensors
+    shape.partition_kb = opt_.partition_kb;
+    shape.iters = opt_.iters;
+    shape.warmup = opt_.warmup;
+    shape.timeout_s = opt_.timeout_s;
+    shape.keep_dir = opt_.keep_dir;
+    StatusOr<PsliteResult> r = RunPsliteCluster(driver_, shape);
+    if (!r.ok()) return r.status().WithContext("ps-lite (" + driver_ + ")");
+    runs_.push_back(*r);
+    return Status::Ok();
+  }
+
+  size_t runs() const override { return runs_.size(); }
+
+  std::string Title() const override { return "dmlc/ps-lite (" + driver_ + ")"; }
+
+  pushpull::PeerSummary Summary() const override {
+    const PsliteResult& median = runs_[pushpull::MedianIndex(Goodputs())];
+    pushpull::PeerSummary s;
+    s.goodput_gbps = median.goodput_gbps;
+    s.spread = pushpull::SpreadOf(Goodputs());
+    s.iter_ms = median.iter_ms;
+    s.server_peak_rss_mb = median.server_peak_rss_mb;
+    return s;
+  }
+
+  JsonRecord Record(const pushpull::PeerComparison& cmp) const override {
+    const PsliteResult& pslite = runs_[pushpull::MedianIndex(Goodputs())];
+    const pushpull::Spread spread = pushpull::SpreadOf(Goodputs());
+    JsonRecord rec;
+    rec.Add("peer", "pslite")
+        .Add("compressor", "none")
+        .Add("error_feedback", "none")
+        .Add("security", "none")
+        .Add("transport", "zmq")
+        .Add("workers", opt_.workers)
+        .Add("servers", opt_.servers)
+        .Add("mb", static_cast<double>(tensor_bytes_) / kMiB)
+        .Add("tensors", 1)
+        .Add("partition_kb", static_cast<long long>(opt_.partition_kb))
+        .Add("iters", opt_.iters)
+        .Add("warmup", opt_.warmup)
+        .Add("goodput_gbps", pslite.goodput_gbps)
+        .Add("goodput_min_gbps", spread.min)
+        .Add("goodput_max_gbps", spread.max)
+        .Add("peer_reps", cmp.reps)
+        .Add("best_iter_gbps", pslite.best_iter_gbps);
+    pushpull::AddRawTcpFields(rec, cmp.raw, pslite.goodput_gbps, opt_.link_gbit);
+    rec.Add("ratio_to_bitpush", pslite.goodput_gbps / cmp.bitpush_none_gbps)
+        .Add("iter_ms", pslite.iter_ms)
+        .Add("server_peak_rss_mb", pslite.server_peak_rss_mb)
+        .Add("worker_peak_rss_mb", pslite.worker_peak_rss_mb)
+        .Add("scheduler_peak_rss_mb", pslite.scheduler_peak_rss_mb)
+        .Add("wall_seconds", pslite.wall_seconds)
+        .Add("pslite_driver", driver_);
+    return rec;
+  }
+
+ private:
+  std::vector<double> Goodputs() const {
+    std::vector<double> g;
+    g.reserve(runs_.size());
+    for (const PsliteResult& r : runs_) g.push_back(r.goodput_gbps);
+    return g;
+  }
+
+  const pushpull::Options& opt_;
+  const uint64_t tensor_bytes_;
+  std::string driver_;  // found by Prepare
+  std::vector<PsliteResult> runs_;
+};
+
+}  // namespace
+
 }  // namespace bitpush::bench
+
+namespace bitpush::bench::pushpull {
+
+std::unique_ptr<Peer> MakePslitePeer(const Options& opt, uint64_t tensor_bytes) {
+  return std::make_unique<PslitePeer>(opt, tensor_bytes);
+}
+
+}  // namespace bitpush::bench::pushpull

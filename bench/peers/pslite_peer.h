@@ -15,6 +15,11 @@
 // bounded by timeout_s; ps-lite has no failure detection of its own here, so when one process
 // fails the others are killed at once, and the error names each process and how it ended.
 //
+// pslite_peer.cc also holds the ps-lite Peer of `bitpush-bench pushpull` (bench/pushpull/peer.h,
+// MakePslitePeer): it finds the driver once (FindPsliteDriver, rebuilding it with the script in
+// the source tree), runs one cluster per pass (RunPsliteCluster) with the bitpush clusters'
+// shape and bytes, and writes the ps-lite record of its median run.
+//
 // Thread-safety: none; call from one thread (the children's death signal follows it).
 #pragma once
 

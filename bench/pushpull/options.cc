@@ -1,0 +1,248 @@
+#include "bench/pushpull/options.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "compressors/registry.h"
+#include "optimizers/param_state.h"
+
+namespace bitpush::bench::pushpull {
+namespace {
+
+// "none,randomk:ratio=0.01,unbiased=false,onebit" -> none | randomk:ratio=...,unbiased=false |
+// onebit: a piece with '=' but no ':' is a parameter of the spec before it.
+std::vector<std::string> SplitSpecs(const std::string& list) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = list.find(',', pos);
+    const std::string piece = list.substr(pos, comma == std::string::npos ? comma : comma - pos);
+    if (!out.empty() && piece.find('=') != std::string::npos &&
+        piece.find(':') == std::string::npos) {
+      out.back() += "," + piece;
+    } else if (!piece.empty()) {
+      out.push_back(piece);
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+void PrintHelp() {
+  std::printf(
+      "usage: bitpush-bench pushpull [--json] [--workers 1] [--servers 1] [--mb 100]\n"
+      "         [--partition-kb 4000] [--compressor SPEC[,SPEC...]] [--iters 10] [--warmup 2]\n"
+      "         [--tensors 1] [--dtype float32|float16|bfloat16]\n"
+      "         [--error-feedback auto|none|worker|server|both]\n"
+      "         [--min-compress-bytes 1048576] [--raw-reps 5] [--timeout-s 300] [--keep-dir]\n"
+      "         [--link-gbit R] [--security none|curve[,...]] [--transport zmq|ucx[,...]]\n"
+      "         [--ucx-tls TLS] [--reps 1]\n"
+      "         [--peer pslite --pslite-dir DIR [--peer-reps 3]]\n"
+      "         [--server-side | --placement worker|server[,...]] [--optimizer sgd|adamw|lans]\n"
+      "         [--pull SPEC|auto]\n"
+      "Runs a real cluster on loopback per compressor (bitpush-scheduler, S bitpush-server,\n"
+      "W workers) and times N PushPull+Wait iterations of MB MiB of --dtype (float32) per worker\n"
+      "(in K equal tensors), in partitions of partition-kb x 1024 bytes. --compressor takes a list "
+      "(one\n"
+      "JSON record each; default none); the flag may repeat. --error-feedback auto = both for\n"
+      "the biased compressors (onebit, topk, randomk with unbiased=false), none otherwise.\n"
+      "goodput_gbps = tensor GB/s (1e9 B/s) per worker per direction, vs raw_tcp_gbps: the same\n"
+      "bytes streamed one way over one loopback TCP socket in the same run, and\n"
+      "raw_tcp_duplex_gbps: per direction, the same bytes sent both ways at once.\n"
+      "--link-gbit R (root, needs ip and tc): the servers run in a network namespace behind a\n"
+      "veth pair shaped to R Gbit/s each way (tc tbf); the raw TCP references cross it too.\n"
+      "--security takes a list (default none; the flag may repeat): each compressor runs once\n"
+      "per mode; curve = ZeroMQ CURVE with a key pair per node, generated into a private\n"
+      "temporary directory removed at exit. security_ratio = goodput / the same compressor's\n"
+      "goodput under none.\n"
+      "--transport takes a list (default zmq; the flag may repeat): each compressor runs once per\n"
+      "transport; ucx = the data plane over UCX (cluster.transport ucx), with cluster.ucx.tls =\n"
+      "--ucx-tls (e.g. tcp, or sm,self,tcp for shared memory; default: UCX's choice).\n"
+      "transport_ratio = goodput / the same compressor's goodput over zmq.\n"
+      "--reps R: R passes over all the runs (each compressor, security mode and transport once\n"
+      "per pass, in the same order), so that drift of the shared machine hits all; each record\n"
+      "is the run of median goodput of its R (goodput_min_gbps, goodput_max_gbps beside it), and\n"
+      "the ratios compare medians. With --peer, --peer-reps sets the passes.\n"
+      "--peer pslite --pslite-dir DIR: dmlc/ps-lite side by side (our dense driver, built in\n"
+      "DIR by bench/peers/build-pslite-driver.sh: bench/peers/README.md), same sizes, R\n"
+      "alternations of a ps-lite and the bitpush clusters (--peer-reps, default 3), medians;\n"
+      "records get peer and ratio_to_pslite. Without a driver: bitpush alone, exit 0.\n"
+      "--server-side (= --placement server): the servers run the optimizer (--optimizer,\n"
+      "default adamw) and the workers pull weights (--pull: auto = SDP4Bit's qWD,\n"
+      "sdp4bit:hadamard=off,group=2048, for sdp4bit pushes, raw fp32 otherwise); --placement\n"
+      "worker,server runs each compressor both ways (worker: --optimizer, if given, runs in the\n"
+      "worker processes on the averaged gradient). Records get placement, optimizer, pull;\n"
+      "worker_peak_rss_mb shows where the optimizer state lives.\n");
+}
+
+int ParseOptions(int argc, char** argv, Options* o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s: %s needs a value\n", kName, a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    auto bad = [&](const char* v) {
+      std::fprintf(stderr, "%s: bad value '%s' for %s\n", kName, v, a.c_str());
+      std::exit(2);
+    };
+    // A comma-separated list of `allowed` names, added to `*out` once each, in order.
+    auto add_choices = [&](std::initializer_list<const char*> allowed,
+                           std::vector<std::string>* out) {
+      const char* v = next();
+      const std::vector<std::string> names = SplitSpecs(v);
+      if (names.empty()) bad(v);
+      for (const std::string& n : names) {
+        if (std::find(allowed.begin(), allowed.end(), n) == allowed.end()) bad(v);
+        if (std::find(out->begin(), out->end(), n) == out->end()) out->push_back(n);
+      }
+    };
+    auto integer = [&](long long min) {
+      const char* v = next();
+      char* end = nullptr;
+      const long long x = std::strtoll(v, &end, 10);
+      if (end == v || *end != '\0' || x < min) bad(v);
+      return x;
+    };
+    if (a == "--json") {
+      o->json = true;
+    } else if (a == "--keep-dir") {
+      o->keep_dir = true;
+    } else if (a == "--workers") {
+      o->workers = static_cast<int>(integer(1));
+    } else if (a == "--servers") {
+      o->servers = static_cast<int>(integer(1));
+    } else if (a == "--mb") {
+      const char* v = next();
+      char* end = nullptr;
+      o->mb = std::strtod(v, &end);
+      if (end == v || *end != '\0' || !(o->mb > 0)) bad(v);
+    } else if (a == "--partition-kb") {
+      o->partition_kb = integer(1);
+    } else if (a == "--compressor") {
+      const char* v = next();
+      const std::vector<std::string> specs = SplitSpecs(v);
+      if (specs.empty()) bad(v);
+      o->compressors.insert(o->compressors.end(), specs.begin(), specs.end());
+    } else if (a == "--security") {
+      add_choices({"none", "curve"}, &o->securities);
+    } else if (a == "--transport") {
+      add_choices({"zmq", "ucx"}, &o->transports);
+    } else if (a == "--ucx-tls") {
+      o->ucx_tls = next();
+      if (o->ucx_tls.empty() || o->ucx_tls.find_first_of("\"\n\\") != std::string::npos) {
+        bad(o->ucx_tls.c_str());
+      }
+    } else if (a == "--error-feedback") {
+      const std::string v = next();
+      if (v != "auto" && !compressors::ParseErrorFeedbackPolicy(v).ok()) bad(v.c_str());
+      o->error_feedback = v;
+    } else if (a == "--min-compress-bytes") {
+      o->min_compress_bytes = integer(0);
+    } else if (a == "--iters") {
+      o->iters = static_cast<int>(integer(1));
+    } else if (a == "--warmup") {
+      o->warmup = static_cast<int>(integer(0));
+    } else if (a == "--tensors") {
+      o->tensors = static_cast<int>(integer(1));
+    } else if (a == "--dtype") {
+      const char* v = next();
+      StatusOr<DType> d = ParseDType(v);
+      if (!d.ok()) bad(v);
+      o->dtype = *d;
+    } else if (a == "--raw-reps") {
+      o->raw_reps = static_cast<int>(integer(1));
+    } else if (a == "--timeout-s") {
+      o->timeout_s = static_cast<int>(integer(1));
+    } else if (a == "--link-gbit") {
+      const char* v = next();
+      char* end = nullptr;
+      o->link_gbit = std::strtod(v, &end);
+      if (end == v || *end != '\0' || !(o->link_gbit >= 0) || o->link_gbit > 1e4) bad(v);
+    } else if (a == "--peer") {
+      const std::string v = next();
+      if (v != "pslite") bad(v.c_str());
+      o->peer = v;
+    } else if (a == "--pslite-dir") {
+      o->pslite_dir = next();
+    } else if (a == "--peer-reps") {
+      o->peer_reps = static_cast<int>(integer(1));
+    } else if (a == "--server-side") {
+      if (std::find(o->placements.begin(), o->placements.end(), "server") == o->placements.end()) {
+        o->placements.push_back("server");
+      }
+    } else if (a == "--placement") {
+      add_choices({"worker", "server"}, &o->placements);
+    } else if (a == "--optimizer") {
+      o->optimizer = next();
+      if (!optimizers::ParseUpdateRule(o->optimizer).ok()) bad(o->optimizer.c_str());
+    } else if (a == "--pull") {
+      o->pull = next();
+      if (o->pull != "auto" && !compressors::ParseCompressorSpec(o->pull).ok())
+        bad(o->pull.c_str());
+    } else if (a == "--reps") {
+      o->reps = static_cast<int>(integer(1));
+    } else if (a == "--help" || a == "-h") {
+      PrintHelp();
+      std::exit(0);
+    } else {
+      std::fprintf(stderr, "%s: unknown option '%s'\n", kName, a.c_str());
+      PrintHelp();
+      return 2;
+    }
+  }
+  if (!o->peer.empty() && o->dtype != DType::kFloat32) {
+    std::fprintf(stderr, "%s: --peer pslite compares float32 tensors only, not --dtype %s\n", kName,
+                 std::string(DTypeName(o->dtype)).c_str());
+    return 2;
+  }
+  if (!o->peer.empty() && o->link_gbit > 0) {
+    std::fprintf(stderr, "%s: --peer pslite runs on loopback only, not with --link-gbit\n", kName);
+    return 2;
+  }
+  if (o->peer.empty() && !o->pslite_dir.empty()) {
+    std::fprintf(stderr, "%s: --pslite-dir needs --peer pslite\n", kName);
+    return 2;
+  }
+  if (o->compressors.empty()) o->compressors.push_back("none");
+  if (o->securities.empty()) o->securities.push_back("none");
+  if (o->transports.empty()) o->transports.push_back("zmq");
+  if (o->placements.empty()) o->placements.push_back("worker");
+  if (o->dtype != DType::kFloat32 &&
+      (!o->optimizer.empty() ||
+       std::find(o->placements.begin(), o->placements.end(), "server") != o->placements.end())) {
+    std::fprintf(stderr, "%s: an optimizer (--optimizer, --server-side) updates float32 tensors\n",
+                 kName);
+    return 2;
+  }
+  if (!o->ucx_tls.empty() &&
+      std::find(o->transports.begin(), o->transports.end(), "ucx") == o->transports.end()) {
+    std::fprintf(stderr, "%s: --ucx-tls needs --transport ucx\n", kName);
+    return 2;
+  }
+  if (!o->peer.empty() && o->transports != std::vector<std::string>{"zmq"}) {
+    std::fprintf(stderr, "%s: --peer pslite compares over zmq only, not --transport ucx\n", kName);
+    return 2;
+  }
+  for (const std::string& spec : o->compressors) {
+    StatusOr<v1::CompressorConfig> c = compressors::ParseCompressorSpec(spec);
+    if (!c.ok()) {
+      std::fprintf(stderr, "%s: --compressor '%s': %s\n", kName, spec.c_str(),
+                   c.status().message().c_str());
+      return 2;
+    }
+  }
+  return 0;
+}
+
+}  // namespace bitpush::bench::pushpull
