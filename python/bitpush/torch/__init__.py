@@ -17,6 +17,7 @@ released. One push_pull per name may be in flight at a time.
 This module only gathers the API; each piece lives in its own module, and none of them imports
 this one (tests/python/test_import_graph.py):
 
+    errors             ``BitpushError`` and its code
     session            init / shutdown, rank, size, ... stats, wait_for_servers (the session)
     declarations       a tensor's declaration by name; ``declare``
     handles            ``Handle``, ``synchronize``, ``poll``; the deferred start of CUDA tensors
@@ -25,8 +26,11 @@ this one (tests/python/test_import_graph.py):
     compression        ``Compression``, ``compression_report``
     error_feedback     the worker's and the servers' error-feedback residuals
     server_weights     the tensors of the optimizer on the servers (ServerOptimizer's calls)
-    optimizer          ``CLAN``, ``LANS``, ``DistributedOptimizer``
-    server_optimizer   ``ServerOptimizer``
+    cluster_knobs      the cluster YAML's knobs the optimizers follow (``cluster_*``)
+    gradient_exchange  the gradient hooks every bitpush optimizer shares
+    optimizer          ``CLAN``, ``LANS``
+    server_optimizer   ``ServerOptimizer``, ``QWD``
+    distributed_optimizer  ``DistributedOptimizer`` (on the workers or, by the YAML, the servers)
     binsgdm            ``BinSGDM``
     hooks              the DDP comm hook
     checkpoint         ``save_checkpoint``, ``load_checkpoint``
@@ -34,18 +38,25 @@ this one (tests/python/test_import_graph.py):
 from .errors import BitpushError
 from .session import (init, shutdown, is_initialized, rank, size, local_rank, local_size,
                       node_rank, num_nodes, mode, config_path, gpu, stats, wait_for_servers,
-                      _require)
+                      _require)  # noqa: F401 (tests read the session through it)
 from .declarations import declare
 from .handles import Handle, synchronize, poll
 from .collectives import (push_pull, push_pull_inplace, push_pull_async, allreduce,
                           allreduce_async, allreduce_, Average, Sum, barrier)
 from .broadcast import broadcast_parameters, broadcast_optimizer_state
-from .compression import Compression, compression_report, _check_compression, \
-    _announce_compression
+from .compression import Compression, compression_report
 from .error_feedback import (error_feedback_state, restore_error_feedback_state,
                              server_error_feedback_state, restore_server_error_feedback_state)
 from .server_weights import (init_server_weights, pull_server_weights, server_optimizer_state,
-                             restore_server_optimizer_state, _push_pull_step_async)
+                             restore_server_optimizer_state)
+from .cluster_knobs import (cluster_error_feedback, cluster_compression,
+                            cluster_optimizer_placement, cluster_optimizer_pull)
+from .optimizer import CLAN, LANS, ONEBIT_ERROR_FEEDBACK_DECAY
+from .server_optimizer import ServerOptimizer, QWD
+from .distributed_optimizer import DistributedOptimizer
+from .binsgdm import BinSGDM
+from .hooks import PushPullHookState, push_pull_hook
+from .checkpoint import save_checkpoint, load_checkpoint
 
 __all__ = [
     "BitpushError", "Handle", "init", "shutdown", "is_initialized", "rank", "size", "local_rank",
@@ -55,19 +66,10 @@ __all__ = [
     "error_feedback_state", "restore_error_feedback_state", "compression_report",
     "server_error_feedback_state", "restore_server_error_feedback_state",
     "init_server_weights", "pull_server_weights", "server_optimizer_state",
-    "restore_server_optimizer_state", "wait_for_servers", "Compression", "allreduce", "allreduce_async", "allreduce_", "Average", "Sum",
+    "restore_server_optimizer_state", "wait_for_servers", "Compression", "allreduce",
+    "allreduce_async", "allreduce_", "Average", "Sum",
+    "CLAN", "LANS", "DistributedOptimizer", "cluster_error_feedback", "cluster_compression",
+    "ONEBIT_ERROR_FEEDBACK_DECAY", "PushPullHookState", "push_pull_hook", "save_checkpoint",
+    "load_checkpoint", "ServerOptimizer", "QWD", "cluster_optimizer_placement",
+    "cluster_optimizer_pull", "BinSGDM",
 ]
-
-from . import checkpoint as _checkpoint, hooks as _hooks, optimizer as _optimizer  # noqa: E402
-from . import server_optimizer as _server_optimizer  # noqa: E402
-from . import binsgdm as _binsgdm  # noqa: E402
-
-__all__ += list(getattr(_optimizer, "__all__", [])) + list(getattr(_hooks, "__all__", [])) + \
-    list(getattr(_checkpoint, "__all__", [])) + list(_server_optimizer.__all__) + \
-    list(_binsgdm.__all__)
-
-from .optimizer import *  # noqa
-from .binsgdm import *  # noqa
-from .server_optimizer import *  # noqa
-from .hooks import *  # noqa
-from .checkpoint import *  # noqa

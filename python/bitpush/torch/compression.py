@@ -95,3 +95,14 @@ def _announce_compression(names):
     if s is None or s.log_level in ("error", "off") or rank() != 0:
         return
     print(compression_report(names), file=sys.stderr, flush=True)
+
+
+def _compressor_method(name):
+    """The compressor method ("onebit", "topk", ..., "none") tensor `name` travels with, as the
+    engine's rule resolves it (CLAN's spec, else the cluster's compression.spec or a matching
+    compression.overrides pattern; "none" below compression.min_compress_bytes)."""
+    s = _require()
+    with s.lock:
+        index = s.declarations[name].index
+    spec, _why = s.client.compression_of([index])[0]
+    return spec.split(":")[0]
