@@ -26,17 +26,15 @@ method's error-feedback state.
 Thread-safety: an optimizer belongs to the thread that runs forward/backward/step.
 """
 
-import importlib
-
 import torch
 
-from .optimizer import _GradientExchange, _check_param, _compressor_method, cluster_error_feedback
+from .cluster_knobs import cluster_error_feedback
+from .compression import _compressor_method
+from .gradient_exchange import _GradientExchange
+from .optimizer import _check_param
+from .session import node_rank
 
 __all__ = ["BinSGDM"]
-
-
-def _bp():
-    return importlib.import_module("bitpush.torch")
 
 
 def _spec(beta, eps, seed):
@@ -148,7 +146,7 @@ class BinSGDM(_GradientExchange, torch.optim.Optimizer):
         sd["bitpush"] = {"optimizer": "BinSGDM", "seed": self.seed,
                          "names": [self._bp_name(p) for p in self._bp_params],
                          "ef_residuals": states,
-                         "node": _bp().node_rank() if states else None}
+                         "node": node_rank() if states else None}
         return sd
 
     def load_state_dict(self, state_dict):

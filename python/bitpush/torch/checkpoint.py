@@ -30,16 +30,17 @@ import warnings
 
 import torch
 
+from .cluster_knobs import cluster_error_feedback
+from .collectives import barrier
+from .error_feedback import (error_feedback_state, restore_server_error_feedback_state,
+                             server_error_feedback_state)
+from .errors import BitpushError
+from .session import _require, local_rank, local_size, mode, node_rank, num_nodes, rank, size
+
 __all__ = ["save_checkpoint", "load_checkpoint"]
 
 FORMAT = 1
 _MAGIC = "bitpush-checkpoint"
-
-
-def _bp():
-    import importlib
-
-    return importlib.import_module("bitpush.torch")
 
 
 def _node_path(path, node):
@@ -62,8 +63,7 @@ def _declare_all(optimizer):
 
 def _job(optimizer, model):
     """What a checkpoint must agree with: world, error feedback, compressors, shapes."""
-    bp = _bp()
-    s = bp._require()
+    s = _require()
     _declare_all(optimizer)
     s.client.commit_declarations()  # collective: the servers know every key afterwards
     names = _tensor_names(optimizer)
@@ -71,42 +71,40 @@ def _job(optimizer, model):
         indices = [s.declarations[n].index for n in names]
     travels = s.client.compression_of(indices)
     return {
-        "world": {"processes": bp.size(), "nodes": bp.num_nodes(),
-                  "local_size": bp.local_size()},
-        "error_feedback": bp.cluster_error_feedback(),
+        "world": {"processes": size(), "nodes": num_nodes(),
+                  "local_size": local_size()},
+        "error_feedback": cluster_error_feedback(),
         "tensors": [[n, spec] for n, (spec, _) in zip(names, travels)],
         "model": [[k, list(v.shape), str(v.dtype)] for k, v in model.state_dict().items()],
     }
 
 
 def _barrier(what):
-    bp = _bp()
     try:
-        bp.barrier()
-    except bp.BitpushError as e:
-        raise bp.BitpushError("%s: waiting for every process: %s" % (what, e)) from e
+        barrier()
+    except BitpushError as e:
+        raise BitpushError("%s: waiting for every process: %s" % (what, e)) from e
 
 
 def save_checkpoint(path, model, optimizer):
     """Writes the job's checkpoint (collective: every training process calls it with the same
     `path`, after the same step). Returns `path`."""
-    bp = _bp()
     path = os.fspath(path)
     job = _job(optimizer, model)
     residuals = {}
     for p in optimizer._bp_params:
         name = optimizer._bp_name(p)
-        r = bp.error_feedback_state(name)
+        r = error_feedback_state(name)
         if r is not None:
             residuals[name] = r
-    if bp.local_rank() == 0:
-        _save(_node_path(path, bp.node_rank()),
-              {"magic": _MAGIC, "format": FORMAT, "node": bp.node_rank(),
+    if local_rank() == 0:
+        _save(_node_path(path, node_rank()),
+              {"magic": _MAGIC, "format": FORMAT, "node": node_rank(),
                "world": job["world"], "residuals": residuals})
-    if bp.rank() == 0:
+    if rank() == 0:
         server_residuals = {}
         if job["error_feedback"] in ("server", "both"):
-            if bp.mode() == "daemon":
+            if mode() == "daemon":
                 warnings.warn("bitpush.save_checkpoint: compression.error_feedback is %s, and "
                               "in daemon mode the servers' residuals are not part of the "
                               "checkpoint: a run resumed from %s starts them from zero (it is "
@@ -115,7 +113,7 @@ def save_checkpoint(path, model, optimizer):
             else:
                 for p in optimizer._bp_params:
                     name = optimizer._bp_name(p)
-                    r = bp.server_error_feedback_state(name)
+                    r = server_error_feedback_state(name)
                     if r is not None:
                         server_residuals[name] = r
         sd = optimizer.state_dict()
@@ -188,18 +186,17 @@ def load_checkpoint(path, model, optimizer):
     """Restores a checkpoint written by save_checkpoint (collective: every training process of
     the new job calls it, before its first step). Refuses, naming the field, a checkpoint of
     another job (ValueError)."""
-    bp = _bp()
     path = os.fspath(path)
     main = _load(path, "checkpoint")
     job = _job(optimizer, model)
     _check_job(path, main["job"], job)
-    node = _load(_node_path(path, bp.node_rank()), "the node's part of the checkpoint")
-    if node.get("node") != bp.node_rank():
-        _refuse(_node_path(path, bp.node_rank()), "node", node.get("node"), bp.node_rank())
+    node = _load(_node_path(path, node_rank()), "the node's part of the checkpoint")
+    if node.get("node") != node_rank():
+        _refuse(_node_path(path, node_rank()), "node", node.get("node"), node_rank())
     model.load_state_dict(main["model"])
     optimizer.load_state_dict(main["optimizer"])
     optimizer._bp_restore_ef_state(node["residuals"])
-    if bp.rank() == 0:
+    if rank() == 0:
         for name, r in main.get("server_residuals", {}).items():
-            bp.restore_server_error_feedback_state(name, r)
+            restore_server_error_feedback_state(name, r)
     _barrier("bitpush.load_checkpoint(%r)" % path)

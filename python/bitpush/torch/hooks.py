@@ -23,17 +23,16 @@ rebuilds identically (DDP synchronises the rebuild), so declarations agree.
 Thread-safety: a state object belongs to one DDP module.
 """
 
-import importlib
 import queue
 import threading
 
 import torch
 
+from .collectives import push_pull_async
+from .compression import _check_compression
+from .handles import synchronize
+
 __all__ = ["PushPullHookState", "push_pull_hook"]
-
-
-def _bp():
-    return importlib.import_module("bitpush.torch")
 
 
 class PushPullHookState:
@@ -46,7 +45,7 @@ class PushPullHookState:
     """
 
     def __init__(self, compression=None, prefix="ddp"):
-        self.compression = _bp()._check_compression(compression, "PushPullHookState")
+        self.compression = _check_compression(compression, "PushPullHookState")
         self.prefix = prefix
         self._queue = None
         self._thread = None
@@ -62,14 +61,13 @@ class PushPullHookState:
         return self._queue
 
     def _run(self):
-        bp = _bp()
         while True:
             item = self._queue.get()
             if item is None:
                 return
             handle, buf, fut = item
             try:
-                out = bp.synchronize(handle)
+                out = synchronize(handle)
                 if out is not None and out.data_ptr() != buf.data_ptr():
                     buf.copy_(out)
                 fut.set_result(buf)
@@ -94,8 +92,8 @@ def push_pull_hook(state, bucket):
     name = "%s.%d.%d" % (state.prefix, bucket.index(), buf.numel())
     fut = torch.futures.Future()
     try:
-        handle = _bp().push_pull_async(buf, name, compression=state.compression, average=True,
-                                       output=buf)
+        handle = push_pull_async(buf, name, compression=state.compression, average=True,
+                                 output=buf)
     except Exception as e:
         fut.set_exception(e)
         return fut

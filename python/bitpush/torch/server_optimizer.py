@@ -28,71 +28,34 @@ this for the whole job.
 
 ``DistributedOptimizer(opt)`` returns a ServerOptimizer when the cluster YAML says
 ``optimizer.placement: server`` (SGD, AdamW, Adam without weight decay, LANS and CLAN map to a
-server rule; other optimizers are refused by name).
+server rule; other optimizers are refused by name; distributed_optimizer.py).
 
 Embedded mode only (one training process per worker node); CUDA parameters are staged through
 host memory (the worker's copy of the weights lives on the host).
 
 Thread-safety: as any torch optimizer: one training thread.
 """
-
-import fnmatch
-import importlib
-
 import torch
 
-from .optimizer import LANS, CLAN, _GradientExchange, _cluster_knob, _error_cls
+from . import handles
+from .broadcast import broadcast_parameters
+from .collectives import barrier
+from .compression import _announce_compression, _check_compression
+from .declarations import declare
+from .errors import BitpushError
+from .gradient_exchange import _GradientExchange
+from .server_weights import (_push_pull_step_async, init_server_weights, pull_server_weights,
+                             restore_server_optimizer_state, server_optimizer_state)
+from .session import is_initialized, mode, node_rank, rank
 
-__all__ = ["ServerOptimizer", "QWD", "cluster_optimizer_placement", "cluster_optimizer_pull"]
+__all__ = ["ServerOptimizer", "QWD"]
+
 
 # SDP4Bit's quantisation of weight differences (paper 002's qWD): INT4, groups of 2048,
 # stochastic rounding once at the server.
 QWD = "sdp4bit:hadamard=off,group=2048"
 
 _RULES = ("sgd", "adamw", "lans")
-
-
-def _bp():
-    return importlib.import_module("bitpush.torch")
-
-
-def cluster_optimizer_placement():
-    """The cluster's optimizer.placement ("worker" or "server"), or None when no cluster config
-    is known (read like cluster_error_feedback())."""
-    return _cluster_knob("optimizer.placement")
-
-
-def _cluster_placements():
-    """(placement, [(pattern, placement), ...]) of the cluster's YAML, or (None, [])."""
-    placement = _cluster_knob("optimizer.placement")
-    if placement is None:
-        return None, []
-    path = None
-    fn = getattr(_bp(), "config_path", None)
-    try:
-        path = fn() if callable(fn) else None
-    except Exception:  # not initialised
-        path = None
-    if not path:
-        path = importlib.import_module("bitpush._env").bootstrap().config
-    overrides = importlib.import_module("bitpush._C").load_cluster_config(path)[
-        "optimizer_overrides"]
-    return placement, [tuple(o) for o in overrides]
-
-
-def placement_of(name, placement, overrides):
-    """The placement of parameter `name`: the first override whose pattern matches it (fnmatch,
-    as the C++ side matches compression.overrides), else `placement`."""
-    for pattern, where in overrides:
-        if fnmatch.fnmatchcase(name, pattern):
-            return where
-    return placement
-
-
-def cluster_optimizer_pull():
-    """The cluster's optimizer.pull (canonical compressor spec): how a ServerOptimizer built
-    without `pull` receives the weights; None when no cluster config is known."""
-    return _cluster_knob("optimizer.pull")
 
 
 class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
@@ -122,7 +85,7 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
         if eps is None:
             eps = 1e-6 if rule == "lans" else 1e-8
         if pull is not None:
-            _bp()._check_compression(pull, "ServerOptimizer pull")
+            _check_compression(pull, "ServerOptimizer pull")
         if pull_form not in (None, "auto", "difference", "raw"):
             raise ValueError("ServerOptimizer: pull_form %r; expected 'difference', 'raw' or "
                              "None (the cluster's optimizer.pull_form)" % (pull_form,))
@@ -140,11 +103,10 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
                                  "fp32 master weights of dense, contiguous CPU or CUDA tensors"
                                  % (i, "a contiguous" if p.is_contiguous() else "a strided",
                                     p.dtype, p.device))
-        bp = _bp()
-        if bp.is_initialized() and bp.mode() != "embedded":
-            raise _error_cls()("ServerOptimizer: this process runs in %s mode; the optimizer on "
+        if is_initialized() and mode() != "embedded":
+            raise BitpushError("ServerOptimizer: this process runs in %s mode; the optimizer on "
                                "the servers needs an embedded worker (one training process per "
-                               "worker node, BITPUSH_MODE=embedded)" % bp.mode())
+                               "worker node, BITPUSH_MODE=embedded)" % mode())
         self._exchange_init(named_parameters, compression, backward_passes_per_step,
                             "ServerOptimizer")
         self._bp_group = {id(p): g for g in self.param_groups for p in g["params"]}
@@ -164,13 +126,13 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
         # Collective, in parameter order: declare, then rank 0's weights to the servers and the
         # servers' copy into every worker's parameters.
         self._bp_declare_all()
-        self._bp_weights_from_servers(bp.init_server_weights)
+        self._bp_weights_from_servers(init_server_weights)
         if self._bp_local:
             # The worker-placed parameters start from rank 0's too, as the servers' do.
-            bp.broadcast_parameters([(self._bp_name(p), p) for p in self._bp_params
+            broadcast_parameters([(self._bp_name(p), p) for p in self._bp_params
                                      if id(p) in self._bp_local], root_rank=0)
         self._bp_declared = True
-        bp._announce_compression([self._bp_name(p) for p in self._bp_params])
+        _announce_compression([self._bp_name(p) for p in self._bp_params])
 
     def _bp_weights_from_servers(self, call):
         """Every server-placed parameter, in order, through `call(name, weights)`
@@ -197,14 +159,13 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
                 "pull": self.pull, "pull_form": self.pull_form}
 
     def _bp_declare_all(self):
-        bp = _bp()
         for p in self._bp_params:
             if id(p) in self._bp_local:
-                bp.declare(self._bp_name(p), p.detach(), compression=self._bp_spec(p),
-                           average=True)
+                declare(self._bp_name(p), p.detach(), compression=self._bp_spec(p),
+                        average=True)
             else:
-                bp.declare(self._bp_name(p), self._bp_weights(p), compression=self._bp_spec(p),
-                           average=True, server_optimizer=self._bp_server_options(p))
+                declare(self._bp_name(p), self._bp_weights(p), compression=self._bp_spec(p),
+                        average=True, server_optimizer=self._bp_server_options(p))
 
     def _bp_start(self, p):
         if id(p) in self._bp_local:
@@ -217,7 +178,7 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
         elif p.is_cuda or g.dtype != torch.float32 or not g.is_contiguous():
             g = g.detach().to("cpu", torch.float32).contiguous()
         lr = float(self._bp_group[id(p)]["lr"])
-        handle = _bp()._push_pull_step_async(g, self._bp_weights(p), self._bp_name(p), lr)
+        handle = _push_pull_step_async(g, self._bp_weights(p), self._bp_name(p), lr)
         self._bp_handles[id(p)] = (p, handle)
 
     def synchronize(self):
@@ -227,10 +188,9 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
         for p in self._bp_params:
             if id(p) not in self._bp_handles:
                 self._bp_start(p)
-        bp = _bp()
         try:
             for p, handle in list(self._bp_handles.values()):
-                out = bp.synchronize(handle)
+                out = handles.synchronize(handle)
                 if id(p) in self._bp_local:
                     if out is not None and out.data_ptr() != p.grad.data_ptr():
                         with torch.no_grad():
@@ -258,14 +218,13 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none=False):
         if self._bp_handles:
-            raise _error_cls()("ServerOptimizer.zero_grad() while gradients are being pushed: "
+            raise BitpushError("ServerOptimizer.zero_grad() while gradients are being pushed: "
                                "call step() or synchronize() first")
         return super().zero_grad(set_to_none=set_to_none)
 
     def server_state(self):
         """{name: [bytes per partition]}: the servers' optimizer state of every parameter."""
-        bp = _bp()
-        return {self._bp_name(p): bp.server_optimizer_state(self._bp_name(p))
+        return {self._bp_name(p): server_optimizer_state(self._bp_name(p))
                 for p in self._bp_params if id(p) not in self._bp_local}
 
     def state_dict(self):
@@ -274,7 +233,7 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
         sd["bitpush"] = {"rule": self.rule,
                          "names": [self._bp_name(p) for p in self._bp_params],
                          "ef_residuals": residuals,
-                         "node": _bp().node_rank() if residuals else None}
+                         "node": node_rank() if residuals else None}
         sd["bitpush_server_state"] = self.server_state()
         if self._local is not None:
             sd["bitpush_local"] = self._local.state_dict()
@@ -296,7 +255,6 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
                              "optimizer's %r" % (list(meta["names"])[:4], names[:4]))
         super().load_state_dict(state_dict)
         self._bp_group = {id(p): g for g in self.param_groups for p in g["params"]}
-        bp = _bp()
         if local is not None and self._local is not None:
             self._local.load_state_dict(local)
         if server is not None:
@@ -305,86 +263,9 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
             if missing:
                 raise ValueError("load_state_dict: the checkpoint has no server state for '%s'"
                                  % missing[0])
-            if bp.rank() == 0:
+            if rank() == 0:
                 for n in names:
-                    bp.restore_server_optimizer_state(n, server[n])
-            bp.barrier()
-            self._bp_weights_from_servers(bp.pull_server_weights)
+                    restore_server_optimizer_state(n, server[n])
+            barrier()
+            self._bp_weights_from_servers(pull_server_weights)
         self._bp_restore_ef_state(meta.get("ef_residuals"))
-
-
-def _server_rule(optimizer):
-    """(rule, group fields) of a torch optimizer the servers can run, or a TypeError."""
-    cls = type(optimizer)
-    if isinstance(optimizer, (LANS, CLAN)):
-        return "lans", ("lr", "betas", "eps", "weight_decay")
-    if cls is torch.optim.SGD or isinstance(optimizer, torch.optim.SGD):
-        for g in optimizer.param_groups:
-            if g.get("dampening", 0) != 0 or g.get("maximize", False):
-                raise TypeError("optimizer.placement server: SGD with dampening or maximize has "
-                                "no server rule")
-        return "sgd", ("lr", "momentum", "nesterov", "weight_decay")
-    if isinstance(optimizer, torch.optim.AdamW):
-        if any(g.get("amsgrad") or g.get("maximize", False) for g in optimizer.param_groups):
-            raise TypeError("optimizer.placement server: AdamW with amsgrad or maximize has no "
-                            "server rule")
-        return "adamw", ("lr", "betas", "eps", "weight_decay")
-    if isinstance(optimizer, torch.optim.Adam):
-        if any(g.get("weight_decay", 0) != 0 or g.get("amsgrad") or g.get("maximize", False)
-               for g in optimizer.param_groups):
-            raise TypeError("optimizer.placement server: Adam with weight_decay (an L2 term, "
-                            "not AdamW's decoupled decay), amsgrad or maximize has no server "
-                            "rule; use torch.optim.AdamW")
-        return "adamw", ("lr", "betas", "eps", "weight_decay")
-    raise TypeError("optimizer.placement server: the servers run SGD, AdamW (and Adam without "
-                    "weight decay), LANS and CLAN; %s has no server rule" % cls.__name__)
-
-
-def _placements(optimizer, named_parameters):
-    """{id(param): "worker" | "server"} under the YAML's optimizer.placement and
-    optimizer.overrides (parameter names as DistributedOptimizer names them)."""
-    placement, overrides = _cluster_placements()
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    names = {}
-    if named_parameters is not None:
-        for name, p in named_parameters:
-            names.setdefault(id(p), name)
-    return {id(p): placement_of(names.get(id(p), "param.%d" % i), placement or "worker",
-                                overrides)
-            for i, p in enumerate(params)}
-
-
-def _from_torch_optimizer(optimizer, named_parameters, compression, backward_passes_per_step,
-                          where):
-    """DistributedOptimizer with parameters placed on the servers (`where`: _placements)."""
-    rule, fields = _server_rule(optimizer)
-    if named_parameters is None:
-        # The names DistributedOptimizer gives (the wrapped optimizer's order), kept although
-        # the groups below are split.
-        named_parameters = [("param.%d" % i, p) for i, p in
-                            enumerate(p for g in optimizer.param_groups for p in g["params"])]
-    server_groups, local_groups = [], []
-    for g in optimizer.param_groups:
-        on_server = [p for p in g["params"] if where[id(p)] == "server"]
-        on_worker = [p for p in g["params"] if where[id(p)] != "server"]
-        hyper = {k: g[k] for k in fields if k in g}
-        if on_server:
-            server_groups.append({"params": on_server, **hyper})
-        if on_worker:
-            # The wrapped optimizer's own group (every key it reads), over these parameters.
-            local_groups.append({**{k: v for k, v in g.items() if k != "params"},
-                                 "params": on_worker})
-    if compression is None and isinstance(optimizer, CLAN):
-        compression = optimizer.compression
-    local = None
-    if local_groups:
-        # The same class and defaults, over the worker-placed parameters; its groups join the
-        # ServerOptimizer's (shared dicts: an LR scheduler's change reaches both).
-        if isinstance(optimizer, CLAN):
-            raise TypeError("optimizer.overrides: CLAN / LANS with some parameters on the "
-                            "workers is not supported; place all on the servers or none")
-        local = type(optimizer)(local_groups, **optimizer.defaults)
-    opt = ServerOptimizer(server_groups + local_groups, rule=rule,
-                          named_parameters=named_parameters, compression=compression,
-                          backward_passes_per_step=backward_passes_per_step, _local=local)
-    return opt
