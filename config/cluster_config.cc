@@ -446,15 +446,6 @@ std::string_view NumaModeName(NumaMode mode) {
   return "invalid";
 }
 
-std::string_view RoleName(v1::Role role) {
-  switch (role) {
-    case v1::ROLE_SCHEDULER: return "scheduler";
-    case v1::ROLE_SERVER: return "server";
-    case v1::ROLE_WORKER: return "worker";
-    default: return "unknown";
-  }
-}
-
 std::string_view GroupName(v1::Group g) {
   switch (g) {
     case v1::GROUP_WORKERS: return "workers";
@@ -468,10 +459,6 @@ StatusOr<v1::Role> ParseNodeRole(std::string_view name) {
   if (name == "server") return v1::ROLE_SERVER;
   if (name == "worker") return v1::ROLE_WORKER;
   return InvalidArgumentError(fmt::format("unknown role '{}'; valid: server, worker", name));
-}
-
-std::string NodePeerId(v1::Role role, uint32_t rank) {
-  return fmt::format("{}:{}", RoleName(role), rank);
 }
 
 }  // namespace bitpush::config

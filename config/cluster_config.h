@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/node/identity.h"
 #include "common/status.h"
 #include "proto/bitpush/v1/control.pb.h"
 
@@ -316,15 +317,10 @@ std::string DescribeConfigDifference(const std::vector<v1::ConfigField>& here,
 // The effective config as YAML-like text for the start-up log (the token shows as "<set>").
 std::string DescribeClusterConfig(const ClusterConfig& config);
 
-// "server", "worker", "scheduler" ("unknown" otherwise).
-std::string_view RoleName(v1::Role role);
 // "workers", "servers", "all" ("unknown" otherwise).
 std::string_view GroupName(v1::Group group);
 // "server" -> ROLE_SERVER, "worker" -> ROLE_WORKER; InvalidArgument otherwise.
 StatusOr<v1::Role> ParseNodeRole(std::string_view name);
-// The transport PeerId of a node: "server:0", "worker:3".
-std::string NodePeerId(v1::Role role, uint32_t rank);
-// The scheduler's PeerId.
-inline constexpr char kSchedulerPeerId[] = "scheduler";
+// A node's name on the wire (RoleName, NodePeerId, kSchedulerPeerId) is common/node/identity.h.
 
 }  // namespace bitpush::config

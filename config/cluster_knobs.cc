@@ -217,7 +217,7 @@ std::string TransportRule(const ClusterConfig& c) {
             "ucx needs a tcp:// address (host:port) for every server and worker: {} {}'s data "
             "plane listens on its host at its port + cluster.ucx.port_offset, but its address "
             "is {}",
-            RoleName(role), r, list[r]);
+            node::RoleName(role), r, list[r]);
       }
     }
   }
@@ -243,7 +243,7 @@ std::string DataPortRule(const ClusterConfig& c) {
   for (v1::Role role : {v1::ROLE_SERVER, v1::ROLE_WORKER}) {
     const std::vector<std::string>& list = role == v1::ROLE_SERVER ? c.servers : c.workers;
     for (uint32_t r = 0; r < list.size(); ++r) {
-      const std::string node = fmt::format("{} {}", RoleName(role), r);
+      const std::string node = fmt::format("{} {}", bitpush::node::RoleName(role), r);
       const uint64_t port = PortOf(list[r]);
       if (port == 0) continue;  // not tcp: TransportRule names it
       const uint64_t data_port = port + c.ucx.port_offset;

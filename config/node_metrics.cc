@@ -9,7 +9,7 @@ StatusOr<std::unique_ptr<NodeMetrics>> NodeMetrics::Start(const ClusterConfig& c
                                                           v1::Role role, uint32_t rank) {
   const uint32_t port = config.MetricsPort(role, rank);
   if (port == 0) return std::unique_ptr<NodeMetrics>();
-  const std::string role_name(RoleName(role));
+  const std::string role_name(node::RoleName(role));
   const std::string rank_text = role == v1::ROLE_SCHEDULER ? "" : std::to_string(rank);
   const std::string who = rank_text.empty() ? role_name : role_name + " " + rank_text;
   std::unique_ptr<NodeMetrics> m(new NodeMetrics());

@@ -33,9 +33,11 @@ bool IsLoopbackHost(const std::string& host) {
 }  // namespace
 
 std::vector<std::string> ClusterNodeNames(const ClusterConfig& c) {
-  std::vector<std::string> names = {kSchedulerPeerId};
-  for (uint32_t r = 0; r < c.servers.size(); ++r) names.push_back(NodePeerId(v1::ROLE_SERVER, r));
-  for (uint32_t r = 0; r < c.workers.size(); ++r) names.push_back(NodePeerId(v1::ROLE_WORKER, r));
+  std::vector<std::string> names = {node::kSchedulerPeerId};
+  for (uint32_t r = 0; r < c.servers.size(); ++r)
+    names.push_back(node::NodePeerId(v1::ROLE_SERVER, r));
+  for (uint32_t r = 0; r < c.workers.size(); ++r)
+    names.push_back(node::NodePeerId(v1::ROLE_WORKER, r));
   return names;
 }
 
@@ -128,8 +130,8 @@ size_t MaxNodeConnections(const ClusterConfig& c) {
 
 Status ConfigureNodeEndpoint(const ClusterConfig& c, node::NodeEndpointOptions* options) {
   const node::NodeIdentity& self = options->self;
-  const std::string name = self.role == v1::ROLE_SCHEDULER ? std::string(kSchedulerPeerId)
-                                                           : NodePeerId(self.role, self.rank);
+  const std::string name = self.role == v1::ROLE_SCHEDULER ? std::string(node::kSchedulerPeerId)
+                                                           : node::NodePeerId(self.role, self.rank);
   BP_ASSIGN_OR_RETURN(options->security, NodeTransportSecurity(c, name));
   options->max_message_bytes = LargestLegalMessage(c);
   options->max_connections = MaxNodeConnections(c);

@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   config::DaemonCommandLine cli({"bitpush-scheduler", kSummary, kExitStatus, {}});
   if (int exit_code = cli.ParseOrExit(argc, argv); exit_code >= 0) return exit_code;
   // Keys are configuration: a missing or unsafe key file is a config error (exit 2).
-  if (Status s = config::NodeTransportSecurity(cli.config(), config::kSchedulerPeerId).status();
+  if (Status s = config::NodeTransportSecurity(cli.config(), node::kSchedulerPeerId).status();
       !s.ok()) {
     return cli.ConfigError(s.message());
   }

@@ -47,11 +47,11 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
   if (options.shutdown_ack_timeout.count() < 0) {
     return InvalidArgumentError("SchedulerOptions::shutdown_ack_timeout is negative");
   }
-  if (transport != nullptr && transport->name() != config::kSchedulerPeerId) {
+  if (transport != nullptr && transport->name() != node::kSchedulerPeerId) {
     return InvalidArgumentError(
         fmt::format("scheduler: the injected transport is named '{}', "
                     "not '{}'",
-                    transport->name(), config::kSchedulerPeerId));
+                    transport->name(), node::kSchedulerPeerId));
   }
   const bool injected = transport != nullptr;
   node::NodeEndpointOptions e;
@@ -96,7 +96,7 @@ Scheduler::Scheduler(SchedulerOptions options, std::unique_ptr<node::NodeEndpoin
       Slot s;
       s.role = role;
       s.rank = rank;
-      s.name = config::NodePeerId(role, rank);
+      s.name = node::NodePeerId(role, rank);
       s.address = list[rank];
       s.data_address = cluster_.DataAddress(role, rank);
       slot_by_name_[s.name] = slots_.size();
@@ -347,7 +347,7 @@ void Scheduler::HandleRegister(const std::string& from, const v1::RegisterReques
                        static_cast<int>(req.role())));
     return;
   }
-  const std::string role = std::string(config::RoleName(req.role()));
+  const std::string role = std::string(node::RoleName(req.role()));
   const std::string expected_address = cluster_.NodeAddress(req.role(), req.rank());
   if (expected_address.empty()) {
     Refuse(from, req, nullptr,
@@ -358,7 +358,7 @@ void Scheduler::HandleRegister(const std::string& from, const v1::RegisterReques
                req.role() == v1::ROLE_SERVER ? cluster_.servers.size() : cluster_.workers.size()));
     return;
   }
-  Slot& slot = *FindSlot(config::NodePeerId(req.role(), req.rank()));
+  Slot& slot = *FindSlot(node::NodePeerId(req.role(), req.rank()));
   if (from != slot.name) {
     Refuse(from, req, &slot,
            fmt::format("node named '{}' registers as {} rank {} (whose name is '{}')", from, role,
@@ -482,7 +482,7 @@ void Scheduler::LoseServer(Slot& s, const std::string& reason, time_point now) {
   BP_LOG_ERROR(
       "scheduler: {} {} at {} failed: {}; waiting up to {} ms for it to register again "
       "(generation {})",
-      config::RoleName(s.role), s.rank, s.address, reason, cluster_.server_rejoin_timeout.count(),
+      node::RoleName(s.role), s.rank, s.address, reason, cluster_.server_rejoin_timeout.count(),
       generation_);
   v1::ControlMessage m;
   *m.mutable_node_failed()->mutable_node() = InfoOf(s);
@@ -515,7 +515,7 @@ void Scheduler::HandleRejoin(Slot& slot, const v1::RegisterRequest& req) {
   slot.last_heard = clock_->Now();
   BP_LOG_WARN(
       "scheduler: {} {} rejoined from {} ({}:{}); the data plane continues in generation {}",
-      config::RoleName(slot.role), slot.rank, slot.address, slot.host, slot.pid, generation_);
+      node::RoleName(slot.role), slot.rank, slot.address, slot.host, slot.pid, generation_);
   (void)SendTo(slot.name, RegisterAcceptedMessage());  // startup_remaining_ms 0: assigned
   v1::ControlMessage am;
   *am.mutable_assignment() = AssignmentFor(slot);
@@ -537,7 +537,7 @@ std::optional<Status> Scheduler::CheckRejoinDeadlines(time_point now) {
     const std::string error = fmt::format(
         "{} {} at {} failed and did not register again within {} ms "
         "(cluster.server_rejoin_timeout_s)",
-        config::RoleName(s.role), s.rank, s.address, cluster_.server_rejoin_timeout.count());
+        node::RoleName(s.role), s.rank, s.address, cluster_.server_rejoin_timeout.count());
     BP_LOG_ERROR("scheduler: {}", error);
     ShutdownNodes(error);
     return UnavailableError(error);
@@ -672,7 +672,7 @@ std::optional<Status> Scheduler::CheckDeadNodes(time_point now) {
         fmt::format("no heartbeat for {} ms (heartbeat timeout {} ms)", Ms(now - s.last_heard),
                     cluster_.heartbeat_timeout.count());
     const std::string line =
-        fmt::format("{} {} at {} failed: {}", config::RoleName(s.role), s.rank, s.address, reason);
+        fmt::format("{} {} at {} failed: {}", node::RoleName(s.role), s.rank, s.address, reason);
     // A server may come back (cluster.server_rejoin_timeout_s): the job rolls back instead.
     if (MayRejoin(s)) {
       LoseServer(s, reason, now);
@@ -698,7 +698,7 @@ Status Scheduler::StartupTimeout() {
   std::vector<std::string> missing;
   for (const Slot& s : slots_) {
     if (s.registered) continue;
-    std::string m = fmt::format("{} rank {} at {}", config::RoleName(s.role), s.rank, s.address);
+    std::string m = fmt::format("{} rank {} at {}", node::RoleName(s.role), s.rank, s.address);
     if (!s.last_refusal.empty()) m += " (its registration was refused: " + s.last_refusal + ")";
     missing.push_back(std::move(m));
   }

@@ -53,7 +53,7 @@ Status SchedulerClient::Validate(const SchedulerClientOptions& options) {
     return InvalidArgumentError(
         fmt::format("{} rank {} is not in the cluster: cluster.{}s in {} "
                     "has {} entries (ranks 0..{})",
-                    config::RoleName(options.role), options.rank, config::RoleName(options.role),
+                    node::RoleName(options.role), options.rank, node::RoleName(options.role),
                     options.cluster.source, n, n - 1));
   }
   if (options.initial_backoff.count() <= 0 || options.max_backoff < options.initial_backoff) {
@@ -73,7 +73,7 @@ StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(SchedulerClie
   if (!(endpoint->self() == self)) {
     return InvalidArgumentError(
         fmt::format("SchedulerClient for {} {} attached to the endpoint of '{}'",
-                    config::RoleName(options.role), options.rank, endpoint->name()));
+                    node::RoleName(options.role), options.rank, endpoint->name()));
   }
   std::unique_ptr<SchedulerClient> c(new SchedulerClient(std::move(options), endpoint, nullptr));
   c->Attach();
@@ -97,7 +97,7 @@ StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(
   if (!made.ok()) {
     if (injected) return made.status();
     return made.status().WithContext(fmt::format(
-        "{} {}: cannot listen at {}", config::RoleName(options.role), options.rank, address));
+        "{} {}: cannot listen at {}", node::RoleName(options.role), options.rank, address));
   }
   node::NodeEndpoint* endpoint = made->get();
   std::unique_ptr<SchedulerClient> c(
@@ -110,9 +110,9 @@ StatusOr<std::unique_ptr<SchedulerClient>> SchedulerClient::Create(
 SchedulerClient::SchedulerClient(SchedulerClientOptions options, node::NodeEndpoint* endpoint,
                                  std::unique_ptr<node::NodeEndpoint> owned)
     : options_(std::move(options)),
-      name_(config::NodePeerId(options_.role, options_.rank)),
+      name_(node::NodePeerId(options_.role, options_.rank)),
       address_(options_.cluster.NodeAddress(options_.role, options_.rank)),
-      label_(fmt::format("{} {}", config::RoleName(options_.role), options_.rank)),
+      label_(fmt::format("{} {}", node::RoleName(options_.role), options_.rank)),
       incarnation_(NewIncarnation()),
       endpoint_(endpoint),
       owned_endpoint_(std::move(owned)),
@@ -215,7 +215,7 @@ uint32_t SchedulerClient::ServerForKey(uint64_t key) const {
 }
 
 Status SchedulerClient::SendToScheduler(const v1::ControlMessage& msg) {
-  return endpoint_->SendControl(config::kSchedulerPeerId, msg);
+  return endpoint_->SendControl(node::kSchedulerPeerId, msg);
 }
 
 v1::RegisterRequest SchedulerClient::MakeRequest() const {
@@ -279,7 +279,7 @@ Status SchedulerClient::Register() {
       connected = scheduler_connected_;
     }
     if (!connected) {
-      s = endpoint_->Connect(config::kSchedulerPeerId, sched);
+      s = endpoint_->Connect(node::kSchedulerPeerId, sched);
       if (s.ok()) {
         std::lock_guard<std::mutex> lock(mu_);
         scheduler_connected_ = true;
@@ -434,7 +434,7 @@ void SchedulerClient::HandleFromScheduler(const v1::ControlMessage& msg) {
       Status valid = config::ValidateKeyMapping(a.key_mapping());
       if (valid.ok() && (a.self().role() != options_.role || a.self().rank() != options_.rank)) {
         valid = DataLossError(fmt::format("the assignment is for {} {}",
-                                          config::RoleName(a.self().role()), a.self().rank()));
+                                          node::RoleName(a.self().role()), a.self().rank()));
       }
       if (valid.ok() && (a.heartbeat_interval_ms() == 0 || a.heartbeat_timeout_ms() == 0)) {
         valid = DataLossError("the assignment has no heartbeat settings");
@@ -487,7 +487,7 @@ void SchedulerClient::HandleFromScheduler(const v1::ControlMessage& msg) {
         return;
       }
       Fail(UnavailableError(fmt::format("{} {} at {} failed: {} (reported by the scheduler at {})",
-                                        config::RoleName(f.node().role()), f.node().rank(),
+                                        node::RoleName(f.node().role()), f.node().rank(),
                                         f.node().address(), f.reason(), sched)));
       return;
     }

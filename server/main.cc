@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
   }
   // Keys are configuration: a missing or unsafe key file is a config error (exit 2).
   if (Status s = config::NodeTransportSecurity(
-                     config, config::NodePeerId(v1::ROLE_SERVER, static_cast<uint32_t>(rank)))
+                     config, node::NodePeerId(v1::ROLE_SERVER, static_cast<uint32_t>(rank)))
                      .status();
       !s.ok()) {
     return cli.ConfigError(s.message());

@@ -281,7 +281,7 @@ Status Server::Impl::Start() {
   const v1::Assignment& a = client_->assignment();
   num_workers_ = static_cast<uint32_t>(a.workers_size());
   for (int i = 0; i < a.workers_size(); ++i) {
-    const std::string peer = config::NodePeerId(v1::ROLE_WORKER, static_cast<uint32_t>(i));
+    const std::string peer = node::NodePeerId(v1::ROLE_WORKER, static_cast<uint32_t>(i));
     // The worker's data plane: its data address when it has one (transport ucx).
     const v1::NodeInfo& w = a.workers(i);
     const std::string& address = w.data_address().empty() ? w.address() : w.data_address();
@@ -940,7 +940,7 @@ void Server::Impl::SendError(uint32_t worker, DataHeader::Op refused, uint64_t k
 void Server::Impl::SendToWorker(uint32_t worker, DataHeader header, std::vector<Buffer> frames) {
   header.set_sender(options_.rank);
   const Status sent =
-      endpoint_->SendData(config::NodePeerId(v1::ROLE_WORKER, worker), header, std::move(frames));
+      endpoint_->SendData(node::NodePeerId(v1::ROLE_WORKER, worker), header, std::move(frames));
   if (!sent.ok()) {
     BP_LOG_WARN("server {}: cannot answer worker {}: {}", options_.rank, worker, sent.ToString());
   }

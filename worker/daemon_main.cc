@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   }
   // Keys are configuration: a missing or unsafe key file is a config error (exit 2).
   if (Status s = config::NodeTransportSecurity(
-                     config, config::NodePeerId(v1::ROLE_WORKER, static_cast<uint32_t>(rank_flag)))
+                     config, node::NodePeerId(v1::ROLE_WORKER, static_cast<uint32_t>(rank_flag)))
                      .status();
       !s.ok()) {
     return cli.ConfigError(s.message());

@@ -186,7 +186,7 @@ Status Engine::Start(EngineOptions& options) {
   num_workers_ = static_cast<uint32_t>(a.workers_size());
   num_servers_ = static_cast<uint32_t>(a.servers_size());
   for (const v1::NodeInfo& s : a.servers()) {
-    const std::string peer = config::NodePeerId(v1::ROLE_SERVER, s.rank());
+    const std::string peer = node::NodePeerId(v1::ROLE_SERVER, s.rank());
     // The server's data plane: its data address when it has one (transport ucx).
     const std::string& address = s.data_address().empty() ? s.address() : s.data_address();
     BP_RETURN_IF_ERROR(endpoint_->Connect(peer, address)
@@ -379,7 +379,7 @@ void Engine::OnServerRejoined(uint32_t server, uint64_t generation) {
   }
   // The old process's connection is gone for good (the transport refuses sends on it): connect
   // to the new one at the same address before anything is sent there.
-  const std::string peer = config::NodePeerId(v1::ROLE_SERVER, server);
+  const std::string peer = node::NodePeerId(v1::ROLE_SERVER, server);
   for (const v1::NodeInfo& s : client_->assignment().servers()) {
     if (s.rank() != server) continue;
     const std::string& address = s.data_address().empty() ? s.address() : s.data_address();
@@ -493,7 +493,7 @@ StatusOr<TensorId> Engine::Declare(const std::string& name, size_t elements, DTy
     Partition& p = t->partitions[j];
     p.range = (*ranges)[j];
     p.server = client_->ServerForKey(p.range.key);
-    p.peer = config::NodePeerId(v1::ROLE_SERVER, p.server);
+    p.peer = node::NodePeerId(v1::ROLE_SERVER, p.server);
     p.bytes = static_cast<uint64_t>(p.range.elements) * DTypeSize(dtype);
     StatusOr<std::unique_ptr<compressors::Compressor>> c =
         compressors::CreateCompressor(t->config, copts);

@@ -35,12 +35,12 @@ ClusterHarness::ClusterHarness(ClusterHarnessOptions options)
   t.startup_timeout = options_.startup_timeout;
   t.compression = options_.compression;
   config_ = TestClusterConfig(t);
-  faults_[config::kSchedulerPeerId] = std::make_shared<FaultSwitch>();
+  faults_[node::kSchedulerPeerId] = std::make_shared<FaultSwitch>();
   for (uint32_t i = 0; i < options_.num_servers; ++i) {
-    faults_[config::NodePeerId(v1::ROLE_SERVER, i)] = std::make_shared<FaultSwitch>();
+    faults_[node::NodePeerId(v1::ROLE_SERVER, i)] = std::make_shared<FaultSwitch>();
   }
   for (uint32_t i = 0; i < options_.num_workers; ++i) {
-    faults_[config::NodePeerId(v1::ROLE_WORKER, i)] = std::make_shared<FaultSwitch>();
+    faults_[node::NodePeerId(v1::ROLE_WORKER, i)] = std::make_shared<FaultSwitch>();
   }
 }
 
@@ -91,7 +91,7 @@ void ClusterHarness::RunScheduler(Runner* runner) {
   }
   transport::TransportOptions t;
   t.backend = "inproc";
-  t.name = config::kSchedulerPeerId;
+  t.name = node::kSchedulerPeerId;
   t.listen_address = config_.scheduler_address;
   t.inproc_hub = hub_;
   StatusOr<std::unique_ptr<transport::Transport>> inner = transport::CreateTransport(t);
@@ -101,7 +101,7 @@ void ClusterHarness::RunScheduler(Runner* runner) {
   }
   auto wrapped = std::make_unique<FaultyTransport>(
       std::shared_ptr<transport::Transport>(std::move(inner).value()),
-      faults_.at(config::kSchedulerPeerId));
+      faults_.at(node::kSchedulerPeerId));
   scheduler::SchedulerOptions so;
   so.cluster = config_;
   so.inproc_hub = hub_;
@@ -138,7 +138,7 @@ void ClusterHarness::RunNode(Runner* runner, const NodePlan& plan) {
   const scheduler::SchedulerClientOptions& o = plan.client;
   transport::TransportOptions t;
   t.backend = "inproc";
-  t.name = config::NodePeerId(o.role, o.rank);
+  t.name = node::NodePeerId(o.role, o.rank);
   t.listen_address = o.cluster.NodeAddress(o.role, o.rank);
   t.inproc_hub = hub_;
   StatusOr<std::unique_ptr<transport::Transport>> inner = transport::CreateTransport(t);
@@ -178,7 +178,7 @@ Status ClusterHarness::Start() {
   }
   if (options_.run_scheduler) {
     auto r = std::make_unique<Runner>();
-    r->name = config::kSchedulerPeerId;
+    r->name = node::kSchedulerPeerId;
     Runner* raw = r.get();
     runners_.push_back(std::move(r));
     raw->thread = std::thread([this, raw] { RunScheduler(raw); });
@@ -256,7 +256,7 @@ ClusterResult ClusterHarness::Join(milliseconds timeout) {
                                      name, timeout.count(), res.status.ToString()));
       }
     }
-    if (r->name == config::kSchedulerPeerId) {
+    if (r->name == node::kSchedulerPeerId) {
       out.scheduler = res;
     } else {
       out.nodes[r->name] = res;

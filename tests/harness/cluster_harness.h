@@ -47,7 +47,7 @@ namespace bitpush::testing {
 struct NodeId {
   v1::Role role;
   uint32_t rank;
-  std::string name() const { return config::NodePeerId(role, rank); }
+  std::string name() const { return node::NodePeerId(role, rank); }
 };
 
 // What a node does after Register() succeeded. Its result is the node's status.

@@ -52,7 +52,7 @@ config::ClusterConfig TestClusterConfig(const TestClusterOptions& o) {
   };
   auto node = [&](v1::Role role, uint32_t rank) -> std::string {
     switch (o.transport) {
-      case TestTransport::kInproc: return "inproc://" + config::NodePeerId(role, rank);
+      case TestTransport::kInproc: return "inproc://" + node::NodePeerId(role, rank);
       case TestTransport::kTcp: return tcp();
       case TestTransport::kUcx: return tcp(/*data_port=*/true);
       case TestTransport::kIpc:

@@ -498,8 +498,8 @@ TEST(ClusterConfig, Roles) {
   EXPECT_EQ(*ParseNodeRole("server"), v1::ROLE_SERVER);
   EXPECT_EQ(*ParseNodeRole("worker"), v1::ROLE_WORKER);
   EXPECT_CONTAINS(ParseNodeRole("scheduler").status().message(), "valid: server, worker");
-  EXPECT_EQ(NodePeerId(v1::ROLE_WORKER, 3), "worker:3");
-  EXPECT_EQ(RoleName(v1::ROLE_SCHEDULER), "scheduler");
+  EXPECT_EQ(node::NodePeerId(v1::ROLE_WORKER, 3), "worker:3");
+  EXPECT_EQ(node::RoleName(v1::ROLE_SCHEDULER), "scheduler");
 }
 
 // ---- the host form of cluster.servers / cluster.workers ----

@@ -848,7 +848,7 @@ TEST(PushPullE2e, AnOpCompletesOnlyOnceTheTransportLetGoOfItsInput) {
     e.rank = rank;
     e.inproc_hub = cluster_ptr->hub();
     transport::TransportOptions to;
-    to.name = config::NodePeerId(v1::ROLE_WORKER, rank);
+    to.name = node::NodePeerId(v1::ROLE_WORKER, rank);
     to.listen_address = e.cluster.NodeAddress(v1::ROLE_WORKER, rank);
     to.inproc_hub = cluster_ptr->hub();
     BP_ASSIGN_OR_RETURN(std::unique_ptr<transport::Transport> inner,
@@ -1138,7 +1138,7 @@ class FakeServer {
     BP_RETURN_IF_ERROR(client_->Register());
     for (const v1::NodeInfo& w : client_->assignment().workers()) {
       BP_RETURN_IF_ERROR(
-          endpoint_->Connect(config::NodePeerId(v1::ROLE_WORKER, w.rank()), w.address()));
+          endpoint_->Connect(node::NodePeerId(v1::ROLE_WORKER, w.rank()), w.address()));
     }
     return Status::Ok();
   }

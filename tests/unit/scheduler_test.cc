@@ -90,14 +90,14 @@ TEST(Scheduler, RanksFollowTheYamlNotTheArrivalOrder) {
   ExpectAllOk(h.Join(kJoin));
   ASSERT_EQ(seen.size(), 5u);
   for (const auto& [name, a] : seen) {
-    EXPECT_EQ(config::NodePeerId(a.self().role(), a.self().rank()), name);
+    EXPECT_EQ(node::NodePeerId(a.self().role(), a.self().rank()), name);
     EXPECT_EQ(a.self().address(), "inproc://" + name);
     ASSERT_EQ(a.servers_size(), 2);
     ASSERT_EQ(a.workers_size(), 3);
     for (int i = 0; i < a.servers_size(); ++i) {
       EXPECT_EQ(a.servers(i).rank(), static_cast<uint32_t>(i));
       EXPECT_EQ(a.servers(i).address(), h.config().servers[i]);
-      EXPECT_EQ(a.servers(i).name(), config::NodePeerId(v1::ROLE_SERVER, i));
+      EXPECT_EQ(a.servers(i).name(), node::NodePeerId(v1::ROLE_SERVER, i));
     }
     for (int i = 0; i < a.workers_size(); ++i) {
       EXPECT_EQ(a.workers(i).rank(), static_cast<uint32_t>(i));
@@ -379,7 +379,7 @@ class RawNode {
     auto made = transport::CreateTransport(t);
     BP_CHECK_OK(made.status());
     transport_ = std::move(made).value();
-    BP_CHECK_OK(transport_->Connect(config::kSchedulerPeerId, h.config().scheduler_address));
+    BP_CHECK_OK(transport_->Connect(node::kSchedulerPeerId, h.config().scheduler_address));
   }
 
   void Send(const v1::ControlMessage& m) { SendRaw(m.SerializeAsString()); }
@@ -390,7 +390,7 @@ class RawNode {
     for (;;) {
       transport::Message msg;
       msg.header = header;
-      Status s = transport_->Send(config::kSchedulerPeerId, std::move(msg));
+      Status s = transport_->Send(node::kSchedulerPeerId, std::move(msg));
       if (s.ok()) return;
       ASSERT_LT(Clock::now(), deadline) << s.ToString();
       std::this_thread::sleep_for(milliseconds(5));
@@ -511,11 +511,11 @@ TEST(Scheduler, UcxDataAddressIsCheckedAndAssigned) {
   // A node's control-plane endpoint: zmq at its YAML address, no security.
   auto raw = [&](v1::Role role) {
     transport::TransportOptions o;
-    o.name = config::NodePeerId(role, 0);
+    o.name = node::NodePeerId(role, 0);
     o.listen_address = c.NodeAddress(role, 0);
     StatusOr<std::unique_ptr<transport::Transport>> made = transport::CreateTransport(o);
     BP_CHECK_OK(made.status());
-    BP_CHECK_OK((*made)->Connect(config::kSchedulerPeerId, c.scheduler_address));
+    BP_CHECK_OK((*made)->Connect(node::kSchedulerPeerId, c.scheduler_address));
     return std::move(made).value();
   };
   auto request = [&](v1::Role role, const std::string& data_address) {
@@ -555,7 +555,7 @@ TEST(Scheduler, UcxDataAddressIsCheckedAndAssigned) {
 
   std::unique_ptr<transport::Transport> worker = raw(v1::ROLE_WORKER);
   // No data address, then one at another port: both refused, naming the expected one.
-  ASSERT_TRUE(worker->Send(config::kSchedulerPeerId, request(v1::ROLE_WORKER, "")).ok());
+  ASSERT_TRUE(worker->Send(node::kSchedulerPeerId, request(v1::ROLE_WORKER, "")).ok());
   auto refused = next(*worker, v1::ControlMessage::kRegisterRefused);
   ASSERT_TRUE(refused.has_value());
   EXPECT_EQ(refused->register_refused().error(),
@@ -563,7 +563,7 @@ TEST(Scheduler, UcxDataAddressIsCheckedAndAssigned) {
                         "cluster YAML implies {} (its address {} + cluster.ucx.port_offset 1000)",
                         worker_data, c.workers[0]));
   const std::string wrong = "ucx://127.0.0.1:1";
-  ASSERT_TRUE(worker->Send(config::kSchedulerPeerId, request(v1::ROLE_WORKER, wrong)).ok());
+  ASSERT_TRUE(worker->Send(node::kSchedulerPeerId, request(v1::ROLE_WORKER, wrong)).ok());
   refused = next(*worker, v1::ControlMessage::kRegisterRefused);
   ASSERT_TRUE(refused.has_value());
   EXPECT_EQ(refused->register_refused().error(),
@@ -574,10 +574,10 @@ TEST(Scheduler, UcxDataAddressIsCheckedAndAssigned) {
   EXPECT_EQ((*sched)->stats().nodes_registered, 0u);
 
   // The right ones are accepted, and the Assignment carries both data addresses.
-  ASSERT_TRUE(worker->Send(config::kSchedulerPeerId, request(v1::ROLE_WORKER, worker_data)).ok());
+  ASSERT_TRUE(worker->Send(node::kSchedulerPeerId, request(v1::ROLE_WORKER, worker_data)).ok());
   ASSERT_TRUE(next(*worker, v1::ControlMessage::kRegisterAccepted).has_value());
   std::unique_ptr<transport::Transport> server = raw(v1::ROLE_SERVER);
-  ASSERT_TRUE(server->Send(config::kSchedulerPeerId, request(v1::ROLE_SERVER, server_data)).ok());
+  ASSERT_TRUE(server->Send(node::kSchedulerPeerId, request(v1::ROLE_SERVER, server_data)).ok());
   for (transport::Transport* tr : {worker.get(), server.get()}) {
     auto a = next(*tr, v1::ControlMessage::kAssignment);
     ASSERT_TRUE(a.has_value()) << tr->name();

@@ -75,7 +75,7 @@ class RawWorker {
     const v1::Assignment& a = client_->assignment();
     for (int i = 0; i < a.servers_size(); ++i) {
       BP_RETURN_IF_ERROR(endpoint_->Connect(
-          config::NodePeerId(v1::ROLE_SERVER, static_cast<uint32_t>(i)), a.servers(i).address()));
+          node::NodePeerId(v1::ROLE_SERVER, static_cast<uint32_t>(i)), a.servers(i).address()));
     }
     return Status::Ok();
   }
@@ -83,12 +83,12 @@ class RawWorker {
   Status Send(uint32_t server, DataHeader h, std::vector<Buffer> frames = {},
               bool fix_sender = true) {
     if (fix_sender) h.set_sender(rank_);
-    return endpoint_->SendData(config::NodePeerId(v1::ROLE_SERVER, server), h, std::move(frames));
+    return endpoint_->SendData(node::NodePeerId(v1::ROLE_SERVER, server), h, std::move(frames));
   }
   Status SendRaw(uint32_t server, std::string header) {
     Message m;
     m.header = std::move(header);
-    return endpoint_->Send(config::NodePeerId(v1::ROLE_SERVER, server), std::move(m));
+    return endpoint_->Send(node::NodePeerId(v1::ROLE_SERVER, server), std::move(m));
   }
 
   // The next data message (bounded).
