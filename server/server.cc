@@ -142,6 +142,7 @@ void Server::Impl::Close() {
 
 std::vector<EngineThreadInfo> Server::Impl::EngineThreads() const {
   std::vector<EngineThreadInfo> out;
+  out.reserve(engines_.size());
   for (const auto& e : engines_) out.push_back(e->Info());
   return out;
 }
