@@ -17,6 +17,11 @@
 //  - server 0 also checks the workers' tensor declarations (on the endpoint's loop; manifests
 //    are small).
 //
+// Parts (one file each under server/): Dispatcher (the data handlers on the endpoint, with
+// server 0's DeclarationCheck), EngineThread (one engine thread: its queue, its core, its
+// KeyTable of KeyStates), WorkerPeers (the workers' connections, replies and refusals),
+// ServerCounters (what stats() reports); Server owns them and their lifecycle.
+//
 // Thread-safety: Create/Wait/Close from the owning thread; stats() from any thread.
 #pragma once
 

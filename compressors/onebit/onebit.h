@@ -47,6 +47,9 @@
 // averaging and compressing, with two passes over the residual instead of six over
 // accumulator and residual.
 //
+// Files: onebit.cc (the compressor), onebit_kernels.{h,cc} (the passes, per ISA level),
+// onebit_residual_state.cc (the deferred error feedback), onebit_spec.cc (the spec half).
+//
 // Thread-safety: one thread per instance (compressors/compressor.h).
 #pragma once
 
@@ -54,6 +57,7 @@
 
 #include "compressors/compressor.h"
 #include "compressors/error_feedback.h"
+#include "compressors/onebit/onebit_kernels.h"
 
 namespace bitpush::compressors {
 
@@ -82,10 +86,7 @@ class OnebitCompressor final : public CompressorBase {
  public:
   // One push of a fused server round (AggregateBody): its sign words and scale; also a
   // deferred residual's pending correction C(q).
-  struct PushSigns {
-    const uint8_t* words;
-    float scale;
-  };
+  using PushSigns = OnebitSignWords;
 
   // CompressWithFeedback / AggregateCompress with deferred error feedback: `q` holds the last
   // round's q with its correction `prev` pending (or, with prev == nullptr, a plain residual
