@@ -15,7 +15,7 @@ using v1::DataHeader;
 Status WorkerPeers::Connect(const v1::Assignment& a) {
   count_ = static_cast<uint32_t>(a.workers_size());
   for (int i = 0; i < a.workers_size(); ++i) {
-    const std::string peer = scheduler::NodePeerId(v1::ROLE_WORKER, static_cast<uint32_t>(i));
+    const std::string peer = node::NodePeerId(v1::ROLE_WORKER, static_cast<uint32_t>(i));
     // The worker's data plane: its data address when it has one (transport ucx).
     const v1::NodeInfo& w = a.workers(i);
     const std::string& address = w.data_address().empty() ? w.address() : w.data_address();
@@ -56,8 +56,8 @@ void WorkerPeers::SendError(uint32_t worker, DataHeader::Op refused, uint64_t ke
 
 void WorkerPeers::Send(uint32_t worker, DataHeader header, std::vector<Buffer> frames) {
   header.set_sender(rank_);
-  const Status sent = endpoint_->SendData(scheduler::NodePeerId(v1::ROLE_WORKER, worker), header,
-                                          std::move(frames));
+  const Status sent =
+      endpoint_->SendData(node::NodePeerId(v1::ROLE_WORKER, worker), header, std::move(frames));
   if (!sent.ok()) {
     BP_LOG_WARN("server {}: cannot answer worker {}: {}", rank_, worker, sent.ToString());
   }
