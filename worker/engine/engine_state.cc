@@ -7,13 +7,13 @@
 namespace bitpush::worker {
 
 EngineState::EngineState(uint32_t rank, const scheduler::ClusterConfig& cluster,
-                         v1::ErrorFeedbackPolicy policy, std::shared_ptr<const Clock> clock)
+                         v1::ErrorFeedbackPolicy policy, const std::shared_ptr<const Clock>& clock)
     : label(fmt::format("worker {}", rank)),
       rank(rank),
       cluster(cluster),
       policy(policy),
       isa(BestIsaLevel()),
-      clock(clock ? std::move(clock) : SystemClock()) {}
+      clock(clock ? clock : SystemClock()) {}
 
 std::optional<Status> EngineState::StoppedLocked() const {
   if (!cluster_error.ok()) return cluster_error;
@@ -46,16 +46,6 @@ Status RemoteStatus(uint32_t code, std::string message) {
 
 std::string ServerLabel(const std::string& peer) {
   return peer.rfind("server:", 0) == 0 ? "server " + peer.substr(7) : peer;
-}
-
-void OpState::Complete(Status s) {
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (done) return;
-    done = true;
-    status = std::move(s);
-  }
-  cv.notify_all();
 }
 
 }  // namespace bitpush::worker

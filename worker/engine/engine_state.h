@@ -105,7 +105,7 @@ struct Tensor {
 
 struct EngineState {
   EngineState(uint32_t rank, const scheduler::ClusterConfig& cluster,
-              v1::ErrorFeedbackPolicy policy, std::shared_ptr<const Clock> clock);
+              v1::ErrorFeedbackPolicy policy, const std::shared_ptr<const Clock>& clock);
 
   // Immutable.
   const std::string label;  // "worker 0"
