@@ -66,7 +66,9 @@ class EngineThread {
   std::deque<DataTask> queue_;  // guarded by mu_
   bool stop_ = false;           // guarded by mu_
   CpuSlot slot_;
-  bool pin_ = false;
+  // Set at construction; cleared by the engine thread if pinning fails; Info() reads it from any
+  // thread.
+  std::atomic<bool> pin_{false};
   std::atomic<uint64_t> keys_{0};
   std::atomic<uint64_t> load_{0};
   // Owned by the engine thread alone.

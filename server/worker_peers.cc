@@ -13,7 +13,7 @@ using transport::Buffer;
 using v1::DataHeader;
 
 Status WorkerPeers::Connect(const v1::Assignment& a) {
-  count_ = static_cast<uint32_t>(a.workers_size());
+  count_.store(static_cast<uint32_t>(a.workers_size()), std::memory_order_release);
   for (int i = 0; i < a.workers_size(); ++i) {
     const std::string peer = node::NodePeerId(v1::ROLE_WORKER, static_cast<uint32_t>(i));
     // The worker's data plane: its data address when it has one (transport ucx).

@@ -12,6 +12,7 @@
 // (Transport::Send is thread-safe; the log limiter has its own mutex).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -39,7 +40,7 @@ class WorkerPeers {
   Status Connect(const v1::Assignment& assignment);
 
   // Workers of the cluster (0 until Connect).
-  uint32_t count() const { return count_; }
+  uint32_t count() const { return count_.load(std::memory_order_acquire); }
 
   // Sends `header` (its sender set to this server) and `frames` to `worker`; a failure is
   // logged (the worker misses that message).
@@ -54,7 +55,9 @@ class WorkerPeers {
   const uint32_t rank_;
   ServerCounters* const counters_;
   node::NodeEndpoint* endpoint_ = nullptr;
-  uint32_t count_ = 0;  // set before the data plane is released
+  // Set by Connect (Create's thread) before the data plane is released; read by the endpoint's
+  // handlers, which may already run for refused messages.
+  std::atomic<uint32_t> count_{0};
   std::mutex log_mu_;
   LogLimiter log_limiter_;  // guarded by log_mu_
 };
