@@ -132,6 +132,7 @@ void Engine::Close() {
   }
   declarations_.WakeWaiters();
   state_calls_.WakeWaiters();
+  failures_.WakeWaiters();
   // No more messages (no more decompress jobs) once the I/O thread is joined.
   if (endpoint_) endpoint_->Close();
   if (client_) client_->Close();

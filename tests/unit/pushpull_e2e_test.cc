@@ -354,6 +354,30 @@ TEST(PushPullE2e, NoneGivesTheExactAverage) {
   EXPECT_TRUE(c.Shutdown().ok());
 }
 
+// Close while WaitForServers waits (no server missing, so it waits for a verdict up to two
+// heartbeat timeouts): the wait ends at once with Cancelled naming the close, not when its
+// timeout runs out.
+TEST(PushPullE2e, CloseWakesWaitForServersAtOnce) {
+  ClusterOptions o;
+  o.heartbeat_timeout = milliseconds(15000);
+  TestCluster c(o);
+  ASSERT_STARTED(c);
+  Status waited;
+  Clock::time_point returned;
+  std::thread waiter([&] {
+    waited = c.worker(0).WaitForServers(milliseconds(60000));
+    returned = Clock::now();
+  });
+  std::this_thread::sleep_for(milliseconds(300));
+  const Clock::time_point closed = Clock::now();
+  c.worker(0).Close();
+  waiter.join();
+  EXPECT_EQ(waited.code(), StatusCode::kCancelled) << waited.ToString();
+  EXPECT_CONTAINS(waited.message(), "closed");
+  EXPECT_LT(returned - closed, milliseconds(5000));
+  c.Close();
+}
+
 // SDP4Bit with an identity quantiser: inputs whose Hadamard transform is a vector of integer
 // codes in [-7, 7] with a +-7 in every group quantise exactly (scale 1, no fraction to round),
 // so the whole path — forward transform, INT4 push, the server's Hadamard-domain sum and

@@ -61,6 +61,8 @@ class FailurePolicy {
   // Engine::WaitForServers (client.h): after a server failed, waits (bounded) until it
   // rejoined (OK: restore the job's checkpoint next), or returns the cluster's error / Timeout.
   Status WaitForServers(std::chrono::milliseconds timeout);
+  // Wakes a WaitForServers call (to see that the engine was closed).
+  void WakeWaiters() { recover_cv_.notify_all(); }
   // Why tensor `t`'s next round (t.rounds_done) cannot complete, if a finished worker did not
   // push it. Caller holds mu.
   std::optional<Status> FinishedWorkerBlocksLocked(const Tensor& t) const;
