@@ -16,8 +16,6 @@ namespace bitpush::config {
 
 namespace {
 
-using config::ParseUint;
-
 void AppendHash(uint64_t* h, std::string_view bytes) {
   for (unsigned char ch : bytes) {
     *h ^= ch;

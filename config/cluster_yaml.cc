@@ -24,8 +24,6 @@ namespace bitpush::config {
 
 namespace {
 
-using config::ParseUint;
-
 // Host entries of cluster.servers / cluster.workers without `port:` take ports from here on,
 // host by host (docs/config.md).
 constexpr uint64_t kDefaultServerPort = 9100;
