@@ -223,9 +223,8 @@ def main():
     mine = {"loop_s": loop_s, "iter_s": iter_s, "local_s": local}
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
-    dist.destroy_process_group()
     if a.rank != 0:
-        return
+        finish()
     # A round ends for the cluster when its slowest rank is done.
     rounds = [max(r["iter_s"][i] for r in everyone) for i in range(a.iters)]
     loop = max(r["loop_s"] for r in everyone)
@@ -257,6 +256,16 @@ def main():
             f.write(text + "\n")
     else:
         print(text)
+    finish()
+
+
+def finish():
+    """Exits at once: the timings are in, and tearing down a gloo group with DDP's reducer
+    threads can hang a rank at exit (seen with fp16_compress_hook: a rank spinning after its
+    last collective until killed)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
