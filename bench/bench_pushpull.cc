@@ -18,7 +18,8 @@
 //                        the emulated --link-gbit link (emulated_link.cc); one file per kind
 //   raw_tcp_reference.h  the raw TCP references every record carries
 //   peer.h               a system run side by side (--peer); one file per peer
-//                        (bench/peers/pslite_peer.cc)
+//                        (bench/peers/pslite_peer.cc, bench/peers/ddp_peer.cc)
+//   line_rate.h          the line-rate bound of a round (--link-gbit)
 //   curve_keys.h         --security curve: the nodes' keys
 //   ucx_probe.h          --transport ucx: what UCX chooses (ucx_tls)
 //   signal_cleanup.h     what an interrupted run removes (the link, the keys)

@@ -33,6 +33,39 @@ std::vector<std::string> SplitSpecs(const std::string& list) {
   return out;
 }
 
+// --peer ddp's flags: 0, or 2 after saying what is wrong.
+int CheckDdpOptions(const Options& o) {
+  if (o.peer != "ddp") {
+    const char* flag = !o.peer_variant.empty()  ? "--peer-variant"
+                       : !o.peer_python.empty() ? "--peer-python"
+                                                : nullptr;
+    if (flag == nullptr) return 0;
+    std::fprintf(stderr, "%s: %s needs --peer ddp\n", kName, flag);
+    return 2;
+  }
+  // DDP's exchange of fp16 or bf16 models is the plain all-reduce of those tensors; the hooks
+  // compress fp32 gradients.
+  const std::string variant = o.peer_variant.empty() ? "allreduce" : o.peer_variant;
+  const bool plain = variant == "allreduce" || variant == "ddp";
+  if (o.dtype != DType::kFloat32 && !(plain && o.dtype == DType::kFloat16)) {
+    std::fprintf(stderr,
+                 "%s: --peer ddp --peer-variant %s compares %s tensors only, not --dtype %s\n",
+                 kName, variant.c_str(), plain ? "float32 or float16" : "float32",
+                 std::string(DTypeName(o.dtype)).c_str());
+    return 2;
+  }
+  if (o.link_gbit > 0) {
+    std::fprintf(stderr,
+                 "%s: --peer ddp runs on loopback only, not with --link-gbit: the emulated link "
+                 "shapes the servers' link, not the link between workers that DDP's ring "
+                 "all-reduce crosses, so the two would not be comparable; links per node are "
+                 "bench/emulated_network.py's (bench/peers/README.md)\n",
+                 kName);
+    return 2;
+  }
+  return 0;
+}
+
 }  // namespace
 
 void PrintHelp() {
@@ -45,6 +78,8 @@ void PrintHelp() {
       "         [--link-gbit R] [--security none|curve[,...]] [--transport zmq|ucx[,...]]\n"
       "         [--ucx-tls TLS] [--reps 1]\n"
       "         [--peer pslite --pslite-dir DIR [--peer-reps 3]]\n"
+      "         [--peer ddp [--peer-variant allreduce|ddp|fp16|powersgd] [--peer-python PY]\n"
+      "          [--peer-reps 3]]\n"
       "         [--server-side | --placement worker|server[,...]] [--optimizer sgd|adamw|lans]\n"
       "         [--pull SPEC|auto]\n"
       "Runs a real cluster on loopback per compressor (bitpush-scheduler, S bitpush-server,\n"
@@ -74,6 +109,12 @@ void PrintHelp() {
       "DIR by bench/peers/build-pslite-driver.sh: bench/peers/README.md), same sizes, R\n"
       "alternations of a ps-lite and the bitpush clusters (--peer-reps, default 3), medians;\n"
       "records get peer and ratio_to_pslite. Without a driver: bitpush alone, exit 0.\n"
+      "--peer ddp: PyTorch DDP's gradient exchange side by side (bench/peers/ddp_driver.py under\n"
+      "--peer-python, default /usr/bin/python3: W gloo ranks on loopback, the same tensors):\n"
+      "--peer-variant allreduce (default; torch.distributed.all_reduce of each tensor), ddp\n"
+      "(DistributedDataParallel, default buckets), fp16 (DDP + fp16_compress_hook), powersgd\n"
+      "(DDP + powerSGD_hook, rank 4); records get ratio_to_ddp. Without torch and gloo there:\n"
+      "bitpush alone, exit 0.\n"
       "--server-side (= --placement server): the servers run the optimizer (--optimizer,\n"
       "default adamw) and the workers pull weights (--pull: auto = SDP4Bit's qWD,\n"
       "sdp4bit:hadamard=off,group=2048, for sdp4bit pushes, raw fp32 otherwise); --placement\n"
@@ -171,10 +212,17 @@ int ParseOptions(int argc, char** argv, Options* o) {
       if (end == v || *end != '\0' || !(o->link_gbit >= 0) || o->link_gbit > 1e4) bad(v);
     } else if (a == "--peer") {
       const std::string v = next();
-      if (v != "pslite") bad(v.c_str());
+      if (v != "pslite" && v != "ddp") bad(v.c_str());
       o->peer = v;
     } else if (a == "--pslite-dir") {
       o->pslite_dir = next();
+    } else if (a == "--peer-variant") {
+      const std::string v = next();
+      if (v != "allreduce" && v != "ddp" && v != "fp16" && v != "powersgd") bad(v.c_str());
+      o->peer_variant = v;
+    } else if (a == "--peer-python") {
+      o->peer_python = next();
+      if (o->peer_python.empty()) bad("");
     } else if (a == "--peer-reps") {
       o->peer_reps = static_cast<int>(integer(1));
     } else if (a == "--server-side") {
@@ -201,19 +249,20 @@ int ParseOptions(int argc, char** argv, Options* o) {
       return 2;
     }
   }
-  if (!o->peer.empty() && o->dtype != DType::kFloat32) {
+  if (o->peer == "pslite" && o->dtype != DType::kFloat32) {
     std::fprintf(stderr, "%s: --peer pslite compares float32 tensors only, not --dtype %s\n", kName,
                  std::string(DTypeName(o->dtype)).c_str());
     return 2;
   }
-  if (!o->peer.empty() && o->link_gbit > 0) {
+  if (o->peer == "pslite" && o->link_gbit > 0) {
     std::fprintf(stderr, "%s: --peer pslite runs on loopback only, not with --link-gbit\n", kName);
     return 2;
   }
-  if (o->peer.empty() && !o->pslite_dir.empty()) {
+  if (o->peer != "pslite" && !o->pslite_dir.empty()) {
     std::fprintf(stderr, "%s: --pslite-dir needs --peer pslite\n", kName);
     return 2;
   }
+  if (int rc = CheckDdpOptions(*o)) return rc;
   if (o->compressors.empty()) o->compressors.push_back("none");
   if (o->securities.empty()) o->securities.push_back("none");
   if (o->transports.empty()) o->transports.push_back("zmq");
@@ -230,7 +279,7 @@ int ParseOptions(int argc, char** argv, Options* o) {
     std::fprintf(stderr, "%s: --ucx-tls needs --transport ucx\n", kName);
     return 2;
   }
-  if (!o->peer.empty() && o->transports != std::vector<std::string>{"zmq"}) {
+  if (o->peer == "pslite" && o->transports != std::vector<std::string>{"zmq"}) {
     std::fprintf(stderr, "%s: --peer pslite compares over zmq only, not --transport ucx\n", kName);
     return 2;
   }

@@ -35,10 +35,14 @@ struct Options {
   int timeout_s = 300;
   bool keep_dir = false;
   double link_gbit = 0;    // 0: loopback; > 0: servers behind an emulated link of R Gbit/s
-  std::string peer;        // "": bitpush only; "pslite": dmlc/ps-lite side by side
+  std::string peer;        // "": bitpush only; "pslite": dmlc/ps-lite; "ddp": PyTorch DDP
   std::string pslite_dir;  // the ps-lite checkout holding our driver (bench/peers/README.md)
-  int peer_reps = 3;       // alternations of the peer's and bitpush's clusters (medians reported)
-  int reps = 1;            // without --peer: passes over all the runs (medians reported)
+  // --peer ddp: what a DDP round runs (allreduce, ddp, fp16, powersgd; bench/peers/ddp_driver.py)
+  // and the Python that has torch with gloo.
+  std::string peer_variant;  // "" = allreduce
+  std::string peer_python;   // "" = /usr/bin/python3
+  int peer_reps = 3;         // alternations of the peer's and bitpush's clusters (medians reported)
+  int reps = 1;              // without --peer: passes over all the runs (medians reported)
   // "worker", "server" (--server-side, --placement): where the optimizer runs; each compressor
   // runs once per placement.
   std::vector<std::string> placements;

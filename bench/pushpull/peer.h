@@ -9,7 +9,8 @@
 // record as into bitpush's. A peer that cannot run here (Prepare fails: no driver, no program)
 // is said on stderr with how to get it, and bitpush runs alone (exit 0).
 //
-// One peer per file, each behind a factory declared here: ps-lite (bench/peers/pslite_peer.cc).
+// One peer per file, each behind a factory declared here: ps-lite (bench/peers/pslite_peer.cc),
+// PyTorch DDP (bench/peers/ddp_peer.cc).
 // A new peer is its file, a line in MakePeer (peer.cc) and its name among --peer's values
 // (options.cc).
 //
@@ -41,6 +42,7 @@ struct PeerComparison {
 
 // What the side-by-side table shows of the peer's median run.
 struct PeerSummary {
+  std::string what = "none";  // the table's compressor column: what the peer sends
   double goodput_gbps = NAN;
   Spread spread;
   double iter_ms = NAN;
@@ -80,5 +82,9 @@ std::unique_ptr<Peer> MakePeer(const Options& opt, uint64_t tensor_bytes);
 
 // bench/peers/pslite_peer.cc: dmlc/ps-lite through our driver (bench/peers/README.md).
 std::unique_ptr<Peer> MakePslitePeer(const Options& opt, uint64_t tensor_bytes);
+
+// bench/peers/ddp_peer.cc: PyTorch DDP's gradient exchange (gloo) through
+// bench/peers/ddp_driver.py (bench/peers/README.md).
+std::unique_ptr<Peer> MakeDdpPeer(const Options& opt);
 
 }  // namespace bitpush::bench::pushpull

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "bench/pushpull/line_rate.h"
 #include "common/dtype.h"
 
 namespace bitpush::bench::pushpull {
@@ -106,6 +107,13 @@ std::vector<JsonRecord> Records(const RunReport& report) {
       rec.Add("peer_reps", report.reps)
           .Add("ratio_to_" + report.peer->name(), r.goodput_gbps / peer_gbps);
     }
+    if (opt.link_gbit > 0) {
+      // --link-gbit: every server behind the one emulated link (emulated_link.cc).
+      const double bound_ms =
+          PushPullBoundMs(r.bytes_pushed_per_iter, r.bytes_pulled_per_iter, opt.workers,
+                          opt.servers, /*shared_server_link=*/true, opt.link_gbit);
+      rec.Add("line_rate_bound_ms", bound_ms).Add("ratio_to_bound", bound_ms / r.iter_ms);
+    }
     records.push_back(rec);
   }
   if (report.peer != nullptr && report.peer->runs() > 0) {
@@ -161,9 +169,9 @@ void PrintTable(const RunReport& report) {
               peer.Title().c_str(), report.reps);
   std::printf("%-8s %-28s %-5s %8s %17s %8s %9s %9s %9s\n", "peer", "compressor", "sec", "goodput",
               "min-max", "x raw", "iter_ms", "srv_rss", ("x " + name).c_str());
-  std::printf("%-8s %-28s %-5s %8.3f %8.3f-%-8.3f %8.2f %9.1f %9.1f %9.2f\n", name.c_str(), "none",
-              "none", p.goodput_gbps, p.spread.min, p.spread.max, p.goodput_gbps / raw.best_gbps,
-              p.iter_ms, p.server_peak_rss_mb, 1.0);
+  std::printf("%-8s %-28s %-5s %8.3f %8.3f-%-8.3f %8.2f %9.1f %9.1f %9.2f\n", name.c_str(),
+              p.what.c_str(), "none", p.goodput_gbps, p.spread.min, p.spread.max,
+              p.goodput_gbps / raw.best_gbps, p.iter_ms, p.server_peak_rss_mb, 1.0);
   for (size_t i = 0; i < results.size(); ++i) {
     const ClusterResult& r = results[i];
     std::printf("%-8s %-28s %-5s %8.3f %8.3f-%-8.3f %8.2f %9.1f %9.1f %9.2f\n", "bitpush",

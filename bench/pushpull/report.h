@@ -10,8 +10,10 @@
 // compressor's under security none; transport_ratio = goodput / the same compressor's over zmq
 // (same security); with --peer, ratio_to_<peer> = goodput / the peer's median goodput (null
 // when the peer did not run), and the peer's record has ratio_to_bitpush = its goodput /
-// bitpush none's (security none). Each figure is the run of median goodput of its repetitions
-// (reps, goodput_min_gbps, goodput_max_gbps beside it), so the ratios compare medians.
+// bitpush none's (security none). With --link-gbit, bitpush records end with
+// line_rate_bound_ms and ratio_to_bound (line_rate.h: the round at line rate / iter_ms). Each
+// figure is the run of median goodput of its repetitions (reps, goodput_min_gbps,
+// goodput_max_gbps beside it), so the ratios compare medians.
 //
 // Thread-safety: a plain function writing stdout; the driver's thread.
 #pragma once
