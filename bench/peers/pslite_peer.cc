@@ -42,13 +42,20 @@ int RunBuildScript(const std::string& script, const std::string& dir) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-// Variables a user's environment may hold that would change ps-lite's transport or data path.
-constexpr const char* kClearedVars[] = {"DMLC_LOCAL",          "DMLC_PS_VAN_TYPE",
-                                        "DMLC_PS_WATER_MARK",  "DMLC_USE_KUBERNETES",
-                                        "DMLC_INTERFACE",      "DMLC_RANK",
-                                        "PS_RESEND",           "PS_RESEND_TIMEOUT",
-                                        "PS_DROP_MSG",         "PS_HEARTBEAT_INTERVAL",
-                                        "PS_HEARTBEAT_TIMEOUT"};
+// Variables a user's environment may hold that would change ps-lite's transport or data path, or
+// slow it (PS_VERBOSE >= 2 logs every message).
+constexpr const char* kClearedVars[] = {"DMLC_LOCAL",
+                                        "DMLC_PS_VAN_TYPE",
+                                        "DMLC_PS_WATER_MARK",
+                                        "DMLC_USE_KUBERNETES",
+                                        "DMLC_INTERFACE",
+                                        "DMLC_RANK",
+                                        "PS_RESEND",
+                                        "PS_RESEND_TIMEOUT",
+                                        "PS_DROP_MSG",
+                                        "PS_HEARTBEAT_INTERVAL",
+                                        "PS_HEARTBEAT_TIMEOUT",
+                                        "PS_VERBOSE"};
 
 class PsliteCluster {
  public:

@@ -10,10 +10,11 @@
 // Processes: a scheduler, S servers and W workers, each `env DMLC_ROLE=... driver ...` with
 // DMLC_PS_ROOT_URI=127.0.0.1, DMLC_PS_ROOT_PORT and each node's PORT free ports below the
 // ephemeral range (testing::FreeTcpPort), DMLC_NODE_HOST=127.0.0.1, DMLC_NUM_SERVER,
-// DMLC_NUM_WORKER; variables that would change ps-lite's data path (DMLC_LOCAL,
-// DMLC_PS_VAN_TYPE, DMLC_PS_WATER_MARK, PS_RESEND, PS_DROP_MSG, ...) are removed. Every wait is
-// bounded by timeout_s; ps-lite has no failure detection of its own here, so when one process
-// fails the others are killed at once, and the error names each process and how it ended.
+// DMLC_NUM_WORKER; variables that would change ps-lite's data path or slow it (DMLC_LOCAL,
+// DMLC_PS_VAN_TYPE, DMLC_PS_WATER_MARK, PS_RESEND, PS_DROP_MSG, PS_VERBOSE, ...) are removed.
+// Every wait is bounded by timeout_s; ps-lite has no failure detection of its own here, so when
+// one process fails the others are killed at once, and the error names each process and how it
+// ended.
 //
 // pslite_peer.cc also holds the ps-lite Peer of `bitpush-bench pushpull` (bench/pushpull/peer.h,
 // MakePslitePeer): it finds the driver once (FindPsliteDriver, rebuilding it with the script in
