@@ -214,7 +214,8 @@ class Worker {
         .Add("last_push_ns", static_cast<long long>(after.last_push_ns - before.last_push_ns))
         .Add("first_reply_ns", static_cast<long long>(after.first_reply_ns - before.first_reply_ns))
         .Add("op_ns", static_cast<long long>(after.op_ns - before.op_ns))
-        .Add("peak_bytes_in_flight", static_cast<long long>(after.peak_bytes_in_flight));
+        .Add("peak_bytes_in_flight", static_cast<long long>(after.peak_bytes_in_flight))
+        .Add("peak_server_window_bytes", static_cast<long long>(after.peak_server_window_bytes));
     if (!shutdown.ok()) return Fail(1, "shutdown", shutdown);
     record_.Add("status", "OK");
     WriteResults();

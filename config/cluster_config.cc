@@ -244,6 +244,10 @@ std::vector<v1::ConfigField> ConfigFields(const ClusterConfig& c) {
   add("compression.error_feedback", c.compression.error_feedback);
   add("compression.min_compress_bytes", std::to_string(c.compression.min_compress_bytes));
   add("compression.partition_bytes", std::to_string(c.compression.partition_bytes));
+  if (c.compression.raw_partition_bytes != 0) {
+    // Only when set, so configs without it keep their hash.
+    add("compression.raw_partition_bytes", std::to_string(c.compression.raw_partition_bytes));
+  }
   if (!c.compression.overrides.empty()) {
     // Only when set, so configs without overrides keep their hash.
     std::string v;

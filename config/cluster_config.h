@@ -58,6 +58,11 @@ struct CompressionSettings {
   // compression.partition_bytes: a tensor is cut into partitions (keys) of at most this many
   // bytes (BytePS's 4096000 by default).
   uint64_t partition_bytes = 4096000;
+  // compression.raw_partition_bytes: the partition size of tensors that travel uncompressed
+  // (spec none, or under min_compress_bytes); 0 = auto, from the tensor's size and the cluster's
+  // shape (worker/partition.h PartitionBytesFor; docs/flow-control.md). Never above
+  // partition_bytes.
+  uint64_t raw_partition_bytes = 0;
   // compression.overrides: per-tensor specs by name pattern (fnmatch: `*`, `?`, `[...]`), in
   // order; the first pattern matching a tensor's name gives its spec (canonical) when the
   // tensor is declared without one of its own. Part of config agreement when non-empty.
@@ -129,6 +134,15 @@ struct WorkerSettings {
   // worker.credit_bytes: uncompressed bytes of partitions in flight (compressing, on the
   // wire, at the server, decompressing) at once; at least one partition always goes.
   uint64_t credit_bytes = 64ull << 20;
+  // worker.server_window_bytes: bytes of raw (uncompressed) partitions this worker has in
+  // flight at any one server; 0 = auto (kAutoServerWindowBytes, and room for 4 partitions at
+  // least: worker/engine/partition_scheduler.cc). Bounds how far a worker runs
+  // ahead of the others at a server (docs/flow-control.md).
+  uint64_t server_window_bytes = 0;
+  static constexpr uint64_t kAutoServerWindowBytes = uint64_t{2} << 20;
+  uint64_t ServerWindowBytes() const {
+    return server_window_bytes != 0 ? server_window_bytes : kAutoServerWindowBytes;
+  }
   // worker.op_timeout_s: a push_pull not complete after this long fails with Timeout naming
   // the partitions and servers it waited for.
   std::chrono::milliseconds op_timeout{300000};

@@ -453,6 +453,16 @@ std::vector<ClusterKnob> BuildTable() {
                  .Doc("Tensors are cut into partitions (keys) of at most this size. At most 1 "
                       "GiB: a partition travels as one transport message."),
              In<&ClusterConfig::compression, &CompressionSettings::partition_bytes>()),
+      Scalar(Knob("compression.raw_partition_bytes")
+                 .Bytes(1, kMaxPartitionBytes)
+                 .Optional("auto", "auto")
+                 .Agreed()
+                 .Doc("Partition size of tensors that travel uncompressed (spec `none`, or under "
+                      "`min_compress_bytes`), at most `partition_bytes`. `auto` cuts a raw "
+                      "tensor into tensor bytes / (48 × (W + S)), at least 256 KiB: a server "
+                      "replies to a partition once every worker pushed all of it, so smaller "
+                      "partitions keep both directions of every link busy (docs/flow-control.md)."),
+             In<&ClusterConfig::compression, &CompressionSettings::raw_partition_bytes>()),
       Structured(
           Knob("compression.overrides")
               .Structured("list of `{pattern, spec}`")
@@ -558,6 +568,15 @@ std::vector<ClusterKnob> BuildTable() {
                  .Doc("Uncompressed bytes of partitions in flight at once (compressing, on the "
                       "wire, at the server, decompressing); one partition always goes."),
              In<&ClusterConfig::worker, &WorkerSettings::credit_bytes>()),
+      Scalar(Knob("worker.server_window_bytes")
+                 .Bytes(1, kMaxMemoryBytes)
+                 .Optional("auto", "auto (2 MiB, at least 4 partitions)")
+                 .Doc("Bytes of raw (uncompressed) partitions this worker has in flight at any "
+                      "one server: a worker that runs ahead of the others at a server waits "
+                      "there and sends to the servers where it is behind, so every server "
+                      "answers partitions at line rate (docs/flow-control.md). One partition "
+                      "per server always goes."),
+             In<&ClusterConfig::worker, &WorkerSettings::server_window_bytes>()),
       Scalar(Knob("worker.op_timeout_s")
                  .Seconds(86400)
                  .Doc("A push_pull not complete after this long fails with Timeout naming what "

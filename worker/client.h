@@ -203,6 +203,9 @@ struct ClientStats {
   double gradient_norm = 0;
   // Peak uncompressed bytes in flight (bounded by credit_bytes, or one partition).
   uint64_t peak_bytes_in_flight = 0;
+  // Peak raw (uncompressed) bytes in flight at any one server (bounded by
+  // worker.server_window_bytes, or one partition; embedded engine only).
+  uint64_t peak_server_window_bytes = 0;
   // At the moment stats() was taken: uncompressed bytes in flight, partitions queued for the
   // credit (embedded engine only; 0 in daemon mode).
   uint64_t bytes_in_flight = 0;

@@ -6,6 +6,23 @@
 
 namespace bitpush::worker {
 
+PartitionSizing PartitionSizingOf(const config::ClusterConfig& c) {
+  PartitionSizing s;
+  s.partition_bytes = c.compression.partition_bytes;
+  s.raw_partition_bytes = c.compression.raw_partition_bytes;
+  s.workers = c.workers.size();
+  s.servers = c.servers.size();
+  return s;
+}
+
+uint64_t PartitionBytesFor(uint64_t tensor_bytes, bool compressed, const PartitionSizing& s) {
+  if (compressed) return s.partition_bytes;
+  if (s.raw_partition_bytes != 0) return std::min(s.raw_partition_bytes, s.partition_bytes);
+  const uint64_t nodes = std::max<uint64_t>(1, s.workers + s.servers);
+  const uint64_t pipelined = tensor_bytes / (kRawPipelineDepth * nodes);
+  return std::min(s.partition_bytes, std::max(kMinAutoRawPartitionBytes, pipelined));
+}
+
 size_t PartitionElements(DType dtype, uint64_t partition_bytes) {
   return std::max<size_t>(1, static_cast<size_t>(partition_bytes / DTypeSize(dtype)));
 }

@@ -316,10 +316,17 @@ Status ClusterRun::Collect(const config::ClusterConfig& config) {
   const v1::KeyMapping mapping = config::MakeKeyMapping(opt_.servers);
   const double esz = static_cast<double>(DTypeSize(opt_.dtype));
   const size_t elements = static_cast<size_t>(tensor_bytes / opt_.tensors / esz);
+  const bool spec_compressed = config.compression.spec != "none";
   for (int t = 0; t < opt_.tensors; ++t) {
-    BP_ASSIGN_OR_RETURN(
-        std::vector<worker::PartitionRange> parts,
-        worker::PartitionTensor(t, elements, opt_.dtype, config.compression.partition_bytes));
+    // The engine's cut (worker/partition.h); a raw tensor's may be finer than partition_bytes.
+    const bool compressed =
+        spec_compressed &&
+        worker::AboveCompressThreshold(elements, opt_.dtype, config.compression.min_compress_bytes);
+    const uint64_t partition_bytes =
+        worker::PartitionBytesFor(static_cast<uint64_t>(elements) * DTypeSize(opt_.dtype),
+                                  compressed, worker::PartitionSizingOf(config));
+    BP_ASSIGN_OR_RETURN(std::vector<worker::PartitionRange> parts,
+                        worker::PartitionTensor(t, elements, opt_.dtype, partition_bytes));
     for (const worker::PartitionRange& p : parts) {
       owned[config::ServerForKey(p.key, mapping)] += static_cast<double>(p.elements) * esz;
     }

@@ -142,6 +142,7 @@ py::dict StatsDict(const worker::ClientStats& s) {
   d["network_ns"] = s.network_ns;
   d["decompress_ns"] = s.decompress_ns;
   d["peak_bytes_in_flight"] = s.peak_bytes_in_flight;
+  d["peak_server_window_bytes"] = s.peak_server_window_bytes;
   d["raw_bytes_pushed"] = s.raw_bytes_pushed;
   d["quantized_values"] = s.quantized_values;
   d["quantized_saturated"] = s.quantized_saturated;

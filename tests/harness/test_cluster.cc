@@ -116,6 +116,9 @@ std::string TestClusterYaml(const config::ClusterConfig& c) {
   y += "  error_feedback: " + k.error_feedback + "\n";
   y += fmt::format("  min_compress_bytes: {}\n", k.min_compress_bytes);
   y += fmt::format("  partition_bytes: {}\n", k.partition_bytes);
+  if (k.raw_partition_bytes != 0) {
+    y += fmt::format("  raw_partition_bytes: {}\n", k.raw_partition_bytes);
+  }
   if (!k.overrides.empty()) {
     y += "  overrides:\n";
     for (const auto& ov : k.overrides) {
@@ -133,6 +136,9 @@ std::string TestClusterYaml(const config::ClusterConfig& c) {
   if (w.reduce_threads != 0) y += fmt::format("  reduce_threads: {}\n", w.reduce_threads);
   y += "  numa: " + std::string(config::NumaModeName(w.numa)) + "\n";
   y += fmt::format("  credit_bytes: {}\n", w.credit_bytes);
+  if (w.server_window_bytes != 0) {
+    y += fmt::format("  server_window_bytes: {}\n", w.server_window_bytes);
+  }
   y += "  op_timeout_s: " + Seconds(w.op_timeout) + "\n";
   if (w.local_size != 0) y += fmt::format("  local_size: {}\n", w.local_size);
   if (!w.socket.empty()) y += "  socket: " + Quoted(w.socket) + "\n";

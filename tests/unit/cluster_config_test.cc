@@ -204,9 +204,10 @@ TEST(ClusterConfig, ServerAndWorkerSections) {
                   "cluster.yaml:6: worker.credit_bytes: must be 1..1099511627776 (bytes), got 0");
   EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  op_timeout_s: never\n"),
                   "cluster.yaml:6: worker.op_timeout_s: expected a number of seconds");
-  EXPECT_CONTAINS(Error(std::string(kMinimal) + "worker:\n  threads: 2\n"),
-                  "worker.threads: unknown key; valid keys of worker: compress_threads, "
-                  "credit_bytes, local_size, numa, op_timeout_s, reduce_threads, socket");
+  EXPECT_CONTAINS(
+      Error(std::string(kMinimal) + "worker:\n  threads: 2\n"),
+      "worker.threads: unknown key; valid keys of worker: compress_threads, "
+      "credit_bytes, local_size, numa, op_timeout_s, reduce_threads, server_window_bytes, socket");
   // Local tuning: not part of config agreement.
   EXPECT_EQ(ConfigHash(ConfigFields(c)), ConfigHash(ConfigFields(d)));
 }

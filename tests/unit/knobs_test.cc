@@ -260,9 +260,10 @@ TEST(ClusterKnobs, NumaIsAnEnumNamingItsValues) {
   EXPECT_EQ(c->server.numa, config::NumaMode::kOn);
   EXPECT_EQ(c->worker.numa, config::NumaMode::kOff);
   EXPECT_EQ(config::NumaModeName(config::NumaMode::kAuto), "auto");
-  EXPECT_CONTAINS(config::ParseClusterConfig(yaml + "  x: 1\n", "c.yaml").status().message(),
-                  "c.yaml:9: worker.x: unknown key; valid keys of worker: compress_threads, "
-                  "credit_bytes, local_size, numa, op_timeout_s, reduce_threads, socket");
+  EXPECT_CONTAINS(
+      config::ParseClusterConfig(yaml + "  x: 1\n", "c.yaml").status().message(),
+      "c.yaml:9: worker.x: unknown key; valid keys of worker: compress_threads, "
+      "credit_bytes, local_size, numa, op_timeout_s, reduce_threads, server_window_bytes, socket");
 }
 
 TEST(ClusterKnobs, HostEntryBoundsComeFromTheTable) {

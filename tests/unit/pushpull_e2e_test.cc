@@ -73,6 +73,8 @@ struct ClusterOptions {
   uint64_t min_compress_bytes = 2048;
   uint64_t partition_bytes = 4096;
   uint64_t credit_bytes = 64ull << 20;
+  uint64_t raw_partition_bytes = 0;  // auto
+  uint64_t server_window_bytes = 0;  // auto
   milliseconds op_timeout{20000};
   uint32_t compress_threads = 1;
   // false: the test brings its own server endpoints (FakeServer).
@@ -118,6 +120,8 @@ class TestCluster {
     t.server.numa = config::NumaMode::kOff;
     t.worker.compress_threads = o.compress_threads;
     t.worker.credit_bytes = o.credit_bytes;
+    t.worker.server_window_bytes = o.server_window_bytes;
+    t.compression.raw_partition_bytes = o.raw_partition_bytes;
     t.worker.op_timeout = o.op_timeout;
     testing::ThreadClusterOptions c;
     c.config = testing::TestClusterConfig(t);
@@ -634,6 +638,39 @@ TEST(PushPullE2e, CreditSmallerThanAPartitionStillMovesOneAtATime) {
   RunAndCompare(c, {{"a", 3000, DType::kFloat32, "onebit"}, {"b", 2000, DType::kFloat32, ""}}, 2);
   EXPECT_EQ(c.worker(0).stats().peak_bytes_in_flight, 4096u);  // one full partition
   EXPECT_TRUE(c.Shutdown().ok());
+}
+
+// The server window: raw partitions in flight at one server stay within
+// worker.server_window_bytes (exceeded by at most the one partition that always goes), with
+// priorities that differ per tensor and with one priority for all; every result bit for bit.
+TEST(PushPullE2e, ServerWindowBoundsRawBytesAtEachServer) {
+  for (const bool priorities : {true, false}) {
+    for (const uint64_t window : {uint64_t{1}, uint64_t{3 * 4096}, uint64_t{64} << 20}) {
+      SCOPED_TRACE("priorities " + std::to_string(priorities) + ", window " +
+                   std::to_string(window));
+      ClusterOptions o;
+      o.workers = 3;
+      o.servers = 2;
+      o.server_window_bytes = window;
+      o.compress_threads = 2;
+      TestCluster c(o);
+      ASSERT_STARTED(c);
+      std::vector<TensorDecl> decls;
+      for (int i = 0; i < 4; ++i) {  // 12 raw partitions of 4096 bytes each, a compressed one
+        decls.push_back(
+            {"raw" + std::to_string(i), 3 * 1024, DType::kFloat32, "", priorities ? -i : 0});
+      }
+      decls.push_back({"onebit", 8 * 1024, DType::kFloat32, "onebit", priorities ? 1 : 0});
+      RunAndCompare(c, decls, 4);
+      for (uint32_t w = 0; w < o.workers; ++w) {
+        const ClientStats s = c.worker(w).stats();
+        EXPECT_GE(s.peak_server_window_bytes, 4096u);
+        EXPECT_LE(s.peak_server_window_bytes, std::max<uint64_t>(window, 4096) + 4096);
+        if (window == 1) EXPECT_LE(s.peak_server_window_bytes, 2 * 4096u);
+      }
+      EXPECT_TRUE(c.Shutdown().ok());
+    }
+  }
 }
 
 TEST(PushPullE2e, SumReduceOp) {

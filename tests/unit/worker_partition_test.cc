@@ -161,5 +161,53 @@ TEST(CompressionPlan, TheLineCountsTensorsAndBytesBySpecAndReason) {
   EXPECT_EQ(DescribeCompression({}, 4096), "compression: no tensors declared");
 }
 
+// PartitionBytesFor: compressed tensors keep partition_bytes; raw ones are cut into
+// tensor / (48 (W + S)), at least 256 KiB, at most partition_bytes; an explicit
+// raw_partition_bytes is used as it is (capped by partition_bytes).
+TEST(Partition, RawTensorsAreCutForThePipeline) {
+  PartitionSizing s;
+  s.partition_bytes = 4096000;
+  s.workers = 2;
+  s.servers = 2;
+  const uint64_t mib100 = 100ull << 20;
+  EXPECT_EQ(PartitionBytesFor(mib100, /*compressed=*/true, s), 4096000u);
+  EXPECT_EQ(PartitionBytesFor(mib100, false, s), mib100 / (48 * 4));  // 546133
+  s.workers = 4;
+  s.servers = 4;
+  EXPECT_EQ(PartitionBytesFor(mib100, false, s), mib100 / (48 * 8));  // 273066
+  s.workers = 8;
+  s.servers = 8;
+  EXPECT_EQ(PartitionBytesFor(mib100, false, s), 256u << 10);  // the floor
+  EXPECT_EQ(PartitionBytesFor(4 << 20, false, s), 256u << 10);
+  s.workers = 1;
+  s.servers = 1;
+  EXPECT_EQ(PartitionBytesFor(4ull << 30, false, s), 4096000u);  // the cap
+  s.partition_bytes = 4096;
+  EXPECT_EQ(PartitionBytesFor(mib100, false, s), 4096u);  // never above partition_bytes
+  s.raw_partition_bytes = 1000;
+  EXPECT_EQ(PartitionBytesFor(mib100, false, s), 1000u);
+  s.raw_partition_bytes = 1 << 20;
+  EXPECT_EQ(PartitionBytesFor(mib100, false, s), 4096u);
+  EXPECT_EQ(PartitionBytesFor(mib100, true, s), 4096u);
+  s.workers = 0;  // no division by zero on an empty cluster
+  s.servers = 0;
+  s.raw_partition_bytes = 0;
+  s.partition_bytes = 4096000;
+  EXPECT_EQ(PartitionBytesFor(mib100, false, s), 2184533u);  // mib100 / 48
+}
+
+TEST(Partition, SizingOfAClusterConfig) {
+  config::ClusterConfig c;
+  c.servers = {"tcp://a:1", "tcp://b:1", "tcp://c:1"};
+  c.workers = {"tcp://d:1"};
+  c.compression.partition_bytes = 8192;
+  c.compression.raw_partition_bytes = 2048;
+  const PartitionSizing s = PartitionSizingOf(c);
+  EXPECT_EQ(s.servers, 3u);
+  EXPECT_EQ(s.workers, 1u);
+  EXPECT_EQ(s.partition_bytes, 8192u);
+  EXPECT_EQ(s.raw_partition_bytes, 2048u);
+}
+
 }  // namespace
 }  // namespace bitpush::worker

@@ -122,8 +122,11 @@ StatusOr<TensorId> TensorDeclarations::Declare(const std::string& name, size_t e
   t->config = std::move(plan->config);
   t->spec = compressors::CompressorSpecString(t->config);
 
+  const uint64_t partition_bytes =
+      PartitionBytesFor(static_cast<uint64_t>(elements) * DTypeSize(dtype), t->compressed,
+                        PartitionSizingOf(state_.cluster));
   StatusOr<std::vector<PartitionRange>> ranges =
-      PartitionTensor(index, elements, dtype, state_.cluster.compression.partition_bytes,
+      PartitionTensor(index, elements, dtype, partition_bytes,
                       t->compressed ? compressors::PartitionAlign(t->config) : 1);
   if (!ranges.ok()) return ranges.status().WithContext(what);
   const bool worker_residual = t->compressed && compressors::WorkerKeepsResidual(state_.policy);

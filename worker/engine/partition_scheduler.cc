@@ -14,6 +14,8 @@ namespace {
 
 // Partitions listed by name in a timeout message; the rest are counted.
 constexpr size_t kListedPartitions = 8;
+// worker.server_window_bytes auto: at least this many partitions per server.
+constexpr uint64_t kAutoWindowPartitions = 4;
 
 }  // namespace
 
@@ -59,7 +61,13 @@ void PartitionScheduler::FillStatsLocked(ClientStats* s) const {
 void PartitionScheduler::DispatchLoop() {
   std::unique_lock<std::mutex> lock(state_.mu);
   const uint64_t credit = state_.cluster.worker.credit_bytes;
+  const uint64_t window = state_.cluster.worker.ServerWindowBytes();
+  std::vector<Ready> waiting;  // raw partitions whose server's window is full
+  std::vector<bool> full;      // by server, during one pass
+  const size_t servers = std::max<size_t>(1, state_.cluster.servers.size());
   while (!stop_) {
+    full.assign(servers, false);
+    size_t full_servers = 0;
     while (!ready_.empty()) {
       const Ready top = ready_.top();
       Tensor& t = *state_.tensors[top.tensor];
@@ -69,9 +77,22 @@ void PartitionScheduler::DispatchLoop() {
         continue;
       }
       if (in_flight_bytes_ > 0 && in_flight_bytes_ + p.bytes > credit) break;
+      if (!t.compressed && !FitsServerWindowLocked(p, window)) {
+        // This server waits; the next partitions (other servers) may go.
+        waiting.push_back(top);
+        ready_.pop();
+        if (p.server >= full.size()) full.resize(p.server + 1, false);
+        if (!full[p.server]) {
+          full[p.server] = true;
+          if (++full_servers >= servers) break;  // every server waits
+        }
+        continue;
+      }
       ready_.pop();
       StartLocked(t, top.partition);
     }
+    for (const Ready& r : waiting) ready_.push(r);
+    waiting.clear();
     // The first partition in posting order always goes (see "Credit without deadlock").
     if (!active_.empty()) {
       const auto [seq, ti, j] = *active_.begin();
@@ -103,6 +124,11 @@ void PartitionScheduler::DispatchLoop() {
 void PartitionScheduler::StartLocked(Tensor& t, uint32_t j) {
   Partition& p = t.partitions[j];
   in_flight_bytes_ += p.bytes;
+  if (!t.compressed) {
+    uint64_t& at = RawBytesAt(p.server);
+    at += p.bytes;
+    state_.stats.peak_server_window_bytes = std::max(state_.stats.peak_server_window_bytes, at);
+  }
   state_.stats.peak_bytes_in_flight = std::max(state_.stats.peak_bytes_in_flight, in_flight_bytes_);
   p.stage = Stage::kCompressing;
   p.round = p.next_round++;
@@ -113,6 +139,21 @@ void PartitionScheduler::StartLocked(Tensor& t, uint32_t j) {
     FailOpLocked(t, op, CancelledError(state_.label + ": the engine is stopping"));
     JobDoneLocked(t, op);
   }
+}
+
+uint64_t& PartitionScheduler::RawBytesAt(uint32_t server) {
+  if (server >= raw_by_server_.size()) raw_by_server_.resize(server + 1, 0);
+  return raw_by_server_[server];
+}
+
+bool PartitionScheduler::FitsServerWindowLocked(const Partition& p, uint64_t window) {
+  const uint64_t at = RawBytesAt(p.server);
+  // auto: room for kAutoWindowPartitions of this size at least, so the window never
+  // serialises a server's partitions.
+  if (state_.cluster.worker.server_window_bytes == 0) {
+    window = std::max(window, kAutoWindowPartitions * p.bytes);
+  }
+  return at == 0 || at + p.bytes <= window;
 }
 
 Status PartitionScheduler::TimeoutStatusLocked(const Tensor& t, const OpState& op) const {
@@ -155,6 +196,10 @@ void PartitionScheduler::SetIdleLocked(Tensor& t, Partition& p) {
   if (p.stage != Stage::kQueued) {
     BP_CHECK(in_flight_bytes_ >= p.bytes, "credit accounting underflow");
     in_flight_bytes_ -= p.bytes;
+    if (!t.compressed) {
+      BP_CHECK(RawBytesAt(p.server) >= p.bytes, "server window accounting underflow");
+      RawBytesAt(p.server) -= p.bytes;
+    }
   }
   active_.erase({p.seq, t.index, p.range.index});
   dispatch_cv_.notify_one();

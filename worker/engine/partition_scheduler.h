@@ -7,7 +7,10 @@
 // Threads (docs/threading.md, "worker"): one dispatcher thread owns the queue of ready
 // partitions, ordered by (priority, tensor index, partition index), and starts one only while
 // the uncompressed bytes in flight plus its own stay <= worker.credit_bytes (at least one
-// partition is always in flight). Starting one posts its compress + push job to the
+// partition is always in flight) and, for a raw (uncompressed) partition, the raw bytes in
+// flight at its server plus its own stay <= worker.server_window_bytes (at least one per
+// server; a partition whose server is full waits while later ones for other servers go, so
+// priority order holds per server). Starting one posts its compress + push job to the
 // compression pool (the `StartJob` the Engine wires to RoundPipeline). It also enforces
 // worker.op_timeout, sleeping until the next deadline (no polling). Callers' threads queue ops
 // (EnqueueLocked, from Engine::PushPull); pool jobs, the endpoint's I/O thread and the
@@ -99,6 +102,11 @@ class PartitionScheduler {
   void DispatchLoop();
   // Takes the credit for queued partition `j` of `t` and posts its compress job.
   void StartLocked(Tensor& t, uint32_t j);
+  // The raw bytes in flight at `server` (grown on first use).
+  uint64_t& RawBytesAt(uint32_t server);
+  // Whether raw partition `p` may start under worker.server_window_bytes (`window`): its
+  // server has nothing raw in flight, or room for it.
+  bool FitsServerWindowLocked(const Partition& p, uint64_t window);
   Status TimeoutStatusLocked(const Tensor& t, const OpState& op) const;
 
   EngineState& state_;
@@ -109,6 +117,7 @@ class PartitionScheduler {
   std::priority_queue<Ready, std::vector<Ready>, std::greater<Ready>> ready_;
   std::set<std::pair<EngineClock::time_point, uint32_t>> deadlines_;  // (deadline, tensor)
   uint64_t in_flight_bytes_ = 0;
+  std::vector<uint64_t> raw_by_server_;  // raw bytes in flight by server (server window)
   uint64_t next_op_seq_ = 0;
   // Partitions queued or in flight, by (op sequence, tensor, partition): the first one always
   // goes (see "Credit without deadlock").
