@@ -11,6 +11,17 @@ round time under none / under this mode); curve clusters use a key pair per node
 `bitpush-bench pushpull-keygen` into a private temporary directory (0700), named as keys_dir
 in their YAML and removed on exit.
 
+--peer ddp runs PyTorch DDP's gradient exchange (torch.distributed over gloo, one rank per
+worker namespace, bench/peers/ddp_driver.py under --peer-python) on the same tensor over the
+same links, alternating with bitpush (--repeats R alternations, the order reversed on odd
+ones); --peer-variant allreduce,fp16,ddp,powersgd picks torch's machinery (allreduce: the
+all_reduce DDP's reducer launches per bucket; fp16 / powersgd: DDP with torch's own hooks).
+Every record gets line_rate_bound_ms (the bytes the busiest link direction must carry at
+--gbit: bitpush max(push, W x push / S) up or the same for pulls, ring all-reduce
+2 (W - 1) / W of the all-reduced bytes) and ratio_to_bound = bound / round (1 = at line rate);
+bitpush records also ratio_to_ddp (DDP's round / bitpush's: > 1, bitpush is faster) against
+the allreduce variant, and ratio_to_ddp_<variant> against each variant that ran.
+
 --train also trains examples/train_digits.py and examples/train_charlm.py across the same
 network, each with LANS uncompressed and CLAN + onebit (error feedback both), and plots their
 loss against wall-clock time.
@@ -41,26 +52,16 @@ import tempfile
 import threading
 import time
 
+from netns import SUBNET, Network, Procs, log, remove_stale, sh  # bench/netns.py
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_COMPRESSORS = "none,fp16,onebit,topk:ratio=0.001,dithering:levels=15"
 # Ratio of the none round time to the compressor's that the benchmark targets (2 workers x 2
 # servers, 100 MB, 1 Gbit/s); checked by prefix of the spec.
 TARGETS = {"onebit": 15.0, "topk:ratio=0.001": 30.0, "fp16": 1.8}
-SUBNET = "10.77.0."
-
-
-def log(msg):
-    print("emulated_network: " + msg, file=sys.stderr, flush=True)
-
-
-def sh(argv, check=True):
-    """Runs a command (a list), returns its stdout; raises with its output when it fails."""
-    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       universal_newlines=True)
-    if check and p.returncode != 0:
-        raise RuntimeError("'%s' failed (%d): %s" % (" ".join(argv), p.returncode,
-                                                    p.stdout.strip()))
-    return p.stdout
+DDP_DRIVER = os.path.join(REPO, "bench", "peers", "ddp_driver.py")
+DDP_VARIANTS = ("allreduce", "ddp", "fp16", "powersgd")
+DDP_PORT = 29500  # torchrun's default MASTER_PORT (below Linux's ephemeral range)
 
 
 def error_feedback_for(spec):
@@ -71,175 +72,6 @@ def error_feedback_for(spec):
     if name in ("onebit", "topk", "binsgdm"):
         return "both"
     return "worker" if name == "separate" else "none"
-
-
-# ---- the emulated network --------------------------------------------------------------------
-
-class Network:
-    """The namespaces, veths, bridge and qdiscs of one run. remove() is idempotent."""
-
-    def __init__(self, prefix, servers, workers, gbit, delay_ms, loss_pct):
-        self.prefix = prefix
-        self.hub = prefix + "-hub"
-        self.nodes = [("sched", SUBNET + "1")]
-        self.nodes += [("s%d" % i, SUBNET + str(10 + i)) for i in range(servers)]
-        self.nodes += [("w%d" % i, SUBNET + str(100 + i)) for i in range(workers)]
-        self.gbit, self.delay_ms, self.loss_pct = gbit, delay_ms, loss_pct
-        self.created = []
-
-    def ns(self, node):
-        return "%s-%s" % (self.prefix, node)
-
-    def ip(self, node):
-        return dict(self.nodes)[node]
-
-    def tbf(self):
-        bytes_per_s = self.gbit * 1e9 / 8
-        # A bucket of 1 ms at the rate, at least 256 KiB (64 KiB GSO packets pass whole);
-        # up to 10 ms of queue before drops (as bitpush-bench pushpull --link-gbit).
-        burst = max(256 << 10, int(bytes_per_s / 1000))
-        return ["tbf", "rate", "%gmbit" % (self.gbit * 1000), "burst", str(burst),
-                "latency", "10ms"]
-
-    def create(self):
-        sh(["ip", "netns", "add", self.hub])
-        self.created.append(self.hub)
-        sh(["ip", "-n", self.hub, "link", "add", "br0", "type", "bridge"])
-        sh(["ip", "-n", self.hub, "link", "set", "br0", "up"])
-        sh(["ip", "-n", self.hub, "link", "set", "lo", "up"])
-        for i, (node, addr) in enumerate(self.nodes):
-            ns, hub_end = self.ns(node), "p%d" % i
-            sh(["ip", "netns", "add", ns])
-            self.created.append(ns)
-            sh(["ip", "-n", self.hub, "link", "add", hub_end, "type", "veth", "peer", "name",
-                "eth0", "netns", ns])
-            sh(["ip", "-n", self.hub, "link", "set", hub_end, "master", "br0", "up"])
-            sh(["ip", "-n", ns, "addr", "add", addr + "/24", "dev", "eth0"])
-            sh(["ip", "-n", ns, "link", "set", "eth0", "up"])
-            sh(["ip", "-n", ns, "link", "set", "lo", "up"])
-            # Towards the node: the hub end's egress. From the node: its eth0's egress.
-            sh(["tc", "-n", self.hub, "qdisc", "add", "dev", hub_end, "root"] + self.tbf())
-            if self.delay_ms > 0 or self.loss_pct > 0:
-                netem = ["netem"]
-                if self.delay_ms > 0:
-                    netem += ["delay", "%gms" % self.delay_ms]
-                if self.loss_pct > 0:
-                    netem += ["loss", "%g%%" % self.loss_pct]
-                # Enough queue for a bandwidth-delay product at the rate.
-                limit = max(1000, int(self.gbit * 1e9 / 8 * (self.delay_ms + 10) / 1e3 / 1500))
-                sh(["tc", "-n", ns, "qdisc", "add", "dev", "eth0", "root", "handle", "1:"]
-                   + netem + ["limit", str(limit)])
-                sh(["tc", "-n", ns, "qdisc", "add", "dev", "eth0", "parent", "1:", "handle",
-                    "2:"] + self.tbf())
-            else:
-                sh(["tc", "-n", ns, "qdisc", "add", "dev", "eth0", "root"] + self.tbf())
-        # Every node reaches every other through the bridge.
-        for node, _ in self.nodes[1:]:
-            sh(["ip", "netns", "exec", self.ns(node), "ping", "-c", "1", "-W", "2",
-                self.ip("sched")], check=False)
-
-    def remove(self):
-        # Deleting a namespace deletes its veth ends (and so their peers) and the bridge.
-        for ns in reversed(self.created):
-            sh(["ip", "netns", "del", ns], check=False)
-        self.created = []
-
-    def link_settings(self):
-        return {"gbit_per_direction_per_node": self.gbit, "delay_ms_per_node_link": self.delay_ms,
-                "loss_pct_per_node_link": self.loss_pct, "qdisc": " ".join(self.tbf()),
-                "subnet": SUBNET + "0/24", "hub_namespace": self.hub,
-                "nodes": {self.ns(n): a for n, a in self.nodes}}
-
-
-def list_netns():
-    return [line.split()[0] for line in sh(["ip", "netns", "list"], check=False).splitlines()
-            if line.strip()]
-
-
-def remove_stale(prefix):
-    """Namespaces of an earlier run with this prefix, or of a bpnet-<pid> run whose pid died."""
-    for ns in list_netns():
-        stale = ns.startswith(prefix + "-")
-        m = re.match(r"bpnet-(\d+)-", ns)
-        if m and not os.path.exists("/proc/" + m.group(1)):
-            stale = True
-        if stale:
-            log("removing the leftover namespace " + ns)
-            for pid in sh(["ip", "netns", "pids", ns], check=False).split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (OSError, ValueError):
-                    pass
-            sh(["ip", "netns", "del", ns], check=False)
-
-
-# ---- processes -------------------------------------------------------------------------------
-
-class Procs:
-    """Children started in namespaces; kill_all() is idempotent."""
-
-    def __init__(self):
-        self.procs = []
-
-    def start(self, label, ns, argv, log_path, env=None, capture=False):
-        out = open(log_path, "w")
-        p = subprocess.Popen(["ip", "netns", "exec", ns] + argv, stdout=out,
-                             stderr=subprocess.PIPE if capture else subprocess.STDOUT,
-                             env=env, universal_newlines=True, start_new_session=True)
-        p.label, p.log_path, p.log_file = label, log_path, out
-        self.procs.append(p)
-        return p
-
-    def wait_all(self, timeout_s, grace_s=8):
-        """Until all exited; the first failure gives the others grace_s, then kills them.
-        Raises naming the failing process and its last output lines."""
-        deadline = time.time() + timeout_s
-        failed = None
-        while time.time() < deadline:
-            running = [p for p in self.procs if p.poll() is None]
-            bad = [p for p in self.procs if p.poll() not in (None, 0)]
-            if bad and failed is None:
-                failed = bad[0]
-                deadline = min(deadline, time.time() + grace_s)
-            if not running:
-                break
-            time.sleep(0.05)
-        late = [p.label for p in self.procs if p.poll() is None]
-        self.kill_all()
-        if failed is not None:
-            raise RuntimeError("%s exited with %s; last lines of %s:\n%s"
-                               % (failed.label, failed.returncode, failed.log_path,
-                                  tail(failed.log_path)))
-        if late:
-            raise RuntimeError("timed out after %d s; killed: %s" % (timeout_s, ", ".join(late)))
-
-    def kill_all(self):
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except OSError:
-                    pass
-        end = time.time() + 3
-        for p in self.procs:
-            try:
-                p.wait(max(0.1, end - time.time()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-                p.wait()
-            p.log_file.close()
-        self.procs = []
-
-
-def tail(path, n=15):
-    try:
-        with open(path) as f:
-            return "".join(f.readlines()[-n:])
-    except OSError:
-        return ""
 
 
 def write_yaml(path, net, servers, workers, spec, ef, min_compress_bytes, timeout_s, tuning,
@@ -255,13 +87,19 @@ def write_yaml(path, net, servers, workers, spec, ef, min_compress_bytes, timeou
          '  spec: "%s"' % spec,
          "  error_feedback: %s" % ef,
          "  min_compress_bytes: %d" % min_compress_bytes,
-         "  partition_bytes: 4096000",
+         "  partition_bytes: %d" % (tuning.partition_kb * 1024),
          "server:",
          "  engine_threads: %s" % (tuning.engine_threads or "auto"),
          "  numa: %s" % tuning.server_numa,
          "worker:",
          "  op_timeout_s: %d" % timeout_s,
          "  compress_threads: %s" % (tuning.compress_threads or "auto")]
+    if tuning.raw_partition_kb:
+        y.insert(y.index("server:"), "  raw_partition_bytes: %d" % (tuning.raw_partition_kb * 1024))
+    if tuning.credit_kb:
+        y += ["  credit_bytes: %d" % (tuning.credit_kb * 1024)]
+    if tuning.server_window_kb:
+        y += ["  server_window_bytes: %d" % (tuning.server_window_kb * 1024)]
     if keys_dir:
         y += ["security:", "  mode: curve", '  keys_dir: "%s"' % keys_dir]
     with open(path, "w") as f:
@@ -302,6 +140,7 @@ def run_pushpull(args, net, spec, security="none", keys_dir=None):
                          "--results", res],
                         os.path.join(args.work, "%s-worker%d.log" % (tag, w)))
         procs.wait_all(args.timeout_s)
+        cpu = procs.cpu_seconds()
     finally:
         procs.kill_all()
     recs = []
@@ -317,7 +156,12 @@ def run_pushpull(args, net, spec, security="none", keys_dir=None):
     best = max(r["best_iter_seconds"] for r in recs)
     pushed = statistics.mean(r["bytes_pushed"] / iters for r in recs)
     pulled = statistics.mean(r["bytes_pulled"] / iters for r in recs)
-    return {"compressor": spec, "error_feedback": ef, "security": security,
+    bound = pushpull_bound_ms(pushed, pulled, args.workers, args.servers, args.gbit)
+    return {"peer": "bitpush", "compressor": spec, "error_feedback": ef, "security": security,
+            "round_ms": median * 1e3,
+            "goodput_gbps": recs[0]["tensor_bytes"] / median / 1e9,
+            "line_rate_bound_ms": bound, "ratio_to_bound": bound / (median * 1e3),
+            "cpu_seconds": cpu, "timed_rounds": iters,
             "median_round_ms": median * 1e3, "best_round_ms": best * 1e3,
             "mean_round_ms": max(r["loop_seconds"] for r in recs) / iters * 1e3,
             "per_worker_median_round_ms": [r["median_iter_seconds"] * 1e3 for r in recs],
@@ -331,6 +175,99 @@ def run_pushpull(args, net, spec, security="none", keys_dir=None):
             "decompress_ms_per_round":
                 statistics.mean(r["decompress_ns"] for r in recs) / iters / 1e6,
             "wall_seconds": time.time() - t0}
+
+
+# ---- line-rate bounds ------------------------------------------------------------------------
+# The time the busiest link direction needs at --gbit (each node has its own link, full duplex;
+# the same formulas as bench/pushpull/line_rate.h).
+
+def line_rate_ms(nbytes, gbit):
+    return nbytes * 8 / (gbit * 1e9) * 1e3
+
+
+def pushpull_bound_ms(push_bytes, pull_bytes, workers, servers, gbit):
+    """A parameter-server round: a worker's link carries its push one way and its pull the
+    other; a server's link W x push / S and W x pull / S."""
+    up = max(push_bytes, workers * push_bytes / servers)
+    down = max(pull_bytes, workers * pull_bytes / servers)
+    return line_rate_ms(max(up, down), gbit)
+
+
+def ring_allreduce_bound_ms(allreduce_bytes, workers, gbit):
+    """A ring all-reduce: each worker sends (and receives) 2 (W - 1) / W of the bytes."""
+    return line_rate_ms(2 * (workers - 1) / workers * allreduce_bytes, gbit)
+
+
+# ---- PyTorch DDP on the same links -----------------------------------------------------------
+
+def ddp_check(args, variant):
+    """None when --peer-python can run the variant, else why not (ddp_driver.py --check)."""
+    if not os.access(args.peer_python, os.X_OK):
+        return "no Python at %s (--peer-python)" % args.peer_python
+    p = subprocess.run([args.peer_python, DDP_DRIVER, "--check", "--variant", variant],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       universal_newlines=True)
+    if p.returncode == 0:
+        return None
+    lines = p.stdout.strip().splitlines()
+    return lines[-1] if lines else "%s %s --check exited %d" % (args.peer_python, DDP_DRIVER,
+                                                              p.returncode)
+
+
+def run_ddp(args, net, variant):
+    """One gloo process group, a rank in each worker namespace (MASTER_ADDR worker 0, as
+    torchrun sets it up), running ddp_driver.py's rounds of the same tensor; rank 0's JSON."""
+    tag = "ddp-" + variant
+    res = os.path.join(args.work, tag + ".json")
+    if os.path.exists(res):
+        os.remove(res)
+    elements = int(round(args.mb * (1 << 20) / 4))
+    procs = Procs()
+    t0 = time.time()
+    try:
+        for w in range(args.workers):
+            env = dict(os.environ)
+            env.update({"MASTER_ADDR": net.ip("w0"), "MASTER_PORT": str(DDP_PORT),
+                        "RANK": str(w), "WORLD_SIZE": str(args.workers), "LOCAL_RANK": "0",
+                        "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"})
+            argv = [args.peer_python, DDP_DRIVER, "--variant", variant, "--elements",
+                    str(elements), "--tensors", "1", "--dtype", "float32", "--iters",
+                    str(args.iters), "--warmup", str(args.warmup), "--timeout-s",
+                    str(args.timeout_s)]
+            if w == 0:
+                argv += ["--results", res]
+            procs.start("ddp rank %d" % w, net.ns("w%d" % w), argv,
+                        os.path.join(args.work, "%s-rank%d.log" % (tag, w)), env=env)
+        procs.wait_all(args.timeout_s)
+        cpu = procs.cpu_seconds()
+    finally:
+        procs.kill_all()
+    with open(res) as f:
+        r = json.load(f)
+    if r.get("status") != "OK":
+        raise RuntimeError("%s: %s" % (res, r.get("status")))
+    bound = ring_allreduce_bound_ms(r["allreduce_bytes_per_iter"], args.workers, args.gbit)
+    return {"peer": "ddp", "backend": "gloo", "variant": variant, "dtype": r["dtype"],
+            "hook": r.get("hook", ""), "torch_version": r["torch_version"],
+            "world_size": r["world_size"], "round_ms": r["round_ms"],
+            "best_round_ms": r["best_iter_seconds"] * 1e3,
+            "local_ms": r.get("local_ms"), "goodput_gbps": r["goodput_gbps"],
+            "tensor_bytes": r["tensor_bytes"],
+            "allreduce_bytes_per_iter": r["allreduce_bytes_per_iter"],
+            "line_rate_bound_ms": bound, "ratio_to_bound": bound / r["round_ms"],
+            "cpu_seconds": cpu, "timed_rounds": r["iters"], "round_ms_all": r["round_ms_all"],
+            "wall_seconds": time.time() - t0}
+
+
+def combine(runs, key):
+    """The alternations of one configuration as one record: the median of their round medians
+    (and of the fields derived from it), with round_ms_reps listing each alternation's."""
+    runs = sorted(runs, key=lambda r: r[key])
+    mid = runs[len(runs) // 2]
+    out = dict(mid)
+    out["round_ms_reps"] = [round(r[key], 3) for r in runs]
+    out["repeats"] = len(runs)
+    return out
 
 
 # ---- (b) training ----------------------------------------------------------------------------
@@ -475,6 +412,29 @@ def table(rows, full_size):
     return "\n".join(lines)
 
 
+def bound_table(rows, ddp_rows):
+    """Every record against its line-rate bound, and bitpush against DDP."""
+    lines = ["| system | what | round (ms) | line-rate bound (ms) | round / bound | "
+             "DDP allreduce round / this | CPU s (workers, servers, other) |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    for r in rows + ddp_rows:
+        cpu = r.get("cpu_seconds", {})
+        work = sum(v for k, v in cpu.items() if k.startswith(("worker", "ddp rank")))
+        serv = sum(v for k, v in cpu.items() if k.startswith(("server", "scheduler")))
+        what = (r["compressor"] + ("" if r["security"] == "none" else " " + r["security"])
+                if r["peer"] == "bitpush" else "gloo " + r["variant"])
+        vs = r.get("ratio_to_ddp")
+        lines.append("| %s | %s | %.1f | %.1f | %.2fx | %s | %.1f, %.1f, %.1f |" % (
+            r["peer"], what, r["round_ms"], r["line_rate_bound_ms"],
+            r["round_ms"] / r["line_rate_bound_ms"], "%.2fx" % vs if vs else "-",
+            work, serv, cpu.get("kernel and other", 0.0)))
+    return "\n".join(lines)
+
+
+def rep_note(rep, repeats):
+    return "" if repeats == 1 else " (alternation %d of %d)" % (rep + 1, repeats)
+
+
 # ---- driver ----------------------------------------------------------------------------------
 
 def parse_args(argv=None):
@@ -495,6 +455,20 @@ def parse_args(argv=None):
     p.add_argument("--gbit", type=float, default=1.0, help="per node, each direction")
     p.add_argument("--delay-ms", type=float, default=0.0, help="netem delay per node link")
     p.add_argument("--loss-pct", type=float, default=0.0, help="netem loss per node link")
+    p.add_argument("--peer", choices=("ddp",), default=None,
+                   help="also run PyTorch DDP's gradient exchange (gloo) on the same links, "
+                        "alternating with bitpush")
+    p.add_argument("--peer-variant", default="allreduce",
+                   help="with --peer ddp, comma-separated: allreduce (torch.distributed "
+                        "all_reduce, what DDP's reducer runs per bucket), ddp (DDP module, "
+                        "default buckets), fp16 (DDP + fp16_compress_hook), powersgd (DDP + "
+                        "powerSGD_hook, rank 4) (default %(default)s)")
+    p.add_argument("--peer-python", default="/usr/bin/python3",
+                   help="the Python with torch and gloo that runs the DDP ranks")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="alternations: each runs every bitpush configuration and every DDP "
+                        "variant once (order reversed on odd ones); records give the median "
+                        "alternation")
     p.add_argument("--train", action="store_true",
                    help="also train the examples: LANS uncompressed vs CLAN + onebit")
     p.add_argument("--train-examples", default="digits,charlm",
@@ -510,6 +484,17 @@ def parse_args(argv=None):
     p.add_argument("--python-dir", default=os.path.join(REPO, "build", "python"))
     p.add_argument("--timeout-s", type=int, default=300, help="per cluster run")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--partition-kb", type=int, default=4000,
+                   help="compression.partition_bytes / 1024 of every cluster (default "
+                        "%(default)s: 4,096,000 bytes, BytePS's default partition)")
+    p.add_argument("--raw-partition-kb", type=int, default=0,
+                   help="compression.raw_partition_bytes / 1024 (0: auto, the default; "
+                        "--raw-partition-kb equal to --partition-kb cuts raw tensors like "
+                        "compressed ones)")
+    p.add_argument("--credit-kb", type=int, default=0,
+                   help="worker.credit_bytes / 1024 of every worker (0: the default)")
+    p.add_argument("--server-window-kb", type=int, default=0,
+                   help="worker.server_window_bytes / 1024 of every worker (0: auto)")
     p.add_argument("--compress-threads", type=int, default=0,
                    help="worker.compress_threads of every worker (0 = auto)")
     p.add_argument("--engine-threads", type=int, default=0,
@@ -529,6 +514,14 @@ def parse_args(argv=None):
             if m not in modes:
                 modes.append(m)
     args.security = modes
+    args.peer_variants = []
+    for v in args.peer_variant.split(","):
+        if v not in DDP_VARIANTS:
+            p.error("--peer-variant: '%s' is not a variant (%s)" % (v, ", ".join(DDP_VARIANTS)))
+        if v not in args.peer_variants:
+            args.peer_variants.append(v)
+    if args.repeats < 1:
+        p.error("--repeats: at least 1")
     args.train_examples = [e for e in args.train_examples.split(",") if e]
     for e in args.train_examples:
         if e not in EXAMPLES:
@@ -563,8 +556,17 @@ def main(argv=None):
         signal.signal(sig, on_signal)
     net = Network(args.prefix, args.servers, args.workers, args.gbit, args.delay_ms,
                   args.loss_pct)
-    rows, training = [], []
+    rows, ddp_rows, training = [], [], []
     keys_dir = None
+    variants = []
+    if args.peer == "ddp":
+        for v in args.peer_variants:
+            why = ddp_check(args, v)
+            if why:
+                log("DDP %s cannot run, bitpush runs alone: %s (install python3-torch, or "
+                    "--peer-python PY of a Python with torch and gloo)" % (v, why))
+            else:
+                variants.append(v)
     try:
         remove_stale(args.prefix)
         if "curve" in args.security:
@@ -578,13 +580,30 @@ def main(argv=None):
         net.create()
         log("network up: %d namespaces under %s-*, %g Gbit/s per node each way"
             % (len(net.created), args.prefix, args.gbit))
-        for spec in specs:
-            for security in args.security:
-                log("push_pull %s (security %s): %d workers x %d servers, %g MiB, %d+%d rounds"
-                    % (spec, security, args.workers, args.servers, args.mb, args.warmup,
-                       args.iters))
-                rows.append(run_pushpull(args, net, spec, security, keys_dir))
-                log("  median round %.1f ms" % rows[-1]["median_round_ms"])
+        plan = [("bitpush", spec, security) for spec in specs for security in args.security]
+        plan += [("ddp", v, None) for v in variants]
+        runs = {item: [] for item in plan}
+        for rep in range(args.repeats):
+            for item in (plan if rep % 2 == 0 else list(reversed(plan))):
+                kind, what, security = item
+                if kind == "bitpush":
+                    log("push_pull %s (security %s): %d workers x %d servers, %g MiB, %d+%d "
+                        "rounds%s" % (what, security, args.workers, args.servers, args.mb,
+                                      args.warmup, args.iters, rep_note(rep, args.repeats)))
+                    runs[item].append(run_pushpull(args, net, what, security, keys_dir))
+                else:
+                    log("DDP %s (gloo): %d ranks, %g MiB, %d+%d rounds%s"
+                        % (what, args.workers, args.mb, args.warmup, args.iters,
+                           rep_note(rep, args.repeats)))
+                    runs[item].append(run_ddp(args, net, what))
+                r = runs[item][-1]
+                log("  median round %.1f ms (%.2fx the line-rate bound %.1f ms)"
+                    % (r["round_ms"], r["round_ms"] / r["line_rate_bound_ms"],
+                       r["line_rate_bound_ms"]))
+        rows = [combine(runs[item], "round_ms") for item in plan if item[0] == "bitpush"]
+        ddp_rows = [combine(runs[item], "round_ms") for item in plan if item[0] == "ddp"]
+        for r in rows:
+            r["median_round_ms"] = r["round_ms"]
         if args.train:
             for example in args.train_examples:
                 for opt, comp in TRAIN_RUNS:
@@ -622,15 +641,28 @@ def main(argv=None):
         if target is not None and r["speedup_vs_none"]:
             r["target_speedup"] = target
             r["target_met"] = r["speedup_vs_none"] >= target
+    ddp_by = {r["variant"]: r for r in ddp_rows}
+    for r in rows:
+        for v, d in ddp_by.items():
+            r["ratio_to_ddp_" + v] = d["round_ms"] / r["round_ms"]
+        base = ddp_by.get("allreduce") or (ddp_rows[0] if ddp_rows else None)
+        r["ratio_to_ddp"] = base["round_ms"] / r["round_ms"] if base else None
     title = "%d workers x %d servers, %g MiB, %g Gbit/s per node%s" % (
         args.workers, args.servers, args.mb, args.gbit,
         (", %g ms, %g%% loss" % (args.delay_ms, args.loss_pct))
         if args.delay_ms or args.loss_pct else "")
     result = {"setup": {"workers": args.workers, "servers": args.servers, "mb": args.mb,
+                        "partition_kb": args.partition_kb,
+                        "raw_partition_kb": args.raw_partition_kb or "auto",
+                        "credit_kb": args.credit_kb or "default",
+                        "server_window_kb": args.server_window_kb or "auto",
                         "iters": args.iters, "warmup": args.warmup, "cpus": os.cpu_count(),
                         "security": args.security,
                         "targets_apply": full_size},
               "link": net.link_settings(), "pushpull": rows}
+    if args.peer:
+        result["setup"]["repeats"] = args.repeats
+        result["ddp"] = ddp_rows
     if training:
         result["training"] = training
     plots = [] if args.no_plots else plot(args.out, rows, training, title)
@@ -640,6 +672,8 @@ def main(argv=None):
         f.write("\n")
     print("### push_pull, " + title + "\n")
     print(table(rows, full_size))
+    print()
+    print(bound_table(rows, ddp_rows))
     if training:
         print("\n| training | steps | step (ms) | wall (s) | result | pushed MB |\n"
               "|---|---:|---:|---:|---|---:|")

@@ -1,9 +1,11 @@
 #!/usr/bin/python3
 """The bench/emulated_network.py contract, checked with a small run: 2 worker namespaces,
-1 server, 4 MiB, compressors none + onebit over 1 Gbit/s links; then 1 worker, 1 server, 1 MiB
-of none under --security none,curve. Checks results.json's fields and that no namespace with
-the run's prefix (and no keys directory) is left. Exits 77 (skip) when not root or when
-network namespaces cannot be created here.
+1 server, 4 MiB, compressors none + onebit over 1 Gbit/s links, with PyTorch DDP (gloo
+all_reduce, a rank per worker namespace) alongside when /usr/bin/python3 has torch; then 1
+worker, 1 server, 1 MiB of none under --security none,curve, with --peer ddp under a Python
+without torch (it says why and runs bitpush alone). Checks results.json's fields, the line-rate
+bounds exactly, and that no namespace with the run's prefix (and no keys directory) is left.
+Exits 77 (skip) when not root or when network namespaces cannot be created here.
 
     /usr/bin/python3 tests/bench/check_emulated_network.py BIN_DIR
 """
@@ -11,6 +13,7 @@ network namespaces cannot be created here.
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,6 +38,11 @@ def netns_names():
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
+def has_torch_at(python):
+    return subprocess.run([python, "-c", "import torch"], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL).returncode == 0
+
+
 def main():
     bin_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(REPO, "build", "bin")
     if os.geteuid() != 0:
@@ -53,11 +61,18 @@ def main():
             skip("no `%s` tool" % tool)
 
     prefix = "bpnet-test-%d" % os.getpid()
+    has_torch = subprocess.run(["/usr/bin/python3", "-c", "import torch.distributed as d; "
+                                "assert d.is_available() and d.is_gloo_available()"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
     with tempfile.TemporaryDirectory(prefix="bp-emnet-") as out:
         cmd = ["/usr/bin/python3", os.path.join(REPO, "bench", "emulated_network.py"),
                "--workers", "2", "--servers", "1", "--mb", "4", "--iters", "2", "--warmup", "1",
                "--compressors", "none,onebit", "--prefix", prefix, "--out", out,
                "--bin-dir", bin_dir, "--timeout-s", "30"]
+        if has_torch:
+            cmd += ["--peer", "ddp", "--peer-variant", "allreduce"]
+        else:
+            print("no torch with gloo at /usr/bin/python3: the DDP records are not checked")
         print(" ".join(cmd), flush=True)
         r = subprocess.run(cmd, timeout=120)
         left = [n for n in netns_names() if n.startswith(prefix)]
@@ -82,6 +97,42 @@ def main():
                     fail("%s: no '%s' in %s" % (name, key, row))
             if not row["median_round_ms"] > 0:
                 fail("%s: median_round_ms %s" % (name, row["median_round_ms"]))
+        # The bound of a parameter-server round with a link per node: the busiest direction,
+        # here the one server's link carrying both workers' pushes.
+        for name, row in rows.items():
+            push, pull = (row["push_bytes_per_round_per_worker"],
+                          row["pull_bytes_per_round_per_worker"])
+            want = max(push, 2 * push, pull, 2 * pull) * 8 / 1e9 * 1e3
+            if abs(row["line_rate_bound_ms"] - want) > 1e-6 * want:
+                fail("%s: line_rate_bound_ms %s, want %s" % (name, row["line_rate_bound_ms"], want))
+            if abs(row["ratio_to_bound"] - want / row["round_ms"]) > 1e-9:
+                fail("%s: ratio_to_bound %s" % (name, row["ratio_to_bound"]))
+            if row.get("peer") != "bitpush" or not row.get("cpu_seconds"):
+                fail("%s: peer / cpu_seconds in %s" % (name, row))
+        if has_torch:
+            ddp = res.get("ddp") or []
+            if len(ddp) != 1:
+                fail("--peer ddp: %d DDP records" % len(ddp))
+            d = ddp[0]
+            for key, value in (("peer", "ddp"), ("backend", "gloo"), ("variant", "allreduce"),
+                               ("dtype", "float32"), ("world_size", 2),
+                               ("tensor_bytes", 4 << 20), ("allreduce_bytes_per_iter", 4 << 20)):
+                if d.get(key) != value:
+                    fail("DDP record: %s is %r, want %r" % (key, d.get(key), value))
+            # A ring all-reduce: each worker sends 2 (W - 1) / W of the bytes.
+            want = 2 * (2 - 1) / 2 * (4 << 20) * 8 / 1e9 * 1e3
+            if abs(d["line_rate_bound_ms"] - want) > 1e-6 * want:
+                fail("DDP line_rate_bound_ms %s, want %s" % (d["line_rate_bound_ms"], want))
+            if not d["round_ms"] >= want or not 0 < d["ratio_to_bound"] <= 1:
+                fail("DDP round %s ms under its bound %s ms: the link is not shaped"
+                     % (d["round_ms"], want))
+            if abs(d["goodput_gbps"] - (4 << 20) / d["round_ms"] * 1e3 / 1e9) > 0.5 * d["goodput_gbps"]:
+                fail("DDP goodput_gbps %s against round_ms %s" % (d["goodput_gbps"], d["round_ms"]))
+            for name, row in rows.items():
+                if abs(row["ratio_to_ddp"] - d["round_ms"] / row["round_ms"]) > 1e-9:
+                    fail("%s: ratio_to_ddp %s" % (name, row.get("ratio_to_ddp")))
+                if row.get("ratio_to_ddp_allreduce") != row["ratio_to_ddp"]:
+                    fail("%s: ratio_to_ddp_allreduce %s" % (name, row.get("ratio_to_ddp_allreduce")))
         if rows["onebit"]["error_feedback"] != "both":
             fail("onebit error feedback %s" % rows["onebit"]["error_feedback"])
         # 4 MiB fp32 at 1 bit per element: about 32x fewer bytes pushed.
@@ -101,13 +152,20 @@ def main():
     # --security none,curve: one cluster per mode; the curve one with keys of its own.
     keys_before = set(glob.glob("/tmp/bp-emnet-keys-*"))
     with tempfile.TemporaryDirectory(prefix="bp-emnet-") as out:
+        # --peer ddp under a Python that cannot import torch: the run says why, bitpush alone.
+        no_torch = next(py for py in (shutil.which("python3"), "/bin/false")
+                        if py and not has_torch_at(py))
         cmd = ["/usr/bin/python3", os.path.join(REPO, "bench", "emulated_network.py"),
                "--workers", "1", "--servers", "1", "--mb", "1", "--iters", "2", "--warmup", "1",
                "--compressors", "none", "--security", "none,curve", "--gbit", "10",
                "--prefix", prefix, "--out", out, "--bin-dir", bin_dir, "--timeout-s", "30",
-               "--no-plots"]
+               "--no-plots", "--peer", "ddp", "--peer-python", no_torch]
         print(" ".join(cmd), flush=True)
-        r = subprocess.run(cmd, timeout=120)
+        r = subprocess.run(cmd, timeout=120, stderr=subprocess.PIPE, universal_newlines=True)
+        sys.stderr.write(r.stderr)
+        if "DDP allreduce cannot run, bitpush runs alone: " not in r.stderr:
+            fail("--peer-python %s (no torch): the run did not say why DDP cannot run"
+                 % no_torch)
         left = [n for n in netns_names() if n.startswith(prefix)]
         if left:
             fail("namespaces left behind: %s" % left)
@@ -120,6 +178,8 @@ def main():
         got = [(row["compressor"], row["security"]) for row in res["pushpull"]]
         if got != [("none", "none"), ("none", "curve")]:
             fail("--security none,curve ran %s" % got)
+        if res.get("ddp") != []:
+            fail("DDP records without torch: %s" % res.get("ddp"))
         curve = res["pushpull"][1]
         if not curve["median_round_ms"] > 0 or not curve.get("security_ratio"):
             fail("curve row %s" % curve)
