@@ -195,8 +195,11 @@ StatusOr<config::ClusterConfig> ClusterRun::WriteConfig() {
     << "  spec: \"" << result_.spec << "\"\n"
     << "  error_feedback: " << result_.error_feedback << "\n"
     << "  min_compress_bytes: " << opt_.min_compress_bytes << "\n"
-    << "  partition_bytes: " << opt_.partition_kb * 1024 << "\n"
-    << "worker:\n"
+    << "  partition_bytes: " << opt_.partition_kb * 1024 << "\n";
+  if (opt_.raw_partition_kb > 0) {
+    y << "  raw_partition_bytes: " << opt_.raw_partition_kb * 1024 << "\n";
+  }
+  y << "worker:\n"
     << "  op_timeout_s: " << opt_.timeout_s << "\n";
   if (result_.placement == "server") {
     y << "optimizer:\n"

@@ -71,7 +71,8 @@ int CheckDdpOptions(const Options& o) {
 void PrintHelp() {
   std::printf(
       "usage: bitpush-bench pushpull [--json] [--workers 1] [--servers 1] [--mb 100]\n"
-      "         [--partition-kb 4000] [--compressor SPEC[,SPEC...]] [--iters 10] [--warmup 2]\n"
+      "         [--partition-kb 4000] [--raw-partition-kb 0] [--compressor SPEC[,SPEC...]]\n"
+      "         [--iters 10] [--warmup 2]\n"
       "         [--tensors 1] [--dtype float32|float16|bfloat16]\n"
       "         [--error-feedback auto|none|worker|server|both]\n"
       "         [--min-compress-bytes 1048576] [--raw-reps 5] [--timeout-s 300] [--keep-dir]\n"
@@ -84,8 +85,10 @@ void PrintHelp() {
       "         [--pull SPEC|auto]\n"
       "Runs a real cluster on loopback per compressor (bitpush-scheduler, S bitpush-server,\n"
       "W workers) and times N PushPull+Wait iterations of MB MiB of --dtype (float32) per worker\n"
-      "(in K equal tensors), in partitions of partition-kb x 1024 bytes. --compressor takes a list "
-      "(one\n"
+      "(in K equal tensors), in partitions of partition-kb x 1024 bytes (raw tensors, "
+      "--compressor\n"
+      "none: compression.raw_partition_bytes, --raw-partition-kb x 1024, 0 = auto: finer, from\n"
+      "the tensor and W + S; docs/flow-control.md). --compressor takes a list (one\n"
       "JSON record each; default none); the flag may repeat. --error-feedback auto = both for\n"
       "the biased compressors (onebit, topk, randomk with unbiased=false), none otherwise.\n"
       "goodput_gbps = tensor GB/s (1e9 B/s) per worker per direction, vs raw_tcp_gbps: the same\n"
@@ -170,6 +173,8 @@ int ParseOptions(int argc, char** argv, Options* o) {
       if (end == v || *end != '\0' || !(o->mb > 0)) bad(v);
     } else if (a == "--partition-kb") {
       o->partition_kb = integer(1);
+    } else if (a == "--raw-partition-kb") {
+      o->raw_partition_kb = integer(0);
     } else if (a == "--compressor") {
       const char* v = next();
       const std::vector<std::string> specs = SplitSpecs(v);

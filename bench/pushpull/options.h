@@ -21,6 +21,7 @@ struct Options {
   int servers = 1;
   double mb = 100;
   long long partition_kb = 4000;
+  long long raw_partition_kb = 0;  // compression.raw_partition_bytes / 1024; 0 = auto
   std::vector<std::string> compressors;
   std::vector<std::string> securities;  // "none", "curve"; each compressor runs under each
   std::vector<std::string> transports;  // "zmq", "ucx"; each compressor runs over each

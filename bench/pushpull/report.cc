@@ -69,6 +69,7 @@ std::vector<JsonRecord> Records(const RunReport& report) {
         .Add("tensors", opt.tensors)
         .Add("dtype", std::string(DTypeName(opt.dtype)))
         .Add("partition_kb", static_cast<long long>(opt.partition_kb))
+        .Add("raw_partition_kb", static_cast<long long>(opt.raw_partition_kb))
         .Add("iters", opt.iters)
         .Add("warmup", opt.warmup)
         .Add("goodput_gbps", r.goodput_gbps)
