@@ -81,8 +81,15 @@ class Network:
                     netem += ["loss", "%g%%" % self.loss_pct]
                 # Enough queue for a bandwidth-delay product at the rate.
                 limit = max(1000, int(self.gbit * 1e9 / 8 * (self.delay_ms + 10) / 1e3 / 1500))
-                sh(["tc", "-n", ns, "qdisc", "add", "dev", "eth0", "root", "handle", "1:"]
-                   + netem + ["limit", str(limit)])
+                try:
+                    sh(["tc", "-n", ns, "qdisc", "add", "dev", "eth0", "root", "handle", "1:"]
+                       + netem + ["limit", str(limit)])
+                except RuntimeError as e:
+                    if "qdisc kind is unknown" in str(e):
+                        raise RuntimeError("this kernel has no netem qdisc (module sch_netem), "
+                                           "so --delay-ms / --loss-pct cannot be emulated "
+                                           "here: %s" % e) from e
+                    raise
                 sh(["tc", "-n", ns, "qdisc", "add", "dev", "eth0", "parent", "1:", "handle",
                     "2:"] + self.tbf())
             else:
