@@ -75,14 +75,19 @@ def error_feedback_for(spec):
 
 
 def write_yaml(path, net, servers, workers, spec, ef, min_compress_bytes, timeout_s, tuning,
-               keys_dir=None):
+               keys_dir=None, transport="zmq"):
     y = ["cluster:",
          "  scheduler: %s:9000" % net.ip("sched"),
          "  servers: [%s]" % ", ".join("%s:9100" % net.ip("s%d" % i) for i in range(servers)),
          "  workers: [%s]" % ", ".join("%s:9200" % net.ip("w%d" % i) for i in range(workers)),
          "  heartbeat_interval_ms: 500",
          "  heartbeat_timeout_ms: 5000",
-         "  startup_timeout_s: 30",
+         "  startup_timeout_s: 30"]
+    if transport == "ucx":
+        # The data plane over UCX's TCP lanes on each node's eth0 (the shaped link).
+        y += ["  transport: ucx", "  ucx:", "    port_offset: 1000", '    tls: "tcp"',
+              '    net_devices: "eth0"']
+    y += [
          "compression:",
          '  spec: "%s"' % spec,
          "  error_feedback: %s" % ef,
@@ -119,12 +124,13 @@ def start_control(procs, args, net, yaml, tag):
 
 # ---- (a) push_pull rounds --------------------------------------------------------------------
 
-def run_pushpull(args, net, spec, security="none", keys_dir=None):
+def run_pushpull(args, net, spec, security="none", keys_dir=None, transport="zmq"):
     ef = error_feedback_for(spec)
     tag = re.sub(r"[^A-Za-z0-9]+", "_", spec) + ("" if security == "none" else "-" + security)
+    tag += "" if transport == "zmq" else "-" + transport
     yaml = os.path.join(args.work, tag + ".yaml")
     write_yaml(yaml, net, args.servers, args.workers, spec, ef, 1 << 20, args.timeout_s, args,
-               keys_dir if security == "curve" else None)
+               keys_dir if security == "curve" else None, transport)
     procs = Procs()
     t0 = time.time()
     try:
@@ -158,6 +164,7 @@ def run_pushpull(args, net, spec, security="none", keys_dir=None):
     pulled = statistics.mean(r["bytes_pulled"] / iters for r in recs)
     bound = pushpull_bound_ms(pushed, pulled, args.workers, args.servers, args.gbit)
     return {"peer": "bitpush", "compressor": spec, "error_feedback": ef, "security": security,
+            "transport": transport,
             "round_ms": median * 1e3,
             "goodput_gbps": recs[0]["tensor_bytes"] / median / 1e9,
             "line_rate_bound_ms": bound, "ratio_to_bound": bound / (median * 1e3),
@@ -422,6 +429,7 @@ def bound_table(rows, ddp_rows):
         work = sum(v for k, v in cpu.items() if k.startswith(("worker", "ddp rank")))
         serv = sum(v for k, v in cpu.items() if k.startswith(("server", "scheduler")))
         what = (r["compressor"] + ("" if r["security"] == "none" else " " + r["security"])
+                + ("" if r["transport"] == "zmq" else " over " + r["transport"])
                 if r["peer"] == "bitpush" else "gloo " + r["variant"])
         vs = r.get("ratio_to_ddp")
         lines.append("| %s | %s | %.1f | %.1f | %.2fx | %s | %.1f, %.1f, %.1f |" % (
@@ -452,6 +460,9 @@ def parse_args(argv=None):
     p.add_argument("--security", action="append", default=None,
                    help="security modes, comma-separated (none, curve; the flag may repeat): "
                         "every compressor runs once per mode (default none)")
+    p.add_argument("--transport", default="zmq",
+                   help="data planes, comma-separated (zmq, ucx: UCX's tcp lanes on each "
+                        "node's eth0): every compressor runs once per transport (default zmq)")
     p.add_argument("--gbit", type=float, default=1.0, help="per node, each direction")
     p.add_argument("--delay-ms", type=float, default=0.0, help="netem delay per node link")
     p.add_argument("--loss-pct", type=float, default=0.0, help="netem loss per node link")
@@ -514,6 +525,12 @@ def parse_args(argv=None):
             if m not in modes:
                 modes.append(m)
     args.security = modes
+    args.transports = []
+    for t in args.transport.split(","):
+        if t not in ("zmq", "ucx"):
+            p.error("--transport: '%s' is not a transport (zmq, ucx)" % t)
+        if t not in args.transports:
+            args.transports.append(t)
     args.peer_variants = []
     for v in args.peer_variant.split(","):
         if v not in DDP_VARIANTS:
@@ -580,17 +597,21 @@ def main(argv=None):
         net.create()
         log("network up: %d namespaces under %s-*, %g Gbit/s per node each way"
             % (len(net.created), args.prefix, args.gbit))
-        plan = [("bitpush", spec, security) for spec in specs for security in args.security]
+        plan = [("bitpush", spec, (security, transport)) for spec in specs
+                for security in args.security for transport in args.transports]
         plan += [("ddp", v, None) for v in variants]
         runs = {item: [] for item in plan}
         for rep in range(args.repeats):
             for item in (plan if rep % 2 == 0 else list(reversed(plan))):
-                kind, what, security = item
+                kind, what, how = item
                 if kind == "bitpush":
-                    log("push_pull %s (security %s): %d workers x %d servers, %g MiB, %d+%d "
-                        "rounds%s" % (what, security, args.workers, args.servers, args.mb,
-                                      args.warmup, args.iters, rep_note(rep, args.repeats)))
-                    runs[item].append(run_pushpull(args, net, what, security, keys_dir))
+                    security, transport = how
+                    log("push_pull %s (security %s, %s): %d workers x %d servers, %g MiB, %d+%d "
+                        "rounds%s" % (what, security, transport, args.workers, args.servers,
+                                      args.mb, args.warmup, args.iters,
+                                      rep_note(rep, args.repeats)))
+                    runs[item].append(run_pushpull(args, net, what, security, keys_dir,
+                                                   transport))
                 else:
                     log("DDP %s (gloo): %d ranks, %g MiB, %d+%d rounds%s"
                         % (what, args.workers, args.mb, args.warmup, args.iters,
@@ -625,16 +646,16 @@ def main(argv=None):
         if keys_dir:
             shutil.rmtree(keys_dir, ignore_errors=True)
 
-    def find(spec, security):
-        return next((r for r in rows if r["compressor"] == spec and r["security"] == security),
-                    None)
+    def find(spec, security, transport):
+        return next((r for r in rows if r["compressor"] == spec and r["security"] == security
+                     and r["transport"] == transport), None)
 
     full_size = (args.workers, args.servers, args.mb, args.gbit) == (2, 2, 100, 1) \
         and args.delay_ms == 0 and args.loss_pct == 0
     for r in rows:
-        none = find("none", r["security"])
+        none = find("none", r["security"], r["transport"])
         r["speedup_vs_none"] = none["median_round_ms"] / r["median_round_ms"] if none else None
-        plain = find(r["compressor"], "none")
+        plain = find(r["compressor"], "none", r["transport"])
         r["security_ratio"] = (plain["median_round_ms"] / r["median_round_ms"]
                                if plain else None)
         target = TARGETS.get(r["compressor"])
