@@ -19,7 +19,7 @@ CMAKE_ARGS ?=
 RELEASE_FLAGS = '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG' \
   '-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG'
 # They are also unity builds (CMAKE_UNITY_BUILD: a library's sources compiled 8 to a file), a
-# third less compile time: most of each object file is the same inline code of the standard
+# fifth less compile time: most of each object file is the same inline code of the standard
 # library, spdlog, fmt and protobuf, compiled once per unity file instead of once per source. A
 # source whose file-local names clash with another's is compiled on its own
 # (SKIP_UNITY_BUILD_INCLUSION, or UNITY_BUILD OFF for a whole library, in its CMakeLists.txt);
