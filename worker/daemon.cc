@@ -222,11 +222,7 @@ Status Daemon::Run() {
       // The cluster is gone (the scheduler shut it down, a server died): the node can never
       // serve again, so it ends now — idle or not — instead of waiting for a push_pull to
       // fail (or for a signal, under systemd). Noticed within kMaxPollWait.
-      if (Status cluster = engine_->status(); !cluster.ok()) {
-        FailNode(Status(cluster.code(),
-                        fmt::format("{}: the cluster failed: {}", label_, cluster.message())),
-                 nullptr);
-      }
+      if (Status cluster = ClusterFailure(); !cluster.ok()) FailNode(cluster, nullptr);
     }
     if (!ended_ && !decl_error_.ok() &&
         ((joined_.size() >= local_size_ &&
@@ -272,6 +268,13 @@ milliseconds Daemon::NextPollTimeout() const {
   }
   const auto wait = std::chrono::duration_cast<milliseconds>(next - Clock::now()) + milliseconds(1);
   return std::max(milliseconds(0), wait);
+}
+
+Status Daemon::ClusterFailure() const {
+  Status cluster = engine_->status();
+  if (cluster.ok()) return cluster;
+  return Status(cluster.code(),
+                fmt::format("{}: the cluster failed: {}", label_, cluster.message()));
 }
 
 void Daemon::FailNode(const Status& error, const Conn* dead) {

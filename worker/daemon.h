@@ -228,6 +228,10 @@ class Daemon {
   void MaybeDispatch(TensorState& t);
   void CheckGatherDeadlines();
   void FailNode(const Status& error, const Conn* dead);
+  // Ok while the cluster is up; else why the node can never serve again ("<label>: the
+  // cluster failed: <the engine's status>"), the node's cause even when a training process
+  // leaves because of it before the run loop noticed.
+  Status ClusterFailure() const;
   void DropConn(Conn& c);
   void SendDone(ipc::Channel& ch, uint32_t tensor, uint64_t round, const Status& s,
                 uint64_t bytes_pushed = 0, uint64_t bytes_pulled = 0);

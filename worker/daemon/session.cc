@@ -69,6 +69,11 @@ void Daemon::ReadFrom(Conn& c) {
       DropConn(c);
       return;
     }
+    if (Status cluster = ClusterFailure(); !cluster.ok()) {
+      // The cluster ended first and the process left because of it: the cluster is the cause.
+      FailNode(cluster, &c);
+      return;
+    }
     FailNode(UnavailableError(
                  fmt::format("{}: training process {} failed: {}", label_, c.who, s.message())),
              &c);
