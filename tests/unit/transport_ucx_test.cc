@@ -1270,7 +1270,9 @@ void MeetChild(Transport* parent) {
 }
 
 // Kills the child and receives on `parent` until its kPeerDisconnected (at most 30 s), handing
-// every message to `on_message`; checks the event names the child, came within 5 s, and that a
+// every message to `on_message`; checks the event names the child, came within 10 s (a few
+// hundred ms as a rule; the shared-memory lanes under ASan beside a parallel ctest once took
+// 5.5 s), and that a
 // later Send to the child is Unavailable, naming it.
 template <typename F>
 void KillChildAndAwaitItsDisconnect(Transport* parent, const UcxChild& child, F on_message) {
@@ -1291,7 +1293,7 @@ void KillChildAndAwaitItsDisconnect(Transport* parent, const UcxChild& child, F 
   }
   const auto elapsed = Clock::now() - killed;
   ASSERT_TRUE(reported) << "no kPeerDisconnected for the killed child within 30 s";
-  EXPECT_LT(elapsed, std::chrono::seconds(5))
+  EXPECT_LT(elapsed, std::chrono::seconds(10))
       << std::chrono::duration_cast<milliseconds>(elapsed).count() << " ms";
   const Status s = parent->Send("child", Text("late"));
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
