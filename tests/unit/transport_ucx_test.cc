@@ -1272,8 +1272,7 @@ void MeetChild(Transport* parent) {
 // Kills the child and receives on `parent` until its kPeerDisconnected (at most 30 s), handing
 // every message to `on_message`; checks the event names the child, came within 10 s (a few
 // hundred ms as a rule; the shared-memory lanes under ASan beside a parallel ctest once took
-// 5.5 s), and that a
-// later Send to the child is Unavailable, naming it.
+// 5.5 s), and that a later Send to the child is Unavailable, naming it.
 template <typename F>
 void KillChildAndAwaitItsDisconnect(Transport* parent, const UcxChild& child, F on_message) {
   ASSERT_EQ(kill(child.pid(), SIGKILL), 0);
