@@ -46,6 +46,12 @@ void AddBf16Scalar(const uint16_t* s, float* d, size_t n) {
 void AddFloatScalar(const float* s, float* d, size_t n) {
   for (size_t i = 0; i < n; ++i) St(d, i, Ld(d, i) + Ld(s, i));
 }
+void AddScaleFloatScalar(const float* s, float* d, size_t n, float scale) {
+  for (size_t i = 0; i < n; ++i) {
+    const float sum = Ld(d, i) + Ld(s, i);  // rounded before the multiply
+    St(d, i, sum * scale);
+  }
+}
 
 void CastWithResidualScalar(const float* g, float* e, TensorView out) {
   const size_t n = out.count();
@@ -138,6 +144,17 @@ BP_TARGET_AVX2 void AddBf16Avx2(const uint16_t* s, float* d, size_t n) {
     _mm256_storeu_ps(d + i, _mm256_add_ps(_mm256_loadu_ps(d + i), v));
   }
   AddBf16Scalar(s + i, d + i, n - i);
+}
+BP_TARGET_AVX2 void AddScaleFloatAvx2(const float* s, float* d, size_t n, float scale) {
+  const __m256 k = _mm256_set1_ps(scale);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 a = _mm256_add_ps(_mm256_loadu_ps(d + i), _mm256_loadu_ps(s + i));
+    const __m256 b = _mm256_add_ps(_mm256_loadu_ps(d + i + 8), _mm256_loadu_ps(s + i + 8));
+    _mm256_storeu_ps(d + i, _mm256_mul_ps(a, k));
+    _mm256_storeu_ps(d + i + 8, _mm256_mul_ps(b, k));
+  }
+  AddScaleFloatScalar(s + i, d + i, n - i, scale);
 }
 BP_TARGET_AVX2 void AddFloatAvx2(const float* s, float* d, size_t n) {
   size_t i = 0;
@@ -250,6 +267,23 @@ BP_TARGET_AVX512 void AddBf16Avx512(const uint16_t* s, float* d, size_t n) {
                           _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + i), LoadBf16x16(s + i, m)));
   }
 }
+BP_TARGET_AVX512 void AddScaleFloatAvx512(const float* s, float* d, size_t n, float scale) {
+  const __m512 k = _mm512_set1_ps(scale);
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 a = _mm512_add_ps(_mm512_loadu_ps(d + i), _mm512_loadu_ps(s + i));
+    const __m512 b = _mm512_add_ps(_mm512_loadu_ps(d + i + 16), _mm512_loadu_ps(s + i + 16));
+    _mm512_storeu_ps(d + i, _mm512_mul_ps(a, k));
+    _mm512_storeu_ps(d + i + 16, _mm512_mul_ps(b, k));
+  }
+  for (; i < n; i += 16) {
+    const size_t left = n - i;
+    const __mmask16 m = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+    const __m512 a =
+        _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + i), _mm512_maskz_loadu_ps(m, s + i));
+    _mm512_mask_storeu_ps(d + i, m, _mm512_mul_ps(a, k));
+  }
+}
 BP_TARGET_AVX512 void AddFloatAvx512(const float* s, float* d, size_t n) {
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -316,6 +350,9 @@ void FloatToBf16Array(const float* s, uint16_t* d, size_t n, IsaLevel isa) {
 }
 void AddFloatArray(const float* s, float* d, size_t n, IsaLevel isa) {
   BP_DISPATCH(isa, AddFloat, s, d, n);
+}
+void AddScaleFloatArray(const float* s, float* d, size_t n, float scale, IsaLevel isa) {
+  BP_DISPATCH(isa, AddScaleFloat, s, d, n, scale);
 }
 static void AddHalfArray(const uint16_t* s, float* d, size_t n, IsaLevel isa) {
   BP_DISPATCH(isa, AddHalf, s, d, n);

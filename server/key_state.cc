@@ -9,6 +9,7 @@
 #include "common/counter_rng.h"
 #include "common/little_endian.h"
 #include "common/logging.h"
+#include "common/vector_ops.h"
 #include "compressors/payload.h"
 #include "compressors/registry.h"
 
@@ -255,6 +256,7 @@ Status KeyState::PushImpl(uint32_t worker, uint64_t round, transport::Buffer buf
     r->is_published = false;
     r->adopted = transport::Buffer();
     r->acc = nullptr;  // AddFirst sets it
+    r->averaged = false;
     r->lr = lr.value_or(0.0f);
   }
   if (worker != r->next_to_add) {  // not its turn yet: hold the payload
@@ -269,10 +271,9 @@ Status KeyState::PushImpl(uint32_t worker, uint64_t round, transport::Buffer buf
   // Validates the whole payload before touching the accumulator. The first push of a round
   // is decoded straight into it (no zeroing pass). The fused round only validates it here and
   // keeps the buffer for Publish.
-  const Status added = fused_ ? compressor_->ValidatePayload(payload, spec_.elements)
-                       : r->next_to_add == 0
-                           ? AddFirst(*r, buffer)
-                           : compressor_->DecompressAdd(payload, {r->acc, spec_.elements});
+  const Status added = fused_                ? compressor_->ValidatePayload(payload, spec_.elements)
+                       : r->next_to_add == 0 ? AddFirst(*r, buffer)
+                                             : AddPush(*r, r->next_to_add, payload);
   if (!added.ok()) {
     if (r->pushes == 0) r->active = false;  // nothing accumulated: give the slot back
     return Reject(added.WithContext(
@@ -298,8 +299,7 @@ Status KeyState::AddInOrder(Round& r) {
     } else {
       transport::Buffer held = std::move(r.held[w]);
       r.held[w] = transport::Buffer();
-      added = w == 0 ? AddFirst(r, held)
-                     : compressor_->DecompressAdd(held.span(), {r.acc, spec_.elements});
+      added = w == 0 ? AddFirst(r, held) : AddPush(r, w, held.span());
     }
     if (!added.ok()) {
       // Refused late: the worker may push this round again.
@@ -352,11 +352,31 @@ Status KeyState::AddFirst(Round& r, transport::Buffer& buffer) {
   return compressor_->DecompressToFloat(buffer.span(), {r.acc, spec_.elements});
 }
 
+float KeyState::AverageScale() const {
+  return spec_.average && spec_.num_workers > 1 ? 1.0f / static_cast<float>(spec_.num_workers)
+                                                : 1.0f;
+}
+
+Status KeyState::AddPush(Round& r, uint32_t worker, ByteSpan payload) {
+  const float inv = AverageScale();
+  if (!accumulate_in_payload_ || inv == 1.0f || worker + 1 != spec_.num_workers) {
+    return compressor_->DecompressAdd(payload, {r.acc, spec_.elements});
+  }
+  // The round's last push of fp32 `none`: added and averaged in one pass (the same two
+  // roundings per element as the add and Publish's scaling pass would make).
+  BP_RETURN_IF_ERROR(compressor_->ValidatePayload(payload, spec_.elements));
+  // Unaligned loads: the body need not be float-aligned.
+  const auto* body =
+      reinterpret_cast<const float*>(payload.data() + compressors::kPayloadHeaderBytes);
+  AddScaleFloatArray(body, r.acc, spec_.elements, inv, compressor_->isa());
+  r.averaged = true;
+  return Status::Ok();
+}
+
 Status KeyState::Publish(Round& r) {
   const size_t n = spec_.elements;
-  const float inv =
-      spec_.average && spec_.num_workers > 1 ? 1.0f / static_cast<float>(spec_.num_workers) : 1.0f;
-  if (!fused_ && inv != 1.0f) {  // the average, in place
+  const float inv = AverageScale();
+  if (!fused_ && inv != 1.0f && !r.averaged) {  // the average, in place
     float* acc = r.acc;
     for (size_t i = 0; i < n; ++i) acc[i] *= inv;
   }

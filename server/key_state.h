@@ -220,6 +220,7 @@ class KeyState {
     transport::Buffer adopted;            // rank 0's push, when it is the accumulator
     transport::Buffer published;
     bool is_published = false;
+    bool averaged = false;  // the last add already applied the average (AddPush)
     // Bytes behind `published`, reused by the next round in this slot when nobody else holds
     // them any more.
     std::shared_ptr<std::vector<uint8_t>> payload_storage;
@@ -249,6 +250,11 @@ class KeyState {
   size_t InPayloadBytes() const {
     return compressors::kPayloadHeaderBytes + spec_.elements * sizeof(float);
   }
+  // 1 / num_workers when the key publishes the average of several workers, else 1.
+  float AverageScale() const;
+  // Adds worker's push (worker >= 1) into r.acc; the round's last push of fp32 `none` is
+  // added and averaged in one pass (sets r.averaged).
+  Status AddPush(Round& r, uint32_t worker, ByteSpan payload);
   // Adds held pushes from r.next_to_add on while they are present; publishes when all are in.
   Status AddInOrder(Round& r);
   std::string Missing(const std::vector<uint8_t>& flags) const;

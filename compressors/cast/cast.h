@@ -30,6 +30,10 @@ class CastCompressor final : public CompressorBase {
   size_t EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n, const CompressContext& ctx,
                                    uint8_t* body) override;
   Status DecodeBody(ByteSpan body, size_t n, DType dtype, float* out, bool add) override;
+  // Every value of the right size decodes: the body's length is the only check.
+  Status ValidateBody(ByteSpan body, size_t n, DType dtype) override {
+    return CheckBodySize(body, n, Stored(dtype));
+  }
   // Values stored in the output's own dtype (none of fp16 / bf16, fp16 into fp16, bf16 into
   // bf16): one copy, no fp32 round trip.
   bool DecodeBodyInDType(ByteSpan body, size_t n, DType dtype, void* out, Status* status) override;

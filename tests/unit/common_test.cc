@@ -178,6 +178,29 @@ TEST(VectorOps, ConvertAndAddAgreeAcrossIsa) {
   }
 }
 
+TEST(VectorOps, AddScaleIsTheAddThenTheScaleOnEveryIsa) {
+  // (d + s) * k, each rounded: exactly what an add pass and a scaling pass give, on every
+  // ISA and at every tail length; 1/3 is not a power of two, so a fused multiply-add or a
+  // reassociation would show.
+  for (size_t n : {0u, 1u, 7u, 15u, 16u, 17u, 31u, 32u, 33u, 1000u, 4097u}) {
+    const std::vector<float> s = RandomFloats(n, n + 3);
+    const std::vector<float> d0 = RandomFloats(n, n + 4);
+    for (float k : {0.5f, 1.0f / 3.0f, 0.125f}) {
+      std::vector<float> want(n);
+      for (size_t i = 0; i < n; ++i) {
+        const volatile float sum = d0[i] + s[i];
+        want[i] = sum * k;
+      }
+      for (IsaLevel isa : SupportedIsaLevels()) {
+        std::vector<float> got = d0;
+        AddScaleFloatArray(s.data(), got.data(), n, k, isa);
+        EXPECT_EQ(0, std::memcmp(got.data(), want.data(), n * sizeof(float)))
+            << IsaLevelName(isa) << " n=" << n << " k=" << k;
+      }
+    }
+  }
+}
+
 TEST(AlignedBuffer, AlignedAndKeepsPrefix) {
   AlignedBuffer<float> b(5);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % kBufferAlignment, 0u);
