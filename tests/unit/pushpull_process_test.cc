@@ -425,8 +425,10 @@ class PushPullProcessTest : public ::testing::TestWithParam<TransportCase> {
     }
     // A round already answered by the stalled server may still end; none after that.
     std::this_thread::sleep_for(milliseconds(500));
-    std::vector<size_t> rounds_before;
-    for (Child* w : workers) rounds_before.push_back(IterationMs(w->output()).size());
+    std::vector<size_t> rounds_before(workers.size());
+    for (size_t i = 0; i < workers.size(); ++i) {
+      rounds_before[i] = IterationMs(workers[i]->output()).size();
+    }
     std::this_thread::sleep_until(stopped + milliseconds(kStallMs));
     for (size_t i = 0; i < workers.size(); ++i) {
       EXPECT_EQ(IterationMs(workers[i]->output()).size(), rounds_before[i])
@@ -476,8 +478,8 @@ class PushPullProcessTest : public ::testing::TestWithParam<TransportCase> {
       StatusOr<ReferenceTensor> ref = ReferenceTensor::Create(r);
       ASSERT_TRUE(ref.ok()) << ref.status().ToString();
       ASSERT_EQ(ref->compressed(), t == 1);
-      std::vector<std::vector<uint8_t>> inputs;
-      for (uint32_t w = 0; w < kWorkers; ++w) inputs.push_back(slice(w, -1, t));
+      std::vector<std::vector<uint8_t>> inputs(kWorkers);
+      for (uint32_t w = 0; w < kWorkers; ++w) inputs[w] = slice(w, -1, t);
       for (int i = 0; i < kIters; ++i) {
         StatusOr<std::vector<uint8_t>> want = ref->Round(inputs);
         ASSERT_TRUE(want.ok()) << want.status().ToString();
