@@ -740,18 +740,22 @@ TEST_P(PushPullProcessTest, KilledWorkerFailsTheOtherWorkersPendingHandles) {
   KillWorkerMidRound();
 }
 
-TEST_P(PushPullProcessTest, KilledWorkerHoldingCreditFailsTheOthersAndEveryProcessExits) {
+// Flow control under real processes: on one transport of each kind (the engine's credit and
+// window do not depend on the lane, and each case takes 5-10 s).
+using PushPullFlowControlTest = PushPullProcessTest;
+
+TEST_P(PushPullFlowControlTest, KilledWorkerHoldingCreditFailsTheOthersAndEveryProcessExits) {
   KillWorkerHoldingCredit();
 }
 
 // Credit and window of one byte: one partition in flight beyond the first in posting order, one
 // raw partition at a server.
-TEST_P(PushPullProcessTest, StalledServerResumesBitForBitUnderOneByteCredit) {
+TEST_P(PushPullFlowControlTest, StalledServerResumesBitForBitUnderOneByteCredit) {
   StallServerMidRun(1, 1);
 }
 
 // Credit and window wide enough for every partition of a round at once.
-TEST_P(PushPullProcessTest, StalledServerResumesBitForBitUnderWideCredit) {
+TEST_P(PushPullFlowControlTest, StalledServerResumesBitForBitUnderWideCredit) {
   StallServerMidRun(uint64_t{64} << 20, uint64_t{64} << 20);
 }
 
@@ -762,6 +766,13 @@ INSTANTIATE_TEST_SUITE_P(
                       TransportCase{"ucx_shm", TestTransport::kUcx, "sm,self,tcp"},
                       TransportCase{"ucx_tcp_curve", TestTransport::kUcx, "tcp", true}),
     [](const ::testing::TestParamInfo<TransportCase>& info) { return info.param.name; });
+
+INSTANTIATE_TEST_SUITE_P(Transports, PushPullFlowControlTest,
+                         ::testing::Values(TransportCase{"zmq", TestTransport::kTcp, ""},
+                                           TransportCase{"ucx_tcp", TestTransport::kUcx, "tcp"}),
+                         [](const ::testing::TestParamInfo<TransportCase>& info) {
+                           return info.param.name;
+                         });
 
 using PushPullUsageTest = PushPullProcessTest;
 
