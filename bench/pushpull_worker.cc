@@ -32,7 +32,7 @@ constexpr char kUsage[] =
     "       [--warmup W] [--pause-ms M] [--linger-ms L] [--compression SPEC]\n"
     "       [--dtype float32|float16|bfloat16] [--placement worker|server]\n"
     "       [--optimizer sgd|adamw|lans]\n"
-    "       [--results PATH] [--quiet]\n"
+    "       [--results PATH] [--record PATH] [--quiet]\n"
     "       [--shutdown-timeout-ms T] [--log-level trace|debug|info|warn|error]\n"
     "Declares K tensors of X MiB of the dtype (default 1 x 1 MiB of float32), runs W warm-up\n"
     "and N timed (default 10) PushPull+Wait iterations, sleeping M ms before each, then shuts "
@@ -41,6 +41,8 @@ constexpr char kUsage[] =
     "iteration pushes the gradient with lr 1e-3 and receives the weights (worker 0's starting\n"
     "weights installed first). --placement worker with --optimizer: this process runs the\n"
     "optimizer on the averaged gradient after each iteration (its state lives here).\n"
+    "--record PATH: every tensor's input, then its output after each completed iteration, as\n"
+    "raw bytes appended to PATH (for tests that check the results against a reference).\n"
     "Exit: 0 ok, 1 start-up/declare/shutdown failure, 2 usage, 3 a push_pull failed.\n";
 
 struct Options {
@@ -56,6 +58,7 @@ struct Options {
   std::string compression;
   DType dtype = DType::kFloat32;
   std::string results_path;
+  std::string record_path;
   std::string log_level = "warn";
   bool quiet = false;
   std::string placement = "worker";  // "server": the servers run the optimizer
@@ -144,6 +147,15 @@ class Worker {
       outputs_[i].assign(elements * esz, 0);
       ConvertFromFloat(gradient.data(), TensorView(inputs_[i].data(), elements, opt_.dtype),
                        BestIsaLevel());
+    }
+    if (!opt_.record_path.empty()) {
+      record_file_.open(opt_.record_path, std::ios::binary | std::ios::trunc);
+      if (!record_file_) {
+        std::fprintf(stderr, "%s: --record: cannot write '%s'\n", program_.c_str(),
+                     opt_.record_path.c_str());
+        return 2;
+      }
+      if (!Record(inputs_)) return 1;
     }
     const auto t_commit = Clock::now();
     if (Status s = client_->CommitDeclarations(); !s.ok()) return Fail(1, "declare", s);
@@ -261,6 +273,7 @@ class Worker {
       return rc;
     }
     last_success_ = t1;
+    if (!Record(outputs_)) return 1;
     if (!opt_.quiet) Print("%s: %s %lld ok %.2f ms\n", label_.c_str(), what, i, Ms(t1 - t0));
     return 0;
   }
@@ -278,6 +291,21 @@ class Worker {
     record_.Add("status", context + ": " + s.ToString());
     WriteResults();
     return rc;
+  }
+
+  // Appends every tensor's bytes to --record's file (if any) and flushes it; false (after
+  // printing why) when the write fails.
+  bool Record(const std::vector<std::vector<uint8_t>>& tensors) {
+    if (!record_file_.is_open()) return true;
+    for (const std::vector<uint8_t>& t : tensors) {
+      record_file_.write(reinterpret_cast<const char*>(t.data()),
+                         static_cast<std::streamsize>(t.size()));
+    }
+    record_file_.flush();
+    if (record_file_) return true;
+    std::fprintf(stderr, "%s %s: error: --record: writing '%s' failed\n", program_.c_str(),
+                 label_.c_str(), opt_.record_path.c_str());
+    return false;
   }
 
   void WriteResults() {
@@ -298,6 +326,7 @@ class Worker {
   size_t elements_ = 0;  // per tensor
   Clock::time_point last_success_;
   JsonRecord record_;
+  std::ofstream record_file_;  // --record
 };
 
 bool ParseInt(const char* text, long long* out) {
@@ -348,6 +377,8 @@ int RunPushPullWorker(const char* program, int argc, char** argv) {
       }
     } else if (arg == "--results") {
       opt.results_path = v;
+    } else if (arg == "--record") {
+      opt.record_path = v;
     } else if (arg == "--log-level") {
       opt.log_level = v;
     } else if (arg == "--tensor-mb") {
