@@ -1,9 +1,11 @@
 // bitpush-bench compressors: single-thread throughput of every compressor operation on fp32
 // buffers, each reported as GB/s of fp32 input and as a ratio to memcpy of the same bytes
 // measured in the same run.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
@@ -55,13 +57,48 @@ struct Options {
   IsaLevel isa = BestIsaLevel();
   std::vector<size_t> sizes_mib = {4, 64};
   double min_seconds = 0.3;
-  std::string only;  // substring filter on the spec
+  // --only: a spec runs when one of these is a substring of it; empty runs every spec.
+  std::vector<std::string> only;
 };
+
+bool Selected(const Options& o, const std::string& spec) {
+  if (o.only.empty()) return true;
+  for (const std::string& filter : o.only) {
+    if (spec.find(filter) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// 0, or 2 after naming the --only filter that selects no spec and the compressors there are: a
+// filter that matches nothing would measure memcpy alone and look like a successful run.
+int CheckOnly(const Options& o) {
+  for (const std::string& filter : o.only) {
+    Options one;
+    one.only = {filter};
+    if (std::any_of(std::begin(kDefaultSpecs), std::end(kDefaultSpecs),
+                    [&](const char* spec) { return Selected(one, spec); }))
+      continue;
+    std::vector<std::string> names;
+    for (const char* spec : kDefaultSpecs) {
+      std::string name(spec);
+      name.resize(name.find(':') == std::string::npos ? name.size() : name.find(':'));
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    }
+    std::string list;
+    for (const std::string& name : names) list += (list.empty() ? "" : ", ") + name;
+    std::fprintf(stderr,
+                 "bitpush-bench compressors: --only '%s' matches no compressor spec (a filter is "
+                 "a substring of a spec; the compressors: %s)\n",
+                 filter.c_str(), list.c_str());
+    return 2;
+  }
+  return 0;
+}
 
 void PrintHelp() {
   std::printf(
       "usage: bitpush-bench compressors [--json] [--isa avx512|avx2|scalar] [--sizes-mib 4,64]\n"
-      "                                 [--min-time SECONDS] [--only SUBSTRING]\n"
+      "                                 [--min-time SECONDS] [--only FILTER[,FILTER...]]\n"
       "Measures memcpy, then compress, compress_ef, decompress, decompress_add and server_round\n"
       "of every compressor on random normal fp32 data, one thread. gbps = fp32 input bytes /\n"
       "best time. server_round: a server's round over 4 pushes of the payload (the fused\n"
@@ -69,7 +106,10 @@ void PrintHelp() {
       "compress; a compressed-domain method's round runs through its server error-feedback\n"
       "state where its recommended policy keeps one), gbps counting the 4 pushes' fp32 bytes.\n"
       "compress_ef runs through the method's worker error-feedback state (binsgdm: its whole\n"
-      "worker step).\n");
+      "worker step).\n"
+      "--only takes a comma-separated list: a spec runs when one of the filters is a substring\n"
+      "of it (--only loco,sdp4bit; --only dithering:levels=3); a filter that matches no spec is\n"
+      "refused.\n");
 }
 
 int ParseArgs(int argc, char** argv, Options* o) {
@@ -112,7 +152,13 @@ int ParseArgs(int argc, char** argv, Options* o) {
     } else if (a == "--min-time") {
       o->min_seconds = ParseSeconds("compressors", "--min-time", next("--min-time"));
     } else if (a == "--only") {
-      o->only = next("--only");
+      const std::string list = next("--only");
+      o->only = SplitSpecList(list);
+      if (o->only.empty()) {
+        std::fprintf(stderr, "bitpush-bench compressors: --only '%s' names no compressor\n",
+                     list.c_str());
+        return 2;
+      }
     } else if (a == "--help" || a == "-h") {
       PrintHelp();
       std::exit(0);
@@ -122,7 +168,7 @@ int ParseArgs(int argc, char** argv, Options* o) {
       return 2;
     }
   }
-  return 0;
+  return CheckOnly(*o);
 }
 
 }  // namespace
@@ -176,7 +222,7 @@ int RunCompressorsBench(int argc, char** argv) {
     }
 
     for (const char* spec : kDefaultSpecs) {
-      if (!opt.only.empty() && std::string(spec).find(opt.only) == std::string::npos) continue;
+      if (!Selected(opt, spec)) continue;
       compressors::CompressorOptions copts;
       copts.isa = opt.isa;
       auto created = compressors::CreateCompressor(spec, copts);

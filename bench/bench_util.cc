@@ -164,6 +164,24 @@ double JsonNumber(const std::map<std::string, std::string>& m, const std::string
   return end != it->second.c_str() && *end == '\0' ? v : fallback;
 }
 
+std::vector<std::string> SplitSpecList(const std::string& list) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = list.find(',', pos);
+    const std::string piece = list.substr(pos, comma == std::string::npos ? comma : comma - pos);
+    if (!out.empty() && piece.find('=') != std::string::npos &&
+        piece.find(':') == std::string::npos) {
+      out.back() += "," + piece;
+    } else if (!piece.empty()) {
+      out.push_back(piece);
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
 void UsageError(const char* subcommand, const std::string& msg) {
   std::fprintf(stderr, "bitpush-bench %s: %s\n", subcommand, msg.c_str());
   std::exit(2);

@@ -71,6 +71,12 @@ size_t ParsePositive(const char* subcommand, const std::string& flag, const std:
 // A number of seconds > 0 (a decimal fraction: "0.2"), or the usage error naming the flag.
 double ParseSeconds(const char* subcommand, const std::string& flag, const std::string& text);
 
+// A comma-separated list of compressor specs, split where a new spec starts:
+// "none,randomk:ratio=0.01,unbiased=false,onebit" -> none | randomk:ratio=0.01,unbiased=false |
+// onebit (a piece with '=' but no ':' is a parameter of the spec before it). Empty pieces are
+// dropped.
+std::vector<std::string> SplitSpecList(const std::string& list);
+
 // Walks a subcommand's arguments (argv[1..]) flag by flag:
 //   for (ArgCursor args("localreduce", argc, argv); args.Next();) {
 //     if (args.flag() == "--mb") mb = ParsePositive(..., args.Value(), ...); ...

@@ -720,13 +720,24 @@ void Scheduler::ShutdownNodes(const std::string& error) {
                                  : cluster_.heartbeat_timeout;
   const time_point start = clock_->Now();
   draining_ = true;
-  ShutdownRole(v1::ROLE_WORKER, error, start + bound / 2, bound);
-  ShutdownRole(v1::ROLE_SERVER, error, start + bound, bound);
+  std::vector<std::pair<std::string, Status>> gone;
+  ShutdownRole(v1::ROLE_WORKER, error, start + bound / 2, bound, &gone);
+  ShutdownRole(v1::ROLE_SERVER, error, start + bound, bound, &gone);
   draining_ = false;
+  // A teardown often follows nodes that went away (one died, or the launcher is stopping them
+  // all): that their Shutdown could not be sent is expected, said once, not warned per node.
+  if (!gone.empty()) {
+    std::string names;
+    for (const auto& [name, why] : gone) names += (names.empty() ? "" : ", ") + name;
+    BP_LOG_INFO(
+        "scheduler: Shutdown not sent to {} node(s) no longer reachable: {} (the first: {})",
+        gone.size(), names, gone.front().second.message());
+  }
 }
 
 void Scheduler::ShutdownRole(v1::Role role, const std::string& error, time_point deadline,
-                             milliseconds bound) {
+                             milliseconds bound,
+                             std::vector<std::pair<std::string, Status>>* gone) {
   v1::ControlMessage m;
   m.mutable_shutdown()->set_error(error);
   size_t waiting = 0;
@@ -738,7 +749,12 @@ void Scheduler::ShutdownRole(v1::Role role, const std::string& error, time_point
     } else if (st.ok()) {
       ++waiting;
     } else {
-      BP_LOG_WARN("scheduler: cannot send Shutdown to {}: {}", s.name, st.ToString());
+      // Unavailable: the peer is disconnected (transport.h), or stopped taking messages.
+      if (st.code() == StatusCode::kUnavailable) {
+        gone->emplace_back(s.name, st);
+      } else {
+        BP_LOG_WARN("scheduler: cannot send Shutdown to {}: {}", s.name, st.ToString());
+      }
       s.shutdown_acked = true;  // nothing to wait for
     }
   }

@@ -27,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/clock.h"
@@ -164,9 +165,13 @@ class Scheduler {
   // the bound passed) to every server, waiting (bounded) for their acks.
   void ShutdownNodes(const std::string& error);
   // ShutdownNodes' one phase: Shutdown to every live node of `role`, then their acknowledgements
-  // until `deadline` (the warning names those missing and the whole `bound`).
+  // until `deadline` (the warning names those missing and the whole `bound`). Nodes whose
+  // Shutdown could not be sent because they are unreachable (Unavailable: disconnected) are
+  // appended to `*gone` with the reason (ShutdownNodes names them in one line); any other send
+  // failure is warned about.
   void ShutdownRole(v1::Role role, const std::string& error, time_point deadline,
-                    std::chrono::milliseconds bound);
+                    std::chrono::milliseconds bound,
+                    std::vector<std::pair<std::string, Status>>* gone);
   Status SendTo(const std::string& peer, const v1::ControlMessage& msg);
   Slot* FindSlot(const std::string& peer);
 

@@ -56,19 +56,15 @@ void Dispatcher::Register(node::NodeEndpoint* endpoint) {
   }
   endpoint->OnUnhandledData([this](const Sender& from, DataHeader& h, Message&) {
     if (std::optional<uint32_t> w = CheckedWorker(from, h)) {
-      workers_->SendError(*w, h.op(), h.key(), h.round(),
-                          InvalidArgumentError(fmt::format("unexpected data op {} from worker {}",
-                                                           DataHeader::Op_Name(h.op()), *w)));
+      Refuse(*w, fmt::format("a message with data op {}, which no handler serves",
+                             DataHeader::Op_Name(h.op())));
     }
   });
   endpoint->OnRejected(Plane::kData, [this](const Sender& from, const Message& m,
                                             node::NodeEndpoint::Rejection why, std::string_view) {
     const std::optional<uint32_t> worker = WorkerOf(from);
     if (!worker || why != node::NodeEndpoint::Rejection::kMalformed) return;
-    workers_->SendError(
-        *worker, DataHeader::OP_UNSPECIFIED, 0, 0,
-        DataLossError(fmt::format("server {}: malformed data header from worker {} ({} bytes)",
-                                  rank_, *worker, m.header.size())));
+    Refuse(*worker, fmt::format("a malformed data header ({} bytes)", m.header.size()));
   });
   endpoint->OnEvent(Plane::kData, [this](const Sender& from, const transport::TransportEvent& ev) {
     // A lost connection is not a verdict (workers close theirs at a clean shutdown): the
@@ -102,10 +98,8 @@ std::optional<uint32_t> Dispatcher::CheckedWorker(const node::Sender& sender,
   const std::optional<uint32_t> worker = WorkerOf(sender);
   if (!worker) return std::nullopt;
   if (header.sender() != *worker) {
-    workers_->SendError(
-        *worker, header.op(), header.key(), header.round(),
-        InvalidArgumentError(fmt::format("message from worker {} claims to be from worker {}",
-                                         *worker, header.sender())));
+    Refuse(*worker, fmt::format("a message ({}) whose header names worker {}",
+                                DataHeader::Op_Name(header.op()), header.sender()));
     return std::nullopt;
   }
   if (header.generation() < generation_) {  // sent before a server failed: its job rolled back
@@ -117,6 +111,13 @@ std::optional<uint32_t> Dispatcher::CheckedWorker(const node::Sender& sender,
     ResetGeneration(header.generation(), fmt::format("worker {} is in it", *worker));
   }
   return worker;
+}
+
+void Dispatcher::Refuse(uint32_t worker, const std::string& what) {
+  ++counters_->pushes_rejected;
+  if (std::string more; workers_->MayLog(fmt::format("refused:worker:{}", worker), &more)) {
+    BP_LOG_WARN("server {}: refused {} from worker {}; not answered{}", rank_, what, worker, more);
+  }
 }
 
 void Dispatcher::ResetGeneration(uint64_t generation, const std::string& why) {

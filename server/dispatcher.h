@@ -4,6 +4,10 @@
 // OP_INIT_KEY) on the engine thread with the least weighted load (a key weighs its bytes, times
 // kCompressedKeyWeight when compressed: paper 001 §4.2.4) and queues the message to the key's
 // thread. It never decompresses or compresses. Server 0's declaration check runs here too.
+// A worker's request that breaks a rule (an unknown key, a second push in a round...) is
+// answered with OP_ERROR (WorkerPeers); a message that is no request at all (a malformed
+// header, an op the server does not serve, a sender field naming another worker) is refused:
+// counted, logged, and not answered.
 //
 // The data-plane generation (cluster.server_rejoin_timeout_s): a server that died and rejoined
 // starts the next one, and every key and declaration of an older one is dropped — the
@@ -57,8 +61,14 @@ class Dispatcher {
  private:
   // The rank of `sender` if it is a worker of the cluster; otherwise counts and logs the drop.
   std::optional<uint32_t> WorkerOf(const node::Sender& sender);
-  // WorkerOf, plus the header's sender field must name the same worker (answered otherwise).
+  // WorkerOf, plus the header's sender field must name the same worker (refused otherwise).
   std::optional<uint32_t> CheckedWorker(const node::Sender& sender, const v1::DataHeader& header);
+  // Counts and logs (rate-limited) a message from `worker` that is no request a worker makes
+  // (`what`: a header that does not parse, an op this server does not serve, a sender field
+  // naming another worker), and answers nothing: replies go to the worker's own address, and
+  // whoever sent it with that worker's key need not be that worker, which has no request the
+  // answer could match.
+  void Refuse(uint32_t worker, const std::string& what);
   void PlaceInit(uint32_t worker, v1::DataHeader& header, transport::Message& message);
   void QueuePush(uint32_t worker, v1::DataHeader& header, transport::Message& message);
   // Drops the job's data-plane state (every key, on its engine thread; the placements and

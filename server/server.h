@@ -51,7 +51,8 @@ struct ServerOptions {
 struct ServerStats {
   uint64_t keys = 0;
   uint64_t pushes_accepted = 0;
-  // Requests refused (answered with OP_ERROR) and data messages from non-workers (dropped).
+  // Requests refused (answered with OP_ERROR), messages from workers that are no request
+  // (refused unanswered: Dispatcher::Refuse) and data messages from non-workers (dropped).
   uint64_t pushes_rejected = 0;
   uint64_t replies_sent = 0;  // OP_PULL_REPLY messages
   uint64_t rounds_published = 0;

@@ -14,7 +14,7 @@ void AddServerMetrics(const Server& server, metrics::MetricSet& set) {
   constexpr char kPushes[] = "bitpush_server_pushes_total";
   constexpr char kPushesHelp[] =
       "Pushes from workers by result: accepted, or rejected (answered with OP_ERROR, or dropped "
-      "for coming from a non-worker).";
+      "for being no request of a worker or coming from a non-worker).";
   set.Counter(kPushes, kPushesHelp, s.pushes_accepted, {{"result", "accepted"}});
   set.Counter(kPushes, kPushesHelp, s.pushes_rejected, {{"result", "rejected"}});
   constexpr char kQuant[] = "bitpush_server_quantized_values_total";

@@ -7,31 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "compressors/registry.h"
 #include "optimizers/param_state.h"
 
 namespace bitpush::bench::pushpull {
 namespace {
-
-// "none,randomk:ratio=0.01,unbiased=false,onebit" -> none | randomk:ratio=...,unbiased=false |
-// onebit: a piece with '=' but no ':' is a parameter of the spec before it.
-std::vector<std::string> SplitSpecs(const std::string& list) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos <= list.size()) {
-    const size_t comma = list.find(',', pos);
-    const std::string piece = list.substr(pos, comma == std::string::npos ? comma : comma - pos);
-    if (!out.empty() && piece.find('=') != std::string::npos &&
-        piece.find(':') == std::string::npos) {
-      out.back() += "," + piece;
-    } else if (!piece.empty()) {
-      out.push_back(piece);
-    }
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return out;
-}
 
 // --peer ddp's flags: 0, or 2 after saying what is wrong.
 int CheckDdpOptions(const Options& o) {
@@ -144,7 +125,7 @@ int ParseOptions(int argc, char** argv, Options* o) {
     auto add_choices = [&](std::initializer_list<const char*> allowed,
                            std::vector<std::string>* out) {
       const char* v = next();
-      const std::vector<std::string> names = SplitSpecs(v);
+      const std::vector<std::string> names = SplitSpecList(v);
       if (names.empty()) bad(v);
       for (const std::string& n : names) {
         if (std::find(allowed.begin(), allowed.end(), n) == allowed.end()) bad(v);
@@ -177,7 +158,7 @@ int ParseOptions(int argc, char** argv, Options* o) {
       o->raw_partition_kb = integer(0);
     } else if (a == "--compressor") {
       const char* v = next();
-      const std::vector<std::string> specs = SplitSpecs(v);
+      const std::vector<std::string> specs = SplitSpecList(v);
       if (specs.empty()) bad(v);
       o->compressors.insert(o->compressors.end(), specs.begin(), specs.end());
     } else if (a == "--security") {

@@ -285,6 +285,19 @@ assert r.returncode == 1 and "timed out after 1 s" in r.stderr and "worker 0" in
     r.stderr
 r = run("compressors", "--isa", "sse9")
 assert r.returncode == 2 and "sse9" in r.stderr, r.stderr
+# --only takes a list of substring filters (a spec's own parameters stay with it), and a filter
+# that selects no compressor is refused, naming the compressors, instead of timing memcpy alone.
+r = run("compressors", "--json", "--only", "loco,sdp4bit,dithering:levels=3,partition=natural",
+        "--sizes-mib", "1", "--min-time", "0.005")
+assert r.returncode == 0, r.stderr
+assert {rec["spec"] for rec in json.loads(r.stdout)} == {
+    "memcpy", "loco", "loco:block=128", "sdp4bit", "sdp4bit:hadamard=off",
+    "dithering:levels=3,partition=natural,norm=max"}, r.stdout
+for only in ("loco;sdp4bit", "loco,twobit", ","):
+    r = run("compressors", "--json", "--only", only, "--sizes-mib", "1", "--min-time", "0.005")
+    assert r.returncode == 2 and r.stdout == "" and "--only" in r.stderr, (only, r.stderr)
+    if only != ",":
+        assert "loco, sdp4bit" in r.stderr and (only.split(",")[-1] + "'") in r.stderr, r.stderr
 r = run("compressors", "--bogus")
 assert r.returncode == 2 and "--bogus" in r.stderr, r.stderr
 r = run("nosuchbench")

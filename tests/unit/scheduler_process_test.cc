@@ -59,7 +59,8 @@ class SchedulerProcessTest : public ::testing::Test {
 
   // Writes the cluster YAML (TestClusterConfig, tests/harness/test_cluster.h); node addresses
   // are ipc:// in the temp dir, or free tcp ports.
-  void WriteConfig(int servers, int workers, double startup_timeout_s, bool tcp_nodes = false) {
+  void WriteConfig(int servers, int workers, double startup_timeout_s, bool tcp_nodes = false,
+                   int heartbeat_timeout_ms = kHeartbeatTimeoutMs) {
     TestClusterOptions t;
     t.servers = static_cast<uint32_t>(servers);
     t.workers = static_cast<uint32_t>(workers);
@@ -68,7 +69,7 @@ class SchedulerProcessTest : public ::testing::Test {
     t.scheduler_address = scheduler_address_;
     t.token = "process-test-token";
     t.heartbeat_interval = milliseconds(kHeartbeatIntervalMs);
-    t.heartbeat_timeout = milliseconds(kHeartbeatTimeoutMs);
+    t.heartbeat_timeout = milliseconds(heartbeat_timeout_ms);
     t.startup_timeout = milliseconds(static_cast<int64_t>(startup_timeout_s * 1000));
     t.compression.spec = "onebit";
     t.compression.error_feedback = "both";
@@ -230,6 +231,38 @@ TEST_F(SchedulerProcessTest, SigtermInterruptsTheCluster) {
     EXPECT_EQ(c->exit_code(), 1) << c->label();
     EXPECT_CONTAINS(c->output(), "shut the cluster down: scheduler interrupted");
   }
+}
+
+// The launcher stopping a cluster after one process died: every node is gone when the scheduler
+// is told to stop, and its teardown says once that the Shutdown reached none of them instead of
+// warning per node ("cannot send Shutdown to ...: peer ... disconnected"), which buried the
+// cause in the log. (Heartbeat timeout 10 s: the scheduler sees the nodes disconnect, not die.)
+TEST_F(SchedulerProcessTest, ATeardownAfterTheNodesWentAwayNamesThemOnceWithoutWarnings) {
+  WriteConfig(1, 2, 10, /*tcp_nodes=*/true, /*heartbeat_timeout_ms=*/10000);
+  Child* sched = StartScheduler();
+  std::vector<Child*> nodes = {StartNode("server", 0, 60000, 0), StartNode("worker", 0, 60000, 0),
+                               StartNode("worker", 1, 60000, 0)};
+  ASSERT_TRUE(WaitForOutput(*sched, "sending assignments", milliseconds(10000)));
+  for (Child* n : nodes) ASSERT_TRUE(WaitForOutput(*n, "assigned:", milliseconds(5000)));
+  nodes[2]->Signal(SIGKILL);  // the process that died; the launcher then stops the others
+  nodes[1]->Signal(SIGKILL);
+  nodes[0]->Signal(SIGKILL);
+  ASSERT_TRUE(WaitAll(nodes, Clock::now() + milliseconds(5000)));
+  for (const char* peer : {"server:0", "worker:0", "worker:1"}) {
+    ASSERT_TRUE(WaitForOutput(*sched, std::string("transport event: ") + peer + " disconnected",
+                              milliseconds(5000)))
+        << peer;
+  }
+  sched->Signal(SIGTERM);
+  ASSERT_TRUE(WaitAll({sched}, Clock::now() + milliseconds(5000)));
+  EXPECT_EQ(sched->exit_code(), 0);
+  const std::string out = sched->output();
+  EXPECT_EQ(out.find("cannot send Shutdown"), std::string::npos) << out;
+  EXPECT_EQ(out.find("[warning] scheduler: cannot"), std::string::npos) << out;
+  EXPECT_CONTAINS(out,
+                  "Shutdown not sent to 3 node(s) no longer reachable: worker:0, worker:1, "
+                  "server:0 (the first: ");
+  EXPECT_CONTAINS(out, "peer 'worker:0' at " + worker_addresses_[0] + " disconnected)");
 }
 
 TEST_F(SchedulerProcessTest, ConfigAndUsageErrorsExitTwo) {

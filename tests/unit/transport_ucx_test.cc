@@ -4,12 +4,13 @@
 // gives, that messages before the HELLO, with a bad AM header, without a reply endpoint or with
 // a bad layout are dropped and counted, and that a part above max_message_bytes closes the
 // connection; a child process (this binary, re-executed) that is SIGKILLed is reported as
-// disconnected within a bound, over TCP and over shared memory. Under TransportSecurity kCurve:
-// the HELLO token's derivation (hello_auth.h, exact values from RFC 7748's X25519 keys), the
-// checks of the keys at creation, two curve endpoints talking both ways, and every HELLO that does
-// not prove its name (an unlisted key, another node's name, no token, a token made for another
-// receiver or direction, a token sent to a kNone listener) refused, counted and never heard.
-// Loopback only.
+// disconnected within a bound, over TCP and over shared memory. Transports that cannot reach an
+// IP address (sm,self, by knob or environment) are refused at start, naming the knob. Under
+// TransportSecurity kCurve: the HELLO token's derivation (hello_auth.h, exact values from RFC
+// 7748's X25519 keys), the checks of the keys at creation, two curve endpoints talking both ways,
+// and every HELLO that does not prove its name (an unlisted key, another node's name, no token, a
+// token made for another receiver or direction, a token sent to a kNone listener) refused, counted
+// and never heard. Loopback only.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -25,6 +26,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -588,6 +590,69 @@ TEST(UcxTransport, BadUcxConfigAndAddressesAreInvalidArgument) {
   EXPECT_EQ(a->Connect("x", "tcp://127.0.0.1:5").code(), StatusCode::kInvalidArgument);
 }
 
+// Sets (or, with nullptr, removes) an environment variable for one scope and puts back what was
+// there. Only while no UCX endpoint of this process runs (UCX's threads may read the
+// environment).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_.c_str(), old_->c_str(), 1);
+    } else {
+      unsetenv(name_.c_str());
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+// Transports that cannot connect an IP address and port (shared memory and self: no transport
+// on a network device) are refused when the endpoint starts, naming the TLS in force, the knob
+// and the environment variable, and what to add; before, UCX created the listener, failed
+// every connection as unreachable and the caller's first wait ran out (10 s) naming no cause.
+TEST(UcxTransport, TransportsThatCannotReachAnIpAddressAreRefusedAtStartNamingTheKnob) {
+  SKIP_WITHOUT_UCX();
+  auto refused = [](const TransportOptions& o, const std::string& tls) {
+    const auto start = Clock::now();
+    auto t = CreateTransport(o);
+    // Well before the 10 s a data-plane wait would have taken; generous for a loaded machine.
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+    ASSERT_FALSE(t.ok());
+    EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << t.status().ToString();
+    const std::string& m = t.status().message();
+    const std::vector<std::string> parts = {
+        "endpoint 'a'",   "cannot reach any ucx:// address",
+        "UCX_TLS=" + tls, "cluster.ucx.tls (or UCX_TLS) to include tcp",
+        "sm,self,tcp",    "posix/memory"};
+    for (const std::string& part : parts) {
+      EXPECT_NE(m.find(part), std::string::npos) << part << " not in: " << m;
+    }
+  };
+  // The knob (TransportOptions::ucx_config's TLS: cluster.ucx.tls).
+  refused(Options("a", "sm,self"), "sm,self");
+  // The environment, with nothing in ucx_config.
+  {
+    ScopedEnv tls("UCX_TLS", "sm,self");
+    TransportOptions o = Options("a");
+    o.ucx_config.clear();
+    refused(o, "sm,self");
+  }
+  // The same endpoint with tcp among its transports starts.
+  EXPECT_TRUE(Make(Options("a", "sm,self,tcp")));
+}
+
 TEST(UcxWire, AFrameHeaderCarriesItsMessageHeaderAndNothingElseMayBeLonger) {
   AmHeader h;
   h.type = AmType::kFrame;
@@ -806,6 +871,30 @@ TEST(UcxEpInfo, ParseEpLanesReadsEachDataLaneAndSkipsWhatItCannotRead) {
   EXPECT_EQ(lanes[2].index, 3);
   EXPECT_EQ(lanes[2].transport, "cma");
   EXPECT_EQ(ucx_backend::LaneTransports(lanes), "tcp/lo,posix/memory,cma/memory");
+}
+
+// The resources of ucp_context_print_info's text as UCX 1.13 prints them: transport and device
+// of each "resource" line, nothing from the component and memory domain lines.
+TEST(UcxEpInfo, ParseContextResourcesReadsEachResourceLine) {
+  const std::string info =
+      "#\n"
+      "# UCP context\n"
+      "#\n"
+      "#     component 1  :  tcp\n"
+      "#            md 1  :  component 1  tcp \n"
+      "#\n"
+      "#      resource 0  :  md 0  dev 0  flags -- self/memory0\n"
+      "#      resource 1  :  md 1  dev 1  flags -- tcp/lo\n"
+      "#      resource 2  :  md 2  dev 2  flags -- rc_mlx5/mlx5_0:1 \n"
+      "#      resource 3  :  md 2  dev 2  flags -- broken\n";
+  const std::vector<ucx_backend::UcxResource> r = ucx_backend::ParseContextResources(info);
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0].transport, "self");
+  EXPECT_EQ(r[0].device, "memory0");
+  EXPECT_EQ(r[1].transport, "tcp");
+  EXPECT_EQ(r[1].device, "lo");
+  EXPECT_EQ(r[2].transport, "rc_mlx5");
+  EXPECT_EQ(r[2].device, "mlx5_0:1");
 }
 
 TEST(UcxHelloAuth, BothEndsComputeTheSameTokenFromTheirOwnKeys) {

@@ -33,18 +33,79 @@ bool MayUseSharedMemory(const std::map<std::string, std::string>& config) {
   return false;
 }
 
-}  // namespace
-
-std::optional<std::string> EpInfo(ucp_ep_h ep) {
+// What `print` writes to a stream, as text; nullopt when no memory stream could be opened.
+template <typename Print>
+std::optional<std::string> Printed(Print print) {
   char* text = nullptr;
   size_t size = 0;
   FILE* f = open_memstream(&text, &size);
   if (f == nullptr) return std::nullopt;
-  ucp_ep_print_info(ep, f);
+  print(f);
   std::fclose(f);
   std::string out(text, size);
   std::free(text);  // NOLINT(cppcoreguidelines-no-malloc): open_memstream's buffer
   return out;
+}
+
+// The value of UCX_<name> in `cfg` (the UCX_* environment with ucx_config applied), as
+// ucp_config_print writes it.
+std::string ConfigValue(const ucp_config_t* cfg, const std::string& name) {
+  auto print = [&](FILE* f) { ucp_config_print(cfg, f, nullptr, UCS_CONFIG_PRINT_CONFIG); };
+  const std::string text = Printed(print).value_or("");
+  const std::string prefix = "UCX_" + name + "=";
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    if (text.compare(at, prefix.size(), prefix) == 0) {
+      return text.substr(at + prefix.size(), end - at - prefix.size());
+    }
+    at = end + 1;
+  }
+  return "";
+}
+
+// OK when `context` has a transport on a network device: a ucx:// address is an IP address
+// and port, which UCX's connection managers (tcp, rdmacm) connect only through a transport on
+// the device the address routes to (tcp on an interface, or an RDMA device's). Shared memory
+// and self alone (UCX_TLS=sm,self) would leave every connection unreachable: UCX creates the
+// listener, then fails each connection attempt with "Destination is unreachable", which the
+// endpoint retries until its caller's wait runs out. InvalidArgument naming the knobs instead.
+// (Which device a peer's address routes to is known only when connecting; this checks that
+// some peer can be reached at all.) UCT's device types decide "network device"; when UCT
+// cannot list them, nothing is checked.
+Status CheckReachesSockaddrs(ucp_context_h context, const ucp_config_t* cfg) {
+  StatusOr<UcxInventory> inventory = QueryUcxInventory();
+  const std::optional<std::string> info =
+      Printed([&](FILE* f) { ucp_context_print_info(context, f); });
+  if (!inventory.ok() || !info) return Status::Ok();
+  const std::vector<UcxResource> used = ParseContextResources(*info);
+  std::string names;
+  for (const UcxResource& r : used) {
+    for (const UcxResource& known : inventory->resources) {
+      if (known.transport == r.transport && known.device == r.device && known.type == "net") {
+        return Status::Ok();
+      }
+    }
+    names += (names.empty() ? "" : ", ") + r.transport + "/" + r.device;
+  }
+  const std::string tls = ConfigValue(cfg, "TLS");
+  const std::string devices = ConfigValue(cfg, "NET_DEVICES");
+  std::string fix = "set cluster.ucx.tls (or UCX_TLS) to include tcp, e.g. \"sm,self,tcp\"";
+  if (!devices.empty() && devices != "all") {
+    fix += ", and let cluster.ucx.net_devices (or UCX_NET_DEVICES) name a network interface";
+  }
+  return InvalidArgumentError(fmt::format(
+      "UCX's transports here cannot reach any ucx:// address: with UCX_TLS={} and "
+      "UCX_NET_DEVICES={} UCX uses {}, none on a network device (a ucx:// address is an IP "
+      "address and port, which UCX connects through tcp or an RDMA device): {}",
+      tls.empty() ? "(unset)" : tls, devices.empty() ? "(unset)" : devices,
+      names.empty() ? "no transport" : names, fix));
+}
+
+}  // namespace
+
+std::optional<std::string> EpInfo(ucp_ep_h ep) {
+  return Printed([&](FILE* f) { ucp_ep_print_info(ep, f); });
 }
 
 bool AmOverSharedMemory(ucp_ep_h ep) {
@@ -121,7 +182,8 @@ std::string FormatAddress(const sockaddr_storage& ss) {
   return fmt::format("{}[{}]:{}", kScheme, text, ntohs(in6->sin6_port));
 }
 
-StatusOr<ucp_context_h> NewContext(const std::map<std::string, std::string>& config) {
+StatusOr<ucp_context_h> NewContext(const std::map<std::string, std::string>& config,
+                                   ContextUse use) {
   ucp_config_t* cfg = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &cfg);
   if (s != UCS_OK)
@@ -165,8 +227,17 @@ StatusOr<ucp_context_h> NewContext(const std::map<std::string, std::string>& con
   params.name = "bitpush";
   ucp_context_h context = nullptr;
   s = ucp_init(&params, cfg, &context);
+  if (s != UCS_OK) {
+    ucp_config_release(cfg);
+    return UnavailableError(fmt::format("ucp_init: {}", ucs_status_string(s)));
+  }
+  const Status reaches =
+      use == ContextUse::kEndpoint ? CheckReachesSockaddrs(context, cfg) : Status::Ok();
   ucp_config_release(cfg);
-  if (s != UCS_OK) return UnavailableError(fmt::format("ucp_init: {}", ucs_status_string(s)));
+  if (!reaches.ok()) {
+    ucp_cleanup(context);
+    return reaches;
+  }
   return context;
 }
 

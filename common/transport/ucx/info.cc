@@ -6,6 +6,7 @@
 #include <uct/api/uct.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -148,6 +149,24 @@ std::string LoopbackNetDevices(const std::string& sysfs_infiniband) {
     devices += "," + p.device + ":" + p.port;
   }
   return devices;
+}
+
+std::vector<UcxResource> ParseContextResources(std::string_view context_info) {
+  std::vector<UcxResource> out;
+  std::istringstream in{std::string(context_info)};
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find(" resource ") == std::string::npos) continue;
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+    const std::string resource = line.substr(line.rfind(' ') + 1);  // "... flags -- tcp/lo"
+    const size_t slash = resource.find('/');
+    if (slash == std::string::npos || slash == 0 || slash + 1 == resource.size()) continue;
+    UcxResource r;
+    r.transport = resource.substr(0, slash);
+    r.device = resource.substr(slash + 1);
+    out.push_back(std::move(r));
+  }
+  return out;
 }
 
 std::vector<UcxLane> ParseEpLanes(std::string_view ep_info) {

@@ -3,7 +3,8 @@
 // RDMA devices the kernel exposes under /sys/class/infiniband with their link layer
 // (InfiniBand, or Ethernet = RoCE), and the lanes of a UCP endpoint as ucp_ep_print_info
 // prints them (transport.h DescribePeerEndpoint). For `bitpush-bench transport --list` and
-// for reporting which path a connection took.
+// for reporting which path a connection took, and for checking at an endpoint's start that its
+// context can reach a ucx:// address at all (context.h NewContext).
 //
 // Pure functions, or queries that open and close their own UCT objects; thread-safe.
 #pragma once
@@ -57,6 +58,11 @@ std::vector<RdmaPort> ReadRdmaPorts(const std::string& sysfs_infiniband, std::st
 // `sysfs_infiniband` ("lo,mlx5_0:1"), so UCX neither adds a rendezvous rail through another
 // interface's address (tcp/eth0, which loopback tests must not use) nor loses the RDMA device.
 std::string LoopbackNetDevices(const std::string& sysfs_infiniband = "/sys/class/infiniband");
+
+// The resources a UCP context uses, from ucp_context_print_info's "resource N : md M dev D
+// flags -- TL/DEV" lines: transport and device set, the other fields empty. What UCX_TLS and
+// UCX_NET_DEVICES left of QueryUcxInventory's resources.
+std::vector<UcxResource> ParseContextResources(std::string_view context_info);
 
 // One lane of a UCP endpoint, from ucp_ep_print_info's "lane[N]:  R:TL/DEV.P md[M] ... OPS".
 // The connection manager's lane ("lane[0]: cm rdmacm": it carries no data) is left out.

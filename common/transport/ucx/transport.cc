@@ -237,7 +237,7 @@ StatusOr<std::string> DescribePeerEndpoint(Transport* t, const PeerId& peer,
 Status UcxViable() {
   // Probed once per process: creating a context reads the machine's devices.
   static const Status kViable = [] {
-    StatusOr<ucp_context_h> context = NewContext({});
+    StatusOr<ucp_context_h> context = NewContext({}, ContextUse::kProbe);
     if (!context.ok()) return context.status();
     ucp_cleanup(*context);
     return Status::Ok();

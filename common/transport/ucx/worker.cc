@@ -47,7 +47,7 @@ Status UcxTransport::Start() {
   }
   StatusOr<SockAddr> listen = ParseAddress(options_.listen_address);
   if (!listen.ok()) return Status(listen.status().code(), Prefix() + listen.status().message());
-  StatusOr<ucp_context_h> context = NewContext(options_.ucx_config);
+  StatusOr<ucp_context_h> context = NewContext(options_.ucx_config, ContextUse::kEndpoint);
   if (!context.ok()) return Status(context.status().code(), Prefix() + context.status().message());
   context_ = *context;
 
