@@ -60,45 +60,8 @@ void PartitionScheduler::FillStatsLocked(ClientStats* s) const {
 
 void PartitionScheduler::DispatchLoop() {
   std::unique_lock<std::mutex> lock(state_.mu);
-  const uint64_t credit = state_.cluster.worker.credit_bytes;
-  const uint64_t window = state_.cluster.worker.ServerWindowBytes();
-  std::vector<Ready> waiting;  // raw partitions whose server's window is full
-  std::vector<bool> full;      // by server, during one pass
-  const size_t servers = std::max<size_t>(1, state_.cluster.servers.size());
   while (!stop_) {
-    full.assign(servers, false);
-    size_t full_servers = 0;
-    while (!ready_.empty()) {
-      const Ready top = ready_.top();
-      Tensor& t = *state_.tensors[top.tensor];
-      Partition& p = t.partitions[top.partition];
-      if (!t.op || t.op->failed || p.stage != Stage::kQueued) {
-        ready_.pop();  // left by an op that failed
-        continue;
-      }
-      if (in_flight_bytes_ > 0 && in_flight_bytes_ + p.bytes > credit) break;
-      if (!t.compressed && !FitsServerWindowLocked(p, window)) {
-        // This server waits; the next partitions (other servers) may go.
-        waiting.push_back(top);
-        ready_.pop();
-        if (p.server >= full.size()) full.resize(p.server + 1, false);
-        if (!full[p.server]) {
-          full[p.server] = true;
-          if (++full_servers >= servers) break;  // every server waits
-        }
-        continue;
-      }
-      ready_.pop();
-      StartLocked(t, top.partition);
-    }
-    for (const Ready& r : waiting) ready_.push(r);
-    waiting.clear();
-    // The first partition in posting order always goes (see "Credit without deadlock").
-    if (!active_.empty()) {
-      const auto [seq, ti, j] = *active_.begin();
-      Tensor& t = *state_.tensors[ti];
-      if (t.partitions[j].stage == Stage::kQueued && t.op && !t.op->failed) StartLocked(t, j);
-    }
+    DispatchReadyLocked();
     const Clock::time_point now = state_.clock->Now();
     while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
       const uint32_t ti = deadlines_.begin()->second;
@@ -118,6 +81,48 @@ void PartitionScheduler::DispatchLoop() {
       const Clock::time_point next = deadlines_.begin()->first;
       state_.clock->WaitOnce(lock, dispatch_cv_, next);
     }
+  }
+}
+
+void PartitionScheduler::DispatchReadyLocked() {
+  if (stop_) return;
+  const uint64_t credit = state_.cluster.worker.credit_bytes;
+  const uint64_t window = state_.cluster.worker.ServerWindowBytes();
+  const size_t servers = std::max<size_t>(1, state_.cluster.servers.size());
+  std::vector<Ready>& waiting = waiting_;
+  std::vector<bool>& full = full_;
+  full.assign(servers, false);
+  size_t full_servers = 0;
+  while (!ready_.empty()) {
+    const Ready top = ready_.top();
+    Tensor& t = *state_.tensors[top.tensor];
+    Partition& p = t.partitions[top.partition];
+    if (!t.op || t.op->failed || p.stage != Stage::kQueued) {
+      ready_.pop();  // left by an op that failed
+      continue;
+    }
+    if (in_flight_bytes_ > 0 && in_flight_bytes_ + p.bytes > credit) break;
+    if (!t.compressed && !FitsServerWindowLocked(p, window)) {
+      // This server waits; the next partitions (other servers) may go.
+      waiting.push_back(top);
+      ready_.pop();
+      if (p.server >= full.size()) full.resize(p.server + 1, false);
+      if (!full[p.server]) {
+        full[p.server] = true;
+        if (++full_servers >= servers) break;  // every server waits
+      }
+      continue;
+    }
+    ready_.pop();
+    StartLocked(t, top.partition);
+  }
+  for (const Ready& r : waiting) ready_.push(r);
+  waiting.clear();
+  // The first partition in posting order always goes (see "Credit without deadlock").
+  if (!active_.empty()) {
+    const auto [seq, ti, j] = *active_.begin();
+    Tensor& t = *state_.tensors[ti];
+    if (t.partitions[j].stage == Stage::kQueued && t.op && !t.op->failed) StartLocked(t, j);
   }
 }
 
@@ -193,6 +198,18 @@ Status PartitionScheduler::TimeoutStatusLocked(const Tensor& t, const OpState& o
 
 void PartitionScheduler::SetIdleLocked(Tensor& t, Partition& p) {
   if (p.stage == Stage::kIdle) return;
+  ReleaseLocked(t, p);
+  dispatch_cv_.notify_one();
+}
+
+void PartitionScheduler::CompleteLocked(Tensor& t, Partition& p,
+                                        const std::shared_ptr<OpState>& op) {
+  if (p.stage != Stage::kIdle) ReleaseLocked(t, p);
+  JobDoneLocked(t, op);
+  DispatchReadyLocked();
+}
+
+void PartitionScheduler::ReleaseLocked(Tensor& t, Partition& p) {
   if (p.stage != Stage::kQueued) {
     BP_CHECK(in_flight_bytes_ >= p.bytes, "credit accounting underflow");
     in_flight_bytes_ -= p.bytes;
@@ -202,7 +219,6 @@ void PartitionScheduler::SetIdleLocked(Tensor& t, Partition& p) {
     }
   }
   active_.erase({p.seq, t.index, p.range.index});
-  dispatch_cv_.notify_one();
   p.stage = Stage::kIdle;
 }
 

@@ -72,8 +72,14 @@ class PartitionScheduler {
   // Caller holds mu. Queues every partition of `t` for `op` (t.op is set to it) with the op's
   // deadline, worker.op_timeout from now.
   void EnqueueLocked(Tensor& t, const std::shared_ptr<OpState>& op);
-  // Moves `p` (partition of tensor `t`) to kIdle, returning its credit if it held some.
+  // Moves `p` (partition of tensor `t`) to kIdle, returning its credit if it held some, and
+  // wakes the dispatcher.
   void SetIdleLocked(Tensor& t, Partition& p);
+  // A pool job's end of partition `p` of `t` (its reply decoded): p goes idle, the job ends
+  // (JobDoneLocked), and the partitions its credit made room for start on the calling thread
+  // (DispatchReadyLocked) instead of waking the dispatcher: one thread handoff less per
+  // partition.
+  void CompleteLocked(Tensor& t, Partition& p, const std::shared_ptr<OpState>& op);
   // Fails `op` (the op of `t`) with `error`: its queued and pushed partitions go idle, the
   // tensor's error becomes sticky. The handle is signalled by MaybeFinishLocked.
   void FailOpLocked(Tensor& t, const std::shared_ptr<OpState>& op, const Status& error);
@@ -98,8 +104,15 @@ class PartitionScheduler {
     }
   };
 
-  // Dispatcher thread.
+  // Dispatcher thread: DispatchReadyLocked, then op deadlines, then sleep until woken or the
+  // next deadline.
   void DispatchLoop();
+  // Starts every queued partition the credit and the server windows allow, in priority order,
+  // and the first in posting order (mu held; the dispatcher or a pool job finishing a
+  // partition).
+  void DispatchReadyLocked();
+  // SetIdleLocked without waking the dispatcher.
+  void ReleaseLocked(Tensor& t, Partition& p);
   // Takes the credit for queued partition `j` of `t` and posts its compress job.
   void StartLocked(Tensor& t, uint32_t j);
   // The raw bytes in flight at `server` (grown on first use).
@@ -123,6 +136,10 @@ class PartitionScheduler {
   // goes (see "Credit without deadlock").
   std::set<std::tuple<uint64_t, uint32_t, uint32_t>> active_;
   bool stop_ = false;
+  // DispatchReadyLocked's scratch: raw partitions whose server's window is full, and which
+  // servers are full, during one pass.
+  std::vector<Ready> waiting_;
+  std::vector<bool> full_;
 };
 
 }  // namespace bitpush::worker

@@ -194,8 +194,7 @@ void RoundPipeline::DecompressAndComplete(Tensor* t, uint32_t j, const std::shar
                                     state_.label, t->name, j, p.range.key, p.round, p.server)));
     }
   }
-  scheduler_.SetIdleLocked(*t, p);
-  scheduler_.JobDoneLocked(*t, op);
+  scheduler_.CompleteLocked(*t, p, op);
 }
 
 void RoundPipeline::OnSendFailed(const std::string& peer, const Status& why) {
