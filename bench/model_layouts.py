@@ -63,6 +63,7 @@ Output schema (one JSON object):
 import argparse
 import json
 import math
+import os
 import sys
 
 DEFAULTS = {
@@ -558,6 +559,10 @@ def main(argv=None):
         return 0
     if args.model is None:
         ap.error("name a MODEL (or --list)")
+    if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
+        print("model_layouts: cannot write %s: its directory does not exist" % args.output,
+              file=sys.stderr)
+        return 2
     try:
         layout = generate(args.model, batch=args.batch, seq_len=args.seq_len,
                           image_size=args.image_size, gpu_tflops=args.gpu_tflops,
@@ -567,8 +572,13 @@ def main(argv=None):
         return 2
     text = to_json(layout)
     if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
+        try:
+            with open(args.output, "w") as f:
+                f.write(text)
+        except OSError as e:
+            print("model_layouts: cannot write %s: %s" % (args.output, e.strerror),
+                  file=sys.stderr)
+            return 2
     else:
         sys.stdout.write(text)
     return 0

@@ -200,3 +200,20 @@ def test_bad_requests_name_the_problem(capsys, argv, message):
         _needs(argv[0])
     assert model_layouts.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_list_names_every_model_with_its_defaults(capsys):
+    assert model_layouts.main(["--list"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "resnet50 batch=32 image_size=224", "vgg16 batch=32 image_size=224",
+        "bert-base batch=32 seq_len=128", "gpt2-small batch=8 seq_len=1024"]
+
+
+def test_cli_writes_the_layout_and_names_an_unwritable_file(layouts, tmp_path, capsys):
+    expected = model_layouts.to_json(layouts("resnet50"))
+    out = tmp_path / "resnet50.json"
+    assert model_layouts.main(["resnet50", "-o", str(out)]) == 0
+    assert out.read_text() == expected
+    bad = tmp_path / "missing" / "x.json"
+    assert model_layouts.main(["resnet50", "-o", str(bad)]) == 2
+    assert "cannot write %s" % bad in capsys.readouterr().err
