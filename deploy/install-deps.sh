@@ -21,6 +21,7 @@ PACKAGES=(
   pybind11-dev python3-pybind11      # Python binding
   python3-pytest                     # Python tests
   python3-torch python3-numpy        # PyTorch 1.13 (CPU) for /usr/bin/python3: bitpush.torch
+  python3-torchvision                # model layouts for the training benchmark (bench/model_layouts.py)
   python3-sklearn python3-tqdm       # examples: digits data set, progress bars
   python3-matplotlib                 # benchmark plots
   slurm-wlm munge                    # tests/python/test_slurm.py: a one-node slurmctld + slurmd
