@@ -8,11 +8,15 @@ step is a forward (free: the layers pass a one-element activation along), a back
 the layers in backward order, spending each layer's `backward_ms` x --compute-scale asleep (the
 accelerator's time: the CPU stays free for communication, as it is while a GPU computes) and
 then producing the layer's gradients, which autograd hands to the exchange's hooks as they are
-ready so communication overlaps the rest of backward, then the exchange's wait and an SGD step
-(lr 0, the same on both sides).
+ready so communication overlaps the rest of backward, then the exchange's wait and the optimizer's
+step (no update; see below).
 
-Gradients are fixed per rank (normal, seeded by the rank): autograd copies each into the
-parameter's .grad (one pass over the model per step, on both sides).
+Gradients are fixed per rank (normal, seeded by the rank); autograd adopts each as the
+parameter's .grad without a copy, and the exchange averages into it in place, so later steps
+push what the last one averaged (the values do not change what a step costs; --check-result
+copies them instead, so they stay intact). The optimizer's update is left out on both sides
+(SGD whose step does nothing): on an accelerator neither it nor the gradients' writes take
+the CPU that communication uses.
 
 Exchanges (--system):
   ddp      torch.nn.parallel.DistributedDataParallel over gloo (default buckets, its overlap);
@@ -81,8 +85,10 @@ def load_layout(path):
     return layout, layers
 
 
-def build_model(torch, layers, rank, scale):
-    """The layout as modules in forward order; returns (model, grads by parameter name)."""
+def build_model(torch, layers, rank, scale, copy_grads=False):
+    """The layout as modules in forward order; returns (model, grads by parameter name).
+    copy_grads: each backward yields copies of the fixed gradients (they stay intact for
+    --check-result) instead of adopting their storage (no pass over the model)."""
     from torch import nn
 
     class Backward(torch.autograd.Function):
@@ -98,7 +104,11 @@ def build_model(torch, layers, rank, scale):
         def backward(ctx, g):
             if ctx.layer.ms > 0:
                 time.sleep(ctx.layer.ms / 1e3)
-            return (g, None) + tuple(ctx.layer.grads)
+            if ctx.layer.copy_grads:
+                return (g, None) + tuple(t.clone() for t in ctx.layer.grads)
+            # A fresh tensor over the fixed gradient's storage: autograd adopts it as .grad
+            # without a copy (the exchange then averages into it in place).
+            return (g, None) + tuple(t.detach() for t in ctx.layer.grads)
 
     class Layer(nn.Module):
         def __init__(self, tensors, ms):
@@ -108,6 +118,7 @@ def build_model(torch, layers, rank, scale):
             self.params = nn.ParameterList(
                 [nn.Parameter(torch.zeros(s, dtype=torch.float32)) for _, s in tensors])
             self.grads = []
+            self.copy_grads = False
 
         def forward(self, x):
             return Backward.apply(x, self, *self.params)
@@ -126,6 +137,7 @@ def build_model(torch, layers, rank, scale):
     model = Model()
     grads = {}
     for layer in model.layers:
+        layer.copy_grads = copy_grads
         layer.grads = [rank_gradient(torch, rank, name, p.shape)
                        for name, p in zip(layer.names, layer.params)]
         grads.update(zip(layer.names, layer.grads))
@@ -196,9 +208,16 @@ def run_rank(a):
         bp.init()
         rank, world = bp.rank(), bp.size()
 
-    model, grads = build_model(torch, layers, rank, a.compute_scale)
+    model, grads = build_model(torch, layers, rank, a.compute_scale, copy_grads=a.check_result)
     x = torch.zeros(1, requires_grad=True)
-    sgd = torch.optim.SGD(model.parameters(), lr=0.0)
+
+    class NoUpdate(torch.optim.SGD):
+        """The update is the accelerator's: no pass over the parameters on the CPU."""
+
+        def step(self, closure=None):
+            return None
+
+    sgd = NoUpdate(model.parameters(), lr=0.0)
 
     def local_step():
         sgd.zero_grad(set_to_none=True)
