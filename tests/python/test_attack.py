@@ -28,17 +28,24 @@ ATTACKER = os.environ.get("BITPUSH_ATTACKER") or os.path.join(
     os.environ.get("BITPUSH_BIN_DIR", ""), "bitpush-test-attacker")
 
 
-def train_worker(steps, sleep_s):
-    """Runs `steps` exact push_pulls (integers summed in fp32) and reports the wrong ones."""
+def train_worker(steps, sleep_s, stop_file):
+    """Runs exact push_pulls (integers summed in fp32) and reports the wrong ones: at least
+    `steps`, then on until `stop_file` exists (the test has read its counters, so the job
+    outlasts the attack however slowly the attacker ran), at most 20 x `steps`. Every worker
+    stops at the same step: each step also sums whether anyone has seen the file."""
     bp.init()
     r, size = bp.rank(), bp.size()
     wrong = []
-    for s in range(steps):
+    for s in range(20 * steps):
         x = torch.full((N,), float(r + 1 + s))
         y = bp.push_pull(x, "grad", average=False)
         expected = float(sum(w + 1 + s for w in range(size)))
         if not torch.equal(y, torch.full((N,), expected)):
             wrong.append(s)
+        seen = bp.push_pull(torch.tensor([1.0 if os.path.exists(stop_file) else 0.0]), "stop",
+                            average=False)
+        if s + 1 >= steps and float(seen[0]) > 0:
+            break
         time.sleep(sleep_s)
     return {"wrong": wrong}
 
@@ -88,7 +95,8 @@ def _run(mode, attack, op_timeout_s=20):
     with LocalCluster(workers=2, servers=1, security=mode, op_timeout_s=op_timeout_s,
                       heartbeat_interval_ms=100, heartbeat_timeout_ms=1000,
                       extra={"metrics": {"port": metrics_port}}) as c:
-        procs = [c.start_worker(train_worker, (STEPS, 0.02), w) for w in range(2)]
+        stop_file = os.path.join(c.dir, "attack-done")
+        procs = [c.start_worker(train_worker, (STEPS, 0.02, stop_file), w) for w in range(2)]
         # Registered (the scheduler sent the assignments) and training: however long the
         # processes take to start on a loaded machine.
         deadline = time.monotonic() + 60
@@ -116,6 +124,8 @@ def _run(mode, attack, op_timeout_s=20):
                                            {"reason": reason})
         else:
             rss_growth_kb = None  # the attacked process is gone
+        with open(stop_file, "w"):
+            pass
         results = c.wait_workers(procs, timeout=90)
         log = proc.output()
         return results, counters, rss_growth_kb, log, c.describe(results)
