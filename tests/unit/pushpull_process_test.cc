@@ -218,6 +218,25 @@ class PushPullProcessTest : public ::testing::TestWithParam<TransportCase> {
     return owners;
   }
 
+  // When each of `workers` printed its failure line (": error: "), polled every 5 ms until all
+  // did or kDetectionBoundMs + 3000 ms after `killed`; time_point::max() for one that did not.
+  static std::vector<Clock::time_point> WhenEachFailed(const std::vector<Child*>& workers,
+                                                       Clock::time_point killed) {
+    std::vector<Clock::time_point> failed_at(workers.size(), Clock::time_point::max());
+    const Clock::time_point deadline = killed + milliseconds(kDetectionBoundMs + 3000);
+    for (size_t left = workers.size(); left > 0 && Clock::now() < deadline;) {
+      for (size_t i = 0; i < workers.size(); ++i) {
+        if (failed_at[i] == Clock::time_point::max() &&
+            workers[i]->output().find(": error: ") != std::string::npos) {
+          failed_at[i] = Clock::now();
+          --left;
+        }
+      }
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    return failed_at;
+  }
+
   // 2 servers, 3 workers looping over an 8 MiB tensor; worker 2 sleeps 50 ms before each
   // iteration, so workers 0 and 1 always have a round pushed and waiting for it at both
   // servers: they are mid-round when `victim` is SIGKILLed (once everyone completed a few
@@ -243,19 +262,7 @@ class PushPullProcessTest : public ::testing::TestWithParam<TransportCase> {
     Child* dead = servers[victim];
     const Clock::time_point killed = Clock::now();
     dead->Signal(SIGKILL);
-    // When each worker's failure line appears (polled every 5 ms).
-    std::vector<Clock::time_point> failed_at(workers.size(), Clock::time_point::max());
-    const Clock::time_point deadline = killed + milliseconds(kDetectionBoundMs + 3000);
-    for (size_t left = workers.size(); left > 0 && Clock::now() < deadline;) {
-      for (size_t i = 0; i < workers.size(); ++i) {
-        if (failed_at[i] == Clock::time_point::max() &&
-            workers[i]->output().find(": error: ") != std::string::npos) {
-          failed_at[i] = Clock::now();
-          --left;
-        }
-      }
-      std::this_thread::sleep_for(milliseconds(5));
-    }
+    const std::vector<Clock::time_point> failed_at = WhenEachFailed(workers, killed);
     const std::string name = "server " + std::to_string(victim);
     for (size_t i = 0; i < workers.size(); ++i) {
       Child* w = workers[i];
@@ -317,18 +324,7 @@ class PushPullProcessTest : public ::testing::TestWithParam<TransportCase> {
     const Clock::time_point killed = Clock::now();
     dead->Signal(SIGKILL);
     std::vector<Child*> survivors = {workers[0], workers[1]};
-    std::vector<Clock::time_point> failed_at(survivors.size(), Clock::time_point::max());
-    const Clock::time_point deadline = killed + milliseconds(kDetectionBoundMs + 3000);
-    for (size_t left = survivors.size(); left > 0 && Clock::now() < deadline;) {
-      for (size_t i = 0; i < survivors.size(); ++i) {
-        if (failed_at[i] == Clock::time_point::max() &&
-            survivors[i]->output().find(": error: ") != std::string::npos) {
-          failed_at[i] = Clock::now();
-          --left;
-        }
-      }
-      std::this_thread::sleep_for(milliseconds(5));
-    }
+    const std::vector<Clock::time_point> failed_at = WhenEachFailed(survivors, killed);
     for (size_t i = 0; i < survivors.size(); ++i) {
       Child* w = survivors[i];
       ASSERT_NE(failed_at[i], Clock::time_point::max())
@@ -559,18 +555,7 @@ class PushPullProcessTest : public ::testing::TestWithParam<TransportCase> {
     const size_t victim_rounds = IterationMs(dead->output()).size();
 
     std::vector<Child*> survivors = {workers[0], workers[1]};
-    std::vector<Clock::time_point> failed_at(survivors.size(), Clock::time_point::max());
-    const Clock::time_point deadline = killed + milliseconds(kDetectionBoundMs + 3000);
-    for (size_t left = survivors.size(); left > 0 && Clock::now() < deadline;) {
-      for (size_t i = 0; i < survivors.size(); ++i) {
-        if (failed_at[i] == Clock::time_point::max() &&
-            survivors[i]->output().find(": error: ") != std::string::npos) {
-          failed_at[i] = Clock::now();
-          --left;
-        }
-      }
-      std::this_thread::sleep_for(milliseconds(5));
-    }
+    const std::vector<Clock::time_point> failed_at = WhenEachFailed(survivors, killed);
     for (size_t i = 0; i < survivors.size(); ++i) {
       Child* w = survivors[i];
       ASSERT_NE(failed_at[i], Clock::time_point::max())
