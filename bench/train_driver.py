@@ -150,6 +150,16 @@ def rank_gradient(torch, rank, name, shape):
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
+def make_step(forward, x, opt):
+    """One training step: zero the grads, forward and backward (the exchange's hooks run
+    inside), then the optimizer's step (the exchange's wait, for bitpush)."""
+    def step():
+        opt.zero_grad(set_to_none=True)
+        forward(x).backward()
+        opt.step()
+    return step
+
+
 def timed_steps(torch, step, count):
     times = []
     for _ in range(count):
@@ -219,12 +229,7 @@ def run_rank(a):
 
     sgd = NoUpdate(model.parameters(), lr=0.0)
 
-    def local_step():
-        sgd.zero_grad(set_to_none=True)
-        model(x).backward()
-        sgd.step()
-
-    local = timed_steps(torch, local_step, a.warmup + a.steps)[a.warmup:]
+    local = timed_steps(torch, make_step(model, x, sgd), a.warmup + a.steps)[a.warmup:]
 
     result = {"system": a.system, "model": layout.get("model"), "workers": world,
               "tensors": len(shapes), "model_bytes": model_bytes, "steps": a.steps,
@@ -247,13 +252,7 @@ def run_rank(a):
             hook = "powerSGD_hook"
             payload = powersgd_payload_bytes(shapes)
         result.update({"peer": "ddp", "backend": "gloo", "variant": a.variant, "hook": hook})
-        net_x = torch.zeros(1, requires_grad=True)
-
-        def step():
-            sgd.zero_grad(set_to_none=True)
-            net(net_x).backward()
-            sgd.step()
-
+        step = make_step(net, torch.zeros(1, requires_grad=True), sgd)
         timed_steps(torch, step, a.warmup)
         dist.barrier()
         times = timed_steps(torch, step, a.steps)
@@ -261,12 +260,7 @@ def run_rank(a):
     else:
         opt = bp.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
                                       compression=a.compression)
-
-        def step():
-            opt.zero_grad(set_to_none=True)
-            model(x).backward()
-            opt.step()
-
+        step = make_step(model, x, opt)
         timed_steps(torch, step, a.warmup)
         bp.barrier()
         before = bp.stats()
