@@ -194,8 +194,13 @@ TEST(VectorOps, AddScaleIsTheAddThenTheScaleOnEveryIsa) {
       for (IsaLevel isa : SupportedIsaLevels()) {
         std::vector<float> got = d0;
         AddScaleFloatArray(s.data(), got.data(), n, k, isa);
-        EXPECT_EQ(0, std::memcmp(got.data(), want.data(), n * sizeof(float)))
-            << IsaLevelName(isa) << " n=" << n << " k=" << k;
+        // Bit patterns, so that a -0.0 for a +0.0 would show (memcmp would need n > 0).
+        std::vector<uint32_t> got_bits(n), want_bits(n);
+        for (size_t i = 0; i < n; ++i) {
+          std::memcpy(&got_bits[i], &got[i], sizeof(float));
+          std::memcpy(&want_bits[i], &want[i], sizeof(float));
+        }
+        EXPECT_EQ(got_bits, want_bits) << IsaLevelName(isa) << " n=" << n << " k=" << k;
       }
     }
   }
