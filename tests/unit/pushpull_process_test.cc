@@ -237,6 +237,28 @@ class PushPullProcessTest : public ::testing::TestWithParam<TransportCase> {
     return failed_at;
   }
 
+  // Checks that worker `w` failed (its failure line appeared at `failed_at`, see
+  // WhenEachFailed) within kDetectionBoundMs of `killed`, and sets `line` to its error line
+  // ("bitpush-test-worker worker N: error: iteration ..."); `what` names the kill in the
+  // printed latency. Fatal (ASSERT_NO_FATAL_FAILURE at the caller) when there is no failure
+  // or no such line.
+  static void FailureLine(Child& w, Clock::time_point failed_at, Clock::time_point killed,
+                          const std::string& what, std::string* line) {
+    ASSERT_NE(failed_at, Clock::time_point::max())
+        << w.label() << " reported no failure within " << kDetectionBoundMs + 3000
+        << " ms of the kill:\n"
+        << w.output();
+    const int64_t latency = MsBetween(killed, failed_at);
+    std::cout << "[latency] " << what << " -> " << w.label() << " failed after " << latency
+              << " ms (bound " << kDetectionBoundMs << " ms)\n";
+    EXPECT_LE(latency, kDetectionBoundMs) << w.label();
+    const std::string out = w.output();
+    const size_t error = out.find("bitpush-test-worker " + w.label() + ": error: iteration ");
+    ASSERT_NE(error, std::string::npos) << out;
+    *line = out.substr(error, out.find('\n', error) - error);
+    std::cout << "[error] " << *line << "\n";
+  }
+
   // 2 servers, 3 workers looping over an 8 MiB tensor; worker 2 sleeps 50 ms before each
   // iteration, so workers 0 and 1 always have a round pushed and waiting for it at both
   // servers: they are mid-round when `victim` is SIGKILLed (once everyone completed a few
@@ -326,20 +348,9 @@ class PushPullProcessTest : public ::testing::TestWithParam<TransportCase> {
     std::vector<Child*> survivors = {workers[0], workers[1]};
     const std::vector<Clock::time_point> failed_at = WhenEachFailed(survivors, killed);
     for (size_t i = 0; i < survivors.size(); ++i) {
-      Child* w = survivors[i];
-      ASSERT_NE(failed_at[i], Clock::time_point::max())
-          << w->label() << " reported no failure within " << kDetectionBoundMs + 3000
-          << " ms of the kill:\n"
-          << w->output();
-      const int64_t latency = MsBetween(killed, failed_at[i]);
-      std::cout << "[latency] worker 2 SIGKILLed -> " << w->label() << " failed after " << latency
-                << " ms (bound " << kDetectionBoundMs << " ms)\n";
-      EXPECT_LE(latency, kDetectionBoundMs) << w->label();
-      const std::string out = w->output();
-      const size_t error = out.find("bitpush-test-worker " + w->label() + ": error: iteration ");
-      ASSERT_NE(error, std::string::npos) << out;
-      const std::string line = out.substr(error, out.find('\n', error) - error);
-      std::cout << "[error] " << line << "\n";
+      std::string line;
+      ASSERT_NO_FATAL_FAILURE(
+          FailureLine(*survivors[i], failed_at[i], killed, "worker 2 SIGKILLed", &line));
       EXPECT_CONTAINS(line, "worker 2");
     }
     ASSERT_TRUE(WaitAll(survivors, Clock::now() + milliseconds(kLingerMs + 2000)));
@@ -558,28 +569,19 @@ class PushPullProcessTest : public ::testing::TestWithParam<TransportCase> {
     const std::vector<Clock::time_point> failed_at = WhenEachFailed(survivors, killed);
     for (size_t i = 0; i < survivors.size(); ++i) {
       Child* w = survivors[i];
-      ASSERT_NE(failed_at[i], Clock::time_point::max())
-          << w->label() << " reported no failure within " << kDetectionBoundMs + 3000
-          << " ms of the kill:\n"
-          << w->output();
-      const int64_t latency = MsBetween(killed, failed_at[i]);
-      std::cout << "[latency] worker 2 SIGKILLed holding credit -> " << w->label()
-                << " failed after " << latency << " ms (bound " << kDetectionBoundMs << " ms)\n";
-      EXPECT_LE(latency, kDetectionBoundMs) << w->label();
-      const std::string out = w->output();
-      const size_t error = out.find("bitpush-test-worker " + w->label() + ": error: iteration ");
-      ASSERT_NE(error, std::string::npos) << out;
-      const std::string line = out.substr(error, out.find('\n', error) - error);
-      std::cout << "[error] " << line << "\n";
+      std::string line;
+      ASSERT_NO_FATAL_FAILURE(
+          FailureLine(*w, failed_at[i], killed, "worker 2 SIGKILLed holding credit", &line));
       EXPECT_CONTAINS(line, "worker 2");
       // The round worker 2 had started alone: the survivors completed the same rounds as it.
       EXPECT_CONTAINS(line, "error: iteration " + std::to_string(victim_rounds) + " failed");
-      EXPECT_EQ(IterationMs(out).size(), victim_rounds) << out;
+      EXPECT_EQ(IterationMs(w->output()).size(), victim_rounds) << w->output();
       // They were still sleeping at the kill: their failing Wait began after it.
       const size_t at = line.find("wait returned after ");
       ASSERT_NE(at, std::string::npos) << line;
       const long waited_ms = std::strtol(line.c_str() + at + 20, nullptr, 10);
-      EXPECT_LT(waited_ms, latency) << w->label() << " was not sleeping at the kill: " << line;
+      EXPECT_LT(waited_ms, MsBetween(killed, failed_at[i]))
+          << w->label() << " was not sleeping at the kill: " << line;
     }
     ASSERT_TRUE(WaitAll(survivors, Clock::now() + milliseconds(kLingerMs + 2000)));
     for (Child* w : survivors) EXPECT_EQ(w->exit_code(), 3) << w->label();
