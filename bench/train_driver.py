@@ -7,7 +7,8 @@ module per layer, registered in forward order (the reverse of the layout's backw
 step is a forward (free: the layers pass a one-element activation along), a backward that walks
 the layers in backward order, spending each layer's `backward_ms` x --compute-scale asleep (the
 accelerator's time: the CPU stays free for communication, as it is while a GPU computes) and
-then producing the layer's gradients, which autograd hands to the exchange's hooks as they are
+then producing the layer's gradients (--compute-profile FILE replaces the layout's per-layer
+times), which autograd hands to the exchange's hooks as they are
 ready so communication overlaps the rest of backward, then the exchange's wait and the optimizer's
 step (no update; see below).
 
@@ -30,9 +31,10 @@ A rank process runs --warmup steps, then --steps timed steps after a barrier; ra
 result JSON (--results): step_ms (median), step_ms_all, local_ms (the same step of the bare
 model, no exchange, median of its own --steps), comm_exposed_ms = step_ms - local_ms,
 compute_ms (the profile's backward total x --compute-scale), bytes_per_worker (bitpush: the
-engine's pushed + pulled bytes per step; DDP: what a ring all-reduce of each bucket's payload
-sends and receives per rank, 2 (W - 1) / W of it each way: fp32 4 bytes per value, fp16 2,
-PowerSGD its P and Q factors plus the tensors it leaves uncompressed).
+engine's pushed + pulled bytes per step, also apart as bytes_pushed_per_worker and
+bytes_pulled_per_worker; DDP: what a ring all-reduce of each bucket's payload sends and
+receives per rank, 2 (W - 1) / W of it each way, of allreduce_bytes_per_step: fp32 4 bytes per
+value, fp16 2, PowerSGD its P and Q factors plus the tensors it leaves uncompressed).
 
 --check-result (bitpush, `none`): after the timed steps every rank compares each tensor's
 averaged gradient with a single-process reference (every rank's fixed gradient regenerated
@@ -83,6 +85,33 @@ def load_layout(path):
     if missing:
         raise ValueError(f"{path}: tensors in no layer: {', '.join(missing[:5])}")
     return layout, layers
+
+
+def apply_profile(path, layers):
+    """The layers with each one's backward_ms taken from a compute profile: a JSON object
+    mapping every layer's name to its milliseconds, or a layout JSON (its layers'
+    backward_ms). Every layer of the layout must be named; no other name may appear."""
+    with open(path) as f:
+        prof = json.load(f)
+    if isinstance(prof, dict) and isinstance(prof.get("layers"), list):
+        prof = {l["name"]: l["backward_ms"] for l in prof["layers"]}
+    if not isinstance(prof, dict):
+        raise ValueError(f"{path}: a compute profile is a JSON object of layer name -> ms, or "
+                         f"a layout JSON")
+    names = [n for n, _, _ in layers]
+    missing = [n for n in names if n not in prof]
+    extra = sorted(set(prof) - set(names))
+    if missing or extra:
+        raise ValueError(f"{path}: the profile does not match the layout's layers"
+                         + (f"; no time for {', '.join(missing[:5])}" if missing else "")
+                         + (f"; unknown layers {', '.join(extra[:5])}" if extra else ""))
+    out = []
+    for name, _, tensors in layers:
+        ms = prof[name]
+        if not isinstance(ms, (int, float)) or ms < 0 or ms != ms:
+            raise ValueError(f"{path}: layer {name!r}: {ms!r} is not a time in ms (>= 0)")
+        out.append((name, float(ms), tensors))
+    return out
 
 
 def build_model(torch, layers, rank, scale, copy_grads=False):
@@ -201,6 +230,8 @@ def run_rank(a):
         return EXIT_NO_TORCH
     torch.set_num_threads(1)
     layout, layers = load_layout(a.layout)
+    if a.compute_profile:
+        layers = apply_profile(a.compute_profile, layers)
     shapes = [s for _, _, t in layers for _, s in t]
     model_bytes = sum(4 * int(torch.Size(s).numel()) for s in shapes)
     compute_ms = sum(ms for _, ms, _ in layers) * a.compute_scale
@@ -236,7 +267,14 @@ def run_rank(a):
               "warmup": a.warmup, "compute_scale": a.compute_scale, "compute_ms": compute_ms}
     if a.system == "ddp":
         from torch.nn.parallel import DistributedDataParallel
-        net = DistributedDataParallel(model)  # default buckets (bucket_cap_mb=25)
+        if a.variant == "powersgd":
+            # torch's powerSGD_hook issues a bucket's later all-reduces from its futures'
+            # callbacks; gloo matches collectives by the order each rank issues them, so with
+            # several buckets in flight the ranks' orders can differ and gloo aborts
+            # ("op.preamble.length <= op.nbytes"). One bucket keeps one chain per step.
+            net = DistributedDataParallel(model, bucket_cap_mb=model_bytes / 2 ** 20 + 1)
+        else:
+            net = DistributedDataParallel(model)  # default buckets (bucket_cap_mb=25)
         hook = ""
         payload = model_bytes
         if a.variant == "fp16":
@@ -257,6 +295,7 @@ def run_rank(a):
         dist.barrier()
         times = timed_steps(torch, step, a.steps)
         result["bytes_per_worker"] = ring_bytes(world, payload)
+        result["allreduce_bytes_per_step"] = payload
     else:
         opt = bp.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
                                       compression=a.compression)
@@ -266,9 +305,13 @@ def run_rank(a):
         before = bp.stats()
         times = timed_steps(torch, step, a.steps)
         after = bp.stats()
-        moved = sum(after.get(k, 0) - before.get(k, 0) for k in ("bytes_pushed", "bytes_pulled"))
+        pushed, pulled = (after.get(k, 0) - before.get(k, 0)
+                          for k in ("bytes_pushed", "bytes_pulled"))
+        steps = max(1, a.steps)
         result.update({"peer": "bitpush", "compression": a.compression or bp.cluster_compression(),
-                       "bytes_per_worker": moved / max(1, a.steps)})
+                       "bytes_per_worker": (pushed + pulled) / steps,
+                       "bytes_pushed_per_worker": pushed / steps,
+                       "bytes_pulled_per_worker": pulled / steps})
         if a.check_result:
             check_average(torch, model, world)
     result.update({"step_ms": statistics.median(times), "step_ms_all": times,
@@ -278,9 +321,14 @@ def run_rank(a):
         with open(a.results, "w") as f:
             json.dump(result, f, indent=1)
     if a.system == "ddp":
-        dist.destroy_process_group()
-    else:
-        bp.shutdown()
+        # Every rank is past its last step; no destroy_process_group: under torch 1.13 it can
+        # deadlock after the PowerSGD hook (the main thread joins a gloo thread, holding the
+        # GIL that the hook's Python callback on another gloo thread waits for).
+        dist.barrier()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    bp.shutdown()
     return 0
 
 
@@ -376,6 +424,9 @@ def main(argv):
     p.add_argument("--compression", default=None, help="bitpush only: the gradients' spec")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--compute-profile", default=None, metavar="FILE",
+                   help="per-layer backward milliseconds instead of the layout's: a JSON "
+                        "object of layer name -> ms, or another layout JSON")
     p.add_argument("--compute-scale", type=float, default=1.0,
                    help="multiplies every layer's backward_ms (0: no compute)")
     p.add_argument("--powersgd-start-iter", type=int, default=2)
@@ -394,6 +445,12 @@ def main(argv):
         p.error("--check-result needs --system bitpush and --compression none")
     if a.variant != "fp32" and a.system != "ddp":
         p.error("--variant is DDP's; bitpush takes --compression")
+    try:
+        _, layers = load_layout(a.layout)
+        if a.compute_profile:
+            apply_profile(a.compute_profile, layers)
+    except (OSError, ValueError, KeyError) as e:
+        p.error(f"{type(e).__name__}: {e}" if isinstance(e, KeyError) else str(e))
     if a.local:
         return run_local(a, argv)
     return run_rank(a)
