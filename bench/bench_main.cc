@@ -16,6 +16,7 @@ int RunOptimizerBench(int argc, char** argv);
 int RunPushPullBench(int argc, char** argv);
 int RunPushPullWorkerMode(int argc, char** argv);
 int RunPushPullKeygenMode(int argc, char** argv);
+int RunTrainBench(int argc, char** argv);
 }  // namespace bitpush::bench
 
 namespace {
@@ -39,6 +40,10 @@ const Command kCommands[] = {
      "compressed push_pull end to end: scheduler, servers and workers as real processes on "
      "loopback (goodput per worker, stage times, peak RSS) vs a raw TCP stream",
      bitpush::bench::RunPushPullBench},
+    {"train",
+     "training steps of a model layout (bench/layouts/: resnet50, vgg16, bert-base, gpt2-small) "
+     "on loopback, bitpush vs torch DDP (fp32, fp16 hook, PowerSGD hook); bench/train_bench.py",
+     bitpush::bench::RunTrainBench},
     {"localreduce",
      "intra-node reduce of P processes' tensors in POSIX shared memory (the worker daemon's "
      "SIMD sum) vs memcpy",

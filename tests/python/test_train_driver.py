@@ -120,3 +120,63 @@ def test_a_layer_naming_an_unknown_tensor_is_refused(tmp_path):
         json.dump(doc, f)
     with pytest.raises(ValueError, match="head.gone"):
         d.load_layout(path)
+
+
+def test_a_compute_profile_replaces_every_layers_time_and_must_name_each(tmp_path):
+    d = load_driver()
+    layers = [(name, ms, [(n, tuple(s)) for n, s in t]) for name, ms, t in LAYERS]
+    prof = tmp_path / "prof.json"
+    prof.write_text(json.dumps({"head": 0.5, "fc": 7, "embed": 0}))
+    out = d.apply_profile(str(prof), layers)
+    assert [(n, ms) for n, ms, _ in out] == [("head", 0.5), ("fc", 7.0), ("embed", 0.0)]
+    assert [t for _, _, t in out] == [t for _, _, t in layers]
+    # Another layout's per-layer times serve as a profile too.
+    other = write_layout(str(tmp_path / "other.json"),
+                         [(name, 2 * ms, t) for name, ms, t in LAYERS])
+    assert [ms for _, ms, _ in d.apply_profile(other, layers)] == [4.0, 6.0, 2.0]
+    prof.write_text(json.dumps({"head": 0.5, "fc": 7}))
+    with pytest.raises(ValueError, match="no time for embed"):
+        d.apply_profile(str(prof), layers)
+    prof.write_text(json.dumps({"head": 0.5, "fc": 7, "embed": 1, "decoder": 2}))
+    with pytest.raises(ValueError, match="unknown layers decoder"):
+        d.apply_profile(str(prof), layers)
+    prof.write_text(json.dumps({"head": -1, "fc": 7, "embed": 1}))
+    with pytest.raises(ValueError, match="'head'"):
+        d.apply_profile(str(prof), layers)
+
+
+def test_bitpush_bench_train_runs_both_systems_and_compares_them(tmp_path):
+    """`bitpush-bench train` (bench/train_bench.py): bitpush and DDP (fp32 and the PowerSGD
+    hook) alternating on one layout; each bitpush record's ratios are DDP's steps over its
+    own."""
+    dist = pytest.importorskip("torch.distributed", reason="this torch has no torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    bin_dir = os.environ.get("BITPUSH_BIN_DIR", os.path.join(REPO, "build", "bin"))
+    bench = os.path.join(bin_dir, "bitpush-bench")
+    if not os.access(bench, os.X_OK):
+        pytest.skip("no bitpush-bench in %s (build it, or set BITPUSH_BIN_DIR)" % bin_dir)
+    layout = write_layout(str(tmp_path / "tiny.json"))
+    p = subprocess.run([bench, "train", "--layout", layout, "--workers", "2", "--servers", "1",
+                        "--compressors", "none", "--peer", "ddp", "--peer-variant",
+                        "fp32,powersgd", "--steps", "2", "--warmup", "2", "--repeats", "2",
+                        "--compute-scale", "0.5", "--master-port", "29461", "--json"],
+                       capture_output=True, text=True, timeout=240,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = json.loads(p.stdout)
+    assert [(r["peer"], r.get("compression") or r.get("variant")) for r in rows] == \
+        [("bitpush", "none"), ("ddp", "fp32"), ("ddp", "powersgd")]
+    bp, fp32, psgd = rows
+    assert psgd["hook"] == "powerSGD_hook" and fp32["hook"] == ""
+    for r in rows:
+        assert r["repeats"] == 2 and len(r["step_ms_reps"]) == 2
+        assert r["step_ms"] == pytest.approx(sorted(r["step_ms_reps"])[1], abs=1e-3)
+        assert r["compute_ms"] == pytest.approx(3.0) and r["link"] == "loopback"
+    assert bp["servers"] == 1 and bp["bytes_per_worker"] >= 2 * model_bytes()
+    assert bp["ratio_to_ddp"] == bp["ratio_to_ddp_fp32"] == fp32["step_ms"] / bp["step_ms"]
+    assert bp["ratio_to_ddp_powersgd"] == psgd["step_ms"] / bp["step_ms"]
+    # Refused before anything runs: an unknown layout, named.
+    p = subprocess.run([bench, "train", "--layout", "no-such-model"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and "no layout 'no-such-model'" in p.stderr
