@@ -62,6 +62,14 @@ TARGETS = {"onebit": 15.0, "topk:ratio=0.001": 30.0, "fp16": 1.8}
 DDP_DRIVER = os.path.join(REPO, "bench", "peers", "ddp_driver.py")
 DDP_VARIANTS = ("allreduce", "ddp", "fp16", "powersgd")
 DDP_PORT = 29500  # torchrun's default MASTER_PORT (below Linux's ephemeral range)
+TRAIN_DRIVER = os.path.join(REPO, "bench", "train_driver.py")
+LAYOUTS_DIR = os.path.join(REPO, "bench", "layouts")
+# --train-layout: DDP's variants there (train_driver.py --variant); allreduce and ddp name its
+# plain fp32 DDP, as --peer-variant's default does.
+TRAIN_DDP_VARIANTS = {"allreduce": "fp32", "ddp": "fp32", "fp32": "fp32", "fp16": "fp16",
+                      "powersgd": "powersgd"}
+# The size threshold of --train-layout clusters: the configuration's default.
+TRAIN_MIN_COMPRESS_BYTES = 4096
 
 
 def error_feedback_for(spec):
@@ -211,6 +219,8 @@ def ddp_check(args, variant):
     """None when --peer-python can run the variant, else why not (ddp_driver.py --check)."""
     if not os.access(args.peer_python, os.X_OK):
         return "no Python at %s (--peer-python)" % args.peer_python
+    if args.train_layout and variant == "fp32":
+        variant = "ddp"  # ddp_driver.py's name for DDP without a hook
     p = subprocess.run([args.peer_python, DDP_DRIVER, "--check", "--variant", variant],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        universal_newlines=True)
@@ -342,6 +352,128 @@ def run_training(args, net, example, optimizer, compression):
     return s
 
 
+# ---- (c) training steps of a model layout ----------------------------------------------------
+
+def layout_file(name):
+    """A layout name under bench/layouts/ (resnet50, bert-base, ...) or a layout JSON's path."""
+    if os.path.isfile(name):
+        return os.path.abspath(name)
+    path = os.path.join(LAYOUTS_DIR, name + ".json")
+    if not os.path.isfile(path):
+        known = sorted(f[:-5] for f in os.listdir(LAYOUTS_DIR) if f.endswith(".json"))
+        raise ValueError("--train-layout: no layout '%s' (a file, or one of %s)"
+                         % (name, ", ".join(known)))
+    return path
+
+
+def train_argv(args, system):
+    return [args.peer_python, TRAIN_DRIVER, "--layout", args.layout_file, "--system", system,
+            "--steps", str(args.iters), "--warmup", str(args.warmup),
+            "--compute-scale", "%.17g" % args.compute_scale] + \
+        (["--compute-profile", args.compute_profile] if args.compute_profile else [])
+
+
+def read_train_result(path, procs_cpu, t0):
+    with open(path) as f:
+        r = json.load(f)
+    r["cpu_seconds"] = procs_cpu
+    r["wall_seconds"] = time.time() - t0
+    return r
+
+
+def run_train_bitpush(args, net, spec):
+    """A bitpush cluster in the namespaces (scheduler, S servers) and a train_driver.py rank in
+    each worker namespace, the layout's gradients as `spec`; rank 0's result."""
+    ef = error_feedback_for(spec)
+    tag = "layout-" + re.sub(r"[^A-Za-z0-9]+", "_", spec)
+    yaml = os.path.join(args.work, tag + ".yaml")
+    write_yaml(yaml, net, args.servers, args.workers, spec, ef, TRAIN_MIN_COMPRESS_BYTES,
+               args.timeout_s, args)
+    res = os.path.join(args.work, tag + ".json")
+    if os.path.exists(res):
+        os.remove(res)
+    procs = Procs()
+    t0 = time.time()
+    try:
+        start_control(procs, args, net, yaml, tag)
+        for w in range(args.workers):
+            env = dict(os.environ)
+            env.update({"BITPUSH_CONFIG": yaml, "BITPUSH_WORKER_RANK": str(w),
+                        "BITPUSH_LOCAL_RANK": "0", "BITPUSH_LOCAL_SIZE": "1",
+                        "BITPUSH_MODE": "embedded", "BITPUSH_BIN_DIR": args.bin_dir,
+                        "PYTHONPATH": args.python_dir, "OMP_NUM_THREADS": "1"})
+            argv = train_argv(args, "bitpush") + ["--compression", spec]
+            if w == 0:
+                argv += ["--results", res]
+            procs.start("worker %d" % w, net.ns("w%d" % w), argv,
+                        os.path.join(args.work, "%s-worker%d.log" % (tag, w)), env=env)
+        procs.wait_all(args.timeout_s)
+        cpu = procs.cpu_seconds()
+    finally:
+        procs.kill_all()
+    r = read_train_result(res, cpu, t0)
+    r.update({"servers": args.servers, "error_feedback": ef,
+              "min_compress_bytes": TRAIN_MIN_COMPRESS_BYTES,
+              "comm_bound_ms": pushpull_bound_ms(r["bytes_pushed_per_worker"],
+                                                 r["bytes_pulled_per_worker"], args.workers,
+                                                 args.servers, args.gbit)})
+    return r
+
+
+def run_train_ddp(args, net, variant):
+    """A gloo process group with a train_driver.py rank in each worker namespace (MASTER_ADDR
+    worker 0, as torchrun sets it up), DDP on the layout; rank 0's result."""
+    tag = "layout-ddp-" + variant
+    res = os.path.join(args.work, tag + ".json")
+    if os.path.exists(res):
+        os.remove(res)
+    procs = Procs()
+    t0 = time.time()
+    try:
+        for w in range(args.workers):
+            env = dict(os.environ)
+            env.update({"MASTER_ADDR": net.ip("w0"), "MASTER_PORT": str(DDP_PORT),
+                        "RANK": str(w), "WORLD_SIZE": str(args.workers), "LOCAL_RANK": "0",
+                        "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"})
+            argv = train_argv(args, "ddp") + ["--variant", variant]
+            if w == 0:
+                argv += ["--results", res]
+            procs.start("ddp rank %d" % w, net.ns("w%d" % w), argv,
+                        os.path.join(args.work, "%s-rank%d.log" % (tag, w)), env=env)
+        procs.wait_all(args.timeout_s)
+        cpu = procs.cpu_seconds()
+    finally:
+        procs.kill_all()
+    r = read_train_result(res, cpu, t0)
+    r["comm_bound_ms"] = ring_allreduce_bound_ms(r["allreduce_bytes_per_step"], args.workers,
+                                                 args.gbit)
+    return r
+
+
+def step_bound_ms(r):
+    """The step's floor on this link: the backward compute or the busiest link direction's
+    bytes, whichever is longer (perfect overlap)."""
+    return max(r["compute_ms"], r["comm_bound_ms"])
+
+
+def train_table(rows):
+    lines = ["| system | what | step (ms, median) | compute (ms) | exposed comm (ms) | "
+             "bytes/worker/step (MB) | link bound (ms) | DDP fp32 step / this | CPU s (workers, "
+             "servers) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        cpu = r.get("cpu_seconds", {})
+        work = sum(v for k, v in cpu.items() if k.startswith(("worker", "ddp rank")))
+        serv = sum(v for k, v in cpu.items() if k.startswith(("server", "scheduler")))
+        what = r["compression"] if r["peer"] == "bitpush" else "gloo " + r["variant"]
+        vs = r.get("ratio_to_ddp")
+        lines.append("| %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %s | %.1f, %.1f |" % (
+            r["peer"], what, r["step_ms"], r["compute_ms"], r["comm_exposed_ms"],
+            r["bytes_per_worker"] / 1e6, r["comm_bound_ms"], "%.2fx" % vs if vs else "-",
+            work, serv))
+    return "\n".join(lines)
+
+
 # ---- output ----------------------------------------------------------------------------------
 
 def plot(out_dir, rows, training, title):
@@ -450,11 +582,24 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--servers", type=int, default=2)
     p.add_argument("--mb", type=float, default=100, help="model size, MiB of fp32")
-    p.add_argument("--iters", type=int, default=50, help="timed rounds (median reported)")
-    p.add_argument("--warmup", type=int, default=10,
-                   help="untimed rounds first: the first rounds of fresh processes pay page "
-                        "faults (VM memory is faulted in lazily), ~1 s, 160 ms, 85 ms for topk, "
-                        "and settle over about ten rounds")
+    p.add_argument("--iters", type=int, default=None,
+                   help="timed rounds (median reported; default 50), or timed steps with "
+                        "--train-layout (default 10)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed rounds first (default 10): the first rounds of fresh processes "
+                        "pay page faults (VM memory is faulted in lazily), ~1 s, 160 ms, 85 ms "
+                        "for topk, and settle over about ten rounds; untimed steps with "
+                        "--train-layout (default 3)")
+    p.add_argument("--train-layout", default=None, metavar="MODEL",
+                   help="instead of push_pull rounds of one tensor, training steps of a model "
+                        "layout (a name under bench/layouts/ or a layout JSON) through "
+                        "bench/train_driver.py: bitpush with each of --compressors and, with "
+                        "--peer ddp, DDP with each --peer-variant (fp32, fp16, powersgd)")
+    p.add_argument("--compute-scale", type=float, default=1.0,
+                   help="--train-layout: multiplies every layer's backward_ms (0: no compute)")
+    p.add_argument("--compute-profile", default=None, metavar="FILE",
+                   help="--train-layout: per-layer backward ms instead of the layout's "
+                        "(train_driver.py --compute-profile)")
     p.add_argument("--compressors", default=DEFAULT_COMPRESSORS,
                    help="comma-separated specs (default %(default)s)")
     p.add_argument("--security", action="append", default=None,
@@ -533,12 +678,40 @@ def parse_args(argv=None):
             args.transports.append(t)
     args.peer_variants = []
     for v in args.peer_variant.split(","):
-        if v not in DDP_VARIANTS:
-            p.error("--peer-variant: '%s' is not a variant (%s)" % (v, ", ".join(DDP_VARIANTS)))
+        if v not in DDP_VARIANTS and not (v == "fp32" and args.train_layout):
+            p.error("--peer-variant: '%s' is not a variant (%s)"
+                    % (v, ", ".join(DDP_VARIANTS + ("fp32",))))
         if v not in args.peer_variants:
             args.peer_variants.append(v)
     if args.repeats < 1:
         p.error("--repeats: at least 1")
+    if args.train_layout:
+        try:
+            args.layout_file = layout_file(args.train_layout)
+        except ValueError as e:
+            p.error(str(e))
+        if args.train:
+            p.error("--train-layout and --train are separate runs")
+        if args.security != ["none"] or args.transports != ["zmq"]:
+            p.error("--train-layout runs over zmq without security (drop --security, "
+                    "--transport)")
+        if args.compute_profile:
+            args.compute_profile = os.path.abspath(args.compute_profile)
+        if args.compute_scale < 0:
+            p.error("--compute-scale: at least 0")
+        variants = []
+        for v in args.peer_variants:
+            v = TRAIN_DDP_VARIANTS.get(v, v)
+            if v not in variants:
+                variants.append(v)
+        args.peer_variants = variants
+        args.iters = 10 if args.iters is None else args.iters
+        args.warmup = 3 if args.warmup is None else args.warmup
+    else:
+        args.iters = 50 if args.iters is None else args.iters
+        args.warmup = 10 if args.warmup is None else args.warmup
+    if args.iters < 1 or args.warmup < 0:
+        p.error("--iters: at least 1; --warmup: at least 0")
     args.train_examples = [e for e in args.train_examples.split(",") if e]
     for e in args.train_examples:
         if e not in EXAMPLES:
@@ -546,6 +719,39 @@ def parse_args(argv=None):
     args.bin_dir = os.path.abspath(args.bin_dir)
     args.python_dir = os.path.abspath(args.python_dir)
     return args
+
+
+def report_train_layout(args, net, rows):
+    """--train-layout's results.json and table: every run's step record, bitpush's against
+    each DDP variant that ran (ratio_to_ddp: DDP fp32's step / this one's)."""
+    ddp_by = {r["variant"]: r for r in rows if r["peer"] == "ddp"}
+    for r in rows:
+        r["step_bound_ms"] = step_bound_ms(r)
+        r["ratio_to_step_bound"] = r["step_bound_ms"] / r["step_ms"]
+        if r["peer"] != "bitpush":
+            continue
+        for v, d in ddp_by.items():
+            r["ratio_to_ddp_" + v] = d["step_ms"] / r["step_ms"]
+        base = ddp_by.get("fp32")
+        r["ratio_to_ddp"] = base["step_ms"] / r["step_ms"] if base else None
+    model = rows[0]["model"] if rows else os.path.basename(args.layout_file)
+    title = "%s, %d workers x %d servers, %g Gbit/s per node" % (model, args.workers,
+                                                                 args.servers, args.gbit)
+    result = {"setup": {"layout": args.layout_file, "model": model, "workers": args.workers,
+                        "servers": args.servers, "steps": args.iters, "warmup": args.warmup,
+                        "compute_scale": args.compute_scale,
+                        "compute_profile": args.compute_profile, "repeats": args.repeats,
+                        "partition_kb": args.partition_kb,
+                        "min_compress_bytes": TRAIN_MIN_COMPRESS_BYTES,
+                        "cpus": os.cpu_count(), "python": args.peer_python},
+              "link": net.link_settings(), "train_layout": rows}
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")
+    print("### training steps, " + title + "\n")
+    print(train_table(rows))
+    print("\nresults: %s" % os.path.join(args.out, "results.json"))
+    return 0
 
 
 class Interrupted(Exception):
@@ -573,7 +779,7 @@ def main(argv=None):
         signal.signal(sig, on_signal)
     net = Network(args.prefix, args.servers, args.workers, args.gbit, args.delay_ms,
                   args.loss_pct)
-    rows, ddp_rows, training = [], [], []
+    rows, ddp_rows, training, train_rows = [], [], [], []
     keys_dir = None
     variants = []
     if args.peer == "ddp":
@@ -597,13 +803,30 @@ def main(argv=None):
         net.create()
         log("network up: %d namespaces under %s-*, %g Gbit/s per node each way"
             % (len(net.created), args.prefix, args.gbit))
-        plan = [("bitpush", spec, (security, transport)) for spec in specs
-                for security in args.security for transport in args.transports]
-        plan += [("ddp", v, None) for v in variants]
+        if args.train_layout:
+            plan = [("train-bitpush", spec, None) for spec in specs]
+            plan += [("train-ddp", v, None) for v in variants]
+        else:
+            plan = [("bitpush", spec, (security, transport)) for spec in specs
+                    for security in args.security for transport in args.transports]
+            plan += [("ddp", v, None) for v in variants]
         runs = {item: [] for item in plan}
         for rep in range(args.repeats):
             for item in (plan if rep % 2 == 0 else list(reversed(plan))):
                 kind, what, how = item
+                if kind.startswith("train-"):
+                    log("%s training steps of %s, %s: %d workers%s, %d+%d steps%s"
+                        % ("bitpush" if kind == "train-bitpush" else "DDP (gloo)",
+                           os.path.basename(args.layout_file), what, args.workers,
+                           " x %d servers" % args.servers if kind == "train-bitpush" else "",
+                           args.warmup, args.iters, rep_note(rep, args.repeats)))
+                    runs[item].append(run_train_bitpush(args, net, what)
+                                      if kind == "train-bitpush"
+                                      else run_train_ddp(args, net, what))
+                    r = runs[item][-1]
+                    log("  median step %.1f ms (compute %.1f ms, link bound %.1f ms)"
+                        % (r["step_ms"], r["compute_ms"], r["comm_bound_ms"]))
+                    continue
                 if kind == "bitpush":
                     security, transport = how
                     log("push_pull %s (security %s, %s): %d workers x %d servers, %g MiB, %d+%d "
@@ -621,6 +844,10 @@ def main(argv=None):
                 log("  median round %.1f ms (%.2fx the line-rate bound %.1f ms)"
                     % (r["round_ms"], r["round_ms"] / r["line_rate_bound_ms"],
                        r["line_rate_bound_ms"]))
+        if args.train_layout:
+            train_rows = [combine(runs[item], "step_ms") for item in plan]
+            for r in train_rows:
+                r["step_ms_reps"] = r.pop("round_ms_reps")
         rows = [combine(runs[item], "round_ms") for item in plan if item[0] == "bitpush"]
         ddp_rows = [combine(runs[item], "round_ms") for item in plan if item[0] == "ddp"]
         for r in rows:
@@ -645,6 +872,9 @@ def main(argv=None):
         remove_stale(args.prefix)
         if keys_dir:
             shutil.rmtree(keys_dir, ignore_errors=True)
+
+    if args.train_layout:
+        return report_train_layout(args, net, train_rows)
 
     def find(spec, security, transport):
         return next((r for r in rows if r["compressor"] == spec and r["security"] == security
