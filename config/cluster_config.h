@@ -139,7 +139,7 @@ struct WorkerSettings {
   // least: worker/engine/partition_scheduler.cc). Bounds how far a worker runs
   // ahead of the others at a server (docs/flow-control.md).
   uint64_t server_window_bytes = 0;
-  static constexpr uint64_t kAutoServerWindowBytes = uint64_t{2} << 20;
+  static constexpr uint64_t kAutoServerWindowBytes = uint64_t{16} << 20;
   uint64_t ServerWindowBytes() const {
     return server_window_bytes != 0 ? server_window_bytes : kAutoServerWindowBytes;
   }

@@ -570,7 +570,7 @@ std::vector<ClusterKnob> BuildTable() {
              In<&ClusterConfig::worker, &WorkerSettings::credit_bytes>()),
       Scalar(Knob("worker.server_window_bytes")
                  .Bytes(1, kMaxMemoryBytes)
-                 .Optional("auto", "auto (2 MiB, at least 4 partitions)")
+                 .Optional("auto", "auto (16 MiB, at least 4 partitions)")
                  .Doc("Bytes of raw (uncompressed) partitions this worker has in flight at any "
                       "one server: a worker that runs ahead of the others at a server waits "
                       "there and sends to the servers where it is behind, so every server "
