@@ -271,8 +271,12 @@ def run_rank(a):
             # torch's powerSGD_hook issues a bucket's later all-reduces from its futures'
             # callbacks; gloo matches collectives by the order each rank issues them, so with
             # several buckets in flight the ranks' orders can differ and gloo aborts
-            # ("op.preamble.length <= op.nbytes"). One bucket keeps one chain per step.
-            net = DistributedDataParallel(model, bucket_cap_mb=model_bytes / 2 ** 20 + 1)
+            # ("op.preamble.length <= op.nbytes"). One bucket keeps one chain per step: the
+            # cap and DDP's first-bucket cap (1 MiB by default; torch documents
+            # dist._DEFAULT_FIRST_BUCKET_BYTES as the knob) both hold the whole model.
+            one_bucket = model_bytes + (1 << 20)
+            dist._DEFAULT_FIRST_BUCKET_BYTES = one_bucket
+            net = DistributedDataParallel(model, bucket_cap_mb=one_bucket / 2 ** 20)
         else:
             net = DistributedDataParallel(model)  # default buckets (bucket_cap_mb=25)
         hook = ""
