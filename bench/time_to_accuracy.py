@@ -79,10 +79,11 @@ class Task:
     """What a task is: its default length, the DDP optimizer, the metric and its tolerance.
     The data and model live in the rank process (rank_task)."""
 
-    def __init__(self, name, steps, metric, higher_is_better, tolerance, ddp_optimizer,
-                 ddp_lr, example, unit):
+    def __init__(self, name, steps, eval_every, metric, higher_is_better, tolerance,
+                 ddp_optimizer, ddp_lr, example, unit):
         self.name = name
         self.steps = steps
+        self.eval_every = eval_every
         self.metric = metric
         self.higher_is_better = higher_is_better
         self.tolerance = tolerance
@@ -108,9 +109,9 @@ class Task:
 # The examples' default lengths: train_digits' 10 epochs at 2 workers (210 steps) and
 # train_charlm's 300 steps, whatever --workers is, so every W trains the same number of steps.
 TASKS = {
-    "digits-cnn": Task("digits-cnn", 210, "test_accuracy", True, 0.5, "adamw", 0.003,
+    "digits-cnn": Task("digits-cnn", 210, 10, "test_accuracy", True, 0.5, "adamw", 0.02,
                        "train_digits", "%"),
-    "charlm": Task("charlm", 300, "val_loss", False, 0.02, "adamw", 0.002, "train_charlm",
+    "charlm": Task("charlm", 300, 20, "val_loss", False, 0.02, "adamw", 0.002, "train_charlm",
                    "nats/byte"),
 }
 
@@ -199,8 +200,17 @@ class CharData:
         x, y = batch
         return self.torch.nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
 
-    def evaluate(self, model):
-        return self.ch.validation_loss(model, self.val, self.args)
+    def evaluate_shared(self, model, rank, world, allreduce_sum):
+        """train_charlm.validation_loss, its windows shared out among the ranks (rank r
+        takes windows r, r + world, ...) and summed back: the same value, bit for bit (each
+        window's loss travels as the fp32 it is, added to zeros)."""
+        n = self.args.val_batches
+        mine = self.ch.validation_losses(model, self.val, self.args, range(rank, n, world))
+        t = self.torch.zeros(n, dtype=self.torch.float32)
+        for i, v in mine.items():
+            t[i] = v
+        losses = allreduce_sum(t).tolist()
+        return sum(losses[i] for i in range(n)) / n
 
 
 def rank_task(torch, spec, rank, world):
@@ -240,11 +250,18 @@ def run_rank(spec):
         dist.init_process_group("gloo", init_method="env://")
         rank, world = dist.get_rank(), dist.get_world_size()
         barrier = dist.barrier
+
+        def allreduce_sum(t):
+            dist.all_reduce(t)
+            return t
     else:
         import bitpush.torch as bp
         bp.init()
         rank, world = bp.rank(), bp.size()
         barrier = bp.barrier
+
+        def allreduce_sum(t):
+            return bp.push_pull(t, "tta.validation", compression="none", average=False)
     model, data = rank_task(torch, spec, rank, world)
     args = example_args(spec)
     extra = {}
@@ -276,11 +293,18 @@ def run_rank(spec):
     train_s = 0.0
 
     def evaluate(step):
-        # Rank 0 evaluates the model every rank holds; the others wait at the barrier. The
-        # clock is stopped meanwhile, on every rank.
+        # Every rank holds the same model. digits: rank 0 evaluates, the others wait at the
+        # barrier; charlm: the ranks share the validation windows out. The clock is stopped
+        # meanwhile, on every rank.
+        if hasattr(data, "evaluate_shared"):
+            value = data.evaluate_shared(model, rank, world, allreduce_sum)
+        else:
+            value = data.evaluate(model) if rank == 0 else None
+            barrier()
         if rank == 0:
-            curve.append([step, round(train_s, 4), data.evaluate(model)])
-        barrier()
+            curve.append([step, round(train_s, 4), value])
+            print("%s %s: step %d, %.1f s, %s %.4f" % (spec["task"], spec["run"], step, train_s,
+                                                       spec["metric"], value), flush=True)
 
     barrier()
     evaluate(0)
@@ -304,9 +328,14 @@ def run_rank(spec):
         with open(spec["result"], "w") as f:
             json.dump({"curve": curve, "train_s": train_s, "last_loss": loss.item(), **extra}, f)
     if ddp:
-        dist.destroy_process_group()
-    else:
-        bp.shutdown()
+        # torch 1.13 can hang tearing DDP down (~ProcessGroupGloo joins a gloo thread that
+        # waits for the GIL the destroying thread holds): once every rank is here, leave
+        # without the teardown; the result is written and the sockets close with the process.
+        dist.barrier()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    bp.shutdown()
     return 0
 
 
@@ -314,8 +343,8 @@ def run_rank(spec):
 
 
 def run_spec(task, run, a, steps):
-    spec = {"task": task.name, "run": run, "seed": a.seed, "steps": steps,
-            "eval_every": a.eval_every, "warmup": 0.05, "batch_size": 32}
+    spec = {"task": task.name, "run": run, "metric": task.metric, "seed": a.seed, "steps": steps,
+            "eval_every": a.eval_every or task.eval_every, "warmup": 0.05, "batch_size": 32}
     if run in DDP_VARIANTS:
         spec.update(optimizer=a.ddp_optimizer or task.ddp_optimizer,
                     lr=a.ddp_lr if a.ddp_lr is not None else task.ddp_lr, compression=None)
@@ -614,7 +643,9 @@ def parse_args(argv):
     p.add_argument("--steps", type=int, default=None,
                    help="steps of every run (default: digits-cnn %d, charlm %d)"
                    % (TASKS["digits-cnn"].steps, TASKS["charlm"].steps))
-    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="steps between evaluations (default: digits-cnn %d, charlm %d)"
+                   % (TASKS["digits-cnn"].eval_every, TASKS["charlm"].eval_every))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ddp-optimizer", choices=["adamw", "sgd"], default=None,
                    help="DDP's optimizer (default: per task, AdamW)")
@@ -640,8 +671,8 @@ def parse_args(argv):
             ", ".join(bad), ", ".join(TASKS), ", ".join(RUN_ORDER)))
     if not a.tasks or not a.runs:
         p.error("--tasks and --runs need at least one name each")
-    if a.workers < 1 or a.servers < 1 or a.eval_every < 1 or (a.steps is not None
-                                                              and a.steps < 1):
+    if a.workers < 1 or a.servers < 1 or (a.eval_every is not None and a.eval_every < 1) or \
+            (a.steps is not None and a.steps < 1):
         p.error("--workers, --servers, --eval-every and --steps must be >= 1")
     if a.tolerance is not None and a.tolerance < 0:
         p.error("--tolerance must be >= 0")
@@ -687,7 +718,7 @@ def main(argv):
     results = {"setup": {
         "command": " ".join(shlex.quote(x) for x in [sys.executable, sys.argv[0]] + argv),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "workers": a.workers, "servers": a.servers, "seed": a.seed, "eval_every": a.eval_every,
+        "workers": a.workers, "servers": a.servers, "seed": a.seed,
         "torch": torch.__version__, "ddp_backend": "gloo", "machine": machine(),
         "min_compress_bytes": MIN_COMPRESS_BYTES, "lr_schedule": "cosine, 5 % linear warm-up",
         "powersgd": {"matrix_approximation_rank": POWERSGD_RANK,
@@ -721,7 +752,8 @@ def main(argv):
                 task_name, run, task.metric, rec["curve"][-1][2], rec["train_s"]),
                 file=sys.stderr, flush=True)
         target = analyse(task, records, step_times and step_times[task_name])
-        block = {"steps": steps, "workers": a.workers, "target": target, "runs": records}
+        block = {"steps": steps, "eval_every": a.eval_every or task.eval_every,
+                 "workers": a.workers, "target": target, "runs": records}
         if step_times is not None:
             block["step_ms"] = step_times[task_name]
         results["tasks"][task_name] = block

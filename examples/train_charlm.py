@@ -91,22 +91,30 @@ def batch(data, starts, context):
     return x, y
 
 
-def validation_loss(model, val, args):
-    """The mean cross-entropy (nats per byte) over --val-batches fixed windows of the
-    validation text: the same windows on every worker and in every run."""
+def validation_losses(model, val, args, which=None):
+    """The cross-entropy (nats per byte) of each of the --val-batches fixed windows of the
+    validation text (the same windows on every worker and in every run), for the windows
+    numbered in `which` (default: all), as {number: loss}."""
     vgen = torch.Generator().manual_seed(12345)
+    starts = [torch.randint(0, len(val) - args.context - 1, (args.batch_size,), generator=vgen)
+              for _ in range(args.val_batches)]
+    which = range(args.val_batches) if which is None else which
     loss_fn = torch.nn.CrossEntropyLoss()
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        losses = []
-        for _ in range(args.val_batches):
-            starts = torch.randint(0, len(val) - args.context - 1, (args.batch_size,),
-                                   generator=vgen)
-            x, y = batch(val, starts, args.context)
-            losses.append(loss_fn(model(x).reshape(-1, 256), y.reshape(-1)).item())
+        losses = {}
+        for i in which:
+            x, y = batch(val, starts[i], args.context)
+            losses[i] = loss_fn(model(x).reshape(-1, 256), y.reshape(-1)).item()
     model.train(was_training)
-    return sum(losses) / len(losses)
+    return losses
+
+
+def validation_loss(model, val, args):
+    """The mean of validation_losses over every window."""
+    losses = validation_losses(model, val, args)
+    return sum(losses[i] for i in range(args.val_batches)) / args.val_batches
 
 
 def run(args, prefix=""):
