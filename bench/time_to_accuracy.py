@@ -344,7 +344,7 @@ def run_rank(spec):
 
 def run_spec(task, run, a, steps):
     spec = {"task": task.name, "run": run, "metric": task.metric, "seed": a.seed, "steps": steps,
-            "eval_every": a.eval_every or task.eval_every, "warmup": 0.05, "batch_size": 32}
+            "eval_every": a.eval_every[task.name], "warmup": 0.05, "batch_size": 32}
     if run in DDP_VARIANTS:
         spec.update(optimizer=a.ddp_optimizer or task.ddp_optimizer,
                     lr=a.ddp_lr if a.ddp_lr is not None else task.ddp_lr, compression=None)
@@ -640,12 +640,14 @@ def parse_args(argv):
                    % ", ".join(RUN_ORDER))
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--servers", type=int, default=2, help="bitpush runs' local cluster")
-    p.add_argument("--steps", type=int, default=None,
-                   help="steps of every run (default: digits-cnn %d, charlm %d)"
-                   % (TASKS["digits-cnn"].steps, TASKS["charlm"].steps))
-    p.add_argument("--eval-every", type=int, default=None,
-                   help="steps between evaluations (default: digits-cnn %d, charlm %d)"
-                   % (TASKS["digits-cnn"].eval_every, TASKS["charlm"].eval_every))
+    p.add_argument("--steps", default=None, metavar="N|TASK=N,...",
+                   help="steps of every run, for every task or per task (default: "
+                   "digits-cnn %d, charlm %d)" % (TASKS["digits-cnn"].steps,
+                                                  TASKS["charlm"].steps))
+    p.add_argument("--eval-every", default=None, metavar="N|TASK=N,...",
+                   help="steps between evaluations, for every task or per task (default: "
+                   "digits-cnn %d, charlm %d)" % (TASKS["digits-cnn"].eval_every,
+                                                  TASKS["charlm"].eval_every))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ddp-optimizer", choices=["adamw", "sgd"], default=None,
                    help="DDP's optimizer (default: per task, AdamW)")
@@ -671,13 +673,38 @@ def parse_args(argv):
             ", ".join(bad), ", ".join(TASKS), ", ".join(RUN_ORDER)))
     if not a.tasks or not a.runs:
         p.error("--tasks and --runs need at least one name each")
-    if a.workers < 1 or a.servers < 1 or (a.eval_every is not None and a.eval_every < 1) or \
-            (a.steps is not None and a.steps < 1):
-        p.error("--workers, --servers, --eval-every and --steps must be >= 1")
+    if a.workers < 1 or a.servers < 1:
+        p.error("--workers and --servers must be >= 1")
+    try:
+        a.steps = per_task(a.steps, "steps", {t: TASKS[t].steps for t in a.tasks})
+        a.eval_every = per_task(a.eval_every, "eval-every",
+                                {t: TASKS[t].eval_every for t in a.tasks})
+    except ValueError as e:
+        p.error(str(e))
     if a.tolerance is not None and a.tolerance < 0:
         p.error("--tolerance must be >= 0")
     a.runs = [r for r in RUN_ORDER if r in a.runs]
     return a
+
+
+def per_task(text, flag, defaults):
+    """{task: int} from "N" (every task) or "TASK=N,..." over `defaults`; values >= 1."""
+    out = dict(defaults)
+    if text is not None:
+        for part in text.split(","):
+            task, _, value = part.rpartition("=")
+            if task and task not in out:
+                raise ValueError("--%s: %r is not one of the tasks run (%s)"
+                                 % (flag, task, ", ".join(out)))
+            try:
+                n = int(value)
+            except ValueError:
+                raise ValueError("--%s: %r is not a whole number" % (flag, value)) from None
+            if n < 1:
+                raise ValueError("--%s: %r must be >= 1" % (flag, part))
+            for t in ([task] if task else out):
+                out[t] = n
+    return out
 
 
 def check_dependencies():
@@ -730,7 +757,7 @@ def main(argv):
         task = TASKS[task_name]
         if a.tolerance is not None:
             task.tolerance = a.tolerance
-        steps = a.steps or task.steps
+        steps = a.steps[task_name]
         records = {}
         for run in a.runs:
             spec = run_spec(task, run, a, steps)
@@ -752,7 +779,7 @@ def main(argv):
                 task_name, run, task.metric, rec["curve"][-1][2], rec["train_s"]),
                 file=sys.stderr, flush=True)
         target = analyse(task, records, step_times and step_times[task_name])
-        block = {"steps": steps, "eval_every": a.eval_every or task.eval_every,
+        block = {"steps": steps, "eval_every": a.eval_every[task_name],
                  "workers": a.workers, "target": target, "runs": records}
         if step_times is not None:
             block["step_ms"] = step_times[task_name]
@@ -760,10 +787,16 @@ def main(argv):
         if not a.no_plots and records:
             block["plots"] = plot(task_name, block, a.out, step_times and step_times[task_name])
         print(table(task_name, block), flush=True)
-    with open(os.path.join(a.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
-        f.write("\n")
+        write_json(os.path.join(a.out, "results.json"), results)  # after every task
     return status
+
+
+def write_json(path, doc):
+    """Writes aside, then renames: a reader never sees half a file."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

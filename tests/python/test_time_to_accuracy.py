@@ -41,7 +41,7 @@ def test_digits_runs_reach_the_ddp_fp32_target_as_their_curves_say(tmp_path):
     out = tmp_path / "out"
     p = subprocess.run([sys.executable, DRIVER, "--workers", "2", "--tasks", "digits-cnn",
                         "--runs", "ddp-fp32,ddp-powersgd,bitpush-clan-onebit", "--steps", "20",
-                        "--eval-every", "5", "--tolerance", "1.5", "--seed", "3",
+                        "--eval-every", "digits-cnn=5", "--tolerance", "1.5", "--seed", "3",
                         "--step-times", str(step_times), "--out", str(out)],
                        capture_output=True, text=True, timeout=240,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -178,3 +178,15 @@ def test_charlm_validation_shared_among_ranks_equals_the_examples_bit_for_bit():
     assert parts[-1] == data.ch.validation_loss(model, data.val, data.args)
     # Before the last rank's part the sum lacks its windows (the check can fail).
     assert parts[0] != parts[-1]
+
+
+def test_steps_and_eval_every_take_one_number_or_one_per_task():
+    d = load_driver()
+    defaults = {"digits-cnn": 210, "charlm": 300}
+    assert d.per_task(None, "steps", defaults) == defaults
+    assert d.per_task("40", "steps", defaults) == {"digits-cnn": 40, "charlm": 40}
+    assert d.per_task("charlm=150", "steps", defaults) == {"digits-cnn": 210, "charlm": 150}
+    with pytest.raises(ValueError, match="--steps: 'mnist' is not one of the tasks run"):
+        d.per_task("mnist=3", "steps", defaults)
+    with pytest.raises(ValueError, match="--eval-every: 'charlm=0' must be >= 1"):
+        d.per_task("charlm=0", "eval-every", defaults)
