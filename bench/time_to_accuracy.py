@@ -664,6 +664,9 @@ def parse_args(argv):
     p.add_argument("--run-timeout-s", type=float, default=1800.0,
                    help="bound on one run's ranks")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--from-results", default=None, metavar="RESULTS_JSON",
+                   help="no training: recompute the targets, projections (--step-times), "
+                   "plots and tables of this results.json into --out")
     a = p.parse_args(argv)
     a.tasks = [t for t in a.tasks.split(",") if t]
     a.runs = [r for r in a.runs.split(",") if r]
@@ -728,17 +731,24 @@ def main(argv):
         with open(argv[1]) as f:
             return run_rank(json.load(f))
     a = parse_args(argv)
+    step_times = None
+    if a.step_times:
+        try:
+            step_times = load_step_times(a.step_times, list(TASKS))
+        except (OSError, ValueError) as e:
+            print("time_to_accuracy: --step-times: %s" % e, file=sys.stderr)
+            return EXIT_USAGE
+    if a.from_results:
+        try:
+            return reanalyse(a, step_times)
+        except (OSError, ValueError, KeyError) as e:
+            print("time_to_accuracy: --from-results %s: %s" % (a.from_results, e),
+                  file=sys.stderr)
+            return EXIT_USAGE
     missing = check_dependencies()
     if missing:
         print("time_to_accuracy: " + missing, file=sys.stderr)
         return EXIT_MISSING
-    step_times = None
-    if a.step_times:
-        try:
-            step_times = load_step_times(a.step_times, a.tasks)
-        except (OSError, ValueError) as e:
-            print("time_to_accuracy: --step-times: %s" % e, file=sys.stderr)
-            return EXIT_USAGE
     import torch
 
     os.makedirs(a.out, exist_ok=True)
@@ -778,17 +788,44 @@ def main(argv):
             print("time_to_accuracy: %s %s: final %s %.4f, %.1f s of training" % (
                 task_name, run, task.metric, rec["curve"][-1][2], rec["train_s"]),
                 file=sys.stderr, flush=True)
-        target = analyse(task, records, step_times and step_times[task_name])
         block = {"steps": steps, "eval_every": a.eval_every[task_name],
-                 "workers": a.workers, "target": target, "runs": records}
-        if step_times is not None:
-            block["step_ms"] = step_times[task_name]
+                 "workers": a.workers, "runs": records}
         results["tasks"][task_name] = block
-        if not a.no_plots and records:
-            block["plots"] = plot(task_name, block, a.out, step_times and step_times[task_name])
-        print(table(task_name, block), flush=True)
+        finish_task(task, block, step_times and step_times[task_name], a)
         write_json(os.path.join(a.out, "results.json"), results)  # after every task
     return status
+
+
+def finish_task(task, block, step_ms, a):
+    """The target, every run's figures, the plots and the table of one task's block."""
+    for rec in block["runs"].values():  # a re-analysis drops the last projection first
+        for k in [k for k in rec if k.startswith("projected") or k == "step_ms"]:
+            del rec[k]
+    block.pop("step_ms", None)
+    block["target"] = analyse(task, block["runs"], step_ms)
+    if step_ms is not None:
+        block["step_ms"] = step_ms
+    block.pop("plots", None)
+    if not a.no_plots and block["runs"]:
+        block["plots"] = plot(task.name, block, a.out, step_ms)
+    print(table(task.name, block), flush=True)
+
+
+def reanalyse(a, step_times):
+    """--from-results: the target, projections, plots and tables of a finished run's
+    results.json again (e.g. with new --step-times), no training; written to --out."""
+    with open(a.from_results) as f:
+        results = json.load(f)
+    results["setup"]["step_times_file"] = a.step_times
+    results["setup"]["reanalysed_from"] = a.from_results
+    os.makedirs(a.out, exist_ok=True)
+    for task_name, block in results["tasks"].items():
+        task = TASKS[task_name]
+        task.tolerance = a.tolerance if a.tolerance is not None else \
+            block["target"]["tolerance"]
+        finish_task(task, block, step_times and step_times.get(task_name), a)
+    write_json(os.path.join(a.out, "results.json"), results)
+    return 0
 
 
 def write_json(path, doc):

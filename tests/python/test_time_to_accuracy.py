@@ -190,3 +190,39 @@ def test_steps_and_eval_every_take_one_number_or_one_per_task():
         d.per_task("mnist=3", "steps", defaults)
     with pytest.raises(ValueError, match="--eval-every: 'charlm=0' must be >= 1"):
         d.per_task("charlm=0", "eval-every", defaults)
+
+
+def test_from_results_projects_a_finished_run_with_new_step_times(tmp_path, capsys):
+    d = load_driver()
+    curve = {"ddp-fp32": [[0, 0.0, 10.0], [10, 1.0, 90.0], [20, 2.0, 95.0]],
+             "bitpush-clan-onebit": [[0, 0.0, 10.0], [10, 0.5, 94.6], [20, 1.0, 95.2]]}
+    doc = {"setup": {"workers": 2},
+           "tasks": {"digits-cnn": {"steps": 20, "eval_every": 10, "workers": 2,
+                                    "target": {"tolerance": 0.5},
+                                    "runs": {r: {"run": r, "steps": 20, "curve": c,
+                                                 "optimizer": opt, "lr": 0.02,
+                                                 "compression": comp,
+                                                 "projected_s_to_target": 99.0}
+                                             for (r, c), (opt, comp) in zip(
+                                                 curve.items(),
+                                                 [("adamw", None), ("clan", "onebit")])}}}}
+    src = tmp_path / "results.json"
+    src.write_text(json.dumps(doc))
+    st = tmp_path / "st.json"
+    st.write_text(json.dumps({"ddp-fp32": 300.0, "bitpush-clan-onebit": 25.0}))
+    out = tmp_path / "again"
+    assert d.main(["--from-results", str(src), "--step-times", str(st), "--out", str(out),
+                   "--no-plots"]) == 0
+    runs = json.loads((out / "results.json").read_text())["tasks"]["digits-cnn"]["runs"]
+    assert runs["ddp-fp32"]["steps_to_target"] == 20  # target 94.5
+    assert runs["bitpush-clan-onebit"]["steps_to_target"] == 10
+    assert runs["ddp-fp32"]["projected_s_to_target"] == 6.0
+    assert runs["bitpush-clan-onebit"]["projected_s_to_target"] == 0.25
+    assert runs["bitpush-clan-onebit"]["projected_speedup_vs_ddp_fp32"] == 24.0
+    assert runs["bitpush-clan-onebit"]["wall_speedup_vs_ddp_fp32"] == 4.0
+    # Without step times the old projection goes.
+    assert d.main(["--from-results", str(out / "results.json"), "--out", str(tmp_path / "x"),
+                   "--no-plots"]) == 0
+    again = json.loads((tmp_path / "x" / "results.json").read_text())["tasks"]["digits-cnn"]
+    assert not any(k.startswith("projected") for r in again["runs"].values() for k in r)
+    assert "| bitpush-clan-onebit |" in capsys.readouterr().out
