@@ -355,7 +355,7 @@ def run_spec(task, run, a, steps):
         ex, train_digits, train_charlm = import_examples()
         module = train_digits if task.example == "train_digits" else train_charlm
         spec.update(optimizer=optimizer, compression=compression,
-                    lr=module.DEFAULT_LR[optimizer])
+                    lr=a.lr.get(run, module.DEFAULT_LR[optimizer]))
     return spec
 
 
@@ -654,6 +654,9 @@ def parse_args(argv):
     p.add_argument("--ddp-lr", type=float, default=None,
                    help="DDP's lr (default: digits-cnn %g, charlm %g)"
                    % (TASKS["digits-cnn"].ddp_lr, TASKS["charlm"].ddp_lr))
+    p.add_argument("--lr", default=None, metavar="RUN=LR,...",
+                   help="a run's learning rate instead of its recipe's (e.g. "
+                   "bitpush-lans=0.02); DDP's runs take --ddp-lr")
     p.add_argument("--tolerance", type=float, default=None,
                    help="the target's slack under DDP fp32's best (default: digits-cnn %g "
                    "points, charlm %g nats/byte)" % (TASKS["digits-cnn"].tolerance,
@@ -682,6 +685,7 @@ def parse_args(argv):
         a.steps = per_task(a.steps, "steps", {t: TASKS[t].steps for t in a.tasks})
         a.eval_every = per_task(a.eval_every, "eval-every",
                                 {t: TASKS[t].eval_every for t in a.tasks})
+        a.lr = run_lrs(a.lr)
     except ValueError as e:
         p.error(str(e))
     if a.tolerance is not None and a.tolerance < 0:
@@ -707,6 +711,25 @@ def per_task(text, flag, defaults):
                 raise ValueError("--%s: %r must be >= 1" % (flag, part))
             for t in ([task] if task else out):
                 out[t] = n
+    return out
+
+
+def run_lrs(text):
+    """{run: lr} from "RUN=LR,..." (bitpush runs; DDP's take --ddp-lr)."""
+    out = {}
+    for part in (text or "").split(","):
+        if not part:
+            continue
+        run, _, value = part.partition("=")
+        if run not in BITPUSH_RUNS:
+            raise ValueError("--lr: %r is not a bitpush run (%s; DDP's runs take --ddp-lr)"
+                             % (run, ", ".join(BITPUSH_RUNS)))
+        try:
+            out[run] = float(value)
+        except ValueError:
+            raise ValueError("--lr: %r is not a number" % value) from None
+        if not out[run] > 0:
+            raise ValueError("--lr: %r must be > 0" % part)
     return out
 
 
