@@ -1,4 +1,4 @@
-"""bench/time_to_accuracy.py: time to accuracy of DDP and bitpush runs, on loopback.
+"""bench/time_to_accuracy.py (and its report module): time to accuracy of DDP and bitpush runs, on loopback.
 
 One short run (2 workers, 20 steps of digits-cnn: DDP fp32, DDP + PowerSGD, CLAN onebit)
 checks the records against their own curves: the target is DDP fp32's best minus the
@@ -26,6 +26,12 @@ def load_driver():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def load_report():
+    load_driver()  # puts bench/ on the path
+    import time_to_accuracy_report
+    return time_to_accuracy_report
 
 
 STEP_MS = {"ddp-fp32": 250.0, "ddp-powersgd": 40.0, "bitpush-clan-onebit": 30.0}
@@ -63,6 +69,7 @@ def test_digits_runs_reach_the_ddp_fp32_target_as_their_curves_say(tmp_path):
         assert r["final_metric"] == r["curve"][-1][2]
         assert r["steps"] == 20
     assert runs["ddp-powersgd"]["powersgd_start_iter"] == 2  # 10 % of 20, at least 2
+    assert runs["ddp-powersgd"]["powersgd_rank"] == 4
     assert runs["bitpush-clan-onebit"]["error_feedback"] == "both"
     assert runs["bitpush-clan-onebit"]["bytes_pushed"] > 0
     # Twenty steps of AdamW take the CNN well above chance (10 %).
@@ -106,7 +113,7 @@ def test_digits_runs_reach_the_ddp_fp32_target_as_their_curves_say(tmp_path):
 
 
 def test_a_lower_is_better_target_and_the_first_evaluation_that_meets_it():
-    d = load_driver()
+    d, r = load_driver(), load_report()
     task = d.TASKS["charlm"]
     records = {
         "ddp-fp32": {"run": "ddp-fp32", "steps": 30,
@@ -118,7 +125,7 @@ def test_a_lower_is_better_target_and_the_first_evaluation_that_meets_it():
                      "curve": [[0, 0.0, 5.5], [10, 1.0, float("nan")], [20, 2.0, 2.6],
                                [30, 3.0, 2.4]]},
     }
-    target = d.analyse(task, records, {"ddp-fp32": 100.0, "bitpush-lans": 50.0})
+    target = r.analyse(task, records, {"ddp-fp32": 100.0, "bitpush-lans": 50.0})
     assert target["ddp_fp32_best"] == 2.30 and target["value"] == 2.30 + task.tolerance
     assert (records["ddp-fp32"]["steps_to_target"],
             records["ddp-fp32"]["wall_s_to_target"]) == (20, 2.0)
@@ -134,7 +141,7 @@ def test_a_lower_is_better_target_and_the_first_evaluation_that_meets_it():
 
 
 def test_powersgd_projection_takes_its_plain_steps_at_fp32_time():
-    d = load_driver()
+    d = load_report()
     ms = {"ddp-fp32": 100.0, "ddp-powersgd": 10.0}
     assert d.projected_seconds("ddp-powersgd", 30, ms, 21) == (21 * 100.0 + 9 * 10.0) / 1000.0
     assert d.projected_seconds("ddp-powersgd", 15, ms, 21) == 15 * 100.0 / 1000.0
@@ -144,7 +151,7 @@ def test_powersgd_projection_takes_its_plain_steps_at_fp32_time():
 
 
 def test_step_times_file_is_checked_and_read_flat_or_per_task(tmp_path):
-    d = load_driver()
+    d = load_report()
     f = tmp_path / "st.json"
     f.write_text(json.dumps({"ddp-fp32": 5400, "bitpush-clan-onebit": 520.5}))
     assert d.load_step_times(str(f), ["digits-cnn", "charlm"]) == {
