@@ -465,9 +465,9 @@ def parse_args(argv):
     p.add_argument("--run-timeout-s", type=float, default=1800.0,
                    help="bound on one run's ranks")
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--from-results", default=None, metavar="RESULTS_JSON",
+    p.add_argument("--from-results", default=None, metavar="RESULTS_JSON[,...]",
                    help="no training: recompute the targets, projections (--step-times), "
-                   "plots and tables of this results.json into --out")
+                   "plots and tables of these results.json files (merged) into --out")
     a = p.parse_args(argv)
     a.tasks = [t for t in a.tasks.split(",") if t]
     a.runs = [r for r in a.runs.split(",") if r]
@@ -633,12 +633,27 @@ def finish_task(task, block, step_ms, a):
 
 
 def reanalyse(a, step_times):
-    """--from-results: the target, projections, plots and tables of a finished run's
-    results.json again (e.g. with new --step-times), no training; written to --out."""
-    with open(a.from_results) as f:
-        results = json.load(f)
+    """--from-results: the targets, projections, plots and tables of finished runs'
+    results.json files again (e.g. with new --step-times), no training; written to --out as
+    one results.json. Several files (comma-separated) are merged: the first one's setup, every
+    file's tasks (a task in two files is refused), each file's setup under "merged_setups"."""
+    paths = [p for p in a.from_results.split(",") if p]
+    results = None
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        if results is None:
+            results = doc
+            results["setup"]["merged_setups"] = []
+        else:
+            for task_name, block in doc["tasks"].items():
+                if task_name in results["tasks"]:
+                    raise ValueError("task %s is in more than one of the files" % task_name)
+                results["tasks"][task_name] = block
+        setup = {k: v for k, v in doc["setup"].items() if k != "merged_setups"}
+        results["setup"]["merged_setups"].append(dict(setup, file=path))
     results["setup"]["step_times_file"] = a.step_times
-    results["setup"]["reanalysed_from"] = a.from_results
+    results["setup"]["reanalysed_from"] = paths
     os.makedirs(a.out, exist_ok=True)
     for task_name, block in results["tasks"].items():
         task = TASKS[task_name]

@@ -233,3 +233,28 @@ def test_from_results_projects_a_finished_run_with_new_step_times(tmp_path, caps
     again = json.loads((tmp_path / "x" / "results.json").read_text())["tasks"]["digits-cnn"]
     assert not any(k.startswith("projected") for r in again["runs"].values() for k in r)
     assert "| bitpush-clan-onebit |" in capsys.readouterr().out
+
+
+def test_from_results_merges_the_tasks_of_several_files_and_refuses_a_task_twice(tmp_path):
+    d = load_driver()
+    run = {"run": "ddp-fp32", "steps": 10, "optimizer": "adamw", "lr": 0.01,
+           "compression": None}
+    files = []
+    for task, curve in (("digits-cnn", [[0, 0.0, 10.0], [10, 1.0, 90.0]]),
+                        ("charlm", [[0, 0.0, 5.5], [10, 2.0, 2.5]])):
+        doc = {"setup": {"command": "run %s" % task},
+               "tasks": {task: {"steps": 10, "workers": 2, "target": {"tolerance": 0.0},
+                                "runs": {"ddp-fp32": dict(run, curve=curve)}}}}
+        files.append(tmp_path / ("%s.json" % task))
+        files[-1].write_text(json.dumps(doc))
+    out = tmp_path / "merged"
+    assert d.main(["--from-results", "%s,%s" % tuple(files), "--out", str(out),
+                   "--no-plots"]) == 0
+    merged = json.loads((out / "results.json").read_text())
+    assert sorted(merged["tasks"]) == ["charlm", "digits-cnn"]
+    assert [s["command"] for s in merged["setup"]["merged_setups"]] == ["run digits-cnn",
+                                                                        "run charlm"]
+    assert merged["tasks"]["charlm"]["target"]["value"] == 2.5
+    assert merged["tasks"]["digits-cnn"]["runs"]["ddp-fp32"]["steps_to_target"] == 10
+    assert d.main(["--from-results", "%s,%s" % (files[0], files[0]), "--out",
+                   str(tmp_path / "twice"), "--no-plots"]) == 2
