@@ -590,6 +590,9 @@ def main(argv):
             task.tolerance = a.tolerance
         steps = a.steps[task_name]
         records = {}
+        block = {"steps": steps, "eval_every": a.eval_every[task_name],
+                 "workers": a.workers, "runs": records}
+        results["tasks"][task_name] = block
         for run in a.runs:
             spec = run_spec(task, run, a, steps)
             print("time_to_accuracy: %s %s (%d steps, %d workers)..." % (
@@ -609,11 +612,11 @@ def main(argv):
             print("time_to_accuracy: %s %s: final %s %.4f, %.1f s of training" % (
                 task_name, run, task.metric, rec["curve"][-1][2], rec["train_s"]),
                 file=sys.stderr, flush=True)
-        block = {"steps": steps, "eval_every": a.eval_every[task_name],
-                 "workers": a.workers, "runs": records}
-        results["tasks"][task_name] = block
+            # The records so far (no analysis yet): a run stopped midway keeps its finished
+            # runs, for --from-results.
+            write_json(os.path.join(a.out, "results.json"), results)
         finish_task(task, block, step_times and step_times[task_name], a)
-        write_json(os.path.join(a.out, "results.json"), results)  # after every task
+        write_json(os.path.join(a.out, "results.json"), results)
     return status
 
 
@@ -657,8 +660,10 @@ def reanalyse(a, step_times):
     os.makedirs(a.out, exist_ok=True)
     for task_name, block in results["tasks"].items():
         task = TASKS[task_name]
-        task.tolerance = a.tolerance if a.tolerance is not None else \
-            block["target"]["tolerance"]
+        if a.tolerance is not None:
+            task.tolerance = a.tolerance
+        elif "target" in block:  # absent where the run was stopped before its analysis
+            task.tolerance = block["target"]["tolerance"]
         finish_task(task, block, step_times and step_times.get(task_name), a)
     write_json(os.path.join(a.out, "results.json"), results)
     return 0
