@@ -159,7 +159,7 @@ def table(task_name, block):
                                            t["definition"]), ""]
     projected = any("projected_s_to_target" in r for r in block["runs"].values())
     head = ["run", "recipe", "final", "steps to target", "wall s to target",
-            "wall × vs fp32", "wall × vs PowerSGD"]
+            "wall × vs fp32", "wall × vs PowerSGD", "wall s, all steps"]
     if projected:
         head += ["step ms", "projected s to target", "proj. × vs fp32", "proj. × vs PowerSGD"]
     lines.append("| " + " | ".join(head) + " |")
@@ -167,7 +167,8 @@ def table(task_name, block):
     for run, r in block["runs"].items():
         row = [run, describe_run(r), fmt(r["final_metric"], "%.3f"),
                fmt(r["steps_to_target"], "%d"), fmt(r["wall_s_to_target"], "%.1f"),
-               fmt(r["wall_speedup_vs_ddp_fp32"]), fmt(r["wall_speedup_vs_ddp_powersgd"])]
+               fmt(r["wall_speedup_vs_ddp_fp32"]), fmt(r["wall_speedup_vs_ddp_powersgd"]),
+               fmt(r.get("train_s"), "%.1f")]
         if projected:
             row += [fmt(r.get("step_ms"), "%.1f"), fmt(r.get("projected_s_to_target"), "%.1f"),
                     fmt(r.get("projected_speedup_vs_ddp_fp32")),
