@@ -79,7 +79,7 @@ BITPUSH_RUNS = {"bitpush-lans": ("lans", "none"),
 TASKS = {
     "digits-cnn": Task("digits-cnn", 210, 10, "test_accuracy", True, 0.5, "adamw", 0.02,
                        "train_digits", "%"),
-    "charlm": Task("charlm", 300, 20, "val_loss", False, 0.02, "adamw", 0.002, "train_charlm",
+    "charlm": Task("charlm", 300, 20, "val_loss", False, 0.02, "adamw", 0.01, "train_charlm",
                    "nats/byte"),
 }
 
