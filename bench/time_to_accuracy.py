@@ -33,8 +33,10 @@ none), the final and best metric. With --step-times FILE (a JSON {run: step_ms} 
 plain all-reduces) and the speedups against ddp-fp32 and ddp-powersgd (their time / this
 run's), as the wall figures get without it.
 
-Output (--out DIR): results.json, <task>-wall.png and (with step times) <task>-projected.png;
-a markdown table on stdout.
+Output (--out DIR): results.json (written after every run), <task>-wall.png and (with step
+times) <task>-projected.png; a markdown table on stdout. --from-results FILE[,FILE...]: no
+training, the analysis, plots and tables of finished results files again (merged), e.g. with
+new --step-times. The analysis and report are bench/time_to_accuracy_report.py.
 
 Exit: 0 ok, 1 a run failed (its ranks' log tails on stderr), 2 usage, 3 no torch /
 torch.distributed with gloo / scikit-learn.
