@@ -91,6 +91,32 @@ def batch(data, starts, context):
     return x, y
 
 
+def validation_losses(model, val, args, which=None):
+    """The cross-entropy (nats per byte) of each of the --val-batches fixed windows of the
+    validation text (the same windows on every worker and in every run), for the windows
+    numbered in `which` (default: all), as {number: loss}."""
+    vgen = torch.Generator().manual_seed(12345)
+    starts = [torch.randint(0, len(val) - args.context - 1, (args.batch_size,), generator=vgen)
+              for _ in range(args.val_batches)]
+    which = range(args.val_batches) if which is None else which
+    loss_fn = torch.nn.CrossEntropyLoss()
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        losses = {}
+        for i in which:
+            x, y = batch(val, starts[i], args.context)
+            losses[i] = loss_fn(model(x).reshape(-1, 256), y.reshape(-1)).item()
+    model.train(was_training)
+    return losses
+
+
+def validation_loss(model, val, args):
+    """The mean of validation_losses over every window."""
+    losses = validation_losses(model, val, args)
+    return sum(losses[i] for i in range(args.val_batches)) / args.val_batches
+
+
 def run(args, prefix=""):
     """One training run on an initialised bitpush worker; returns the summary."""
     import bitpush.torch as bp
@@ -127,17 +153,7 @@ def run(args, prefix=""):
                         wire="%.2fMB" % ((ex.bytes_pushed() - pushed0) / 1e6), refresh=False)
     bar.close()
     wall = time.time() - t0
-    # Validation: the same fixed windows on every worker.
-    vgen = torch.Generator().manual_seed(12345)
-    model.eval()
-    with torch.no_grad():
-        losses = []
-        for _ in range(args.val_batches):
-            starts = torch.randint(0, len(val) - args.context - 1, (args.batch_size,),
-                                   generator=vgen)
-            x, y = batch(val, starts, args.context)
-            losses.append(loss_fn(model(x).reshape(-1, 256), y.reshape(-1)).item())
-    val_loss = sum(losses) / len(losses)
+    val_loss = validation_loss(model, val, args)
     if hasattr(opt, "remove_hooks"):
         opt.remove_hooks()
     return {"example": "charlm", "optimizer": args.optimizer,
