@@ -53,6 +53,7 @@ import threading
 import time
 
 from netns import SUBNET, Network, Procs, log, remove_stale, sh  # bench/netns.py
+from train_driver import layout_file  # bench/train_driver.py
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_COMPRESSORS = "none,fp16,onebit,topk:ratio=0.001,dithering:levels=15"
@@ -63,7 +64,6 @@ DDP_DRIVER = os.path.join(REPO, "bench", "peers", "ddp_driver.py")
 DDP_VARIANTS = ("allreduce", "ddp", "fp16", "powersgd")
 DDP_PORT = 29500  # torchrun's default MASTER_PORT (below Linux's ephemeral range)
 TRAIN_DRIVER = os.path.join(REPO, "bench", "train_driver.py")
-LAYOUTS_DIR = os.path.join(REPO, "bench", "layouts")
 # --train-layout: DDP's variants there (train_driver.py --variant); allreduce and ddp name its
 # plain fp32 DDP, as --peer-variant's default does.
 TRAIN_DDP_VARIANTS = {"allreduce": "fp32", "ddp": "fp32", "fp32": "fp32", "fp16": "fp16",
@@ -353,18 +353,6 @@ def run_training(args, net, example, optimizer, compression):
 
 
 # ---- (c) training steps of a model layout ----------------------------------------------------
-
-def layout_file(name):
-    """A layout name under bench/layouts/ (resnet50, bert-base, ...) or a layout JSON's path."""
-    if os.path.isfile(name):
-        return os.path.abspath(name)
-    path = os.path.join(LAYOUTS_DIR, name + ".json")
-    if not os.path.isfile(path):
-        known = sorted(f[:-5] for f in os.listdir(LAYOUTS_DIR) if f.endswith(".json"))
-        raise ValueError("--train-layout: no layout '%s' (a file, or one of %s)"
-                         % (name, ", ".join(known)))
-    return path
-
 
 def train_argv(args, system):
     return [args.peer_python, TRAIN_DRIVER, "--layout", args.layout_file, "--system", system,
@@ -687,7 +675,7 @@ def parse_args(argv=None):
         p.error("--repeats: at least 1")
     if args.train_layout:
         try:
-            args.layout_file = layout_file(args.train_layout)
+            args.layout_file = layout_file(args.train_layout, "--train-layout")
         except ValueError as e:
             p.error(str(e))
         if args.train:

@@ -24,26 +24,15 @@ import subprocess
 import sys
 import tempfile
 
+from train_driver import layout_file  # bench/train_driver.py
+
 BENCH = os.path.dirname(os.path.abspath(__file__))
 DRIVER = os.path.join(BENCH, "train_driver.py")
-LAYOUTS_DIR = os.path.join(BENCH, "layouts")
 DDP_VARIANTS = ("fp32", "fp16", "powersgd")
 
 
 def log(msg):
     print("bitpush-bench train: " + msg, file=sys.stderr, flush=True)
-
-
-def layout_file(name):
-    """A layout name under bench/layouts/ (resnet50, bert-base, ...) or a layout JSON's path."""
-    if os.path.isfile(name):
-        return os.path.abspath(name)
-    path = os.path.join(LAYOUTS_DIR, name + ".json")
-    if not os.path.isfile(path):
-        known = sorted(f[:-5] for f in os.listdir(LAYOUTS_DIR) if f.endswith(".json"))
-        raise ValueError("--layout: no layout '%s' (a file, or one of %s)"
-                         % (name, ", ".join(known)))
-    return path
 
 
 def run_one(a, system, what, port):

@@ -63,6 +63,22 @@ DDP_VARIANTS = ("fp32", "fp16", "powersgd")
 POWERSGD_RANK = 4
 
 
+LAYOUTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "layouts")
+
+
+def layout_file(name, flag="--layout"):
+    """A layout name under bench/layouts/ (resnet50, bert-base, ...) or a layout JSON's path,
+    as an absolute path; ValueError naming `flag` and the known names otherwise."""
+    if os.path.isfile(name):
+        return os.path.abspath(name)
+    path = os.path.join(LAYOUTS_DIR, name + ".json")
+    if not os.path.isfile(path):
+        known = sorted(f[:-5] for f in os.listdir(LAYOUTS_DIR) if f.endswith(".json"))
+        raise ValueError("%s: no layout '%s' (a file, or one of %s)"
+                         % (flag, name, ", ".join(known)))
+    return path
+
+
 def load_layout(path):
     """The layout's layers in backward order, each with its tensors' (name, shape)."""
     with open(path) as f:
