@@ -3,8 +3,10 @@
 1 server, 4 MiB, compressors none + onebit over 1 Gbit/s links, with PyTorch DDP (gloo
 all_reduce, a rank per worker namespace) alongside when /usr/bin/python3 has torch; then 1
 worker, 1 server, 1 MiB of none under --security none,curve, with --peer ddp under a Python
-without torch (it says why and runs bitpush alone). Checks results.json's fields, the line-rate
-bounds exactly, and that no namespace with the run's prefix (and no keys directory) is left.
+without torch (it says why and runs bitpush alone). Then --train-layout with a two-layer layout, bitpush
+none against DDP fp32 (when /usr/bin/python3 has torch). Checks results.json's fields, the
+line-rate bounds exactly, and that no namespace with the run's prefix (and no keys directory)
+is left.
 Exits 77 (skip) when not root or when network namespaces cannot be created here.
 
     /usr/bin/python3 tests/bench/check_emulated_network.py BIN_DIR
@@ -186,9 +188,61 @@ def main():
         with open(os.path.join(out, "work", "none-curve.yaml")) as f:
             if "mode: curve" not in f.read():
                 fail("the curve cluster's YAML has no security.mode curve")
+    if has_torch:
+        check_train_layout(bin_dir, prefix)
+    else:
+        print("no torch with gloo at /usr/bin/python3: --train-layout is not checked")
     print("OK: none %.1f ms, onebit %.1f ms per round; curve/none %.2f; no namespace left"
           % (none_ms, onebit_ms, curve["security_ratio"]))
     return 0
+
+
+def check_train_layout(bin_dir, prefix):
+    """--train-layout: a two-layer layout's training steps, bitpush none against DDP fp32,
+    one rank per worker namespace; the records' bounds and ratios exactly."""
+    with tempfile.TemporaryDirectory(prefix="bp-emnet-") as out:
+        layout = os.path.join(out, "tiny.json")
+        with open(layout, "w") as f:
+            json.dump({"model": "tiny",
+                       "tensors": [{"name": "a", "shape": [256, 256], "dtype": "float32"},
+                                   {"name": "b", "shape": [256], "dtype": "float32"}],
+                       "layers": [{"name": "l0", "backward_ms": 2.0, "tensors": ["a", "b"]}]},
+                      f)
+        cmd = ["/usr/bin/python3", os.path.join(REPO, "bench", "emulated_network.py"),
+               "--workers", "2", "--servers", "1", "--train-layout", layout, "--iters", "2",
+               "--warmup", "1", "--compressors", "none", "--peer", "ddp", "--prefix", prefix,
+               "--out", out, "--bin-dir", bin_dir, "--timeout-s", "60"]
+        print(" ".join(cmd), flush=True)
+        r = subprocess.run(cmd, timeout=180)
+        left = [n for n in netns_names() if n.startswith(prefix)]
+        if left:
+            fail("--train-layout: namespaces left behind: %s" % left)
+        if r.returncode != 0:
+            fail("emulated_network.py --train-layout exited %d" % r.returncode)
+        with open(os.path.join(out, "results.json")) as f:
+            rows = json.load(f)["train_layout"]
+        got = [(row["peer"], row.get("compression") or row.get("variant")) for row in rows]
+        if got != [("bitpush", "none"), ("ddp", "fp32")]:
+            fail("--train-layout ran %s" % got)
+        bp, ddp = rows
+        model = (256 * 256 + 256) * 4
+        for row in rows:
+            if row["model_bytes"] != model or row["compute_ms"] != 2.0 or row["workers"] != 2:
+                fail("--train-layout record %s" % row)
+            if row["step_bound_ms"] != max(row["compute_ms"], row["comm_bound_ms"]):
+                fail("step_bound_ms %s" % row)
+        # bitpush: 2 workers' pushes through the one server's link; DDP: a ring of the model.
+        push, pull = bp["bytes_pushed_per_worker"], bp["bytes_pulled_per_worker"]
+        want = max(push, 2 * push, pull, 2 * pull) * 8 / 1e9 * 1e3
+        if abs(bp["comm_bound_ms"] - want) > 1e-9 * want or push < model:
+            fail("bitpush comm_bound_ms %s, want %s (pushed %s)" % (bp["comm_bound_ms"], want,
+                                                                  push))
+        want = 2 * (2 - 1) / 2 * model * 8 / 1e9 * 1e3
+        if ddp["allreduce_bytes_per_step"] != model or abs(ddp["comm_bound_ms"] - want) > 1e-9:
+            fail("DDP comm_bound_ms %s, want %s" % (ddp["comm_bound_ms"], want))
+        if bp["ratio_to_ddp"] != ddp["step_ms"] / bp["step_ms"] or \
+                bp["ratio_to_ddp_fp32"] != bp["ratio_to_ddp"]:
+            fail("ratio_to_ddp %s" % bp)
 
 
 if __name__ == "__main__":
