@@ -53,6 +53,10 @@ import threading
 import time
 
 from netns import SUBNET, Network, Procs, log, remove_stale, sh  # bench/netns.py
+from emulated_cluster import (error_feedback_for, pushpull_bound_ms,  # bench/emulated_cluster.py
+                              ring_allreduce_bound_ms, start_control, write_yaml)
+from emulated_train_layout import (DDP_PORT, TRAIN_DDP_VARIANTS,  # bench/emulated_train_layout.py
+                                   report_train_layout, run_train_bitpush, run_train_ddp)
 from train_driver import layout_file  # bench/train_driver.py
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,72 +66,6 @@ DEFAULT_COMPRESSORS = "none,fp16,onebit,topk:ratio=0.001,dithering:levels=15"
 TARGETS = {"onebit": 15.0, "topk:ratio=0.001": 30.0, "fp16": 1.8}
 DDP_DRIVER = os.path.join(REPO, "bench", "peers", "ddp_driver.py")
 DDP_VARIANTS = ("allreduce", "ddp", "fp16", "powersgd")
-DDP_PORT = 29500  # torchrun's default MASTER_PORT (below Linux's ephemeral range)
-TRAIN_DRIVER = os.path.join(REPO, "bench", "train_driver.py")
-# --train-layout: DDP's variants there (train_driver.py --variant); allreduce and ddp name its
-# plain fp32 DDP, as --peer-variant's default does.
-TRAIN_DDP_VARIANTS = {"allreduce": "fp32", "ddp": "fp32", "fp32": "fp32", "fp16": "fp16",
-                      "powersgd": "powersgd"}
-# The size threshold of --train-layout clusters: the configuration's default.
-TRAIN_MIN_COMPRESS_BYTES = 4096
-
-
-def error_feedback_for(spec):
-    """The compression.error_feedback a method's rounds run with: both for the biased ones and
-    binsgdm (paper 004 Algorithm 1 keeps worker and server errors), worker for separate (its
-    moving-average error; servers only sum projections), none for the unbiased ones."""
-    name = spec.split(":")[0]
-    if name in ("onebit", "topk", "binsgdm"):
-        return "both"
-    return "worker" if name == "separate" else "none"
-
-
-def write_yaml(path, net, servers, workers, spec, ef, min_compress_bytes, timeout_s, tuning,
-               keys_dir=None, transport="zmq"):
-    y = ["cluster:",
-         "  scheduler: %s:9000" % net.ip("sched"),
-         "  servers: [%s]" % ", ".join("%s:9100" % net.ip("s%d" % i) for i in range(servers)),
-         "  workers: [%s]" % ", ".join("%s:9200" % net.ip("w%d" % i) for i in range(workers)),
-         "  heartbeat_interval_ms: 500",
-         "  heartbeat_timeout_ms: 5000",
-         "  startup_timeout_s: 30"]
-    if transport == "ucx":
-        # The data plane over UCX's TCP lanes on each node's eth0 (the shaped link).
-        y += ["  transport: ucx", "  ucx:", "    port_offset: 1000", '    tls: "tcp"',
-              '    net_devices: "eth0"']
-    y += [
-         "compression:",
-         '  spec: "%s"' % spec,
-         "  error_feedback: %s" % ef,
-         "  min_compress_bytes: %d" % min_compress_bytes,
-         "  partition_bytes: %d" % (tuning.partition_kb * 1024),
-         "server:",
-         "  engine_threads: %s" % (tuning.engine_threads or "auto"),
-         "  numa: %s" % tuning.server_numa,
-         "worker:",
-         "  op_timeout_s: %d" % timeout_s,
-         "  compress_threads: %s" % (tuning.compress_threads or "auto")]
-    if tuning.raw_partition_kb:
-        y.insert(y.index("server:"), "  raw_partition_bytes: %d" % (tuning.raw_partition_kb * 1024))
-    if tuning.credit_kb:
-        y += ["  credit_bytes: %d" % (tuning.credit_kb * 1024)]
-    if tuning.server_window_kb:
-        y += ["  server_window_bytes: %d" % (tuning.server_window_kb * 1024)]
-    if keys_dir:
-        y += ["security:", "  mode: curve", '  keys_dir: "%s"' % keys_dir]
-    with open(path, "w") as f:
-        f.write("\n".join(y) + "\n")
-
-
-def start_control(procs, args, net, yaml, tag):
-    procs.start("scheduler", net.ns("sched"),
-                [args.bin_dir + "/bitpush-scheduler", "--config", yaml, "--log-level", "warn"],
-                os.path.join(args.work, tag + "-scheduler.log"))
-    for s in range(args.servers):
-        procs.start("server %d" % s, net.ns("s%d" % s),
-                    [args.bin_dir + "/bitpush-server", "--config", yaml, "--rank", str(s),
-                     "--log-level", "warn"],
-                    os.path.join(args.work, "%s-server%d.log" % (tag, s)))
 
 
 # ---- (a) push_pull rounds --------------------------------------------------------------------
@@ -190,27 +128,6 @@ def run_pushpull(args, net, spec, security="none", keys_dir=None, transport="zmq
             "decompress_ms_per_round":
                 statistics.mean(r["decompress_ns"] for r in recs) / iters / 1e6,
             "wall_seconds": time.time() - t0}
-
-
-# ---- line-rate bounds ------------------------------------------------------------------------
-# The time the busiest link direction needs at --gbit (each node has its own link, full duplex;
-# the same formulas as bench/pushpull/line_rate.h).
-
-def line_rate_ms(nbytes, gbit):
-    return nbytes * 8 / (gbit * 1e9) * 1e3
-
-
-def pushpull_bound_ms(push_bytes, pull_bytes, workers, servers, gbit):
-    """A parameter-server round: a worker's link carries its push one way and its pull the
-    other; a server's link W x push / S and W x pull / S."""
-    up = max(push_bytes, workers * push_bytes / servers)
-    down = max(pull_bytes, workers * pull_bytes / servers)
-    return line_rate_ms(max(up, down), gbit)
-
-
-def ring_allreduce_bound_ms(allreduce_bytes, workers, gbit):
-    """A ring all-reduce: each worker sends (and receives) 2 (W - 1) / W of the bytes."""
-    return line_rate_ms(2 * (workers - 1) / workers * allreduce_bytes, gbit)
 
 
 # ---- PyTorch DDP on the same links -----------------------------------------------------------
@@ -350,116 +267,6 @@ def run_training(args, net, example, optimizer, compression):
         s["loss_curve"].append({"t_s": round(s["loss_curve"][-1]["t_s"], 3),
                                 "loss": s["final_train_loss"]})
     return s
-
-
-# ---- (c) training steps of a model layout ----------------------------------------------------
-
-def train_argv(args, system):
-    return [args.peer_python, TRAIN_DRIVER, "--layout", args.layout_file, "--system", system,
-            "--steps", str(args.iters), "--warmup", str(args.warmup),
-            "--compute-scale", "%.17g" % args.compute_scale] + \
-        (["--compute-profile", args.compute_profile] if args.compute_profile else [])
-
-
-def read_train_result(path, procs_cpu, t0):
-    with open(path) as f:
-        r = json.load(f)
-    r["cpu_seconds"] = procs_cpu
-    r["wall_seconds"] = time.time() - t0
-    return r
-
-
-def run_train_bitpush(args, net, spec):
-    """A bitpush cluster in the namespaces (scheduler, S servers) and a train_driver.py rank in
-    each worker namespace, the layout's gradients as `spec`; rank 0's result."""
-    ef = error_feedback_for(spec)
-    tag = "layout-" + re.sub(r"[^A-Za-z0-9]+", "_", spec)
-    yaml = os.path.join(args.work, tag + ".yaml")
-    write_yaml(yaml, net, args.servers, args.workers, spec, ef, TRAIN_MIN_COMPRESS_BYTES,
-               args.timeout_s, args)
-    res = os.path.join(args.work, tag + ".json")
-    if os.path.exists(res):
-        os.remove(res)
-    procs = Procs()
-    t0 = time.time()
-    try:
-        start_control(procs, args, net, yaml, tag)
-        for w in range(args.workers):
-            env = dict(os.environ)
-            env.update({"BITPUSH_CONFIG": yaml, "BITPUSH_WORKER_RANK": str(w),
-                        "BITPUSH_LOCAL_RANK": "0", "BITPUSH_LOCAL_SIZE": "1",
-                        "BITPUSH_MODE": "embedded", "BITPUSH_BIN_DIR": args.bin_dir,
-                        "PYTHONPATH": args.python_dir, "OMP_NUM_THREADS": "1"})
-            argv = train_argv(args, "bitpush") + ["--compression", spec]
-            if w == 0:
-                argv += ["--results", res]
-            procs.start("worker %d" % w, net.ns("w%d" % w), argv,
-                        os.path.join(args.work, "%s-worker%d.log" % (tag, w)), env=env)
-        procs.wait_all(args.timeout_s)
-        cpu = procs.cpu_seconds()
-    finally:
-        procs.kill_all()
-    r = read_train_result(res, cpu, t0)
-    r.update({"servers": args.servers, "error_feedback": ef,
-              "min_compress_bytes": TRAIN_MIN_COMPRESS_BYTES,
-              "comm_bound_ms": pushpull_bound_ms(r["bytes_pushed_per_worker"],
-                                                 r["bytes_pulled_per_worker"], args.workers,
-                                                 args.servers, args.gbit)})
-    return r
-
-
-def run_train_ddp(args, net, variant):
-    """A gloo process group with a train_driver.py rank in each worker namespace (MASTER_ADDR
-    worker 0, as torchrun sets it up), DDP on the layout; rank 0's result."""
-    tag = "layout-ddp-" + variant
-    res = os.path.join(args.work, tag + ".json")
-    if os.path.exists(res):
-        os.remove(res)
-    procs = Procs()
-    t0 = time.time()
-    try:
-        for w in range(args.workers):
-            env = dict(os.environ)
-            env.update({"MASTER_ADDR": net.ip("w0"), "MASTER_PORT": str(DDP_PORT),
-                        "RANK": str(w), "WORLD_SIZE": str(args.workers), "LOCAL_RANK": "0",
-                        "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"})
-            argv = train_argv(args, "ddp") + ["--variant", variant]
-            if w == 0:
-                argv += ["--results", res]
-            procs.start("ddp rank %d" % w, net.ns("w%d" % w), argv,
-                        os.path.join(args.work, "%s-rank%d.log" % (tag, w)), env=env)
-        procs.wait_all(args.timeout_s)
-        cpu = procs.cpu_seconds()
-    finally:
-        procs.kill_all()
-    r = read_train_result(res, cpu, t0)
-    r["comm_bound_ms"] = ring_allreduce_bound_ms(r["allreduce_bytes_per_step"], args.workers,
-                                                 args.gbit)
-    return r
-
-
-def step_bound_ms(r):
-    """The step's floor on this link: the backward compute or the busiest link direction's
-    bytes, whichever is longer (perfect overlap)."""
-    return max(r["compute_ms"], r["comm_bound_ms"])
-
-
-def train_table(rows):
-    lines = ["| system | what | step (ms, median) | compute (ms) | exposed comm (ms) | "
-             "bytes/worker/step (MB) | link bound (ms) | DDP fp32 step / this | CPU s (workers, "
-             "servers) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
-    for r in rows:
-        cpu = r.get("cpu_seconds", {})
-        work = sum(v for k, v in cpu.items() if k.startswith(("worker", "ddp rank")))
-        serv = sum(v for k, v in cpu.items() if k.startswith(("server", "scheduler")))
-        what = r["compression"] if r["peer"] == "bitpush" else "gloo " + r["variant"]
-        vs = r.get("ratio_to_ddp")
-        lines.append("| %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %s | %.1f, %.1f |" % (
-            r["peer"], what, r["step_ms"], r["compute_ms"], r["comm_exposed_ms"],
-            r["bytes_per_worker"] / 1e6, r["comm_bound_ms"], "%.2fx" % vs if vs else "-",
-            work, serv))
-    return "\n".join(lines)
 
 
 # ---- output ----------------------------------------------------------------------------------
@@ -707,39 +514,6 @@ def parse_args(argv=None):
     args.bin_dir = os.path.abspath(args.bin_dir)
     args.python_dir = os.path.abspath(args.python_dir)
     return args
-
-
-def report_train_layout(args, net, rows):
-    """--train-layout's results.json and table: every run's step record, bitpush's against
-    each DDP variant that ran (ratio_to_ddp: DDP fp32's step / this one's)."""
-    ddp_by = {r["variant"]: r for r in rows if r["peer"] == "ddp"}
-    for r in rows:
-        r["step_bound_ms"] = step_bound_ms(r)
-        r["ratio_to_step_bound"] = r["step_bound_ms"] / r["step_ms"]
-        if r["peer"] != "bitpush":
-            continue
-        for v, d in ddp_by.items():
-            r["ratio_to_ddp_" + v] = d["step_ms"] / r["step_ms"]
-        base = ddp_by.get("fp32")
-        r["ratio_to_ddp"] = base["step_ms"] / r["step_ms"] if base else None
-    model = rows[0]["model"] if rows else os.path.basename(args.layout_file)
-    title = "%s, %d workers x %d servers, %g Gbit/s per node" % (model, args.workers,
-                                                                 args.servers, args.gbit)
-    result = {"setup": {"layout": args.layout_file, "model": model, "workers": args.workers,
-                        "servers": args.servers, "steps": args.iters, "warmup": args.warmup,
-                        "compute_scale": args.compute_scale,
-                        "compute_profile": args.compute_profile, "repeats": args.repeats,
-                        "partition_kb": args.partition_kb,
-                        "min_compress_bytes": TRAIN_MIN_COMPRESS_BYTES,
-                        "cpus": os.cpu_count(), "python": args.peer_python},
-              "link": net.link_settings(), "train_layout": rows}
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
-    print("### training steps, " + title + "\n")
-    print(train_table(rows))
-    print("\nresults: %s" % os.path.join(args.out, "results.json"))
-    return 0
 
 
 class Interrupted(Exception):
