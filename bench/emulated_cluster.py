@@ -8,6 +8,28 @@ own; single-threaded (the driver's thread).
 
 import os
 
+DDP_PORT = 29500  # torchrun's default MASTER_PORT (below Linux's ephemeral range)
+
+
+def ddp_rank_env(net, rank, workers):
+    """The environment of DDP rank `rank` in worker namespace w<rank>, as torchrun sets it up
+    (MASTER_ADDR worker 0), gloo on the node's shaped eth0."""
+    env = dict(os.environ)
+    env.update({"MASTER_ADDR": net.ip("w0"), "MASTER_PORT": str(DDP_PORT), "RANK": str(rank),
+                "WORLD_SIZE": str(workers), "LOCAL_RANK": "0", "OMP_NUM_THREADS": "1",
+                "GLOO_SOCKET_IFNAME": "eth0"})
+    return env
+
+
+def bitpush_worker_env(args, yaml, rank):
+    """The environment of an embedded bitpush training process on worker node `rank`."""
+    env = dict(os.environ)
+    env.update({"BITPUSH_CONFIG": yaml, "BITPUSH_WORKER_RANK": str(rank),
+                "BITPUSH_LOCAL_RANK": "0", "BITPUSH_LOCAL_SIZE": "1",
+                "BITPUSH_MODE": "embedded", "BITPUSH_BIN_DIR": args.bin_dir,
+                "PYTHONPATH": args.python_dir, "OMP_NUM_THREADS": "1"})
+    return env
+
 def error_feedback_for(spec):
     """The compression.error_feedback a method's rounds run with: both for the biased ones and
     binsgdm (paper 004 Algorithm 1 keeps worker and server errors), worker for separate (its

@@ -53,9 +53,10 @@ import threading
 import time
 
 from netns import SUBNET, Network, Procs, log, remove_stale, sh  # bench/netns.py
-from emulated_cluster import (error_feedback_for, pushpull_bound_ms,  # bench/emulated_cluster.py
-                              ring_allreduce_bound_ms, start_control, write_yaml)
-from emulated_train_layout import (DDP_PORT, TRAIN_DDP_VARIANTS,  # bench/emulated_train_layout.py
+from emulated_cluster import (bitpush_worker_env, ddp_rank_env,  # bench/emulated_cluster.py
+                              error_feedback_for, pushpull_bound_ms, ring_allreduce_bound_ms,
+                              start_control, write_yaml)
+from emulated_train_layout import (TRAIN_DDP_VARIANTS,  # bench/emulated_train_layout.py
                                    report_train_layout, run_train_bitpush, run_train_ddp)
 from train_driver import layout_file  # bench/train_driver.py
 
@@ -160,10 +161,7 @@ def run_ddp(args, net, variant):
     t0 = time.time()
     try:
         for w in range(args.workers):
-            env = dict(os.environ)
-            env.update({"MASTER_ADDR": net.ip("w0"), "MASTER_PORT": str(DDP_PORT),
-                        "RANK": str(w), "WORLD_SIZE": str(args.workers), "LOCAL_RANK": "0",
-                        "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"})
+            env = ddp_rank_env(net, w, args.workers)
             argv = [args.peer_python, DDP_DRIVER, "--variant", variant, "--elements",
                     str(elements), "--tensors", "1", "--dtype", "float32", "--iters",
                     str(args.iters), "--warmup", str(args.warmup), "--timeout-s",
@@ -231,11 +229,7 @@ def run_training(args, net, example, optimizer, compression):
         readers = []
         t0 = time.time()
         for w in range(args.workers):
-            env = dict(os.environ)
-            env.update({"BITPUSH_CONFIG": yaml, "BITPUSH_WORKER_RANK": str(w),
-                        "BITPUSH_LOCAL_RANK": "0", "BITPUSH_LOCAL_SIZE": "1",
-                        "BITPUSH_MODE": "embedded", "BITPUSH_BIN_DIR": args.bin_dir,
-                        "PYTHONPATH": args.python_dir, "OMP_NUM_THREADS": "1"})
+            env = bitpush_worker_env(args, yaml, w)
             argv = ["/usr/bin/python3", os.path.join(REPO, "examples", script),
                     "--optimizer", optimizer, "--compression", compression,
                     "--json", summary_path] + length_args(args)

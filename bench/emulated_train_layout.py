@@ -10,12 +10,12 @@ import os
 import re
 import time
 
-from emulated_cluster import (error_feedback_for, pushpull_bound_ms,  # bench/emulated_cluster.py
-                              ring_allreduce_bound_ms, start_control, write_yaml)
+from emulated_cluster import (bitpush_worker_env, ddp_rank_env,  # bench/emulated_cluster.py
+                              error_feedback_for, pushpull_bound_ms, ring_allreduce_bound_ms,
+                              start_control, write_yaml)
 from netns import Procs  # bench/netns.py
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DDP_PORT = 29500  # torchrun's default MASTER_PORT (below Linux's ephemeral range)
 TRAIN_DRIVER = os.path.join(REPO, "bench", "train_driver.py")
 # DDP's variants here (train_driver.py --variant); allreduce and ddp name its plain fp32 DDP,
 # as --peer-variant's default does.
@@ -56,11 +56,7 @@ def run_train_bitpush(args, net, spec):
     try:
         start_control(procs, args, net, yaml, tag)
         for w in range(args.workers):
-            env = dict(os.environ)
-            env.update({"BITPUSH_CONFIG": yaml, "BITPUSH_WORKER_RANK": str(w),
-                        "BITPUSH_LOCAL_RANK": "0", "BITPUSH_LOCAL_SIZE": "1",
-                        "BITPUSH_MODE": "embedded", "BITPUSH_BIN_DIR": args.bin_dir,
-                        "PYTHONPATH": args.python_dir, "OMP_NUM_THREADS": "1"})
+            env = bitpush_worker_env(args, yaml, w)
             argv = train_argv(args, "bitpush") + ["--compression", spec]
             if w == 0:
                 argv += ["--results", res]
@@ -90,10 +86,7 @@ def run_train_ddp(args, net, variant):
     t0 = time.time()
     try:
         for w in range(args.workers):
-            env = dict(os.environ)
-            env.update({"MASTER_ADDR": net.ip("w0"), "MASTER_PORT": str(DDP_PORT),
-                        "RANK": str(w), "WORLD_SIZE": str(args.workers), "LOCAL_RANK": "0",
-                        "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0"})
+            env = ddp_rank_env(net, w, args.workers)
             argv = train_argv(args, "ddp") + ["--variant", variant]
             if w == 0:
                 argv += ["--results", res]
