@@ -57,6 +57,7 @@ REPO = os.path.dirname(HERE)
 EXAMPLES = os.path.join(REPO, "examples")
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
+from train_driver import leave_without_teardown  # noqa: E402  bench/train_driver.py
 from time_to_accuracy_report import (DDP_VARIANTS, RUN_ORDER, Task, analyse,  # noqa: E402
                                      load_step_times, plot, table, write_json)
 
@@ -298,13 +299,7 @@ def run_rank(spec):
         with open(spec["result"], "w") as f:
             json.dump({"curve": curve, "train_s": train_s, "last_loss": loss.item(), **extra}, f)
     if ddp:
-        # torch 1.13 can hang tearing DDP down (~ProcessGroupGloo joins a gloo thread that
-        # waits for the GIL the destroying thread holds): once every rank is here, leave
-        # without the teardown; the result is written and the sockets close with the process.
-        dist.barrier()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        leave_without_teardown(dist)
     bp.shutdown()
     return 0
 

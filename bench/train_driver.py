@@ -341,15 +341,21 @@ def run_rank(a):
         with open(a.results, "w") as f:
             json.dump(result, f, indent=1)
     if a.system == "ddp":
-        # Every rank is past its last step; no destroy_process_group: under torch 1.13 it can
-        # deadlock after the PowerSGD hook (the main thread joins a gloo thread, holding the
-        # GIL that the hook's Python callback on another gloo thread waits for).
-        dist.barrier()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        leave_without_teardown(dist)
     bp.shutdown()
     return 0
+
+
+def leave_without_teardown(dist):
+    """Ends a DDP rank once every rank is past its last step (a barrier), without
+    destroy_process_group: under torch 1.13 tearing gloo down can deadlock after a comm hook
+    (the main thread joins a gloo thread while holding the GIL that a hook's Python callback
+    on another gloo thread waits for). Results must be written first; the sockets close with
+    the process."""
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def check_average(torch, model, world):
