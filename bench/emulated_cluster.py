@@ -21,6 +21,16 @@ def ddp_rank_env(net, rank, workers):
     return env
 
 
+def start_worker_ranks(procs, args, net, argv, env_of, label, log_stem, results):
+    """Starts `argv` in every worker namespace w<i> with environment env_of(i), rank 0 adding
+    --results `results`; logs at args.work/<log_stem><i>.log, processes labelled
+    "<label> <i>" (procs.wait_all bounds them)."""
+    for w in range(args.workers):
+        procs.start("%s %d" % (label, w), net.ns("w%d" % w),
+                    argv + (["--results", results] if w == 0 else []),
+                    os.path.join(args.work, "%s%d.log" % (log_stem, w)), env=env_of(w))
+
+
 def bitpush_worker_env(args, yaml, rank):
     """The environment of an embedded bitpush training process on worker node `rank`."""
     env = dict(os.environ)

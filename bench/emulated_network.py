@@ -55,7 +55,7 @@ import time
 from netns import SUBNET, Network, Procs, log, remove_stale, sh  # bench/netns.py
 from emulated_cluster import (bitpush_worker_env, ddp_rank_env,  # bench/emulated_cluster.py
                               error_feedback_for, pushpull_bound_ms, ring_allreduce_bound_ms,
-                              start_control, write_yaml)
+                              start_control, start_worker_ranks, write_yaml)
 from emulated_train_layout import (TRAIN_DDP_VARIANTS,  # bench/emulated_train_layout.py
                                    report_train_layout, run_train_bitpush, run_train_ddp)
 from train_driver import layout_file  # bench/train_driver.py
@@ -160,16 +160,11 @@ def run_ddp(args, net, variant):
     procs = Procs()
     t0 = time.time()
     try:
-        for w in range(args.workers):
-            env = ddp_rank_env(net, w, args.workers)
-            argv = [args.peer_python, DDP_DRIVER, "--variant", variant, "--elements",
-                    str(elements), "--tensors", "1", "--dtype", "float32", "--iters",
-                    str(args.iters), "--warmup", str(args.warmup), "--timeout-s",
-                    str(args.timeout_s)]
-            if w == 0:
-                argv += ["--results", res]
-            procs.start("ddp rank %d" % w, net.ns("w%d" % w), argv,
-                        os.path.join(args.work, "%s-rank%d.log" % (tag, w)), env=env)
+        argv = [args.peer_python, DDP_DRIVER, "--variant", variant, "--elements", str(elements),
+                "--tensors", "1", "--dtype", "float32", "--iters", str(args.iters), "--warmup",
+                str(args.warmup), "--timeout-s", str(args.timeout_s)]
+        start_worker_ranks(procs, args, net, argv, lambda w: ddp_rank_env(net, w, args.workers),
+                           "ddp rank", tag + "-rank", res)
         procs.wait_all(args.timeout_s)
         cpu = procs.cpu_seconds()
     finally:

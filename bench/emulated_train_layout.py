@@ -12,7 +12,7 @@ import time
 
 from emulated_cluster import (bitpush_worker_env, ddp_rank_env,  # bench/emulated_cluster.py
                               error_feedback_for, pushpull_bound_ms, ring_allreduce_bound_ms,
-                              start_control, write_yaml)
+                              start_control, start_worker_ranks, write_yaml)
 from netns import Procs  # bench/netns.py
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,13 +55,9 @@ def run_train_bitpush(args, net, spec):
     t0 = time.time()
     try:
         start_control(procs, args, net, yaml, tag)
-        for w in range(args.workers):
-            env = bitpush_worker_env(args, yaml, w)
-            argv = train_argv(args, "bitpush") + ["--compression", spec]
-            if w == 0:
-                argv += ["--results", res]
-            procs.start("worker %d" % w, net.ns("w%d" % w), argv,
-                        os.path.join(args.work, "%s-worker%d.log" % (tag, w)), env=env)
+        start_worker_ranks(procs, args, net, train_argv(args, "bitpush") + ["--compression", spec],
+                           lambda w: bitpush_worker_env(args, yaml, w), "worker",
+                           tag + "-worker", res)
         procs.wait_all(args.timeout_s)
         cpu = procs.cpu_seconds()
     finally:
@@ -85,13 +81,9 @@ def run_train_ddp(args, net, variant):
     procs = Procs()
     t0 = time.time()
     try:
-        for w in range(args.workers):
-            env = ddp_rank_env(net, w, args.workers)
-            argv = train_argv(args, "ddp") + ["--variant", variant]
-            if w == 0:
-                argv += ["--results", res]
-            procs.start("ddp rank %d" % w, net.ns("w%d" % w), argv,
-                        os.path.join(args.work, "%s-rank%d.log" % (tag, w)), env=env)
+        start_worker_ranks(procs, args, net, train_argv(args, "ddp") + ["--variant", variant],
+                           lambda w: ddp_rank_env(net, w, args.workers), "ddp rank",
+                           tag + "-rank", res)
         procs.wait_all(args.timeout_s)
         cpu = procs.cpu_seconds()
     finally:
