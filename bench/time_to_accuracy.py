@@ -20,6 +20,8 @@ Runs (the same shards, seed, steps and lr schedule, --workers processes on loopb
   bitpush-lans                       LANS, uncompressed (bitpush's `none`)
   bitpush-clan-onebit, -sdp4bit, -loco   CLAN with that compressor
   bitpush-binsgdm                    BinSGDM
+  bitpush-adamw-sdp4bit, -onebit     DistributedOptimizer(AdamW) with that compressor, at
+                                     DDP's lr (the same optimizer as DDP's runs)
 The bitpush runs use the examples' recipes (examples/bitpush_example.py: optimizer, lr,
 the local cluster's error feedback and min_compress_bytes).
 
@@ -59,7 +61,8 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 from train_driver import leave_without_teardown  # noqa: E402  bench/train_driver.py
 from time_to_accuracy_report import (DDP_VARIANTS, RUN_ORDER, Task, analyse,  # noqa: E402
-                                     load_step_times, plot, table, write_json)
+                                     load_step_times, plot, summarise_seeds, summary_table,
+                                     table, write_json)
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -74,7 +77,12 @@ BITPUSH_RUNS = {"bitpush-lans": ("lans", "none"),
                 "bitpush-clan-onebit": ("clan", "onebit"),
                 "bitpush-clan-sdp4bit": ("clan", "sdp4bit"),
                 "bitpush-clan-loco": ("clan", "loco:scale=4096"),
-                "bitpush-binsgdm": ("binsgdm", "binsgdm")}
+                "bitpush-binsgdm": ("binsgdm", "binsgdm"),
+                "bitpush-adamw-sdp4bit": ("adamw", "sdp4bit"),
+                "bitpush-adamw-onebit": ("adamw", "onebit")}
+# DistributedOptimizer(AdamW) runs train with DDP's optimizer, so they take DDP's lr (the
+# task's, or --ddp-lr) rather than the example's AdamW default.
+SAME_OPTIMIZER_AS_DDP = ("adamw",)
 
 
 # The examples' default lengths: train_digits' 10 epochs at 2 workers (210 steps) and
@@ -320,8 +328,12 @@ def run_spec(task, run, a, steps):
         optimizer, compression = BITPUSH_RUNS[run]
         ex, train_digits, train_charlm = import_examples()
         module = train_digits if task.example == "train_digits" else train_charlm
+        if optimizer in SAME_OPTIMIZER_AS_DDP:
+            default_lr = a.ddp_lr if a.ddp_lr is not None else task.ddp_lr
+        else:
+            default_lr = module.DEFAULT_LR[optimizer]
         spec.update(optimizer=optimizer, compression=compression,
-                    lr=a.lr.get(run, module.DEFAULT_LR[optimizer]))
+                    lr=a.lr.get(run, default_lr))
     return spec
 
 
@@ -444,6 +456,12 @@ def parse_args(argv):
                    "digits-cnn %d, charlm %d)" % (TASKS["digits-cnn"].eval_every,
                                                   TASKS["charlm"].eval_every))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default=None, metavar="S,S,...",
+                   help="every seed in turn (each into --out/seed-S, against its own "
+                   "ddp-fp32 target), then the summary over them (--out/summary.json)")
+    p.add_argument("--summarise", default=None, metavar="RESULTS_JSON[,...]",
+                   help="no training: the summary over finished single-seed results.json "
+                   "files (one per seed; with --step-times, the projection)")
     p.add_argument("--ddp-optimizer", choices=["adamw", "sgd"], default=None,
                    help="DDP's optimizer (default: per task, AdamW)")
     p.add_argument("--ddp-lr", type=float, default=None,
@@ -483,6 +501,13 @@ def parse_args(argv):
         a.lr = run_lrs(a.lr)
     except ValueError as e:
         p.error(str(e))
+    if a.seeds is not None:
+        try:
+            a.seeds = [int(x) for x in a.seeds.split(",") if x]
+        except ValueError:
+            p.error("--seeds: %r is not a list of whole numbers" % a.seeds)
+        if not a.seeds or len(set(a.seeds)) != len(a.seeds):
+            p.error("--seeds: %r must name distinct seeds" % ",".join(map(str, a.seeds)))
     if a.tolerance is not None and a.tolerance < 0:
         p.error("--tolerance must be >= 0")
     a.runs = [r for r in RUN_ORDER if r in a.runs]
@@ -563,10 +588,31 @@ def main(argv):
             print("time_to_accuracy: --from-results %s: %s" % (a.from_results, e),
                   file=sys.stderr)
             return EXIT_USAGE
+    if a.summarise:
+        try:
+            return summarise_files(a, step_times)
+        except (OSError, ValueError, KeyError) as e:
+            print("time_to_accuracy: --summarise %s: %s" % (a.summarise, e), file=sys.stderr)
+            return EXIT_USAGE
     missing = check_dependencies()
     if missing:
         print("time_to_accuracy: " + missing, file=sys.stderr)
         return EXIT_MISSING
+    if a.seeds is None:
+        return train_tasks(a, argv, step_times)[1]
+    out, status, docs = a.out, 0, []
+    for seed in a.seeds:
+        a.seed, a.out = seed, os.path.join(out, "seed-%d" % seed)
+        results, seed_status = train_tasks(a, argv, step_times)
+        status = status or seed_status
+        docs.append(results)
+    a.out = out
+    write_summary(a, docs)
+    return status
+
+
+def train_tasks(a, argv, step_times):
+    """Every task's runs at seed a.seed into a.out; returns (results, exit status)."""
     import torch
 
     os.makedirs(a.out, exist_ok=True)
@@ -614,22 +660,69 @@ def main(argv):
             write_json(os.path.join(a.out, "results.json"), results)
         finish_task(task, block, step_times and step_times[task_name], a)
         write_json(os.path.join(a.out, "results.json"), results)
-    return status
+    return results, status
+
+
+def write_summary(a, docs):
+    """--out/summary.json and a table per task: the runs over the seeds of `docs` (analysed
+    single-seed results), each task's runs as summarise_seeds gives them."""
+    tasks = {}
+    for doc in docs:
+        seed = doc["setup"]["seed"]
+        for task_name, block in doc["tasks"].items():
+            if "target" not in block:
+                continue  # stopped before its analysis
+            by_seed = tasks.setdefault(task_name, {})
+            if seed in by_seed:
+                raise ValueError("seed %d of task %s is in more than one file" % (seed, task_name))
+            by_seed[seed] = block
+    summary = {"setup": {"seeds_from": [d["setup"].get("command") for d in docs],
+                         "step_times_file": a.step_times}, "tasks": {}}
+    os.makedirs(a.out, exist_ok=True)
+    for task_name, by_seed in tasks.items():
+        summary["tasks"][task_name] = summarise_seeds(by_seed)
+        print(summary_table(task_name, summary["tasks"][task_name]), flush=True)
+    write_json(os.path.join(a.out, "summary.json"), summary)
+
+
+def summarise_files(a, step_times):
+    """--summarise: finished single-seed results.json files analysed again (--step-times,
+    --tolerance as --from-results does) and summarised over their seeds."""
+    docs = []
+    for path in [p for p in a.summarise.split(",") if p]:
+        with open(path) as f:
+            doc = json.load(f)
+        for task_name, block in doc["tasks"].items():
+            task = TASKS[task_name]
+            if a.tolerance is not None:
+                task.tolerance = a.tolerance
+            elif "target" in block:
+                task.tolerance = block["target"]["tolerance"]
+            reanalyse_block(task, block, step_times and step_times.get(task_name))
+        docs.append(doc)
+    write_summary(a, docs)
+    return 0
 
 
 def finish_task(task, block, step_ms, a):
     """The target, every run's figures, the plots and the table of one task's block."""
-    for rec in block["runs"].values():  # a re-analysis drops the last projection first
-        for k in [k for k in rec if k.startswith("projected") or k == "step_ms"]:
-            del rec[k]
-    block.pop("step_ms", None)
-    block["target"] = analyse(task, block["runs"], step_ms)
+    reanalyse_block(task, block, step_ms)
     if step_ms is not None:
         block["step_ms"] = step_ms
     block.pop("plots", None)
     if not a.no_plots and block["runs"]:
         block["plots"] = plot(task.name, block, a.out, step_ms)
     print(table(task.name, block), flush=True)
+
+
+def reanalyse_block(task, block, step_ms):
+    """The target and every run's figures of `block` (again: the last projection dropped
+    first), with the step times `step_ms` ({run: ms}) or none."""
+    for rec in block["runs"].values():
+        for k in [k for k in rec if k.startswith("projected") or k == "step_ms"]:
+            del rec[k]
+    block.pop("step_ms", None)
+    block["target"] = analyse(task, block["runs"], step_ms)
 
 
 def reanalyse(a, step_times):

@@ -12,7 +12,8 @@ import os
 
 # Every run, in the order one invocation alternates them (DDP, bitpush, DDP, ...).
 RUN_ORDER = ("ddp-fp32", "bitpush-lans", "ddp-fp16", "bitpush-clan-onebit", "ddp-powersgd",
-             "bitpush-clan-sdp4bit", "bitpush-clan-loco", "bitpush-binsgdm")
+             "bitpush-clan-sdp4bit", "bitpush-clan-loco", "bitpush-binsgdm",
+             "bitpush-adamw-sdp4bit", "bitpush-adamw-onebit")
 DDP_VARIANTS = {"ddp-fp32": "fp32", "ddp-fp16": "fp16", "ddp-powersgd": "powersgd"}
 
 
@@ -111,6 +112,64 @@ def analyse(task, records, step_ms):
                 "minus" if task.higher_is_better else "plus", task.tolerance, task.unit)}
 
 
+def mean(values):
+    """The mean of `values`, or None when any is None (a seed that never reached the target
+    leaves the run without a mean time to it) or there are none."""
+    if not values or any(v is None for v in values):
+        return None
+    return sum(values) / len(values)
+
+
+def summarise_seeds(blocks):
+    """One task's runs over several seeds: `blocks` maps seed -> that seed's analysed block
+    (analyse() already ran: each seed has its own target, DDP fp32's best of that seed).
+    Per run, the per-seed figures, their means (None where a seed missed the target) and the
+    speedups of the mean times against DDP fp32's and DDP + PowerSGD's mean times."""
+    seeds = sorted(blocks)
+    runs = [r for r in RUN_ORDER if all(r in blocks[s]["runs"] for s in seeds)]
+    out = {}
+    for run in runs:
+        recs = [blocks[s]["runs"][run] for s in seeds]
+        row = {"seeds": seeds,
+               "steps_to_target": [r["steps_to_target"] for r in recs],
+               "final_metric": [r["final_metric"] for r in recs],
+               "seeds_reaching_target": sum(r["steps_to_target"] is not None for r in recs)}
+        for key in ("steps_to_target", "final_metric", "wall_s_to_target",
+                    "projected_s_to_target"):
+            row["mean_" + key] = mean([r.get(key) for r in recs])
+        row["describe"] = describe_run(recs[0])
+        row["step_ms"] = recs[0].get("step_ms")
+        out[run] = row
+    for run, row in out.items():
+        for peer in ("ddp-fp32", "ddp-powersgd"):
+            suffix = peer.replace("-", "_")
+            other = out.get(peer)
+            for kind in ("wall", "projected"):
+                row["%s_speedup_vs_%s" % (kind, suffix)] = speedup(
+                    other and other["mean_%s_s_to_target" % kind],
+                    row["mean_%s_s_to_target" % kind])
+    return {"seeds": seeds, "runs": out}
+
+
+def summary_table(task_name, summary):
+    """The markdown table of summarise_seeds' result."""
+    seeds = summary["seeds"]
+    head = ["run", "recipe", "steps to target (seeds %s)" % ", ".join(map(str, seeds)),
+            "mean steps", "mean final", "mean wall s to target", "wall × vs fp32",
+            "step ms", "mean projected s", "proj. × vs fp32", "proj. × vs PowerSGD"]
+    lines = ["### %s: %d seeds, each against its own ddp-fp32 target" % (task_name, len(seeds)),
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for run, r in summary["runs"].items():
+        row = [run, r["describe"], " / ".join(fmt(x, "%d") for x in r["steps_to_target"]),
+               fmt(r["mean_steps_to_target"], "%.1f"), fmt(r["mean_final_metric"], "%.3f"),
+               fmt(r["mean_wall_s_to_target"], "%.1f"), fmt(r["wall_speedup_vs_ddp_fp32"]),
+               fmt(r["step_ms"], "%.1f"), fmt(r["mean_projected_s_to_target"], "%.1f"),
+               fmt(r["projected_speedup_vs_ddp_fp32"]),
+               fmt(r["projected_speedup_vs_ddp_powersgd"])]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def load_step_times(path, tasks):
     """{task: {run: step_ms}} from a flat {run: ms} (every task) or {task: {run: ms}}."""
     with open(path) as f:
@@ -148,7 +207,8 @@ def describe_run(rec):
                     rec.get("powersgd_start_iter"))}[DDP_VARIANTS[rec["run"]]]
         return "%s lr %g, %s" % ({"adamw": "AdamW", "sgd": "SGD m=0.9"}[rec["optimizer"]],
                                  rec["lr"], hook)
-    name = {"lans": "LANS", "clan": "CLAN", "binsgdm": "BinSGDM"}[rec["optimizer"]]
+    name = {"lans": "LANS", "clan": "CLAN", "binsgdm": "BinSGDM",
+            "adamw": "AdamW"}[rec["optimizer"]]
     comp = "" if rec["optimizer"] in ("lans", "binsgdm") else " " + rec["compression"]
     return "%s%s lr %g, EF %s" % (name, comp, rec["lr"], rec.get("error_feedback", "none"))
 

@@ -131,15 +131,17 @@ def cluster_error_feedback(args):
     compressed = method not in ("", "none")
     if compressed and args.no_error_feedback:
         return "none"
-    if method in ("loco", "sdp4bit", "separate", "binsgdm"):
-        # LoCo's compensated error is the method (worker, and server where it replies in 4
-        # bits); SDP4Bit is unbiased and runs without error feedback; SEPARATE keeps its
-        # moving-average error on the workers; BinSGDM keeps both sides' (Algorithm 1).
-        from bitpush import _C
-        return _C.recommended_error_feedback(args.compression)
-    if args.optimizer == "clan" and compressed:
+    if not compressed:
+        return "none"
+    from bitpush import _C
+    if args.optimizer == "clan" and method not in ("loco", "sdp4bit", "separate", "binsgdm"):
         return "both"  # paper 001 Algorithm 4: worker and server residuals
-    return "none"
+    # Otherwise the method's own recommendation: LoCo's compensated error is the method
+    # (worker, and server where it replies in 4 bits); SDP4Bit and dithering are unbiased and
+    # run without error feedback; SEPARATE keeps its moving-average error on the workers;
+    # BinSGDM keeps both sides' (Algorithm 1); the biased ones (onebit, top-k, random-k) keep
+    # both sides' residuals, so DistributedOptimizer(AdamW) + onebit is not left biased.
+    return _C.recommended_error_feedback(args.compression)
 
 
 def launch_local(args, argv, script):

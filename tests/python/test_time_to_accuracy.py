@@ -47,12 +47,12 @@ def test_digits_runs_reach_the_ddp_fp32_target_as_their_curves_say(tmp_path):
     out = tmp_path / "out"
     p = subprocess.run([sys.executable, DRIVER, "--workers", "2", "--tasks", "digits-cnn",
                         "--runs", "ddp-fp32,ddp-powersgd,bitpush-clan-onebit", "--steps", "20",
-                        "--eval-every", "digits-cnn=5", "--tolerance", "1.5", "--seed", "3",
+                        "--eval-every", "digits-cnn=5", "--tolerance", "1.5", "--seeds", "3",
                         "--step-times", str(step_times), "--out", str(out)],
                        capture_output=True, text=True, timeout=240,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert p.returncode == 0, p.stdout + p.stderr
-    doc = json.loads((out / "results.json").read_text())
+    doc = json.loads((out / "seed-3" / "results.json").read_text())
     setup = doc["setup"]
     assert setup["workers"] == 2 and setup["seed"] == 3 and setup["torch"] == torch.__version__
     block = doc["tasks"]["digits-cnn"]
@@ -105,8 +105,15 @@ def test_digits_runs_reach_the_ddp_fp32_target_as_their_curves_say(tmp_path):
                 assert r["%s_speedup_vs_%s" % (kind, suffix)] == want, (name, kind, suffix)
     assert fp32["projected_speedup_vs_ddp_fp32"] == 1.0
 
+    # --seeds: the summary over the one seed is that seed's figures.
+    summary = json.loads((out / "summary.json").read_text())["tasks"]["digits-cnn"]
+    assert summary["seeds"] == [3]
+    for name, r in runs.items():
+        row = summary["runs"][name]
+        assert row["steps_to_target"] == [r["steps_to_target"]], name
+        assert row["mean_projected_s_to_target"] == r["projected_s_to_target"], name
     for kind in ("wall", "projected"):
-        png = (out / ("digits-cnn-%s.png" % kind)).read_bytes()
+        png = (out / "seed-3" / ("digits-cnn-%s.png" % kind)).read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
     for name in runs:
         assert "| %s |" % name in p.stdout
@@ -188,6 +195,33 @@ def test_charlm_validation_shared_among_ranks_equals_the_examples_bit_for_bit():
     assert parts[0] != parts[-1]
 
 
+def test_adamw_runs_take_ddps_optimizer_and_lr_and_their_methods_error_feedback():
+    d = load_driver()
+    _, _, train_digits = d.import_examples()
+    a = d.parse_args(["--tasks", "digits-cnn"])
+    task = d.TASKS["digits-cnn"]
+    ddp = d.run_spec(task, "ddp-fp32", a, 50)
+    for run, method, ef in (("bitpush-adamw-sdp4bit", "sdp4bit", "none"),
+                            ("bitpush-adamw-onebit", "onebit", "both")):
+        spec = d.run_spec(task, run, a, 50)
+        assert (spec["optimizer"], spec["compression"]) == ("adamw", method)
+        assert spec["optimizer"] == ddp["optimizer"] and spec["lr"] == ddp["lr"] == 0.02
+        ex, _, _ = d.import_examples()
+        assert ex.cluster_error_feedback(d.example_args(spec)) == ef, run
+    # --ddp-lr moves DDP and the AdamW runs together; --lr still wins for one run.
+    a = d.parse_args(["--tasks", "digits-cnn", "--ddp-lr", "0.005",
+                      "--lr", "bitpush-adamw-onebit=0.001"])
+    assert d.run_spec(task, "bitpush-adamw-sdp4bit", a, 50)["lr"] == 0.005
+    assert d.run_spec(task, "bitpush-adamw-onebit", a, 50)["lr"] == 0.001
+    # CLAN's own runs keep the examples' lr and CLAN's error feedback (SDP4Bit: none).
+    clan = d.run_spec(task, "bitpush-clan-sdp4bit", a, 50)
+    assert clan["lr"] == train_digits.DEFAULT_LR["clan"]
+    ex, _, _ = d.import_examples()
+    assert ex.cluster_error_feedback(d.example_args(clan)) == "none"
+    onebit = d.run_spec(task, "bitpush-clan-onebit", a, 50)
+    assert ex.cluster_error_feedback(d.example_args(onebit)) == "both"
+
+
 def test_steps_and_eval_every_take_one_number_or_one_per_task():
     d = load_driver()
     defaults = {"digits-cnn": 210, "charlm": 300}
@@ -259,3 +293,53 @@ def test_from_results_merges_the_tasks_of_several_files_and_refuses_a_task_twice
     assert merged["tasks"]["digits-cnn"]["runs"]["ddp-fp32"]["steps_to_target"] == 10
     assert d.main(["--from-results", "%s,%s" % (files[0], files[0]), "--out",
                    str(tmp_path / "twice"), "--no-plots"]) == 2
+
+
+def test_summarise_averages_each_seed_against_its_own_target(tmp_path, capsys):
+    d = load_driver()
+    files = []
+    # Seed 0: DDP fp32 peaks at 95 (target 94.5) at step 20, AdamW + SDP4Bit reaches 94.5 at
+    # step 10. Seed 1: DDP peaks at 90 (target 89.5) at step 10, SDP4Bit gets there at step
+    # 20; PowerSGD never does in seed 1, so it has no mean time.
+    curves = {0: {"ddp-fp32": [[0, 0.0, 10.0], [10, 1.0, 90.0], [20, 2.0, 95.0]],
+                  "ddp-powersgd": [[0, 0.0, 10.0], [10, 1.5, 94.0], [20, 3.0, 95.0]],
+                  "bitpush-adamw-sdp4bit": [[0, 0.0, 10.0], [10, 0.5, 94.5], [20, 1.0, 96.0]]},
+              1: {"ddp-fp32": [[0, 0.0, 10.0], [10, 1.0, 90.0], [20, 2.0, 88.0]],
+                  "ddp-powersgd": [[0, 0.0, 10.0], [10, 1.5, 80.0], [20, 3.0, 85.0]],
+                  "bitpush-adamw-sdp4bit": [[0, 0.0, 10.0], [10, 0.5, 70.0], [20, 1.5, 89.5]]}}
+    for seed, runs in curves.items():
+        doc = {"setup": {"seed": seed, "command": "seed %d" % seed},
+               "tasks": {"digits-cnn": {"steps": 20, "workers": 2, "target": {"tolerance": 0.5},
+                                        "runs": {r: {"run": r, "steps": 20, "curve": c,
+                                                     "optimizer": "adamw", "lr": 0.02,
+                                                     "compression": None
+                                                     if r.startswith("ddp") else "sdp4bit",
+                                                     "powersgd_start_iter": 2}
+                                                 for r, c in runs.items()}}}}
+        files.append(tmp_path / ("s%d.json" % seed))
+        files[-1].write_text(json.dumps(doc))
+    st = tmp_path / "st.json"
+    st.write_text(json.dumps({"ddp-fp32": 400.0, "ddp-powersgd": 100.0,
+                              "bitpush-adamw-sdp4bit": 50.0}))
+    out = tmp_path / "sum"
+    assert d.main(["--summarise", "%s,%s" % tuple(files), "--step-times", str(st),
+                   "--out", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())["tasks"]["digits-cnn"]
+    assert s["seeds"] == [0, 1]
+    fp32, psgd, sdp = (s["runs"][r] for r in ("ddp-fp32", "ddp-powersgd",
+                                              "bitpush-adamw-sdp4bit"))
+    assert fp32["steps_to_target"] == [20, 10] and fp32["mean_steps_to_target"] == 15.0
+    assert sdp["steps_to_target"] == [10, 20] and sdp["mean_steps_to_target"] == 15.0
+    assert sdp["final_metric"] == [96.0, 89.5] and sdp["mean_final_metric"] == 92.75
+    assert fp32["mean_projected_s_to_target"] == (8.0 + 4.0) / 2
+    assert sdp["mean_projected_s_to_target"] == (0.5 + 1.0) / 2
+    assert sdp["projected_speedup_vs_ddp_fp32"] == 6.0 / 0.75
+    assert fp32["mean_wall_s_to_target"] == 1.5 and sdp["mean_wall_s_to_target"] == 1.0
+    assert sdp["wall_speedup_vs_ddp_fp32"] == 1.5
+    assert psgd["steps_to_target"] == [20, None] and psgd["seeds_reaching_target"] == 1
+    assert psgd["mean_projected_s_to_target"] is None
+    assert sdp["projected_speedup_vs_ddp_powersgd"] is None
+    assert "| bitpush-adamw-sdp4bit | AdamW sdp4bit lr 0.02" in capsys.readouterr().out
+    # The same seed twice is refused.
+    assert d.main(["--summarise", "%s,%s" % (files[0], files[0]), "--out",
+                   str(tmp_path / "twice")]) == 2
