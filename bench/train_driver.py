@@ -43,7 +43,9 @@ fails naming the first tensor that differs.
 
 --local W: runs W rank processes on loopback and prints rank 0's result: DDP ranks with
 MASTER_ADDR=127.0.0.1; bitpush ranks against a bitpush.testing.LocalCluster of W workers and
---servers servers.
+--servers servers, with the method's error feedback as the emulated-link runs set it
+(bench/emulated_cluster.py error_feedback_for: onebit, topk and binsgdm both). bitpush's
+result records it as `error_feedback`.
 
 Exit: 0 ok, 1 a failure (traceback or message), 2 usage, 3 no torch / torch.distributed /
 gloo (the message says which).
@@ -329,6 +331,7 @@ def run_rank(a):
                           for k in ("bytes_pushed", "bytes_pulled"))
         steps = max(1, a.steps)
         result.update({"peer": "bitpush", "compression": a.compression or bp.cluster_compression(),
+                       "error_feedback": bp.cluster_error_feedback(),
                        "bytes_per_worker": (pushed + pulled) / steps,
                        "bytes_pushed_per_worker": pushed / steps,
                        "bytes_pulled_per_worker": pulled / steps})
@@ -389,8 +392,12 @@ def run_local(a, argv):
             status = run_all(rank_argv, envs, a.timeout_s)
         else:
             from bitpush.testing import LocalCluster
-            with LocalCluster(workers=a.local, servers=a.servers,
-                              compression=a.compression or "none") as cluster:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            from emulated_cluster import error_feedback_for  # bench/emulated_cluster.py
+            spec = a.compression or "none"
+            # The method's error feedback, as the emulated-link runs use it (onebit: both).
+            with LocalCluster(workers=a.local, servers=a.servers, compression=spec,
+                              error_feedback=error_feedback_for(spec)) as cluster:
                 envs = [dict(os.environ, OMP_NUM_THREADS="1",
                              **{k: str(v) for k, v in cluster.env(r).items()})
                         for r in range(a.local)]
