@@ -53,6 +53,10 @@ void AddScaleFloatScalar(const float* s, float* d, size_t n, float scale) {
   }
 }
 
+void ScaleFloatScalar(float* d, size_t n, float scale) {
+  for (size_t i = 0; i < n; ++i) St(d, i, Ld(d, i) * scale);
+}
+
 void CastWithResidualScalar(const float* g, float* e, TensorView out) {
   const size_t n = out.count();
   for (size_t i = 0; i < n; ++i) {
@@ -155,6 +159,12 @@ BP_TARGET_AVX2 void AddScaleFloatAvx2(const float* s, float* d, size_t n, float 
     _mm256_storeu_ps(d + i + 8, _mm256_mul_ps(b, k));
   }
   AddScaleFloatScalar(s + i, d + i, n - i, scale);
+}
+BP_TARGET_AVX2 void ScaleFloatAvx2(float* d, size_t n, float scale) {
+  const __m256 k = _mm256_set1_ps(scale);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_mul_ps(_mm256_loadu_ps(d + i), k));
+  ScaleFloatScalar(d + i, n - i, scale);
 }
 BP_TARGET_AVX2 void AddFloatAvx2(const float* s, float* d, size_t n) {
   size_t i = 0;
@@ -267,6 +277,14 @@ BP_TARGET_AVX512 void AddBf16Avx512(const uint16_t* s, float* d, size_t n) {
                           _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + i), LoadBf16x16(s + i, m)));
   }
 }
+BP_TARGET_AVX512 void ScaleFloatAvx512(float* d, size_t n, float scale) {
+  const __m512 k = _mm512_set1_ps(scale);
+  for (size_t i = 0; i < n; i += 16) {
+    const size_t left = n - i;
+    const __mmask16 m = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+    _mm512_mask_storeu_ps(d + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, d + i), k));
+  }
+}
 BP_TARGET_AVX512 void AddScaleFloatAvx512(const float* s, float* d, size_t n, float scale) {
   const __m512 k = _mm512_set1_ps(scale);
   size_t i = 0;
@@ -353,6 +371,9 @@ void AddFloatArray(const float* s, float* d, size_t n, IsaLevel isa) {
 }
 void AddScaleFloatArray(const float* s, float* d, size_t n, float scale, IsaLevel isa) {
   BP_DISPATCH(isa, AddScaleFloat, s, d, n, scale);
+}
+void ScaleFloatArray(float* d, size_t n, float scale, IsaLevel isa) {
+  BP_DISPATCH(isa, ScaleFloat, d, n, scale);
 }
 static void AddHalfArray(const uint16_t* s, float* d, size_t n, IsaLevel isa) {
   BP_DISPATCH(isa, AddHalf, s, d, n);

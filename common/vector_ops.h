@@ -32,6 +32,8 @@ void AddFloatArray(const float* src, float* dst, size_t n, IsaLevel isa);
 // dst[i] = (dst[i] + src[i]) * scale (fp32): the add and then the multiply, each rounded, as
 // AddFloatArray followed by a scaling pass gives (no fused multiply-add), in one pass.
 void AddScaleFloatArray(const float* src, float* dst, size_t n, float scale, IsaLevel isa);
+// dst[i] *= scale (fp32), in place.
+void ScaleFloatArray(float* dst, size_t n, float scale, IsaLevel isa);
 
 // The fused cast with error feedback: q = g + e (q = e when g is null); out = cast(q) in the
 // dtype of `out`; e = q - float(cast(q)), and 0 wherever that is not finite (NaN/inf input,

@@ -85,8 +85,16 @@ StatusOr<size_t> CompressorBase::CompressWithFeedback(ConstTensorView input, Spa
   }
   BP_ASSIGN_OR_RETURN(const DType dtype, PayloadDType(input.dtype(), ctx));
   BP_RETURN_IF_ERROR(CheckCapacity(MaxCompressedBytes(n, dtype), out));
+  if (!(ctx.residual_decay >= 0.0f && ctx.residual_decay <= 1.0f)) {
+    return InvalidArgumentError("residual decay " + std::to_string(ctx.residual_decay) +
+                                " is not in [0, 1]");
+  }
   uint8_t* body_out = out.data() + kPayloadHeaderBytes;
   size_t body;
+  const bool fused_decay = dtype == DType::kFloat32 && FusesResidualDecay();
+  if (ctx.residual_decay != 1.0f && !fused_decay) {
+    ScaleFloatArray(residual.data(), n, ctx.residual_decay, isa_);  // e *= γ, then as before
+  }
   if (dtype == DType::kFloat32) {
     body = EncodeBodyWithFeedbackF32(input.f32(), residual.data(), n, ctx, body_out);
   } else {

@@ -55,6 +55,13 @@ struct CompressContext {
   // in the residual. Unset: the input's dtype. Set on a non-fp32 input to anything but that
   // input's dtype: InvalidArgument.
   std::optional<DType> store_as = std::nullopt;
+  // With error feedback: the residual is multiplied by this before it is added to the input,
+  // q = x + residual_decay * e (CLAN's error_feedback_decay γ, set per tensor on the worker:
+  // Client::SetErrorFeedbackDecay). In [0, 1]; 1 (the default) leaves e as it is. A
+  // compressor whose fused fp32 path forms q itself applies it there (FusesResidualDecay:
+  // onebit); for every other one CompressWithFeedback scales e in place first. Either way the
+  // values are those of scaling the residual in fp32 and then adding, each rounded.
+  float residual_decay = 1.0f;
 };
 
 // What a quantising method reports about its own encodings (loco), or an error-feedback state
@@ -182,6 +189,10 @@ class CompressorBase : public Compressor {
   // Upper bound on the body (the bytes after the header) for n elements of dtype.
   virtual size_t MaxBodyBytes(size_t n, DType dtype) const = 0;
 
+  // Whether EncodeBodyWithFeedbackF32 applies CompressContext::residual_decay itself.
+  // Default: false (CompressWithFeedback scales the residual first).
+  virtual bool FusesResidualDecay() const { return false; }
+
   // Whether the body for n values of `dtype` is those values' own bytes, in that dtype
   // (RawBodyHeader). Default: false.
   virtual bool BodyIsInputBytes(DType /*dtype*/) const { return false; }
@@ -203,6 +214,7 @@ class CompressorBase : public Compressor {
 
   // fp32 fast path of CompressWithFeedback: q = g + e is formed inside (fused where the
   // compressor can), e ends as q - C(q). Default: e += g, then EncodeBodyWithFeedback(e).
+  // An override that returns true from FusesResidualDecay forms q = g + ctx.residual_decay * e.
   virtual size_t EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n,
                                            const CompressContext& ctx, uint8_t* body);
 

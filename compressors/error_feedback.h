@@ -48,6 +48,11 @@ class ErrorFeedback {
   virtual StatusOr<size_t> Compress(Compressor& compressor, ConstTensorView x,
                                     const CompressContext& ctx, MutableByteSpan out) = 0;
 
+  // Whether Compress honours CompressContext::residual_decay (the worker residual's decay,
+  // CLAN's error_feedback_decay): the vanilla residual states do; a method's own kind of
+  // state (loco, separate, binsgdm) does not, and the engine refuses a decay for it.
+  virtual bool AppliesResidualDecay() const { return false; }
+
   // Whether the server's fused round (Compressor::AggregateCompress) can run with this state.
   virtual bool FusesServerRound(const Compressor& compressor) const = 0;
 
@@ -94,6 +99,7 @@ class ResidualState final : public ErrorFeedback {
     return compressor.CompressWithFeedback(x, residual_.span(), ctx, out);
   }
 
+  bool AppliesResidualDecay() const override { return true; }
   bool FusesServerRound(const Compressor& compressor) const override {
     return compressor.FusesServerRound(/*with_residual=*/true);
   }

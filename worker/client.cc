@@ -126,6 +126,9 @@ class EngineBackend final : public ClientBackend {
   Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved) override {
     return engine_->RestoreErrorFeedbackState(tensor, saved);
   }
+  Status SetErrorFeedbackDecay(TensorId tensor, float decay) override {
+    return engine_->SetErrorFeedbackDecay(tensor, decay);
+  }
   StatusOr<std::vector<float>> ServerErrorFeedbackState(TensorId tensor) override {
     return engine_->ServerErrorFeedbackState(tensor);
   }
@@ -201,6 +204,11 @@ class DaemonBackend final : public ClientBackend {
   }
   Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved) override {
     return daemon_->RestoreErrorFeedbackState(tensor, saved);
+  }
+  Status SetErrorFeedbackDecay(TensorId, float) override {
+    return UnimplementedError(
+        "SetErrorFeedbackDecay: daemon mode keeps the residual in the node's bitpush-worker, "
+        "which takes no decay; decay it through ErrorFeedbackState / RestoreErrorFeedbackState");
   }
   StatusOr<std::vector<float>> ServerErrorFeedbackState(TensorId) override {
     return UnimplementedError(kServerStateInDaemonMode);
@@ -346,6 +354,10 @@ StatusOr<std::vector<float>> Client::ErrorFeedbackState(TensorId tensor) const {
 
 Status Client::RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved) {
   return backend_->RestoreErrorFeedbackState(tensor, saved);
+}
+
+Status Client::SetErrorFeedbackDecay(TensorId tensor, float decay) {
+  return backend_->SetErrorFeedbackDecay(tensor, decay);
 }
 
 StatusOr<std::vector<float>> Client::ServerErrorFeedbackState(TensorId tensor) {

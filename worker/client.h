@@ -306,6 +306,15 @@ class Client {
   StatusOr<std::vector<float>> ErrorFeedbackState(TensorId tensor) const;
   Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved);
 
+  // The worker residual's decay γ of `tensor` (CLAN's error_feedback_decay), from its next
+  // push_pull on: each compression forms q = x + γe instead of x + e, fused into onebit's sign
+  // pass and a scaling pass before the others' (CompressContext::residual_decay). The residual
+  // that ErrorFeedbackState reads is the undecayed one, as it was before the decay was
+  // applied by reading, scaling and restoring it. γ in [0, 1] (InvalidArgument otherwise);
+  // FailedPrecondition for a tensor that keeps no worker residual; Unimplemented for a method
+  // with its own kind of error state (loco, separate, binsgdm) and in daemon mode.
+  Status SetErrorFeedbackDecay(TensorId tensor, float decay);
+
   // The server residual ẽ of `tensor` (compression.error_feedback server/both: paper 001
   // Algorithm 4's server side), its partitions' in element order, read from the servers that
   // own them (OP_STATE_READ; docs/data-plane.md); empty when the tensor keeps none. Restore

@@ -52,6 +52,7 @@ class ClientBackend {
 
   virtual StatusOr<std::vector<float>> ErrorFeedbackState(TensorId tensor) = 0;
   virtual Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved) = 0;
+  virtual Status SetErrorFeedbackDecay(TensorId tensor, float decay) = 0;
   virtual StatusOr<std::vector<float>> ServerErrorFeedbackState(TensorId tensor) = 0;
   virtual Status RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved) = 0;
 };

@@ -213,6 +213,10 @@ Status Engine::RestoreErrorFeedbackState(TensorId tensor, Span<const float> save
   return state_calls_.RestoreErrorFeedbackState(tensor, saved);
 }
 
+Status Engine::SetErrorFeedbackDecay(TensorId tensor, float decay) {
+  return state_calls_.SetErrorFeedbackDecay(tensor, decay);
+}
+
 StatusOr<std::vector<float>> Engine::ServerErrorFeedbackState(TensorId tensor) {
   return state_calls_.ServerErrorFeedbackState(tensor);
 }
@@ -351,6 +355,7 @@ PushPullHandle Engine::PushPull(TensorId id, ConstTensorView input, TensorView o
     op->Complete(Status::Ok());
     return handle;
   }
+  op->residual_decay = t->ef_decay;
   scheduler_.EnqueueLocked(*t, op);
   return handle;
 }

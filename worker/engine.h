@@ -109,6 +109,8 @@ class Engine {
   // Client::ErrorFeedbackState / RestoreErrorFeedbackState (client.h).
   StatusOr<std::vector<float>> ErrorFeedbackState(TensorId tensor) const;
   Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved);
+  // Client::SetErrorFeedbackDecay (client.h).
+  Status SetErrorFeedbackDecay(TensorId tensor, float decay);
   // Client::ServerErrorFeedbackState / RestoreServerErrorFeedbackState (client.h): one
   // OP_STATE_READ / OP_STATE_WRITE per partition to its server, bounded by op_timeout.
   StatusOr<std::vector<float>> ServerErrorFeedbackState(TensorId tensor);

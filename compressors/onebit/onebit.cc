@@ -50,12 +50,12 @@ size_t OnebitCompressor::EncodeBodyWithFeedback(float* q, size_t n, DType dtype,
 }
 
 size_t OnebitCompressor::EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n,
-                                                   const CompressContext&, uint8_t* body) {
-  // Pass 1 forms q = g + e (e = buffer - C_prev when deferred), stores it over e and packs the
-  // signs; pass 2 subtracts ±scale in place, unless deferred. (Storing q measured faster than
-  // recomputing g + e in pass 2: fewer bytes read.)
-  const double sum =
-      OnebitSignPass(isa(), g, e, n, body + 4, e, deferred_ ? deferred_prev_ : nullptr);
+                                                   const CompressContext& ctx, uint8_t* body) {
+  // Pass 1 forms q = g + γe (e = buffer - C_prev when deferred; γ = ctx.residual_decay), stores
+  // it over e and packs the signs; pass 2 subtracts ±scale in place, unless deferred. (Storing q
+  // measured faster than recomputing g + e in pass 2: fewer bytes read.)
+  const double sum = OnebitSignPass(isa(), g, e, n, body + 4, e,
+                                    deferred_ ? deferred_prev_ : nullptr, ctx.residual_decay);
   const float scale = ScaleFromSum(sum, n);
   std::memcpy(body, &scale, 4);
   if (!deferred_) {

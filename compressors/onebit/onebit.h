@@ -80,6 +80,7 @@ class OnebitCompressor final : public CompressorBase {
   Status ValidateBody(ByteSpan body, size_t n, DType dtype) override;
   Status DecodeBodyToTensor(ByteSpan body, size_t n, DType dtype, float* out) override;
   bool FusesServerRound(bool) const override { return true; }
+  bool FusesResidualDecay() const override { return true; }
   size_t AggregateBody(const ByteSpan* bodies, size_t count, size_t n, DType dtype, float mult,
                        float* residual, const CompressContext& ctx, uint8_t* body) override;
 
@@ -129,6 +130,7 @@ class OnebitResidualState final : public ErrorFeedback {
   size_t size() const override { return buf_.size(); }
   StatusOr<size_t> Compress(Compressor& compressor, ConstTensorView x, const CompressContext& ctx,
                             MutableByteSpan out) override;
+  bool AppliesResidualDecay() const override { return true; }
   bool FusesServerRound(const Compressor& compressor) const override {
     return compressor.FusesServerRound(/*with_residual=*/true);
   }

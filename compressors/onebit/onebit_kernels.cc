@@ -48,7 +48,7 @@ inline float SignedScale(const uint8_t* words, size_t i, float scale) {
 // e = b - C_prev (prev's words and scale), computed on the fly, and q = a + e.
 
 double SignsScalar(const float* a, const float* b, size_t n, uint8_t* words, float* q_out,
-                   const PushSigns* prev) {
+                   const PushSigns* prev, float decay) {
   double lanes[kLanes] = {};
   for (size_t j = 0; j * 64 < n; ++j) {
     uint64_t w = 0;
@@ -56,6 +56,7 @@ double SignsScalar(const float* a, const float* b, size_t n, uint8_t* words, flo
     for (size_t i = j * 64; i < end; ++i) {
       float e = b ? b[i] : 0.0f;
       if (prev) e = e - SignedScale(prev->words, i, prev->scale);
+      e = e * decay;  // exact for decay 1
       const float q = b ? a[i] + e : a[i];
       if (q_out) q_out[i] = q;
       lanes[i % kLanes] += static_cast<double>(std::fabs(q));
@@ -113,14 +114,14 @@ BP_TARGET_AVX2 inline __m256 SignedScaleAvx2(uint64_t w, int c, __m256 pos, __m2
 // bits into *w and |q| into the two accumulators of its lanes (8(c&1) .. 8(c&1)+7).
 template <bool kAdd, bool kStore, bool kDefer>
 BP_TARGET_AVX2 inline void SignsChunkAvx2(const float* a, const float* b, float* q_out, uint64_t pw,
-                                          int c, __m256 ppos, __m256 pneg, uint64_t* w, __m256d* lo,
-                                          __m256d* hi) {
+                                          int c, __m256 ppos, __m256 pneg, __m256 gamma,
+                                          uint64_t* w, __m256d* lo, __m256d* hi) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256 q = _mm256_loadu_ps(a);
   if (kAdd) {
     __m256 e = _mm256_loadu_ps(b);
     if (kDefer) e = _mm256_sub_ps(e, SignedScaleAvx2(pw, c, ppos, pneg));
-    q = _mm256_add_ps(q, e);
+    q = _mm256_add_ps(q, _mm256_mul_ps(e, gamma));
   }
   if (kStore) _mm256_storeu_ps(q_out, q);
   *w |= static_cast<uint64_t>(_mm256_movemask_ps(_mm256_cmp_ps(q, _mm256_setzero_ps(), _CMP_LT_OQ)))
@@ -135,7 +136,8 @@ BP_TARGET_AVX2 inline void SignsChunkAvx2(const float* a, const float* b, float*
 // chained through store forwarding (compress at a third of the unrolled speed).
 template <bool kAdd, bool kStore, bool kDefer>
 BP_TARGET_AVX2 double SignsAvx2Impl(const float* a, const float* b, size_t n, uint8_t* words,
-                                    float* q_out, const PushSigns* prev) {
+                                    float* q_out, const PushSigns* prev, float decay) {
+  const __m256 gamma = _mm256_set1_ps(decay);
   const __m256 ppos = _mm256_set1_ps(kDefer ? prev->scale : 0.0f);
   const __m256 pneg = _mm256_set1_ps(kDefer ? -prev->scale : 0.0f);
   // acc0/acc1: lanes 0..3 / 4..7 (even chunks), acc2/acc3: lanes 8..11 / 12..15 (odd chunks).
@@ -148,11 +150,11 @@ BP_TARGET_AVX2 double SignsAvx2Impl(const float* a, const float* b, size_t n, ui
     for (int c = 0; c < 8; c += 2) {
       const size_t i = j * 64 + c * 8;
       SignsChunkAvx2<kAdd, kStore, kDefer>(a + i, kAdd ? b + i : nullptr,
-                                           kStore ? q_out + i : nullptr, pw, c, ppos, pneg, &w,
-                                           &acc0, &acc1);
+                                           kStore ? q_out + i : nullptr, pw, c, ppos, pneg, gamma,
+                                           &w, &acc0, &acc1);
       SignsChunkAvx2<kAdd, kStore, kDefer>(a + i + 8, kAdd ? b + i + 8 : nullptr,
                                            kStore ? q_out + i + 8 : nullptr, pw, c + 1, ppos, pneg,
-                                           &w, &acc2, &acc3);
+                                           gamma, &w, &acc2, &acc3);
     }
     StoreWord(words, j, w);
   }
@@ -164,6 +166,7 @@ BP_TARGET_AVX2 double SignsAvx2Impl(const float* a, const float* b, size_t n, ui
     for (size_t i = full * 64; i < n; ++i) {
       float e = b ? b[i] : 0.0f;
       if (prev) e = e - SignedScale(prev->words, i, prev->scale);
+      e = e * decay;
       const float q = b ? a[i] + e : a[i];
       if (q_out) q_out[i] = q;
       lanes[i % kLanes] += static_cast<double>(std::fabs(q));
@@ -176,14 +179,14 @@ BP_TARGET_AVX2 double SignsAvx2Impl(const float* a, const float* b, size_t n, ui
 
 // `prev` requires b and q_out, as in SignsAvx512.
 double SignsAvx2(const float* a, const float* b, size_t n, uint8_t* words, float* q_out,
-                 const PushSigns* prev) {
-  if (prev != nullptr) return SignsAvx2Impl<true, true, true>(a, b, n, words, q_out, prev);
+                 const PushSigns* prev, float decay) {
+  if (prev != nullptr) return SignsAvx2Impl<true, true, true>(a, b, n, words, q_out, prev, decay);
   if (b != nullptr) {
-    return q_out != nullptr ? SignsAvx2Impl<true, true, false>(a, b, n, words, q_out, prev)
-                            : SignsAvx2Impl<true, false, false>(a, b, n, words, q_out, prev);
+    return q_out != nullptr ? SignsAvx2Impl<true, true, false>(a, b, n, words, q_out, prev, decay)
+                            : SignsAvx2Impl<true, false, false>(a, b, n, words, q_out, prev, decay);
   }
-  return q_out != nullptr ? SignsAvx2Impl<false, true, false>(a, b, n, words, q_out, prev)
-                          : SignsAvx2Impl<false, false, false>(a, b, n, words, q_out, prev);
+  return q_out != nullptr ? SignsAvx2Impl<false, true, false>(a, b, n, words, q_out, prev, decay)
+                          : SignsAvx2Impl<false, false, false>(a, b, n, words, q_out, prev, decay);
 }
 
 BP_TARGET_AVX2 void ResidualAvx2(const float* a, const float* b, float* e, size_t n,
@@ -249,7 +252,7 @@ BP_TARGET_AVX512 inline void SignAndAbsAvx512(__m512 q, size_t c, uint64_t* w, _
 template <bool kAdd, bool kStore, bool kDefer>
 BP_TARGET_AVX512 inline uint64_t SignsWordAvx512(const float* a, const float* b, float* q_out,
                                                  uint64_t pw, __m512 ppos, __m512 pneg,
-                                                 __m512d* acc0, __m512d* acc1) {
+                                                 __m512 gamma, __m512d* acc0, __m512d* acc1) {
   __m512 q[4];
   for (int c = 0; c < 4; ++c) {
     q[c] = _mm512_loadu_ps(a + 16 * c);
@@ -259,7 +262,7 @@ BP_TARGET_AVX512 inline uint64_t SignsWordAvx512(const float* a, const float* b,
         e = _mm512_sub_ps(e,
                           _mm512_mask_blend_ps(static_cast<__mmask16>(pw >> (16 * c)), ppos, pneg));
       }
-      q[c] = _mm512_add_ps(q[c], e);
+      q[c] = _mm512_add_ps(q[c], _mm512_mul_ps(e, gamma));
     }
     if (kStore) _mm512_storeu_ps(q_out + 16 * c, q[c]);
   }
@@ -275,8 +278,9 @@ BP_TARGET_AVX512 inline uint64_t SignsWordAvx512(const float* a, const float* b,
 
 template <bool kAdd, bool kStore, bool kDefer>
 BP_TARGET_AVX512 double SignsAvx512Impl(const float* a, const float* b, size_t n, uint8_t* words,
-                                        float* q_out, const PushSigns* prev) {
+                                        float* q_out, const PushSigns* prev, float decay) {
   __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
+  const __m512 gamma = _mm512_set1_ps(decay);
   const __m512 ppos = _mm512_set1_ps(kDefer ? prev->scale : 0.0f);
   const __m512 pneg = _mm512_set1_ps(kDefer ? -prev->scale : 0.0f);
   const size_t full = n / 64;
@@ -286,7 +290,7 @@ BP_TARGET_AVX512 double SignsAvx512Impl(const float* a, const float* b, size_t n
     StoreWord(words, j,
               SignsWordAvx512<kAdd, kStore, kDefer>(a + i, kAdd ? b + i : nullptr,
                                                     kStore ? q_out + i : nullptr, pw, ppos, pneg,
-                                                    &acc0, &acc1));
+                                                    gamma, &acc0, &acc1));
   }
   if (full * 64 < n) {  // the last, partial word: masked; lanes past n are zero
     uint64_t w = 0;
@@ -302,7 +306,7 @@ BP_TARGET_AVX512 double SignsAvx512Impl(const float* a, const float* b, size_t n
           const auto pm = static_cast<__mmask16>(LoadWord(prev->words, full) >> (16 * c));
           e = _mm512_maskz_sub_ps(lm, e, _mm512_mask_blend_ps(pm, ppos, pneg));
         }
-        q = _mm512_add_ps(q, e);
+        q = _mm512_add_ps(q, _mm512_mul_ps(e, gamma));
       }
       if (kStore) _mm512_mask_storeu_ps(q_out + i, lm, q);
       SignAndAbsAvx512(q, c, &w, &acc0, &acc1);
@@ -317,14 +321,18 @@ BP_TARGET_AVX512 double SignsAvx512Impl(const float* a, const float* b, size_t n
 
 // `prev` requires b and q_out (deferred error feedback always stores this round's q).
 double SignsAvx512(const float* a, const float* b, size_t n, uint8_t* words, float* q_out,
-                   const PushSigns* prev) {
-  if (prev != nullptr) return SignsAvx512Impl<true, true, true>(a, b, n, words, q_out, prev);
-  if (b != nullptr) {
-    return q_out != nullptr ? SignsAvx512Impl<true, true, false>(a, b, n, words, q_out, prev)
-                            : SignsAvx512Impl<true, false, false>(a, b, n, words, q_out, prev);
+                   const PushSigns* prev, float decay) {
+  if (prev != nullptr) {
+    return SignsAvx512Impl<true, true, true>(a, b, n, words, q_out, prev, decay);
   }
-  return q_out != nullptr ? SignsAvx512Impl<false, true, false>(a, b, n, words, q_out, prev)
-                          : SignsAvx512Impl<false, false, false>(a, b, n, words, q_out, prev);
+  if (b != nullptr) {
+    return q_out != nullptr
+               ? SignsAvx512Impl<true, true, false>(a, b, n, words, q_out, prev, decay)
+               : SignsAvx512Impl<true, false, false>(a, b, n, words, q_out, prev, decay);
+  }
+  return q_out != nullptr
+             ? SignsAvx512Impl<false, true, false>(a, b, n, words, q_out, prev, decay)
+             : SignsAvx512Impl<false, false, false>(a, b, n, words, q_out, prev, decay);
 }
 
 BP_TARGET_AVX512 void ResidualAvx512(const float* a, const float* b, float* e, size_t n,
@@ -623,13 +631,13 @@ BP_TARGET_AVX512 void DecodeStreamAvx512(const uint8_t* words, size_t n, float s
 }  // namespace
 
 double OnebitSignPass(IsaLevel isa, const float* a, const float* b, size_t n, uint8_t* words,
-                      float* q_out, const OnebitSignWords* prev) {
+                      float* q_out, const OnebitSignWords* prev, float decay) {
   switch (isa) {
-    case IsaLevel::kAvx512: return SignsAvx512(a, b, n, words, q_out, prev);
-    case IsaLevel::kAvx2: return SignsAvx2(a, b, n, words, q_out, prev);
+    case IsaLevel::kAvx512: return SignsAvx512(a, b, n, words, q_out, prev, decay);
+    case IsaLevel::kAvx2: return SignsAvx2(a, b, n, words, q_out, prev, decay);
     case IsaLevel::kScalar: break;
   }
-  return SignsScalar(a, b, n, words, q_out, prev);
+  return SignsScalar(a, b, n, words, q_out, prev, decay);
 }
 
 void OnebitResidualPass(IsaLevel isa, const float* a, const float* b, float* e, size_t n,

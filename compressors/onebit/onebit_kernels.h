@@ -24,12 +24,16 @@ struct OnebitSignWords {
   float scale;
 };
 
-// Pass 1: writes the sign words of q = a (+ b when b != nullptr), stores q into q_out when
-// q_out != nullptr, and returns sum |q| (16 lanes, summed in order). With `prev` (deferred error
-// feedback, which needs b and q_out), b holds the last round's q whose correction is still
-// pending: the residual is e = b - C_prev, computed on the fly, and q = a + e.
+// Pass 1: writes the sign words of q = a (+ decay * b when b != nullptr), stores q into q_out
+// when q_out != nullptr, and returns sum |q| (16 lanes, summed in order). With `prev` (deferred
+// error feedback, which needs b and q_out), b holds the last round's q whose correction is still
+// pending: the residual is e = b - C_prev, computed on the fly, and q = a + decay * e. `decay`
+// is the residual's decay (CompressContext::residual_decay), multiplied in fp32 before the add
+// (no fused multiply-add): the same values as scaling the materialised residual first; 1 leaves
+// every value as it was.
 double OnebitSignPass(IsaLevel isa, const float* a, const float* b, size_t n, uint8_t* words,
-                      float* q_out = nullptr, const OnebitSignWords* prev = nullptr);
+                      float* q_out = nullptr, const OnebitSignWords* prev = nullptr,
+                      float decay = 1.0f);
 
 // Pass 2 (error feedback): e[i] = q[i] - (bit ? -scale : scale), q = a (+ b). Walks the words
 // backwards, from the end pass 1 left in cache.

@@ -376,6 +376,21 @@ void BindClient(py::module_& m) {
           "Puts a saved residual (float32 bytes) back into tensor `index`. Daemon mode: "
           "applied from local rank 0, checked but not applied from the others.")
       .def(
+          "set_error_feedback_decay",
+          [](const PyClient& self, uint32_t index, float decay) {
+            auto c = self.Get();
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c->SetErrorFeedbackDecay(worker::TensorId{index}, decay);
+            }
+            ThrowIfError(s);
+          },
+          py::arg("index"), py::arg("decay"),
+          "The worker residual's decay of tensor `index` (CLAN's error_feedback_decay), applied "
+          "inside each compression from its next push_pull on (Client::SetErrorFeedbackDecay). "
+          "Unimplemented for methods with their own kind of error state and in daemon mode.")
+      .def(
           "server_error_feedback_state",
           [](const PyClient& self, uint32_t index) {
             return ResidualBytes(self, index, &Client::ServerErrorFeedbackState);

@@ -1,6 +1,7 @@
 """CLAN's error_feedback_decay: the worker residuals are multiplied by γ after every step
 (exactly, tensor by tensor, only where a residual is kept; by default 0.2 for onebit and 1.0
-for the other compressors), and with the default the digits
+for the other compressors; in embedded mode by the engine, inside the compression:
+set_error_feedback_decay), and with the default the digits
 example at its defaults lands within 1.0 point of LANS (docs/training.md, "Compressed training
 at the examples' defaults", has the 3-seed table).
 
@@ -71,6 +72,14 @@ def _worker_residuals(out):
                     named_parameters=[("r." + n, p) for n, p in extra.named_parameters()])
         except ValueError as e:
             result["refused"] = str(e)
+        # The engine applies the decay inside the compression (embedded mode): it takes it for
+        # a tensor with a residual and refuses one without, or a decay outside [0, 1].
+        result["engine"] = bp.set_error_feedback_decay("full.0.weight", 1.0)
+        for tag, name, gamma in (("raw", "full.0.bias", 0.5), ("range", "full.0.weight", 1.5)):
+            try:
+                bp.set_error_feedback_decay(name, gamma)
+            except bp.BitpushError as e:
+                result[tag] = "%s: %s" % (e.code, e)
         with open(out, "w") as f:
             json.dump(result, f)
     finally:
@@ -103,6 +112,9 @@ def test_error_feedback_decay_scales_the_worker_residual_exactly():
         assert res["default"] is None
         assert res["lans"] == 1.0
         assert res["refused"] and "error_feedback_decay must be in [0, 1]" in res["refused"]
+        assert res["engine"] is True
+        assert res["raw"].startswith("FailedPrecondition") and "no worker residual" in res["raw"]
+        assert res["range"].startswith("InvalidArgument") and "not in [0, 1]" in res["range"]
         compressed = [n for n, r in res["full"].items() if r is not None]
         assert compressed == ["0.weight", "2.weight"]  # the biases travel raw
         for n, r in res["full"].items():

@@ -101,6 +101,7 @@ struct Tensor {
   Status error;                 // sticky: failed declaration, or a push_pull failed mid-way
   std::shared_ptr<OpState> op;  // the push_pull in flight
   uint64_t rounds_done = 0;     // push_pulls completed OK (the round number of the next one)
+  float ef_decay = 1.0f;        // the worker residual's decay (StateCalls::SetErrorFeedbackDecay)
 };
 
 struct EngineState {

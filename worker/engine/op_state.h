@@ -32,6 +32,9 @@ struct OpState {
   TensorView output;
   // Server-side optimizer tensors: the round's learning rate, sent with every push.
   std::optional<float> lr;
+  // The worker residual's decay for this round's compressions (the tensor's
+  // SetErrorFeedbackDecay when the op was queued; CompressContext::residual_decay).
+  float residual_decay = 1.0f;
   EngineClock::time_point deadline;
   EngineClock::time_point started = EngineClock::now();
 

@@ -52,7 +52,8 @@ void RoundPipeline::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr
   const size_t esz = DTypeSize(t->dtype);
   const ConstTensorView in(static_cast<const uint8_t*>(op->input.data()) + p.range.offset * esz,
                            p.range.elements, t->dtype);
-  const CompressContext ctx{p.range.key, round, state_.rank};
+  CompressContext ctx{p.range.key, round, state_.rank};
+  ctx.residual_decay = op->residual_decay;
   const EngineClock::time_point t0 = EngineClock::now();
   // `none` (no residual): the payload is its header and the input's bytes, sent as one frame
   // from the input itself (glued), not compressed into a copy.

@@ -40,6 +40,37 @@ StatusOr<std::vector<float>> StateCalls::ErrorFeedbackState(TensorId id) const {
   return out;
 }
 
+Status StateCalls::SetErrorFeedbackDecay(TensorId id, float decay) {
+  if (!(decay >= 0.0f && decay <= 1.0f)) {
+    return InvalidArgumentError(
+        fmt::format("SetErrorFeedbackDecay: decay {} is not in [0, 1] (1 keeps the whole "
+                    "residual)",
+                    decay));
+  }
+  std::lock_guard<std::mutex> lock(state_.mu);
+  if (id.index >= state_.tensors.size()) {
+    return InvalidArgumentError(fmt::format("SetErrorFeedbackDecay: no tensor #{}", id.index));
+  }
+  Tensor& t = *state_.tensors[id.index];
+  if (t.partitions.empty() || !t.partitions.front().residual) {
+    return FailedPreconditionError(fmt::format(
+        "SetErrorFeedbackDecay of tensor '{}': it keeps no worker residual (uncompressed, or "
+        "compression.error_feedback keeps none on workers)",
+        t.name));
+  }
+  // The states are fixed at declaration; which kind a partition has does not change.
+  for (const Partition& p : t.partitions) {
+    if (!p.residual->AppliesResidualDecay()) {
+      return UnimplementedError(fmt::format(
+          "SetErrorFeedbackDecay of tensor '{}': its method ({}) keeps its own kind of error "
+          "state, which takes no decay",
+          t.name, t.spec));
+    }
+  }
+  t.ef_decay = decay;  // from the tensor's next push_pull on
+  return Status::Ok();
+}
+
 Status StateCalls::RestoreErrorFeedbackState(TensorId id, Span<const float> saved) {
   std::lock_guard<std::mutex> lock(state_.mu);
   if (id.index >= state_.tensors.size()) {

@@ -40,6 +40,8 @@ class StateCalls {
   // Client::ErrorFeedbackState / RestoreErrorFeedbackState (client.h).
   StatusOr<std::vector<float>> ErrorFeedbackState(TensorId tensor) const;
   Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved);
+  // Client::SetErrorFeedbackDecay (client.h).
+  Status SetErrorFeedbackDecay(TensorId tensor, float decay);
   // Client::ServerErrorFeedbackState / RestoreServerErrorFeedbackState (client.h).
   StatusOr<std::vector<float>> ServerErrorFeedbackState(TensorId tensor);
   Status RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved);

@@ -46,7 +46,8 @@ from .collectives import (push_pull, push_pull_inplace, push_pull_async, allredu
 from .broadcast import broadcast_parameters, broadcast_optimizer_state
 from .compression import Compression, compression_report
 from .error_feedback import (error_feedback_state, restore_error_feedback_state,
-                             server_error_feedback_state, restore_server_error_feedback_state)
+                             server_error_feedback_state, restore_server_error_feedback_state,
+                             set_error_feedback_decay)
 from .server_weights import (init_server_weights, pull_server_weights, server_optimizer_state,
                              restore_server_optimizer_state)
 from .cluster_knobs import (cluster_error_feedback, cluster_compression,
@@ -63,7 +64,8 @@ __all__ = [
     "local_size", "node_rank", "num_nodes", "mode", "config_path", "gpu", "push_pull",
     "push_pull_inplace", "push_pull_async", "synchronize", "poll", "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "stats", "declare",
-    "error_feedback_state", "restore_error_feedback_state", "compression_report",
+    "error_feedback_state", "restore_error_feedback_state", "set_error_feedback_decay",
+    "compression_report",
     "server_error_feedback_state", "restore_server_error_feedback_state",
     "init_server_weights", "pull_server_weights", "server_optimizer_state",
     "restore_server_optimizer_state", "wait_for_servers", "Compression", "allreduce",

@@ -8,6 +8,7 @@ Stateless; any thread (the tensor must be declared).
 import torch
 
 from .declarations import _declared
+from .errors import BitpushError
 from .session import _require
 
 
@@ -43,6 +44,25 @@ def restore_error_feedback_state(name, residual):
     daemon mode every process of the node restores the same checkpoint and the daemon applies
     local rank 0's (the others' are checked, not applied)."""
     _write_residual(name, residual, "restore_error_feedback_state")
+
+
+def set_error_feedback_decay(name, decay):
+    """Has the engine multiply tensor `name`'s worker residual by `decay` (in [0, 1]) inside
+    every compression from its next push_pull on (fused into onebit's sign pass; a scaling pass
+    before the other methods'): the values of scaling the residual read by
+    error_feedback_state and restoring it before each push, without the copies. Returns False
+    where the engine cannot (daemon mode, or a method with its own kind of error state: the
+    caller scales through error_feedback_state / restore_error_feedback_state instead); raises
+    BitpushError for a tensor that keeps no worker residual or a decay outside [0, 1]."""
+    s = _require()
+    d = _declared(s, name, "set_error_feedback_decay")
+    try:
+        s.client.set_error_feedback_decay(d.index, float(decay))
+    except BitpushError as e:
+        if e.code == "Unimplemented":
+            return False
+        raise
+    return True
 
 
 def server_error_feedback_state(name):

@@ -19,7 +19,8 @@ import torch
 from .. import _C
 from .cluster_knobs import cluster_compression, cluster_error_feedback
 from .compression import _check_compression, _compressor_method
-from .error_feedback import error_feedback_state, restore_error_feedback_state
+from .error_feedback import (error_feedback_state, restore_error_feedback_state,
+                             set_error_feedback_decay)
 from .gradient_exchange import _GradientExchange
 from .session import local_rank, mode, node_rank
 
@@ -68,7 +69,10 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
             "Compressed training at the examples' defaults". 1.0 keeps the whole residual
             (paper 001 Algorithm 4 as printed). Acts only on tensors that keep a worker
             residual (compressed, compression.error_feedback worker or both); the servers'
-            residuals are not touched.
+            residuals are not touched. In embedded mode the engine applies it inside each
+            compression (set_error_feedback_decay); in daemon mode, and for methods with their
+            own kind of error state, this optimizer scales the residuals through
+            error_feedback_state / restore_error_feedback_state before the step's first push.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
@@ -172,7 +176,9 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
                 if gamma is None:
                     gamma = (ONEBIT_ERROR_FEEDBACK_DECAY if _compressor_method(name) == "onebit"
                              else 1.0)
-                if gamma != 1.0:
+                if gamma != 1.0 and not set_error_feedback_decay(name, gamma):
+                    # The engine cannot apply it inside the compression (daemon mode, or a
+                    # method with its own kind of error state): scaled here before each step.
                     self._ef_decays.append((name, gamma))
         for name, gamma in self._ef_decays:
             r = error_feedback_state(name)
