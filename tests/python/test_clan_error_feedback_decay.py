@@ -72,6 +72,26 @@ def _worker_residuals(out):
                     named_parameters=[("r." + n, p) for n, p in extra.named_parameters()])
         except ValueError as e:
             result["refused"] = str(e)
+        # A later optimizer over the same tensors sets its own decay in the engine, γ = 1
+        # included: quarter's tensors, pushed again by a CLAN with γ = 1 from a zero residual
+        # state, keep their whole residual (e = g - C(g), as the first "full" step left it).
+        model = _model(0)
+        named = [("quarter." + n, p) for n, p in model.named_parameters()]
+        for n, _ in named:
+            r = bp.error_feedback_state(n)
+            if r is not None:
+                bp.restore_error_feedback_state(n, torch.zeros_like(r))
+        opt = bp.CLAN([p for _, p in named], lr=0.01, named_parameters=named,
+                      compression="onebit", error_feedback_decay=1.0)
+        for scale in (1.0, 0.0):
+            opt.zero_grad()
+            (scale * torch.nn.functional.cross_entropy(model(x), y)).backward()
+            opt.step()
+        result["again"] = {}
+        for n, _ in model.named_parameters():
+            r = bp.error_feedback_state("quarter." + n)
+            result["again"][n] = None if r is None else r.tolist()
+        opt.remove_hooks()
         # The engine applies the decay inside the compression (embedded mode): it takes it for
         # a tensor with a residual and refuses one without, or a decay outside [0, 1].
         result["engine"] = bp.set_error_feedback_decay("full.0.weight", 1.0)
@@ -113,6 +133,7 @@ def test_error_feedback_decay_scales_the_worker_residual_exactly():
         assert res["lans"] == 1.0
         assert res["refused"] and "error_feedback_decay must be in [0, 1]" in res["refused"]
         assert res["engine"] is True
+        assert res["again"] == res["full"]  # γ = 1 again, not the quarter the engine had
         assert res["raw"].startswith("FailedPrecondition") and "no worker residual" in res["raw"]
         assert res["range"].startswith("InvalidArgument") and "not in [0, 1]" in res["range"]
         compressed = [n for n, r in res["full"].items() if r is not None]

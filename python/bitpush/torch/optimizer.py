@@ -158,8 +158,6 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
         self._ef_decay_pending = True
 
     def _decay_error_feedback(self):
-        if self.error_feedback_decay == 1.0:
-            return  # Algorithm 4 as printed (and LANS)
         if self._ef_decays is None:
             if not self._bp_declared and not self._ef_restored:
                 return  # nothing declared yet: every residual is still zero
@@ -176,7 +174,10 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
                 if gamma is None:
                     gamma = (ONEBIT_ERROR_FEEDBACK_DECAY if _compressor_method(name) == "onebit"
                              else 1.0)
-                if gamma != 1.0 and not set_error_feedback_decay(name, gamma):
+                # The engine keeps a tensor's decay until it is told another, so it is told
+                # this optimizer's even when it is 1 (Algorithm 4 as printed, and LANS): a
+                # tensor an earlier optimizer decayed gets this one's.
+                if not set_error_feedback_decay(name, gamma) and gamma != 1.0:
                     # The engine cannot apply it inside the compression (daemon mode, or a
                     # method with its own kind of error state): scaled here before each step.
                     self._ef_decays.append((name, gamma))
