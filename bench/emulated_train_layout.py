@@ -32,10 +32,22 @@ def train_argv(args, system):
         (["--compute-profile", args.compute_profile] if args.compute_profile else [])
 
 
-def read_train_result(path, procs_cpu, t0):
-    with open(path) as f:
+def run_ranks(args, res, start):
+    """Runs what `start(procs)` starts (bounded by --timeout-s, everything killed after) and
+    returns rank 0's result at `res` with the processes' cpu_seconds and the wall_seconds."""
+    if os.path.exists(res):
+        os.remove(res)
+    procs = Procs()
+    t0 = time.time()
+    try:
+        start(procs)
+        procs.wait_all(args.timeout_s)
+        cpu = procs.cpu_seconds()
+    finally:
+        procs.kill_all()
+    with open(res) as f:
         r = json.load(f)
-    r["cpu_seconds"] = procs_cpu
+    r["cpu_seconds"] = cpu
     r["wall_seconds"] = time.time() - t0
     return r
 
@@ -49,20 +61,14 @@ def run_train_bitpush(args, net, spec):
     write_yaml(yaml, net, args.servers, args.workers, spec, ef, TRAIN_MIN_COMPRESS_BYTES,
                args.timeout_s, args)
     res = os.path.join(args.work, tag + ".json")
-    if os.path.exists(res):
-        os.remove(res)
-    procs = Procs()
-    t0 = time.time()
-    try:
+
+    def start(procs):
         start_control(procs, args, net, yaml, tag)
         start_worker_ranks(procs, args, net, train_argv(args, "bitpush") + ["--compression", spec],
                            lambda w: bitpush_worker_env(args, yaml, w), "worker",
                            tag + "-worker", res)
-        procs.wait_all(args.timeout_s)
-        cpu = procs.cpu_seconds()
-    finally:
-        procs.kill_all()
-    r = read_train_result(res, cpu, t0)
+
+    r = run_ranks(args, res, start)
     r.update({"servers": args.servers, "error_feedback": ef,
               "min_compress_bytes": TRAIN_MIN_COMPRESS_BYTES,
               "comm_bound_ms": pushpull_bound_ms(r["bytes_pushed_per_worker"],
@@ -76,19 +82,9 @@ def run_train_ddp(args, net, variant):
     worker 0, as torchrun sets it up), DDP on the layout; rank 0's result."""
     tag = "layout-ddp-" + variant
     res = os.path.join(args.work, tag + ".json")
-    if os.path.exists(res):
-        os.remove(res)
-    procs = Procs()
-    t0 = time.time()
-    try:
-        start_worker_ranks(procs, args, net, train_argv(args, "ddp") + ["--variant", variant],
-                           lambda w: ddp_rank_env(net, w, args.workers), "ddp rank",
-                           tag + "-rank", res)
-        procs.wait_all(args.timeout_s)
-        cpu = procs.cpu_seconds()
-    finally:
-        procs.kill_all()
-    r = read_train_result(res, cpu, t0)
+    r = run_ranks(args, res, lambda procs: start_worker_ranks(
+        procs, args, net, train_argv(args, "ddp") + ["--variant", variant],
+        lambda w: ddp_rank_env(net, w, args.workers), "ddp rank", tag + "-rank", res))
     r["comm_bound_ms"] = ring_allreduce_bound_ms(r["allreduce_bytes_per_step"], args.workers,
                                                  args.gbit)
     return r
