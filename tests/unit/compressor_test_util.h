@@ -1,15 +1,23 @@
-// Helpers shared by the compressor unit tests: compress into a right-sized vector, and parse the
-// sparse body (topk / randomk) back into indices and raw value bits.
+// Helpers shared by the compressor unit tests: compress into a right-sized vector, parse the
+// sparse body (topk / randomk) back into indices and raw value bits, make a compressor at an ISA
+// level or an error-feedback state, and compare fp32 values bit for bit.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "common/cpu_features.h"
 #include "compressors/compressor.h"
+#include "compressors/error_feedback.h"
+#include "compressors/registry.h"
 #include "compressors/sparse/sparse_format.h"
+#include "compressors/spec_registry.h"
 
 namespace bitpush::testing {
 
@@ -55,6 +63,28 @@ inline Sparse Parse(const std::vector<uint8_t>& payload, DType dtype) {
     s.value_bits.push_back(bits);
   }
   return s;
+}
+
+// The compressor of `spec` at ISA level `isa` (the spec must be valid).
+inline std::unique_ptr<compressors::Compressor> MakeCompressor(const std::string& spec,
+                                                               IsaLevel isa) {
+  compressors::CompressorOptions o;
+  o.isa = isa;
+  return std::move(compressors::CreateCompressor(spec, o)).value();
+}
+
+// The error-feedback state `spec` keeps on `side` for a partition of n elements.
+inline std::unique_ptr<compressors::ErrorFeedback> MakeState(const std::string& spec,
+                                                             compressors::ErrorFeedbackSide side,
+                                                             size_t n) {
+  auto config = compressors::ParseCompressorSpec(spec);
+  EXPECT_TRUE(config.ok());
+  return std::move(compressors::CreateErrorFeedback(*config, side, n)).value();
+}
+
+// Whether `a` holds exactly the bits of `b`.
+inline bool SameBits(Span<const float> a, const std::vector<float>& b) {
+  return a.size() == b.size() && (b.empty() || std::memcmp(a.data(), b.data(), b.size() * 4) == 0);
 }
 
 }  // namespace bitpush::testing

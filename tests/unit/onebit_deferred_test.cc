@@ -19,30 +19,17 @@
 #include "compressors/onebit/onebit.h"
 #include "compressors/registry.h"
 #include "compressors/spec_registry.h"
+#include "tests/unit/compressor_test_util.h"
 #include "tests/unit/test_util.h"
 
 namespace bitpush::compressors {
 namespace {
 
+using testing::MakeCompressor;
+using testing::MakeState;
 using testing::RandomFloats;
+using testing::SameBits;
 using testing::SupportedIsaLevels;
-
-std::unique_ptr<Compressor> Make(const std::string& spec, IsaLevel isa) {
-  CompressorOptions o;
-  o.isa = isa;
-  return std::move(CreateCompressor(spec, o)).value();
-}
-
-std::unique_ptr<ErrorFeedback> MakeState(const std::string& spec, ErrorFeedbackSide side,
-                                         size_t n) {
-  auto config = ParseCompressorSpec(spec);
-  EXPECT_TRUE(config.ok());
-  return std::move(CreateErrorFeedback(*config, side, n)).value();
-}
-
-bool SameBits(Span<const float> a, const std::vector<float>& b) {
-  return a.size() == b.size() && (b.empty() || std::memcmp(a.data(), b.data(), b.size() * 4) == 0);
-}
 
 // What the test does to the state before round r (the plain residual gets the same).
 enum class Event { kNone, kNonFinite, kRead, kRestore, kReset, kHalfInput };
@@ -73,7 +60,7 @@ TEST(OnebitDeferred, WorkerRoundsEqualThePlainResidualBitForBit) {
     for (IsaLevel isa : SupportedIsaLevels()) {
       for (size_t n : {1, 15, 63, 64, 65, 1000, 4097, 70001}) {
         SCOPED_TRACE(spec + " " + std::string(IsaLevelName(isa)) + " n " + std::to_string(n));
-        auto c = Make(spec, isa);
+        auto c = MakeCompressor(spec, isa);
         auto state = MakeState(spec, ErrorFeedbackSide::kWorker, n);
         auto* deferred = dynamic_cast<OnebitResidualState*>(state.get());
         ASSERT_NE(deferred, nullptr);
@@ -143,8 +130,8 @@ TEST(OnebitDeferred, ServerRoundsEqualThePlainResidualBitForBit) {
         for (bool fp16_reply : {false, true}) {
           SCOPED_TRACE(std::string(IsaLevelName(isa)) + " workers " + std::to_string(workers) +
                        " n " + std::to_string(n) + (fp16_reply ? " fp16 reply" : ""));
-          auto worker_codec = Make("onebit", isa);
-          auto c = Make("onebit", isa);
+          auto worker_codec = MakeCompressor("onebit", isa);
+          auto c = MakeCompressor("onebit", isa);
           auto state = MakeState("onebit", ErrorFeedbackSide::kServer, n);
           ASSERT_TRUE(state->FusesServerRound(*c));
           std::vector<float> plain(n, 0.0f);
@@ -186,7 +173,7 @@ TEST(OnebitDeferred, ServerRoundsEqualThePlainResidualBitForBit) {
 
 TEST(OnebitDeferred, RestoreChecksSizeAndKeepsTheState) {
   OnebitResidualState s(4);
-  auto c = Make("onebit", BestIsaLevel());
+  auto c = MakeCompressor("onebit", BestIsaLevel());
   const std::vector<float> g = {1.0f, -3.0f, 0.5f, 2.0f};
   std::vector<uint8_t> out(c->MaxCompressedBytes(4, DType::kFloat32));
   ASSERT_TRUE(s.Compress(*c, ConstTensorView(g.data(), 4), {}, {out.data(), out.size()}).ok());

@@ -15,29 +15,17 @@
 #include "compressors/error_feedback.h"
 #include "compressors/registry.h"
 #include "compressors/spec_registry.h"
+#include "tests/unit/compressor_test_util.h"
 #include "tests/unit/test_util.h"
 
 namespace bitpush::compressors {
 namespace {
 
+using testing::MakeCompressor;
+using testing::MakeState;
 using testing::RandomFloats;
+using testing::SameBits;
 using testing::SupportedIsaLevels;
-
-std::unique_ptr<Compressor> Make(const std::string& spec, IsaLevel isa) {
-  CompressorOptions o;
-  o.isa = isa;
-  return std::move(CreateCompressor(spec, o)).value();
-}
-
-std::unique_ptr<ErrorFeedback> MakeState(const std::string& spec, size_t n) {
-  auto config = ParseCompressorSpec(spec);
-  EXPECT_TRUE(config.ok());
-  return std::move(CreateErrorFeedback(*config, ErrorFeedbackSide::kWorker, n)).value();
-}
-
-bool SameBits(Span<const float> a, const std::vector<float>& b) {
-  return a.size() == b.size() && (b.empty() || std::memcmp(a.data(), b.data(), b.size() * 4) == 0);
-}
 
 // Rounds of `spec` through its worker state with decay `gamma`, against a plain fp32 residual
 // scaled by gamma before each CompressWithFeedback with decay 1. Round 3 pushes fp16, round 5
@@ -45,9 +33,9 @@ bool SameBits(Span<const float> a, const std::vector<float>& b) {
 void ExpectDecayEqualsScalingFirst(const std::string& spec, IsaLevel isa, size_t n, float gamma) {
   SCOPED_TRACE(spec + " " + std::string(IsaLevelName(isa)) + " n " + std::to_string(n) + " gamma " +
                std::to_string(gamma));
-  auto c = Make(spec, isa);
-  auto ref = Make(spec, isa);
-  auto state = MakeState(spec, n);
+  auto c = MakeCompressor(spec, isa);
+  auto ref = MakeCompressor(spec, isa);
+  auto state = MakeState(spec, ErrorFeedbackSide::kWorker, n);
   ASSERT_TRUE(state->AppliesResidualDecay());
   std::vector<float> plain(n, 0.0f);
   for (uint64_t round = 0; round < 8; ++round) {
@@ -102,7 +90,7 @@ TEST(ResidualDecay, TheOnebitTwoPassPathAppliesItToo) {
   // The compressor alone (no deferred state): q = g + γe, e <- q - C(q).
   for (IsaLevel isa : SupportedIsaLevels()) {
     const size_t n = 1000;
-    auto c = Make("onebit", isa);
+    auto c = MakeCompressor("onebit", isa);
     std::vector<float> e = RandomFloats(n, 11, 0.5f), scaled = e;
     for (float& v : scaled) v = v * 0.3f;
     const std::vector<float> g = RandomFloats(n, 12);
@@ -120,7 +108,7 @@ TEST(ResidualDecay, TheOnebitTwoPassPathAppliesItToo) {
 }
 
 TEST(ResidualDecay, OutsideZeroOneIsRefused) {
-  auto c = Make("onebit", IsaLevel::kScalar);
+  auto c = MakeCompressor("onebit", IsaLevel::kScalar);
   std::vector<float> g(8, 1.0f), e(8, 0.5f);
   std::vector<uint8_t> out(c->MaxCompressedBytes(8, DType::kFloat32));
   for (float bad : {1.5f, -0.1f, std::numeric_limits<float>::quiet_NaN()}) {
@@ -138,7 +126,7 @@ TEST(ResidualDecay, OutsideZeroOneIsRefused) {
 TEST(ResidualDecay, MethodsWithTheirOwnErrorStateTakeNone) {
   for (const std::string spec : {"loco", "separate"}) {
     SCOPED_TRACE(spec);
-    EXPECT_FALSE(MakeState(spec, 1000)->AppliesResidualDecay());
+    EXPECT_FALSE(MakeState(spec, ErrorFeedbackSide::kWorker, 1000)->AppliesResidualDecay());
   }
 }
 
