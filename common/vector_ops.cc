@@ -57,6 +57,27 @@ void ScaleFloatScalar(float* d, size_t n, float scale) {
   for (size_t i = 0; i < n; ++i) St(d, i, Ld(d, i) * scale);
 }
 
+// The first element at or after `i` whose exponent bits are all ones (inf or NaN), else n.
+size_t FirstNonFiniteF32Scalar(const float* x, size_t i, size_t n) {
+  for (; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, 4);
+    if ((bits & 0x7F800000u) == 0x7F800000u) return i;
+  }
+  return n;
+}
+
+size_t FirstNonFinite16Scalar(const uint16_t* x, size_t n, uint16_t exponent) {
+  for (size_t i = 0; i < n; ++i) {
+    if ((x[i] & exponent) == exponent) return i;
+  }
+  return n;
+}
+
+size_t FirstNonFiniteScalar(const float* x, size_t n) {
+  return FirstNonFiniteF32Scalar(x, 0, n);
+}
+
 void CastWithResidualScalar(const float* g, float* e, TensorView out) {
   const size_t n = out.count();
   for (size_t i = 0; i < n; ++i) {
@@ -174,6 +195,22 @@ BP_TARGET_AVX2 void AddFloatAvx2(const float* s, float* d, size_t n) {
                      _mm256_add_ps(_mm256_loadu_ps(d + i + 8), _mm256_loadu_ps(s + i + 8)));
   }
   AddFloatScalar(s + i, d + i, n - i);
+}
+
+// 32 floats per test (four vectors OR-ed); a block that holds one is scanned by the scalar loop.
+BP_TARGET_AVX2 size_t FirstNonFiniteAvx2(const float* x, size_t n) {
+  const __m256i exp = _mm256_set1_epi32(0x7F800000);
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256i any = _mm256_setzero_si256();
+    for (size_t k = 0; k < 32; k += 8) {
+      const __m256i v =
+          _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + k)), exp);
+      any = _mm256_or_si256(any, _mm256_cmpeq_epi32(v, exp));
+    }
+    if (!_mm256_testz_si256(any, any)) return FirstNonFiniteF32Scalar(x, i, i + 32);
+  }
+  return FirstNonFiniteF32Scalar(x, i, n);
 }
 
 BP_TARGET_AVX2 void CastWithResidualAvx2(const float* g, float* e, TensorView out) {
@@ -317,6 +354,19 @@ BP_TARGET_AVX512 void AddFloatAvx512(const float* s, float* d, size_t n) {
   }
 }
 
+// 64 floats per test (four vectors); fpclass 0x99 = QNaN | +inf | -inf | SNaN.
+BP_TARGET_AVX512 size_t FirstNonFiniteAvx512(const float* x, size_t n) {
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    const __mmask16 bad = _mm512_fpclass_ps_mask(_mm512_loadu_ps(x + i), 0x99) |
+                          _mm512_fpclass_ps_mask(_mm512_loadu_ps(x + i + 16), 0x99) |
+                          _mm512_fpclass_ps_mask(_mm512_loadu_ps(x + i + 32), 0x99) |
+                          _mm512_fpclass_ps_mask(_mm512_loadu_ps(x + i + 48), 0x99);
+    if (bad != 0) return FirstNonFiniteF32Scalar(x, i, i + 64);
+  }
+  return FirstNonFiniteF32Scalar(x, i, n);
+}
+
 BP_TARGET_AVX512 void CastWithResidualAvx512(const float* g, float* e, TensorView out) {
   const size_t n = out.count();
   const DType dt = out.dtype();
@@ -412,6 +462,20 @@ void AddToFloat(ConstTensorView src, float* dst, IsaLevel isa) {
     case DType::kFloat16: return AddHalfArray(src.u16(), dst, src.count(), isa);
     case DType::kBFloat16: return AddBf16Array(src.u16(), dst, src.count(), isa);
   }
+}
+
+size_t FirstNonFinite(ConstTensorView v, IsaLevel isa) {
+  switch (v.dtype()) {
+    case DType::kFloat16: return FirstNonFinite16Scalar(v.u16(), v.count(), 0x7C00u);
+    case DType::kBFloat16: return FirstNonFinite16Scalar(v.u16(), v.count(), 0x7F80u);
+    case DType::kFloat32: break;
+  }
+  switch (isa) {
+    case IsaLevel::kAvx512: return FirstNonFiniteAvx512(v.f32(), v.count());
+    case IsaLevel::kAvx2: return FirstNonFiniteAvx2(v.f32(), v.count());
+    case IsaLevel::kScalar: break;
+  }
+  return FirstNonFiniteScalar(v.f32(), v.count());
 }
 
 }  // namespace bitpush

@@ -40,4 +40,8 @@ void ScaleFloatArray(float* dst, size_t n, float scale, IsaLevel isa);
 // or an fp16 overflow). out.count() elements; out must not overlap g or e.
 void CastWithResidual(const float* g, float* e, TensorView out, IsaLevel isa);
 
+// The index of the first element that is NaN or ±inf (any dtype), or v.count() when every
+// element is finite. One read pass that stops at the first hit.
+size_t FirstNonFinite(ConstTensorView v, IsaLevel isa);
+
 }  // namespace bitpush

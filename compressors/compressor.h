@@ -80,6 +80,11 @@ struct CompressorTelemetry {
   // where gradient_reported): with error_sq, the ratio ||e|| / ||g|| (separate).
   double gradient_sq = 0;
   bool gradient_reported = false;
+  // Whether the compressions since the last TakeTelemetry read every input value on a path
+  // that shows a NaN / inf (onebit: the scale's sum over |x|), and if so whether one was there.
+  // Where input_checked is false the worker engine makes its own pass (FirstNonFinite).
+  bool input_checked = false;
+  bool input_non_finite = false;
 };
 
 struct CompressorOptions {

@@ -63,6 +63,9 @@ struct CompressionSettings {
   // shape (worker/partition.h PartitionBytesFor; docs/flow-control.md). Never above
   // partition_bytes.
   uint64_t raw_partition_bytes = 0;
+  // compression.non_finite: "error" (a non-finite gradient fails the round everywhere) or
+  // "skip" (bitpush.torch's optimizers skip that step on every worker).
+  std::string non_finite = "error";
   // compression.overrides: per-tensor specs by name pattern (fnmatch: `*`, `?`, `[...]`), in
   // order; the first pattern matching a tensor's name gives its spec (canonical) when the
   // tensor is declared without one of its own. Part of config agreement when non-empty.
@@ -315,7 +318,8 @@ StatusOr<std::string> NormalizeAddress(std::string_view address, std::string_vie
 
 // The settings every node must share with the scheduler, as (name, canonical value) in a
 // fixed order: compression.spec, compression.error_feedback, compression.min_compress_bytes,
-// compression.partition_bytes, then only when set: compression.overrides,
+// compression.partition_bytes, then only when set: compression.raw_partition_bytes,
+// compression.non_finite, compression.overrides,
 // cluster.training_processes (when ProcessCountsDiffer()).
 std::vector<v1::ConfigField> ConfigFields(const ClusterConfig& config);
 

@@ -463,6 +463,17 @@ std::vector<ClusterKnob> BuildTable() {
                       "replies to a partition once every worker pushed all of it, so smaller "
                       "partitions keep both directions of every link busy (docs/flow-control.md)."),
              In<&ClusterConfig::compression, &CompressionSettings::raw_partition_bytes>()),
+      Scalar(Knob("compression.non_finite")
+                 .Enum({"error", "skip"})
+                 .Agreed()
+                 .Doc("What a NaN or inf in a gradient does (docs/errors.md, \"Non-finite "
+                      "values\"). `error`: the round fails on every worker with `BitpushError` "
+                      "naming the tensor, the worker or server it came from and the round. "
+                      "`skip`: bitpush.torch's optimizers check the step's gradients before "
+                      "pushing them and, when any worker's has one, every worker skips that "
+                      "step's update (nothing pushed, no state changed) and counts it, as loss "
+                      "scalers do."),
+             In<&ClusterConfig::compression, &CompressionSettings::non_finite>()),
       Structured(
           Knob("compression.overrides")
               .Structured("list of `{pattern, spec}`")

@@ -258,6 +258,7 @@ Status KeyState::PushImpl(uint32_t worker, uint64_t round, transport::Buffer buf
     r->acc = nullptr;  // AddFirst sets it
     r->averaged = false;
     r->lr = lr.value_or(0.0f);
+    r->non_finite_origin.clear();
   }
   if (worker != r->next_to_add) {  // not its turn yet: hold the payload
     r->held[worker] = std::move(buffer);
@@ -435,6 +436,10 @@ StatusOr<size_t> KeyState::StepAndEncodeWeights(Round& r, MutableByteSpan dst) {
   if (!param_) return InternalError(fmt::format("key {}: no weights installed", spec_.key));
   optimizers::ParamState& param = *param_;
   if (Status st = param.Step(r.lr, {r.acc, spec_.elements}); !st.ok()) return st;
+  if (r.non_finite_origin.empty() &&
+      FirstNonFinite(ConstTensorView(param.weights()), compressor_->isa()) < spec_.elements) {
+    r.non_finite_origin = "the weights after the server-side optimizer's step";
+  }
   stepped_ = true;
   last_stepped_round_ = r.round;
   const CompressContext ctx{spec_.key, r.round, kServerStream};
@@ -611,6 +616,16 @@ StatusOr<transport::Buffer> KeyState::Pull(uint32_t worker, uint64_t round) {
     }
   }
   return result;
+}
+
+void KeyState::NoteNonFinite(uint64_t round, std::string origin) {
+  Round* r = Find(round);
+  if (r != nullptr && r->non_finite_origin.empty()) r->non_finite_origin = std::move(origin);
+}
+
+std::string KeyState::NonFiniteOrigin(uint64_t round) const {
+  const Round* r = Find(round);
+  return r == nullptr ? std::string() : r->non_finite_origin;
 }
 
 bool KeyState::RoundPublished(uint64_t round) const {

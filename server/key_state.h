@@ -202,6 +202,12 @@ class KeyState {
   // The round `worker` pushes next.
   uint64_t next_round(uint32_t worker) const { return next_round_[worker]; }
 
+  // Notes that non-finite values entered open round `round` at `origin` (a text the server
+  // composes: "worker 1's gradient"); the first note of a round wins, later ones are ignored,
+  // as is a round that is not open. NonFiniteOrigin: the round's note, "" when none.
+  void NoteNonFinite(uint64_t round, std::string origin);
+  std::string NonFiniteOrigin(uint64_t round) const;
+
   // The reply compressor's telemetry since the last call (Compressor::TakeTelemetry).
   void TakeTelemetry(compressors::CompressorTelemetry* into) { compressor_->TakeTelemetry(into); }
 
@@ -225,6 +231,8 @@ class KeyState {
     // them any more.
     std::shared_ptr<std::vector<uint8_t>> payload_storage;
     float lr = 0.0f;  // server-side optimizer: the round's learning rate (its first push's)
+    // Where non-finite values entered the round (the first place noted); empty: nowhere.
+    std::string non_finite_origin;
   };
 
   KeyState(const KeySpec& spec, std::unique_ptr<compressors::Compressor> compressor,

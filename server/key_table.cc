@@ -135,6 +135,9 @@ void KeyTable::Push(DataTask& task) {
     workers_->SendError(task.worker, DataHeader::OP_PUSH, h.key(), h.round(), pushed);
     return;
   }
+  if (h.non_finite()) {
+    entry.state->NoteNonFinite(h.round(), fmt::format("worker {}'s gradient", task.worker));
+  }
   ++counters_->pushes_accepted;
   counters_->bytes_received += push_bytes;
   counters_->raw_bytes_received += h.element_count() * DTypeSize(static_cast<DType>(h.dtype()));
@@ -149,6 +152,14 @@ void KeyTable::Push(DataTask& task) {
   counters_->rounds_published += entry.state->stats().rounds_published - published_before;
   compressors::CompressorTelemetry telemetry;  // the reply's quantiser (loco two-hop)
   entry.state->TakeTelemetry(&telemetry);
+  if (entry.state->stats().rounds_published != published_before) {
+    // This push completed round h.round(): the aggregate's compression saw it whole (onebit's
+    // scale), so a NaN / inf there that no worker flagged is the aggregate's own (an overflow).
+    if (telemetry.input_checked && telemetry.input_non_finite) {
+      entry.state->NoteNonFinite(h.round(), fmt::format("server {}'s aggregate", rank_));
+    }
+    if (!entry.state->NonFiniteOrigin(h.round()).empty()) ++counters_->non_finite_rounds;
+  }
   if (telemetry.values != 0) {
     counters_->quantized_values += telemetry.values;
     counters_->quantized_saturated += telemetry.saturated;
@@ -245,6 +256,7 @@ void KeyTable::ServeWaiting(KeyEntry& entry) {
       ++i;
       continue;
     }
+    std::string non_finite_origin = state.NonFiniteOrigin(round);  // before Pull frees the slot
     StatusOr<Buffer> payload = state.Pull(worker, round);
     entry.waiting.erase(entry.waiting.begin() + static_cast<std::ptrdiff_t>(i));
     if (!payload.ok()) {
@@ -259,6 +271,7 @@ void KeyTable::ServeWaiting(KeyEntry& entry) {
     reply.set_element_count(state.spec().elements);
     reply.set_dtype(static_cast<uint32_t>(state.spec().dtype));  // the aggregate's payload dtype
     reply.set_byte_count(payload->size());
+    if (!non_finite_origin.empty()) reply.set_non_finite_origin(std::move(non_finite_origin));
     counters_->bytes_sent += payload->size();
     counters_->raw_bytes_sent += state.spec().elements * DTypeSize(state.spec().dtype);
     ++counters_->replies_sent;

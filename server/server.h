@@ -56,6 +56,9 @@ struct ServerStats {
   uint64_t pushes_rejected = 0;
   uint64_t replies_sent = 0;  // OP_PULL_REPLY messages
   uint64_t rounds_published = 0;
+  // Rounds published with non-finite values in them (a worker's flagged push, the aggregate,
+  // or the server-side optimizer's weights); their replies fail on every worker.
+  uint64_t non_finite_rounds = 0;
   uint64_t bytes_received = 0;  // push payload bytes
   uint64_t bytes_sent = 0;      // reply payload bytes
   // The same payloads uncompressed (element count x dtype size of their data headers).

@@ -19,6 +19,7 @@ struct ServerCounters {
   std::atomic<uint64_t> pushes_rejected{0};
   std::atomic<uint64_t> replies_sent{0};
   std::atomic<uint64_t> rounds_published{0};
+  std::atomic<uint64_t> non_finite_rounds{0};
   std::atomic<uint64_t> quantized_values{0};
   std::atomic<uint64_t> quantized_saturated{0};
   std::atomic<uint64_t> error_values{0};
@@ -37,6 +38,7 @@ struct ServerCounters {
     s.pushes_rejected = pushes_rejected.load();
     s.replies_sent = replies_sent.load();
     s.rounds_published = rounds_published.load();
+    s.non_finite_rounds = non_finite_rounds.load();
     s.quantized_values = quantized_values.load();
     s.quantized_saturated = quantized_saturated.load();
     s.error_values = error_values.load();

@@ -28,6 +28,10 @@ void AddServerMetrics(const Server& server, metrics::MetricSet& set) {
   set.Counter(kQuant, kQuantHelp, s.error_values, {{"quantizer", "error"}, {"result", "all"}});
   set.Counter(kQuant, kQuantHelp, s.error_saturated,
               {{"quantizer", "error"}, {"result", "saturated"}});
+  set.Counter("bitpush_server_non_finite_rounds_total",
+              "Rounds published with a NaN or inf in them (a worker's flagged push, the "
+              "aggregate, or the server-side optimizer's weights); every worker fails them.",
+              s.non_finite_rounds);
   set.Counter("bitpush_server_replies_sent_total", "Aggregates sent to workers (OP_PULL_REPLY).",
               s.replies_sent);
   constexpr char kBytes[] = "bitpush_server_payload_bytes_total";

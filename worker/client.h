@@ -201,6 +201,11 @@ struct ClientStats {
   uint64_t error_saturated = 0;
   double error_norm = 0;
   double gradient_norm = 0;
+  // Partitions this worker pushed with a NaN / inf in their input, and rounds that failed
+  // because some worker's or server's values were non-finite (docs/errors.md, "Non-finite
+  // values"; embedded engine only).
+  uint64_t non_finite_pushes = 0;
+  uint64_t non_finite_rounds = 0;
   // Peak uncompressed bytes in flight (bounded by credit_bytes, or one partition).
   uint64_t peak_bytes_in_flight = 0;
   // Peak raw (uncompressed) bytes in flight at any one server (bounded by

@@ -44,6 +44,12 @@ void AddEngineMetrics(const Engine& engine, metrics::MetricSet& set) {
   set.Counter(kQuant, kQuantHelp, s.error_values, {{"quantizer", "error"}, {"result", "all"}});
   set.Counter(kQuant, kQuantHelp, s.error_saturated,
               {{"quantizer", "error"}, {"result", "saturated"}});
+  constexpr char kNonFinite[] = "bitpush_worker_non_finite_total";
+  constexpr char kNonFiniteHelp[] =
+      "Partitions this worker pushed with a NaN or inf in their input (where=push), and rounds "
+      "that failed because some worker's or server's values were non-finite (where=round).";
+  set.Counter(kNonFinite, kNonFiniteHelp, s.non_finite_pushes, {{"where", "push"}});
+  set.Counter(kNonFinite, kNonFiniteHelp, s.non_finite_rounds, {{"where", "round"}});
   set.Gauge("bitpush_worker_error_feedback_norm",
             "L2 norm of the worker error state of every partition as last pushed (methods that "
             "report it: loco, separate).",

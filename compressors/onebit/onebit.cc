@@ -15,13 +15,25 @@
 
 namespace bitpush::compressors {
 
-float OnebitCompressor::ScaleFromSum(double sum, size_t n) const {
-  if (!std::isfinite(sum)) return std::numeric_limits<float>::quiet_NaN();
+float OnebitCompressor::ScaleFromSum(double sum, size_t n) {
+  // The sign pass sums |x| over every input value: a NaN or inf among them leaves the sum
+  // non-finite (finite floats cannot overflow a double sum), which the telemetry reports.
+  input_checked_ = true;
+  if (!std::isfinite(sum)) {
+    input_non_finite_ = true;
+    return std::numeric_limits<float>::quiet_NaN();
+  }
   if (!scaled_) return 1.0f;
   if (n == 0) return 0.0f;
   const float scale = static_cast<float>(sum / static_cast<double>(n));
   // A NaN input makes the sum NaN: store a canonical positive quiet NaN.
   return std::isnan(scale) ? std::numeric_limits<float>::quiet_NaN() : scale;
+}
+
+void OnebitCompressor::TakeTelemetry(CompressorTelemetry* into) {
+  into->input_checked |= input_checked_;
+  into->input_non_finite |= input_non_finite_;
+  input_checked_ = input_non_finite_ = false;
 }
 
 void OnebitCompressor::UpdateResidual(float* q, size_t n, const uint8_t* words, float scale) {

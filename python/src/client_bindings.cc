@@ -146,6 +146,8 @@ py::dict StatsDict(const worker::ClientStats& s) {
   d["raw_bytes_pushed"] = s.raw_bytes_pushed;
   d["quantized_values"] = s.quantized_values;
   d["quantized_saturated"] = s.quantized_saturated;
+  d["non_finite_pushes"] = s.non_finite_pushes;
+  d["non_finite_rounds"] = s.non_finite_rounds;
   d["error_values"] = s.error_values;
   d["error_saturated"] = s.error_saturated;
   d["error_norm"] = s.error_norm;

@@ -206,6 +206,37 @@ TEST(VectorOps, AddScaleIsTheAddThenTheScaleOnEveryIsa) {
   }
 }
 
+// FirstNonFinite: the exact index of the first NaN / inf at every position of a block (the
+// vector loops test 32 or 64 floats at once, then scan), for every dtype and ISA level.
+TEST(VectorOps, FirstNonFiniteFindsTheFirstNanOrInfExactly) {
+  const float specials[] = {
+      std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+      -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::signaling_NaN()};
+  for (IsaLevel isa : SupportedIsaLevels()) {
+    for (size_t n : {0u, 1u, 31u, 64u, 200u}) {
+      std::vector<float> x(n, 3.0e38f);  // finite, however large
+      if (n > 1) x[n / 2] = -std::numeric_limits<float>::max();
+      EXPECT_EQ(FirstNonFinite(ConstTensorView(x.data(), n), isa), n) << "n " << n;
+      for (size_t at = 0; at < n; ++at) {
+        for (float bad : specials) {
+          std::vector<float> y = x;
+          y[at] = bad;
+          if (at + 7 < n) y[at + 7] = bad;  // a later one does not matter
+          ASSERT_EQ(FirstNonFinite(ConstTensorView(y.data(), n), isa), at)
+              << "isa " << IsaLevelName(isa) << " n " << n << " value " << bad;
+        }
+      }
+    }
+  }
+  // fp16 / bf16: exponent all ones (0x7C00 / 0x7F80) is inf or NaN; the largest finite is not.
+  std::vector<uint16_t> h = {0x7BFF, 0xFBFF, 0x3C00, 0xFC00, 0x7E00};
+  EXPECT_EQ(FirstNonFinite(ConstTensorView(h.data(), 3, DType::kFloat16), IsaLevel::kScalar), 3u);
+  EXPECT_EQ(FirstNonFinite(ConstTensorView(h.data(), 5, DType::kFloat16), IsaLevel::kScalar), 3u);
+  std::vector<uint16_t> b = {0x7F7F, 0xFF7F, 0x3F80, 0x7FC0};
+  EXPECT_EQ(FirstNonFinite(ConstTensorView(b.data(), 3, DType::kBFloat16), IsaLevel::kScalar), 3u);
+  EXPECT_EQ(FirstNonFinite(ConstTensorView(b.data(), 4, DType::kBFloat16), IsaLevel::kScalar), 3u);
+}
+
 TEST(AlignedBuffer, AlignedAndKeepsPrefix) {
   AlignedBuffer<float> b(5);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % kBufferAlignment, 0u);

@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "compressors/error_feedback.h"
@@ -41,6 +43,39 @@ TEST(Onebit, BitsAndScaleAreExact) {
     std::vector<float> dec(x.size());
     ASSERT_TRUE(c->Decompress({out.data(), *r}, TensorView(dec.data(), dec.size())).ok());
     for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(dec[i], x[i] < 0 ? -scale : scale) << i;
+  }
+}
+
+// The sign pass's sum over |x| is the engine's non-finite check: TakeTelemetry reports that
+// every value was read (input_checked) and whether one was NaN / inf, scaled or not, with or
+// without error feedback, on every ISA level; a second take reports nothing.
+TEST(Onebit, TelemetryReportsANonFiniteInputFromTheSignPass) {
+  for (IsaLevel isa : SupportedIsaLevels()) {
+    for (const char* spec : {"onebit", "onebit:scaled=false"}) {
+      for (bool feedback : {false, true}) {
+        SCOPED_TRACE(std::string(spec) + (feedback ? " with residual " : " ") +
+                     std::string(IsaLevelName(isa)));
+        auto c = Make(spec, isa);
+        ResidualState residual(300);
+        std::vector<float> x = RandomFloats(300, 9);
+        std::vector<uint8_t> out(c->MaxCompressedBytes(x.size(), DType::kFloat32));
+        for (float bad : {0.0f, std::numeric_limits<float>::quiet_NaN(),
+                          -std::numeric_limits<float>::infinity()}) {
+          x[257] = bad;
+          const ConstTensorView in(x.data(), x.size());
+          const MutableByteSpan dst(out.data(), out.size());
+          ASSERT_TRUE(
+              (feedback ? residual.Compress(*c, in, {}, dst) : c->Compress(in, {}, dst)).ok());
+          CompressorTelemetry t;
+          c->TakeTelemetry(&t);
+          EXPECT_TRUE(t.input_checked);
+          EXPECT_EQ(t.input_non_finite, !std::isfinite(bad)) << bad;
+          CompressorTelemetry again;
+          c->TakeTelemetry(&again);
+          EXPECT_FALSE(again.input_checked || again.input_non_finite);
+        }
+      }
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "common/vector_ops.h"
 #include "compressors/registry.h"
 
 namespace bitpush::worker {
@@ -77,6 +78,13 @@ void RoundPipeline::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr
   compressors::CompressorTelemetry telemetry;  // quantisers (loco) and states (separate)
   p.compressor->TakeTelemetry(&telemetry);
   if (p.residual) p.residual->TakeTelemetry(&telemetry);
+  // A NaN / inf in the input: the compressor saw it where its own pass reads every value
+  // (onebit's scale), else one read pass here. The push still goes (flagged), so the round
+  // completes everywhere and every worker fails it with the same origin (OnReply).
+  const bool non_finite =
+      bytes.ok() &&
+      (telemetry.input_checked ? telemetry.input_non_finite
+                               : FirstNonFinite(in, p.compressor->isa()) < in.count());
 
   transport::Message msg;
   if (bytes.ok()) {
@@ -91,12 +99,20 @@ void RoundPipeline::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr
     h.set_dtype(static_cast<uint32_t>(t->dtype));
     h.set_byte_count(*bytes);
     if (op->lr) h.set_lr(*op->lr);
+    if (non_finite) h.set_non_finite(true);
     h.SerializeToString(&msg.header);
     if (!raw) msg.frames.push_back(transport::Buffer::Borrow(p.payload->data(), *bytes, p.payload));
   }
   {
     std::lock_guard<std::mutex> lock(state_.mu);
     state_.stats.compress_ns += Ns(t1 - t0);
+    if (non_finite) {
+      ++state_.stats.non_finite_pushes;
+      BP_LOG_WARN(
+          "{}: tensor '{}' partition {} (key {}, round {}): this worker's gradient has a "
+          "NaN or inf; pushed flagged, the round fails on every worker",
+          state_.label, t->name, j, p.range.key, round);
+    }
     state_.stats.quantized_values += telemetry.values;
     state_.stats.quantized_saturated += telemetry.saturated;
     state_.stats.error_values += telemetry.error_values;
@@ -247,6 +263,19 @@ void RoundPipeline::OnReply(const std::string& from, const v1::DataHeader& h,
                                 "{}: {} replied to key {} (tensor '{}' partition {}, "
                                 "round {}) without a payload",
                                 state_.label, ServerLabel(from), h.key(), t->name, j, h.round())));
+    scheduler_.MaybeFinishLocked(*t, op);
+    return;
+  }
+  if (!h.non_finite_origin().empty()) {
+    // Every worker fails the round alike; the origin is the server's text (bounded there).
+    ++state_.stats.non_finite_rounds;
+    scheduler_.SetIdleLocked(*t, p);
+    scheduler_.FailOpLocked(
+        *t, op,
+        OutOfRangeError(fmt::format(
+            "{}: non-finite values (NaN or inf) in tensor '{}' partition {} (key {}, round {}): "
+            "{} (compression.non_finite: error; docs/errors.md)",
+            state_.label, t->name, j, h.key(), h.round(), h.non_finite_origin())));
     scheduler_.MaybeFinishLocked(*t, op);
     return;
   }

@@ -111,7 +111,8 @@ class BinSGDM(_GradientExchange, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._bp_sync_for_step()
+        if not self._bp_sync_for_step():
+            return loss
         for group in self.param_groups:
             # lr as the fp32 the servers' signs are scaled by; the decay factor from it in
             # double, rounded once (optimizers/binsgdm.h: the reference's exact arithmetic).

@@ -1,5 +1,5 @@
 """The cluster YAML's knobs that bitpush.torch's optimizers follow: compression.error_feedback,
-compression.spec, optimizer.placement (with optimizer.overrides) and optimizer.pull.
+compression.spec, compression.non_finite, optimizer.placement (with optimizer.overrides) and optimizer.pull.
 
 They come from the C++ parser (bitpush._C.load_cluster_config, the one reader of the cluster
 YAML), applied to the YAML this process was initialised with, else the one BITPUSH_CONFIG names
@@ -15,7 +15,7 @@ from .. import _C, _env
 from .session import config_path
 
 __all__ = ["cluster_error_feedback", "cluster_compression", "cluster_optimizer_placement",
-           "cluster_optimizer_pull"]
+           "cluster_optimizer_pull", "cluster_non_finite"]
 
 
 def cluster_error_feedback():
@@ -36,6 +36,12 @@ def cluster_compression():
     declared without a spec of its own gets (unless a compression.overrides pattern matches its
     name), or None when no cluster config is known. Read like cluster_error_feedback()."""
     return _cluster_knob("compression.spec")
+
+
+def cluster_non_finite():
+    """The cluster's compression.non_finite ("error" or "skip"), or None when no cluster config
+    is known (read like cluster_error_feedback())."""
+    return _cluster_knob("compression.non_finite")
 
 
 def cluster_optimizer_placement():

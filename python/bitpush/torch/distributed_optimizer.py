@@ -36,8 +36,8 @@ class _DistributedOptimizer:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._bp_sync_for_step()
-        super(self.__class__, self).step()
+        if self._bp_sync_for_step():
+            super(self.__class__, self).step()
         return loss
 
     def zero_grad(self, set_to_none=False):

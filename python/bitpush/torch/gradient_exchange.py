@@ -15,6 +15,15 @@ its averaged gradient is then written into ``p.grad`` and the parameter is updat
 other (a parameter no worker touched has a zero averaged gradient). The exchange also reads
 and restores the gradients' worker error-feedback residuals (state_dict, checkpoints).
 
+Non-finite gradients (the cluster's ``compression.non_finite``, docs/errors.md): with ``error``
+(the default) a NaN or inf reaches the engine, which fails the round on every worker with a
+BitpushError naming the tensor, the worker and the round. With ``skip`` the hooks push nothing
+during backward; ``synchronize()`` first checks this worker's gradients, sums the count of
+non-finite ones over every worker (one push_pull of a 1-element tensor), and when it is not 0
+every worker skips the step: nothing is pushed, no error-feedback state, round or optimizer
+state changes, ``steps_skipped`` counts it, and every gradient is left NaN on every worker (as
+DDP's all-reduce spreads one worker's NaN, so a GradScaler sees the overflow everywhere alike). The price is the overlap of communication with backward, and one small round trip.
+
 Thread-safety: the state belongs to the optimizer, i.e. to the thread that runs
 forward/backward/step (the hooks run during backward).
 """
@@ -27,8 +36,12 @@ from .collectives import push_pull_async
 from .compression import _announce_compression, _check_compression
 from .declarations import declare
 from .error_feedback import error_feedback_state, restore_error_feedback_state
-from .errors import BitpushError
+from .cluster_knobs import cluster_non_finite
+from .errors import BitpushError, _error
 from .session import node_rank
+
+# Skipped steps logged one by one before they are only counted (every 100th is logged).
+_SKIP_LOG_FIRST = 5
 
 
 class _GradientExchange:
@@ -79,6 +92,10 @@ class _GradientExchange:
         self._bp_grad_accs = []
         self._bp_hook_handles = []
         self._bp_what = what
+        self._bp_skip_non_finite = cluster_non_finite() == "skip"
+        self._bp_step_skipped = False
+        self.steps_skipped = 0
+        self._bp_exchanges = 0  # synchronize() calls that got this far: the step, for messages
         for p in self._bp_params:
             # Horovod's trick: expand_as gives a view whose grad_fn's first input is the
             # parameter's AccumulateGrad node; its post-hook runs once p.grad holds this
@@ -113,9 +130,10 @@ class _GradientExchange:
             self._bp_delay[key] -= 1
             if self._bp_delay[key] > 0:
                 return
-            if not self._bp_declared:
+            if not self._bp_declared or self._bp_skip_non_finite:
                 # The first exchange goes in parameter order from synchronize(): the engine
-                # checks declarations across workers in the order they are made.
+                # checks declarations across workers in the order they are made. With
+                # compression.non_finite: skip, synchronize() checks the step before any push.
                 return
             self._bp_start(p)
         return hook
@@ -129,10 +147,49 @@ class _GradientExchange:
                                  average=True, output=p.grad)
         self._bp_handles[id(p)] = (p, handle)
 
+    def _bp_check_finite(self):
+        """compression.non_finite: skip. Counts this worker's non-finite gradients, sums the
+        count over every worker and returns True when the step may go on; otherwise marks the
+        step skipped (nothing pushed) and returns False."""
+        bad = [self._bp_name(p) for p in self._bp_params
+               if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        flag = torch.tensor([float(len(bad))], dtype=torch.float32)
+        # One tensor per optimizer (named after its first parameter), raw, summed.
+        name = "bitpush.non_finite.%s" % (self._bp_name(self._bp_params[0])
+                                          if self._bp_params else "")
+        total = handles.synchronize(push_pull_async(flag, name, compression="none",
+                                                    average=False, output=flag))
+        total = float((total if total is not None else flag)[0])
+        if total == 0:
+            return True
+        self._bp_step_skipped = True
+        self.steps_skipped += 1
+        if self.steps_skipped <= _SKIP_LOG_FIRST or self.steps_skipped % 100 == 0:
+            print("bitpush: %s skipped a step (%d so far): %d non-finite gradient(s) over the "
+                  "workers%s (compression.non_finite: skip)"
+                  % (self._bp_what, self.steps_skipped, int(total),
+                     "; here: %s" % ", ".join("'%s'" % n for n in bad[:3]) if bad else ""),
+                  flush=True)
+        # Every worker's gradients turn NaN, as DDP's all-reduce would spread the bad worker's:
+        # a GradScaler loop (synchronize, unscale_, step inside skip_synchronize) then sees the
+        # overflow on every worker and lowers its scale on all of them alike.
+        with torch.no_grad():
+            for p in self._bp_params:
+                if p.grad is not None:
+                    p.grad.fill_(float("nan"))
+                self._bp_delay[id(p)] = self._bp_passes
+        return False
+
     def synchronize(self):
         """Waits for every gradient's push_pull (starting the ones backward did not: a
         parameter without a gradient is pushed as zeros) and writes the averaged gradients
-        into p.grad. Raises BitpushError when the cluster failed."""
+        into p.grad. Raises BitpushError when the cluster failed. With compression.non_finite:
+        skip, a step whose gradients hold a NaN or inf on any worker is skipped instead
+        (nothing pushed; step() then changes nothing)."""
+        self._bp_step_skipped = False
+        if self._bp_skip_non_finite and not self._bp_check_finite():
+            self._bp_synchronized = True
+            return
         for p in self._bp_params:
             if id(p) not in self._bp_handles:
                 self._bp_start(p)
@@ -145,7 +202,11 @@ class _GradientExchange:
                 if out is not None and out.data_ptr() != p.grad.data_ptr():
                     with torch.no_grad():
                         p.grad.copy_(out)
+        except BitpushError as e:
+            raise _error(getattr(e, "code", "Internal"), "%s (%s, step %d counting from 0)"
+                         % (e, self._bp_what, self._bp_exchanges)) from e
         finally:
+            self._bp_exchanges += 1
             self._bp_handles.clear()
             for p in self._bp_params:
                 self._bp_delay[id(p)] = self._bp_passes
@@ -212,6 +273,8 @@ class _GradientExchange:
             declare(self._bp_name(p), p.detach(), compression=self._bp_spec(p), average=True)
 
     def _bp_sync_for_step(self):
+        """Synchronizes unless done already; False when the step is to be skipped (a
+        non-finite gradient under compression.non_finite: skip), True otherwise."""
         if self._bp_skip_sync:
             if not self._bp_synchronized:
                 raise BitpushError("%s: step() inside skip_synchronize() without a prior "
@@ -219,3 +282,4 @@ class _GradientExchange:
         elif not self._bp_synchronized:
             self.synchronize()
         self._bp_synchronized = False
+        return not self._bp_step_skipped

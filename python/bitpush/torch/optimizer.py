@@ -204,7 +204,8 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._bp_sync_for_step()
+        if not self._bp_sync_for_step():
+            return loss
         self._ef_decay_pending = True
         for group in self.param_groups:
             options = self._lans_options(group)

@@ -184,7 +184,12 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
     def synchronize(self):
         """Pushes the gradients backward did not (zeros for a parameter without one), waits
         for every parameter's round and leaves the new weights in the parameters. Raises
-        BitpushError when the cluster failed."""
+        BitpushError when the cluster failed (with compression.non_finite: skip, a step with a
+        non-finite gradient on any worker is skipped instead: nothing pushed)."""
+        self._bp_step_skipped = False
+        if self._bp_skip_non_finite and not self._bp_check_finite():
+            self._bp_synchronized = True
+            return
         for p in self._bp_params:
             if id(p) not in self._bp_handles:
                 self._bp_start(p)
@@ -211,8 +216,7 @@ class ServerOptimizer(_GradientExchange, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._bp_sync_for_step()
-        if self._local is not None:
+        if self._bp_sync_for_step() and self._local is not None:
             self._local.step()
         return loss
 
