@@ -1,7 +1,8 @@
 // LoCo's element loops (compressors/loco/loco.h has the method and the format): the 4-bit
 // quantiser with the fixed scale s, fused with LoCo's error step where a state is given, and
-// the 4-bit decoder, and the helpers of the block-scale step. Scalar, AVX2 and AVX-512
-// implementations; every ISA level writes the same bytes and the same state.
+// the 4-bit decoder; the same three for the per-block absmax scale (the block's passes fused,
+// one block at a time); and the helpers of the block-scale state. Scalar, AVX2 (fixed scale)
+// and AVX-512 implementations; every ISA level writes the same bytes and the same state.
 //
 // Per element (fixed scale; step = fp32(1/s), step_e = fp32(1/s_e)):
 //   e_prev = E[i] * step_e                          (int8 error; fp32 error: E[i])
