@@ -38,8 +38,8 @@ const char* const kDefaultSpecs[] = {
     "dithering:levels=15,partition=linear,norm=max",
     "dithering:levels=3,partition=natural,norm=max",
     "dithering:levels=63,partition=linear,norm=max",
-    "loco",
-    "loco:block=128",
+    "loco",  // the default: block=256
+    "loco:scale=524288",
     "sdp4bit",
     "sdp4bit:hadamard=off",
     "separate",

@@ -17,9 +17,11 @@ TARGETS = {
     "dithering:levels=3,partition=natural,norm=max":
         {"compress": 0.15, "compress_ef": 0.1, "decompress_add": 0.3},
     "fp16": {"compress": 1.0, "decompress_add": 1.0},
-    # Papers 000 and 002: LoCo's compress with its error update, TLq-HS's quantise with the
-    # fused Hadamard transform, the servers' dequantise-add.
-    "loco": {"compress_ef": 0.4, "decompress_add": 0.8},
+    # Papers 000 and 002: LoCo's compress with its error update (the fixed scale, and the
+    # default per-block absmax scale with its three passes per block), TLq-HS's quantise with
+    # the fused Hadamard transform, the servers' dequantise-add.
+    "loco:scale=524288": {"compress_ef": 0.4, "decompress_add": 0.8},
+    "loco": {"compress_ef": 0.25, "decompress_add": 0.8},
     # The server's dequantise-add: its round over 4 pushes (server_round: sdp4bit sums in the
     # Hadamard domain and transforms once per key); decompress_add is the worker's decode of a
     # reply, with the inverse transform of every block.

@@ -31,38 +31,8 @@ inline int RoundClamp(float t, float lo, float hi) {
   return loco::RoundClampCode(t, lo, hi);
 }
 
-inline void PutNibble(uint8_t* codes, size_t i, int q) {
-  const uint8_t v = static_cast<uint8_t>(q & 0xF);
-  codes[i / 2] = (i % 2 == 0) ? v : static_cast<uint8_t>(codes[i / 2] | (v << 4));
-}
-
 std::string Where(size_t i) {
   return std::to_string(i);
-}
-
-// One block of the block-scale quantiser (codes -7..7, step absmax / 7): writes the codes of
-// h[0..m) at element offset `first` and returns the block's step (NaN when non-finite).
-float QuantizeBlock(const float* h, size_t m, size_t first, uint8_t* codes, float* residual,
-                    PassCounts* c, IsaLevel isa) {
-  bool finite = true;
-  const float absmax = loco::AbsMax(h, m, &finite, isa);
-  if (!finite) {
-    c->finite = false;
-    for (size_t i = 0; i < m; ++i) {
-      PutNibble(codes, first + i, 0);
-      if (residual != nullptr) residual[i] = 0;
-    }
-    return kNaN;
-  }
-  // The fixed-scale kernel with s = 7 / absmax and step absmax / 7: |h * s| <= 7 (up to one
-  // rounding), so its [-8, 7] clamp never engages and the codes are -7..7. Blocks start at
-  // even elements (B is even), so the block's codes are whole bytes.
-  loco::FixedScale fs;
-  fs.s = absmax > 0 ? 7.0f / absmax : 0.0f;
-  fs.step = absmax / 7.0f;
-  PassCounts ignored;
-  loco::QuantizeFixed(h, m, fs, codes + first / 2, residual, &ignored, isa);
-  return fs.step;
 }
 
 }  // namespace
@@ -118,14 +88,8 @@ void LocoCompressor::TakeTelemetry(CompressorTelemetry* into) {
 size_t LocoCompressor::EncodeBlocks(const float* x, size_t n, float* residual, uint8_t* body) {
   const size_t nb = Ceil(n, block_);
   uint8_t* steps = body + kBodyHeaderBytes;
-  uint8_t* codes = steps + 4 * nb;
   PassCounts c;
-  for (size_t b = 0; b < nb; ++b) {
-    const size_t first = b * block_;
-    const size_t m = std::min<size_t>(block_, n - first);
-    PutF32(steps + 4 * b, QuantizeBlock(x + first, m, first, codes,
-                                        residual ? residual + first : nullptr, &c, isa()));
-  }
+  loco::QuantizeBlocks(x, n, block_, steps, steps + 4 * nb, residual, &c, isa());
   telemetry_.values += n;
   return kBodyHeaderBytes + 4 * nb + Ceil(n, 2);
 }
@@ -240,33 +204,31 @@ size_t LocoCompressor::StepBody(const float* g, size_t n, LocoState& st, const C
     }
     bytes = kBodyHeaderBytes + 4 + Ceil(n, 2);
   } else {
-    // Block scale (scalar on every level): h and the new error through an fp32 scratch.
-    float* h = Scratch(2 * n);
-    float* e_prev = h + n;
-    st.Dequantize(e_prev, isa());
-    for (size_t i = 0; i < n; ++i) h[i] = g[i] + e_prev[i];
-    float* r = h;  // h - C(h), in place
+    // Block scale (the absmax scale never clamps: no saturation is counted).
     const size_t nb = Ceil(n, block_);
     uint8_t* codes = data + 4 * nb;
-    for (size_t b = 0; b < nb; ++b) {
-      const size_t first = b * block_;
-      const size_t m = std::min<size_t>(block_, n - first);
-      PutF32(data + 4 * b, QuantizeBlock(h + first, m, first, codes, r + first, &c, isa()));
+    if (!st.fp32_) {
+      loco::BlockError err;
+      err.e8 = st.e8_.data();
+      err.step_e = st.block_step_.data();
+      loco::LocoStepBlocks(g, n, block_, beta, reset, err, Scratch(std::min<size_t>(n, block_)),
+                           data, codes, &c, isa());
+    } else {
+      // fp32 error: h and the new error through an fp32 scratch.
+      float* h = Scratch(2 * n);
+      float* e_prev = h + n;
+      st.Dequantize(e_prev, isa());
+      for (size_t i = 0; i < n; ++i) h[i] = g[i] + e_prev[i];
+      loco::QuantizeBlocks(h, n, block_, data, codes, h, &c, isa());  // h <- h - C(h)
+      loco::MovingAverage(h, e_prev, n, beta, isa());
+      if (c.finite) st.Requantize(h, reset, isa());
+      double sq = 0;
+      for (float e : st.e32_) sq += static_cast<double>(e) * e;
+      c.error_sq = sq;
     }
-    loco::MovingAverage(r, e_prev, n, beta, isa());
-    if (c.finite) st.Requantize(r, reset, isa());
     bytes = kBodyHeaderBytes + 4 * nb + Ceil(n, 2);
   }
-  if (!c.finite) {
-    st.Reset();  // a non-finite gradient resets the state (docs/errors.md)
-  } else if (kind == kBlock) {
-    // (Requantize counts no saturation: a per-block absmax scale never clamps.)
-    float* e = Scratch(n);
-    st.Dequantize(e, isa());
-    double sq = 0;
-    for (size_t i = 0; i < n; ++i) sq += static_cast<double>(e[i]) * e[i];
-    c.error_sq = sq;
-  }
+  if (!c.finite) st.Reset();  // a non-finite gradient resets the state (docs/errors.md)
   telemetry_.values += n;
   telemetry_.saturated += c.saturated;
   telemetry_.error_values += st.fp32_ ? 0 : n;
@@ -359,13 +321,13 @@ Status LocoCompressor::Validate(ByteSpan body, size_t n, Kind* kind_out) const {
       return DataLossError("loco body: block " + Where(b) + " step " + std::to_string(step) +
                            " is not a finite value >= 0");
     }
-    for (size_t j = first / 2; j < (first + m + 1) / 2; ++j) {
-      if ((codes[j] & 0xF) == 0x8 || (codes[j] >> 4) == 0x8) {
-        const size_t i = (codes[j] & 0xF) == 0x8 ? 2 * j : 2 * j + 1;
-        return DataLossError("loco body: element " + Where(i) +
-                             " has code -8, outside the block quantiser's -7..7");
-      }
-    }
+  }
+  const size_t bytes = Ceil(n, 2);
+  const size_t j = loco::FindCodeMinus8(codes, bytes, isa());
+  if (j < bytes) {
+    const size_t i = (codes[j] & 0xF) == 0x8 ? 2 * j : 2 * j + 1;
+    return DataLossError("loco body: element " + Where(i) +
+                         " has code -8, outside the block quantiser's -7..7");
   }
   return Status::Ok();
 }
@@ -401,14 +363,7 @@ Status LocoCompressor::DecodeBody(ByteSpan body, size_t n, DType, float* out, bo
     }
     case kBlock: break;
   }
-  const size_t nb = Ceil(n, block_);
-  const uint8_t* codes = data + 4 * nb;
-  for (size_t b = 0; b < nb; ++b) {
-    const float step = GetF32(data + 4 * b);
-    const size_t first = b * block_;
-    const size_t m = std::min<size_t>(block_, n - first);
-    loco::DecodeFixed(codes + first / 2, m, step, out + first, add, isa());
-  }
+  loco::DecodeBlocks(data + 4 * Ceil(n, block_), n, block_, data, out, add, isa());
   return Status::Ok();
 }
 
@@ -496,7 +451,9 @@ void LocoState::Requantize(const float* e, bool reset, IsaLevel isa) {
     if (!finite) absmax = 0;
     block_step_[b] = absmax / 127.0f;
     if (absmax > 0) {
-      loco::RequantizeInt8(e + first, m, 127.0f / absmax, e8_.data() + first, isa);
+      // (capped as LocoStepBlocks caps it: a subnormal absmax keeps a finite scale)
+      const float inv = std::min(127.0f / absmax, std::numeric_limits<float>::max());
+      loco::RequantizeInt8(e + first, m, inv, e8_.data() + first, isa);
     } else {
       std::fill(e8_.data() + first, e8_.data() + first + m, int8_t{0});
     }

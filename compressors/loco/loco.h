@@ -3,9 +3,9 @@
 //
 // LocoCompressor is the quantiser. Fixed scale (block = 0, the paper's Eq. 1):
 //   q = clamp(round_half_even(h * s), -8, 7), decoded as q * step, step = fp32(1/s).
-// Block scale (block = B): per block of B elements step_b = absmax / 7 (fp32), q =
-//   clamp(round_half_even(h * (7 / absmax)), -7, 7), decoded as q * step_b; an all-zero
-//   block has step 0.
+// Block scale (block = B; the default spec's B = 256): per block of B elements step_b =
+//   absmax / 7 (fp32), q = clamp(round_half_even(h * min(7 / absmax, FLT_MAX)), -7, 7),
+//   decoded as q * step_b; an all-zero block has step 0.
 // The server's reply with pull = fp16 | bf16 | fp32 (CompressContext::worker == kServerStream)
 // carries the values in that format instead; pull = loco replies in 4 bits like a push.
 //
@@ -13,7 +13,8 @@
 // per partition and side; per round k (ctx.round):
 //   h = g + dec(E);  push q(h);  e_new = (1 - beta) dec(E) + beta (h - C(h));
 //   E = 0 if reset > 0 and k % reset == 0, else requantise(e_new)
-// with E int8 (fixed scale s_e = error_scale * s, or per block absmax / 127) or fp32 (exact).
+// with E int8 (fixed scale s_e = error_scale * s, or per block absmax / 127) or fp32 (exact);
+// the block scale's int8 step is fused per block (loco::LocoStepBlocks).
 // beta = 1, reset = 0, error = fp32 is classic error feedback, bit for bit (e = h - C(h)).
 // The state is zeroed on a non-finite gradient (policy of every compressor, docs/errors.md).
 //

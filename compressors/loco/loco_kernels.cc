@@ -8,6 +8,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+
+#include "common/little_endian.h"
 
 namespace bitpush::compressors::loco {
 namespace {
@@ -85,6 +88,71 @@ void DecodeScalar(const uint8_t* codes, size_t begin, size_t n, float step, floa
   for (size_t i = begin; i < n; ++i) {
     const float v = static_cast<float>(Nibble(codes, i)) * step;
     out[i] = add ? out[i] + v : v;
+  }
+}
+
+// ---- scalar: the block scale's passes over one block (also the SIMD passes' tails) -------
+
+constexpr float kFloatMax = std::numeric_limits<float>::max();
+
+struct BlockQuant {
+  float s = 0;
+  float step = 0;
+};
+
+// A block's quantiser from its absmax a: 7 / a capped at FLT_MAX, so a subnormal absmax
+// gives a finite scale (0 * s stays 0) on every level.
+inline BlockQuant BlockQuantOf(float a) {
+  BlockQuant b;
+  b.s = a > 0 ? std::min(7.0f / a, kFloatMax) : 0.0f;
+  b.step = a / 7.0f;
+  return b;
+}
+
+// h[i] = g[i] + E[i] * step_e for i in [i, m); max |h| into *amax, *finite cleared on inf/NaN.
+void SumScalar(const float* g, const int8_t* e8, float step_e, size_t i, size_t m, float* h,
+               float* amax, bool* finite) {
+  for (; i < m; ++i) {
+    const float v = g[i] + static_cast<float>(e8[i]) * step_e;
+    h[i] = v;
+    if (!Finite(v)) *finite = false;
+    *amax = std::max(*amax, std::fabs(v));
+  }
+}
+
+// The parameters of one block's quantise pass.
+struct QuantPass {
+  BlockQuant bq;
+  const int8_t* e8 = nullptr;  // the old error (LoCo's step); null: out = the residual
+  float step_e = 0;            // its step
+  float beta = 1;
+};
+
+// codes of h[i, m); out (may be null; may alias h) <- the residual or, with an error, the new
+// error e; max |out| into *amax.
+void QuantScalar(const float* h, size_t i, size_t m, const QuantPass& p, uint8_t* codes, float* out,
+                 float* amax) {
+  const float omb = 1.0f - p.beta;
+  for (; i < m; ++i) {
+    const float v = h[i];
+    const int q = RoundClamp(v * p.bq.s, -8.0f, 7.0f);
+    Put(codes, i, q);
+    if (out == nullptr) continue;
+    float r = std::fmaf(-static_cast<float>(q), p.bq.step, v);
+    if (p.e8 != nullptr && p.beta != 1.0f) {
+      r = std::fmaf(p.beta, r, omb * (static_cast<float>(p.e8[i]) * p.step_e));
+    }
+    out[i] = r;
+    *amax = std::max(*amax, std::fabs(r));
+  }
+}
+
+// E[i] = clamp(round_half_even(e[i] * inv), -127, 127); the sum of E^2 into *sq.
+void RequantScalar(const float* e, size_t i, size_t m, float inv, int8_t* e8, uint64_t* sq) {
+  for (; i < m; ++i) {
+    const int v = RoundClamp(e[i] * inv, -127.0f, 127.0f);
+    e8[i] = static_cast<int8_t>(v);
+    *sq += static_cast<uint64_t>(v * v);
   }
 }
 
@@ -272,6 +340,15 @@ BP_TARGET_AVX512 inline uint64_t Sum(__m512i v) {
   return t;
 }
 
+// The largest lane of v (by shuffles; GCC's _mm512_reduce_max_ps warns in its header).
+BP_TARGET_AVX512 inline float MaxLane(__m512 v) {
+  const __m256 a = _mm256_max_ps(_mm512_extractf32x8_ps(v, 0), _mm512_extractf32x8_ps(v, 1));
+  __m128 b = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  b = _mm_max_ps(b, _mm_movehl_ps(b, b));
+  b = _mm_max_ss(b, _mm_movehdup_ps(b));
+  return _mm_cvtss_f32(b);
+}
+
 BP_TARGET_AVX512 size_t QuantizeAvx512(const float* x, size_t n, FixedScale fs, uint8_t* codes,
                                        float* residual, PassCounts* c) {
   const __m512 s = _mm512_set1_ps(fs.s);
@@ -365,7 +442,7 @@ BP_TARGET_AVX512 size_t DecodeAvx512(const uint8_t* codes, size_t n, float step,
   return i;
 }
 
-BP_TARGET_AVX512 size_t AbsMaxAvx512(const float* x, size_t n, bool* finite, float* out) {
+BP_TARGET_AVX512 inline size_t AbsMaxAvx512(const float* x, size_t n, bool* finite, float* out) {
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
   __m512 m = _mm512_setzero_ps();
   __mmask16 bad = 0;
@@ -375,11 +452,7 @@ BP_TARGET_AVX512 size_t AbsMaxAvx512(const float* x, size_t n, bool* finite, flo
     bad |= _mm512_fpclass_ps_mask(v, 0x99);
     m = _mm512_max_ps(m, _mm512_and_ps(v, abs_mask));
   }
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, m);
-  float r = 0;
-  for (float v : lanes) r = std::max(r, v);
-  *out = r;
+  *out = MaxLane(m);
   if (bad != 0) *finite = false;
   return i;
 }
@@ -416,6 +489,145 @@ BP_TARGET_AVX512 size_t DequantizeAvx512(const int8_t* e, size_t n, float step, 
     _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), vs));
   }
   return i;
+}
+
+// ---- AVX-512: the block scale's passes (the whole 16- or 32-element chunks of a block) ----
+
+BP_TARGET_AVX512 inline size_t SumAvx512(const float* g, const int8_t* e8, float step_e, size_t m,
+                                         float* h, float* amax, bool* finite) {
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  const __m512 vs = _mm512_set1_ps(step_e);
+  __m512 mx = _mm512_setzero_ps();
+  __mmask16 bad = 0;
+  size_t i = 0;
+  for (; i + 16 <= m; i += 16) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(e8 + i));
+    const __m512 ep = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), vs);
+    const __m512 v = _mm512_add_ps(_mm512_loadu_ps(g + i), ep);
+    _mm512_storeu_ps(h + i, v);
+    bad |= _mm512_fpclass_ps_mask(v, 0x99);
+    mx = _mm512_max_ps(mx, _mm512_and_ps(v, abs_mask));
+  }
+  *amax = std::max(*amax, MaxLane(mx));
+  if (bad != 0) *finite = false;
+  return i;
+}
+
+BP_TARGET_AVX512 inline size_t QuantAvx512(const float* h, size_t m, const QuantPass& p,
+                                           uint8_t* codes, float* out, float* amax) {
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  const __m512 s = _mm512_set1_ps(p.bq.s);
+  const __m512 step = _mm512_set1_ps(p.bq.step);
+  const __m512 step_e = _mm512_set1_ps(p.step_e);
+  const __m512 beta = _mm512_set1_ps(p.beta);
+  const __m512 omb = _mm512_set1_ps(1.0f - p.beta);
+  const bool mix = p.e8 != nullptr && p.beta != 1.0f;
+  __m512 mx = _mm512_setzero_ps();
+  size_t i = 0;
+  for (; i + 32 <= m; i += 32) {
+    __m512i q[2];
+    for (int half = 0; half < 2; ++half) {
+      const size_t k = i + 16 * static_cast<size_t>(half);
+      const __m512 v = _mm512_loadu_ps(h + k);
+      const __m512 r =
+          _mm512_roundscale_ps(_mm512_mul_ps(v, s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m512 qf =
+          _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-8.0f)), _mm512_set1_ps(7.0f));
+      q[half] = _mm512_cvttps_epi32(qf);
+      if (out == nullptr) continue;
+      __m512 e = _mm512_fnmadd_ps(qf, step, v);
+      if (mix) {
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.e8 + k));
+        const __m512 ep = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), step_e);
+        e = _mm512_fmadd_ps(beta, e, _mm512_mul_ps(omb, ep));
+      }
+      _mm512_storeu_ps(out + k, e);
+      mx = _mm512_max_ps(mx, _mm512_and_ps(e, abs_mask));
+    }
+    Pack32(q[0], q[1], codes + i / 2);
+  }
+  *amax = std::max(*amax, MaxLane(mx));
+  return i;
+}
+
+BP_TARGET_AVX512 inline size_t RequantAvx512(const float* e, size_t m, float inv, int8_t* e8,
+                                             uint64_t* sq) {
+  const __m512 vi = _mm512_set1_ps(inv);
+  size_t i = 0;
+  // int32 lanes hold at most 2^16 squares of 127^2 each before they are summed into *sq.
+  constexpr size_t kFlush = size_t{16} << 16;
+  while (i + 16 <= m) {
+    const size_t end = std::min(m - (m - i) % 16, i + kFlush);
+    __m512i acc = _mm512_setzero_si512();
+    for (; i < end; i += 16) {
+      __m512 t = _mm512_mul_ps(_mm512_loadu_ps(e + i), vi);
+      t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+      const __m512i q = _mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(e8 + i), _mm512_cvtepi32_epi8(q));
+      acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(q, q));
+    }
+    *sq += Sum(acc);
+  }
+  return i;
+}
+
+// LocoStepBlocks' block of m elements, m a multiple of 32, in AVX-512 throughout (the
+// passes inlined); the same values as the generic loop. Returns false for a non-finite block
+// (nothing written).
+BP_TARGET_AVX512 bool StepBlockAvx512(const float* g, int8_t* e8, float* step_e, size_t m,
+                                      float beta, bool reset, float* h, uint8_t* codes, float* step,
+                                      double* sq) {
+  bool finite = true;
+  float a = 0;
+  SumAvx512(g, e8, *step_e, m, h, &a, &finite);
+  if (!finite) return false;
+  QuantPass p;
+  p.bq = BlockQuantOf(a);
+  p.e8 = e8;
+  p.step_e = *step_e;
+  p.beta = beta;
+  float ae = 0;
+  QuantAvx512(h, m, p, codes, h, &ae);
+  *step = p.bq.step;
+  if (reset || !(ae > 0)) {
+    std::fill(e8, e8 + m, int8_t{0});
+    *step_e = 0;
+    return true;
+  }
+  uint64_t isq = 0;
+  RequantAvx512(h, m, std::min(127.0f / ae, kFloatMax), e8, &isq);
+  *step_e = ae / 127.0f;
+  *sq += static_cast<double>(isq) * static_cast<double>(*step_e) * static_cast<double>(*step_e);
+  return true;
+}
+
+// QuantizeBlocks' block of m elements, m a multiple of 32, in AVX-512 throughout. Returns
+// false for a non-finite block (nothing written).
+BP_TARGET_AVX512 bool QuantizeBlockAvx512(const float* x, size_t m, uint8_t* codes, float* residual,
+                                          float* step) {
+  bool finite = true;
+  float a = 0;
+  AbsMaxAvx512(x, m, &finite, &a);
+  if (!finite) return false;
+  QuantPass p;
+  p.bq = BlockQuantOf(a);
+  float unused = 0;
+  QuantAvx512(x, m, p, codes, residual, &unused);
+  *step = p.bq.step;
+  return true;
+}
+
+BP_TARGET_AVX512 size_t FindMinus8Avx512(const uint8_t* codes, size_t bytes) {
+  const __m512i lo_mask = _mm512_set1_epi8(0x0F);
+  const __m512i eight = _mm512_set1_epi8(0x08);
+  size_t i = 0;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m512i b = _mm512_loadu_si512(codes + i);
+    const __m512i lo = _mm512_and_si512(b, lo_mask);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), lo_mask);
+    if ((_mm512_cmpeq_epi8_mask(lo, eight) | _mm512_cmpeq_epi8_mask(hi, eight)) != 0) return i;
+  }
+  return i;  // the caller's scalar scan finds the byte from here
 }
 
 }  // namespace
@@ -475,6 +687,106 @@ void DecodeFixed(const uint8_t* codes, size_t n, float step, float* out, bool ad
   if (isa == IsaLevel::kAvx512) done = DecodeAvx512(codes, n, step, out, add);
   if (isa == IsaLevel::kAvx2) done = DecodeAvx2(codes, n, step, out, add);
   DecodeScalar(codes, done, n, step, out, add);
+}
+
+void QuantizeBlocks(const float* x, size_t n, uint32_t block, uint8_t* steps, uint8_t* codes,
+                    float* residual, PassCounts* counts, IsaLevel isa) {
+  const bool avx512 = isa == IsaLevel::kAvx512;
+  for (size_t first = 0, b = 0; first < n; first += block, ++b) {
+    const size_t m = std::min<size_t>(block, n - first);
+    const float* h = x + first;
+    uint8_t* c = codes + first / 2;  // blocks start at even elements: whole bytes
+    float* out = residual != nullptr ? residual + first : nullptr;
+    float step = 0;
+    if (avx512 && m % 32 == 0 && QuantizeBlockAvx512(h, m, c, out, &step)) {
+      PutF32(steps + 4 * b, step);
+      continue;
+    }
+    bool finite = true;
+    const float a = AbsMax(h, m, &finite, isa);
+    if (!finite) {
+      counts->finite = false;
+      std::fill(c, c + (m + 1) / 2, uint8_t{0});
+      if (out != nullptr) std::fill(out, out + m, 0.0f);
+      PutF32(steps + 4 * b, std::numeric_limits<float>::quiet_NaN());
+      continue;
+    }
+    QuantPass p;
+    p.bq = BlockQuantOf(a);
+    float unused = 0;
+    const size_t i = avx512 ? QuantAvx512(h, m, p, c, out, &unused) : 0;
+    QuantScalar(h, i, m, p, c, out, &unused);
+    PutF32(steps + 4 * b, p.bq.step);
+  }
+}
+
+void LocoStepBlocks(const float* g, size_t n, uint32_t block, float beta, bool reset,
+                    BlockError err, float* scratch, uint8_t* steps, uint8_t* codes,
+                    PassCounts* counts, IsaLevel isa) {
+  const bool avx512 = isa == IsaLevel::kAvx512;
+  double sq = 0;
+  for (size_t first = 0, b = 0; first < n; first += block, ++b) {
+    const size_t m = std::min<size_t>(block, n - first);
+    const float* gb = g + first;
+    int8_t* e8 = err.e8 + first;
+    uint8_t* c = codes + first / 2;
+    float* h = scratch;
+    if (avx512 && m % 32 == 0) {
+      float step = 0;
+      if (StepBlockAvx512(gb, e8, err.step_e + b, m, beta, reset, h, c, &step, &sq)) {
+        PutF32(steps + 4 * b, step);
+        continue;
+      }
+    }
+    bool finite = true;
+    float a = 0;
+    size_t i = avx512 ? SumAvx512(gb, e8, err.step_e[b], m, h, &a, &finite) : 0;
+    SumScalar(gb, e8, err.step_e[b], i, m, h, &a, &finite);
+    if (!finite) {
+      counts->finite = false;
+      std::fill(c, c + (m + 1) / 2, uint8_t{0});
+      PutF32(steps + 4 * b, std::numeric_limits<float>::quiet_NaN());
+      continue;
+    }
+    QuantPass p;
+    p.bq = BlockQuantOf(a);
+    p.e8 = e8;
+    p.step_e = err.step_e[b];
+    p.beta = beta;
+    float ae = 0;
+    i = avx512 ? QuantAvx512(h, m, p, c, h, &ae) : 0;
+    QuantScalar(h, i, m, p, c, h, &ae);  // h now holds the new error e
+    PutF32(steps + 4 * b, p.bq.step);
+    if (reset || !(ae > 0)) {
+      std::fill(e8, e8 + m, int8_t{0});
+      err.step_e[b] = 0;
+      continue;
+    }
+    const float inv = std::min(127.0f / ae, kFloatMax);
+    uint64_t isq = 0;
+    i = avx512 ? RequantAvx512(h, m, inv, e8, &isq) : 0;
+    RequantScalar(h, i, m, inv, e8, &isq);
+    err.step_e[b] = ae / 127.0f;
+    sq += static_cast<double>(isq) * static_cast<double>(err.step_e[b]) *
+          static_cast<double>(err.step_e[b]);
+  }
+  counts->error_sq += sq;
+}
+
+void DecodeBlocks(const uint8_t* codes, size_t n, uint32_t block, const uint8_t* steps, float* out,
+                  bool add, IsaLevel isa) {
+  for (size_t first = 0, b = 0; first < n; first += block, ++b) {
+    DecodeFixed(codes + first / 2, std::min<size_t>(block, n - first), GetF32(steps + 4 * b),
+                out + first, add, isa);
+  }
+}
+
+size_t FindCodeMinus8(const uint8_t* codes, size_t bytes, IsaLevel isa) {
+  size_t i = isa == IsaLevel::kAvx512 ? FindMinus8Avx512(codes, bytes) : 0;
+  for (; i < bytes; ++i) {
+    if ((codes[i] & 0xF) == 0x8 || (codes[i] >> 4) == 0x8) return i;
+  }
+  return bytes;
 }
 
 }  // namespace bitpush::compressors::loco

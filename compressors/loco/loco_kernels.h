@@ -1,7 +1,8 @@
 // LoCo's element loops (compressors/loco/loco.h has the method and the format): the 4-bit
 // quantiser with the fixed scale s, fused with LoCo's error step where a state is given, and
-// the 4-bit decoder, and the helpers of the block-scale step. Scalar, AVX2 and AVX-512
-// implementations; every ISA level writes the same bytes and the same state.
+// the 4-bit decoder; the same three for the per-block absmax scale (the block's passes fused,
+// one block at a time); and the helpers of the block-scale state. Scalar, AVX2 (fixed scale)
+// and AVX-512 implementations; every ISA level writes the same bytes and the same state.
 //
 // Per element (fixed scale; step = fp32(1/s), step_e = fp32(1/s_e)):
 //   e_prev = E[i] * step_e                          (int8 error; fp32 error: E[i])
@@ -57,7 +58,45 @@ void LocoStepFixed(const float* g, int8_t* e8, float* e32, size_t n, FixedScale 
 // out[i] = code_i * step (add: out[i] += code_i * step).
 void DecodeFixed(const uint8_t* codes, size_t n, float step, float* out, bool add, IsaLevel isa);
 
-// Helpers of the block-scale step (same values on every level):
+// The block scale (block = B, even; the last block may be shorter). Per block b of x:
+//   a = max |x|,  step_b = a / 7,  s_b = a > 0 ? min(7 / a, FLT_MAX) : 0
+//   q = clamp(round_half_even(x * s_b), -8, 7)   (-7..7 in practice: |x * s_b| <= 7 up to
+//                                                 one rounding)
+// steps (little-endian f32 per block) <- step_b; residual (may be null) <- fma(-q, step_b, x).
+// A block holding an inf or NaN gets step NaN, codes 0 and residual 0, and counts->finite
+// is cleared. Saturation is not counted (the absmax scale does not clip).
+void QuantizeBlocks(const float* x, size_t n, uint32_t block, uint8_t* steps, uint8_t* codes,
+                    float* residual, PassCounts* counts, IsaLevel isa);
+
+// The block-scale error state: the int8 error E and one fp32 step per block (E * step_e_b
+// decodes it).
+struct BlockError {
+  int8_t* e8 = nullptr;
+  float* step_e = nullptr;  // ceil(n / block) steps
+};
+
+// LoCo's step with the block scale and the int8 error, fused per block (one block's values
+// stay in `scratch`, min(n, block) floats, between the passes):
+//   ep = E[i] * step_e_b,  h = g[i] + ep,  q and step_b of h as QuantizeBlocks
+//   r  = fma(-q, step_b, h),  e = beta == 1 ? r : fma(beta, r, (1 - beta) * ep)
+//   a_e = max |e|,  step_e_b = a_e / 127,
+//   E[i] = a_e > 0 ? clamp(round_half_even(e * min(127 / a_e, FLT_MAX)), -127, 127) : 0
+// reset: E = 0 and step_e_b = 0 instead. counts->error_sq += sum_b step_e_b^2 * sum E^2. A
+// block with a non-finite h is written as QuantizeBlocks writes it and its error is left as
+// it was (counts->finite is cleared: the caller resets the whole state).
+void LocoStepBlocks(const float* g, size_t n, uint32_t block, float beta, bool reset,
+                    BlockError err, float* scratch, uint8_t* steps, uint8_t* codes,
+                    PassCounts* counts, IsaLevel isa);
+
+// The block scale's decoder: out[i] = code_i * step_b (add: +=); steps little-endian f32.
+void DecodeBlocks(const uint8_t* codes, size_t n, uint32_t block, const uint8_t* steps, float* out,
+                  bool add, IsaLevel isa);
+
+// The index of the first of `bytes` code bytes holding the code -8 in either nibble, or
+// `bytes` if none does (the block quantiser never writes -8).
+size_t FindCodeMinus8(const uint8_t* codes, size_t bytes, IsaLevel isa);
+
+// Helpers of the block-scale state (same values on every level):
 // max |x[i]| and whether every x[i] is finite.
 float AbsMax(const float* x, size_t n, bool* finite, IsaLevel isa);
 // r[i] = beta == 1 ? r[i] : fma(beta, r[i], (1 - beta) * ep[i]).

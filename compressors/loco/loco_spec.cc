@@ -1,6 +1,8 @@
 // The spec half of LoCo (paper 000; compressors/method.h):
 // `loco[:scale=S][,error_scale=K][,block=B][,beta=b][,reset=T][,error=int8|fp32]
-//       [,pull=loco|fp16|bf16|fp32]`.
+//       [,pull=loco|fp16|bf16|fp32]`. Without block, scale and error_scale the quantiser is the
+// per-block absmax scale over 256 elements; scale or error_scale alone select the fixed scale
+// (block=0).
 // LoCo is a 4-bit quantiser plus its own error feedback (a moving average of the compression
 // error kept in 8 bits and reset every T rounds), so "auto" error feedback keeps it on the
 // workers, and on the server too where the server replies LoCo-compressed (pull=loco, the
@@ -15,15 +17,22 @@ namespace {
 
 // The largest block the format encodes (a u32 field; 2^24 keeps a block's scale meaningful).
 constexpr uint64_t kMaxBlock = uint64_t{1} << 24;
+// The block of a spec that names neither block nor a fixed scale: a per-block absmax scale
+// fits any gradient's magnitude (a fixed default scale saturates most 4-bit values of typical
+// gradients; docs/compressors.md "loco" has the measurements), at 4 bytes per 256 elements.
+constexpr uint32_t kDefaultBlock = 256;
 
 constexpr ParamDoc kParams[] = {
     {"scale", "s > 0", "524288", "131072",
-     "fixed gradient scale s (block=0): q = clamp(round(h*s), -8, 7); the paper's 2^19 or 2^17"},
+     "fixed gradient scale s (block=0): q = clamp(round(h*s), -8, 7); the paper's 2^19 or 2^17; "
+     "giving it selects block=0"},
     {"error_scale", "k > 0", "4", "6",
-     "the int8 error buffer's scale s_e = k*s (block=0; the paper's 4s or 6s)"},
-    {"block", "0 | even B in 2..16777216", "0", "128",
+     "the int8 error buffer's scale s_e = k*s (block=0; the paper's 4s or 6s); giving it "
+     "selects block=0"},
+    {"block", "0 | even B in 2..16777216", "256", "128",
      "0: the fixed scale s; B: a per-block absmax scale over B elements for the 4-bit values "
-     "and the int8 error (DeepSpeed's LoCo-Zero++ quantiser)"},
+     "and the int8 error (DeepSpeed's LoCo-Zero++ quantiser); 0 where scale or error_scale is "
+     "given"},
     {"beta", "0 < b <= 1", "0.2", "1", "weight of the new error in the error's moving average"},
     {"reset", "integer >= 0", "512", "0", "the error is zeroed every T rounds (T_c); 0: never"},
     {"error", "int8 | fp32", "int8", "fp32",
@@ -73,9 +82,10 @@ Status SetParam(const MethodSpec& m, std::string_view p, std::string_view v,
 
 Status Canonicalize(const MethodSpec&, v1::CompressorConfig* c) {
   v1::LocoParams* l = c->mutable_loco();
+  // A fixed scale's parameter selects the fixed scale; otherwise the block scale.
+  if (!l->has_block()) l->set_block(l->has_scale() || l->has_error_scale() ? 0 : kDefaultBlock);
   if (!l->has_scale()) l->set_scale(524288.0);
   if (!l->has_error_scale()) l->set_error_scale(4.0);
-  if (!l->has_block()) l->set_block(0);
   if (!l->has_beta()) l->set_beta(0.2);
   if (!l->has_reset()) l->set_reset(512);
   if (l->error() == v1::LOCO_ERROR_PRECISION_UNSPECIFIED)

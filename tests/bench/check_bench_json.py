@@ -291,7 +291,7 @@ r = run("compressors", "--json", "--only", "loco,sdp4bit,dithering:levels=3,part
         "--sizes-mib", "1", "--min-time", "0.005")
 assert r.returncode == 0, r.stderr
 assert {rec["spec"] for rec in json.loads(r.stdout)} == {
-    "memcpy", "loco", "loco:block=128", "sdp4bit", "sdp4bit:hadamard=off",
+    "memcpy", "loco", "loco:scale=524288", "sdp4bit", "sdp4bit:hadamard=off",
     "dithering:levels=3,partition=natural,norm=max"}, r.stdout
 for only in ("loco;sdp4bit", "loco,twobit", ","):
     r = run("compressors", "--json", "--only", only, "--sizes-mib", "1", "--min-time", "0.005")

@@ -96,9 +96,9 @@ TEST(Loco, QuantizerGoldenValuesTiesToEvenAndSaturation) {
 TEST(Loco, PayloadIsHalfAByteAnElementPlusScales) {
   for (size_t n : {size_t{1}, size_t{2}, size_t{31}, size_t{4097}, size_t{1} << 20}) {
     const std::vector<float> g = RandomFloats(n, 7, 1e-5f);
-    auto c = Make("loco");
+    auto c = Make("loco:scale=524288");
     std::vector<uint8_t> p = Buffer(*c, n);
-    auto st = State("loco", n);
+    auto st = State("loco:scale=524288", n);
     auto bytes = st->Compress(*c, ConstTensorView(g.data(), n), {1, 1, 0}, {p.data(), p.size()});
     ASSERT_TRUE(bytes.ok());
     EXPECT_EQ(*bytes, kPayloadHeaderBytes + 8 + 4 + (n + 1) / 2) << n;
@@ -290,11 +290,16 @@ TEST(Loco, CompressionErrorDoesNotAccumulate) {
 }
 
 TEST(Loco, StateAndPayloadsAgreeAcrossIsaLevels) {
-  for (const char* spec : {"loco:scale=32,beta=0.3,reset=5", "loco:scale=32,error=fp32",
-                           "loco:scale=32,beta=1,reset=0", "loco:block=64,beta=0.3"}) {
+  // Blocks of 64 and 256 run the fused AVX-512 block step (a multiple of 32 elements), 48 and
+  // a last short block the generic one; the block step's error norm is exact on every level.
+  for (const char* spec :
+       {"loco:scale=32,beta=0.3,reset=5", "loco:scale=32,error=fp32",
+        "loco:scale=32,beta=1,reset=0", "loco:block=64,beta=0.3", "loco:block=48,beta=0.3",
+        "loco:beta=0.3,reset=5", "loco:block=64,beta=1"}) {
     for (size_t n : {size_t{5}, size_t{63}, size_t{1000}}) {
       std::vector<std::vector<uint8_t>> payloads;
       std::vector<std::vector<float>> states;
+      std::vector<double> norms;
       for (IsaLevel isa : SupportedIsaLevels()) {
         auto c = Make(spec, isa);
         auto st = State(spec, n);
@@ -307,8 +312,14 @@ TEST(Loco, StateAndPayloadsAgreeAcrossIsaLevels) {
         }
         payloads.push_back(all);
         states.emplace_back(st->residual().begin(), st->residual().end());
+        CompressorTelemetry t;
+        c->TakeTelemetry(&t);
+        norms.push_back(t.error_sq);
       }
       for (size_t i = 1; i < payloads.size(); ++i) {
+        if (std::string(spec).find("scale=") == std::string::npos) {
+          EXPECT_EQ(norms[i], norms[0]) << spec << " n " << n;
+        }
         EXPECT_EQ(payloads[i], payloads[0]) << spec << " n " << n;
         ASSERT_EQ(states[i].size(), states[0].size());
         EXPECT_EQ(0, std::memcmp(states[i].data(), states[0].data(), 4 * n)) << spec << " " << n;
@@ -454,11 +465,103 @@ TEST(Loco, DecoderRefusesForeignScalesAndCodes) {
   EXPECT_FALSE(s.ok());
 }
 
+TEST(Loco, BlockErrorStepGoldenValues) {
+  // One block of 4, beta = 0.5, no reset. Round 0: h = g, absmax 7: step 1, q = round(h) =
+  // (7, -2, 0, 3); r = h - q = (0, -0.5, 0.5, 0.4); e = 0.5 r = (0, -0.25, 0.25, 0.2); the
+  // error's absmax 0.25: step_e = 0.25 / 127, E = round(e * 508) = (0, -127, 127, 102).
+  const std::vector<float> g = {7.0f, -2.5f, 0.5f, 3.4f};
+  for (IsaLevel isa : SupportedIsaLevels()) {
+    auto c = Make("loco:block=4,beta=0.5,reset=0", isa);
+    auto st = State("loco:block=4,beta=0.5,reset=0", 4);
+    std::vector<uint8_t> p = Buffer(*c, 4);
+    auto b = st->Compress(*c, ConstTensorView(g.data(), 4), {1, 0, 0}, {p.data(), p.size()});
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(Decode(*c, p, *b, 4), (std::vector<float>{7.0f, -2.0f, 0.0f, 3.0f}));
+    const float step_e = 0.25f / 127.0f;
+    EXPECT_EQ(std::vector<float>(st->residual().begin(), st->residual().end()),
+              (std::vector<float>{0.0f, -127 * step_e, 127 * step_e, 102 * step_e}));
+    CompressorTelemetry t;
+    c->TakeTelemetry(&t);
+    EXPECT_EQ(t.saturated, 0u);
+    EXPECT_DOUBLE_EQ(t.error_sq, (127.0 * 127 * 2 + 102.0 * 102) * step_e * step_e);
+  }
+}
+
+// A block of subnormal values: 7 / absmax overflows fp32, so the block's scale is capped at
+// FLT_MAX (0 * s stays 0); every level writes the same finite, decodable payload and state.
+TEST(Loco, SubnormalBlockScalesAreFiniteAndAgreeAcrossIsaLevels) {
+  const size_t n = 64;
+  std::vector<float> g(n);
+  for (size_t i = 0; i < n; ++i) g[i] = (static_cast<float>(i) - 32.0f) * 1e-40f;
+  std::vector<std::vector<uint8_t>> payloads;
+  for (IsaLevel isa : SupportedIsaLevels()) {
+    auto c = Make("loco:block=32", isa);
+    auto st = State("loco:block=32", n);
+    std::vector<uint8_t> p = Buffer(*c, n), all;
+    for (uint64_t k = 1; k < 4; ++k) {
+      auto b = st->Compress(*c, ConstTensorView(g.data(), n), {1, k, 0}, {p.data(), p.size()});
+      ASSERT_TRUE(b.ok());
+      for (float v : Decode(*c, p, *b, n)) ASSERT_TRUE(std::isfinite(v));
+      all.insert(all.end(), p.begin(), p.begin() + *b);
+      b = c->Compress(ConstTensorView(g.data(), n), {1, k, 0}, {p.data(), p.size()});
+      ASSERT_TRUE(b.ok());
+      const std::vector<float> d = Decode(*c, p, *b, n);
+      EXPECT_NE(d[0], 0.0f);  // -32e-40 * FLT_MAX rounds to code -1 (of step 32e-40 / 7)
+      all.insert(all.end(), p.begin(), p.begin() + *b);
+    }
+    for (float v : st->residual()) ASSERT_TRUE(std::isfinite(v));
+    payloads.push_back(all);
+  }
+  for (size_t i = 1; i < payloads.size(); ++i) EXPECT_EQ(payloads[i], payloads[0]);
+}
+
+// The default spec (block=256) on gradient-like tensors of any magnitude: nothing saturates
+// and the first push is within 20 % of the gradient (4 bits over a block's absmax: about
+// 12 %); the paper's fixed scale 2^19 saturates most of a 1e-3 gradient.
+TEST(Loco, DefaultDoesNotSaturateGradientLikeTensors) {
+  const size_t n = 4096;
+  for (float sigma : {1e-8f, 1e-5f, 1e-3f, 1.0f, 100.0f}) {
+    auto c = Make("loco");
+    auto st = State("loco", n);
+    std::vector<uint8_t> p = Buffer(*c, n);
+    const std::vector<float> g = RandomFloats(n, 11, sigma);
+    auto b = st->Compress(*c, ConstTensorView(g.data(), n), {1, 1, 0}, {p.data(), p.size()});
+    ASSERT_TRUE(b.ok());
+    const std::vector<float> d = Decode(*c, p, *b, n);
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < n; ++i) {
+      err += (static_cast<double>(d[i]) - g[i]) * (static_cast<double>(d[i]) - g[i]);
+      norm += static_cast<double>(g[i]) * g[i];
+    }
+    EXPECT_LT(std::sqrt(err / norm), 0.2) << sigma;
+    CompressorTelemetry t;
+    c->TakeTelemetry(&t);
+    EXPECT_EQ(t.values, n);
+    EXPECT_EQ(t.saturated, 0u) << sigma;
+  }
+  auto fixed = Make("loco:scale=524288");
+  auto st = State("loco:scale=524288", n);
+  std::vector<uint8_t> p = Buffer(*fixed, n);
+  const std::vector<float> g = RandomFloats(n, 11, 1e-3f);
+  ASSERT_TRUE(
+      st->Compress(*fixed, ConstTensorView(g.data(), n), {1, 1, 0}, {p.data(), p.size()}).ok());
+  CompressorTelemetry t;
+  fixed->TakeTelemetry(&t);
+  EXPECT_GT(t.saturated, n * 9 / 10);
+}
+
 TEST(Loco, SpecsParseAndRefuseBadParameters) {
   auto cfg = ParseCompressorSpec("loco");
   ASSERT_TRUE(cfg.ok());
+  // The default is the block scale; a fixed scale's parameter selects the fixed scale.
   EXPECT_EQ(CompressorSpecString(*cfg),
-            "loco:scale=524288,error_scale=4,block=0,beta=0.2,reset=512,error=int8,pull=loco");
+            "loco:scale=524288,error_scale=4,block=256,beta=0.2,reset=512,error=int8,pull=loco");
+  for (const char* fixed : {"loco:scale=524288", "loco:error_scale=6", "loco:block=0"}) {
+    EXPECT_EQ(ParseCompressorSpec(fixed)->loco().block(), 0u) << fixed;
+  }
+  EXPECT_EQ(ParseCompressorSpec("loco:scale=4096,block=64")->loco().block(), 64u);
+  EXPECT_EQ(ParseCompressorSpec("loco:beta=0.5")->loco().block(), 256u);
+  EXPECT_EQ(PartitionAlign(*cfg), 256u);
   EXPECT_EQ(RecommendedErrorFeedback(*cfg), v1::ERROR_FEEDBACK_BOTH);
   EXPECT_EQ(RecommendedErrorFeedback(*ParseCompressorSpec("loco:pull=fp16")),
             v1::ERROR_FEEDBACK_WORKER);

@@ -13,6 +13,8 @@
 // bf16 tensors, priorities under a small credit, the sum op, 200 rounds with stable memory,
 // declaration checks, validation, op_timeout, a dead server, Close.
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -537,6 +539,57 @@ TEST(PushPullE2e, LocoTelemetryReachesWorkerAndServerStats) {
   EXPECT_EQ(ss.error_values, n);
   EXPECT_EQ(out[0], 7.0f);
   EXPECT_TRUE(c.Shutdown().ok());
+}
+
+TEST(PushPullE2e, LocoSaturationIsWarnedOncePerTensorAtAFixedScaleAndNotAtTheDefault) {
+  // Gradient-like values (normal, sigma 1e-3): the fixed scale 2^19 clamps nearly all of
+  // them (7 / 2^19 = 1.3e-5); scale 2^10 clamps one in 1000 (below the 5 % threshold); the
+  // default (block=256) clamps none. Rank 0 logs one line for 'sat' only, however many rounds.
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256);
+  auto logger = spdlog::default_logger();
+  const spdlog::level::level_enum level = logger->level();
+  logger->set_level(spdlog::level::warn);
+  logger->sinks().push_back(sink);
+  ClusterOptions o;
+  o.error_feedback = "both";
+  o.min_compress_bytes = 0;
+  TestCluster c(o);
+  ASSERT_STARTED(c);
+  const size_t n = 1000;
+  std::vector<float> x = testing::RandomFloats(n, 31, 1e-3f), few(n, 1e-4f), out(n);
+  few[0] = 1.0f;
+  uint64_t values = 0, saturated = 0;
+  for (const auto& [name, spec] : {std::pair<std::string, std::string>{"sat", "loco:scale=524288"},
+                                   {"few", "loco:scale=1024"},
+                                   {"default", "loco"}}) {
+    const TensorId id = c.worker(0).Declare(name, n, DType::kFloat32, 0, spec).value();
+    for (int round = 0; round < 3; ++round) {
+      ASSERT_TRUE(c.worker(0)
+                      .PushPull(id, ConstTensorView((name == "few" ? few : x).data(), n),
+                                TensorView(out.data(), n))
+                      .Wait()
+                      .ok());
+    }
+    const ClientStats s = c.worker(0).stats();
+    if (name == "default") {
+      EXPECT_EQ(s.quantized_values - values, 3 * n);
+      EXPECT_EQ(s.quantized_saturated - saturated, 0u);  // the absmax scale never clamps
+    }
+    values = s.quantized_values;
+    saturated = s.quantized_saturated;
+  }
+  EXPECT_TRUE(c.Shutdown().ok());
+  logger->sinks().pop_back();
+  logger->set_level(level);
+  std::vector<std::string> warned;
+  for (const std::string& line : sink->last_formatted()) {
+    if (line.find("4-bit values") != std::string::npos) warned.push_back(line);
+  }
+  ASSERT_EQ(warned.size(), 1u) << (warned.empty() ? "" : warned[0]);
+  EXPECT_NE(warned[0].find("worker 0: loco: "), std::string::npos) << warned[0];
+  EXPECT_NE(warned[0].find("of tensor 'sat' saturate at scale=2^19"), std::string::npos)
+      << warned[0];
+  EXPECT_NE(warned[0].find("use loco:block=256"), std::string::npos) << warned[0];
 }
 
 TEST(PushPullE2e, PerTensorOverrideByNamePatternPicksTheSpec) {

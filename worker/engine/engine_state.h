@@ -102,6 +102,7 @@ struct Tensor {
   std::shared_ptr<OpState> op;  // the push_pull in flight
   uint64_t rounds_done = 0;     // push_pulls completed OK (the round number of the next one)
   float ef_decay = 1.0f;        // the worker residual's decay (StateCalls::SetErrorFeedbackDecay)
+  bool saturation_warned = false;  // RoundPipeline logged this tensor's saturation
 };
 
 struct EngineState {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <utility>
 
 #include "common/logging.h"
@@ -15,6 +16,19 @@ namespace bitpush::worker {
 namespace {
 
 using compressors::CompressContext;
+
+// The saturation warning (RoundPipeline::WarnSaturationLocked): above 5 % of a push's 4-bit
+// values clamped, in a tensor's first 3 rounds, for at most 4 tensors.
+constexpr uint64_t kSaturationWarnPercent = 5;
+constexpr uint64_t kSaturationWarnRounds = 3;
+constexpr int kSaturationWarnTensors = 4;
+
+// A scale as written in a spec, "2^19" where it is a power of two.
+std::string ScaleText(double s) {
+  int e = 0;
+  if (std::frexp(s, &e) == 0.5 && e - 1 >= -126 && e - 1 <= 127) return fmt::format("2^{}", e - 1);
+  return fmt::format("{:g}", s);
+}
 
 }  // namespace
 
@@ -117,6 +131,7 @@ void RoundPipeline::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr
     state_.stats.quantized_saturated += telemetry.saturated;
     state_.stats.error_values += telemetry.error_values;
     state_.stats.error_saturated += telemetry.error_saturated;
+    if (telemetry.saturated > 0) WarnSaturationLocked(*t, j, round, telemetry);
     if (telemetry.error_reported) {
       error_sq_ += telemetry.error_sq - p.error_sq;
       p.error_sq = telemetry.error_sq;
@@ -172,6 +187,32 @@ std::shared_ptr<const void> RoundPipeline::InputLease(Tensor* t,
     std::lock_guard<std::mutex> lock(state_.mu);
     scheduler_.JobDoneLocked(*t, op);
   });
+}
+
+void RoundPipeline::WarnSaturationLocked(Tensor& t, uint32_t j, uint64_t round,
+                                         const compressors::CompressorTelemetry& telemetry) {
+  if (state_.rank != 0 || t.saturation_warned || t.rounds_done >= kSaturationWarnRounds ||
+      saturation_warnings_ > kSaturationWarnTensors ||
+      telemetry.saturated * 100 <= kSaturationWarnPercent * telemetry.values) {
+    return;
+  }
+  t.saturation_warned = true;
+  if (saturation_warnings_++ == kSaturationWarnTensors) {
+    BP_LOG_WARN(
+        "{}: more tensors saturate their 4-bit values; their warnings are not logged "
+        "(bp.stats()'s quantized_saturated counts every tensor's)",
+        state_.label);
+    return;
+  }
+  const double percent =
+      100.0 * static_cast<double>(telemetry.saturated) / static_cast<double>(telemetry.values);
+  const std::string at = t.config.has_loco() && t.config.loco().block() == 0
+                             ? " at scale=" + ScaleText(t.config.loco().scale())
+                             : std::string();
+  BP_LOG_WARN(
+      "{}: {}: {:.0f}% of the 4-bit values of tensor '{}' saturate{} (partition {}, round {}); "
+      "use loco:block=256 (the default) or a smaller scale (docs/compressors.md \"loco\")",
+      state_.label, t.spec.substr(0, t.spec.find(':')), percent, t.name, at, j, round);
 }
 
 void RoundPipeline::DecompressAndComplete(Tensor* t, uint32_t j, const std::shared_ptr<OpState>& op,

@@ -71,12 +71,18 @@ class RoundPipeline {
   std::shared_ptr<const void> InputLease(Tensor* t, const std::shared_ptr<OpState>& op);
   void DecompressAndComplete(Tensor* t, uint32_t j, const std::shared_ptr<OpState>& op,
                              const transport::Buffer& payload);
+  // Rank 0, mu held: one warning line per tensor whose quantiser (loco) saturates more than
+  // kSaturationWarnPercent of a push's values in its first kSaturationWarnRounds rounds, for
+  // at most kSaturationWarnTensors tensors (then one line saying the rest go unlogged).
+  void WarnSaturationLocked(Tensor& t, uint32_t j, uint64_t round,
+                            const compressors::CompressorTelemetry& telemetry);
 
   EngineState& state_;
   PartitionScheduler& scheduler_;
   std::unique_ptr<TaskPool> pool_;
-  double error_sq_ = 0;     // sum of Partition::error_sq; guarded by mu
-  double gradient_sq_ = 0;  // sum of Partition::gradient_sq; guarded by mu
+  double error_sq_ = 0;          // sum of Partition::error_sq; guarded by mu
+  double gradient_sq_ = 0;       // sum of Partition::gradient_sq; guarded by mu
+  int saturation_warnings_ = 0;  // tensors warned about (WarnSaturationLocked); guarded by mu
 };
 
 }  // namespace bitpush::worker
