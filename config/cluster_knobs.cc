@@ -451,16 +451,18 @@ std::vector<ClusterKnob> BuildTable() {
                  .Bytes(0, kMaxMemoryBytes)
                  .Agreed()
                  .Doc("Tensors smaller than this are sent uncompressed (the default is measured: "
-                      "\"Compression threshold\" below)."),
+                      "\"Compression threshold\" below). A method's own minimum of elements "
+                      "applies as well (`method_minimum`)."),
              In<&ClusterConfig::compression, &CompressionSettings::min_compress_bytes>()),
       Scalar(Knob("compression.method_minimum")
                  .Bool()
                  .Agreed()
                  .Doc("`true`: a tensor with fewer elements than its method's minimum (the "
-                      "smallest tensor the method compresses within its stated error, "
-                      "`docs/compressors.md` \"Smallest tensors\": separate 1024, ...) is sent "
-                      "uncompressed, and the `compression:` line names it. `false` compresses "
-                      "it anyway. `min_compress_bytes: 0` alone does not lift the minimum."),
+                      "smallest tensor the method compresses within its stated error; "
+                      "`docs/compressors.md` \"Smallest tensors\": `separate` 64 × CR, the "
+                      "others none) is sent uncompressed, and the `compression:` line names it. "
+                      "`false` compresses it anyway. `min_compress_bytes: 0` does not lift "
+                      "the minimum."),
              In<&ClusterConfig::compression, &CompressionSettings::method_minimum>()),
       Scalar(Knob("compression.partition_bytes")
                  .Bytes(1, kMaxPartitionBytes)
