@@ -72,6 +72,12 @@ struct ParamDoc {
   const char* doc;            // one line: what it does
 };
 
+// The smallest tensor a method compresses, and why (MethodSpec::min_elements).
+struct ElementMinimum {
+  size_t elements = 0;  // tensors of fewer elements travel raw; 0: no minimum
+  std::string why;      // one line for the `compression:` report: "projection noise ..."
+};
+
 // The spec half of a method's descriptor. A method defines one constant
 // `const MethodSpec k<Name>MethodSpec` in its <name>_spec.cc (see compressors/methods.inc).
 struct MethodSpec {
@@ -118,6 +124,10 @@ struct MethodSpec {
   // The element count every partition but a tensor's last is a multiple of (the method's block
   // or group size, so no block straddles two keys). nullptr: 1.
   size_t (*partition_align)(const v1::CompressorConfig& config) = nullptr;
+  // The smallest tensor (in elements) the method compresses within the error it states for
+  // large ones, and why; smaller tensors travel raw unless compression.method_minimum is false
+  // (worker/compression_plan.h; docs/compressors.md "Smallest tensors"). nullptr: no minimum.
+  ElementMinimum (*min_elements)(const v1::CompressorConfig& config) = nullptr;
 };
 
 // The kernel half of a method's descriptor: `const MethodKernels k<Name>MethodKernels`, defined

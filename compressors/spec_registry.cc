@@ -219,6 +219,12 @@ size_t PartitionAlign(const v1::CompressorConfig& config) {
   return a == 0 ? 1 : a;
 }
 
+ElementMinimum MinimumElements(const v1::CompressorConfig& config) {
+  const MethodSpec* m = FindMethod(config.id());
+  if (m == nullptr || m->min_elements == nullptr) return {};
+  return m->min_elements(config);
+}
+
 Status CheckRawWeightPull(const v1::CompressorConfig& config) {
   if (!MethodCompresses(config.id()) ||
       RecommendedErrorFeedback(config) == v1::ERROR_FEEDBACK_NONE) {

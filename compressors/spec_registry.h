@@ -77,4 +77,8 @@ Status CheckRawWeightPull(const v1::CompressorConfig& config);
 // (MethodSpec::partition_align; 1 for a method without blocks or an unknown id).
 size_t PartitionAlign(const v1::CompressorConfig& config);
 
+// The smallest tensor `config` (canonical) compresses, and why (MethodSpec::min_elements;
+// {0, ""} for a method without a minimum or an unknown id).
+ElementMinimum MinimumElements(const v1::CompressorConfig& config);
+
 }  // namespace bitpush::compressors

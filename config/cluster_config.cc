@@ -252,6 +252,10 @@ std::vector<v1::ConfigField> ConfigFields(const ClusterConfig& c) {
     // Only when set, so configs without it keep their hash.
     add("compression.non_finite", c.compression.non_finite);
   }
+  if (!c.compression.method_minimum) {
+    // Only when off, so configs that keep the default keep their hash.
+    add("compression.method_minimum", "false");
+  }
   if (!c.compression.overrides.empty()) {
     // Only when set, so configs without overrides keep their hash.
     std::string v;

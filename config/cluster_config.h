@@ -55,6 +55,9 @@ struct CompressionSettings {
   // (4 KiB by default: below it compressing saves no measurable time; docs/config.md,
   // "Compression threshold").
   uint64_t min_compress_bytes = 4096;
+  // compression.method_minimum: whether a tensor with fewer elements than its method's minimum
+  // (compressors::MinimumElements) is sent uncompressed; false compresses it anyway.
+  bool method_minimum = true;
   // compression.partition_bytes: a tensor is cut into partitions (keys) of at most this many
   // bytes (BytePS's 4096000 by default).
   uint64_t partition_bytes = 4096000;
@@ -319,7 +322,7 @@ StatusOr<std::string> NormalizeAddress(std::string_view address, std::string_vie
 // The settings every node must share with the scheduler, as (name, canonical value) in a
 // fixed order: compression.spec, compression.error_feedback, compression.min_compress_bytes,
 // compression.partition_bytes, then only when set: compression.raw_partition_bytes,
-// compression.non_finite, compression.overrides,
+// compression.non_finite, compression.method_minimum (false), compression.overrides,
 // cluster.training_processes (when ProcessCountsDiffer()).
 std::vector<v1::ConfigField> ConfigFields(const ClusterConfig& config);
 

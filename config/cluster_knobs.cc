@@ -28,6 +28,9 @@ constexpr uint64_t kMaxMemoryBytes = uint64_t{1} << 40;
 
 // ---- binding a knob to its field ----
 
+KnobValue ToValue(bool v) {
+  return KnobValue::Number(v ? 1 : 0);
+}
 KnobValue ToValue(uint32_t v) {
   return KnobValue::Number(v);
 }
@@ -48,6 +51,9 @@ KnobValue ToValue(SecurityMode v) {
 }
 
 // The values come from ParseKnobValue, so they are inside the knob's bounds.
+void FromValue(const KnobValue& v, bool* f) {
+  *f = v.number != 0;
+}
 void FromValue(const KnobValue& v, uint32_t* f) {
   *f = static_cast<uint32_t>(v.number);
 }
@@ -445,8 +451,19 @@ std::vector<ClusterKnob> BuildTable() {
                  .Bytes(0, kMaxMemoryBytes)
                  .Agreed()
                  .Doc("Tensors smaller than this are sent uncompressed (the default is measured: "
-                      "\"Compression threshold\" below)."),
+                      "\"Compression threshold\" below). A method's own minimum of elements "
+                      "applies as well (`method_minimum`)."),
              In<&ClusterConfig::compression, &CompressionSettings::min_compress_bytes>()),
+      Scalar(Knob("compression.method_minimum")
+                 .Bool()
+                 .Agreed()
+                 .Doc("`true`: a tensor with fewer elements than its method's minimum (the "
+                      "smallest tensor the method compresses within its stated error; "
+                      "`docs/compressors.md` \"Smallest tensors\": `separate` 64 × CR, the "
+                      "others none) is sent uncompressed, and the `compression:` line names it. "
+                      "`false` compresses it anyway. `min_compress_bytes: 0` does not lift "
+                      "the minimum."),
+             In<&ClusterConfig::compression, &CompressionSettings::method_minimum>()),
       Scalar(Knob("compression.partition_bytes")
                  .Bytes(1, kMaxPartitionBytes)
                  .Agreed()

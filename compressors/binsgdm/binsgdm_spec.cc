@@ -89,6 +89,12 @@ v1::ErrorFeedbackPolicy Recommended(const v1::CompressorConfig&) {
   return v1::ERROR_FEEDBACK_BOTH;
 }
 
+// No minimum: every coordinate of m / (b + eps) is binarised on its own, with no statistic over
+// the tensor (docs/compressors.md "Smallest tensors").
+ElementMinimum MinElements(const v1::CompressorConfig&) {
+  return {0, "each coordinate is binarised on its own, with no scale over the tensor"};
+}
+
 constexpr MethodSpec BinsgdmSpec() {
   MethodSpec m;
   m.id = v1::COMPRESSOR_ID_BINSGDM;
@@ -105,6 +111,7 @@ constexpr MethodSpec BinsgdmSpec() {
   m.format_params = &FormatParams;
   m.check_error_feedback = &CheckErrorFeedback;
   m.recommended_error_feedback = &Recommended;
+  m.min_elements = &MinElements;
   return m;
 }
 

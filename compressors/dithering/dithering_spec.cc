@@ -1,6 +1,8 @@
 // The spec half of dithering (compressors/method.h):
 // `dithering[:levels=S][,partition=linear|natural][,norm=max|l2][,seed=S]`. Unbiased, so
 // "auto" error feedback is none.
+#include <string>
+
 #include "compressors/method.h"
 #include "compressors/spec_params.h"
 
@@ -87,6 +89,12 @@ void FormatParams(const v1::CompressorConfig& c, std::string* s) {
   *s += ",seed=" + std::to_string(d.seed());
 }
 
+// No minimum: with one scale per tensor, the rounding error relative to the tensor shrinks with
+// n (docs/compressors.md "Smallest tensors").
+ElementMinimum MinElements(const v1::CompressorConfig&) {
+  return {0, "one scale per tensor: its relative error shrinks with n (0 at n = 1)"};
+}
+
 constexpr MethodSpec DitheringSpec() {
   MethodSpec m;
   m.id = v1::COMPRESSOR_ID_DITHERING;
@@ -100,6 +108,7 @@ constexpr MethodSpec DitheringSpec() {
   m.set_param = &SetParam;
   m.canonicalize = &Canonicalize;
   m.format_params = &FormatParams;
+  m.min_elements = &MinElements;
   return m;
 }
 

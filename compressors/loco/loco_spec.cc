@@ -137,6 +137,12 @@ size_t Align(const v1::CompressorConfig& c) {
   return c.loco().block() ? c.loco().block() : 2;
 }
 
+// No minimum: a fixed-scale quantiser rounds each element on its own, and a block scale over a
+// short tensor fits it as well as over a full block (docs/compressors.md "Smallest tensors").
+ElementMinimum MinElements(const v1::CompressorConfig&) {
+  return {0, "each element is rounded on its own scale s, or a block's absmax"};
+}
+
 constexpr MethodSpec LocoSpec() {
   MethodSpec m;
   m.id = v1::COMPRESSOR_ID_LOCO;
@@ -152,6 +158,7 @@ constexpr MethodSpec LocoSpec() {
   m.format_params = &FormatParams;
   m.recommended_error_feedback = &Recommended;
   m.partition_align = &Align;
+  m.min_elements = &MinElements;
   return m;
 }
 

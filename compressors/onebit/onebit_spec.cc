@@ -1,5 +1,7 @@
 // The spec half of onebit (compressors/method.h): `onebit[:scaled=true|false]`, biased, so
 // "auto" error feedback is both sides.
+#include <string>
+
 #include "compressors/method.h"
 #include "compressors/spec_params.h"
 
@@ -31,6 +33,12 @@ v1::ErrorFeedbackPolicy Recommended(const v1::CompressorConfig&) {
   return v1::ERROR_FEEDBACK_BOTH;
 }
 
+// No minimum: the scaled sign's error 1 - |x|_1^2 / (n |x|_2^2) is 0 at n = 1 and grows with n
+// (docs/compressors.md "Smallest tensors").
+ElementMinimum MinElements(const v1::CompressorConfig&) {
+  return {0, "its error 1 - |x|_1^2/(n |x|_2^2) is 0 at n = 1 and grows with n"};
+}
+
 constexpr MethodSpec OnebitSpec() {
   MethodSpec m;
   m.id = v1::COMPRESSOR_ID_ONEBIT;
@@ -45,6 +53,7 @@ constexpr MethodSpec OnebitSpec() {
   m.canonicalize = &Canonicalize;
   m.format_params = &FormatParams;
   m.recommended_error_feedback = &Recommended;
+  m.min_elements = &MinElements;
   return m;
 }
 

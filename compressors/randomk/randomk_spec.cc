@@ -65,6 +65,13 @@ v1::ErrorFeedbackPolicy Recommended(const v1::CompressorConfig& c) {
   return c.randomk().unbiased() ? v1::ERROR_FEEDBACK_NONE : v1::ERROR_FEEDBACK_BOTH;
 }
 
+// No minimum: k = max(1, floor(R n)) keeps at least the share R / 2 of any tensor (so unbiased
+// random-k's variance n/k - 1 stays below 2/R), all of one with n <= k (docs/compressors.md
+// "Smallest tensors").
+ElementMinimum MinElements(const v1::CompressorConfig&) {
+  return {0, "it keeps max(1, floor(R n)) >= R n / 2 elements, every element of n <= k"};
+}
+
 constexpr MethodSpec RandomkSpec() {
   MethodSpec m;
   m.id = v1::COMPRESSOR_ID_RANDOMK;
@@ -80,6 +87,7 @@ constexpr MethodSpec RandomkSpec() {
   m.format_params = &FormatParams;
   m.check_error_feedback = &CheckErrorFeedback;
   m.recommended_error_feedback = &Recommended;
+  m.min_elements = &MinElements;
   return m;
 }
 

@@ -4,6 +4,8 @@
 // transform of each 32-element block; the server sums the pushes in the Hadamard domain and
 // applies one inverse transform per key. No error feedback, as in the paper: every policy but
 // none is refused. docs/compressors.md "sdp4bit" has the algorithm and the decisions.
+#include <string>
+
 #include "compressors/method.h"
 #include "compressors/spec_params.h"
 #include "compressors/spec_registry.h"
@@ -102,6 +104,13 @@ size_t Align(const v1::CompressorConfig& c) {
   return c.sdp4bit().group();
 }
 
+// No minimum: a tensor shorter than a 32-element Hadamard block is zero-padded to one, which
+// costs bytes (min_compress_bytes' business), not accuracy (docs/compressors.md "Smallest
+// tensors").
+ElementMinimum MinElements(const v1::CompressorConfig&) {
+  return {0, "zero-padding to a 32-element block costs bytes, not accuracy"};
+}
+
 constexpr MethodSpec Sdp4bitSpec() {
   MethodSpec m;
   m.id = v1::COMPRESSOR_ID_SDP4BIT;
@@ -117,6 +126,7 @@ constexpr MethodSpec Sdp4bitSpec() {
   m.format_params = &FormatParams;
   m.check_error_feedback = &CheckErrorFeedback;
   m.partition_align = &Align;
+  m.min_elements = &MinElements;
   return m;
 }
 

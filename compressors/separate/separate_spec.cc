@@ -6,6 +6,8 @@
 // moving-average error, reset every T rounds. docs/separate.md has the algorithm and the
 // decisions.
 #include <cmath>
+#include <cstdio>
+#include <string>
 
 #include "compressors/method.h"
 #include "compressors/spec_params.h"
@@ -115,6 +117,21 @@ size_t Align(const v1::CompressorConfig& c) {
   return c.separate().block();
 }
 
+// Projection noise is about CR times the gradient's energy per step, in every block whatever
+// the tensor's size (docs/separate.md); what a small tensor lacks is dimensions to spread it
+// over: on a tensor of few elements with a dense Hessian (biases, a first convolution) SGD
+// diverged at the defaults, while 64 x CR elements and more trained as uncompressed
+// (docs/compressors.md "Smallest tensors").
+ElementMinimum MinElements(const v1::CompressorConfig& c) {
+  const v1::SeparateParams& s = c.separate();
+  const uint64_t m = static_cast<uint64_t>(std::ceil(static_cast<double>(s.block()) / s.ratio()));
+  char noise[32];
+  std::snprintf(noise, sizeof noise, "%.4g", (s.block() + 1.0) / static_cast<double>(m));
+  return {static_cast<size_t>(std::ceil(64.0 * s.ratio())),
+          std::string("projection noise (B+1)/m = ") + noise +
+              "x the gradient's energy; SGD diverged on smaller tensors"};
+}
+
 constexpr MethodSpec SeparateSpec() {
   MethodSpec m;
   m.id = v1::COMPRESSOR_ID_SEPARATE;
@@ -131,6 +148,7 @@ constexpr MethodSpec SeparateSpec() {
   m.check_error_feedback = &CheckErrorFeedback;
   m.recommended_error_feedback = &Recommended;
   m.partition_align = &Align;
+  m.min_elements = &MinElements;
   return m;
 }
 

@@ -1,5 +1,7 @@
 // The spec half of topk (compressors/method.h): `topk:ratio=R | topk:k=K`, biased, so "auto"
 // error feedback is both sides.
+#include <string>
+
 #include "compressors/method.h"
 #include "compressors/sparse/sparse_spec.h"
 
@@ -25,6 +27,12 @@ v1::ErrorFeedbackPolicy Recommended(const v1::CompressorConfig&) {
   return v1::ERROR_FEEDBACK_BOTH;
 }
 
+// No minimum: k = max(1, floor(R n)) keeps at least the share R / 2 of any tensor, all of one
+// with n <= k (docs/compressors.md "Smallest tensors").
+ElementMinimum MinElements(const v1::CompressorConfig&) {
+  return {0, "it keeps max(1, floor(R n)) >= R n / 2 elements, every element of n <= k"};
+}
+
 constexpr MethodSpec TopkSpec() {
   MethodSpec m;
   m.id = v1::COMPRESSOR_ID_TOPK;
@@ -39,6 +47,7 @@ constexpr MethodSpec TopkSpec() {
   m.canonicalize = &Canonicalize;
   m.format_params = &FormatParams;
   m.recommended_error_feedback = &Recommended;
+  m.min_elements = &MinElements;
   return m;
 }
 

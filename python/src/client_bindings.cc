@@ -524,16 +524,13 @@ void BindClient(py::module_& m) {
             for (const worker::TensorCompression& t :
                  ValueOrThrow(self.Get()->CompressionOf(ids))) {
               out.append(py::make_tuple(compressors::CompressorSpecString(t.config),
-                                        t.compressed() ? "compressed"
-                                        : t.why == worker::TensorCompression::Why::kSpecNone
-                                            ? "spec none"
-                                            : "below min_compress_bytes"));
+                                        std::string(worker::WhyName(t.why))));
             }
             return out;
           },
           py::arg("indices"),
           "Per declared tensor: (the spec it travels with, canonical; why: 'compressed', "
-          "'spec none' or 'below min_compress_bytes').");
+          "'spec none', 'below min_compress_bytes' or 'below the method's minimum').");
   m.def(
       "set_log_level",
       [](const std::string& level) {

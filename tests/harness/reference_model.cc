@@ -43,8 +43,10 @@ StatusOr<ReferenceTensor> ReferenceTensor::Create(const ReferenceTensorOptions& 
   auto state = std::make_unique<State>();
   state->options = o;
   BP_ASSIGN_OR_RETURN(v1::CompressorConfig config, compressors::ParseCompressorSpec(o.spec));
-  state->compressed = config.id() != v1::COMPRESSOR_ID_NONE &&
-                      worker::AboveCompressThreshold(o.elements, o.dtype, o.min_compress_bytes);
+  state->compressed =
+      config.id() != v1::COMPRESSOR_ID_NONE &&
+      worker::AboveCompressThreshold(o.elements, o.dtype, o.min_compress_bytes) &&
+      (!o.method_minimum || o.elements >= compressors::MinimumElements(config).elements);
   if (!state->compressed) {
     BP_ASSIGN_OR_RETURN(config, compressors::ParseCompressorSpec("none"));
   }

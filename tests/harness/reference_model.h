@@ -8,7 +8,8 @@
 // the server's fp32 DecompressAdd in node-rank order, x 1/W for an average (paper 001
 // Algorithms 3 and 4), the server compressor (the server's stream) with the server residual,
 // stored in the tensor's dtype (CompressContext::store_as), decompressed into the tensor.
-// Compression applies only above min_compress_bytes (worker/partition.h), like the engine.
+// Compression applies only above min_compress_bytes (worker/partition.h) and the method's
+// minimum of elements (compressors::MinimumElements), like the engine.
 //
 // ReferenceInput is the one deterministic input generator the reference tests share
 // (`stream` names the process: e.g. worker + 1, or node * 16 + local rank + 1).
@@ -32,6 +33,8 @@ struct ReferenceTensorOptions {
   std::string spec = "none";            // the tensor's compression spec
   std::string error_feedback = "none";  // the cluster's error-feedback policy
   uint64_t min_compress_bytes = 0;
+  // compression.method_minimum: tensors below their method's minimum of elements stay raw.
+  bool method_minimum = true;
   uint64_t partition_bytes = 4096;
   uint32_t index = 0;  // the tensor's declaration index (its keys)
   size_t elements = 0;

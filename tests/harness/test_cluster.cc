@@ -115,6 +115,7 @@ std::string TestClusterYaml(const config::ClusterConfig& c) {
   y += "  spec: " + Quoted(k.spec) + "\n";
   y += "  error_feedback: " + k.error_feedback + "\n";
   y += fmt::format("  min_compress_bytes: {}\n", k.min_compress_bytes);
+  if (!k.method_minimum) y += "  method_minimum: false\n";
   y += fmt::format("  partition_bytes: {}\n", k.partition_bytes);
   if (k.raw_partition_bytes != 0) {
     y += fmt::format("  raw_partition_bytes: {}\n", k.raw_partition_bytes);

@@ -275,6 +275,29 @@ TEST(ClusterConfig, PerTensorOverridesByNamePattern) {
                   "compression.overrides[0].ratio: unknown key");
 }
 
+TEST(ClusterConfig, MethodMinimumIsOnByDefaultAgreedWhenOffAndChecked) {
+  const ClusterConfig d = Parse(kMinimal);
+  EXPECT_TRUE(d.compression.method_minimum);
+  const std::string base = std::string(kMinimal) + "compression:\n  spec: separate\n";
+  EXPECT_TRUE(Parse(base + "  method_minimum: true\n").compression.method_minimum);
+  const ClusterConfig off = Parse(base + "  method_minimum: false\n");
+  EXPECT_FALSE(off.compression.method_minimum);
+  // Agreed: a field only when off, so configs that keep the default keep their hash.
+  EXPECT_EQ(ConfigFields(d).size(), 4u);
+  const std::vector<v1::ConfigField> fields = ConfigFields(off);
+  ASSERT_EQ(fields.size(), 5u);
+  EXPECT_EQ(fields[4].name(), "compression.method_minimum");
+  EXPECT_EQ(fields[4].value(), "false");
+  EXPECT_EQ(ConfigHash(ConfigFields(Parse(base + "  method_minimum: true\n"))),
+            ConfigHash(ConfigFields(Parse(base))));
+  EXPECT_CONTAINS(DescribeClusterConfig(off), "method_minimum: false");
+  EXPECT_CONTAINS(Error(base + "  method_minimum: maybe\n"),
+                  "cluster.yaml:7: compression.method_minimum: expected true or false, got "
+                  "'maybe'");
+  EXPECT_CONTAINS(Error(base + "  method_minimum: 0\n"),
+                  "compression.method_minimum: expected true or false, got '0'");
+}
+
 TEST(ClusterConfig, BadCompressionNamesKeyAndLine) {
   std::string m = Error(std::string(kMinimal) + "compression:\n  spec: twobit\n");
   EXPECT_CONTAINS(m, "cluster.yaml:6: compression.spec: unknown compressor 'twobit'");

@@ -118,6 +118,8 @@ class TestCluster {
     t.compression.error_feedback = o.error_feedback;
     t.compression.overrides = o.overrides;
     t.compression.min_compress_bytes = o.min_compress_bytes;
+    // Small tensors exercise every kernel through the engine, below a method's minimum too.
+    t.compression.method_minimum = false;
     t.compression.partition_bytes = o.partition_bytes;
     t.server.engine_threads = 1;
     t.server.numa = config::NumaMode::kOff;
@@ -163,6 +165,7 @@ testing::ReferenceTensor MakeReference(const TensorDecl& d, uint32_t index,
   r.spec = d.spec.empty() ? o.spec : d.spec;
   r.error_feedback = o.error_feedback;
   r.min_compress_bytes = o.min_compress_bytes;
+  r.method_minimum = false;
   r.partition_bytes = o.partition_bytes;
   r.index = index;
   r.elements = d.elements;

@@ -161,6 +161,81 @@ TEST(CompressionPlan, TheLineCountsTensorsAndBytesBySpecAndReason) {
   EXPECT_EQ(DescribeCompression({}, 4096), "compression: no tensors declared");
 }
 
+TEST(CompressionPlan, TensorsBelowTheMethodsMinimumGoRawWhateverChoseTheSpec) {
+  using Why = TensorCompression::Why;
+  // separate's minimum is 64 x CR elements (1024 at its default CR 16); min_compress_bytes 0
+  // does not lift it.
+  config::CompressionSettings c = Settings("separate", 0);
+  StatusOr<TensorCompression> t = DecideCompression(c, "conv1.weight", 1023, DType::kFloat32, "");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->why, Why::kBelowMethodMinimum);
+  EXPECT_EQ(t->minimum.elements, 1024u);
+  EXPECT_EQ(compressors::CompressorSpecString(t->config), "none");
+  EXPECT_EQ(WhyName(t->why), "below the method's minimum");
+  EXPECT_EQ(DecideCompression(c, "w", 1024, DType::kFloat32, "")->why, Why::kCompressed);
+  // The minimum follows the spec's own ratio.
+  EXPECT_EQ(DecideCompression(c, "w", 255, DType::kFloat32, "separate:ratio=4")->why,
+            Why::kBelowMethodMinimum);
+  EXPECT_EQ(DecideCompression(c, "w", 256, DType::kFloat32, "separate:ratio=4")->why,
+            Why::kCompressed);
+  // min_compress_bytes is checked first and named when both apply.
+  EXPECT_EQ(DecideCompression(Settings("separate", 4096), "b", 16, DType::kFloat32, "")->why,
+            Why::kBelowThreshold);
+  // A method without a minimum compresses any size.
+  EXPECT_EQ(DecideCompression(Settings("onebit", 0), "b", 1, DType::kFloat32, "")->why,
+            Why::kCompressed);
+  // The same rule for a spec from an override and from the declaration.
+  config::CompressionSettings o = Settings("onebit", 0);
+  o.overrides.push_back({"*.bias", "separate"});
+  EXPECT_EQ(DecideCompression(o, "fc.bias", 10, DType::kFloat32, "")->why,
+            Why::kBelowMethodMinimum);
+  EXPECT_EQ(DecideCompression(o, "fc.weight", 10, DType::kFloat32, "")->why, Why::kCompressed);
+  EXPECT_EQ(DecideCompression(o, "fc.weight", 10, DType::kFloat32, "separate")->why,
+            Why::kBelowMethodMinimum);
+  // compression.method_minimum: false compresses them all.
+  c.method_minimum = false;
+  o.method_minimum = false;
+  EXPECT_EQ(DecideCompression(c, "conv1.weight", 1023, DType::kFloat32, "")->why, Why::kCompressed);
+  EXPECT_EQ(DecideCompression(o, "fc.bias", 10, DType::kFloat32, "")->why, Why::kCompressed);
+  EXPECT_EQ(DecideCompression(c, "b", 1, DType::kFloat32, "")->why, Why::kCompressed);
+}
+
+TEST(CompressionPlan, TheLineNamesTheTensorsBelowAMethodsMinimumAndWhy) {
+  const config::CompressionSettings c = Settings("separate", 0);
+  std::vector<TensorCompression> ts;
+  auto add = [&](const std::string& name, size_t elements, const std::string& spec) {
+    StatusOr<TensorCompression> t = DecideCompression(c, name, elements, DType::kFloat32, spec);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    ts.push_back(*t);
+  };
+  // A small CNN on 8x8 digits: conv 1->16 3x3, conv 16->32 3x3, a 512x10 classifier.
+  add("conv1.weight", 144, "");
+  add("conv1.bias", 16, "");
+  add("conv2.weight", 4608, "");
+  add("conv2.bias", 32, "");
+  const std::string separate = "separate:ratio=16,block=32,beta=0.95,reset=128,ema=stable,seed=0";
+  const std::string why =
+      "below separate's minimum of 1024 elements (projection noise (B+1)/m = 16.5x the "
+      "gradient's energy; SGD diverged on smaller tensors)";
+  EXPECT_EQ(DescribeCompression(ts, 0), "compression: " + separate +
+                                            " on 1 of 4 tensors (18.0 KiB of 18.8 KiB, 96.0%); "
+                                            "raw: 3 tensors (768 B: conv1.weight, conv1.bias and "
+                                            "conv2.bias) " +
+                                            why);
+  add("fc.weight", 5120, "");
+  add("fc.bias", 10, "");
+  add("emb", 100, "none");
+  add("head.bias", 64, "separate:ratio=4");
+  EXPECT_EQ(DescribeCompression(ts, 0),
+            "compression: " + separate +
+                " on 2 of 8 tensors (38.0 KiB of 39.4 KiB, 96.4%); raw: 4 tensors (808 B: "
+                "conv1.weight, conv1.bias, conv2.bias and 1 more) " +
+                why +
+                ", 1 tensor (256 B: head.bias) below separate's minimum of 256 elements "
+                "(projection noise (B+1)/m = 4.125x the gradient's energy; SGD diverged on "
+                "smaller tensors), 1 tensor (400 B) with spec none");
+}
+
 // PartitionBytesFor: compressed tensors keep partition_bytes; raw ones are cut into
 // tensor / (48 (W + S)), at least 256 KiB, at most partition_bytes; an explicit
 // raw_partition_bytes is used as it is (capped by partition_bytes).

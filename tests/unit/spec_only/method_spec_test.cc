@@ -249,6 +249,50 @@ TEST(MethodSpec, AggregationModes) {
   EXPECT_EQ(AggregationModeName(AggregationMode::kCompressedDomainSum), "compressed-domain-sum");
 }
 
+TEST(MethodSpec, EveryCompressingMethodStatesItsSmallestTensor) {
+  for (const MethodSpec* m : Methods()) {
+    const v1::CompressorConfig config = *ParseCompressorSpec(MinimalSpec(*m));
+    const ElementMinimum minimum = MinimumElements(config);
+    if (!m->compresses || m->id == v1::COMPRESSOR_ID_FP16 || m->id == v1::COMPRESSOR_ID_BF16) {
+      // Exact (none) or a rounding of each element on its own: nothing to state.
+      EXPECT_EQ(m->min_elements, nullptr) << m->name;
+      EXPECT_EQ(minimum.elements, 0u) << m->name;
+      EXPECT_EQ(minimum.why, "") << m->name;
+      continue;
+    }
+    ASSERT_NE(m->min_elements, nullptr) << m->name << " states no smallest tensor";
+    EXPECT_FALSE(minimum.why.empty()) << m->name;
+    // Only separate's error does not shrink with the tensor (docs/compressors.md).
+    EXPECT_EQ(minimum.elements, m->id == v1::COMPRESSOR_ID_SEPARATE ? 1024u : 0u) << m->name;
+  }
+  // separate: 64 x CR elements, the noise (B+1)/m of its own blocks.
+  const ElementMinimum s = MinimumElements(*ParseCompressorSpec("separate:ratio=4,block=64"));
+  EXPECT_EQ(s.elements, 256u);
+  EXPECT_EQ(s.why,
+            "projection noise (B+1)/m = 4.062x the gradient's energy; SGD diverged on smaller "
+            "tensors");
+  EXPECT_EQ(MinimumElements(*ParseCompressorSpec("separate:ratio=2.5")).elements, 160u);
+  EXPECT_EQ(MinimumElements(v1::CompressorConfig()).elements, 0u);  // unknown id: none
+}
+
+std::string Cell(const std::string& text);
+
+// The table of smallest tensors in docs/compressors.md, as the descriptors state them (each
+// method's default spec).
+std::string MinimumTable() {
+  std::string t =
+      "| method | smallest tensor compressed (elements) | why |\n"
+      "|---|---|---|\n";
+  for (const MethodSpec* m : Methods()) {
+    const ElementMinimum minimum = MinimumElements(*ParseCompressorSpec(MinimalSpec(*m)));
+    t += "| `" + std::string(m->name) + "` | " +
+         (minimum.elements == 0 ? std::string("any") : std::to_string(minimum.elements)) + " | " +
+         (m->min_elements == nullptr ? std::string("no minimum to state") : Cell(minimum.why)) +
+         " |\n";
+  }
+  return t;
+}
+
 // GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to '-'.
 std::string Anchor(const std::string& heading) {
   std::string a;
@@ -316,6 +360,20 @@ TEST(MethodSpec, DocsParameterTableMatchesTheDescriptors) {
       << "docs/compressors.md's parameter table differs from the method descriptors; it should "
          "read:\n"
       << ParamsTable();
+}
+
+TEST(MethodSpec, DocsMinimumTableMatchesTheDescriptors) {
+  const std::string doc = ReadSourceFile("docs/compressors.md");
+  const std::string begin = "<!-- method-minimum: begin -->\n";
+  const std::string end = "<!-- method-minimum: end -->";
+  const size_t b = doc.find(begin);
+  const size_t e = doc.find(end);
+  ASSERT_NE(b, std::string::npos) << "docs/compressors.md lacks " << begin;
+  ASSERT_NE(e, std::string::npos) << "docs/compressors.md lacks " << end;
+  EXPECT_EQ(doc.substr(b + begin.size(), e - b - begin.size()), MinimumTable())
+      << "docs/compressors.md's table of smallest tensors differs from the method descriptors; "
+         "it should read:\n"
+      << MinimumTable();
 }
 
 }  // namespace
