@@ -108,23 +108,8 @@ def import_examples():
 
 
 def digits_cnn(torch):
-    class DigitsCNN(torch.nn.Module):
-        """Two 3x3 convolutions (16, 32 channels), a 2x2 max-pool, a 64-unit hidden layer."""
-
-        def __init__(self):
-            super().__init__()
-            self.features = torch.nn.Sequential(
-                torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
-                torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(),
-                torch.nn.MaxPool2d(2))
-            self.classifier = torch.nn.Sequential(
-                torch.nn.Flatten(), torch.nn.Linear(32 * 4 * 4, 64), torch.nn.ReLU(),
-                torch.nn.Linear(64, 10))
-
-        def forward(self, x):
-            return self.classifier(self.features(x.view(-1, 1, 8, 8)))
-
-    return DigitsCNN()
+    """train_digits' CNN (--model cnn)."""
+    return import_examples()[1].CNN()
 
 
 class DigitsData:

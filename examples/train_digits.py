@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Data-parallel training of an MLP on scikit-learn's digits (8x8 images, 10 classes) over
-bitpush: each worker trains on its shard of the training split, gradients are averaged
+"""Data-parallel training of an MLP (or with --model cnn a small CNN) on scikit-learn's digits
+(8x8 images, 10 classes) over bitpush: each worker trains on its shard of the training split, gradients are averaged
 through the cluster (CLAN compresses them), and the test split's accuracy is reported.
 
     PYTHONPATH=build/python /usr/bin/python3 examples/train_digits.py \
@@ -38,6 +38,8 @@ def parse_args(argv=None):
                    help="stop after this many steps in all (default: every epoch in full)")
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
     p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--model", choices=("mlp", "cnn"), default="mlp",
+                   help="mlp: three linear layers (--hidden wide); cnn: two 3x3 convolutions")
     return ex.resolve(p.parse_args(argv))
 
 
@@ -51,6 +53,23 @@ class MLP(torch.nn.Module):
 
     def forward(self, x):
         return self.net(x)
+
+
+class CNN(torch.nn.Module):
+    """Two 3x3 convolutions (16, 32 channels), a 2x2 max-pool, a 64-unit hidden layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2))
+        self.classifier = torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(32 * 4 * 4, 64), torch.nn.ReLU(),
+            torch.nn.Linear(64, 10))
+
+    def forward(self, x):
+        return self.classifier(self.features(x.view(-1, 1, 8, 8)))
 
 
 def load_data(seed):
@@ -73,7 +92,7 @@ def run(args, prefix=""):
     rank, size = bp.rank(), bp.size()
     x_tr, y_tr, x_te, y_te = load_data(args.seed)
     torch.manual_seed(args.seed)
-    model = MLP(args.hidden)
+    model = MLP(args.hidden) if args.model == "mlp" else CNN()
     bp.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = ex.build_optimizer(args, model, prefix)
     shard_x, shard_y = x_tr[rank::size], y_tr[rank::size]
@@ -110,7 +129,7 @@ def run(args, prefix=""):
         acc = (model(x_te).argmax(1) == y_te).float().mean().item() * 100.0
     if hasattr(opt, "remove_hooks"):
         opt.remove_hooks()
-    return {"example": "digits", "optimizer": args.optimizer,
+    return {"example": "digits", "model": args.model, "optimizer": args.optimizer,
             "compression": ex.effective_compression(args),
             "error_feedback": ex.error_feedback_on(args), "seed": args.seed,
             # The YAML's optimizer.placement: server moves DistributedOptimizer there too.

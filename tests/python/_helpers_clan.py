@@ -807,6 +807,19 @@ def w_digits_runs(configs):
     return results
 
 
+def w_charlm_runs(configs):
+    """Several train_charlm runs in one cluster (tensor names prefixed per run)."""
+    sys.path.insert(0, EXAMPLES)
+    import train_charlm
+
+    torch.set_num_threads(1)
+    results = []
+    for i, argv in enumerate(configs):
+        args = train_charlm.parse_args(list(argv) + ["--no-progress"])
+        results.append(train_charlm.run(args, prefix="lm%d." % i))
+    return results
+
+
 def _worker_main(jobs_json, out):
     import bitpush.torch as bp
 
