@@ -49,6 +49,16 @@ def _worker(mode, out):
                                     torch.nn.Linear(64, 4))
         opt = bp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                       named_parameters=model.named_parameters())
+        if mode == "error":
+            # Adam over onebit is steered to sdp4bit by one line (docs/training.md); not with
+            # sdp4bit. Built and detached: nothing is pushed.
+            extra = torch.nn.Linear(2, 2)
+            for spec in ("onebit", "sdp4bit"):
+                o = bp.DistributedOptimizer(torch.optim.AdamW(extra.parameters()),
+                                            named_parameters=[("adam.%s.%s" % (spec, n), p)
+                                                              for n, p in extra.named_parameters()],
+                                            compression=spec)
+                o.remove_hooks()
         for step, (x, y) in enumerate(_batches(rank)):
             if step == BAD_STEP:
                 if mode == "clean":
@@ -114,6 +124,9 @@ def test_a_nan_in_one_workers_gradient_fails_that_step_everywhere_naming_it():
         assert res["stats"]["non_finite_rounds"] >= 1
     assert results[1]["stats"]["non_finite_pushes"] >= 1
     assert results[0]["stats"]["non_finite_pushes"] == 0
+    for log in logs:
+        assert log.count("DistributedOptimizer(AdamW) with onebit trails uncompressed AdamW") == 1
+
 
 
 def test_skip_drops_exactly_that_step_on_every_worker_bit_for_bit():

@@ -12,7 +12,7 @@ docs/training.md and docs/optimizer.md are the user's guides.
 """
 import torch
 
-from .cluster_knobs import _cluster_placements, placement_of
+from .cluster_knobs import _cluster_placements, cluster_compression, placement_of
 from .errors import BitpushError
 from .gradient_exchange import _GradientExchange
 from .optimizer import CLAN, LANS
@@ -83,10 +83,23 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     if isinstance(optimizer, (CLAN, _GradientExchange)):
         raise TypeError("%s already exchanges gradients over bitpush; do not wrap it in "
                         "DistributedOptimizer" % type(optimizer).__name__)
+    _steer_adam(optimizer, compression)
     methods = {k: v for k, v in _DistributedOptimizer.__dict__.items()
                if k not in ("__dict__", "__weakref__")}
     cls = type(optimizer.__class__.__name__, (_GradientExchange, optimizer.__class__), methods)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step)
+
+
+def _steer_adam(optimizer, compression):
+    """Adam / AdamW over onebit trails uncompressed Adam by more than a point in the model zoo,
+    where sdp4bit holds (docs/training.md, "Compressed Adam"): one line says so."""
+    spec = compression if compression is not None else cluster_compression()
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        if spec is not None and str(spec).split(":")[0] == "onebit":
+            print("bitpush: DistributedOptimizer(%s) with onebit trails uncompressed %s by "
+                  "1-4 points in the model zoo; sdp4bit (or bitpush.torch.BinSGDM) stays within "
+                  "a point (docs/training.md, \"Compressed Adam\")"
+                  % (type(optimizer).__name__, type(optimizer).__name__), flush=True)
 
 
 def _server_rule(optimizer):
