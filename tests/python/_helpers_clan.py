@@ -794,30 +794,25 @@ def w_binsgdm_refused():
     return None
 
 
+def _example_runs(example, configs, prefix):
+    """Several runs of examples/<example>.py in one cluster, tensor names prefixed per run."""
+    import importlib
+
+    sys.path.insert(0, EXAMPLES)
+    module = importlib.import_module(example)
+    torch.set_num_threads(1)
+    return [module.run(module.parse_args(list(argv) + ["--no-progress"]),
+                       prefix="%s%d." % (prefix, i)) for i, argv in enumerate(configs)]
+
+
 def w_digits_runs(configs):
     """Several train_digits runs in one cluster (tensor names prefixed per run)."""
-    sys.path.insert(0, EXAMPLES)
-    import train_digits
-
-    torch.set_num_threads(1)
-    results = []
-    for i, argv in enumerate(configs):
-        args = train_digits.parse_args(list(argv) + ["--no-progress"])
-        results.append(train_digits.run(args, prefix="run%d." % i))
-    return results
+    return _example_runs("train_digits", configs, "run")
 
 
 def w_charlm_runs(configs):
     """Several train_charlm runs in one cluster (tensor names prefixed per run)."""
-    sys.path.insert(0, EXAMPLES)
-    import train_charlm
-
-    torch.set_num_threads(1)
-    results = []
-    for i, argv in enumerate(configs):
-        args = train_charlm.parse_args(list(argv) + ["--no-progress"])
-        results.append(train_charlm.run(args, prefix="lm%d." % i))
-    return results
+    return _example_runs("train_charlm", configs, "lm")
 
 
 def _worker_main(jobs_json, out):

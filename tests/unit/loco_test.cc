@@ -318,7 +318,9 @@ TEST(Loco, StateAndPayloadsAgreeAcrossIsaLevels) {
       }
       for (size_t i = 1; i < payloads.size(); ++i) {
         if (std::string(spec).find("scale=") == std::string::npos) {
-          EXPECT_EQ(norms[i], norms[0]) << spec << " n " << n;
+          // The error norm is telemetry summed in double: the same to rounding (a compiler may
+          // contract the scalar path's multiply-add), while the bytes and the state are exact.
+          EXPECT_NEAR(norms[i], norms[0], 1e-12 * norms[0]) << spec << " n " << n;
         }
         EXPECT_EQ(payloads[i], payloads[0]) << spec << " n " << n;
         ASSERT_EQ(states[i].size(), states[0].size());
