@@ -366,8 +366,8 @@ TEST(PushPullE2e, NoneGivesTheExactAverage) {
 
 // A NaN or inf in one worker's gradient fails that round on every worker, naming the tensor,
 // the partition, the round and the worker it came from; the round before it is unaffected.
-// onebit sees it in its own sign pass (the scale's sum), none and topk through the engine's
-// check; fp16 keeps the cast path's.
+// onebit sees it in its own sign pass (the scale's sum) and sdp4bit in its group scales; none,
+// topk and fp16 through the engine's read pass.
 class NonFinite : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(NonFinite, OneWorkersNanFailsTheRoundOnEveryWorkerNamingItsOrigin) {
@@ -419,7 +419,7 @@ TEST_P(NonFinite, OneWorkersNanFailsTheRoundOnEveryWorkerNamingItsOrigin) {
 }
 
 INSTANTIATE_TEST_SUITE_P(PushPullE2e, NonFinite,
-                         ::testing::Values("none", "onebit", "topk:ratio=0.1", "fp16"),
+                         ::testing::Values("none", "onebit", "sdp4bit", "topk:ratio=0.1", "fp16"),
                          [](const ::testing::TestParamInfo<std::string>& i) {
                            return i.param.substr(0, i.param.find(':'));
                          });

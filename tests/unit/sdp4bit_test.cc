@@ -621,6 +621,38 @@ TEST(Sdp4bitDecoder, RefusesEveryMalformedBodyAndLeavesTheAccumulator) {
 
 // ---- server replies ----------------------------------------------------------------------------
 
+// The group scales' NaN marker is the engine's non-finite input check: TakeTelemetry says the
+// quantised compression read every value (input_checked) and whether one was NaN / inf, on
+// every ISA level, with and without the transform; an fp32 reply (server stream) reports
+// nothing, and a second take nothing either.
+TEST(Sdp4bitTelemetry, ReportsANonFiniteInputFromTheGroupScales) {
+  for (IsaLevel isa : SupportedIsaLevels()) {
+    for (const std::string spec : {"sdp4bit", "sdp4bit:hadamard=off,group=64"}) {
+      SCOPED_TRACE(spec + " " + std::string(IsaLevelName(isa)));
+      auto c = Make(spec, isa);
+      std::vector<float> x = RandomFloats(1000, 5);
+      for (float bad : {0.5f, std::numeric_limits<float>::quiet_NaN(),
+                        std::numeric_limits<float>::infinity()}) {
+        x[777] = bad;
+        Compress(*c, x);
+        CompressorTelemetry t;
+        c->TakeTelemetry(&t);
+        EXPECT_TRUE(t.input_checked);
+        EXPECT_EQ(t.input_non_finite, !std::isfinite(bad)) << bad;
+        CompressorTelemetry again;
+        c->TakeTelemetry(&again);
+        EXPECT_FALSE(again.input_checked || again.input_non_finite);
+      }
+    }
+  }
+  auto fp32 = Make("sdp4bit:pull=fp32");
+  std::vector<float> x(100, std::numeric_limits<float>::quiet_NaN());
+  Compress(*fp32, x, kServer);
+  CompressorTelemetry t;
+  fp32->TakeTelemetry(&t);
+  EXPECT_FALSE(t.input_checked || t.input_non_finite);
+}
+
 TEST(Sdp4bitReply, ServerRepliesInThePullFormat) {
   const size_t n = 1000;
   const std::vector<float> x = RandomFloats(n, 8);
