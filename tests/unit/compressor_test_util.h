@@ -87,4 +87,17 @@ inline bool SameBits(Span<const float> a, const std::vector<float>& b) {
   return a.size() == b.size() && (b.empty() || std::memcmp(a.data(), b.data(), b.size() * 4) == 0);
 }
 
+// The compressor's input check since the last take (CompressorTelemetry::input_checked /
+// input_non_finite): it read every value and saw a NaN / inf exactly when `non_finite`; a second
+// take reports nothing.
+inline void ExpectInputCheck(compressors::Compressor& c, bool non_finite) {
+  compressors::CompressorTelemetry t;
+  c.TakeTelemetry(&t);
+  EXPECT_TRUE(t.input_checked);
+  EXPECT_EQ(t.input_non_finite, non_finite);
+  compressors::CompressorTelemetry again;
+  c.TakeTelemetry(&again);
+  EXPECT_FALSE(again.input_checked || again.input_non_finite);
+}
+
 }  // namespace bitpush::testing

@@ -9,6 +9,7 @@
 
 #include "compressors/error_feedback.h"
 #include "compressors/registry.h"
+#include "tests/unit/compressor_test_util.h"
 #include "tests/unit/test_util.h"
 
 namespace bitpush::compressors {
@@ -66,13 +67,8 @@ TEST(Onebit, TelemetryReportsANonFiniteInputFromTheSignPass) {
           const MutableByteSpan dst(out.data(), out.size());
           ASSERT_TRUE(
               (feedback ? residual.Compress(*c, in, {}, dst) : c->Compress(in, {}, dst)).ok());
-          CompressorTelemetry t;
-          c->TakeTelemetry(&t);
-          EXPECT_TRUE(t.input_checked);
-          EXPECT_EQ(t.input_non_finite, !std::isfinite(bad)) << bad;
-          CompressorTelemetry again;
-          c->TakeTelemetry(&again);
-          EXPECT_FALSE(again.input_checked || again.input_non_finite);
+          SCOPED_TRACE(bad);
+          testing::ExpectInputCheck(*c, !std::isfinite(bad));
         }
       }
     }
