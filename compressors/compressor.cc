@@ -74,6 +74,12 @@ StatusOr<size_t> CompressorBase::Compress(ConstTensorView input, const CompressC
   return FinishPayload(dtype, n, body, out.data());
 }
 
+void CompressorBase::TakeTelemetry(CompressorTelemetry* into) {
+  into->input_checked |= input_checked_;
+  into->input_non_finite |= input_non_finite_;
+  input_checked_ = input_non_finite_ = false;
+}
+
 StatusOr<size_t> CompressorBase::CompressWithFeedback(ConstTensorView input, Span<float> residual,
                                                       const CompressContext& ctx,
                                                       MutableByteSpan out) {

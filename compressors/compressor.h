@@ -81,7 +81,8 @@ struct CompressorTelemetry {
   double gradient_sq = 0;
   bool gradient_reported = false;
   // Whether the compressions since the last TakeTelemetry read every input value on a path
-  // that shows a NaN / inf (onebit: the scale's sum over |x|), and if so whether one was there.
+  // that shows a NaN / inf (CompressorBase::NoteInputCheck: onebit's scale, sdp4bit's group
+  // scales), and if so whether one was there.
   // Where input_checked is false the worker engine makes its own pass (FirstNonFinite).
   bool input_checked = false;
   bool input_non_finite = false;
@@ -122,7 +123,7 @@ class Compressor {
   }
 
   // Adds what this instance counted since the last call to `into` (see CompressorTelemetry)
-  // and starts counting afresh. Default: nothing to report.
+  // and starts counting afresh. Default: nothing to report (CompressorBase: its input checks).
   virtual void TakeTelemetry(CompressorTelemetry* /*into*/) {}
 
   // out.count() must equal the payload's element count and out.dtype() its dtype.
@@ -186,6 +187,9 @@ class CompressorBase : public Compressor {
   bool RawBodyHeader(ConstTensorView input, const CompressContext& ctx,
                      uint8_t* header) const final;
   Status ValidatePayload(ByteSpan payload, size_t n) final;
+  // input_checked / input_non_finite from NoteInputCheck. A compressor that reports more
+  // overrides it and calls this one.
+  void TakeTelemetry(CompressorTelemetry* into) override;
   StatusOr<size_t> AggregateCompress(Span<const ByteSpan> pushes, size_t n, float scale,
                                      float* residual, const CompressContext& ctx,
                                      MutableByteSpan out) final;
@@ -276,6 +280,13 @@ class CompressorBase : public Compressor {
   static StatusOr<DType> PayloadDType(DType input, const CompressContext& ctx);
   // Writes the header for a body just encoded; returns the payload size.
   size_t FinishPayload(DType dtype, size_t n, size_t body_bytes, uint8_t* out) const;
+  // An encode whose own pass read every input value on a path that shows a NaN / inf (a scale,
+  // a norm, a selection key) says what it saw; TakeTelemetry reports it (input_checked), so
+  // the worker engine makes no pass of its own.
+  void NoteInputCheck(bool non_finite) {
+    input_checked_ = true;
+    input_non_finite_ |= non_finite;
+  }
 
  private:
   StatusOr<PayloadHeader> CheckPayload(ByteSpan payload, size_t expected_count) const;
@@ -283,6 +294,8 @@ class CompressorBase : public Compressor {
   v1::CompressorId id_;
   IsaLevel isa_;
   AlignedBuffer<float> scratch_;
+  bool input_checked_ = false;     // an encode noted its input check since TakeTelemetry
+  bool input_non_finite_ = false;  // and one saw a NaN / inf
 };
 
 }  // namespace bitpush::compressors

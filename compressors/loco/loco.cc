@@ -74,6 +74,7 @@ LocoCompressor::Kind LocoCompressor::KindFor(const CompressContext& ctx) const {
 }
 
 void LocoCompressor::TakeTelemetry(CompressorTelemetry* into) {
+  CompressorBase::TakeTelemetry(into);
   into->values += telemetry_.values;
   into->saturated += telemetry_.saturated;
   into->error_values += telemetry_.error_values;

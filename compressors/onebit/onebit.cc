@@ -18,9 +18,8 @@ namespace bitpush::compressors {
 float OnebitCompressor::ScaleFromSum(double sum, size_t n) {
   // The sign pass sums |x| over every input value: a NaN or inf among them leaves the sum
   // non-finite (finite floats cannot overflow a double sum), which the telemetry reports.
-  input_checked_ = true;
+  NoteInputCheck(!std::isfinite(sum));
   if (!std::isfinite(sum)) {
-    input_non_finite_ = true;
     return std::numeric_limits<float>::quiet_NaN();
   }
   if (!scaled_) return 1.0f;
@@ -28,12 +27,6 @@ float OnebitCompressor::ScaleFromSum(double sum, size_t n) {
   const float scale = static_cast<float>(sum / static_cast<double>(n));
   // A NaN input makes the sum NaN: store a canonical positive quiet NaN.
   return std::isnan(scale) ? std::numeric_limits<float>::quiet_NaN() : scale;
-}
-
-void OnebitCompressor::TakeTelemetry(CompressorTelemetry* into) {
-  into->input_checked |= input_checked_;
-  into->input_non_finite |= input_non_finite_;
-  input_checked_ = input_non_finite_ = false;
 }
 
 void OnebitCompressor::UpdateResidual(float* q, size_t n, const uint8_t* words, float scale) {

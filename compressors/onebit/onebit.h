@@ -81,8 +81,6 @@ class OnebitCompressor final : public CompressorBase {
   Status DecodeBodyToTensor(ByteSpan body, size_t n, DType dtype, float* out) override;
   bool FusesServerRound(bool) const override { return true; }
   bool FusesResidualDecay() const override { return true; }
-  // input_checked / input_non_finite from the scale's sum (ScaleFromSum).
-  void TakeTelemetry(CompressorTelemetry* into) override;
   size_t AggregateBody(const ByteSpan* bodies, size_t count, size_t n, DType dtype, float mult,
                        float* residual, const CompressContext& ctx, uint8_t* body) override;
 
@@ -104,14 +102,12 @@ class OnebitCompressor final : public CompressorBase {
 
  private:
   // The payload's scale from the sign pass's sum of |x|; notes whether the sum was finite (the
-  // input non-finite check, TakeTelemetry).
+  // input non-finite check, NoteInputCheck).
   float ScaleFromSum(double sum_abs, size_t n);
   // e <- q - C(q) from the sign words (or zero when the scale is NaN).
   void UpdateResidual(float* q, size_t n, const uint8_t* words, float scale);
 
   bool scaled_;
-  bool input_checked_ = false;        // a sign pass ran since the last TakeTelemetry
-  bool input_non_finite_ = false;     // and its sum was NaN / inf
   std::vector<PushSigns> pushes_;     // AggregateBody's view of the pushes
   std::vector<uint64_t> push_words_;  // their sign words at the current position
   // Set by the *Deferred entry points for the duration of one call: the residual buffer holds

@@ -175,18 +175,13 @@ size_t Sdp4bitCompressor::Encode(const float* x, size_t n, Kind kind, const Comp
   uint8_t* codes = data + 4 * Ceil(m, group_);
   sdp4bit::QuantizeGroups(x, n, m, 0, hadamard_, LayoutFor(ctx), data, codes, work_.data(), isa());
   // Every value went into its group's absmax: a NaN scale (the non-finite marker) is the input
-  // check (TakeTelemetry), read from the scales alone (one float per group).
-  input_checked_ = true;
-  for (size_t g = 0, groups = Ceil(m, group_); g < groups && !input_non_finite_; ++g) {
-    input_non_finite_ = std::isnan(GetF32(data + 4 * g));
+  // check (NoteInputCheck), read from the scales alone (one float per group).
+  bool non_finite = false;
+  for (size_t g = 0, groups = Ceil(m, group_); g < groups && !non_finite; ++g) {
+    non_finite = std::isnan(GetF32(data + 4 * g));
   }
+  NoteInputCheck(non_finite);
   return QuantizedBodyBytes(n);
-}
-
-void Sdp4bitCompressor::TakeTelemetry(CompressorTelemetry* into) {
-  into->input_checked |= input_checked_;
-  into->input_non_finite |= input_non_finite_;
-  input_checked_ = input_non_finite_ = false;
 }
 
 void Sdp4bitCompressor::Decode(const uint8_t* body, size_t n, Kind kind, float* out, bool add) {

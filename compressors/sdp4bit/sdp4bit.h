@@ -99,9 +99,6 @@ class Sdp4bitCompressor final : public CompressorBase {
   Kind KindFor(const CompressContext& ctx) const;
 
   bool FusesServerRound(bool with_residual) const override { return !with_residual; }
-  // input_checked / input_non_finite of the quantised compressions (the group scales' NaN
-  // marker); the fp32 / fp16 / bf16 replies report nothing.
-  void TakeTelemetry(CompressorTelemetry* into) override;
 
  protected:
   size_t MaxBodyBytes(size_t n, DType dtype) const override;
@@ -130,8 +127,6 @@ class Sdp4bitCompressor final : public CompressorBase {
   v1::PullFormat pull_;
   AlignedBuffer<float> work_;                // one group of transformed values (the quantiser)
   AlignedBuffer<float> decoded_;             // C(q) (error feedback)
-  bool input_checked_ = false;               // a quantised encode ran since TakeTelemetry
-  bool input_non_finite_ = false;            // and a group scale was the NaN marker
   AlignedBuffer<float> sum_;                 // the fused server round: one chunk of z
   AlignedBuffer<float> values_;              // the fused server round: a 16/32-bit push's chunk
   std::vector<const uint8_t*> push_scales_;  // the fused server round: each push's scales
