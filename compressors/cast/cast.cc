@@ -18,6 +18,7 @@ size_t CastCompressor::EncodeBody(const float* x, size_t n, DType dtype, const C
                                   uint8_t* body) {
   const DType stored = Stored(dtype);
   ConvertFromFloat(x, TensorView(body, n, stored), isa());
+  NoteStoredCheck(body, n, stored);
   return n * DTypeSize(stored);
 }
 
@@ -25,6 +26,7 @@ size_t CastCompressor::EncodeBodyWithFeedback(float* q, size_t n, DType dtype,
                                               const CompressContext&, uint8_t* body) {
   const DType stored = Stored(dtype);
   CastWithResidual(nullptr, q, TensorView(body, n, stored), isa());
+  NoteStoredCheck(body, n, stored);
   return n * DTypeSize(stored);
 }
 
@@ -33,7 +35,15 @@ size_t CastCompressor::EncodeBodyWithFeedbackF32(const float* g, float* e, size_
   // One fused pass: q = g + e, store cast(q), e = q - float(cast(q)).
   const DType stored = Stored(DType::kFloat32);
   CastWithResidual(g, e, TensorView(body, n, stored), isa());
+  NoteStoredCheck(body, n, stored);
   return n * DTypeSize(stored);
+}
+
+void CastCompressor::NoteStoredCheck(const uint8_t* body, size_t n, DType stored) {
+  // A cast keeps NaN / inf (and rounds a finite value beyond the narrow range to inf), so the
+  // values just written, in cache and 2 bytes each where narrowed, show what the push carries:
+  // the engine's input check, read from the output instead of a pass over the fp32 input.
+  NoteInputCheck(FirstNonFinite(ConstTensorView(body, n, stored), isa()) < n);
 }
 
 Status CastCompressor::CheckBodySize(ByteSpan body, size_t n, DType stored) const {

@@ -78,6 +78,9 @@ float DitheringCompressor::ScaleFromSumSquares(double sum) const {
 
 size_t DitheringCompressor::Encode(float* x, bool feedback, size_t n, float scale,
                                    const CompressContext& ctx, uint8_t* body) {
+  // The scale's pass read every value (max |x| or the sum of squares): NaN iff one was not
+  // finite (ScaleFromMaxBits, ScaleFromSumSquares), the engine's input check.
+  NoteInputCheck(std::isnan(scale));
   std::memcpy(body, &scale, sizeof scale);
   uint8_t* blocks = body + sizeof(float);
   const size_t bytes = BodyBytes(n);

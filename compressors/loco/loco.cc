@@ -91,6 +91,7 @@ size_t LocoCompressor::EncodeBlocks(const float* x, size_t n, float* residual, u
   uint8_t* steps = body + kBodyHeaderBytes;
   PassCounts c;
   loco::QuantizeBlocks(x, n, block_, steps, steps + 4 * nb, residual, &c, isa());
+  NoteInputCheck(!c.finite);  // every block's absmax read its values
   telemetry_.values += n;
   return kBodyHeaderBytes + 4 * nb + Ceil(n, 2);
 }
@@ -128,6 +129,7 @@ size_t LocoCompressor::Encode(const float* x, size_t n, Kind kind, float* residu
   uint8_t* codes = data + 4;
   PassCounts c;
   loco::QuantizeFixed(x, n, fixed_, codes, residual, &c, isa());
+  NoteInputCheck(!c.finite);
   telemetry_.values += n;
   telemetry_.saturated += c.saturated;
   if (!c.finite) {
@@ -230,6 +232,7 @@ size_t LocoCompressor::StepBody(const float* g, size_t n, LocoState& st, const C
     bytes = kBodyHeaderBytes + 4 * nb + Ceil(n, 2);
   }
   if (!c.finite) st.Reset();  // a non-finite gradient resets the state (docs/errors.md)
+  NoteInputCheck(!c.finite);
   telemetry_.values += n;
   telemetry_.saturated += c.saturated;
   telemetry_.error_values += st.fp32_ ? 0 : n;

@@ -184,6 +184,7 @@ const uint32_t* RandomkCompressor::Sample(const CompressContext& ctx, size_t n, 
 
 size_t RandomkCompressor::Encode(float* q, size_t n, DType dtype, const CompressContext& ctx,
                                  bool all_finite, bool residual, uint8_t* body) {
+  NoteInputCheck(!all_finite);  // the engine's check: every q was read for all_finite
   const size_t k = size_.KeepCount(n);
   const uint32_t* idx = k ? Sample(ctx, n, k) : nullptr;
   uint8_t* values = WriteSparseHead(idx, k, body);

@@ -269,6 +269,7 @@ StatusOr<size_t> SeparateCompressor::CompressWithState(ConstTensorView input, Se
   st.pending_reset_ = reset || !finite;
   st.pending_round_ = ctx.round;
   st.gradient_sq_ = gsq;
+  st.input_non_finite_ = !finite;
   if (reset || !finite) st.error_sq_ = 0;
   st.reported_ = true;
   return FinishPayload(dtype, n, kBodyHeaderBytes + 4 * rows, out.data());
@@ -378,6 +379,10 @@ void SeparateState::TakeTelemetry(CompressorTelemetry* into) {
   into->gradient_reported = true;
   into->error_sq = error_sq_;
   into->error_reported = true;
+  // The compression read every g + e into ||h||^2 (and the projections): the engine's input
+  // check, with the residual's own values included.
+  into->input_checked = true;
+  into->input_non_finite |= input_non_finite_;
   reported_ = false;
 }
 

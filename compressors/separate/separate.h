@@ -144,6 +144,7 @@ class SeparateState final : public ErrorFeedback {
   double gradient_sq_ = 0;
   double error_sq_ = 0;
   bool reported_ = false;
+  bool input_non_finite_ = false;  // the last compression saw a NaN / inf in h or its projections
 };
 
 }  // namespace bitpush::compressors

@@ -138,6 +138,16 @@ uint32_t TopkCompressor::KthLargestKey(const uint32_t* keys, size_t count, size_
   return kth;
 }
 
+bool TopkCompressor::NonFiniteCandidate(size_t count) const {
+  // The largest key of the tensor is a candidate (every threshold is a key at most that
+  // large), and a NaN / inf has the largest keys there are: the input held one iff a candidate
+  // does. Reads the candidates' keys only (about k of them).
+  const uint32_t* keys = candidate_keys_.data();
+  uint32_t top = 0;
+  for (size_t j = 0; j < count; ++j) top = std::max(top, keys[j]);
+  return top >= kNonFiniteKey;
+}
+
 const uint32_t* TopkCompressor::Select(const float* g, float* data, size_t n, size_t k) {
   BP_CHECK(n <= kMaxSparseElements, "topk: {} elements exceed the int32 index range", n);
   // The lowest threshold is 1, not 0: it passes every nonzero element, so a tensor that is
@@ -148,6 +158,7 @@ const uint32_t* TopkCompressor::Select(const float* g, float* data, size_t n, si
   nonfinite_left_out_ = false;
   while (count < k) {
     if (t == 1) {  // every nonzero element passed: fewer than k
+      NoteInputCheck(NonFiniteCandidate(count));
       last_candidates_ = count;
       return SelectWithZeros(n, k, count);
     }
@@ -155,6 +166,7 @@ const uint32_t* TopkCompressor::Select(const float* g, float* data, size_t n, si
     count = FilterPass(nullptr, data, n, t, false);  // data holds q after a fused pass
     ++last_filter_passes_;
   }
+  NoteInputCheck(NonFiniteCandidate(count));
   last_candidates_ = count;
   uint32_t* cand = candidates_.data();
   if (count == k) return cand;

@@ -98,6 +98,8 @@ class TopkCompressor final : public CompressorBase {
   // Selects the top-k of q into candidates_[0..k), ascending. With g == nullptr, q is `data`;
   // otherwise q = g + data, and data receives q (the fused error-feedback pass).
   const uint32_t* Select(const float* g, float* data, size_t n, size_t k);
+  // Whether one of the first `count` candidates' keys is a NaN / inf (Select's input check).
+  bool NonFiniteCandidate(size_t count) const;
   // The selection when fewer than k elements are nonzero: the `count` candidates (every
   // nonzero element) plus the first k - count zero elements, ascending, in work_.
   const uint32_t* SelectWithZeros(size_t n, size_t k, size_t count);

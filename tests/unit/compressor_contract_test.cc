@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/vector_ops.h"
+#include "compressors/error_feedback.h"
 #include "compressors/registry.h"
 #include "tests/unit/test_util.h"
 
@@ -518,6 +519,49 @@ TEST_P(CompressorContract, NonFiniteInputReachesOutput) {
     for (size_t i = 0; i < e.size(); ++i) {
       ASSERT_TRUE(std::isfinite(e[i]))
           << "residual " << i << " is " << e[i] << " after input " << bad;
+    }
+  }
+}
+
+// The worker engine's non-finite check (RoundPipeline::CompressAndPush) takes a compression's
+// own report where there is one (CompressorTelemetry::input_checked, from the compressor or its
+// worker error-feedback state) instead of a pass of its own. Where reported, it is exact: a
+// NaN / inf at the first, a middle or the last element is seen and a finite input is not; and
+// the methods whose encode reads every value on a path that shows one do report it.
+TEST_P(CompressorContract, InputCheckIsExactWhereReported) {
+  const v1::CompressorId id = config_.id();
+  const bool reports = id == v1::COMPRESSOR_ID_NONE || id == v1::COMPRESSOR_ID_FP16 ||
+                       id == v1::COMPRESSOR_ID_BF16 || id == v1::COMPRESSOR_ID_ONEBIT ||
+                       id == v1::COMPRESSOR_ID_TOPK || id == v1::COMPRESSOR_ID_RANDOMK ||
+                       id == v1::COMPRESSOR_ID_DITHERING || id == v1::COMPRESSOR_ID_SDP4BIT ||
+                       id == v1::COMPRESSOR_ID_LOCO;
+  const size_t n = 4097;
+  auto made = CreateErrorFeedback(config_, ErrorFeedbackSide::kWorker, n);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  std::unique_ptr<ErrorFeedback> state = std::move(made).value();
+  uint64_t round = 0;
+  for (bool via_state : {false, true}) {
+    for (size_t pos : {size_t{0}, size_t{1234}, n - 1}) {
+      for (float value : {0.5f, std::nanf(""), INFINITY, -INFINITY}) {
+        SCOPED_TRACE((via_state ? "through the worker state, " : "plain, ") +
+                     std::to_string(value) + " at " + std::to_string(pos));
+        std::vector<float> v = Randoms(n, 3);
+        v[pos] = value;
+        const TestTensor x = MakeTensor(v, dtype_);
+        std::vector<uint8_t> out(c_->MaxCompressedBytes(n, dtype_));
+        const CompressContext ctx{3, ++round};
+        auto r = via_state ? state->Compress(*c_, x.view(), ctx, {out.data(), out.size()})
+                           : c_->Compress(x.view(), ctx, {out.data(), out.size()});
+        ASSERT_TRUE(r.ok()) << r.status().ToString();
+        CompressorTelemetry t;
+        c_->TakeTelemetry(&t);
+        state->TakeTelemetry(&t);
+        // separate reports through its state (the compression reads g + e there).
+        if (reports || (via_state && id == v1::COMPRESSOR_ID_SEPARATE)) {
+          EXPECT_TRUE(t.input_checked);
+        }
+        if (t.input_checked) EXPECT_EQ(t.input_non_finite, !std::isfinite(value));
+      }
     }
   }
 }
