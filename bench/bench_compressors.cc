@@ -15,6 +15,7 @@
 #include "common/aligned_buffer.h"
 #include "common/counter_rng.h"
 #include "common/cpu_features.h"
+#include "common/vector_ops.h"
 #include "compressors/compressor.h"
 #include "compressors/error_feedback.h"
 #include "compressors/registry.h"
@@ -268,6 +269,21 @@ int RunCompressorsBench(int argc, char** argv) {
         else
           payload_bytes = *r;
       };
+      // compress_ef_checked: compress_ef and the worker engine's non-finite check after it, as
+      // RoundPipeline::CompressAndPush makes it: the compressor's own report where its pass
+      // reads every value (telemetry.input_checked: onebit, sdp4bit), else one FirstNonFinite
+      // pass over the input. Its record's check_cost = its time / compress_ef's - 1.
+      size_t checked_at = 0;
+      auto compress_ef_checked = [&] {
+        compress_ef();
+        compressors::CompressorTelemetry telemetry;
+        c->TakeTelemetry(&telemetry);
+        ef->TakeTelemetry(&telemetry);
+        checked_at = telemetry.input_checked
+                         ? (telemetry.input_non_finite ? 0 : n)
+                         : FirstNonFinite(ConstTensorView(grad.data(), n), opt.isa);
+        if (checked_at != n) failure = InternalError("non-finite check: finite input flagged");
+      };
       auto decompress = [&] {
         Status s = c->Decompress({payload.data(), payload_bytes}, TensorView(out.data(), n));
         if (!s.ok()) failure = s;
@@ -339,12 +355,15 @@ int RunCompressorsBench(int argc, char** argv) {
       };
       // decompress* run on the payload left by the last plain compress.
       const Op ops[] = {{"compress_ef", compress_ef},
+                        {"compress_ef_checked", compress_ef_checked},
                         {"compress", compress},
                         {"decompress", decompress},
                         {"decompress_add", decompress_add},
                         {"server_round", server_round, kServerPushes}};
+      double ef_seconds = 0;
       for (const Op& op : ops) {
         const Timing t = TimeIt(op.fn, opt.min_seconds, min_reps);
+        if (std::strcmp(op.name, "compress_ef") == 0) ef_seconds = t.best_seconds;
         if (!failure.ok()) {
           std::fprintf(stderr, "bitpush-bench compressors: %s %s failed: %s\n", spec, op.name,
                        failure.ToString().c_str());
@@ -353,23 +372,28 @@ int RunCompressorsBench(int argc, char** argv) {
         const double gbps = static_cast<double>(op.pushes) * bytes / t.best_seconds / 1e9;
         const double ratio =
             static_cast<double>(bytes) / static_cast<double>(payload_bytes ? payload_bytes : 1);
-        records.push_back(JsonRecord()
-                              .Add("name", name)
-                              .Add("spec", spec)
-                              .Add("op", op.name)
-                              .Add("isa", isa_name)
-                              .Add("bytes", bytes)
-                              .Add("seconds", t.best_seconds)
-                              .Add("median_seconds", t.median_seconds)
-                              .Add("gbps", gbps)
-                              .Add("elements_per_s", static_cast<double>(op.pushes) *
-                                                         static_cast<double>(n) / t.best_seconds)
-                              .Add("ratio_to_memcpy", gbps / memcpy_gbps)
-                              .Add("compression_ratio", ratio)
-                              .Add("payload_bytes", payload_bytes));
+        JsonRecord record;
+        record.Add("name", name)
+            .Add("spec", spec)
+            .Add("op", op.name)
+            .Add("isa", isa_name)
+            .Add("bytes", bytes)
+            .Add("seconds", t.best_seconds)
+            .Add("median_seconds", t.median_seconds)
+            .Add("gbps", gbps)
+            .Add("elements_per_s",
+                 static_cast<double>(op.pushes) * static_cast<double>(n) / t.best_seconds)
+            .Add("ratio_to_memcpy", gbps / memcpy_gbps)
+            .Add("compression_ratio", ratio)
+            .Add("payload_bytes", payload_bytes);
+        const bool checked = std::strcmp(op.name, "compress_ef_checked") == 0;
+        if (checked) record.Add("check_cost", t.best_seconds / ef_seconds - 1.0);
+        records.push_back(std::move(record));
         if (!opt.json) {
-          std::printf("%-48s %-15s %6zu %9.2f %8.2f %9.1f\n", spec, op.name, mib, gbps,
+          std::printf("%-48s %-19s %6zu %9.2f %8.2f %9.1f", spec, op.name, mib, gbps,
                       gbps / memcpy_gbps, ratio);
+          if (checked) std::printf("  check +%.1f%%", (t.best_seconds / ef_seconds - 1.0) * 100);
+          std::printf("\n");
         }
       }
     }

@@ -97,7 +97,9 @@ int PlanRuns(const Options& opt, std::vector<RunSpec>* runs) {
     for (const std::string& placement : opt.placements) {
       for (const std::string& security : opt.securities) {
         for (const std::string& transport : opt.transports) {
-          runs->push_back({spec, *ef, security, transport, placement});
+          for (const std::string& check : opt.non_finite_checks) {
+            runs->push_back({spec, *ef, security, transport, placement, check == "on"});
+          }
         }
       }
     }

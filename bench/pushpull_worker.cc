@@ -32,7 +32,7 @@ constexpr char kUsage[] =
     "       [--warmup W] [--pause-ms M] [--linger-ms L] [--compression SPEC]\n"
     "       [--dtype float32|float16|bfloat16] [--placement worker|server]\n"
     "       [--optimizer sgd|adamw|lans]\n"
-    "       [--results PATH] [--record PATH] [--quiet]\n"
+    "       [--results PATH] [--record PATH] [--quiet] [--no-non-finite-check]\n"
     "       [--shutdown-timeout-ms T] [--log-level trace|debug|info|warn|error]\n"
     "Declares K tensors of X MiB of the dtype (default 1 x 1 MiB of float32), runs W warm-up\n"
     "and N timed (default 10) PushPull+Wait iterations, sleeping M ms before each, then shuts "
@@ -43,6 +43,8 @@ constexpr char kUsage[] =
     "optimizer on the averaged gradient after each iteration (its state lives here).\n"
     "--record PATH: every tensor's input, then its output after each completed iteration, as\n"
     "raw bytes appended to PATH (for tests that check the results against a reference).\n"
+    "--no-non-finite-check: the engine skips its own non-finite pass over a push's input\n"
+    "(ClientOptions::check_non_finite; to measure what it costs).\n"
     "Exit: 0 ok, 1 start-up/declare/shutdown failure, 2 usage, 3 a push_pull failed.\n";
 
 struct Options {
@@ -61,6 +63,7 @@ struct Options {
   std::string record_path;
   std::string log_level = "warn";
   bool quiet = false;
+  bool check_non_finite = true;
   std::string placement = "worker";  // "server": the servers run the optimizer
   std::string optimizer;             // "" = none (worker) / adamw (server)
 };
@@ -112,6 +115,7 @@ class Worker {
     worker::ClientOptions co;
     co.cluster = *config;
     co.rank = static_cast<uint32_t>(opt_.rank);
+    co.check_non_finite = opt_.check_non_finite;
     StatusOr<std::unique_ptr<worker::Client>> made = worker::Client::Create(std::move(co));
     if (!made.ok()) return Fail(1, "start-up", made.status());
     client_ = std::move(made).value();
@@ -352,6 +356,10 @@ int RunPushPullWorker(const char* program, int argc, char** argv) {
     }
     if (arg == "--quiet") {
       opt.quiet = true;
+      continue;
+    }
+    if (arg == "--no-non-finite-check") {
+      opt.check_non_finite = false;
       continue;
     }
     if (i + 1 >= argc) return usage(arg + " needs a value (or is unknown)");

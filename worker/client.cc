@@ -254,6 +254,7 @@ StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   e.rank = options.rank;
   e.inproc_hub = std::move(options.inproc_hub);
   e.clock = std::move(options.clock);
+  e.check_non_finite = options.check_non_finite;
   BP_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(std::move(e)));
   return std::unique_ptr<Client>(
       new Client(std::make_unique<EngineBackend>(std::move(engine), std::move(metrics)),

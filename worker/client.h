@@ -165,6 +165,8 @@ struct ClientOptions {
   // Embedded mode: the clock of op deadlines, the declaration wait and the control plane's
   // timers (EngineOptions::clock); null = the system clock. Tests pass a clock they advance.
   std::shared_ptr<const Clock> clock;
+  // Embedded mode: EngineOptions::check_non_finite (a benchmark's switch; default on).
+  bool check_non_finite = true;
 };
 
 struct ClientStats {

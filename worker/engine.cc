@@ -54,7 +54,9 @@ Engine::Engine(EngineOptions& options, v1::ErrorFeedbackPolicy policy)
                  }),
       pipeline_(state_, scheduler_),
       state_calls_(state_, declarations_),
-      failures_(state_, scheduler_, declarations_, state_calls_) {}
+      failures_(state_, scheduler_, declarations_, state_calls_) {
+  state_.check_non_finite = options.check_non_finite;
+}
 
 Status Engine::Start(EngineOptions& options) {
   const config::ClusterConfig& cluster = state_.cluster;

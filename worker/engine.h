@@ -77,6 +77,10 @@ struct EngineOptions {
   // The clock of op deadlines, the declaration wait and the control plane's timers; null =
   // SystemClock(). Tests pass a clock they advance by hand.
   std::shared_ptr<const Clock> clock;
+  // The non-finite check of each push's input where the compression reports none of its own
+  // (RoundPipeline::CompressAndPush; docs/errors.md). false only for a benchmark measuring
+  // what the check costs (bitpush-bench pushpull --non-finite-check off): a NaN then goes on.
+  bool check_non_finite = true;
 };
 
 class Engine {

@@ -93,6 +93,7 @@ ClusterRun::ClusterRun(const Options& opt, const NetPlan& net, const RunSpec& ru
   result_.security = run.security;
   result_.transport = run.transport;
   result_.placement = run.placement;
+  result_.non_finite_check = run.non_finite_check;
   result_.optimizer = OptimizerFor(opt_, result_.placement);
   if (result_.placement == "server") result_.pull = PullFor(opt_, result_.spec);
 }
@@ -139,6 +140,7 @@ StatusOr<ClusterResult> ClusterRun::Run() {
                                      "--placement",  result_.placement,
                                      "--quiet"};
     if (!result_.optimizer.empty()) argv.insert(argv.end() - 1, {"--optimizer", result_.optimizer});
+    if (!result_.non_finite_check) argv.push_back("--no-non-finite-check");
     workers_.push_back(Spawn("worker " + r, argv));
   }
   BP_RETURN_IF_ERROR(WaitForAll(config));

@@ -57,16 +57,18 @@ StatusOr<ClusterPrograms> FindClusterPrograms();
 
 // One cell of the run matrix: what one cluster runs.
 struct RunSpec {
-  std::string spec;            // the compressor spec
-  std::string error_feedback;  // the policy (resolved: never "auto")
-  std::string security;        // "none", "curve"
-  std::string transport;       // "zmq", "ucx"
-  std::string placement;       // the optimizer's: "worker", "server"
+  std::string spec;              // the compressor spec
+  std::string error_feedback;    // the policy (resolved: never "auto")
+  std::string security;          // "none", "curve"
+  std::string transport;         // "zmq", "ucx"
+  std::string placement;         // the optimizer's: "worker", "server"
+  bool non_finite_check = true;  // false: the workers run --no-non-finite-check
 };
 
 struct ClusterResult {
   std::string spec;
   std::string placement = "worker";
+  bool non_finite_check = true;
   std::string optimizer;  // "" = none
   std::string pull;       // server placement
   std::string error_feedback;

@@ -58,7 +58,7 @@ void PrintHelp() {
       "         [--error-feedback auto|none|worker|server|both]\n"
       "         [--min-compress-bytes 1048576] [--raw-reps 5] [--timeout-s 300] [--keep-dir]\n"
       "         [--link-gbit R] [--security none|curve[,...]] [--transport zmq|ucx[,...]]\n"
-      "         [--ucx-tls TLS] [--reps 1]\n"
+      "         [--ucx-tls TLS] [--reps 1] [--non-finite-check on|off[,...]]\n"
       "         [--peer pslite --pslite-dir DIR [--peer-reps 3]]\n"
       "         [--peer ddp [--peer-variant allreduce|ddp|fp16|powersgd] [--peer-python PY]\n"
       "          [--peer-reps 3]]\n"
@@ -85,6 +85,10 @@ void PrintHelp() {
       "transport; ucx = the data plane over UCX (cluster.transport ucx), with cluster.ucx.tls =\n"
       "--ucx-tls (e.g. tcp, or sm,self,tcp for shared memory; default: UCX's choice).\n"
       "transport_ratio = goodput / the same compressor's goodput over zmq.\n"
+      "--non-finite-check on,off (default on; the flag may repeat): each run once per value, off\n"
+      "= the workers skip the engine's own non-finite pass over a push's input (a compression\n"
+      "that checks inside its kernels still does); non_finite_check_ratio = goodput with it /\n"
+      "goodput without it, the check's cost (docs/errors.md).\n"
       "--reps R: R passes over all the runs (each compressor, security mode and transport once\n"
       "per pass, in the same order), so that drift of the shared machine hits all; each record\n"
       "is the run of median goodput of its R (goodput_min_gbps, goodput_max_gbps beside it), and\n"
@@ -165,6 +169,8 @@ int ParseOptions(int argc, char** argv, Options* o) {
       add_choices({"none", "curve"}, &o->securities);
     } else if (a == "--transport") {
       add_choices({"zmq", "ucx"}, &o->transports);
+    } else if (a == "--non-finite-check") {
+      add_choices({"on", "off"}, &o->non_finite_checks);
     } else if (a == "--ucx-tls") {
       o->ucx_tls = next();
       if (o->ucx_tls.empty() || o->ucx_tls.find_first_of("\"\n\\") != std::string::npos) {
@@ -252,6 +258,7 @@ int ParseOptions(int argc, char** argv, Options* o) {
   if (o->compressors.empty()) o->compressors.push_back("none");
   if (o->securities.empty()) o->securities.push_back("none");
   if (o->transports.empty()) o->transports.push_back("zmq");
+  if (o->non_finite_checks.empty()) o->non_finite_checks.push_back("on");
   if (o->placements.empty()) o->placements.push_back("worker");
   if (o->dtype != DType::kFloat32 &&
       (!o->optimizer.empty() ||

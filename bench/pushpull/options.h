@@ -25,7 +25,9 @@ struct Options {
   std::vector<std::string> compressors;
   std::vector<std::string> securities;  // "none", "curve"; each compressor runs under each
   std::vector<std::string> transports;  // "zmq", "ucx"; each compressor runs over each
-  std::string ucx_tls;                  // cluster.ucx.tls of the ucx clusters ("": UCX's choice)
+  // "on", "off": each run with the workers' engine non-finite check on / off (innermost).
+  std::vector<std::string> non_finite_checks;
+  std::string ucx_tls;  // cluster.ucx.tls of the ucx clusters ("": UCX's choice)
   std::string error_feedback = "auto";
   long long min_compress_bytes = 1048576;
   int iters = 10;

@@ -10,13 +10,13 @@ namespace bitpush::bench::pushpull {
 namespace {
 
 // The goodput of the run of `spec` under `security` over `transport` with the optimizer's
-// `placement` (NaN when there is none).
+// `placement` and the engine's non-finite check on or off (NaN when there is none).
 double GoodputOf(const std::vector<ClusterResult>& results, const std::string& spec,
                  const std::string& security, const std::string& transport,
-                 const std::string& placement) {
+                 const std::string& placement, bool non_finite_check = true) {
   for (const ClusterResult& r : results) {
     if (r.spec == spec && r.security == security && r.transport == transport &&
-        r.placement == placement) {
+        r.placement == placement && r.non_finite_check == non_finite_check) {
       return r.goodput_gbps;
     }
   }
@@ -39,6 +39,13 @@ double TransportRatio(const std::vector<ClusterResult>& results, const ClusterRe
   return r.goodput_gbps / GoodputOf(results, r.spec, r.security, "zmq", r.placement);
 }
 
+// --non-finite-check on,off: goodput with the engine's check / the same run's without it
+// (NaN on an "off" record, or without an "off" run).
+double NonFiniteCheckRatio(const std::vector<ClusterResult>& results, const ClusterResult& r) {
+  if (!r.non_finite_check) return NAN;
+  return r.goodput_gbps / GoodputOf(results, r.spec, r.security, r.transport, r.placement, false);
+}
+
 // The peer's median goodput (NaN when it did not run).
 double PeerGoodput(const RunReport& report) {
   return report.peer == nullptr || report.peer->runs() == 0 ? NAN
@@ -59,6 +66,7 @@ std::vector<JsonRecord> Records(const RunReport& report) {
         .Add("security", r.security)
         .Add("transport", r.transport)
         .Add("placement", r.placement)
+        .Add("non_finite_check", r.non_finite_check ? "on" : "off")
         .Add("optimizer", r.optimizer)
         .Add("pull", r.pull)
         .Add("ucx_tls", r.transport == "ucx" ? report.ucx_lanes : "")
@@ -78,6 +86,7 @@ std::vector<JsonRecord> Records(const RunReport& report) {
     rec.Add("ratio_to_none", r.goodput_gbps / NoneGoodputFor(results, r))
         .Add("security_ratio", SecurityRatio(results, r))
         .Add("transport_ratio", TransportRatio(results, r))
+        .Add("non_finite_check_ratio", NonFiniteCheckRatio(results, r))
         .Add("iter_ms", r.iter_ms)
         .Add("compress_ms", r.compress_ms)
         .Add("network_ms", r.network_ms)
@@ -151,11 +160,14 @@ void PrintTable(const RunReport& report) {
     std::printf(
         "%-28s %-5s %-5s %-4s %8.3f %8.2f %8.2f %8.2f %8.2f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f "
         "%10.1f %9.1f\n",
-        (r.spec + (r.placement == "server" ? " @server" : "")).c_str(), r.error_feedback.c_str(),
-        r.security.c_str(), r.transport.c_str(), r.goodput_gbps, r.goodput_gbps / raw.best_gbps,
-        r.goodput_gbps / raw.duplex_best_gbps, SecurityRatio(results, r),
-        TransportRatio(results, r), r.iter_ms, r.compress_ms, r.network_ms, r.server_ms,
-        r.decompress_ms, r.server_peak_rss_mb, 4 * r.server_owned_mb + 64, r.worker_peak_rss_mb);
+        (r.spec + (r.placement == "server" ? " @server" : "") +
+         (r.non_finite_check ? "" : " unchecked"))
+            .c_str(),
+        r.error_feedback.c_str(), r.security.c_str(), r.transport.c_str(), r.goodput_gbps,
+        r.goodput_gbps / raw.best_gbps, r.goodput_gbps / raw.duplex_best_gbps,
+        SecurityRatio(results, r), TransportRatio(results, r), r.iter_ms, r.compress_ms,
+        r.network_ms, r.server_ms, r.decompress_ms, r.server_peak_rss_mb,
+        4 * r.server_owned_mb + 64, r.worker_peak_rss_mb);
   }
   if (report.peer == nullptr) return;
   const Peer& peer = *report.peer;

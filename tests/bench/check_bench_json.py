@@ -11,7 +11,8 @@ import sys
 
 bench = sys.argv[1]
 REQUIRED = {"name", "op", "bytes", "gbps", "ratio_to_memcpy", "compression_ratio"}
-OPS = {"compress", "compress_ef", "decompress", "decompress_add", "server_round"}
+OPS = {"compress", "compress_ef", "compress_ef_checked", "decompress", "decompress_add",
+       "server_round"}
 
 
 def run(*args):
@@ -48,6 +49,12 @@ for isa in ("scalar", "avx2", "avx512"):
         if spec == "memcpy":
             continue
         assert set(ops) == OPS, (spec, set(ops))
+        # compress_ef_checked: compress_ef and the engine's non-finite check, timed in the same
+        # run; check_cost = its time / compress_ef's - 1 (on that record only).
+        checked = ops["compress_ef_checked"]
+        assert abs(checked["check_cost"] - (checked["seconds"] / ops["compress_ef"]["seconds"] - 1)) \
+            < 1e-4, (spec, checked)  # 6 significant digits in the JSON
+        assert "check_cost" not in ops["compress_ef"], (spec, ops["compress_ef"])
     # Compression ratios as the formats say (1 MiB = 262144 fp32 elements, 16-byte header).
     n = 262144
     expect = {
@@ -159,7 +166,8 @@ PUSHPULL_REQUIRED = {
     "rss_target_mb", "ratio_to_none", "wire_compression_ratio", "raw_tcp_median_gbps",
     "raw_tcp_duplex_gbps", "raw_tcp_duplex_median_gbps", "ratio_to_raw_tcp_duplex", "link_gbit",
     "security", "security_ratio", "peer", "op_ms", "last_push_ms", "first_reply_ms", "server_cpu_ms",
-    "transport", "transport_ratio", "ucx_tls", "ucx_tls_configured"}
+    "transport", "transport_ratio", "ucx_tls", "ucx_tls_configured", "non_finite_check",
+    "non_finite_check_ratio"}
 records = pushpull_records("--mb", "1", "--partition-kb", "256", "--iters", "2", "--warmup", "1",
                            "--workers", "2", "--servers", "2", "--compressor", "none,onebit")
 assert [x["compressor"] for x in records] == ["none", "onebit"], records
@@ -185,6 +193,8 @@ for rec in records:
     assert abs(rec["rss_target_mb"] - (4 * rec["server_owned_mb"] + 64)) < 1e-6, rec
     assert rec["pushes_rejected"] == 0, rec
     assert rec["peer"] == "bitpush" and "ratio_to_pslite" not in rec, rec  # no --peer
+    # --non-finite-check: on unless asked; no ratio without an "off" run.
+    assert rec["non_finite_check"] == "on" and rec["non_finite_check_ratio"] is None, rec
 assert records[0]["raw_tcp_gbps"] == records[1]["raw_tcp_gbps"], "one raw TCP reference per run"
 assert records[0]["raw_tcp_duplex_gbps"] == records[1]["raw_tcp_duplex_gbps"], \
     "one duplex raw TCP reference per run"
@@ -208,10 +218,16 @@ assert records[0]["security_ratio"] == 1, records[0]
 assert abs(records[1]["security_ratio"] - records[1]["goodput_gbps"] /
            records[0]["goodput_gbps"]) < 1e-3 * records[1]["security_ratio"], records
 assert set(glob.glob("/tmp/bp-bench-keys-*")) <= keys_before, "the keys directory was left"
+# --non-finite-check on,off: each run with and without the workers' own check, adjacent;
+# non_finite_check_ratio = goodput with / without on the "on" record.
 records = pushpull_records("--mb", "1", "--partition-kb", "256", "--iters", "1", "--warmup", "0",
-                           "--security", "curve")
-assert [x["security"] for x in records] == ["curve"], records
-assert records[0]["security_ratio"] is None, records  # no run under none to compare with
+                           "--security", "curve", "--non-finite-check", "on,off")
+assert [(x["security"], x["non_finite_check"]) for x in records] == \
+    [("curve", "on"), ("curve", "off")], records
+assert all(x["security_ratio"] is None for x in records), records  # no run under none
+assert abs(records[0]["non_finite_check_ratio"] - records[0]["goodput_gbps"] /
+           records[1]["goodput_gbps"]) < 1e-3 * records[0]["non_finite_check_ratio"], records
+assert records[1]["non_finite_check_ratio"] is None, records
 # --transport zmq,ucx: each compressor once per transport in one run; the ucx records say what UCX
 # chose (a probe connection of the same configuration) and compare with zmq (transport_ratio).
 records = pushpull_records("--mb", "1", "--partition-kb", "256", "--iters", "2", "--warmup", "1",

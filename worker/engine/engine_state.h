@@ -116,6 +116,8 @@ struct EngineState {
   const v1::ErrorFeedbackPolicy policy;
   const IsaLevel isa;
   const std::shared_ptr<const Clock> clock;
+  // EngineOptions::check_non_finite; set by the Engine's constructor, then read-only.
+  bool check_non_finite = true;
   // Owned by the Engine; set by Engine::Start before the endpoint starts, then read-only.
   node::NodeEndpoint* endpoint = nullptr;
   scheduler::SchedulerClient* client = nullptr;

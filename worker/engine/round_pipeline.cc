@@ -97,8 +97,9 @@ void RoundPipeline::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr
   // completes everywhere and every worker fails it with the same origin (OnReply).
   const bool non_finite =
       bytes.ok() &&
-      (telemetry.input_checked ? telemetry.input_non_finite
-                               : FirstNonFinite(in, p.compressor->isa()) < in.count());
+      (telemetry.input_checked
+           ? telemetry.input_non_finite
+           : state_.check_non_finite && FirstNonFinite(in, p.compressor->isa()) < in.count());
 
   transport::Message msg;
   if (bytes.ok()) {
