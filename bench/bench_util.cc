@@ -83,6 +83,12 @@ JsonRecord& JsonRecord::Add(const std::string& key, long long value) {
   return *this;
 }
 
+JsonRecord& JsonRecord::AddBool(const std::string& key, bool value) {
+  Key(key);
+  body_ += value ? "true" : "false";
+  return *this;
+}
+
 std::string JsonArray(const std::vector<JsonRecord>& records) {
   std::string out = "[\n";
   for (size_t i = 0; i < records.size(); ++i) {

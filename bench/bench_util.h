@@ -44,6 +44,8 @@ class JsonRecord {
   JsonRecord& Add(const std::string& key, int value) {
     return Add(key, static_cast<long long>(value));
   }
+  // true / false (a named method: a bool would otherwise convert to a number).
+  JsonRecord& AddBool(const std::string& key, bool value);
   std::string str() const { return "{" + body_ + "}"; }
 
  private:

@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "common/half.h"
@@ -25,17 +26,41 @@ inline void St(T* p, size_t i, T v) {
   std::memcpy(p + i, &v, sizeof(T));
 }
 
+// The narrowing casts' check: a value stores finite iff |x| < the limit (an unordered compare,
+// so NaN fails it). fp16: 65520 and above round to inf; bf16: bit patterns from 0x7F7F8000 up
+// round to inf.
+constexpr float kHalfInfFrom = 65520.0f;
+constexpr uint32_t kBf16InfFromBits = 0x7F7F8000u;
+inline float Bf16InfFrom() {
+  float f;
+  std::memcpy(&f, &kBf16InfFromBits, 4);
+  return f;
+}
+
 void HalfToFloatScalar(const uint16_t* s, float* d, size_t n) {
   for (size_t i = 0; i < n; ++i) St(d, i, HalfToFloat(Ld(s, i)));
 }
-void FloatToHalfScalar(const float* s, uint16_t* d, size_t n) {
-  for (size_t i = 0; i < n; ++i) St(d, i, FloatToHalf(Ld(s, i)));
+bool FloatToHalfScalar(const float* s, uint16_t* d, size_t n) {
+  bool finite = true;
+  for (size_t i = 0; i < n; ++i) {
+    const float x = Ld(s, i);
+    St(d, i, FloatToHalf(x));
+    finite &= std::fabs(x) < kHalfInfFrom;
+  }
+  return finite;
 }
 void Bf16ToFloatScalar(const uint16_t* s, float* d, size_t n) {
   for (size_t i = 0; i < n; ++i) St(d, i, Bf16ToFloat(Ld(s, i)));
 }
-void FloatToBf16Scalar(const float* s, uint16_t* d, size_t n) {
-  for (size_t i = 0; i < n; ++i) St(d, i, FloatToBf16(Ld(s, i)));
+bool FloatToBf16Scalar(const float* s, uint16_t* d, size_t n) {
+  const float limit = Bf16InfFrom();
+  bool finite = true;
+  for (size_t i = 0; i < n; ++i) {
+    const float x = Ld(s, i);
+    St(d, i, FloatToBf16(x));
+    finite &= std::fabs(x) < limit;
+  }
+  return finite;
 }
 void AddHalfScalar(const uint16_t* s, float* d, size_t n) {
   for (size_t i = 0; i < n; ++i) St(d, i, Ld(d, i) + HalfToFloat(Ld(s, i)));
@@ -78,8 +103,9 @@ size_t FirstNonFiniteScalar(const float* x, size_t n) {
   return FirstNonFiniteF32Scalar(x, 0, n);
 }
 
-void CastWithResidualScalar(const float* g, float* e, TensorView out) {
+bool CastWithResidualScalar(const float* g, float* e, TensorView out) {
   const size_t n = out.count();
+  bool finite = true;
   for (size_t i = 0; i < n; ++i) {
     const float q = g ? g[i] + e[i] : e[i];
     float back = q;
@@ -99,8 +125,11 @@ void CastWithResidualScalar(const float* g, float* e, TensorView out) {
       }
     }
     const float r = q - back;
-    e[i] = r - r == 0.0f ? r : 0.0f;  // r - r is NaN exactly when r is NaN or inf
+    const bool ok = r - r == 0.0f;  // r - r is NaN exactly when r is NaN or inf
+    e[i] = ok ? r : 0.0f;
+    finite &= ok;
   }
+  return finite;
 }
 
 // ---- AVX2 + F16C --------------------------------------------------------------------------
@@ -124,13 +153,23 @@ BP_TARGET_AVX2 void HalfToFloatAvx2(const uint16_t* s, float* d, size_t n) {
   }
   HalfToFloatScalar(s + i, d + i, n - i);
 }
-BP_TARGET_AVX2 void FloatToHalfAvx2(const float* s, uint16_t* d, size_t n) {
+// The lanes of v that do not store finite: !(|v| < limit), true for NaN.
+BP_TARGET_AVX2 inline __m256 NotBelowAvx2(__m256 v, __m256 limit) {
+  const __m256 abs = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)));
+  return _mm256_cmp_ps(abs, limit, _CMP_NLT_UQ);
+}
+BP_TARGET_AVX2 bool FloatToHalfAvx2(const float* s, uint16_t* d, size_t n) {
+  const __m256 limit = _mm256_set1_ps(kHalfInfFrom);
+  __m256 bad = _mm256_setzero_ps();
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(s + i);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    bad = _mm256_or_ps(bad, NotBelowAvx2(v, limit));
   }
-  FloatToHalfScalar(s + i, d + i, n - i);
+  const bool tail = FloatToHalfScalar(s + i, d + i, n - i);
+  return _mm256_movemask_ps(bad) == 0 && tail;
 }
 BP_TARGET_AVX2 void Bf16ToFloatAvx2(const uint16_t* s, float* d, size_t n) {
   size_t i = 0;
@@ -141,16 +180,22 @@ BP_TARGET_AVX2 void Bf16ToFloatAvx2(const uint16_t* s, float* d, size_t n) {
   }
   Bf16ToFloatScalar(s + i, d + i, n - i);
 }
-BP_TARGET_AVX2 void FloatToBf16Avx2(const float* s, uint16_t* d, size_t n) {
+BP_TARGET_AVX2 bool FloatToBf16Avx2(const float* s, uint16_t* d, size_t n) {
+  const __m256 limit = _mm256_set1_ps(Bf16InfFrom());
+  __m256 bad = _mm256_setzero_ps();
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256i lo = FloatToBf16x8(_mm256_loadu_ps(s + i));
-    const __m256i hi = FloatToBf16x8(_mm256_loadu_ps(s + i + 8));
+    const __m256 a = _mm256_loadu_ps(s + i);
+    const __m256 b = _mm256_loadu_ps(s + i + 8);
+    const __m256i lo = FloatToBf16x8(a);
+    const __m256i hi = FloatToBf16x8(b);
     // packus works per 128-bit lane: fix the order with a permute.
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), packed);
+    bad = _mm256_or_ps(bad, _mm256_or_ps(NotBelowAvx2(a, limit), NotBelowAvx2(b, limit)));
   }
-  FloatToBf16Scalar(s + i, d + i, n - i);
+  const bool tail = FloatToBf16Scalar(s + i, d + i, n - i);
+  return _mm256_movemask_ps(bad) == 0 && tail;
 }
 BP_TARGET_AVX2 void AddHalfAvx2(const uint16_t* s, float* d, size_t n) {
   size_t i = 0;
@@ -213,10 +258,11 @@ BP_TARGET_AVX2 size_t FirstNonFiniteAvx2(const float* x, size_t n) {
   return FirstNonFiniteF32Scalar(x, i, n);
 }
 
-BP_TARGET_AVX2 void CastWithResidualAvx2(const float* g, float* e, TensorView out) {
+BP_TARGET_AVX2 bool CastWithResidualAvx2(const float* g, float* e, TensorView out) {
   const size_t n = out.count();
   const DType dt = out.dtype();
   const __m256 zero = _mm256_setzero_ps();
+  __m256 all_finite = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 q = _mm256_loadu_ps(e + i);
@@ -238,10 +284,12 @@ BP_TARGET_AVX2 void CastWithResidualAvx2(const float* g, float* e, TensorView ou
     const __m256 r = _mm256_sub_ps(q, back);
     const __m256 finite = _mm256_cmp_ps(_mm256_sub_ps(r, r), zero, _CMP_EQ_OQ);
     _mm256_storeu_ps(e + i, _mm256_and_ps(r, finite));
+    all_finite = _mm256_and_ps(all_finite, finite);
   }
-  CastWithResidualScalar(
+  const bool tail = CastWithResidualScalar(
       g ? g + i : nullptr, e + i,
       TensorView(static_cast<uint8_t*>(out.data()) + i * DTypeSize(dt), n - i, dt));
+  return _mm256_movemask_ps(all_finite) == 0xFF && tail;
 }
 
 // ---- AVX-512 ------------------------------------------------------------------------------
@@ -257,17 +305,27 @@ BP_TARGET_AVX512 void HalfToFloatAvx512(const uint16_t* s, float* d, size_t n) {
     _mm512_mask_storeu_ps(d + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s + i)));
   }
 }
-BP_TARGET_AVX512 void FloatToHalfAvx512(const float* s, uint16_t* d, size_t n) {
+// The lanes of v (within m) that do not store finite: !(|v| < limit), true for NaN.
+BP_TARGET_AVX512 inline __mmask16 NotBelowAvx512(__mmask16 m, __m512 v, __m512 limit) {
+  return _mm512_mask_cmp_ps_mask(m, _mm512_abs_ps(v), limit, _CMP_NLT_UQ);
+}
+BP_TARGET_AVX512 bool FloatToHalfAvx512(const float* s, uint16_t* d, size_t n) {
+  const __m512 limit = _mm512_set1_ps(kHalfInfFrom);
+  __mmask16 bad = 0;
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(s + i);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
-                        _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+                        _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    bad |= NotBelowAvx512(0xFFFF, v, limit);
   }
   if (i < n) {
     const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    _mm256_mask_storeu_epi16(
-        d + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, s + i), _MM_FROUND_TO_NEAREST_INT));
+    const __m512 v = _mm512_maskz_loadu_ps(m, s + i);
+    _mm256_mask_storeu_epi16(d + i, m, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    bad |= NotBelowAvx512(m, v, limit);
   }
+  return bad == 0;
 }
 BP_TARGET_AVX512 __m512 LoadBf16x16(const uint16_t* s, __mmask16 m) {
   const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, s));
@@ -291,12 +349,17 @@ BP_TARGET_AVX512 void Bf16ToFloatAvx512(const uint16_t* s, float* d, size_t n) {
     _mm512_mask_storeu_ps(d + i, m, LoadBf16x16(s + i, m));
   }
 }
-BP_TARGET_AVX512 void FloatToBf16Avx512(const float* s, uint16_t* d, size_t n) {
+BP_TARGET_AVX512 bool FloatToBf16Avx512(const float* s, uint16_t* d, size_t n) {
+  const __m512 limit = _mm512_set1_ps(Bf16InfFrom());
+  __mmask16 bad = 0;
   for (size_t i = 0; i < n; i += 16) {
     const size_t left = n - i;
     const __mmask16 m = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
-    _mm256_mask_storeu_epi16(d + i, m, FloatToBf16x16(_mm512_maskz_loadu_ps(m, s + i)));
+    const __m512 v = _mm512_maskz_loadu_ps(m, s + i);
+    _mm256_mask_storeu_epi16(d + i, m, FloatToBf16x16(v));
+    bad |= NotBelowAvx512(m, v, limit);
   }
+  return bad == 0;
 }
 BP_TARGET_AVX512 void AddHalfAvx512(const uint16_t* s, float* d, size_t n) {
   for (size_t i = 0; i < n; i += 16) {
@@ -367,9 +430,10 @@ BP_TARGET_AVX512 size_t FirstNonFiniteAvx512(const float* x, size_t n) {
   return FirstNonFiniteF32Scalar(x, i, n);
 }
 
-BP_TARGET_AVX512 void CastWithResidualAvx512(const float* g, float* e, TensorView out) {
+BP_TARGET_AVX512 bool CastWithResidualAvx512(const float* g, float* e, TensorView out) {
   const size_t n = out.count();
   const DType dt = out.dtype();
+  __mmask16 any_bad = 0;
   for (size_t i = 0; i < n; i += 16) {
     const size_t left = n - i;
     const __mmask16 m = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
@@ -391,7 +455,9 @@ BP_TARGET_AVX512 void CastWithResidualAvx512(const float* g, float* e, TensorVie
     // fpclass 0x99: QNaN | +inf | -inf | SNaN
     const __mmask16 bad = _mm512_fpclass_ps_mask(r, 0x99);
     _mm512_mask_storeu_ps(e + i, m, _mm512_maskz_mov_ps(static_cast<__mmask16>(~bad), r));
+    any_bad |= bad & m;
   }
+  return any_bad == 0;
 }
 
 }  // namespace
@@ -407,13 +473,13 @@ BP_TARGET_AVX512 void CastWithResidualAvx512(const float* g, float* e, TensorVie
 void HalfToFloatArray(const uint16_t* s, float* d, size_t n, IsaLevel isa) {
   BP_DISPATCH(isa, HalfToFloat, s, d, n);
 }
-void FloatToHalfArray(const float* s, uint16_t* d, size_t n, IsaLevel isa) {
+bool FloatToHalfArray(const float* s, uint16_t* d, size_t n, IsaLevel isa) {
   BP_DISPATCH(isa, FloatToHalf, s, d, n);
 }
 void Bf16ToFloatArray(const uint16_t* s, float* d, size_t n, IsaLevel isa) {
   BP_DISPATCH(isa, Bf16ToFloat, s, d, n);
 }
-void FloatToBf16Array(const float* s, uint16_t* d, size_t n, IsaLevel isa) {
+bool FloatToBf16Array(const float* s, uint16_t* d, size_t n, IsaLevel isa) {
   BP_DISPATCH(isa, FloatToBf16, s, d, n);
 }
 void AddFloatArray(const float* s, float* d, size_t n, IsaLevel isa) {
@@ -431,7 +497,7 @@ static void AddHalfArray(const uint16_t* s, float* d, size_t n, IsaLevel isa) {
 static void AddBf16Array(const uint16_t* s, float* d, size_t n, IsaLevel isa) {
   BP_DISPATCH(isa, AddBf16, s, d, n);
 }
-void CastWithResidual(const float* g, float* e, TensorView out, IsaLevel isa) {
+bool CastWithResidual(const float* g, float* e, TensorView out, IsaLevel isa) {
   BP_DISPATCH(isa, CastWithResidual, g, e, out);
 }
 #undef BP_DISPATCH
@@ -451,8 +517,8 @@ void ConvertFromFloat(const float* src, TensorView dst, IsaLevel isa) {
     case DType::kFloat32:
       if (dst.count() && dst.f32() != src) std::memmove(dst.f32(), src, dst.count() * 4);
       return;
-    case DType::kFloat16: return FloatToHalfArray(src, dst.u16(), dst.count(), isa);
-    case DType::kBFloat16: return FloatToBf16Array(src, dst.u16(), dst.count(), isa);
+    case DType::kFloat16: (void)FloatToHalfArray(src, dst.u16(), dst.count(), isa); return;
+    case DType::kBFloat16: (void)FloatToBf16Array(src, dst.u16(), dst.count(), isa); return;
   }
 }
 

@@ -17,9 +17,12 @@
 namespace bitpush {
 
 void HalfToFloatArray(const uint16_t* src, float* dst, size_t n, IsaLevel isa);
-void FloatToHalfArray(const float* src, uint16_t* dst, size_t n, IsaLevel isa);
 void Bf16ToFloatArray(const uint16_t* src, float* dst, size_t n, IsaLevel isa);
-void FloatToBf16Array(const float* src, uint16_t* dst, size_t n, IsaLevel isa);
+// The narrowing casts return whether every value stored is finite: false when an input is NaN
+// or inf, or rounds to inf beyond the narrow type's range (fp16 from |x| >= 65520). The check
+// rides in the cast's pass (one compare per vector); callers that need it not ignore it.
+bool FloatToHalfArray(const float* src, uint16_t* dst, size_t n, IsaLevel isa);
+bool FloatToBf16Array(const float* src, uint16_t* dst, size_t n, IsaLevel isa);
 
 // dst[i] = float(src[i]) for any source dtype (a copy for fp32).
 void ConvertToFloat(ConstTensorView src, float* dst, IsaLevel isa);
@@ -37,8 +40,9 @@ void ScaleFloatArray(float* dst, size_t n, float scale, IsaLevel isa);
 
 // The fused cast with error feedback: q = g + e (q = e when g is null); out = cast(q) in the
 // dtype of `out`; e = q - float(cast(q)), and 0 wherever that is not finite (NaN/inf input,
-// or an fp16 overflow). out.count() elements; out must not overlap g or e.
-void CastWithResidual(const float* g, float* e, TensorView out, IsaLevel isa);
+// or an fp16 overflow). out.count() elements; out must not overlap g or e. Returns whether
+// every stored value was finite (no such reset happened).
+bool CastWithResidual(const float* g, float* e, TensorView out, IsaLevel isa);
 
 // The index of the first element that is NaN or ±inf (any dtype), or v.count() when every
 // element is finite. One read pass that stops at the first hit.

@@ -17,33 +17,35 @@ size_t CastCompressor::MaxBodyBytes(size_t n, DType dtype) const {
 size_t CastCompressor::EncodeBody(const float* x, size_t n, DType dtype, const CompressContext&,
                                   uint8_t* body) {
   const DType stored = Stored(dtype);
-  ConvertFromFloat(x, TensorView(body, n, stored), isa());
-  NoteStoredCheck(body, n, stored);
+  // A narrowing cast checks its values in its pass (NoteInputCheck: a NaN / inf input, or a
+  // finite value that rounds to inf beyond fp16's range). `none` copies fp32 as it is: no pass
+  // that reads values, so no check here (the engine's raw path makes its own).
+  switch (stored) {
+    case DType::kFloat32: ConvertFromFloat(x, TensorView(body, n, stored), isa()); break;
+    case DType::kFloat16:
+      NoteInputCheck(!FloatToHalfArray(x, reinterpret_cast<uint16_t*>(body), n, isa()));
+      break;
+    case DType::kBFloat16:
+      NoteInputCheck(!FloatToBf16Array(x, reinterpret_cast<uint16_t*>(body), n, isa()));
+      break;
+  }
   return n * DTypeSize(stored);
 }
 
 size_t CastCompressor::EncodeBodyWithFeedback(float* q, size_t n, DType dtype,
                                               const CompressContext&, uint8_t* body) {
   const DType stored = Stored(dtype);
-  CastWithResidual(nullptr, q, TensorView(body, n, stored), isa());
-  NoteStoredCheck(body, n, stored);
+  // CastWithResidual sees every q - cast(q): NaN / inf exactly where q or its cast is not finite.
+  NoteInputCheck(!CastWithResidual(nullptr, q, TensorView(body, n, stored), isa()));
   return n * DTypeSize(stored);
 }
 
 size_t CastCompressor::EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n,
                                                  const CompressContext&, uint8_t* body) {
-  // One fused pass: q = g + e, store cast(q), e = q - float(cast(q)).
+  // One fused pass: q = g + e, store cast(q), e = q - float(cast(q)), and the check.
   const DType stored = Stored(DType::kFloat32);
-  CastWithResidual(g, e, TensorView(body, n, stored), isa());
-  NoteStoredCheck(body, n, stored);
+  NoteInputCheck(!CastWithResidual(g, e, TensorView(body, n, stored), isa()));
   return n * DTypeSize(stored);
-}
-
-void CastCompressor::NoteStoredCheck(const uint8_t* body, size_t n, DType stored) {
-  // A cast keeps NaN / inf (and rounds a finite value beyond the narrow range to inf), so the
-  // values just written, in cache and 2 bytes each where narrowed, show what the push carries:
-  // the engine's input check, read from the output instead of a pass over the fp32 input.
-  NoteInputCheck(FirstNonFinite(ConstTensorView(body, n, stored), isa()) < n);
 }
 
 Status CastCompressor::CheckBodySize(ByteSpan body, size_t n, DType stored) const {

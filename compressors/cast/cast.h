@@ -41,8 +41,6 @@ class CastCompressor final : public CompressorBase {
  private:
   DType Stored(DType dtype) const { return keep_input_dtype_ ? dtype : target_; }
   Status CheckBodySize(ByteSpan body, size_t n, DType stored) const;
-  // NoteInputCheck from the n values of `stored` just written to `body`.
-  void NoteStoredCheck(const uint8_t* body, size_t n, DType stored);
 
   bool keep_input_dtype_;
   DType target_;

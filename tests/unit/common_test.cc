@@ -237,6 +237,57 @@ TEST(VectorOps, FirstNonFiniteFindsTheFirstNanOrInfExactly) {
   EXPECT_EQ(FirstNonFinite(ConstTensorView(b.data(), 4, DType::kBFloat16), IsaLevel::kScalar), 3u);
 }
 
+// The narrowing casts (and the cast with a residual) return whether every stored value is
+// finite: exactly what a scan of their output says, for NaN / inf inputs and for finite inputs
+// on either side of the range where rounding gives inf (fp16 65504 / 65520, bf16's largest
+// finite / the next rounding boundary), at every position of vector blocks and tails.
+TEST(VectorOps, NarrowingCastsReportWhetherEveryStoredValueIsFinite) {
+  auto bits = [](uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  };
+  const float values[] = {std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          65504.0f,
+                          65519.99f,
+                          65520.0f,
+                          -65520.0f,
+                          bits(0x7F7F7FFFu),
+                          bits(0x7F7F8000u),
+                          bits(0xFF7F8000u),
+                          std::numeric_limits<float>::max()};
+  for (IsaLevel isa : SupportedIsaLevels()) {
+    for (size_t n : {1u, 15u, 16u, 17u, 40u}) {
+      for (size_t at = 0; at < n; ++at) {
+        for (float v : values) {
+          std::vector<float> x(n, 1.5f);
+          x[at] = v;
+          std::vector<uint16_t> h(n), b(n);
+          const bool h_ok = FloatToHalfArray(x.data(), h.data(), n, isa);
+          const bool b_ok = FloatToBf16Array(x.data(), b.data(), n, isa);
+          SCOPED_TRACE(std::string(IsaLevelName(isa)) + " n " + std::to_string(n) + " at " +
+                       std::to_string(at) + " value " + std::to_string(v));
+          ASSERT_EQ(h_ok, FirstNonFinite(ConstTensorView(h.data(), n, DType::kFloat16),
+                                         IsaLevel::kScalar) == n);
+          ASSERT_EQ(b_ok, FirstNonFinite(ConstTensorView(b.data(), n, DType::kBFloat16),
+                                         IsaLevel::kScalar) == n);
+          for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+            std::vector<float> e(n, 0.25f);
+            std::vector<uint8_t> out(n * DTypeSize(dt));
+            const TensorView view(out.data(), n, dt);
+            const bool ok = CastWithResidual(x.data(), e.data(), view, isa);
+            ASSERT_EQ(ok,
+                      FirstNonFinite(ConstTensorView(out.data(), n, dt), IsaLevel::kScalar) == n)
+                << DTypeName(dt);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(AlignedBuffer, AlignedAndKeepsPrefix) {
   AlignedBuffer<float> b(5);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % kBufferAlignment, 0u);
