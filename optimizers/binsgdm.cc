@@ -50,15 +50,17 @@ BinsgdmHyper MakeBinsgdmHyper(double beta, double eps) {
 
 namespace internal {
 
-void BinsgdmWorkerStepScalar(const BinsgdmHyper& h, uint64_t stream, const float* g, float* m,
+bool BinsgdmWorkerStepScalar(const BinsgdmHyper& h, uint64_t stream, const float* g, float* m,
                              float* b, float* e, size_t n, uint8_t* bits) {
   BitWriter out(bits);
+  bool finite = true;
   for (size_t i = 0; i < n; ++i) {
     const float gi = g[i];
     float mi = h.beta * m[i] + h.one_minus_beta * gi;
     float bi = h.beta * b[i] + h.one_minus_beta * std::fabs(gi);
     float y = mi / (bi + h.eps) + e[i];
     if (!(Finite(bi) && Finite(y))) {  // restart the element (binsgdm.h)
+      finite = false;
       mi = 0.0f;
       bi = 0.0f;
       y = 0.0f;
@@ -70,18 +72,24 @@ void BinsgdmWorkerStepScalar(const BinsgdmHyper& h, uint64_t stream, const float
     out.Put(i, bit);
   }
   out.Finish(n);
+  return finite;
 }
 
-void BinsgdmBinarizeScalar(uint64_t stream, const float* x, float* e, size_t n, uint8_t* bits) {
+bool BinsgdmBinarizeScalar(uint64_t stream, const float* x, float* e, size_t n, uint8_t* bits) {
   BitWriter out(bits);
+  bool finite = true;
   for (size_t i = 0; i < n; ++i) {
     float y = x == nullptr ? e[i] : (e == nullptr ? x[i] : x[i] + e[i]);
-    if (!Finite(y)) y = 0.0f;
+    if (!Finite(y)) {
+      finite = false;
+      y = 0.0f;
+    }
     const bool bit = BinsgdmBit(stream, static_cast<uint32_t>(i), y);
     if (e != nullptr) e[i] = y - (bit ? 1.0f : -1.0f);
     out.Put(i, bit);
   }
   out.Finish(n);
+  return finite;
 }
 
 void BinsgdmServerRoundScalar(const uint8_t* const* pushes, size_t k, size_t n, float scale,
@@ -103,16 +111,17 @@ void BinsgdmServerRoundScalar(const uint8_t* const* pushes, size_t k, size_t n, 
 
 }  // namespace internal
 
-void BinsgdmWorkerStep(const BinsgdmHyper& h, uint64_t stream, const float* g, float* m, float* b,
+bool BinsgdmWorkerStep(const BinsgdmHyper& h, uint64_t stream, const float* g, float* m, float* b,
                        float* e, size_t n, uint8_t* bits, IsaLevel isa) {
-  (isa == IsaLevel::kAvx512 ? internal::BinsgdmWorkerStepAvx512
-                            : internal::BinsgdmWorkerStepScalar)(h, stream, g, m, b, e, n, bits);
+  return (isa == IsaLevel::kAvx512
+              ? internal::BinsgdmWorkerStepAvx512
+              : internal::BinsgdmWorkerStepScalar)(h, stream, g, m, b, e, n, bits);
 }
 
-void BinsgdmBinarize(uint64_t stream, const float* x, float* e, size_t n, uint8_t* bits,
+bool BinsgdmBinarize(uint64_t stream, const float* x, float* e, size_t n, uint8_t* bits,
                      IsaLevel isa) {
-  (isa == IsaLevel::kAvx512 ? internal::BinsgdmBinarizeAvx512 : internal::BinsgdmBinarizeScalar)(
-      stream, x, e, n, bits);
+  return (isa == IsaLevel::kAvx512 ? internal::BinsgdmBinarizeAvx512
+                                   : internal::BinsgdmBinarizeScalar)(stream, x, e, n, bits);
 }
 
 void BinsgdmServerRound(const uint8_t* const* pushes, size_t k, size_t n, float scale, float* e,

@@ -68,15 +68,16 @@ inline size_t BinsgdmBitBytes(size_t n) {
 }
 
 // The worker step over one partition: g (n gradients), m, b, e (n each, updated in place),
-// bits (BinsgdmBitBytes(n) bytes, written whole; any alignment).
-void BinsgdmWorkerStep(const BinsgdmHyper& h, uint64_t stream, const float* g, float* m, float* b,
+// bits (BinsgdmBitBytes(n) bytes, written whole; any alignment). Returns false when an element
+// restarted (a non-finite g, or b / y not finite): the compressor's input check.
+bool BinsgdmWorkerStep(const BinsgdmHyper& h, uint64_t stream, const float* g, float* m, float* b,
                        float* e, size_t n, uint8_t* bits, IsaLevel isa);
 
 // Q with optional vanilla error feedback (the compressor's Compress / CompressWithFeedback):
 //   x and e:  y = x + e, e <- y - u        x only: y = x        e only (x == nullptr): y = e,
 //   e <- y - u (the residual already holds x + e).
-// A non-finite y counts as 0 (the restart above).
-void BinsgdmBinarize(uint64_t stream, const float* x, float* e, size_t n, uint8_t* bits,
+// A non-finite y counts as 0 (the restart above); returns false when one did.
+bool BinsgdmBinarize(uint64_t stream, const float* x, float* e, size_t n, uint8_t* bits,
                      IsaLevel isa);
 
 // The server round: `pushes` holds k >= 1 bit vectors of n elements (padding bits 0); e is the

@@ -93,8 +93,10 @@ inline __mmask16 LoadBits(const uint8_t* bits, size_t i, size_t left) {
 }
 
 template <bool kX, bool kE>
-BP_TARGET_AVX512 inline __mmask16 Binarize16(const Rng512& r, size_t i, __mmask16 mask,
-                                             const float* x, float* e) {
+// Returns the 16 decisions in the low half and the lanes whose y was not finite in the high
+// half (a value, not an out-parameter: the bit stores may alias memory, registers do not).
+BP_TARGET_AVX512 inline uint32_t Binarize16(const Rng512& r, size_t i, __mmask16 mask,
+                                            const float* x, float* e) {
   __m512 y;
   if (kX && kE) {
     y = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, x + i), _mm512_maskz_loadu_ps(mask, e + i));
@@ -103,26 +105,32 @@ BP_TARGET_AVX512 inline __mmask16 Binarize16(const Rng512& r, size_t i, __mmask1
   } else {
     y = _mm512_maskz_loadu_ps(mask, e + i);
   }
-  y = _mm512_maskz_mov_ps(FiniteMask(y), y);
+  const __mmask16 finite = FiniteMask(y);
+  y = _mm512_maskz_mov_ps(finite, y);
   const __mmask16 k = Bits(r, i, y) & mask;
   if (kE) _mm512_mask_storeu_ps(e + i, mask, Residual(y, k));
-  return k;
+  return uint32_t{k} | (uint32_t{static_cast<__mmask16>(~finite & mask)} << 16);
 }
 
 template <bool kX, bool kE>
-BP_TARGET_AVX512 void Binarize(uint64_t stream, const float* x, float* e, size_t n, uint8_t* bits) {
+BP_TARGET_AVX512 bool Binarize(uint64_t stream, const float* x, float* e, size_t n, uint8_t* bits) {
   const Rng512 r = MakeRng(stream);
+  uint32_t bad = 0;
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {  // full vectors, plain loads; two halves in flight
     const uint32_t lo = Binarize16<kX, kE>(r, i, 0xFFFF, x, e);
     const uint32_t hi = Binarize16<kX, kE>(r, i + 16, 0xFFFF, x, e);
-    const uint32_t word = lo | (hi << 16);
+    bad |= lo | hi;
+    const uint32_t word = (lo & 0xFFFF) | (hi << 16);
     std::memcpy(bits + i / 8, &word, 4);
   }
   for (; i < n; i += 16) {
     const size_t left = n - i;
-    StoreBits(bits, i, left, Binarize16<kX, kE>(r, i, TailMask(left), x, e));
+    const uint32_t v = Binarize16<kX, kE>(r, i, TailMask(left), x, e);
+    bad |= v;
+    StoreBits(bits, i, left, static_cast<__mmask16>(v));
   }
+  return (bad >> 16) == 0;
 }
 
 }  // namespace
@@ -134,10 +142,11 @@ struct StepConsts {
 };
 
 // The worker step of elements i .. i + 15 (lanes outside `mask` read as zeros, are not stored,
-// and push bit 0); returns the 16 decisions.
-BP_TARGET_AVX512 inline __mmask16 Step16(const StepConsts& c, const Rng512& r, size_t i,
-                                         __mmask16 mask, const float* g, float* m, float* b,
-                                         float* e) {
+// and push bit 0); returns the 16 decisions in the low half and the restarted lanes in the
+// high half.
+BP_TARGET_AVX512 inline uint32_t Step16(const StepConsts& c, const Rng512& r, size_t i,
+                                        __mmask16 mask, const float* g, float* m, float* b,
+                                        float* e) {
   const __m512 gi = _mm512_maskz_loadu_ps(mask, g + i);
   __m512 mi = _mm512_add_ps(_mm512_mul_ps(c.beta, _mm512_maskz_loadu_ps(mask, m + i)),
                             _mm512_mul_ps(c.omb, gi));
@@ -158,40 +167,41 @@ BP_TARGET_AVX512 inline __mmask16 Step16(const StepConsts& c, const Rng512& r, s
   _mm512_mask_storeu_ps(m + i, mask, mi);
   _mm512_mask_storeu_ps(b + i, mask, bi);
   _mm512_mask_storeu_ps(e + i, mask, Residual(y, k));
-  return k;
+  return uint32_t{k} | (uint32_t{static_cast<__mmask16>(~ok & mask)} << 16);
 }
 
 }  // namespace
 
-BP_TARGET_AVX512 void BinsgdmWorkerStepAvx512(const BinsgdmHyper& h, uint64_t stream,
+BP_TARGET_AVX512 bool BinsgdmWorkerStepAvx512(const BinsgdmHyper& h, uint64_t stream,
                                               const float* g, float* m, float* b, float* e,
                                               size_t n, uint8_t* bits) {
   const Rng512 r = MakeRng(stream);
   const StepConsts c{_mm512_set1_ps(h.beta), _mm512_set1_ps(h.one_minus_beta),
                      _mm512_set1_ps(h.eps)};
+  uint32_t restarted = 0;
   size_t i = 0;
   // 32 elements per step: two independent halves keep more divisions and hashes in flight.
   for (; i + 32 <= n; i += 32) {
     const uint32_t lo = Step16(c, r, i, 0xFFFF, g, m, b, e);
     const uint32_t hi = Step16(c, r, i + 16, 0xFFFF, g, m, b, e);
-    const uint32_t word = lo | (hi << 16);
+    restarted |= lo | hi;
+    const uint32_t word = (lo & 0xFFFF) | (hi << 16);
     std::memcpy(bits + i / 8, &word, 4);
   }
   for (; i < n; i += 16) {
     const size_t left = n - i;
-    StoreBits(bits, i, left, Step16(c, r, i, TailMask(left), g, m, b, e));
+    const uint32_t v = Step16(c, r, i, TailMask(left), g, m, b, e);
+    restarted |= v;
+    StoreBits(bits, i, left, static_cast<__mmask16>(v));
   }
+  return (restarted >> 16) == 0;
 }
 
-BP_TARGET_AVX512 void BinsgdmBinarizeAvx512(uint64_t stream, const float* x, float* e, size_t n,
+BP_TARGET_AVX512 bool BinsgdmBinarizeAvx512(uint64_t stream, const float* x, float* e, size_t n,
                                             uint8_t* bits) {
-  if (x != nullptr && e != nullptr) {
-    Binarize<true, true>(stream, x, e, n, bits);
-  } else if (x != nullptr) {
-    Binarize<true, false>(stream, x, e, n, bits);
-  } else {
-    Binarize<false, true>(stream, x, e, n, bits);
-  }
+  if (x != nullptr && e != nullptr) return Binarize<true, true>(stream, x, e, n, bits);
+  if (x != nullptr) return Binarize<true, false>(stream, x, e, n, bits);
+  return Binarize<false, true>(stream, x, e, n, bits);
 }
 
 BP_TARGET_AVX512 void BinsgdmServerRoundAvx512(const uint8_t* const* pushes, size_t k, size_t n,

@@ -13,15 +13,15 @@
 
 namespace bitpush::optimizers::internal {
 
-void BinsgdmWorkerStepScalar(const BinsgdmHyper& h, uint64_t stream, const float* g, float* m,
+bool BinsgdmWorkerStepScalar(const BinsgdmHyper& h, uint64_t stream, const float* g, float* m,
                              float* b, float* e, size_t n, uint8_t* bits);
-void BinsgdmBinarizeScalar(uint64_t stream, const float* x, float* e, size_t n, uint8_t* bits);
+bool BinsgdmBinarizeScalar(uint64_t stream, const float* x, float* e, size_t n, uint8_t* bits);
 void BinsgdmServerRoundScalar(const uint8_t* const* pushes, size_t k, size_t n, float scale,
                               float* e, uint64_t stream, uint8_t* bits);
 
-void BinsgdmWorkerStepAvx512(const BinsgdmHyper& h, uint64_t stream, const float* g, float* m,
+bool BinsgdmWorkerStepAvx512(const BinsgdmHyper& h, uint64_t stream, const float* g, float* m,
                              float* b, float* e, size_t n, uint8_t* bits);
-void BinsgdmBinarizeAvx512(uint64_t stream, const float* x, float* e, size_t n, uint8_t* bits);
+bool BinsgdmBinarizeAvx512(uint64_t stream, const float* x, float* e, size_t n, uint8_t* bits);
 void BinsgdmServerRoundAvx512(const uint8_t* const* pushes, size_t k, size_t n, float scale,
                               float* e, uint64_t stream, uint8_t* bits);
 

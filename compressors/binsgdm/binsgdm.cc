@@ -103,27 +103,29 @@ StatusOr<size_t> BinsgdmCompressor::CompressStep(ConstTensorView g, float* m, fl
     ConvertToFloat(g, tmp, isa());
     x = tmp;
   }
-  optimizers::BinsgdmWorkerStep(hyper_, Stream(ctx), x, m, b, e, n,
-                                out.data() + kPayloadHeaderBytes, isa());
+  // The step reads every g and restarts an element whose values are not finite: its report is
+  // the engine's input check.
+  NoteInputCheck(!optimizers::BinsgdmWorkerStep(hyper_, Stream(ctx), x, m, b, e, n,
+                                                out.data() + kPayloadHeaderBytes, isa()));
   return FinishPayload(dtype, n, BodyBytes(n), out.data());
 }
 
 size_t BinsgdmCompressor::EncodeBody(const float* x, size_t n, DType, const CompressContext& ctx,
                                      uint8_t* body) {
-  optimizers::BinsgdmBinarize(Stream(ctx), x, nullptr, n, body, isa());
+  NoteInputCheck(!optimizers::BinsgdmBinarize(Stream(ctx), x, nullptr, n, body, isa()));
   return BodyBytes(n);
 }
 
 size_t BinsgdmCompressor::EncodeBodyWithFeedback(float* q, size_t n, DType,
                                                  const CompressContext& ctx, uint8_t* body) {
   // q already holds x + e; +-1 is exact in every dtype, so C(q) needs no rounding.
-  optimizers::BinsgdmBinarize(Stream(ctx), nullptr, q, n, body, isa());
+  NoteInputCheck(!optimizers::BinsgdmBinarize(Stream(ctx), nullptr, q, n, body, isa()));
   return BodyBytes(n);
 }
 
 size_t BinsgdmCompressor::EncodeBodyWithFeedbackF32(const float* g, float* e, size_t n,
                                                     const CompressContext& ctx, uint8_t* body) {
-  optimizers::BinsgdmBinarize(Stream(ctx), g, e, n, body, isa());
+  NoteInputCheck(!optimizers::BinsgdmBinarize(Stream(ctx), g, e, n, body, isa()));
   return BodyBytes(n);
 }
 

@@ -533,7 +533,8 @@ TEST_P(CompressorContract, InputCheckIsExactWhereReported) {
   const bool reports = id == v1::COMPRESSOR_ID_FP16 || id == v1::COMPRESSOR_ID_BF16 ||
                        id == v1::COMPRESSOR_ID_ONEBIT || id == v1::COMPRESSOR_ID_TOPK ||
                        id == v1::COMPRESSOR_ID_RANDOMK || id == v1::COMPRESSOR_ID_DITHERING ||
-                       id == v1::COMPRESSOR_ID_SDP4BIT || id == v1::COMPRESSOR_ID_LOCO;
+                       id == v1::COMPRESSOR_ID_SDP4BIT || id == v1::COMPRESSOR_ID_LOCO ||
+                       id == v1::COMPRESSOR_ID_BINSGDM;
   const size_t n = 4097;
   auto made = CreateErrorFeedback(config_, ErrorFeedbackSide::kWorker, n);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
