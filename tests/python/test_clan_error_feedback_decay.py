@@ -92,6 +92,17 @@ def _worker_residuals(out):
             r = bp.error_feedback_state("quarter." + n)
             result["again"][n] = None if r is None else r.tolist()
         opt.remove_hooks()
+        # A tensor wider than one onebit scale should cover (76800 elements in one partition
+        # of the default 4096000 bytes): rank 0 prints the recipe line once (the test reads
+        # the output).
+        wide = torch.nn.Linear(300, 256, bias=False)
+        opt = bp.CLAN(wide.parameters(), lr=0.01, named_parameters=[("wide.weight", wide.weight)],
+                      compression="onebit")
+        for _ in range(2):  # the line comes with the first decay, at the second step
+            opt.zero_grad()
+            wide(x[:, :1].repeat(1, 300)).sum().backward()
+            opt.step()
+        opt.remove_hooks()
         # The engine applies the decay inside the compression (embedded mode): it takes it for
         # a tensor with a residual and refuses one without, or a decay outside [0, 1].
         result["engine"] = bp.set_error_feedback_decay("full.0.weight", 1.0)
@@ -153,6 +164,12 @@ def test_error_feedback_decay_scales_the_worker_residual_exactly():
             assert not torch.allclose(torch.tensor(res["auto"][n]), torch.tensor(r))
             # top-k keeps its whole residual by default.
             assert res["tkauto"][n] == res["tkfull"][n] and any(res["tkfull"][n])
+    # The wide-layer line: rank 0 only, once, naming the one wide tensor and the recipe.
+    hint = ("bitpush: CLAN with onebit: 1 tensor(s) ('wide.weight') share one scale per 1024000 "
+            "elements")
+    assert logs[0].count("bitpush: CLAN with onebit:") == 1 and hint in logs[0], logs[0]
+    assert "compression.partition_bytes: 262144 (one scale per 65536 elements)" in logs[0]
+    assert "bitpush: CLAN with onebit:" not in logs[1], logs[1]
 
 
 def _digits(args, tmp_path, name):

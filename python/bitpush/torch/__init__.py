@@ -51,8 +51,9 @@ from .error_feedback import (error_feedback_state, restore_error_feedback_state,
 from .server_weights import (init_server_weights, pull_server_weights, server_optimizer_state,
                              restore_server_optimizer_state)
 from .cluster_knobs import (cluster_error_feedback, cluster_compression,
-                            cluster_optimizer_placement, cluster_optimizer_pull)
-from .optimizer import CLAN, LANS, ONEBIT_ERROR_FEEDBACK_DECAY
+                            cluster_optimizer_placement, cluster_optimizer_pull,
+                            cluster_partition_bytes)
+from .optimizer import CLAN, LANS, ONEBIT_ERROR_FEEDBACK_DECAY, ONEBIT_WIDE_SCALE_ELEMENTS
 from .server_optimizer import ServerOptimizer, QWD
 from .distributed_optimizer import DistributedOptimizer
 from .binsgdm import BinSGDM
@@ -73,5 +74,5 @@ __all__ = [
     "CLAN", "LANS", "DistributedOptimizer", "cluster_error_feedback", "cluster_compression",
     "ONEBIT_ERROR_FEEDBACK_DECAY", "PushPullHookState", "push_pull_hook", "save_checkpoint",
     "load_checkpoint", "ServerOptimizer", "QWD", "cluster_optimizer_placement",
-    "cluster_optimizer_pull", "BinSGDM",
+    "cluster_optimizer_pull", "BinSGDM", "cluster_partition_bytes", "ONEBIT_WIDE_SCALE_ELEMENTS",
 ]

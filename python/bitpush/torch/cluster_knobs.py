@@ -15,7 +15,7 @@ from .. import _C, _env
 from .session import config_path
 
 __all__ = ["cluster_error_feedback", "cluster_compression", "cluster_optimizer_placement",
-           "cluster_optimizer_pull", "cluster_non_finite"]
+           "cluster_optimizer_pull", "cluster_non_finite", "cluster_partition_bytes"]
 
 
 def cluster_error_feedback():
@@ -42,6 +42,13 @@ def cluster_non_finite():
     """The cluster's compression.non_finite ("error" or "skip"), or None when no cluster config
     is known (read like cluster_error_feedback())."""
     return _cluster_knob("compression.non_finite")
+
+
+def cluster_partition_bytes():
+    """The cluster's compression.partition_bytes (int): a compressed tensor's partition, and so
+    the extent of one onebit scale; None when no cluster config is known."""
+    v = _cluster_knob("compression.partition_bytes")
+    return None if v is None else int(v)
 
 
 def cluster_optimizer_placement():

@@ -17,14 +17,14 @@ import math
 import torch
 
 from .. import _C
-from .cluster_knobs import cluster_compression, cluster_error_feedback
+from .cluster_knobs import cluster_compression, cluster_error_feedback, cluster_partition_bytes
 from .compression import _check_compression, _compressor_method
 from .error_feedback import (error_feedback_state, restore_error_feedback_state,
                              set_error_feedback_decay)
 from .gradient_exchange import _GradientExchange
 from .session import local_rank, mode, node_rank
 
-__all__ = ["CLAN", "LANS", "ONEBIT_ERROR_FEEDBACK_DECAY"]
+__all__ = ["CLAN", "LANS", "ONEBIT_ERROR_FEEDBACK_DECAY", "ONEBIT_WIDE_SCALE_ELEMENTS"]
 
 
 # CLAN's default error_feedback_decay for onebit-compressed tensors: the worker residual is
@@ -32,6 +32,25 @@ __all__ = ["CLAN", "LANS", "ONEBIT_ERROR_FEEDBACK_DECAY"]
 # docs/training.md ("Compressed training at the examples' defaults"; 0.1..0.3 are within noise
 # of each other, 1.0 is paper 001's Algorithm 4 as printed).
 ONEBIT_ERROR_FEEDBACK_DECAY = 0.2
+
+
+# Onebit sends one scale (mean |q|) per partition. Above this many elements per scale CLAN
+# trails LANS on wide layers, and compression.partition_bytes of 4 bytes x this holds parity
+# (docs/training.md, "Wide layers"): CLAN says so once at its first step.
+ONEBIT_WIDE_SCALE_ELEMENTS = 65536
+
+
+def _hint_wide_onebit(wide, per_scale):
+    """One line naming the onebit tensors whose partitions (one scale each) hold more than
+    ONEBIT_WIDE_SCALE_ELEMENTS elements, and the recipe."""
+    if not wide:
+        return
+    names = ", ".join("'%s'" % n for n in wide[:3]) + (", ..." if len(wide) > 3 else "")
+    print("bitpush: CLAN with onebit: %d tensor(s) (%s) share one scale per %d elements; on "
+          "layers this wide CLAN trails LANS, and compression.partition_bytes: %d (one scale per "
+          "%d elements) keeps it level (docs/training.md, \"Wide layers\")"
+          % (len(wide), names, per_scale, 4 * ONEBIT_WIDE_SCALE_ELEMENTS,
+             ONEBIT_WIDE_SCALE_ELEMENTS), flush=True)
 
 
 def _is_uncompressed(spec):
@@ -166,14 +185,20 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
             # restore; the node's other processes leave it to that one.
             if mode() == "daemon" and local_rank() != 0:
                 return
+            partition_bytes = cluster_partition_bytes()
+            wide, per_scale = [], 0
             for p in self._bp_params:
                 name = self._bp_name(p)
                 if error_feedback_state(name) is None:
                     continue  # uncompressed, or the cluster keeps no worker residual
+                onebit = _compressor_method(name) == "onebit"
+                if onebit and partition_bytes is not None:
+                    per_scale = max(1, partition_bytes // p.element_size())
+                    if min(p.numel(), per_scale) > ONEBIT_WIDE_SCALE_ELEMENTS:
+                        wide.append(name)
                 gamma = self.error_feedback_decay
                 if gamma is None:
-                    gamma = (ONEBIT_ERROR_FEEDBACK_DECAY if _compressor_method(name) == "onebit"
-                             else 1.0)
+                    gamma = ONEBIT_ERROR_FEEDBACK_DECAY if onebit else 1.0
                 # The engine keeps a tensor's decay until it is told another, so it is told
                 # this optimizer's even when it is 1 (Algorithm 4 as printed, and LANS): a
                 # tensor an earlier optimizer decayed gets this one's.
@@ -181,6 +206,8 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
                     # The engine cannot apply it inside the compression (daemon mode, or a
                     # method with its own kind of error state): scaled here before each step.
                     self._ef_decays.append((name, gamma))
+            if node_rank() == 0:
+                _hint_wide_onebit(wide, per_scale)
         for name, gamma in self._ef_decays:
             r = error_feedback_state(name)
             restore_error_feedback_state(name, r.mul_(gamma))
