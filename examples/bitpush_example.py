@@ -50,6 +50,10 @@ def add_common_args(parser, default_lr):
                         help="servers of the local cluster (without BITPUSH_CONFIG)")
     parser.add_argument("--min-compress-bytes", type=int, default=4096,
                         help="the local cluster's compression.min_compress_bytes")
+    parser.add_argument("--partition-bytes", type=int, default=None,
+                        help="the local cluster's compression.partition_bytes (default 4096000; "
+                        "one onebit scale per partition: 262144 for wide layers, "
+                        "docs/training.md \"Wide layers\")")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     parser.add_argument("--server-side", action="store_true",
                         help="run the optimizer on the servers (optimizer.placement: server, "
@@ -153,7 +157,8 @@ def launch_local(args, argv, script):
     with LocalCluster(workers=args.workers, servers=args.servers,
                       compression=args.compression,
                       error_feedback=cluster_error_feedback(args),
-                      min_compress_bytes=args.min_compress_bytes, extra=extra) as cluster:
+                      min_compress_bytes=args.min_compress_bytes,
+                      partition_bytes=args.partition_bytes, extra=extra) as cluster:
         procs = []
         for rank in range(args.workers):
             env = dict(os.environ)
