@@ -109,11 +109,9 @@ size_t LocoCompressor::Encode(const float* x, size_t n, Kind kind, float* residu
     case kFp16:
     case kBf16: {
       uint16_t* v = reinterpret_cast<uint16_t*>(data);
-      if (kind == kFp16) {
-        FloatToHalfArray(x, v, n, isa());
-      } else {
-        FloatToBf16Array(x, v, n, isa());
-      }
+      // The cast checks its values in its pass (a server's aggregate replied in fp16 / bf16).
+      NoteInputCheck(
+          !(kind == kFp16 ? FloatToHalfArray(x, v, n, isa()) : FloatToBf16Array(x, v, n, isa())));
       if (residual != nullptr) {
         for (size_t i = 0; i < n; ++i) {
           const float r = kind == kFp16 ? HalfToFloat(v[i]) : Bf16ToFloat(v[i]);
