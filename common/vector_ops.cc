@@ -258,6 +258,22 @@ BP_TARGET_AVX2 size_t FirstNonFiniteAvx2(const float* x, size_t n) {
   return FirstNonFiniteF32Scalar(x, i, n);
 }
 
+// 16-bit: 64 values per test (four vectors OR-ed); a block that holds one is scanned.
+BP_TARGET_AVX2 size_t FirstNonFinite16Avx2(const uint16_t* x, size_t n, uint16_t exponent) {
+  const __m256i exp = _mm256_set1_epi16(static_cast<int16_t>(exponent));
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m256i any = _mm256_setzero_si256();
+    for (size_t k = 0; k < 64; k += 16) {
+      const __m256i v =
+          _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + k)), exp);
+      any = _mm256_or_si256(any, _mm256_cmpeq_epi16(v, exp));
+    }
+    if (!_mm256_testz_si256(any, any)) return i + FirstNonFinite16Scalar(x + i, 64, exponent);
+  }
+  return i + FirstNonFinite16Scalar(x + i, n - i, exponent);
+}
+
 BP_TARGET_AVX2 bool CastWithResidualAvx2(const float* g, float* e, TensorView out) {
   const size_t n = out.count();
   const DType dt = out.dtype();
@@ -430,6 +446,20 @@ BP_TARGET_AVX512 size_t FirstNonFiniteAvx512(const float* x, size_t n) {
   return FirstNonFiniteF32Scalar(x, i, n);
 }
 
+// 16-bit: 128 values per test (four vectors); a block that holds one is scanned.
+BP_TARGET_AVX512 size_t FirstNonFinite16Avx512(const uint16_t* x, size_t n, uint16_t exponent) {
+  const __m512i exp = _mm512_set1_epi16(static_cast<int16_t>(exponent));
+  size_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    __mmask32 bad = 0;
+    for (size_t k = 0; k < 128; k += 32) {
+      bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(_mm512_loadu_si512(x + i + k), exp), exp);
+    }
+    if (bad != 0) return i + FirstNonFinite16Scalar(x + i, 128, exponent);
+  }
+  return i + FirstNonFinite16Scalar(x + i, n - i, exponent);
+}
+
 BP_TARGET_AVX512 bool CastWithResidualAvx512(const float* g, float* e, TensorView out) {
   const size_t n = out.count();
   const DType dt = out.dtype();
@@ -532,8 +562,16 @@ void AddToFloat(ConstTensorView src, float* dst, IsaLevel isa) {
 
 size_t FirstNonFinite(ConstTensorView v, IsaLevel isa) {
   switch (v.dtype()) {
-    case DType::kFloat16: return FirstNonFinite16Scalar(v.u16(), v.count(), 0x7C00u);
-    case DType::kBFloat16: return FirstNonFinite16Scalar(v.u16(), v.count(), 0x7F80u);
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      const uint16_t exponent = v.dtype() == DType::kFloat16 ? 0x7C00u : 0x7F80u;
+      switch (isa) {
+        case IsaLevel::kAvx512: return FirstNonFinite16Avx512(v.u16(), v.count(), exponent);
+        case IsaLevel::kAvx2: return FirstNonFinite16Avx2(v.u16(), v.count(), exponent);
+        case IsaLevel::kScalar: break;
+      }
+      return FirstNonFinite16Scalar(v.u16(), v.count(), exponent);
+    }
     case DType::kFloat32: break;
   }
   switch (isa) {

@@ -228,6 +228,29 @@ TEST(VectorOps, FirstNonFiniteFindsTheFirstNanOrInfExactly) {
       }
     }
   }
+  // fp16 / bf16 on every ISA level: every position of blocks and tails (the vector loops test
+  // 64 or 128 values at once), exponent all ones is inf or NaN, the largest finite is not.
+  for (IsaLevel isa : SupportedIsaLevels()) {
+    for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
+      const uint16_t largest = dt == DType::kFloat16 ? 0x7BFF : 0x7F7F;
+      const uint16_t inf = dt == DType::kFloat16 ? 0x7C00 : 0x7F80;
+      for (size_t n : {0u, 1u, 63u, 128u, 300u}) {
+        std::vector<uint16_t> x(n, largest);
+        if (n > 1) x[n / 2] = static_cast<uint16_t>(largest | 0x8000);
+        ASSERT_EQ(FirstNonFinite(ConstTensorView(x.data(), n, dt), isa), n);
+        for (size_t at = 0; at < n; ++at) {
+          for (uint16_t bad :
+               {inf, static_cast<uint16_t>(inf | 0x8000), static_cast<uint16_t>(inf | 0x0040)}) {
+            std::vector<uint16_t> y = x;
+            y[at] = bad;
+            if (at + 9 < n) y[at + 9] = bad;
+            ASSERT_EQ(FirstNonFinite(ConstTensorView(y.data(), n, dt), isa), at)
+                << IsaLevelName(isa) << " " << DTypeName(dt) << " n " << n;
+          }
+        }
+      }
+    }
+  }
   // fp16 / bf16: exponent all ones (0x7C00 / 0x7F80) is inf or NaN; the largest finite is not.
   std::vector<uint16_t> h = {0x7BFF, 0xFBFF, 0x3C00, 0xFC00, 0x7E00};
   EXPECT_EQ(FirstNonFinite(ConstTensorView(h.data(), 3, DType::kFloat16), IsaLevel::kScalar), 3u);
