@@ -468,7 +468,10 @@ std::vector<ClusterKnob> BuildTable() {
                  .Bytes(1, kMaxPartitionBytes)
                  .Agreed()
                  .Doc("Tensors are cut into partitions (keys) of at most this size. At most 1 "
-                      "GiB: a partition travels as one transport message."),
+                      "GiB: a partition travels as one transport message. A compressed "
+                      "partition is the compression unit (one onebit scale, one top-k): for "
+                      "CLAN + onebit on layers wider than 65536 elements, 262144 "
+                      "(docs/training.md, \"Wide layers\")."),
              In<&ClusterConfig::compression, &CompressionSettings::partition_bytes>()),
       Scalar(Knob("compression.raw_partition_bytes")
                  .Bytes(1, kMaxPartitionBytes)
