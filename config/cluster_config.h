@@ -178,6 +178,14 @@ struct MetricsSettings {
   std::string bind_address = "127.0.0.1";
 };
 
+// The `launch:` section: read by `bitpush launch` only (python/bitpush/launch.py); the
+// daemons parse it and ignore it.
+struct LaunchSettings {
+  // launch.max_restarts: how many times `bitpush launch` starts the job again after one of its
+  // processes died (docs/launch.md, "Restarts"); 0 = never.
+  uint32_t max_restarts = 0;
+};
+
 // The `security:` section (docs/security.md). Local: each node reads its own key; a node whose
 // mode differs from its peers' fails their security handshake, naming the mode.
 struct SecuritySettings {
@@ -272,6 +280,8 @@ struct ClusterConfig {
   MetricsSettings metrics;
   // The `security:` section.
   SecuritySettings security;
+  // The `launch:` section.
+  LaunchSettings launch;
 
   // Number of nodes the scheduler waits for.
   size_t num_nodes() const { return servers.size() + workers.size(); }

@@ -698,6 +698,20 @@ std::vector<ClusterKnob> BuildTable() {
                  .Optional("default", "`keys_dir/public_keys`")
                  .Doc("The cluster's public keys, one `name key` line per node."),
              In<&ClusterConfig::security, &SecuritySettings::public_keys>()),
+
+      // ---- launch: (read by `bitpush launch`; docs/launch.md) ----
+      Scalar(Knob("launch.max_restarts")
+                 .Integer(0, 1000, "restarts")
+                 .Doc("`bitpush launch --max-restarts N` overrides it. When a process of the job "
+                      "dies (scheduler, server, worker daemon or "
+                      "training process), `bitpush launch` stops the others and starts the "
+                      "cluster and the training command again, up to this many times, with "
+                      "`BITPUSH_RESTART_COUNT` in the training processes' environment; a "
+                      "server alone is started again in place when "
+                      "`cluster.server_rejoin_timeout_s` is set. The script resumes from its "
+                      "checkpoint (`bitpush.torch.Checkpointer`; docs/launch.md, "
+                      "\"Restarts\"). `0`: the first death ends the job."),
+             In<&ClusterConfig::launch, &LaunchSettings::max_restarts>()),
   };
   // A knob's default is its field's initial value: declared once, in cluster_config.h.
   const ClusterConfig defaults;
@@ -737,7 +751,7 @@ std::string FlagsTable() {
 
 const std::vector<std::string>& ClusterSections() {
   static const std::vector<std::string> kSections = {
-      "cluster", "compression", "optimizer", "server", "worker", "metrics", "security"};
+      "cluster", "compression", "optimizer", "server", "worker", "metrics", "security", "launch"};
   return kSections;
 }
 

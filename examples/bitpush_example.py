@@ -1,5 +1,5 @@
 """What train_digits.py and train_charlm.py share: the command line, the local launcher, the
-optimizer factory, the progress bar and the JSON summary.
+optimizer factory, the step loop with its checkpoints, the progress bar and the JSON summary.
 
 An example started without the launcher's environment (no BITPUSH_CONFIG) starts its own
 cluster on loopback with bitpush.testing.LocalCluster (scheduler + --servers servers) and
@@ -8,6 +8,7 @@ with the environment (bitpush's launcher, or LocalCluster.env(rank)), it is one 
 """
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -55,6 +56,12 @@ def add_common_args(parser, default_lr):
                         "one onebit scale per partition: 262144 for wide layers, "
                         "docs/training.md \"Wide layers\")")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    parser.add_argument("--checkpoint-dir", default=None, metavar="D",
+                        help="keep checkpoints in D (bitpush.torch.Checkpointer) and resume "
+                        "from the newest one there: under `bitpush launch --max-restarts N` the "
+                        "job survives dead processes (docs/launch.md, 'Restarts')")
+    parser.add_argument("--checkpoint-every", type=int, default=50, metavar="K",
+                        help="with --checkpoint-dir: a checkpoint every K steps (default 50)")
     parser.add_argument("--server-side", action="store_true",
                         help="run the optimizer on the servers (optimizer.placement: server, "
                         "bitpush.torch.ServerOptimizer): workers push gradients and pull "
@@ -225,6 +232,67 @@ def build_optimizer(args, model, prefix=""):
         inner = torch.optim.SGD(params, lr=args.lr, momentum=0.9,
                                 weight_decay=args.weight_decay)
     return bp.DistributedOptimizer(inner, named_parameters=named, compression=args.compression)
+
+
+class StepDraws:
+    """Draw i of `draw(generator)` from a torch.Generator seeded `seed`, drawn in order: at(i)
+    after a jump back (a run resumed from a checkpoint, or rolled back to one) replays the draws
+    before it, so every step sees the batch of an uninterrupted run."""
+
+    def __init__(self, seed, draw):
+        self.seed, self.draw = seed, draw
+        self._reset()
+
+    def _reset(self):
+        self.gen = torch.Generator().manual_seed(self.seed)
+        self.drawn, self.last = 0, None
+
+    def at(self, i):
+        if i < self.drawn - 1:
+            self._reset()
+        while self.drawn <= i:
+            self.last = self.draw(self.gen)
+            self.drawn += 1
+        return self.last
+
+
+def train_steps(args, model, opt, sched, total, one_step):
+    """Runs one_step(step) for the steps up to `total`, then sched.step() after each. With
+    --checkpoint-dir a bitpush.torch.Checkpointer resumes from the newest checkpoint there (0 on
+    a fresh job), writes one every --checkpoint-every steps, and goes back to the newest one
+    when a server was restarted alone (BitpushError Unavailable). Returns the first step this
+    run made."""
+    import bitpush.torch as bp
+
+    ckpt = None
+    step = 0
+    if args.checkpoint_dir:
+        ckpt = bp.Checkpointer(args.checkpoint_dir, model, opt,
+                               every_steps=args.checkpoint_every, state={"lr": sched})
+        step = ckpt.resume()
+    first = step
+    while step < total:
+        try:
+            one_step(step)
+            sched.step()
+            step += 1
+            if ckpt is not None:
+                ckpt.step(step)
+        except bp.BitpushError as e:
+            if ckpt is None:
+                raise
+            step = ckpt.recover(e)
+    return first
+
+
+def params_sha256(model):
+    """SHA-256 of the model's state, tensor by tensor in state_dict order (the bytes of each):
+    equal digests are bit-identical parameters."""
+    h = hashlib.sha256()
+    for k, v in model.state_dict().items():
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 def grad_bytes(model):

@@ -132,25 +132,29 @@ def run(args, prefix=""):
     total = args.steps
     if args.epochs is not None:
         total = args.epochs * max(1, len(shard) // (args.batch_size * args.context))
-    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    # The batch starts of each step (replayed up to the step a resumed run starts at).
+    draws = ex.StepDraws(args.seed * 1000 + rank,
+                         lambda g: torch.randint(0, len(shard) - args.context - 1,
+                                                 (args.batch_size,), generator=g))
     loss_fn = torch.nn.CrossEntropyLoss()
     sched = ex.lr_scheduler(args, opt, total)
     pushed0, t0 = ex.bytes_pushed(), time.time()
     bar = ex.progress(args, rank, total, "charlm %s" % args.optimizer)
     loss_avg = None
-    for step in range(total):
-        starts = torch.randint(0, len(shard) - args.context - 1, (args.batch_size,),
-                               generator=gen)
-        x, y = batch(shard, starts, args.context)
+
+    def one_step(step):
+        nonlocal loss_avg
+        x, y = batch(shard, draws.at(step), args.context)
         opt.zero_grad()
         loss = loss_fn(model(x).reshape(-1, 256), y.reshape(-1))
         loss.backward()
         opt.step()
-        sched.step()
         loss_avg = loss.item() if loss_avg is None else 0.95 * loss_avg + 0.05 * loss.item()
         bar.update(1)
         bar.set_postfix(loss="%.3f" % loss_avg,
                         wire="%.2fMB" % ((ex.bytes_pushed() - pushed0) / 1e6), refresh=False)
+
+    first = ex.train_steps(args, model, opt, sched, total, one_step)
     bar.close()
     wall = time.time() - t0
     val_loss = validation_loss(model, val, args)
@@ -159,7 +163,8 @@ def run(args, prefix=""):
     return {"example": "charlm", "optimizer": args.optimizer,
             "compression": ex.effective_compression(args),
             "error_feedback": ex.error_feedback_on(args), "seed": args.seed,
-            "workers": size, "steps": total, "final_train_loss": loss_avg,
+            "workers": size, "steps": total, "first_step": first, "final_train_loss": loss_avg,
+            "params_sha256": ex.params_sha256(model),
             "val_loss": val_loss, "val_bits_per_byte": val_loss / math.log(2),
             "wall_time_s": wall, "bytes_pushed": ex.bytes_pushed() - pushed0,
             "bytes_fp32": ex.grad_bytes(model) * total, **ex.quantizer_summary()}

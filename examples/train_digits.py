@@ -101,28 +101,30 @@ def run(args, prefix=""):
     total = args.epochs * steps_per_epoch
     if args.steps is not None:
         total = min(total, args.steps)
-    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    # One shuffle of the shard per epoch (replayed up to the step a resumed run starts at).
+    perms = ex.StepDraws(args.seed * 1000 + rank,
+                         lambda g: torch.randperm(len(shard_x), generator=g))
     loss_fn = torch.nn.CrossEntropyLoss()
     sched = ex.lr_scheduler(args, opt, total)
-    pushed0, t0, step = ex.bytes_pushed(), time.time(), 0
+    pushed0, t0 = ex.bytes_pushed(), time.time()
     bar = ex.progress(args, rank, total, "digits %s" % args.optimizer)
     loss_avg = None
-    while step < total:
-        perm = torch.randperm(len(shard_x), generator=gen)
-        for s in range(steps_per_epoch):
-            if step >= total:
-                break
-            idx = perm[s * args.batch_size:(s + 1) * args.batch_size]
-            opt.zero_grad()
-            loss = loss_fn(model(shard_x[idx]), shard_y[idx])
-            loss.backward()
-            opt.step()
-            sched.step()
-            step += 1
-            loss_avg = loss.item() if loss_avg is None else 0.9 * loss_avg + 0.1 * loss.item()
-            bar.update(1)
-            bar.set_postfix(loss="%.3f" % loss_avg,
-                            wire="%.2fMB" % ((ex.bytes_pushed() - pushed0) / 1e6), refresh=False)
+
+    def one_step(step):
+        nonlocal loss_avg
+        perm, s = perms.at(step // steps_per_epoch), step % steps_per_epoch
+        idx = perm[s * args.batch_size:(s + 1) * args.batch_size]
+        opt.zero_grad()
+        loss = loss_fn(model(shard_x[idx]), shard_y[idx])
+        loss.backward()
+        opt.step()
+        loss_avg = loss.item() if loss_avg is None else 0.9 * loss_avg + 0.1 * loss.item()
+        bar.update(1)
+        bar.set_postfix(loss="%.3f" % loss_avg,
+                        wire="%.2fMB" % ((ex.bytes_pushed() - pushed0) / 1e6), refresh=False)
+
+    first = ex.train_steps(args, model, opt, sched, total, one_step)
+    step = total
     bar.close()
     wall = time.time() - t0
     with torch.no_grad():
@@ -136,7 +138,8 @@ def run(args, prefix=""):
             "server_side": isinstance(opt, bp.ServerOptimizer),
             "pull": (opt.pull or bp.cluster_optimizer_pull())
             if isinstance(opt, bp.ServerOptimizer) else None,
-            "workers": size, "steps": step, "final_train_loss": loss_avg,
+            "workers": size, "steps": step, "first_step": first,
+            "final_train_loss": loss_avg, "params_sha256": ex.params_sha256(model),
             "test_accuracy": acc, "wall_time_s": wall,
             "bytes_pushed": ex.bytes_pushed() - pushed0,
             "bytes_fp32": ex.grad_bytes(model) * step, **ex.quantizer_summary()}

@@ -22,6 +22,9 @@ BITPUSH_ROLE, BITPUSH_SCHEDULER, BITPUSH_RANK, BITPUSH_SIZE
                            informational, set by the launcher: "worker", the scheduler's
                            address, this process's global rank and the process count (what
                            bitpush.torch.rank()/size() return after init)
+BITPUSH_RESTART_COUNT      how many times the launcher started the job again before this
+                           run (0 in the first; docs/launch.md, "Restarts"); read by
+                           ``restart_count()`` (bitpush.torch.Checkpointer logs it)
 =========================  ==========================================================
 
 Arguments given to ``bitpush.torch.init`` override these.
@@ -53,6 +56,7 @@ SCHEDULER = "BITPUSH_SCHEDULER"
 RANK = "BITPUSH_RANK"
 SIZE = "BITPUSH_SIZE"
 SLURM_TASKS_PER_NODE = "BITPUSH_SLURM_TASKS_PER_NODE"
+RESTART_COUNT = "BITPUSH_RESTART_COUNT"
 
 MODES = ("embedded", "daemon")
 LOG_LEVELS = ("trace", "debug", "info", "warn", "error", "off")
@@ -130,3 +134,9 @@ def slurm_environ() -> dict:
     """The variables `bitpush launch --slurm` reads (bitpush/slurm.py), as a dict."""
     extra = (SLURM_TASKS_PER_NODE, "CUDA_VISIBLE_DEVICES", "TMPDIR")
     return {k: v for k, v in os.environ.items() if k.startswith("SLURM") or k in extra}
+
+
+def restart_count():
+    """BITPUSH_RESTART_COUNT (0 when unset); ValueError names a bad value."""
+    value = _int(RESTART_COUNT, 0)
+    return 0 if value is None else value

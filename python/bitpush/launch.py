@@ -12,6 +12,14 @@ output line with its process ("[server 0] "), and supervises them: the first pro
 fails stops all the others (SIGTERM, then SIGKILL after --grace-s) and the launcher exits 1
 naming it and its last line. SIGINT/SIGTERM to the launcher stop everything the same way.
 
+With --max-restarts N (YAML launch.max_restarts) a death does not end the job: the launcher
+kills the rest at once (SIGKILL: the job's state is in its checkpoint), logs one line naming who
+died and how, and starts the cluster and the training command again, up to N times, with
+BITPUSH_RESTART_COUNT in the training processes' environment; the script resumes from its
+checkpoint (bitpush.torch.Checkpointer). A server that dies alone while the YAML sets
+cluster.server_rejoin_timeout_s is started again in place instead (the others keep running and
+roll back to their checkpoint, docs/training.md "A server restarted alone").
+
 `launch --slurm` builds the cluster from a Slurm allocation instead of a host list (the YAML is
 written by bitpush/slurm.py; then everything above applies unchanged).
 
@@ -151,7 +159,13 @@ class _Launch:
         self.args = args
         self.config = config
         self.config_path = config_path
-        self.children = []
+        self.children = []  # this run's processes (the current start of the job)
+        self.gone = []  # processes of earlier runs and replaced servers, all reaped
+        self.restarts = 0
+        self.max_restarts = (args.max_restarts if args.max_restarts is not None
+                             else int(config["knobs"].get("launch.max_restarts", "0")))
+        rejoin = config["knobs"].get("cluster.server_rejoin_timeout_s", "off")
+        self.server_rejoins = rejoin not in ("off", "0", "")
         self.out = sys.stdout.buffer
         self.out_lock = threading.Lock()
         self.stop_signal = None
@@ -225,7 +239,8 @@ class _Launch:
                             # Informational (init() does not need them): for scripts that
                             # want their identity before init, e.g. to log from rank 0 only.
                             _env.ROLE: "worker", _env.SCHEDULER: cfg["scheduler"],
-                            _env.RANK: str(sum(counts[:n]) + r), _env.SIZE: str(sum(counts))})
+                            _env.RANK: str(sum(counts[:n]) + r), _env.SIZE: str(sum(counts)),
+                            _env.RESTART_COUNT: str(self.restarts)})
                 if daemon:
                     env[_env.DAEMON_SOCKET] = socket_path
                 if gpus:
@@ -268,7 +283,7 @@ class _Launch:
         ended by a signal cannot unlink its own; names are bitpush-<uid>-<pid>-<n>,
         worker/ipc/shm_segment.h). Every child is reaped here, so the pids are still ours."""
         uid = os.getuid()
-        mine = tuple("bitpush-%d-%d-" % (uid, c.pid) for c in self.children
+        mine = tuple("bitpush-%d-%d-" % (uid, c.pid) for c in self.gone + self.children
                      if c.returncode is not None)
         try:
             names = [n for n in os.listdir("/dev/shm") if n.startswith(mine)]
@@ -284,45 +299,39 @@ class _Launch:
                      % len(names))
 
     def summary(self, failed):
-        n = len(self.children)
+        n = len(self.gone) + len(self.children)
         took = time.monotonic() - self.t0
+        again = " after %d restart(s)" % self.restarts if self.restarts else ""
         if failed is None and self.stop_signal is None:
-            self.say("%d processes, all exited 0 in %.1f s" % (n, took))
+            self.say("%d processes, all exited 0 in %.1f s%s" % (n, took, again))
             return
         others = ", ".join("%s %s" % (c.label, c.describe_exit()) for c in self.children
                            if c is not failed and c.returncode not in (0, None)
                            and not c.signalled)
         if failed is not None:
-            self.say("FAILED: %s (pid %d) %s; last line: %s%s; %d processes in %.1f s"
+            self.say("FAILED: %s (pid %d) %s; last line: %s%s; %d processes in %.1f s%s"
                      % (failed.label, failed.pid, failed.describe_exit(),
                         failed.last_line or "(no output)",
-                        "; then " + others if others else "", n, took))
+                        "; then " + others if others else "", n, took, again))
         else:
             self.say("stopped by %s; %d processes in %.1f s%s"
                      % (signal.Signals(self.stop_signal).name, n, took,
                         " (" + others + ")" if others else ""))
 
     def run(self):
-        plan = self.plan()
-        if not plan:
+        if not self.plan():
             self.say("no role of %s runs on this host (%s); use --host NAME"
                      % (self.config_path, socket.gethostname()))
             return EXIT_USAGE
-        self.say("starting %s" % ", ".join(p[0] for p in plan))
         failed = None
         try:
-            for label, kind, argv, env in plan:
-                if self.stop_signal is not None:
-                    break
-                try:
-                    self.start(label, kind, argv, env)
-                except OSError as e:
-                    self.say("cannot start %s (%s): %s" % (label, argv[0], e))
-                    self.stop_all("%s did not start" % label)
+            while True:
+                if not self.start_all():
                     return EXIT_FAILED
-            self.say("started %s" % ", ".join("%s (pid %d)" % (c.label, c.pid)
-                                               for c in self.children))
-            failed = self.supervise()
+                failed = self.supervise()
+                if not self.restartable(failed):
+                    break
+                self.restart_job(failed)
         finally:
             if failed is not None:
                 self.stop_all("%s %s" % (failed.label, failed.describe_exit()))
@@ -337,6 +346,74 @@ class _Launch:
             return 128 + self.stop_signal
         return EXIT_OK
 
+    def start_all(self):
+        """Starts this host's plan (a new run of the job); False when a process did not
+        start (the others are stopped)."""
+        plan = self.plan()
+        self.say("starting %s%s" % (", ".join(p[0] for p in plan),
+                                    " (restart %d of %d)" % (self.restarts, self.max_restarts)
+                                    if self.restarts else ""))
+        for label, kind, argv, env in plan:
+            if self.stop_signal is not None:
+                break
+            try:
+                self.start(label, kind, argv, env)
+            except OSError as e:
+                self.say("cannot start %s (%s): %s" % (label, argv[0], e))
+                self.stop_all("%s did not start" % label)
+                return False
+        self.say("started %s" % ", ".join("%s (pid %d)" % (c.label, c.pid)
+                                           for c in self.children))
+        return True
+
+    def restartable(self, failed):
+        """Whether the death of `failed` starts the job again: restarts are left, nobody
+        asked the launcher to stop, and the training is not already done (every training
+        process exited 0: a role failing at shutdown ends the job as before)."""
+        if failed is None or self.stop_signal is not None:
+            return False
+        if self.restarts >= self.max_restarts:
+            if self.max_restarts:
+                self.say("%s %s, and the job was started again %d time(s) already "
+                         "(--max-restarts %d): giving up"
+                         % (failed.label, failed.describe_exit(), self.restarts,
+                            self.max_restarts))
+            return False
+        trains = [c for c in self.children if c.kind == "train"]
+        return not (trains and all(c.poll() == 0 for c in trains))
+
+    def restart_job(self, failed):
+        """Kills what still runs of this run at once, reaps it, and counts a restart; the
+        next start_all starts the job again."""
+        self.restarts += 1
+        self.say("restart %d of %d: %s (pid %d) %s; last line: %s; killing the other %d "
+                 "process(es) and starting the job again"
+                 % (self.restarts, self.max_restarts, failed.label, failed.pid,
+                    failed.describe_exit(), failed.last_line or "(no output)",
+                    sum(1 for c in self.children if c.poll() is None)))
+        for c in self.children:
+            c.kill_group(signal.SIGKILL)
+        for c in self.children:
+            c.popen.wait()
+            c.poll()
+        self.gone.extend(self.children)
+        self.children = []
+        self.sweep_shm()
+
+    def restart_servers_in_place(self, dead):
+        """cluster.server_rejoin_timeout_s is set: starts a new process of each dead server
+        (same command line); the others keep running and the workers roll back to their
+        checkpoint (docs/training.md, "A server restarted alone")."""
+        for c in dead:
+            self.restarts += 1
+            self.say("restart %d of %d: %s (pid %d) %s; last line: %s; starting it again in "
+                     "place (cluster.server_rejoin_timeout_s)"
+                     % (self.restarts, self.max_restarts, c.label, c.pid, c.describe_exit(),
+                        c.last_line or "(no output)"))
+            self.children.remove(c)
+            self.gone.append(c)
+            self.start(c.label, c.kind, c.argv, None)
+
     def supervise(self):
         """Waits for the end; returns the first child that failed, or None."""
         trains = [c for c in self.children if c.kind == "train"]
@@ -344,6 +421,12 @@ class _Launch:
         while self.stop_signal is None:
             failed = [c for c in self.children
                       if c.poll() not in (0, None) and not c.signalled]
+            if failed and self.server_rejoins and \
+                    all(c.label.startswith("server ") for c in failed) and \
+                    self.restarts + len(failed) <= self.max_restarts and \
+                    not all(c.poll() == 0 for c in trains):
+                self.restart_servers_in_place(failed)
+                continue
             if failed:
                 # Seen in the same poll: a training process is the likelier cause (a role
                 # fails after it, once it notices the worker is gone).
@@ -508,6 +591,11 @@ def _parser():
                     help="training processes per worker node (default: the node's processes: "
                     "in the YAML, then worker.local_size, else 1); > 1 starts a bitpush-worker "
                     "daemon per node")
+    lp.add_argument("--max-restarts", type=int, default=None, metavar="N",
+                    help="when a process of the job dies, kill the others and start the job "
+                    "again, up to N times (default: the YAML's launch.max_restarts, else 0); "
+                    "the training script resumes from its checkpoint (docs/launch.md, "
+                    "'Restarts')")
     lp.add_argument("--grace-s", type=float, default=5.0,
                     help="SIGTERM to SIGKILL when stopping processes (default 5)")
     lp.add_argument("--shutdown-timeout-s", type=float, default=30.0,
@@ -563,6 +651,10 @@ def main(argv=None):
         args.log_level = _env.normalize_log_level(args.log_level, "--log-level")
     except ValueError as e:
         print("bitpush launch: %s" % e, file=sys.stderr)
+        return EXIT_USAGE
+    if args.max_restarts is not None and not 0 <= args.max_restarts <= 1000:
+        print("bitpush launch: --max-restarts must be 0..1000, got %d" % args.max_restarts,
+              file=sys.stderr)
         return EXIT_USAGE
     if args.local_size is not None and args.local_size < 1:
         print("bitpush launch: --local-size must be at least 1", file=sys.stderr)

@@ -43,6 +43,21 @@ if os.environ["BITPUSH_WORKER_RANK"] == "1":
 time.sleep(120)
 """
 
+# Fails on rank 1 until the launcher has started the job `sys.argv[2]` times again.
+FAIL_UNTIL_RESTART = r"""
+import os, sys
+count = int(os.environ["BITPUSH_RESTART_COUNT"])
+print("run %d of rank %s" % (count, os.environ["BITPUSH_WORKER_RANK"]), flush=True)
+if os.environ["BITPUSH_WORKER_RANK"] == "1" and count < int(sys.argv[2]):
+    print("boom: rank 1 gives up in run %d" % count, flush=True)
+    sys.exit(3)
+import torch
+import bitpush.torch as bp
+bp.init()
+bp.push_pull(torch.ones(16), "t")
+bp.shutdown()
+"""
+
 HOLD = r"""
 import os, time, torch
 import bitpush.torch as bp
@@ -278,6 +293,47 @@ def test_failing_rank_stops_everything_and_is_named(tmp):
     for pid in pids:
         assert not os.path.exists("/proc/%d" % pid) or \
             open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0] == "Z", pid
+    assert not _procs_mentioning(tmp)
+
+
+def test_max_restarts_starts_the_job_again_and_names_each_death(tmp):
+    cfg = _write_yaml(tmp, workers=2)
+    r = _run(["launch", "--config", cfg, "--max-restarts", "3", "--", PY, "-c",
+              FAIL_UNTIL_RESTART, tmp, "2"])
+    assert r.returncode == 0, r.stdout
+    restarts = [l for l in r.stdout.splitlines() if l.startswith("bitpush launch: restart ")]
+    assert len(restarts) == 2, r.stdout
+    for i, line in enumerate(restarts):
+        assert re.match(r"bitpush launch: restart %d of 3: train 1\.0 \(pid \d+\) exited with 3; "
+                        r"last line: boom: rank 1 gives up in run %d; killing the other \d "
+                        r"process\(es\) and starting the job again$" % (i + 1, i), line), line
+    # Each run saw its count in the environment; the third ran through.
+    for run in range(3):
+        assert "[train 0.0] run %d of rank 0" % run in r.stdout, r.stdout
+    assert re.search(r"bitpush launch: 12 processes, all exited 0 in [\d.]+ s after 2 "
+                     r"restart\(s\)$", r.stdout.strip()), r.stdout
+    assert not _procs_mentioning(tmp)
+
+
+def test_max_restarts_gives_up_after_n_and_the_yaml_sets_it(tmp):
+    cfg = _write_yaml(tmp, workers=2)
+    with open(cfg, "a") as f:
+        f.write("launch:\n  max_restarts: 1\n")
+    r = _run(["launch", "--config", cfg, "--", PY, "-c", FAIL_UNTIL_RESTART, tmp, "5"])
+    assert r.returncode == 1, r.stdout
+    lines = r.stdout.splitlines()
+    assert sum(l.startswith("bitpush launch: restart ") for l in lines) == 1, r.stdout
+    assert "bitpush launch: train 1.0 exited with 3, and the job was started again 1 time(s) " \
+        "already (--max-restarts 1): giving up" in lines, r.stdout
+    failed = [l for l in lines if l.startswith("bitpush launch: FAILED: train 1.0")]
+    assert failed and "boom: rank 1 gives up in run 1" in failed[0] and \
+        failed[0].endswith("after 1 restart(s)"), r.stdout
+    # The flag overrides the YAML; a bad count is a usage error.
+    r = _run(["launch", "--config", cfg, "--max-restarts", "0", "--", PY, "-c",
+              FAIL_UNTIL_RESTART, tmp, "5"])
+    assert r.returncode == 1 and "bitpush launch: restart " not in r.stdout, r.stdout
+    r = _run(["launch", "--config", cfg, "--max-restarts", "-1", "--", PY, "-c", "pass"])
+    assert r.returncode == 2 and "--max-restarts must be 0..1000, got -1" in r.stdout, r.stdout
     assert not _procs_mentioning(tmp)
 
 

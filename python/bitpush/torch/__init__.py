@@ -34,6 +34,7 @@ this one (tests/python/test_import_graph.py):
     binsgdm            ``BinSGDM``
     hooks              the DDP comm hook
     checkpoint         ``save_checkpoint``, ``load_checkpoint``
+    checkpointer       ``Checkpointer``: periodic checkpoints in a directory, resume, recover
 """
 from .errors import BitpushError
 from .session import (init, shutdown, is_initialized, rank, size, local_rank, local_size,
@@ -59,6 +60,7 @@ from .distributed_optimizer import DistributedOptimizer
 from .binsgdm import BinSGDM
 from .hooks import PushPullHookState, push_pull_hook
 from .checkpoint import save_checkpoint, load_checkpoint
+from .checkpointer import Checkpointer
 
 __all__ = [
     "BitpushError", "Handle", "init", "shutdown", "is_initialized", "rank", "size", "local_rank",
@@ -75,4 +77,5 @@ __all__ = [
     "ONEBIT_ERROR_FEEDBACK_DECAY", "PushPullHookState", "push_pull_hook", "save_checkpoint",
     "load_checkpoint", "ServerOptimizer", "QWD", "cluster_optimizer_placement",
     "cluster_optimizer_pull", "BinSGDM", "cluster_partition_bytes", "ONEBIT_WIDE_SCALE_ELEMENTS",
+    "Checkpointer",
 ]

@@ -4,6 +4,8 @@
     ...
     bp.load_checkpoint("ckpt/step1000.pt", model, optimizer)   # every process of the new job
 
+(bitpush.torch.Checkpointer, checkpointer.py, keeps periodic ones in a directory.)
+
 A checkpoint is one file written by rank 0 (`path`: the model and optimizer state, which every
 process holds identically, and the job's metadata) plus one file per worker node written by
 that node's local rank 0 (`path.node<k>`: the node's worker error-feedback residuals, which
@@ -86,9 +88,10 @@ def _barrier(what):
         raise BitpushError("%s: waiting for every process: %s" % (what, e)) from e
 
 
-def save_checkpoint(path, model, optimizer):
+def save_checkpoint(path, model, optimizer, extra=None):
     """Writes the job's checkpoint (collective: every training process calls it with the same
-    `path`, after the same step). Returns `path`."""
+    `path`, after the same step). `extra`: anything torch.save takes, the same on every process
+    (rank 0's is written; load_checkpoint returns it). Returns `path`."""
     path = os.fspath(path)
     job = _job(optimizer, model)
     residuals = {}
@@ -120,7 +123,7 @@ def save_checkpoint(path, model, optimizer):
         sd.pop("bitpush", None)  # the residuals live in the node files
         _save(path, {"magic": _MAGIC, "format": FORMAT, "job": job,
                      "model": model.state_dict(), "optimizer": sd,
-                     "server_residuals": server_residuals})
+                     "server_residuals": server_residuals, "extra": extra})
     _barrier("bitpush.save_checkpoint(%r)" % path)
     return path
 
@@ -185,7 +188,7 @@ def _check_job(path, saved, job):
 def load_checkpoint(path, model, optimizer):
     """Restores a checkpoint written by save_checkpoint (collective: every training process of
     the new job calls it, before its first step). Refuses, naming the field, a checkpoint of
-    another job (ValueError)."""
+    another job (ValueError). Returns save_checkpoint's `extra` (None when it had none)."""
     path = os.fspath(path)
     main = _load(path, "checkpoint")
     job = _job(optimizer, model)
@@ -200,3 +203,4 @@ def load_checkpoint(path, model, optimizer):
         for name, r in main.get("server_residuals", {}).items():
             restore_server_error_feedback_state(name, r)
     _barrier("bitpush.load_checkpoint(%r)" % path)
+    return main.get("extra")

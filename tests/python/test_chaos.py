@@ -1,0 +1,216 @@
+"""Chaos (ctest label `chaos`, docs/launch.md "Restarts"): a job of 2 workers and 2 servers
+trains under `bitpush launch --max-restarts` while a killer sends SIGKILL to a random process of
+a random role five times — the scheduler, a server and a training process at least once each —
+and the job ends by itself with the parameters of an uninterrupted run of the same steps, bit
+for bit, with no person involved.
+
+Two jobs: CLAN with onebit and error feedback on both sides, with cluster.server_rejoin_timeout_s
+set (a dead server is started again in place and the workers roll back to their checkpoint; any
+other death restarts the whole job), and AdamW on the servers with SDP4Bit (TLq-HS pushes, qWD
+pulls: random streams per round). The training command is examples/train_digits.py with
+--checkpoint-dir (bitpush.torch.Checkpointer); the uninterrupted run is the same command in the
+same cluster YAML without kills or checkpoints.
+
+BITPUSH_CHAOS_SOAK=S runs the first job for S seconds of kills instead (a kill every 3-6 s,
+with as many steps as that takes; run by hand, docs/launch.md reports one).
+"""
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+
+from bitpush.testing import free_ports
+
+PY = "/usr/bin/python3"
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+DIGITS = os.path.join(ROOT, "examples", "train_digits.py")
+EVERY = 20  # steps between checkpoints
+
+JOBS = {
+    "clan-onebit-both-rejoin": {
+        "yaml": "compression:\n  spec: onebit\n  error_feedback: both\n",
+        "rejoin": True,
+        "args": ["--optimizer", "clan", "--compression", "onebit"],
+    },
+    "server-adamw-sdp4bit": {
+        "yaml": "compression:\n  spec: sdp4bit\n  error_feedback: none\n"
+                "optimizer:\n  placement: server\n  pull: sdp4bit:hadamard=off,group=2048\n",
+        "rejoin": False,
+        "args": ["--optimizer", "adamw", "--server-side", "--compression", "sdp4bit"],
+    },
+}
+
+
+def _yaml(d, job):
+    ports = free_ports(5)
+    path = os.path.join(d, "cluster.yaml")
+    with open(path, "w") as f:
+        f.write("cluster:\n  scheduler: 127.0.0.1:%d\n" % ports[0])
+        f.write("  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n" % (ports[1], ports[2]))
+        f.write("  workers: [127.0.0.1:%d, 127.0.0.1:%d]\n" % (ports[3], ports[4]))
+        f.write("  heartbeat_interval_ms: 200\n  heartbeat_timeout_ms: 1000\n"
+                "  startup_timeout_s: 30\n")
+        if job["rejoin"]:
+            f.write("  server_rejoin_timeout_s: 20\n")
+        f.write(job["yaml"])
+        f.write("server:\n  engine_threads: 1\n  numa: off\n")
+        f.write("worker:\n  compress_threads: 1\n  op_timeout_s: 60\n")
+    return path
+
+
+def _children(pid):
+    """[(pid, role)] of the launcher's live children (role: scheduler, server, daemon, train)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open("/proc/%s/cmdline" % d, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if int(fields[1]) != pid or fields[0] == "Z":
+            continue
+        role = ("scheduler" if "bitpush-scheduler" in cmd else "server"
+                if "bitpush-server" in cmd else "daemon" if "bitpush-worker" in cmd else "train")
+        out.append((int(d), role))
+    return out
+
+
+def _newest_checkpoint(ckpt):
+    try:
+        names = os.listdir(ckpt)
+    except OSError:
+        return -1
+    steps = [int(n[5:]) for n in names if n.startswith("step-")
+             and os.path.exists(os.path.join(ckpt, n, "COMPLETE"))]
+    return max(steps, default=-1)
+
+
+class _Killer(threading.Thread):
+    """SIGKILLs a random child of the launcher of a random role after each stretch of
+    progress: a checkpoint newer than the one before the last kill, then 0.5-2 s more."""
+
+    def __init__(self, launcher_pid, ckpt, total, kills, seed, soak_s=None):
+        super().__init__(daemon=True)
+        self.pid, self.ckpt, self.total = launcher_pid, ckpt, total
+        self.rng = random.Random(seed)
+        roles = ["scheduler", "server", "train"]
+        roles += [self.rng.choice(roles) for _ in range(kills - len(roles))]
+        self.rng.shuffle(roles)
+        self.roles = roles
+        self.soak_deadline = None if soak_s is None else time.monotonic() + soak_s
+        self.done = []  # (role, pid, time of the kill)
+        self.stop = threading.Event()
+
+    def run(self):
+        last = -1
+        while not self.stop.is_set():
+            if self.soak_deadline is None and len(self.done) == len(self.roles):
+                return
+            if self.soak_deadline is not None and time.monotonic() > self.soak_deadline:
+                return
+            newest = _newest_checkpoint(self.ckpt)
+            if newest <= last or newest > self.total - 6 * EVERY:
+                time.sleep(0.05)
+                continue
+            if self.stop.wait(self.rng.uniform(0.5, 2.0)):
+                return
+            role = (self.roles[len(self.done)] if self.soak_deadline is None
+                    else self.rng.choice(["scheduler", "server", "train"]))
+            victims = [p for p, r in _children(self.pid) if r == role]
+            if not victims:
+                continue
+            victim = self.rng.choice(victims)
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            self.done.append((role, victim, time.monotonic()))
+            last = _newest_checkpoint(self.ckpt)
+
+
+def _launch(cfg, out_json, args, max_restarts=None, ckpt=None):
+    cmd = [PY, "-m", "bitpush.launch", "launch", "--config", cfg]
+    if max_restarts is not None:
+        cmd += ["--max-restarts", str(max_restarts)]
+    cmd += ["--", PY, DIGITS, "--no-progress", "--json", out_json] + args
+    if ckpt is not None:
+        cmd += ["--checkpoint-dir", ckpt, "--checkpoint-every", str(EVERY)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            universal_newlines=True)
+
+
+@pytest.fixture
+def tmp():
+    d = tempfile.mkdtemp(prefix="bp-chaos-")
+    yield d
+    subprocess.run(["pkill", "-9", "-f", d])
+    subprocess.run(["rm", "-rf", d])
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_five_kills_end_bit_identical_to_the_uninterrupted_run(tmp, name):
+    job = JOBS[name]
+    soak = os.environ.get("BITPUSH_CHAOS_SOAK")
+    if soak and name != sorted(JOBS)[0]:
+        pytest.skip("BITPUSH_CHAOS_SOAK runs the first job only")
+    epochs = 40 if not soak else max(40, int(float(soak) * 4))
+    args = job["args"] + ["--epochs", str(epochs)]
+    total = epochs * 21  # steps: 1347 training digits // (2 workers x 32)
+    cfg = _yaml(tmp, job)
+
+    t0 = time.monotonic()
+    ref = _launch(cfg, os.path.join(tmp, "ref.json"), args)
+    ref_out, _ = ref.communicate(timeout=300 + epochs)
+    ref_wall = time.monotonic() - t0
+    assert ref.returncode == 0, ref_out
+
+    ckpt = os.path.join(tmp, "ckpt")
+    t0 = time.monotonic()
+    run = _launch(cfg, os.path.join(tmp, "chaos.json"), args, max_restarts=1000 if soak else 8,
+                  ckpt=ckpt)
+    killer = _Killer(run.pid, ckpt, total, kills=5, seed=hash(name) % 1000,
+                     soak_s=float(soak) if soak else None)
+    killer.start()
+    try:
+        out, _ = run.communicate(timeout=600 + 2 * epochs)
+    finally:
+        killer.stop.set()
+        killer.join(5)
+    wall = time.monotonic() - t0
+    assert run.returncode == 0, out
+    kills = killer.done
+    assert len(kills) == (5 if not soak else len(kills)) and kills, (kills, out)
+
+    # One log line per death, naming the process and how it died.
+    restarts = [l for l in out.splitlines() if l.startswith("bitpush launch: restart ")]
+    assert len(restarts) == len(kills), (kills, out)
+    for (role, pid, _), line in zip(kills, restarts):
+        assert re.match(r"bitpush launch: restart \d+ of \d+: %s[ .\d]* \(pid %d\) killed by "
+                        r"SIGKILL; " % (role, pid), line), (role, pid, line)
+        in_place = line.endswith("starting it again in place (cluster.server_rejoin_timeout_s)")
+        assert in_place == (role == "server" and job["rejoin"]), line
+
+    with open(os.path.join(tmp, "ref.json")) as f:
+        want = json.load(f)
+    with open(os.path.join(tmp, "chaos.json")) as f:
+        got = json.load(f)
+    assert got["steps"] == want["steps"] == total
+    assert got["params_sha256"] == want["params_sha256"], (want, got, out)
+    if os.environ.get("BITPUSH_CHAOS_LOG"):
+        with open(os.environ["BITPUSH_CHAOS_LOG"] + "." + name, "w") as f:
+            f.write(out)
+    print("%s: %d kills (%s), %.1f s against %.1f s uninterrupted; resumed at steps %s"
+          % (name, len(kills), ", ".join(r for r, _, _ in kills), wall, ref_wall,
+             re.findall(r"resumed from \S+ \(step (\d+)", out)
+             + re.findall(r"back to step (\d+)", out)))
