@@ -644,6 +644,25 @@ bool KeyState::RoundOpen() const {
   return false;
 }
 
+Status KeyState::RestoreRounds(uint64_t next) {
+  if (spec_.optimizer) {
+    return FailedPreconditionError(fmt::format(
+        "key {}: its optimizer runs on the servers; its rounds come with its optimizer state",
+        spec_.key));
+  }
+  if (RoundOpen()) {
+    return FailedPreconditionError(
+        fmt::format("key {}: a round is open (pushed, not yet pulled by every worker); restore "
+                    "the rounds before the first push_pull",
+                    spec_.key));
+  }
+  // No round is open, so every worker is at the same next round; they all continue at `next`
+  // (a repeated restore of the same value, one per worker, changes nothing).
+  std::fill(next_round_.begin(), next_round_.end(), next);
+  oldest_round_ = next;
+  return Status::Ok();
+}
+
 Status KeyState::RestoreServerResidual(Span<const float> saved) {
   if (!residual_) {
     return FailedPreconditionError(

@@ -174,6 +174,10 @@ class KeyState {
   // The server residual ẽ (empty without server_residual); for checkpoints and tests.
   Span<const float> server_residual() const;
   Status RestoreServerResidual(Span<const float> saved);
+  // Moves the key to round `next` for every worker (OP_STATE_WRITE `rounds`: a checkpoint's
+  // restore). FailedPrecondition while a round is open and on a key with a server-side
+  // optimizer (RestoreOptimizerState moves those).
+  Status RestoreRounds(uint64_t next);
   // A round of the key has pushes not yet pulled by every worker (its residual is in use).
   bool RoundOpen() const;
   // Server-side optimizer: installs the master weights (and the workers' copy: they start

@@ -215,6 +215,17 @@ void KeyTable::State(const DataTask& task) {
     AnswerWeightReaders(it->second);
     return;
   }
+  if (h.rounds() && h.op() == DataHeader::OP_STATE_WRITE) {
+    reply.set_rounds(true);
+    if (const Status s = state.RestoreRounds(h.round()); !s.ok()) {
+      workers_->SendError(
+          task.worker, h.op(), h.key(), 0,
+          s.WithContext(fmt::format("server {}: restoring key {}'s rounds", rank_, h.key())));
+      return;
+    }
+    workers_->Send(task.worker, std::move(reply), {});
+    return;
+  }
   if (h.op() == DataHeader::OP_STATE_READ) {
     const Span<const float> residual = state.server_residual();
     const size_t bytes = residual.size() * sizeof(float);

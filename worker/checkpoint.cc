@@ -81,6 +81,13 @@ Status SaveCheckpoint(Client& client, const std::vector<TensorId>& tensors,
     t->set_spec(compressors::CompressorSpecString(plan.config));
     BP_ASSIGN_OR_RETURN(std::vector<float> mine, client.ErrorFeedbackState(tensors[i]));
     t->set_worker_residual(FloatBytes(mine));
+    StatusOr<uint64_t> rounds = client.TensorRounds(tensors[i]);
+    if (rounds.ok()) {
+      t->set_rounds(*rounds);
+    } else if (rounds.status().code() != StatusCode::kUnimplemented) {  // daemon mode: 0
+      return rounds.status().WithContext(
+          fmt::format("SaveCheckpoint: the rounds of '{}'", plan.name));
+    }
     if (client.rank() == 0) {
       StatusOr<std::vector<float>> servers = client.ServerErrorFeedbackState(tensors[i]);
       if (servers.status().code() == StatusCode::kUnimplemented) {
@@ -142,6 +149,12 @@ Status LoadCheckpoint(Client& client, const std::vector<TensorId>& tensors,
                            .WithContext("LoadCheckpoint"));
   }
   BP_RETURN_IF_ERROR(client.CommitDeclarations().WithContext("LoadCheckpoint"));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const uint64_t rounds = c.tensors(static_cast<int>(i)).rounds();
+    if (rounds == 0) continue;
+    BP_RETURN_IF_ERROR(
+        client.RestoreTensorRounds(tensors[i], rounds).WithContext("LoadCheckpoint"));
+  }
   if (client.rank() == 0) {
     for (size_t i = 0; i < tensors.size(); ++i) {
       const v1::CheckpointTensor& t = c.tensors(static_cast<int>(i));

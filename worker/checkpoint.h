@@ -12,9 +12,10 @@
 // first push_pull. It checks its node's file against the job — the number of workers,
 // compression.error_feedback, and each tensor's name, elements, dtype and spec — and refuses
 // a difference with InvalidArgument naming the file and the field; then it restores the worker
-// residuals, node 0 the servers' (after committing the declarations, a collective step), and
-// waits at the worker barrier. A job resumed this way continues bit for bit (rounds need no
-// saving: a new cluster numbers them from 0 everywhere).
+// residuals, moves every tensor to its saved round here and at its servers
+// (Client::RestoreTensorRounds, so per-round random streams continue), node 0 restores the
+// servers' residuals (after committing the declarations, a collective step), and it waits at
+// the worker barrier. A job resumed this way continues bit for bit, random compressors too.
 //
 // Daemon mode: every local process would write the node's file; call it from local rank 0
 // only. The daemon does not relay the servers' residuals: node 0's file then has none (logged).

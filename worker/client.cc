@@ -135,6 +135,12 @@ class EngineBackend final : public ClientBackend {
   Status RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved) override {
     return engine_->RestoreServerErrorFeedbackState(tensor, saved);
   }
+  StatusOr<uint64_t> TensorRounds(TensorId tensor) override {
+    return engine_->TensorRounds(tensor);
+  }
+  Status RestoreTensorRounds(TensorId tensor, uint64_t next) override {
+    return engine_->RestoreTensorRounds(tensor, next);
+  }
 
  private:
   // Destroyed in reverse: the collector goes first, then the exporter, then the engine.
@@ -215,6 +221,14 @@ class DaemonBackend final : public ClientBackend {
   }
   Status RestoreServerErrorFeedbackState(TensorId, Span<const float>) override {
     return UnimplementedError(kServerStateInDaemonMode);
+  }
+  StatusOr<uint64_t> TensorRounds(TensorId) override {
+    return UnimplementedError(
+        "TensorRounds: daemon mode: the node's bitpush-worker numbers the rounds");
+  }
+  Status RestoreTensorRounds(TensorId, uint64_t) override {
+    return UnimplementedError(
+        "RestoreTensorRounds: daemon mode: the node's bitpush-worker numbers the rounds");
   }
 
  private:
@@ -367,6 +381,14 @@ StatusOr<std::vector<float>> Client::ServerErrorFeedbackState(TensorId tensor) {
 
 Status Client::RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved) {
   return backend_->RestoreServerErrorFeedbackState(tensor, saved);
+}
+
+StatusOr<uint64_t> Client::TensorRounds(TensorId tensor) {
+  return backend_->TensorRounds(tensor);
+}
+
+Status Client::RestoreTensorRounds(TensorId tensor, uint64_t next) {
+  return backend_->RestoreTensorRounds(tensor, next);
 }
 
 StatusOr<std::string> Client::DescribeCompression(const std::vector<TensorId>& tensors) const {

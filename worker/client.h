@@ -333,6 +333,19 @@ class Client {
   StatusOr<std::vector<float>> ServerErrorFeedbackState(TensorId tensor);
   Status RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved);
 
+  // The push_pulls of `tensor` completed in this run (the round its next push_pull is), for
+  // checkpoints; and the restore that moves the tensor to round `next` on this worker and on
+  // the servers of its partitions (OP_STATE_WRITE `rounds`), so compressors that draw random
+  // numbers per (key, round) (randomk, dithering, sdp4bit's TLq-HS) continue the saved run's
+  // streams. Before the tensor's first push_pull of the run; every worker calls it with the
+  // same `next`, and none may push the tensor before every worker's call returned (a
+  // barrier: LoadCheckpoint and bitpush.torch.load_checkpoint end with one). FailedPrecondition
+  // while a push_pull of the tensor is in flight or a round of it is open at a server;
+  // InvalidArgument for a tensor whose optimizer runs on the servers (its rounds come with
+  // RestoreServerOptimizerState). Daemon mode: Unimplemented.
+  StatusOr<uint64_t> TensorRounds(TensorId tensor);
+  Status RestoreTensorRounds(TensorId tensor, uint64_t next);
+
   // One line, beginning "compression: ", saying how many of `tensors` (and how many bytes)
   // travel compressed, by spec, and which go raw and why (spec "none", or below
   // compression.min_compress_bytes): worker/compression_plan.h. The decision is the engine's

@@ -55,6 +55,8 @@ class ClientBackend {
   virtual Status SetErrorFeedbackDecay(TensorId tensor, float decay) = 0;
   virtual StatusOr<std::vector<float>> ServerErrorFeedbackState(TensorId tensor) = 0;
   virtual Status RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved) = 0;
+  virtual StatusOr<uint64_t> TensorRounds(TensorId tensor) = 0;
+  virtual Status RestoreTensorRounds(TensorId tensor, uint64_t next) = 0;
 };
 
 }  // namespace bitpush::worker

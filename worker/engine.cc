@@ -227,6 +227,14 @@ Status Engine::RestoreServerErrorFeedbackState(TensorId tensor, Span<const float
   return state_calls_.RestoreServerErrorFeedbackState(tensor, saved);
 }
 
+StatusOr<uint64_t> Engine::TensorRounds(TensorId tensor) {
+  return state_calls_.TensorRounds(tensor);
+}
+
+Status Engine::RestoreTensorRounds(TensorId tensor, uint64_t next) {
+  return state_calls_.RestoreTensorRounds(tensor, next);
+}
+
 Status Engine::InitServerWeights(TensorId tensor, TensorView weights) {
   return state_calls_.InitServerWeights(tensor, weights);
 }

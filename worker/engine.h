@@ -119,6 +119,10 @@ class Engine {
   // OP_STATE_READ / OP_STATE_WRITE per partition to its server, bounded by op_timeout.
   StatusOr<std::vector<float>> ServerErrorFeedbackState(TensorId tensor);
   Status RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved);
+  // Client::TensorRounds / RestoreTensorRounds (client.h): the worker's count, and one
+  // OP_STATE_WRITE `rounds` per partition to its server.
+  StatusOr<uint64_t> TensorRounds(TensorId tensor);
+  Status RestoreTensorRounds(TensorId tensor, uint64_t next);
   // Client::InitServerWeights / PullServerWeights / ServerOptimizerState /
   // RestoreServerOptimizerState (client.h): OP_STATE_WRITE / OP_STATE_READ with `weights` or
   // `optimizer_state`, one per partition, bounded by op_timeout.

@@ -410,6 +410,36 @@ void BindClient(py::module_& m) {
           "Writes a saved server residual (float32 bytes) back to the servers of tensor "
           "`index`, before its first push_pull; embedded mode.")
       .def(
+          "tensor_rounds",
+          [](const PyClient& self, uint32_t index) {
+            auto c = self.Get();
+            StatusOr<uint64_t> r = InternalError("unset");
+            {
+              py::gil_scoped_release nogil;
+              r = c->TensorRounds(worker::TensorId{index});
+            }
+            ThrowIfError(r.status());
+            return *r;
+          },
+          py::arg("index"),
+          "The push_pulls of tensor `index` completed in this run (Client::TensorRounds); "
+          "embedded mode.")
+      .def(
+          "restore_tensor_rounds",
+          [](const PyClient& self, uint32_t index, uint64_t next) {
+            auto c = self.Get();
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c->RestoreTensorRounds(worker::TensorId{index}, next);
+            }
+            ThrowIfError(s);
+          },
+          py::arg("index"), py::arg("next"),
+          "Moves tensor `index` to round `next` here and at its servers, before its first "
+          "push_pull (Client::RestoreTensorRounds: random streams continue); every worker "
+          "calls it, then a barrier; embedded mode.")
+      .def(
           "commit_declarations",
           [](const PyClient& self) {
             auto c = self.Get();

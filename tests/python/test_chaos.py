@@ -4,15 +4,17 @@ a random role five times — the scheduler, a server and a training process at l
 and the job ends by itself with the parameters of an uninterrupted run of the same steps, bit
 for bit, with no person involved.
 
-Two jobs: CLAN with onebit and error feedback on both sides, with cluster.server_rejoin_timeout_s
+Three jobs: CLAN with onebit and error feedback on both sides, with cluster.server_rejoin_timeout_s
 set (a dead server is started again in place and the workers roll back to their checkpoint; any
-other death restarts the whole job), and AdamW on the servers with SDP4Bit (TLq-HS pushes, qWD
-pulls: random streams per round). The training command is examples/train_digits.py with
+other death restarts the whole job); AdamW on the workers with SDP4Bit (TLq-HS pushes, random
+streams per (key, round): the checkpoint moves every tensor to its saved round); and AdamW on
+the servers with SDP4Bit (TLq-HS pushes, qWD pulls). The training command is examples/train_digits.py with
 --checkpoint-dir (bitpush.torch.Checkpointer); the uninterrupted run is the same command in the
 same cluster YAML without kills or checkpoints.
 
-BITPUSH_CHAOS_SOAK=S runs the first job for S seconds of kills instead (a kill every 3-6 s,
-with as many steps as that takes; run by hand, docs/launch.md reports one).
+BITPUSH_CHAOS_SOAK=S adds a soak: job after job of the first kind, each killed after every
+stretch of progress until it ends and each checked bit for bit, for S seconds (run by hand;
+docs/launch.md reports one).
 """
 import json
 import os
@@ -32,12 +34,19 @@ PY = "/usr/bin/python3"
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 DIGITS = os.path.join(ROOT, "examples", "train_digits.py")
 EVERY = 20  # steps between checkpoints
+EPOCHS = 40
+TOTAL = EPOCHS * 21  # steps: 1347 training digits // (2 workers x 32)
 
 JOBS = {
     "clan-onebit-both-rejoin": {
         "yaml": "compression:\n  spec: onebit\n  error_feedback: both\n",
         "rejoin": True,
         "args": ["--optimizer", "clan", "--compression", "onebit"],
+    },
+    "worker-adamw-sdp4bit": {
+        "yaml": "compression:\n  spec: sdp4bit\n  error_feedback: none\n",
+        "rejoin": False,
+        "args": ["--optimizer", "adamw", "--compression", "sdp4bit"],
     },
     "server-adamw-sdp4bit": {
         "yaml": "compression:\n  spec: sdp4bit\n  error_feedback: none\n"
@@ -100,7 +109,7 @@ class _Killer(threading.Thread):
     """SIGKILLs a random child of the launcher of a random role after each stretch of
     progress: a checkpoint newer than the one before the last kill, then 0.5-2 s more."""
 
-    def __init__(self, launcher_pid, ckpt, total, kills, seed, soak_s=None):
+    def __init__(self, launcher_pid, ckpt, total, kills, seed):
         super().__init__(daemon=True)
         self.pid, self.ckpt, self.total = launcher_pid, ckpt, total
         self.rng = random.Random(seed)
@@ -108,16 +117,13 @@ class _Killer(threading.Thread):
         roles += [self.rng.choice(roles) for _ in range(kills - len(roles))]
         self.rng.shuffle(roles)
         self.roles = roles
-        self.soak_deadline = None if soak_s is None else time.monotonic() + soak_s
         self.done = []  # (role, pid, time of the kill)
         self.stop = threading.Event()
 
     def run(self):
         last = -1
         while not self.stop.is_set():
-            if self.soak_deadline is None and len(self.done) == len(self.roles):
-                return
-            if self.soak_deadline is not None and time.monotonic() > self.soak_deadline:
+            if len(self.done) == len(self.roles):
                 return
             newest = _newest_checkpoint(self.ckpt)
             if newest <= last or newest > self.total - 6 * EVERY:
@@ -125,8 +131,7 @@ class _Killer(threading.Thread):
                 continue
             if self.stop.wait(self.rng.uniform(0.5, 2.0)):
                 return
-            role = (self.roles[len(self.done)] if self.soak_deadline is None
-                    else self.rng.choice(["scheduler", "server", "train"]))
+            role = self.roles[len(self.done)]
             victims = [p for p, r in _children(self.pid) if r == role]
             if not victims:
                 continue
@@ -161,36 +166,70 @@ def tmp():
 @pytest.mark.parametrize("name", sorted(JOBS))
 def test_five_kills_end_bit_identical_to_the_uninterrupted_run(tmp, name):
     job = JOBS[name]
-    soak = os.environ.get("BITPUSH_CHAOS_SOAK")
-    if soak and name != sorted(JOBS)[0]:
-        pytest.skip("BITPUSH_CHAOS_SOAK runs the first job only")
-    epochs = 40 if not soak else max(40, int(float(soak) * 4))
-    args = job["args"] + ["--epochs", str(epochs)]
-    total = epochs * 21  # steps: 1347 training digits // (2 workers x 32)
+    args = job["args"] + ["--epochs", str(EPOCHS)]
     cfg = _yaml(tmp, job)
+    want, ref_wall = _reference(tmp, cfg, args)
+    got, kills, out, wall = _chaos_run(tmp, cfg, args, kills=5, seed=sum(map(ord, name)))
+    assert len(kills) == 5, (kills, out)
+    _check(job, want, got, kills, out)
+    print("%s: %d kills (%s), %.1f s against %.1f s uninterrupted; resumed at steps %s"
+          % (name, len(kills), ", ".join(r for r, _, _ in kills), wall, ref_wall,
+             re.findall(r"resumed from \S+ \(step (\d+)", out)
+             + re.findall(r"back to step (\d+)", out)))
 
+
+@pytest.mark.skipif(not os.environ.get("BITPUSH_CHAOS_SOAK"),
+                    reason="the soak runs with BITPUSH_CHAOS_SOAK=seconds")
+def test_soak(tmp):
+    """Job after job of the first kind (killed until it ends, a kill after each stretch of
+    progress), each checked bit for bit, for BITPUSH_CHAOS_SOAK seconds."""
+    name = sorted(JOBS)[0]
+    job = JOBS[name]
+    args = job["args"] + ["--epochs", str(EPOCHS)]
+    cfg = _yaml(tmp, job)
+    want, ref_wall = _reference(tmp, cfg, args)
+    deadline = time.monotonic() + float(os.environ["BITPUSH_CHAOS_SOAK"])
+    jobs, all_kills, walls = 0, [], []
+    while time.monotonic() < deadline:
+        got, kills, out, wall = _chaos_run(tmp, cfg, args, kills=1000, seed=jobs)
+        _check(job, want, got, kills, out)
+        jobs += 1
+        all_kills += kills
+        walls.append(wall)
+    roles = {r: sum(1 for k in all_kills if k[0] == r) for r in ("scheduler", "server", "train")}
+    print("soak %s: %d jobs, %d kills (%s), every job bit-identical; %.1f s a job on average "
+          "against %.1f s uninterrupted" % (name, jobs, len(all_kills), roles,
+                                            sum(walls) / len(walls), ref_wall))
+
+
+def _reference(tmp, cfg, args):
     t0 = time.monotonic()
     ref = _launch(cfg, os.path.join(tmp, "ref.json"), args)
-    ref_out, _ = ref.communicate(timeout=300 + epochs)
-    ref_wall = time.monotonic() - t0
+    ref_out, _ = ref.communicate(timeout=300)
     assert ref.returncode == 0, ref_out
+    with open(os.path.join(tmp, "ref.json")) as f:
+        return json.load(f), time.monotonic() - t0
 
+
+def _chaos_run(tmp, cfg, args, kills, seed):
     ckpt = os.path.join(tmp, "ckpt")
+    subprocess.run(["rm", "-rf", ckpt, os.path.join(tmp, "chaos.json")])
     t0 = time.monotonic()
-    run = _launch(cfg, os.path.join(tmp, "chaos.json"), args, max_restarts=1000 if soak else 8,
-                  ckpt=ckpt)
-    killer = _Killer(run.pid, ckpt, total, kills=5, seed=hash(name) % 1000,
-                     soak_s=float(soak) if soak else None)
+    run = _launch(cfg, os.path.join(tmp, "chaos.json"), args, max_restarts=kills + 3, ckpt=ckpt)
+    killer = _Killer(run.pid, ckpt, TOTAL, kills=kills, seed=seed)
     killer.start()
     try:
-        out, _ = run.communicate(timeout=600 + 2 * epochs)
+        out, _ = run.communicate(timeout=600)
     finally:
         killer.stop.set()
         killer.join(5)
     wall = time.monotonic() - t0
     assert run.returncode == 0, out
-    kills = killer.done
-    assert len(kills) == (5 if not soak else len(kills)) and kills, (kills, out)
+    with open(os.path.join(tmp, "chaos.json")) as f:
+        return json.load(f), killer.done, out, wall
+
+
+def _check(job, want, got, kills, out):
 
     # One log line per death, naming the process and how it died.
     restarts = [l for l in out.splitlines() if l.startswith("bitpush launch: restart ")]
@@ -200,17 +239,5 @@ def test_five_kills_end_bit_identical_to_the_uninterrupted_run(tmp, name):
                         r"SIGKILL; " % (role, pid), line), (role, pid, line)
         in_place = line.endswith("starting it again in place (cluster.server_rejoin_timeout_s)")
         assert in_place == (role == "server" and job["rejoin"]), line
-
-    with open(os.path.join(tmp, "ref.json")) as f:
-        want = json.load(f)
-    with open(os.path.join(tmp, "chaos.json")) as f:
-        got = json.load(f)
-    assert got["steps"] == want["steps"] == total
+    assert got["steps"] == want["steps"] == TOTAL
     assert got["params_sha256"] == want["params_sha256"], (want, got, out)
-    if os.environ.get("BITPUSH_CHAOS_LOG"):
-        with open(os.environ["BITPUSH_CHAOS_LOG"] + "." + name, "w") as f:
-            f.write(out)
-    print("%s: %d kills (%s), %.1f s against %.1f s uninterrupted; resumed at steps %s"
-          % (name, len(kills), ", ".join(r for r, _, _ in kills), wall, ref_wall,
-             re.findall(r"resumed from \S+ \(step (\d+)", out)
-             + re.findall(r"back to step (\d+)", out)))

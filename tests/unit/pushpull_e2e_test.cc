@@ -1214,7 +1214,9 @@ TEST_P(Resume, AResumedJobMatchesTheUninterruptedRunBitForBit) {
 INSTANTIATE_TEST_SUITE_P(PushPullE2e, Resume,
                          ::testing::Combine(::testing::Values("onebit", "topk:ratio=0.1",
                                                               "loco:scale=8,beta=0.5,reset=0",
-                                                              "loco:block=16,reset=0"),
+                                                              "loco:block=16,reset=0",
+                                                              // A random stream per round.
+                                                              "randomk:ratio=0.25"),
                                             ::testing::Values("none", "worker", "both")),
                          [](const ::testing::TestParamInfo<Resume::ParamType>& info) {
                            std::string name =
@@ -1224,6 +1226,64 @@ INSTANTIATE_TEST_SUITE_P(PushPullE2e, Resume,
                            }
                            return name;
                          });
+
+// The unbiased methods with a random stream per round, which run without error feedback.
+INSTANTIATE_TEST_SUITE_P(PushPullE2eUnbiased, Resume,
+                         ::testing::Combine(::testing::Values("sdp4bit", "dithering:levels=63"),
+                                            ::testing::Values("none")),
+                         [](const ::testing::TestParamInfo<Resume::ParamType>& info) {
+                           std::string name =
+                               std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                           for (char& ch : name) {
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return name;
+                         });
+
+// RestoreTensorRounds moves a tensor's rounds only between rounds: a round one worker opened at
+// its server refuses it, naming the key; the round then completes as usual, and a restore once
+// every round closed moves both workers (TensorRounds reads it back).
+TEST(PushPullE2e, RestoreTensorRoundsIsRefusedWhileARoundIsOpen) {
+  ClusterOptions o;
+  o.workers = 2;
+  o.servers = 1;
+  TestCluster c(o);
+  ASSERT_STARTED(c);
+  const size_t n = 64;
+  std::vector<float> in(n, 1.0f), out0(n), out1(n);
+  std::vector<TensorId> ids(2);
+  OnEveryWorker(2, [&](uint32_t w) {
+    ids[w] = c.worker(w).Declare("g", n, DType::kFloat32).value();
+    EXPECT_TRUE(c.worker(w).CommitDeclarations().ok());
+  });
+  PushPullHandle h =
+      c.worker(0).PushPull(ids[0], ConstTensorView(in.data(), n), TensorView(out0.data(), n));
+  EXPECT_EQ(h.Wait(milliseconds(50)).code(), StatusCode::kTimeout);  // waits for worker 1
+  const Status refused = c.worker(1).RestoreTensorRounds(ids[1], 7);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.ToString();
+  EXPECT_CONTAINS(refused.message(), "a round is open");
+  EXPECT_CONTAINS(refused.message(), "server 0");
+  ASSERT_TRUE(c.worker(1)
+                  .PushPull(ids[1], ConstTensorView(in.data(), n), TensorView(out1.data(), n))
+                  .Wait()
+                  .ok());
+  ASSERT_TRUE(h.Wait().ok());
+  EXPECT_EQ(c.worker(1).TensorRounds(ids[1]).value(), 1u);
+  OnEveryWorker(2, [&](uint32_t w) {
+    const Status s = c.worker(w).RestoreTensorRounds(ids[w], 7);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  });
+  OnEveryWorker(2, [&](uint32_t w) {
+    EXPECT_EQ(c.worker(w).TensorRounds(ids[w]).value(), 7u);
+    std::vector<float> out(n);
+    const Status s = c.worker(w)
+                         .PushPull(ids[w], ConstTensorView(in.data(), n), TensorView(out.data(), n))
+                         .Wait();
+    EXPECT_TRUE(s.ok()) << s.ToString();  // the server expects round 7 from both
+    EXPECT_EQ(out, in);
+    EXPECT_EQ(c.worker(w).TensorRounds(ids[w]).value(), 8u);
+  });
+}
 
 TEST(PushPullE2e, DeadServerFailsPendingHandlesNamingIt) {
   ClusterOptions o;

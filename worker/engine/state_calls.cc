@@ -155,6 +155,49 @@ Status StateCalls::RestoreServerErrorFeedbackState(TensorId tensor, Span<const f
   return ServerStateCall(tensor, StateKind::kResidual, /*write=*/true, std::move(parts), nullptr);
 }
 
+StatusOr<uint64_t> StateCalls::TensorRounds(TensorId tensor) const {
+  std::lock_guard<std::mutex> lock(state_.mu);
+  if (tensor.index >= state_.tensors.size()) {
+    return InvalidArgumentError(fmt::format("TensorRounds: no tensor #{}", tensor.index));
+  }
+  const Tensor& t = *state_.tensors[tensor.index];
+  if (t.op) {
+    return FailedPreconditionError(
+        fmt::format("TensorRounds of tensor '{}': a push_pull of it is in flight", t.name));
+  }
+  return t.rounds_done;
+}
+
+Status StateCalls::RestoreTensorRounds(TensorId tensor, uint64_t next) {
+  size_t partitions = 0;
+  {
+    std::lock_guard<std::mutex> lock(state_.mu);
+    if (tensor.index >= state_.tensors.size()) {
+      return InvalidArgumentError(fmt::format("RestoreTensorRounds: no tensor #{}", tensor.index));
+    }
+    const Tensor& t = *state_.tensors[tensor.index];
+    if (t.server_optimizer) {
+      return InvalidArgumentError(
+          fmt::format("RestoreTensorRounds of tensor '{}': its optimizer runs on the servers; "
+                      "RestoreServerOptimizerState + PullServerWeights move its rounds",
+                      t.name));
+    }
+    partitions = t.partitions.size();
+  }
+  BP_RETURN_IF_ERROR(ServerStateCall(tensor, StateKind::kRounds, /*write=*/true,
+                                     std::vector<std::string>(partitions), nullptr, nullptr, 0,
+                                     SIZE_MAX, next));
+  std::lock_guard<std::mutex> lock(state_.mu);
+  Tensor& t = *state_.tensors[tensor.index];
+  if (t.op) {
+    return FailedPreconditionError(
+        fmt::format("RestoreTensorRounds of tensor '{}': a push_pull of it is in flight", t.name));
+  }
+  t.rounds_done = next;
+  for (Partition& p : t.partitions) p.next_round = next;
+  return Status::Ok();
+}
+
 namespace {
 
 // Weights move to and from the servers in batches of whole partitions of at most this many bytes
@@ -299,7 +342,8 @@ Status StateCalls::RestoreServerOptimizerState(TensorId tensor,
 Status StateCalls::ServerStateCall(TensorId id, StateKind kind, bool write,
                                    std::vector<std::string> saved,
                                    std::vector<transport::Buffer>* out,
-                                   std::vector<uint64_t>* rounds, size_t first, size_t count) {
+                                   std::vector<uint64_t>* rounds, size_t first, size_t count,
+                                   uint64_t next_round) {
   const char* what = "";
   const char* state = "";
   switch (kind) {
@@ -314,6 +358,10 @@ Status StateCalls::ServerStateCall(TensorId id, StateKind kind, bool write,
     case StateKind::kWeights:
       what = write ? "InitServerWeights" : "PullServerWeights";
       state = write ? "the starting weights" : "the workers' copy of the weights";
+      break;
+    case StateKind::kRounds:
+      what = "RestoreTensorRounds";
+      state = "the key's rounds";
       break;
   }
   bool needs_commit = false;
@@ -335,7 +383,8 @@ Status StateCalls::ServerStateCall(TensorId id, StateKind kind, bool write,
     const std::string name = fmt::format("{} of tensor '{}'", what, t->name);
     if (!t->error.ok()) return t->error.WithContext(name);
     if (t->op) return FailedPreconditionError(name + ": a push_pull of it is in flight");
-    if (kind != StateKind::kResidual && !t->server_optimizer) {
+    if ((kind == StateKind::kOptimizerState || kind == StateKind::kWeights) &&
+        !t->server_optimizer) {
       return InvalidArgumentError(name + ": its optimizer does not run on the servers");
     }
     first = std::min(first, t->partitions.size());
@@ -364,9 +413,13 @@ Status StateCalls::ServerStateCall(TensorId id, StateKind kind, bool write,
     h.set_optimizer_state(kind == StateKind::kOptimizerState);
     h.set_weights(kind == StateKind::kWeights);
     std::vector<transport::Buffer> frames;
-    if (write) {
-      if (kind != StateKind::kOptimizerState) h.set_element_count(saved[j].size() / sizeof(float));
-      h.set_byte_count(saved[j].size());
+    if (kind == StateKind::kRounds) {
+      h.set_rounds(true);
+      h.set_round(next_round);
+    } else if (write) {
+      const std::string& part = saved[j - first];
+      if (kind != StateKind::kOptimizerState) h.set_element_count(part.size() / sizeof(float));
+      h.set_byte_count(part.size());
       frames.push_back(transport::Buffer::Take(std::move(saved[j - first])));
     }
     const Status sent = state_.endpoint->SendData(p.peer, h, std::move(frames));

@@ -52,6 +52,10 @@ class StateCalls {
   StatusOr<std::vector<std::string>> ServerOptimizerState(TensorId tensor);
   Status RestoreServerOptimizerState(TensorId tensor, const std::vector<std::string>& saved);
 
+  // Client::TensorRounds / RestoreTensorRounds (client.h).
+  StatusOr<uint64_t> TensorRounds(TensorId tensor) const;
+  Status RestoreTensorRounds(TensorId tensor, uint64_t next);
+
   // The endpoint's handlers (its I/O thread): an OP_STATE_REPLY; an OP_ERROR that refused an
   // OP_STATE_READ / OP_STATE_WRITE.
   void OnStateReply(const std::string& from, const v1::DataHeader& h, const transport::Message& m);
@@ -69,17 +73,17 @@ class StateCalls {
     transport::Buffer frame;  // a read's answer
     uint64_t round = 0;       // a weights read: the round the key continues at
   };
-  enum class StateKind : uint8_t { kResidual, kOptimizerState, kWeights };
+  enum class StateKind : uint8_t { kResidual, kOptimizerState, kWeights, kRounds };
 
   // One call per partition of `id`: a write sends saved[j] to partition j's server (saved has
-  // one entry per partition; moved into the frames, not copied); a read fills out[j] (the
-  // reply's frame) and rounds[j]. FailedPrecondition while a push_pull of the tensor is in
-  // flight.
-  // Only partitions [first, first + count) when given.
+  // one entry per partition; moved into the frames, not copied; kRounds sends no frame and
+  // `next_round` in the header); a read fills out[j] (the reply's frame) and rounds[j].
+  // FailedPrecondition while a push_pull of the tensor is in flight. Only partitions [first, first
+  // + count) when given.
   Status ServerStateCall(TensorId id, StateKind kind, bool write, std::vector<std::string> saved,
                          std::vector<transport::Buffer>* out,
                          std::vector<uint64_t>* rounds = nullptr, size_t first = 0,
-                         size_t count = SIZE_MAX);
+                         size_t count = SIZE_MAX, uint64_t next_round = 0);
   // Server-side optimizer weights: the call's arguments checked; the partition batches they
   // travel in (bounded bytes each: the worker's transient copies stay small); the workers' copy
   // read into `weights` batch by batch (on error `weights` may be partly overwritten and the

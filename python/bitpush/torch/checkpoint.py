@@ -17,10 +17,12 @@ mode, other compressors for the optimizer's tensors, or other model shapes.
 What resumes bit for bit: the model, the optimizer (moments, steps, hyper-parameters), the
 worker residuals and — compression.error_feedback server or both — the servers' residuals,
 which rank 0 reads from the servers into `path` (worker::Client::ServerErrorFeedbackState) and
-writes back on load before the first step. Rounds need no saving: a new cluster numbers them
-from 0 on workers and servers alike — except for a ServerOptimizer's tensors, whose state (the
-servers' master weights, moments, step and the workers' copy) is in `path` and whose rounds
-continue at the restored step (docs/training.md). In daemon mode the node's bitpush-worker
+writes back on load before the first step, and the rounds of every tensor (embedded mode):
+each process moves its tensors and their servers to the saved round
+(worker::Client::RestoreTensorRounds), so compressors that draw random numbers per round
+(randomk, dithering, sdp4bit's TLq-HS) continue the saved run's streams. A ServerOptimizer's
+tensors carry their rounds in their state (the servers' master weights, moments, step and the
+workers' copy, in `path`; docs/training.md). In daemon mode the node's bitpush-worker
 does not relay the servers' residuals: save_checkpoint warns that the resumed run starts them
 from zero.
 
@@ -81,6 +83,36 @@ def _job(optimizer, model):
     }
 
 
+def _rounds(optimizer):
+    """{name: push_pulls completed} of the optimizer's tensors whose rounds the workers number
+    (not a ServerOptimizer's: its rounds travel with its state); {} in daemon mode."""
+    if mode() == "daemon":
+        return {}
+    s = _require()
+    out = {}
+    for p in optimizer._bp_params:
+        name = optimizer._bp_name(p)
+        with s.lock:
+            d = s.declarations[name]
+        if d.server_optimizer is None:
+            out[name] = int(s.client.tensor_rounds(d.index))
+    return out
+
+
+def _restore_rounds(saved):
+    """Moves each tensor to its saved round, here and at its servers (every process; the
+    load's closing barrier keeps every push after every restore)."""
+    if mode() == "daemon":
+        return
+    s = _require()
+    for name, rounds in saved.items():
+        if rounds == 0:
+            continue
+        with s.lock:
+            d = s.declarations[name]
+        s.client.restore_tensor_rounds(d.index, int(rounds))
+
+
 def _barrier(what):
     try:
         barrier()
@@ -123,7 +155,8 @@ def save_checkpoint(path, model, optimizer, extra=None):
         sd.pop("bitpush", None)  # the residuals live in the node files
         _save(path, {"magic": _MAGIC, "format": FORMAT, "job": job,
                      "model": model.state_dict(), "optimizer": sd,
-                     "server_residuals": server_residuals, "extra": extra})
+                     "server_residuals": server_residuals, "rounds": _rounds(optimizer),
+                     "extra": extra})
     _barrier("bitpush.save_checkpoint(%r)" % path)
     return path
 
@@ -202,5 +235,6 @@ def load_checkpoint(path, model, optimizer):
     if rank() == 0:
         for name, r in main.get("server_residuals", {}).items():
             restore_server_error_feedback_state(name, r)
+    _restore_rounds(main.get("rounds", {}))
     _barrier("bitpush.load_checkpoint(%r)" % path)
     return main.get("extra")

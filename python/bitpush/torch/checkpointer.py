@@ -102,6 +102,10 @@ class Checkpointer:
         periodic one has a state to go back to, and returns 0. Collective."""
         self._bind(model, optimizer)
         t0 = time.monotonic()
+        # The optimizer's tensors first, in the order its first step would declare them: their
+        # keys (and the random streams drawn per key) are those of a run without a
+        # Checkpointer, whose own broadcast tensors come after.
+        self.optimizer._bp_declare_all()
         newest = self._agreed_newest()
         if newest is None:
             self.save(0)
