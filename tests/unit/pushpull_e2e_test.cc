@@ -1215,6 +1215,8 @@ INSTANTIATE_TEST_SUITE_P(PushPullE2e, Resume,
                          ::testing::Combine(::testing::Values("onebit", "topk:ratio=0.1",
                                                               "loco:scale=8,beta=0.5,reset=0",
                                                               "loco:block=16,reset=0",
+                                                              // Counts rounds: resets at 0, 2, 4.
+                                                              "loco:scale=8,beta=0.5,reset=2",
                                                               // A random stream per round.
                                                               "randomk:ratio=0.25"),
                                             ::testing::Values("none", "worker", "both")),
@@ -1229,7 +1231,8 @@ INSTANTIATE_TEST_SUITE_P(PushPullE2e, Resume,
 
 // The unbiased methods with a random stream per round, which run without error feedback.
 INSTANTIATE_TEST_SUITE_P(PushPullE2eUnbiased, Resume,
-                         ::testing::Combine(::testing::Values("sdp4bit", "dithering:levels=63"),
+                         ::testing::Combine(::testing::Values("sdp4bit", "dithering:levels=63",
+                                                              "separate", "separate:reset=2"),
                                             ::testing::Values("none")),
                          [](const ::testing::TestParamInfo<Resume::ParamType>& info) {
                            std::string name =
