@@ -17,6 +17,7 @@ directory is left.
 """
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -628,6 +629,42 @@ def test_sbatch_trains_digits(slurm_cluster):
     # The effective YAML is removed when the launcher exits.
     assert not os.path.exists(os.path.join(slurm_cluster.root, "bitpush-slurm-%d.yaml" % job_id))
     print("sbatch digits job: %.1f s\n%s" % (took, out))
+
+
+def test_sbatch_max_restarts_starts_the_job_again_inside_the_allocation(slurm_cluster):
+    # A training process that fails in the first run: the node's launcher (inside the srun
+    # step) starts the whole job again, daemon included, within the same allocation.
+    trainer = os.path.join(slurm_cluster.root, "fail_once.py")
+    with open(trainer, "w") as f:
+        f.write(textwrap.dedent("""\
+            import os, sys
+            import torch
+            import bitpush.torch as bp
+            run = int(os.environ["BITPUSH_RESTART_COUNT"])
+            if run == 0 and os.environ["BITPUSH_LOCAL_RANK"] == "1":
+                print("boom in run 0", flush=True)
+                sys.exit(3)
+            bp.init()
+            avg = bp.push_pull(torch.full((8,), float(bp.rank())), "t")
+            print("run %d rank %d avg %.1f" % (run, bp.rank(), avg[0].item()), flush=True)
+            bp.shutdown()
+            """))
+    script = textwrap.dedent("""\
+        #!/bin/sh
+        #SBATCH --nodes=1
+        #SBATCH --ntasks-per-node=2
+        #SBATCH --time=2
+        exec {bitpush} launch --slurm --max-restarts 2 -- {py} {trainer}
+        """).format(bitpush=_bitpush(), py=PY, trainer=trainer)
+    job_id, rc, out = _sbatch(slurm_cluster, "restart", script, 120)
+    assert rc == 0, out
+    assert re.search(r"bitpush launch: restart 1 of 2: train 0\.1 \(pid \d+\) exited with 3; last "
+                     r"line: boom in run 0; killing the other \d process\(es\) and starting the "
+                     r"job again", out), out
+    assert "starting scheduler, server 0, worker 0, train 0.0, train 0.1 (restart 1 of 2)" in out
+    assert "[train 0.0] run 1 rank 0 avg 0.5" in out and "[train 0.1] run 1 rank 1 avg 0.5" in out
+    assert re.search(r"bitpush launch: 10 processes, all exited 0 in [\d.]+ s after 1 "
+                     r"restart\(s\)", out), out
 
 
 def test_srun_two_launchers_per_node_are_refused(slurm_cluster):
