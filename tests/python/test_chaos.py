@@ -191,7 +191,7 @@ def test_soak(tmp):
     deadline = time.monotonic() + float(os.environ["BITPUSH_CHAOS_SOAK"])
     jobs, all_kills, walls = 0, [], []
     while time.monotonic() < deadline:
-        got, kills, out, wall = _chaos_run(tmp, cfg, args, kills=1000, seed=jobs)
+        got, kills, out, wall = _chaos_run(tmp, cfg, args, kills=500, seed=jobs)
         _check(job, want, got, kills, out)
         jobs += 1
         all_kills += kills
