@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 testing = pytest.importorskip("bitpush.testing")
 
 SCRIPT = r"""
-import json, os, sys
+import json, os, sys, time
 import torch
 import bitpush.torch as bp
 
@@ -30,7 +30,10 @@ opt = bp.CLAN([p for _, p in named], lr=0.05, named_parameters=named)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
 res = {}
 ckpt = None
-if mode != "plain":
+if mode == "seconds":
+    ckpt = bp.Checkpointer(directory, model, opt, every_seconds=0.05, keep=100)
+    step = ckpt.resume()
+elif mode != "plain":
     ckpt = bp.Checkpointer(directory, model, opt, every_steps=3, keep=2, state={"lr": sched})
     step = ckpt.resume()
     res["resumed_at"] = step
@@ -46,6 +49,8 @@ while step < stop:
     opt.step()
     sched.step()
     step += 1
+    if mode == "seconds":
+        time.sleep(0.02)
     if ckpt is not None:
         ckpt.step(step)
 if ckpt is not None and mode == "first" and bp.rank() == 0:
@@ -101,6 +106,17 @@ def test_periodic_checkpoints_resume_bit_identical_and_skip_an_interrupted_save(
         in logs[0], logs[0]
     # Step 9 was saved; the interrupted step-99 and the oldest complete one were removed.
     assert resumed[0]["dirs_at_end"] == ["step-00000006", "step-00000009"], resumed[0]
+
+
+def test_every_seconds_follows_rank_0s_clock(tmp_path):
+    # 10 steps of >= 20 ms with a checkpoint due every 50 ms: rank 0 decides, every process
+    # saves at the same steps (or the collective save would not complete).
+    out, _ = _run(tmp_path, "seconds")
+    dirs = out[0]["dirs_at_end"]
+    assert dirs[0] == "step-00000000" and 3 <= len(dirs) <= 7, dirs
+    for d in dirs:
+        assert os.path.exists(tmp_path / "ckpt" / d / "COMPLETE"), d
+    assert out[0]["params"] == out[1]["params"]  # both finished, in step
 
 
 def test_bad_arguments_are_refused_by_name():
