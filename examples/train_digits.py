@@ -157,8 +157,10 @@ def main(argv=None):
     try:
         summary = run(args)
         ex.finish(args, bp.rank(), summary)
-    finally:
-        bp.shutdown()
+    except BaseException:
+        bp.shutdown(abort=True)  # leave at once: the job failed (a launcher may restart it)
+        raise
+    bp.shutdown()
     return 0
 
 

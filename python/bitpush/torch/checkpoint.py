@@ -38,7 +38,7 @@ from .cluster_knobs import cluster_error_feedback
 from .collectives import barrier
 from .error_feedback import (error_feedback_state, restore_server_error_feedback_state,
                              server_error_feedback_state)
-from .errors import BitpushError
+from .errors import BitpushError, _error
 from .session import _require, local_rank, local_size, mode, node_rank, num_nodes, rank, size
 
 __all__ = ["save_checkpoint", "load_checkpoint"]
@@ -116,8 +116,9 @@ def _restore_rounds(saved):
 def _barrier(what):
     try:
         barrier()
-    except BitpushError as e:
-        raise BitpushError("%s: waiting for every process: %s" % (what, e)) from e
+    except BitpushError as e:  # the same code: Checkpointer.recover tells Unavailable by it
+        raise _error(getattr(e, "code", "Unknown"),
+                     "%s: waiting for every process: %s" % (what, e)) from e
 
 
 def save_checkpoint(path, model, optimizer, extra=None):

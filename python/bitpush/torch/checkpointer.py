@@ -55,6 +55,16 @@ _COMPLETE = "COMPLETE"
 _FILE = "job.pt"
 
 
+def _unavailable(error):
+    """Whether `error`, or an error it was raised from, is a BitpushError with code
+    Unavailable (a server died; with server_rejoin_timeout_s the job waits for it)."""
+    while error is not None:
+        if isinstance(error, BitpushError) and getattr(error, "code", None) == "Unavailable":
+            return True
+        error = error.__cause__
+    return False
+
+
 class Checkpointer:
     def __init__(self, directory, model=None, optimizer=None, every_steps=None,
                  every_seconds=None, keep=2, state=None):
@@ -155,7 +165,7 @@ class Checkpointer:
         (BitpushError code Unavailable) — waits for it (wait_for_servers), loads the newest
         complete checkpoint and returns its step, where the loop goes on. Any other error is
         raised again. Collective (every process meets the failure)."""
-        if not isinstance(error, BitpushError) or error.code != "Unavailable":
+        if not _unavailable(error):
             raise error
         wait_for_servers()
         newest = self._agreed_newest()

@@ -142,9 +142,13 @@ def init(config=None, *, rank=None, local_rank=None, local_size=None, mode=None,
             raise
 
 
-def shutdown(timeout=30.0):
+def shutdown(timeout=30.0, abort=False):
     """Tells the cluster this process is done and waits (bounded by `timeout` seconds) for the
-    clean shutdown; pending handles fail with Cancelled. No-op when not initialized."""
+    clean shutdown; pending handles fail with Cancelled. No-op when not initialized.
+    abort=True (after a failure): closes at once without telling the cluster this process is
+    done, so the others see it leave as after a crash instead of this process waiting for a
+    clean shutdown that a failed job never reaches (the interpreter's exit does this when an
+    unhandled exception ends it)."""
     global _state
     with _state_lock:
         s = _state
@@ -154,7 +158,8 @@ def shutdown(timeout=30.0):
     try:
         if s.starter is not None:
             s.starter.close()
-        s.client.shutdown(float(timeout))
+        if not abort:
+            s.client.shutdown(float(timeout))
     finally:
         s.client.close()
         with s.lock:
@@ -165,7 +170,8 @@ def _shutdown_at_exit():
     if _state is None:
         return
     try:
-        shutdown()
+        # An unhandled exception ends the interpreter (sys.last_value): leave at once.
+        shutdown(abort=getattr(sys, "last_value", None) is not None)
     except Exception as e:  # the interpreter is exiting: report, do not raise
         print("bitpush: shutdown at exit failed: %s" % e, file=sys.stderr)
 
