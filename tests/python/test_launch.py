@@ -58,6 +58,17 @@ bp.push_pull(torch.ones(16), "t")
 bp.shutdown()
 """
 
+# Rank 1 fails after joining the cluster, with the exception unhandled.
+RAISE_AFTER_INIT = r"""
+import os, torch
+import bitpush.torch as bp
+bp.init()
+bp.push_pull(torch.ones(16), "t")
+if bp.rank() == 1:
+    raise RuntimeError("rank 1 fails after a step")
+bp.barrier()
+"""
+
 HOLD = r"""
 import os, time, torch
 import bitpush.torch as bp
@@ -335,6 +346,22 @@ def test_max_restarts_gives_up_after_n_and_the_yaml_sets_it(tmp):
     r = _run(["launch", "--config", cfg, "--max-restarts", "-1", "--", PY, "-c", "pass"])
     assert r.returncode == 2 and "--max-restarts must be 0..1000, got -1" in r.stdout, r.stdout
     assert not _procs_mentioning(tmp)
+
+
+def test_an_unhandled_exception_leaves_the_cluster_at_once(tmp):
+    # The interpreter's exit closes the client without waiting for a clean shutdown that the
+    # failed job never reaches (bitpush.torch.shutdown's default bound is 30 s).
+    cfg = _write_yaml(tmp, workers=2)
+    t0 = time.monotonic()
+    r = _run(["launch", "--config", cfg, "--grace-s", "2", "--", PY, "-c", RAISE_AFTER_INIT,
+              tmp])
+    took = time.monotonic() - t0
+    assert r.returncode == 1, r.stdout
+    failed = [l for l in r.stdout.splitlines() if l.startswith("bitpush launch: FAILED")]
+    assert failed and "train 1.0" in failed[0] and \
+        "RuntimeError: rank 1 fails after a step" in failed[0], r.stdout
+    assert took < 20, (took, r.stdout)
+    assert "shutdown at exit failed" not in r.stdout, r.stdout
 
 
 def test_sigterm_stops_cluster_daemon_and_trainers(tmp):
