@@ -18,7 +18,8 @@ died and how, and starts the cluster and the training command again, up to N tim
 BITPUSH_RESTART_COUNT in the training processes' environment; the script resumes from its
 checkpoint (bitpush.torch.Checkpointer). A server that dies alone while the YAML sets
 cluster.server_rejoin_timeout_s is started again in place instead (the others keep running and
-roll back to their checkpoint, docs/training.md "A server restarted alone").
+roll back to their checkpoint, docs/training.md "A server restarted alone"); a server started
+in place that exits with an error within its first 10 s restarts the whole job.
 
 `launch --slurm` builds the cluster from a Slurm allocation instead of a host list (the YAML is
 written by bitpush/slurm.py; then everything above applies unchanged).
@@ -53,6 +54,10 @@ EXIT_USAGE = 2  # bad command line or bad config
 # Stopped by SIGINT / SIGTERM: 128 + the signal (130, 143), like a shell.
 
 _POLL_S = 0.05
+# A server started again in place that exits with an error within this long is not replaced in
+# place again: the whole job restarts (e.g. the scheduler refused it because it had not yet seen
+# the old process go). One killed by a signal is another death, replaced in place.
+_IN_PLACE_GRACE_S = 10.0
 
 
 # -- config ----------------------------------------------------------------------------------
@@ -105,6 +110,8 @@ class _Child:
         self.last_line = ""
         self.returncode = None  # set once reaped
         self.signalled = False  # the launcher sent it a signal
+        self.started = time.monotonic()
+        self.in_place = False  # a server started again in place (restart_servers_in_place)
         self._out, self._lock = out, out_lock
         self.popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -412,7 +419,7 @@ class _Launch:
                         c.last_line or "(no output)"))
             self.children.remove(c)
             self.gone.append(c)
-            self.start(c.label, c.kind, c.argv, None)
+            self.start(c.label, c.kind, c.argv, None).in_place = True
 
     def supervise(self):
         """Waits for the end; returns the first child that failed, or None."""
@@ -422,7 +429,10 @@ class _Launch:
             failed = [c for c in self.children
                       if c.poll() not in (0, None) and not c.signalled]
             if failed and self.server_rejoins and \
-                    all(c.label.startswith("server ") for c in failed) and \
+                    all(c.label.startswith("server ") and not (
+                        c.in_place and c.returncode > 0 and
+                        time.monotonic() - c.started < _IN_PLACE_GRACE_S)
+                        for c in failed) and \
                     self.restarts + len(failed) <= self.max_restarts and \
                     not all(c.poll() == 0 for c in trains):
                 self.restart_servers_in_place(failed)

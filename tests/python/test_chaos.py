@@ -245,5 +245,8 @@ def _check(job, want, got, kills, out):
     extra = [l for l in restarts if not any("(pid %d)" % pid in l for _, pid, _ in kills)]
     if extra:
         print("restarts no kill caused:\n" + "\n".join(extra))
+        if os.environ.get("BITPUSH_CHAOS_LOG"):
+            with open("%s.extra.%d" % (os.environ["BITPUSH_CHAOS_LOG"], os.getpid()), "a") as f:
+                f.write(out + "\n\n")
     assert got["steps"] == want["steps"] == TOTAL
     assert got["params_sha256"] == want["params_sha256"], (want, got, out)
