@@ -272,10 +272,12 @@ class Client {
   // every server dropped the job's data-plane state and every tensor is declared but not yet
   // committed, its rounds at 0 — restore the job's checkpoint (LoadCheckpoint, and for tensors
   // whose optimizer runs on the servers RestoreServerOptimizerState + PullServerWeights) and go
-  // on. When no server is missing yet (a push_pull met the dropped connection before the
-  // scheduler's verdict) it first waits up to 2 x heartbeat_timeout for one, then returns OK if
-  // none came; the cluster's error if it ended (the server did not come back in time).
-  // Embedded mode (daemon mode: Unimplemented).
+  // on. From the rejoin until WaitForServers returns, every push_pull and call fails with
+  // Unavailable ("the job rolled back"), also on a worker that had nothing in flight while the
+  // server was missing, so every worker restores the checkpoint, none goes on alone. When no server
+  // is missing yet (a push_pull met the dropped connection before the scheduler's verdict) it first
+  // waits up to 2 x heartbeat_timeout for one, then returns OK if none came; the cluster's error if
+  // it ended (the server did not come back in time). Embedded mode (daemon mode: Unimplemented).
   Status WaitForServers(std::chrono::milliseconds timeout);
 
   // Waits for every worker (the scheduler's worker barrier); in daemon mode for every training

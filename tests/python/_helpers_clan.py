@@ -638,12 +638,15 @@ def w_server_checkpoint(path, before, after, resume):
             "params": [p.detach().tolist() for p in model.parameters()]}
 
 
-def w_server_rejoin(path, flag_dir, total=8, save_at=3, fail_at=None, kind="server"):
+def w_server_rejoin(path, flag_dir, total=8, save_at=3, fail_at=None, kind="server",
+                    idle=False):
     """ServerOptimizer (adamw; kind "clan": CLAN on the workers with the cluster's compression
     and error feedback) for `total` steps with a checkpoint after `save_at`. With
     `fail_at`, rank 0 asks the test to kill server 1 before that step (flag file "kill") and
     waits until it did ("killed"); the failed step raises Unavailable on every worker, which
-    waits for the server to rejoin, restores the checkpoint and goes on from `save_at`."""
+    waits for the server to rejoin, restores the checkpoint and goes on from `save_at`. `idle`:
+    rank 1 pushes nothing until the test says the server rejoined (flag "rejoined"), so only
+    the rolled-back latch tells it to restore too."""
     import bitpush.torch as bp
 
     model = _make_model(0)
@@ -663,6 +666,9 @@ def w_server_rejoin(path, flag_dir, total=8, save_at=3, fail_at=None, kind="serv
                     if time.time() > deadline:
                         raise RuntimeError("the test did not kill server 1")
                     time.sleep(0.02)
+            while step == fail_at and recovered == 0 and idle and bp.rank() == 1 and \
+                    not os.path.exists(os.path.join(flag_dir, "rejoined")):
+                time.sleep(0.02)  # bounded by the test, which writes it or fails
             _clan_steps(model, opt, step, 1)
             step += 1
         except bp.BitpushError as e:

@@ -73,7 +73,7 @@ def test_cuda_parameters_follow_torch_sgd():
         assert out[rank][0]["worker_state"] == 0
 
 
-@pytest.mark.parametrize("kind", ["server", "clan"])
+@pytest.mark.parametrize("kind", ["server", "clan", "clan-idle"])
 def test_a_server_restarted_alone_rejoins_and_the_job_continues_from_its_checkpoint(tmp_path,
                                                                                      kind):
     """cluster.server_rejoin_timeout_s: server 1 is killed mid-run and a new process of it
@@ -81,9 +81,14 @@ def test_a_server_restarted_alone_rejoins_and_the_job_continues_from_its_checkpo
     to rejoin, restore the last checkpoint and finish: the same parameters, bit for bit, as a
     run without the failure. "server": ServerOptimizer (the servers' weights and moments come
     back from the checkpoint); "clan": CLAN with onebit and error feedback on both sides (the
-    workers' and the servers' residuals come back)."""
+    workers' and the servers' residuals come back); "clan-idle": the same, with worker 1
+    pushing nothing until the server rejoined — its next step still fails with Unavailable
+    (the job rolled back), so it restores the checkpoint with worker 0 instead of going on
+    alone."""
     import time as _time
 
+    idle = kind == "clan-idle"
+    kind = "clan" if idle else kind
     extra = {"cluster": {"server_rejoin_timeout_s": 30}}
     if kind == "server":
         extra["optimizer"] = {"placement": "server"}
@@ -100,7 +105,7 @@ def test_a_server_restarted_alone_rejoins_and_the_job_continues_from_its_checkpo
         workers = h.start_workers(cluster, 2, [("w_server_rejoin",
                                                 {"path": str(tmp_path / "job.pt"),
                                                  "flag_dir": str(flags), "fail_at": 5,
-                                                 "kind": kind})])
+                                                 "kind": kind, "idle": idle})])
         deadline = _time.time() + 60
         while not (flags / "kill").exists():
             assert _time.time() < deadline, "the workers never asked for the kill"
@@ -108,6 +113,12 @@ def test_a_server_restarted_alone_rejoins_and_the_job_continues_from_its_checkpo
         cluster.kill_server(1)
         (flags / "killed").touch()
         cluster.restart_server(1)
+        if idle:
+            log = os.path.join(cluster.dir, "server1.restart1.log")
+            while "rejoined" not in (open(log).read() if os.path.exists(log) else ""):
+                assert _time.time() < deadline + 60, "server 1 never rejoined"
+                _time.sleep(0.02)
+            (flags / "rejoined").touch()
         out = workers.wait(240)
     for rank in range(2):
         r = out[rank][0]

@@ -20,6 +20,7 @@ std::optional<Status> EngineState::StoppedLocked() const {
   if (closed) return CancelledError(label + ": the client was closed");
   if (shutting_down) return CancelledError(label + ": the client is shutting down");
   if (recovering) return recovering;
+  if (rolled_back) return rolled_back;
   return std::nullopt;
 }
 

@@ -133,6 +133,11 @@ struct EngineState {
   bool closed = false;         // Engine::Close
   // A server failed and may rejoin: why (every new push_pull fails with it). FailurePolicy.
   std::optional<Status> recovering;
+  // A server rejoined and the job rolled back, and WaitForServers has not returned since:
+  // every new push_pull and call fails with it (Unavailable), so a worker that missed the
+  // failure window (nothing in flight while the server was missing) still restores the
+  // checkpoint with the others instead of going on alone. FailurePolicy.
+  std::optional<Status> rolled_back;
   // The data plane's generation, stamped on every message to a server (written under mu by
   // FailurePolicy; read anywhere).
   std::atomic<uint64_t> generation{0};

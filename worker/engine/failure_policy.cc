@@ -68,6 +68,10 @@ void FailurePolicy::OnServerRejoined(uint32_t server, uint64_t generation) {
         "checkpoint before the next step)",
         state_.label, server, state_.generation.load());
     state_.recovering.reset();
+    state_.rolled_back = UnavailableError(fmt::format(
+        "{}: server {} rejoined (generation {}): the job rolled back; call WaitForServers "
+        "(bitpush.torch.wait_for_servers), restore the checkpoint and go on from it",
+        state_.label, server, state_.generation.load()));
   }
   recover_cv_.notify_all();
 }
@@ -92,6 +96,7 @@ Status FailurePolicy::WaitForServers(std::chrono::milliseconds timeout) {
     return TimeoutError(fmt::format("{}: the failed server did not rejoin within {} ms: {}",
                                     state_.label, timeout.count(), state_.recovering->message()));
   }
+  state_.rolled_back.reset();  // acknowledged: the caller restores the checkpoint now
   return Status::Ok();
 }
 

@@ -14,7 +14,10 @@
 // and later call (sticky, EngineState::cluster_error); a lost server fails every pending
 // push_pull and every new one with Unavailable until it rejoins (EngineState::recovering); its
 // rejoining resets every tensor to "declared, not committed", rounds from 0, for the job to
-// restore its checkpoint in the new generation (EngineState::generation); a finished worker
+// restore its checkpoint in the new generation (EngineState::generation), and every new
+// push_pull and call fails with Unavailable until WaitForServers returned
+// (EngineState::rolled_back: a worker that had nothing in flight while the server was missing
+// rolls back with the others); a finished worker
 // fails the push_pulls that can no longer complete (their round is beyond what that worker
 // pushed), now and later.
 //
