@@ -17,6 +17,8 @@ int RunPushPullBench(int argc, char** argv);
 int RunPushPullWorkerMode(int argc, char** argv);
 int RunPushPullKeygenMode(int argc, char** argv);
 int RunTrainBench(int argc, char** argv);
+int RunClusterBench(int argc, char** argv);
+int RunClusterRunMode(int argc, char** argv);
 }  // namespace bitpush::bench
 
 namespace {
@@ -40,6 +42,11 @@ const Command kCommands[] = {
      "compressed push_pull end to end: scheduler, servers and workers as real processes on "
      "loopback (goodput per worker, stage times, peak RSS) vs a raw TCP stream",
      bitpush::bench::RunPushPullBench},
+    {"cluster",
+     "the control plane at scale: threads-as-nodes clusters of N nodes over inproc and zmq "
+     "loopback (registration, barrier latency, scheduler CPU, memory per node, time to name a "
+     "killed node, a push/pull round of small tensors)",
+     bitpush::bench::RunClusterBench},
     {"train",
      "training steps of a model layout (bench/layouts/: resnet50, vgg16, bert-base, gpt2-small) "
      "on loopback, bitpush vs torch DDP (fp32, fp16 hook, PowerSGD hook); bench/train_bench.py",
@@ -58,6 +65,7 @@ const Command kCommands[] = {
      bitpush::bench::RunOptimizerBench},
     {"pushpull-worker", nullptr, bitpush::bench::RunPushPullWorkerMode},
     {"pushpull-keygen", nullptr, bitpush::bench::RunPushPullKeygenMode},
+    {"cluster-run", nullptr, bitpush::bench::RunClusterRunMode},
 };
 
 void Usage(FILE* out) {

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Smoke test of `bitpush-bench compressors --json`, `bitpush-bench localreduce --json`,
-`bitpush-bench optimizer --json`, `bitpush-bench gpureduce --json` and `bitpush-bench pushpull --json`: the commands, flags and JSON fields are a contract other tools
+`bitpush-bench optimizer --json`, `bitpush-bench gpureduce --json`, `bitpush-bench pushpull --json`
+and `bitpush-bench cluster --json`: the commands, flags and JSON fields are a contract other tools
 rely on. Runs tiny configurations (compressors: at every ISA level this CPU has; localreduce:
-1 MiB per process; pushpull: a 2-worker, 2-server cluster of 1 MiB) and checks the records (not the speed: speed targets live in the benchmark, not in
+1 MiB per process; pushpull: a 2-worker, 2-server cluster of 1 MiB; cluster: 8 nodes per
+transport) and checks the records (not the speed: speed targets live in the benchmark, not in
 tests)."""
 import glob
 import json
+import math
 import subprocess
 import sys
 
@@ -301,6 +304,55 @@ assert r.returncode == 2 and "twobit" in r.stderr, r.stderr
 r = run("pushpull", "--mb", "32", "--iters", "100000", "--timeout-s", "1", "--raw-reps", "1")
 assert r.returncode == 1 and "timed out after 1 s" in r.stderr and "worker 0" in r.stderr, \
     r.stderr
+# `bitpush-bench cluster --json`: the control plane at scale, tiny (8 nodes: 1 server, 7 workers,
+# one threads-as-nodes cluster per transport, each in a child process; --idle-s 1 keeps it short).
+CLUSTER_REQUIRED = {
+    "bench", "transport", "nodes", "servers", "workers", "heartbeat_ms", "heartbeat_timeout_s",
+    "register_s", "register_total_s", "barriers", "barrier_ms_median", "barrier_ms_p99",
+    "barrier_ms_max", "barrier_first_release_ms_median", "barrier_fanout_ms_median", "idle_s",
+    "scheduler_cpu_pct", "scheduler_io_cpu_pct", "process_cpu_pct", "rss_per_node_kib", "threads",
+    "fds", "fds_per_endpoint", "fds_per_connection", "killed", "kill_named_s", "pushpull_floats",
+    "pushpull_rounds", "pushpull_round_ms", "pushpull_round_ms_max", "pushpull_first_round_ms",
+    "pushpull_skipped", "cpu", "cores"}
+r = subprocess.run([bench, "cluster", "--nodes", "8", "--transport", "inproc,zmq", "--barriers",
+                    "10", "--idle-s", "1", "--json"], capture_output=True, text=True, timeout=60)
+assert r.returncode == 0, r.stderr
+records = json.loads(r.stdout)
+assert [(x["transport"], x["nodes"]) for x in records] == [("inproc", 8), ("zmq", 8)], records
+for rec in records:
+    missing = CLUSTER_REQUIRED - rec.keys()
+    assert not missing, f"cluster record {rec} lacks {missing}"
+    assert rec["bench"] == "cluster", rec
+    assert rec["servers"] == max(1, rec["nodes"] // 8) == 1, rec
+    assert rec["servers"] + rec["workers"] == rec["nodes"], rec
+    assert rec["heartbeat_ms"] == 200 and rec["heartbeat_timeout_s"] == 1, rec  # 5 x interval
+    assert rec["barriers"] == 10 and rec["killed"] == "worker 6", rec
+    for key in ("register_s", "register_total_s", "barrier_ms_median", "barrier_ms_p99",
+                "barrier_ms_max", "barrier_first_release_ms_median", "barrier_fanout_ms_median",
+                "idle_s", "scheduler_cpu_pct", "scheduler_io_cpu_pct", "process_cpu_pct",
+                "rss_per_node_kib", "fds_per_endpoint", "fds_per_connection", "kill_named_s",
+                "pushpull_round_ms", "pushpull_round_ms_max", "pushpull_first_round_ms"):
+        v = rec[key]
+        assert isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, (key, rec)
+    assert rec["register_s"] <= rec["register_total_s"], rec
+    assert rec["barrier_ms_median"] <= rec["barrier_ms_p99"] <= rec["barrier_ms_max"], rec
+    assert 0.9 <= rec["idle_s"] < 5, rec
+    # The verdict comes from heartbeat silence, bounded (its speed is the benchmark's target).
+    assert 0 < rec["kill_named_s"] < rec["heartbeat_timeout_s"] + 30, rec
+    assert rec["threads"] > rec["nodes"] and rec["fds"] >= 0, rec
+    assert rec["pushpull_skipped"] == "" and rec["pushpull_rounds"] == 5, rec
+    assert rec["pushpull_floats"] == 1024, rec
+    assert 0 < rec["pushpull_round_ms"] <= rec["pushpull_round_ms_max"], rec
+    assert rec["cores"] >= 1, rec
+assert records[0]["scheduler_io_cpu_pct"] == 0, records[0]  # inproc: no transport threads
+assert records[1]["fds"] > records[0]["fds"], records  # zmq: sockets and contexts per node
+for bad, flag in ((("--transport", "tcp"), "--transport"), (("--nodes", "1"), "--nodes"),
+                  (("--nodes", "256", "--transport", "zmq", "--base-port", "32700"),
+                   "--base-port"),
+                  (("--heartbeat-ms", "200", "--heartbeat-timeout-ms", "300"), "heartbeat"),
+                  (("--bogus",), "--bogus")):
+    r = run("cluster", *bad)
+    assert r.returncode == 2 and flag in r.stderr, (bad, r.stderr)
 r = run("compressors", "--isa", "sse9")
 assert r.returncode == 2 and "sse9" in r.stderr, r.stderr
 # --only takes a list of substring filters (a spec's own parameters stay with it), and a filter
@@ -321,4 +373,5 @@ assert r.returncode == 2 and "--bogus" in r.stderr, r.stderr
 r = run("nosuchbench")
 assert r.returncode == 2 and "nosuchbench" in r.stderr, r.stderr
 print(f"bench JSON contract ok for ISA levels: {', '.join(ok_isas)}; localreduce ok; "
-      f"optimizer ok; gpureduce ok ({'GPU' if gpu else 'skipped: no usable GPU'}); pushpull ok")
+      f"optimizer ok; gpureduce ok ({'GPU' if gpu else 'skipped: no usable GPU'}); pushpull ok; "
+      "cluster ok")
