@@ -118,6 +118,10 @@ Status ZmqTransport::SetListenerOptions(void* router, int64_t max_part, const st
          static_cast<int>(std::min<size_t>(options_.max_queued_per_peer, 1 << 30)));
   zmq_setsockopt(router, ZMQ_MAXMSGSIZE, &max_part, sizeof(max_part));
   SetInt(router, ZMQ_HANDSHAKE_IVL, kHandshakeMs);
+  // The kernel's accept queue (listen(2)'s backlog): libzmq's default of 100 overflows when a
+  // few hundred nodes connect to the scheduler at once (each refused SYN waits out TCP's 1 s
+  // retry); the kernel caps it at net.core.somaxconn.
+  SetInt(router, ZMQ_BACKLOG, kListenBacklog);
   if (address.find('[') != std::string::npos) SetInt(router, ZMQ_IPV6, 1);
   return OpenMonitor(router,
                      ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |

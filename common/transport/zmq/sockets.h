@@ -34,6 +34,9 @@ inline constexpr int64_t kDealerMaxPartBytes = 64 * 1024;
 inline constexpr int64_t kCurveMaxPartBytes = 4 * 1024;
 // How long a connection may take for the ZMTP greeting and security handshake.
 inline constexpr int kHandshakeMs = 10000;
+// A listener's accept queue (ZMQ_BACKLOG; listen.cc): room for every node of a large cluster
+// connecting at once.
+inline constexpr int kListenBacklog = 4096;
 // The ZAP endpoint libzmq asks to authenticate CURVE clients (RFC 27), and our domain.
 inline constexpr char kZapEndpoint[] = "inproc://zeromq.zap.01";
 inline constexpr char kZapDomain[] = "bitpush";
