@@ -85,25 +85,6 @@ bp.shutdown()
 """
 
 
-def children(pid):
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % d) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open("/proc/%s/cmdline" % d, "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            role = ("scheduler" if "bitpush-scheduler" in cmd else "server"
-                    if "bitpush-server" in cmd else "train")
-            out.append((int(d), role))
-    return out
-
-
 def newest(ckpt):
     try:
         return max((int(n[5:]) for n in os.listdir(ckpt) if n.startswith("step-")
@@ -122,7 +103,7 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    from bitpush.testing import free_ports
+    from bitpush.testing import free_ports, launched_processes
 
     d = tempfile.mkdtemp(prefix="bp-restart-")
     ports = free_ports(5)
@@ -157,7 +138,7 @@ def main():
                 continue
             time.sleep(rng.uniform(0.5, 1.5))
             role = roles[len(kills) % len(roles)]
-            victims = [pid for pid, r in children(launcher.pid) if r == role]
+            victims = [pid for pid, r in launched_processes(launcher.pid) if r == role]
             if not victims:
                 continue
             victim = rng.choice(victims)

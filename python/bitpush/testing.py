@@ -87,6 +87,30 @@ def free_ports(n):
             s.close()
 
 
+def launched_processes(launcher_pid):
+    """[(pid, role)] of the live (not zombie) children of a `bitpush launch` process, role one
+    of "scheduler", "server", "daemon" (a node's bitpush-worker) and "train" (what it started
+    with the training command): for tests and benchmarks that kill them (test_chaos.py,
+    bench/restart_bench.py). Reads /proc."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open("/proc/%s/cmdline" % d, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if int(fields[1]) != launcher_pid or fields[0] == "Z":
+            continue
+        role = ("scheduler" if "bitpush-scheduler" in cmd else "server"
+                if "bitpush-server" in cmd else "daemon" if "bitpush-worker" in cmd else "train")
+        out.append((int(d), role))
+    return out
+
+
 def _default_bin_dir():
     d = _env.bin_dir()
     if d:

@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from bitpush.testing import free_ports
+from bitpush.testing import free_ports, launched_processes
 
 PY = "/usr/bin/python3"
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
@@ -74,27 +74,6 @@ def _yaml(d, job):
     return path
 
 
-def _children(pid):
-    """[(pid, role)] of the launcher's live children (role: scheduler, server, daemon, train)."""
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % d) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open("/proc/%s/cmdline" % d, "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
-        except OSError:
-            continue
-        if int(fields[1]) != pid or fields[0] == "Z":
-            continue
-        role = ("scheduler" if "bitpush-scheduler" in cmd else "server"
-                if "bitpush-server" in cmd else "daemon" if "bitpush-worker" in cmd else "train")
-        out.append((int(d), role))
-    return out
-
-
 def _newest_checkpoint(ckpt):
     try:
         names = os.listdir(ckpt)
@@ -132,7 +111,7 @@ class _Killer(threading.Thread):
             if self.stop.wait(self.rng.uniform(0.5, 2.0)):
                 return
             role = self.roles[len(self.done)]
-            victims = [p for p, r in _children(self.pid) if r == role]
+            victims = [p for p, r in launched_processes(self.pid) if r == role]
             if not victims:
                 continue
             victim = self.rng.choice(victims)
