@@ -97,7 +97,8 @@ const std::vector<MessageRule>& MessageRules() {
         Data(kServer, DataHeader::OP_STATE_READ, "OP_STATE_READ", kWorkers, "worker",
              "the header's sender is the authenticated rank; a declared key of this server"),
         Data(kServer, DataHeader::OP_STATE_WRITE, "OP_STATE_WRITE", kWorkers, "worker",
-             "as OP_STATE_READ; refused while a round of the key is open"),
+             "as OP_STATE_READ; refused while a round of the key is open (a residual, an "
+             "optimizer state, rounds)"),
         // ---- received by workers (data plane) ----
         Data(kWorker, DataHeader::OP_PULL_REPLY, "OP_PULL_REPLY", kServers, "server",
              "answers a push this worker has outstanding (key, round) at that server"),
