@@ -204,41 +204,20 @@ StatusOr<ClusterFigures> RunOne(const Options& o, const ClusterSpec& spec,
 }
 
 JsonRecord Record(const ClusterSpec& s, const ClusterFigures& f, const std::string& cpu) {
-  return JsonRecord()
-      .Add("bench", kCommand)
+  JsonRecord r;
+  r.Add("bench", kCommand)
       .Add("transport", s.transport)
       .Add("nodes", static_cast<size_t>(s.nodes))
       .Add("servers", static_cast<size_t>(s.servers()))
       .Add("workers", static_cast<size_t>(s.workers()))
       .Add("heartbeat_ms", static_cast<long long>(s.heartbeat_interval.count()))
       .Add("heartbeat_timeout_s", static_cast<double>(s.heartbeat_timeout.count()) / 1e3)
-      .Add("register_s", f.register_s)
-      .Add("register_total_s", f.register_total_s)
       .Add("barriers", static_cast<size_t>(s.barriers))
-      .Add("barrier_ms_median", f.barrier_ms_median)
-      .Add("barrier_ms_p99", f.barrier_ms_p99)
-      .Add("barrier_ms_max", f.barrier_ms_max)
-      .Add("barrier_first_release_ms_median", f.barrier_first_release_ms_median)
-      .Add("barrier_fanout_ms_median", f.barrier_fanout_ms_median)
-      .Add("idle_s", f.idle_s)
-      .Add("scheduler_cpu_pct", f.scheduler_cpu_pct)
-      .Add("scheduler_io_cpu_pct", f.scheduler_io_cpu_pct)
-      .Add("process_cpu_pct", f.process_cpu_pct)
-      .Add("rss_per_node_kib", f.rss_per_node_kib)
-      .Add("threads", static_cast<long long>(f.threads))
-      .Add("fds", static_cast<long long>(f.fds))
-      .Add("fds_per_endpoint", f.fds_per_endpoint)
-      .Add("fds_per_connection", f.fds_per_connection)
-      .Add("killed", f.killed)
-      .Add("kill_named_s", f.kill_named_s)
-      .Add("pushpull_floats", static_cast<size_t>(s.pushpull_floats))
-      .Add("pushpull_rounds", static_cast<long long>(f.pushpull_rounds))
-      .Add("pushpull_round_ms", f.pushpull_round_ms)
-      .Add("pushpull_round_ms_max", f.pushpull_round_ms_max)
-      .Add("pushpull_first_round_ms", f.pushpull_first_round_ms)
-      .Add("pushpull_skipped", f.pushpull_skipped)
+      .Add("pushpull_floats", static_cast<size_t>(s.pushpull_floats));
+  cluster::AddFigures(r, f)
       .Add("cpu", cpu)
       .Add("cores", static_cast<size_t>(std::thread::hardware_concurrency()));
+  return r;
 }
 
 // The child mode's flags: the spec's, --transport T, --nodes N, --first-port P, --out PATH.

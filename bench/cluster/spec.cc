@@ -95,9 +95,8 @@ void CheckSpec(const char* subcommand, ClusterSpec* spec, bool timeout_set) {
   if (!valid.ok()) UsageError(subcommand, valid.message());
 }
 
-std::string FiguresJson(const ClusterFigures& f) {
-  return JsonRecord()
-      .Add("register_s", f.register_s)
+JsonRecord& AddFigures(JsonRecord& r, const ClusterFigures& f) {
+  return r.Add("register_s", f.register_s)
       .Add("register_total_s", f.register_total_s)
       .Add("barrier_ms_median", f.barrier_ms_median)
       .Add("barrier_ms_p99", f.barrier_ms_p99)
@@ -119,8 +118,12 @@ std::string FiguresJson(const ClusterFigures& f) {
       .Add("pushpull_round_ms_max", f.pushpull_round_ms_max)
       .Add("pushpull_first_round_ms", f.pushpull_first_round_ms)
       .Add("pushpull_rounds", static_cast<long long>(f.pushpull_rounds))
-      .Add("pushpull_skipped", f.pushpull_skipped)
-      .str();
+      .Add("pushpull_skipped", f.pushpull_skipped);
+}
+
+std::string FiguresJson(const ClusterFigures& f) {
+  JsonRecord r;
+  return AddFigures(r, f).str();
 }
 
 ClusterFigures ParseFigures(const std::string& json) {

@@ -117,7 +117,9 @@ struct ClusterFigures {
   std::string pushpull_skipped;
 };
 
-// The figures as one flat JSON object, and back (a file the child wrote).
+// Adds every figure to `record` (the child's file and the public record share it); the figures
+// as one flat JSON object, and back (a file the child wrote).
+JsonRecord& AddFigures(JsonRecord& record, const ClusterFigures& figures);
 std::string FiguresJson(const ClusterFigures& figures);
 ClusterFigures ParseFigures(const std::string& json);
 
