@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -533,6 +534,67 @@ TEST_P(TransportContract, PeerThatDisconnectsMidStreamIsReportedAndOthersKeepWor
   a->Disconnect("b");
   const Status s = a->Send("b", TextMessage("x"));
   EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
+}
+
+// Many peers at one endpoint, half of them gone at once: each departure is reported, once,
+// and the others are untouched (the zmq endpoint looks only at the peers whose sockets
+// signalled: socket_watch.h).
+TEST_P(TransportContract, HalfOfSixtyFourPeersCloseAndExactlyThoseAreReported) {
+  constexpr int kPeers = 64;
+  auto hub = Make("hub");
+  ASSERT_TRUE(hub);
+  std::vector<std::unique_ptr<Transport>> peers;
+  for (int i = 0; i < kPeers; ++i) {
+    peers.push_back(Make("peer:" + std::to_string(i)));
+    ASSERT_TRUE(peers.back());
+    Link(peers.back().get(), hub.get());
+    Link(hub.get(), peers.back().get());
+  }
+  // Every connection carries a message both ways first.
+  for (int i = 0; i < kPeers; ++i) ASSERT_TRUE(peers[i]->Send("hub", TextMessage("hi")).ok());
+  for (int n = 0; n < kPeers; ++n) {
+    Received r = NextMessage(hub.get());
+    ASSERT_TRUE(hub->Send(r.from, TextMessage("back")).ok());
+  }
+  for (int i = 0; i < kPeers; ++i) ASSERT_EQ(NextMessage(peers[i].get()).from, "hub");
+
+  std::set<PeerId> closed;
+  for (int i = 1; i < kPeers; i += 2) {
+    peers[i]->Close();
+    closed.insert(peers[i]->name());
+  }
+  std::map<PeerId, int> reported;
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (Clock::now() < deadline && reported.size() < closed.size()) {
+    StatusOr<Received> r = hub->Receive(milliseconds(20));
+    if (!r.ok()) {
+      ASSERT_EQ(r.status().code(), StatusCode::kTimeout) << r.status().ToString();
+      continue;
+    }
+    ASSERT_FALSE(r->is_message()) << "unexpected message from " << r->from;
+    if (r->event().kind == TransportEvent::Kind::kPeerDisconnected) ++reported[r->event().peer];
+  }
+  // Late duplicates, if any, arrive within a moment.
+  for (int k = 0; k < 10; ++k) {
+    StatusOr<Received> r = hub->Receive(milliseconds(20));
+    if (r.ok() && !r->is_message() && r->event().kind == TransportEvent::Kind::kPeerDisconnected) {
+      ++reported[r->event().peer];
+    }
+  }
+  std::set<PeerId> reported_names;
+  for (const auto& [name, times] : reported) {
+    reported_names.insert(name);
+    EXPECT_EQ(times, 1) << name << " reported " << times << " times";
+  }
+  EXPECT_EQ(reported_names, closed);
+
+  for (int i = 0; i < kPeers; i += 2) {
+    ASSERT_TRUE(hub->Send(peers[i]->name(), TextMessage("still")).ok()) << i;
+    Received r = NextMessage(peers[i].get());
+    EXPECT_EQ(r.message().header, "still");
+    ASSERT_TRUE(peers[i]->Send("hub", TextMessage("here")).ok());
+    EXPECT_EQ(NextMessage(hub.get()).from, peers[i]->name());
+  }
 }
 
 TEST_P(TransportContract, PeerRestartedAtTheSameAddressIsReachableAgain) {

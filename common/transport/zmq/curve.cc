@@ -79,6 +79,8 @@ Status ZmqTransport::BindLaneRouter(const std::string& bind_address) {
 }
 
 void ZmqTransport::CloseLane(IoPeer* p) {
+  watch_.Remove(p->lane_monitor);
+  watch_.Remove(p->lane);
   if (p->lane_monitor) zmq_close(p->lane_monitor);
   if (p->lane) zmq_close(p->lane);  // lingers like the dealer
   p->lane = p->lane_monitor = nullptr;
@@ -96,6 +98,7 @@ void ZmqTransport::RequestLane(const PeerId& name, IoPeer* p) {
   }
   ++p->lane_request;
   p->lane_requested = true;
+  watch_.MarkDue(name);  // the send drained the dealer's mailbox (socket_watch.h)
 }
 
 void ZmqTransport::ReadDealer(const PeerId& name, IoPeer* p) {
@@ -168,6 +171,8 @@ void ZmqTransport::OpenLane(const PeerId& name, IoPeer* p, const LaneOffer& offe
   p->lane = lane;
   p->lane_monitor = monitor;
   p->lane_cipher = std::make_unique<LaneCipher>(offer.key);
+  Watch(name, lane);
+  Watch(name, monitor);
 }
 
 void ZmqTransport::ReadLaneMonitor(const PeerId& name, IoPeer* p) {

@@ -19,15 +19,9 @@
 namespace bitpush::transport::zmq_backend {
 
 void ZmqTransport::IoLoop() {
+  // The endpoint's own sockets, polled every turn, then the watch of the peers' sockets
+  // (socket_watch.h): a turn looks only at the peers whose sockets signalled or were used.
   std::vector<zmq_pollitem_t> items;
-  // For each peer: the index of its first item (monitor, dealer, then under kCurve the lane's
-  // monitor and the lane).
-  struct ItemPeer {
-    const PeerId* name;
-    IoPeer* peer;
-    size_t first;
-  };
-  std::vector<ItemPeer> item_peers;
   while (true) {
     std::deque<Command> commands;
     bool closing;
@@ -45,7 +39,6 @@ void ZmqTransport::IoLoop() {
     if (closing) break;
 
     items.clear();
-    item_peers.clear();
     items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
     items.push_back({router_, 0, static_cast<short>(inbox_.HasRoom() ? ZMQ_POLLIN : 0), 0});
     items.push_back({router_monitor_, 0, ZMQ_POLLIN, 0});
@@ -54,23 +47,10 @@ void ZmqTransport::IoLoop() {
     items.push_back({lane_router_, -1, static_cast<short>(lane_room ? ZMQ_POLLIN : 0), 0});
     items.push_back(
         {lane_router_monitor_, -1, static_cast<short>(lane_router_monitor_ ? ZMQ_POLLIN : 0), 0});
-    for (auto& [name, p] : io_peers_) {
-      item_peers.push_back({&name, &p, items.size()});
-      const bool waiting = !p.pending.empty();
-      if (!curve_) {
-        items.push_back({p.monitor, 0, ZMQ_POLLIN, 0});
-        items.push_back({p.dealer, 0, static_cast<short>(waiting ? ZMQ_POLLOUT : 0), 0});
-        continue;
-      }
-      // kCurve: the dealer is read (the offer); the lane is written.
-      items.push_back({p.monitor, 0, ZMQ_POLLIN, 0});
-      items.push_back({p.dealer, 0, ZMQ_POLLIN, 0});
-      items.push_back({p.lane_monitor, -1, static_cast<short>(p.lane_monitor ? ZMQ_POLLIN : 0), 0});
-      items.push_back(
-          {p.lane, -1, static_cast<short>(p.lane && p.lane_up && waiting ? ZMQ_POLLOUT : 0), 0});
-    }
+    items.push_back({nullptr, watch_.fd(), ZMQ_POLLIN, 0});
 
-    if (zmq_poll(items.data(), static_cast<int>(items.size()), -1) < 0) {
+    // Peers left due by this turn's work are looked at without waiting.
+    if (zmq_poll(items.data(), static_cast<int>(items.size()), watch_.HasDue() ? 0 : -1) < 0) {
       if (zmq_errno() == EINTR) continue;
       BP_LOG_ERROR("{}zmq_poll: {}; the I/O thread stops", Prefix(), ZmqError());
       break;
@@ -84,18 +64,10 @@ void ZmqTransport::IoLoop() {
     if (items[5].revents & ZMQ_POLLIN) ReadRouterMonitor(lane_router_monitor_, true);
     if (items[1].revents & ZMQ_POLLIN) ReadRouter(false);
     if (items[4].revents & ZMQ_POLLIN) ReadRouter(true);
-    for (const ItemPeer& ip : item_peers) {
-      if (items[ip.first].revents & ZMQ_POLLIN) ReadPeerMonitor(*ip.name, ip.peer);
-      if (!curve_) continue;
-      // The dealer or the lane may have been replaced meanwhile: their items then refer to
-      // closed sockets, whose revents are not looked at again.
-      if ((items[ip.first + 1].revents & ZMQ_POLLIN) &&
-          ip.peer->dealer == items[ip.first + 1].socket)
-        ReadDealer(*ip.name, ip.peer);
-      if ((items[ip.first + 2].revents & ZMQ_POLLIN) && ip.peer->lane_monitor != nullptr &&
-          ip.peer->lane_monitor == items[ip.first + 2].socket)
-        ReadLaneMonitor(*ip.name, ip.peer);
-      // POLLOUT on a dealer or lane: its pending messages go out at the top of the loop.
+    if (items[6].revents & ZMQ_POLLIN) watch_.Collect();
+    for (const PeerId& name : watch_.TakeDue()) {
+      auto it = io_peers_.find(name);
+      if (it != io_peers_.end()) ServicePeer(it->first, &it->second);
     }
   }
   for (auto& [name, p] : io_peers_) CloseIoPeer(&p);
@@ -108,6 +80,44 @@ void ZmqTransport::IoLoop() {
     zmq_close(lane_router_);
   }
   if (zap_) zmq_close(zap_);  // after the ROUTERs: no connection is admitted without it
+}
+
+namespace {
+
+// The socket's ready events (ZMQ_POLLIN / ZMQ_POLLOUT); reading them drains its mailbox, which
+// re-arms its ZMQ_FD (socket_watch.h). 0 for no socket.
+int ReadyEvents(void* socket) {
+  int events = 0;
+  size_t size = sizeof(events);
+  if (socket == nullptr || zmq_getsockopt(socket, ZMQ_EVENTS, &events, &size) != 0) return 0;
+  return events;
+}
+
+}  // namespace
+
+void ZmqTransport::ServicePeer(const PeerId& name, IoPeer* p) {
+  bool read = false;
+  if (ReadyEvents(p->monitor) & ZMQ_POLLIN) {
+    ReadPeerMonitor(name, p);
+    read = true;
+  }
+  if (curve_) {
+    // kCurve: the dealer is read (the offer); the lane is written.
+    if (ReadyEvents(p->dealer) & ZMQ_POLLIN) {
+      ReadDealer(name, p);
+      read = true;
+    }
+    if (ReadyEvents(p->lane_monitor) & ZMQ_POLLIN) {
+      ReadLaneMonitor(name, p);
+      read = true;
+    }
+    ReadyEvents(p->lane);  // POLLOUT: pending messages go out at the top of the loop
+  } else {
+    ReadyEvents(p->dealer);  // written only; as the lane
+  }
+  // What a handler did (a lane request sent, a lane opened or closed) may have drained a
+  // mailbox: one more look next turn.
+  if (read) watch_.MarkDue(name);
 }
 
 void ZmqTransport::ApplyCommands(std::deque<Command>* commands) {
@@ -128,8 +138,17 @@ void ZmqTransport::ApplyCommands(std::deque<Command>* commands) {
     p.shared = std::move(c.shared);
     p.dealer = c.dealer;
     p.monitor = c.monitor;
+    Watch(c.peer, p.monitor);
+    Watch(c.peer, p.dealer);
   }
   commands->clear();
+}
+
+void ZmqTransport::Watch(const PeerId& name, void* socket) {
+  Status s = watch_.Add(socket, name);
+  // Without its descriptor the socket is looked at only when the peer is due for another
+  // reason; it still works, late. Not expected: the descriptor exists from zmq_socket on.
+  if (!s.ok()) BP_LOG_ERROR("{}{}", Prefix(), s.message());
 }
 
 void ZmqTransport::CloseIoPeer(IoPeer* p) {
@@ -139,6 +158,8 @@ void ZmqTransport::CloseIoPeer(IoPeer* p) {
   }
   p->pending.clear();
   CloseLane(p);
+  watch_.Remove(p->monitor);
+  watch_.Remove(p->dealer);
   zmq_close(p->monitor);
   zmq_close(p->dealer);  // lingers (in ZeroMQ's threads) up to kCloseLingerMs
   p->monitor = p->dealer = nullptr;

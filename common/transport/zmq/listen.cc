@@ -28,6 +28,7 @@ Status ZmqTransport::Start() {
   }
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return InternalError(Prefix() + "eventfd: " + std::strerror(errno));
+  if (Status s = watch_.Open(); !s.ok()) return InternalError(Prefix() + s.message());
   ctx_ = zmq_ctx_new();
   if (!ctx_) return InternalError(Prefix() + "zmq_ctx_new: " + ZmqError());
   zmq_ctx_set(ctx_, ZMQ_MAX_SOCKETS, kMaxSockets);

@@ -4,8 +4,8 @@
 // thread runs them:
 //   transport.cc     the caller API (Connect, Disconnect, Send, Receive, Close, stats): any thread
 //   listen.cc        Start: the context, the listening ROUTER, socket options and monitors
-//   io_thread.cc     the I/O thread: its poll loop, peers' sockets, outboxes handed to ZeroMQ,
-//                    peers reported up and down
+//   io_thread.cc     the I/O thread: its poll loop, peers' sockets (watched through
+//                    socket_watch.h), outboxes handed to ZeroMQ, peers reported up and down
 //   receive.cc       reading the ROUTERs into the inbox (framing.h), connection accounting, and
 //                    (Receive's thread) opening sealed messages
 //   curve.cc         what security mode curve adds: the keys, the ZAP handler, both ends of the
@@ -38,6 +38,7 @@
 #include "common/transport/transport.h"
 #include "common/transport/zmq/inbox.h"
 #include "common/transport/zmq/lane.h"
+#include "common/transport/zmq/socket_watch.h"
 #include "fmt/format.h"
 
 namespace bitpush::transport::zmq_backend {
@@ -131,6 +132,10 @@ class ZmqTransport final : public Transport {
   // io_thread.cc: the I/O thread's loop, its peers and their outgoing messages.
   void IoLoop();
   void ApplyCommands(std::deque<Command>* commands);
+  // Looks at a peer's sockets (it signalled or was used): reads what is ready.
+  void ServicePeer(const PeerId& name, IoPeer* p);
+  // Adds a peer's new socket to watch_ (an error is logged).
+  void Watch(const PeerId& name, void* socket);
   void CloseIoPeer(IoPeer* p);
   void CollectOutboxes();
   void FlushPending(const PeerId& name, IoPeer* p);
@@ -203,6 +208,7 @@ class ZmqTransport final : public Transport {
 
   // I/O thread only.
   std::map<PeerId, IoPeer> io_peers_;
+  SocketWatch watch_;                  // their sockets (opened by Start)
   std::map<PeerId, LaneIn> lanes_in_;  // kCurve: by the sender they were opened for
   // kCurve: the connection (file descriptor) each authenticated PeerId speaks through, and
   // connections a newer one of the same PeerId took over (their messages are refused).
