@@ -578,10 +578,23 @@ def _needs_ephemeral_keys(config, all_local):
                                           "security.public_keys"))
 
 
+# Subcommands with a module of their own: name -> (module, one line of help). Each module's
+# main(argv) takes the arguments after the name and returns the exit status.
+_TOOLS = {
+    "trace": ("bitpush.trace", "merge the span files of a --timeline run into one Chrome "
+              "trace, or draw a step of one (docs/observability.md)"),
+    "metrics-config": ("bitpush.metrics_config", "print a Prometheus scrape configuration for "
+                       "a cluster YAML's metrics endpoints (docs/observability.md)"),
+    "top": ("bitpush.top", "a terminal view of a running cluster's metrics, refreshed each "
+            "second (docs/observability.md)"),
+}
+
+
 def _parser():
     p = argparse.ArgumentParser(prog="bitpush", description="bitpush cluster launcher "
                                 "(docs/launch.md)")
-    sub = p.add_subparsers(dest="cmd", metavar="{launch,check-config,keygen}")
+    sub = p.add_subparsers(dest="cmd", metavar="{launch,check-config,keygen,%s}"
+                           % ",".join(_TOOLS))
     sub.required = True
     lp = sub.add_parser("launch", help="start this host's roles of a cluster YAML "
                         "[and a training command per worker process]",
@@ -634,11 +647,16 @@ def _parser():
     kp.add_argument("--force", action="store_true",
                     help="replace existing key files (every node then needs the new "
                     "public_keys)")
+    for name, (_, text) in _TOOLS.items():
+        sub.add_parser(name, help=text, add_help=False)
     return p
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _TOOLS:
+        import importlib
+        return importlib.import_module(_TOOLS[argv[0]][0]).main(argv[1:])
     launcher_argv = [sys.executable, "-m", "bitpush.launch"] + argv  # for --slurm's srun
     command = []
     if "--" in argv:

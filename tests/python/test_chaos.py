@@ -12,7 +12,7 @@ the servers with SDP4Bit (TLq-HS pushes, qWD pulls). The training command is exa
 --checkpoint-dir (bitpush.torch.Checkpointer); the uninterrupted run is the same command in the
 same cluster YAML without kills or checkpoints.
 
-BITPUSH_CHAOS_SOAK=S adds a soak: job after job of the first kind, each killed after every
+BITPUSH_CHAOS_SOAK=S adds a soak: job after job, the three kinds in turn, each killed after every
 stretch of progress until it ends and each checked bit for bit, for S seconds (run by hand;
 docs/launch.md reports one).
 """
@@ -160,25 +160,38 @@ def test_five_kills_end_bit_identical_to_the_uninterrupted_run(tmp, name):
 @pytest.mark.skipif(not os.environ.get("BITPUSH_CHAOS_SOAK"),
                     reason="the soak runs with BITPUSH_CHAOS_SOAK=seconds")
 def test_soak(tmp):
-    """Job after job of the first kind (killed until it ends, a kill after each stretch of
-    progress), each checked bit for bit, for BITPUSH_CHAOS_SOAK seconds."""
-    name = sorted(JOBS)[0]
-    job = JOBS[name]
-    args = job["args"] + ["--epochs", str(EPOCHS)]
-    cfg = _yaml(tmp, job)
-    want, ref_wall = _reference(tmp, cfg, args)
+    """Job after job, the three kinds in turn (each killed until it ends, a kill after each
+    stretch of progress), each checked bit for bit, for BITPUSH_CHAOS_SOAK seconds."""
+    kinds = {}
+    for name in sorted(JOBS):
+        job = JOBS[name]
+        args = job["args"] + ["--epochs", str(EPOCHS)]
+        os.makedirs(os.path.join(tmp, name))
+        cfg = _yaml(os.path.join(tmp, name), job)
+        want, ref_wall = _reference(os.path.join(tmp, name), cfg, args)
+        kinds[name] = dict(job=job, args=args, cfg=cfg, want=want, ref_wall=ref_wall, jobs=0,
+                           walls=[], kills=[])
     deadline = time.monotonic() + float(os.environ["BITPUSH_CHAOS_SOAK"])
-    jobs, all_kills, walls = 0, [], []
+    jobs = 0
     while time.monotonic() < deadline:
-        got, kills, out, wall = _chaos_run(tmp, cfg, args, kills=500, seed=jobs)
-        _check(job, want, got, kills, out)
+        name = sorted(kinds)[jobs % len(kinds)]
+        k = kinds[name]
+        got, kills, out, wall = _chaos_run(os.path.join(tmp, name), k["cfg"], k["args"],
+                                           kills=500, seed=jobs)
+        _check(k["job"], k["want"], got, kills, out)
         jobs += 1
-        all_kills += kills
-        walls.append(wall)
-    roles = {r: sum(1 for k in all_kills if k[0] == r) for r in ("scheduler", "server", "train")}
-    print("soak %s: %d jobs, %d kills (%s), every job bit-identical; %.1f s a job on average "
-          "against %.1f s uninterrupted" % (name, jobs, len(all_kills), roles,
-                                            sum(walls) / len(walls), ref_wall))
+        k["jobs"] += 1
+        k["kills"] += kills
+        k["walls"].append(wall)
+        print("soak job %d (%s): %d kills, %.1f s, bit-identical" % (jobs, name, len(kills), wall),
+              flush=True)
+    for name, k in sorted(kinds.items()):
+        roles = {r: sum(1 for x in k["kills"] if x[0] == r) for r in ("scheduler", "server",
+                                                                       "train")}
+        print("soak %s: %d jobs, %d kills (%s), every job bit-identical; %.1f s a job on average "
+              "against %.1f s uninterrupted" % (name, k["jobs"], len(k["kills"]), roles,
+                                                sum(k["walls"]) / max(1, len(k["walls"])),
+                                                k["ref_wall"]))
 
 
 def _reference(tmp, cfg, args):
