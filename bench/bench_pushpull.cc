@@ -98,7 +98,9 @@ int PlanRuns(const Options& opt, std::vector<RunSpec>* runs) {
       for (const std::string& security : opt.securities) {
         for (const std::string& transport : opt.transports) {
           for (const std::string& check : opt.non_finite_checks) {
-            runs->push_back({spec, *ef, security, transport, placement, check == "on"});
+            for (const std::string& timeline : opt.timelines) {
+              runs->push_back({spec, *ef, security, transport, placement, check == "on", timeline});
+            }
           }
         }
       }

@@ -178,6 +178,18 @@ struct MetricsSettings {
   std::string bind_address = "127.0.0.1";
 };
 
+// The `trace:` section: the timeline's span files (docs/observability.md). Local: each
+// process's own; off by default.
+struct TraceSettings {
+  // trace.dir: where every traced component writes its span file; "" = off (no thread, no
+  // file, no cost). `bitpush launch --timeline DIR` sets it for every process it starts.
+  std::string dir;
+  // trace.steps: the rounds traced: "all", "A-B" or "every N" (common/trace/step_filter.h).
+  std::string steps = "all";
+  // trace.buffer_spans: each component's ring of spans waiting to be written.
+  uint32_t buffer_spans = 65536;
+};
+
 // The `launch:` section: read by `bitpush launch` only (python/bitpush/launch.py); the
 // daemons parse it and ignore it.
 struct LaunchSettings {
@@ -280,6 +292,8 @@ struct ClusterConfig {
   MetricsSettings metrics;
   // The `security:` section.
   SecuritySettings security;
+  // The `trace:` section.
+  TraceSettings trace;
   // The `launch:` section.
   LaunchSettings launch;
 

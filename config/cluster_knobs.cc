@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "common/trace/step_filter.h"
 #include "compressors/spec_registry.h"
 #include "fmt/format.h"
 
@@ -124,6 +125,11 @@ StatusOr<std::string> CanonicalBindAddress(std::string_view text) {
   }
   return InvalidArgumentError(
       fmt::format("expected an IPv4 or IPv6 address (127.0.0.1, 0.0.0.0, ::1, ::), got '{}'", t));
+}
+
+StatusOr<std::string> CanonicalTraceSteps(std::string_view text) {
+  BP_ASSIGN_OR_RETURN(trace::StepFilter f, trace::StepFilter::Parse(text));
+  return f.ToString();
 }
 
 // ---- rules between knobs ----
@@ -699,6 +705,31 @@ std::vector<ClusterKnob> BuildTable() {
                  .Doc("The cluster's public keys, one `name key` line per node."),
              In<&ClusterConfig::security, &SecuritySettings::public_keys>()),
 
+      // ---- trace: (local; docs/observability.md) ----
+      Scalar(Knob("trace.dir")
+                 .Path(1)
+                 .Optional("off")
+                 .Env("BITPUSH_TRACE_DIR")
+                 .Doc("The timeline: every worker engine, server and worker daemon writes its "
+                      "spans (which thread did what to which tensor partition in which round) "
+                      "into a file of its own here, `<role>-<pid>-<n>.jsonl`; `bitpush trace "
+                      "merge DIR` joins them into one Chrome trace (docs/observability.md). "
+                      "`bitpush launch --timeline DIR` sets it for every process it starts "
+                      "(through `BITPUSH_TRACE_DIR`). Unset: no thread, no file, no cost."),
+             In<&ClusterConfig::trace, &TraceSettings::dir>()),
+      Scalar(Knob("trace.steps")
+                 .Custom(&CanonicalTraceSteps, "`all` \\| `A-B` \\| `every N`")
+                 .Doc("The rounds traced (a round of a tensor is one training step): `all`, "
+                      "`A-B` (rounds A to B) or `every N` (rounds divisible by N, e.g. `every "
+                      "100`: one step in a hundred)."),
+             In<&ClusterConfig::trace, &TraceSettings::steps>()),
+      Scalar(Knob("trace.buffer_spans")
+                 .Integer(1024, 16777216, "spans")
+                 .Doc("Each traced component's ring of spans waiting for its writer thread "
+                      "(which empties it every 100 ms; about 64 bytes a span). When it is full, "
+                      "new spans are dropped and counted in the file, never waited for."),
+             In<&ClusterConfig::trace, &TraceSettings::buffer_spans>()),
+
       // ---- launch: (read by `bitpush launch`; docs/launch.md) ----
       Scalar(Knob("launch.max_restarts")
                  .Integer(0, 1000, "restarts")
@@ -750,8 +781,9 @@ std::string FlagsTable() {
 }  // namespace
 
 const std::vector<std::string>& ClusterSections() {
-  static const std::vector<std::string> kSections = {
-      "cluster", "compression", "optimizer", "server", "worker", "metrics", "security", "launch"};
+  static const std::vector<std::string> kSections = {"cluster",  "compression", "optimizer",
+                                                     "server",   "worker",      "metrics",
+                                                     "security", "trace",       "launch"};
   return kSections;
 }
 

@@ -1,9 +1,11 @@
 #include "scheduler/scheduler.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "common/logging.h"
 #include "common/node/identity.h"
+#include "common/trace/recorder.h"
 #include "common/transport/protocol.h"
 #include "config/key_mapping.h"
 #include "config/node_security.h"
@@ -228,8 +230,13 @@ void Scheduler::RegisterHandlers() {
                          if (!draining_) HandleRegister(from.peer, m.register_request());
                        });
   endpoint_->OnControl(v1::ControlMessage::kHeartbeat,
-                       [this](const Sender& from, const v1::ControlMessage&) {
-                         if (!draining_) HeardFrom(from);
+                       [this](const Sender& from, const v1::ControlMessage& m) {
+                         if (draining_) return;
+                         Slot* slot = HeardFrom(from);
+                         if (slot != nullptr && m.heartbeat().sent_ns() != 0) {
+                           slot->heartbeat_sent_ns = m.heartbeat().sent_ns();
+                           slot->heartbeat_received_ns = trace::NowNs();
+                         }
                        });
   endpoint_->OnControl(v1::ControlMessage::kBarrierRequest,
                        [this](const Sender& from, const v1::ControlMessage& m) {
@@ -647,8 +654,13 @@ void Scheduler::SendHeartbeats() {
   v1::ControlMessage m;
   m.mutable_heartbeat()->set_seq(++heartbeat_seq_);
   stat_heartbeats_.fetch_add(1, std::memory_order_relaxed);
-  for (const Slot& s : slots_) {
+  v1::Heartbeat* hb = m.mutable_heartbeat();
+  for (Slot& s : slots_) {
     if (!s.registered || s.dead) continue;
+    // Each heartbeat echoes the node's latest one, once (docs/observability.md).
+    hb->set_echo_sent_ns(std::exchange(s.heartbeat_sent_ns, 0));
+    hb->set_echo_received_ns(std::exchange(s.heartbeat_received_ns, 0));
+    hb->set_sent_ns(trace::NowNs());
     Status st = SendTo(s.name, m);
     if (!st.ok()) BP_LOG_DEBUG("scheduler: heartbeat to {} failed: {}", s.name, st.ToString());
   }

@@ -118,6 +118,10 @@ class Scheduler {
     // A dead server that may register again (cluster.server_rejoin_timeout_s) until this.
     bool rejoining = false;
     time_point rejoin_deadline{};
+    // Its latest heartbeat not yet echoed: its sent_ns and this scheduler's steady clock when
+    // it arrived (the timeline's clock exchange; 0 = none).
+    int64_t heartbeat_sent_ns = 0;
+    int64_t heartbeat_received_ns = 0;
   };
 
   struct BarrierState {

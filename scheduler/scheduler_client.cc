@@ -7,6 +7,7 @@
 
 #include "common/counter_rng.h"
 #include "common/logging.h"
+#include "common/trace/recorder.h"
 #include "config/key_mapping.h"
 #include "config/node_security.h"
 #include "fmt/format.h"
@@ -399,7 +400,14 @@ void SchedulerClient::HandleFromScheduler(const v1::ControlMessage& msg) {
     last_heard_ = clock_->Now();
   }
   switch (msg.body_case()) {
-    case v1::ControlMessage::kHeartbeat: return;
+    case v1::ControlMessage::kHeartbeat: {
+      const v1::Heartbeat& hb = msg.heartbeat();
+      if (options_.on_clock_sample && hb.echo_sent_ns() != 0 && hb.sent_ns() != 0) {
+        options_.on_clock_sample(hb.echo_sent_ns(), hb.echo_received_ns(), hb.sent_ns(),
+                                 trace::NowNs());
+      }
+      return;
+    }
     case v1::ControlMessage::kRegisterAccepted: {
       const v1::RegisterAccepted& a = msg.register_accepted();
       bool first = false;
@@ -570,6 +578,7 @@ SchedulerClient::time_point SchedulerClient::Tick(time_point now) {
   if (send_heartbeat) {
     v1::ControlMessage hb;
     hb.mutable_heartbeat()->set_seq(++heartbeat_seq_);
+    hb.mutable_heartbeat()->set_sent_ns(trace::NowNs());
     if (Status s = SendToScheduler(hb); !s.ok()) {
       BP_LOG_DEBUG("{}: heartbeat to the scheduler failed: {}", label_, s.ToString());
     }

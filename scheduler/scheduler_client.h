@@ -89,6 +89,11 @@ struct SchedulerClientOptions {
   // rejoined. A node without on_server_lost treats the failure as fatal.
   std::function<void(uint32_t server, uint64_t generation, const Status& why)> on_server_lost;
   std::function<void(uint32_t server, uint64_t generation)> on_server_rejoined;
+  // The timeline's clock exchange (docs/observability.md): called on the endpoint's thread for
+  // each scheduler heartbeat that echoes one of this node's, with this node's send time t0,
+  // the scheduler's receive time t1 and send time t2, and this node's receive time t3 (steady
+  // clocks, ns).
+  std::function<void(int64_t t0, int64_t t1, int64_t t2, int64_t t3)> on_clock_sample;
   // The clock of heartbeats, silence verdicts, registration back-off and every bounded wait;
   // null = the endpoint's clock.
   std::shared_ptr<const Clock> clock;

@@ -17,12 +17,13 @@ using v1::DataHeader;
 
 Dispatcher::Dispatcher(uint32_t rank, const scheduler::SchedulerClient* client,
                        const std::vector<std::unique_ptr<EngineThread>>& engines,
-                       WorkerPeers* workers, ServerCounters* counters)
+                       WorkerPeers* workers, ServerCounters* counters, trace::Recorder* trace)
     : rank_(rank),
       client_(client),
       engines_(engines),
       workers_(workers),
       counters_(counters),
+      trace_(trace),
       declarations_(rank, workers) {}
 
 void Dispatcher::OnServerLost(uint64_t generation, const Status& why) {
@@ -169,7 +170,8 @@ void Dispatcher::QueuePush(uint32_t worker, DataHeader& header, Message& msg) {
                                   header.round())));
     return;
   }
-  engines_[it->second]->Enqueue(DataTask{std::move(header), std::move(msg), worker});
+  const int64_t received = trace_ != nullptr ? trace::NowNs() : 0;
+  engines_[it->second]->Enqueue(DataTask{std::move(header), std::move(msg), worker, received});
 }
 
 }  // namespace bitpush::server

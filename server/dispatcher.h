@@ -31,6 +31,7 @@
 
 #include "common/node/endpoint.h"
 #include "common/status.h"
+#include "common/trace/recorder.h"
 #include "proto/bitpush/v1/control.pb.h"
 #include "scheduler/scheduler_client.h"
 #include "server/declaration_check.h"
@@ -44,9 +45,10 @@ class Dispatcher {
  public:
   // `engines` are the server's engine threads (outliving the dispatcher); `client` places keys
   // on servers (ServerForKey, after Register).
+  // `trace`: the server's timeline (null: off): pushes are stamped when they arrive.
   Dispatcher(uint32_t rank, const scheduler::SchedulerClient* client,
              const std::vector<std::unique_ptr<EngineThread>>& engines, WorkerPeers* workers,
-             ServerCounters* counters);
+             ServerCounters* counters, trace::Recorder* trace = nullptr);
   Dispatcher(const Dispatcher&) = delete;
   Dispatcher& operator=(const Dispatcher&) = delete;
 
@@ -80,6 +82,7 @@ class Dispatcher {
   const std::vector<std::unique_ptr<EngineThread>>& engines_;
   WorkerPeers* const workers_;
   ServerCounters* const counters_;
+  trace::Recorder* const trace_;
   std::unordered_map<uint64_t, uint32_t> placement_;  // key -> engine thread
   DeclarationCheck declarations_;
   uint64_t generation_ = 0;

@@ -24,8 +24,8 @@ uint64_t ThreadCpuNs() {
 }  // namespace
 
 EngineThread::EngineThread(uint32_t rank, std::optional<CpuSlot> slot, WorkerPeers* workers,
-                           ServerCounters* counters)
-    : rank_(rank), counters_(counters), key_table_(rank, workers, counters) {
+                           trace::Recorder* trace, ServerCounters* counters)
+    : rank_(rank), counters_(counters), key_table_(rank, workers, counters, trace) {
   if (slot) {
     slot_ = *slot;
     pin_ = true;

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "common/cpu_topology.h"
+#include "common/trace/recorder.h"
 #include "server/key_table.h"
 #include "server/server.h"
 #include "server/server_counters.h"
@@ -33,7 +34,7 @@ class EngineThread {
  public:
   // `slot`: the core to pin the thread to (none: not pinned).
   EngineThread(uint32_t rank, std::optional<CpuSlot> slot, WorkerPeers* workers,
-               ServerCounters* counters);
+               trace::Recorder* trace, ServerCounters* counters);
   EngineThread(const EngineThread&) = delete;
   EngineThread& operator=(const EngineThread&) = delete;
 

@@ -9,6 +9,7 @@
 #include "common/counter_rng.h"
 #include "common/little_endian.h"
 #include "common/logging.h"
+#include "common/trace/recorder.h"
 #include "common/vector_ops.h"
 #include "compressors/payload.h"
 #include "compressors/registry.h"
@@ -375,6 +376,13 @@ Status KeyState::AddPush(Round& r, uint32_t worker, ByteSpan payload) {
 }
 
 Status KeyState::Publish(Round& r) {
+  stats_.last_publish_start_ns = trace::NowNs();
+  Status s = PublishRound(r);
+  stats_.last_publish_ns = trace::NowNs() - stats_.last_publish_start_ns;
+  return s;
+}
+
+Status KeyState::PublishRound(Round& r) {
   const size_t n = spec_.elements;
   const float inv = AverageScale();
   if (!fused_ && inv != 1.0f && !r.averaged) {  // the average, in place

@@ -132,6 +132,11 @@ struct KeyStats {
   uint64_t rounds_published = 0;
   uint64_t bytes_pushed = 0;
   uint64_t bytes_published = 0;
+  // The latest round's publication (the aggregate's server error feedback and compression, or
+  // the server-side optimizer's step): when it started and how long it took (steady clock,
+  // ns; the timeline's `compress` / `optimizer` span, docs/observability.md).
+  int64_t last_publish_start_ns = 0;
+  int64_t last_publish_ns = 0;
 };
 
 // OK iff KeyState aggregates a key of `spec` by `method`'s aggregation mode: InvalidArgument
@@ -249,7 +254,8 @@ class KeyState {
   Round* Find(uint64_t round);
   const Round* Find(uint64_t round) const;
   Status Reject(Status s);
-  Status Publish(Round& r);
+  Status Publish(Round& r);  // timed into stats_; the work is PublishRound's
+  Status PublishRound(Round& r);
   // Points r.acc at the round's accumulator: the slot's own, or (accumulate_in_payload_) the
   // body of a payload buffer that no one else holds.
   void PrepareAccumulator(Round& r);

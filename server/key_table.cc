@@ -127,6 +127,8 @@ void KeyTable::Push(DataTask& task) {
   }
   const uint64_t published_before = entry.state->stats().rounds_published;
   const size_t push_bytes = frames[0].size();
+  const bool traced = trace_ != nullptr && trace_->Wants(h.round());
+  const int64_t push_start = traced ? trace::NowNs() : 0;
   // Moved, not copied: a buffer nobody else holds may become the round's accumulator.
   const Status pushed =
       h.has_lr() ? entry.state->Push(task.worker, h.round(), std::move(frames[0]), h.lr())
@@ -135,6 +137,7 @@ void KeyTable::Push(DataTask& task) {
     workers_->SendError(task.worker, DataHeader::OP_PUSH, h.key(), h.round(), pushed);
     return;
   }
+  if (traced) TracePush(task, push_start, push_bytes, *entry.state, published_before);
   if (h.non_finite()) {
     entry.state->NoteNonFinite(h.round(), fmt::format("worker {}'s gradient", task.worker));
   }
@@ -259,6 +262,28 @@ void KeyTable::State(const DataTask& task) {
   workers_->Send(task.worker, std::move(reply), {});
 }
 
+void KeyTable::TracePush(const DataTask& task, int64_t start_ns, size_t bytes,
+                         const KeyState& state, uint64_t published_before) {
+  const DataHeader& h = task.header;
+  const auto worker = static_cast<int32_t>(task.worker);
+  const int64_t end_ns = trace::NowNs();
+  const int64_t received = task.received_ns != 0 ? task.received_ns : start_ns;
+  trace_->Span(trace::SpanKind::kPushReceived, received, received, h.key(), h.round(), bytes,
+               worker);
+  trace_->Span(trace::SpanKind::kQueued, received, start_ns, h.key(), h.round(), bytes, worker);
+  const KeyStats& s = state.stats();
+  if (s.rounds_published == published_before || s.last_publish_start_ns < start_ns) {
+    trace_->Span(trace::SpanKind::kSum, start_ns, end_ns, h.key(), h.round(), bytes, worker);
+    return;
+  }
+  // This push completed the round: the sum, then the publication (compress or optimizer).
+  const int64_t publish_end = s.last_publish_start_ns + s.last_publish_ns;
+  trace_->Span(trace::SpanKind::kSum, start_ns, s.last_publish_start_ns, h.key(), h.round(), bytes,
+               worker);
+  trace_->Span(state.spec().optimizer ? trace::SpanKind::kOptimizer : trace::SpanKind::kCompress,
+               s.last_publish_start_ns, publish_end, h.key(), h.round(), s.bytes_published);
+}
+
 void KeyTable::ServeWaiting(KeyEntry& entry) {
   KeyState& state = *entry.state;
   for (size_t i = 0; i < entry.waiting.size();) {
@@ -286,7 +311,14 @@ void KeyTable::ServeWaiting(KeyEntry& entry) {
     counters_->bytes_sent += payload->size();
     counters_->raw_bytes_sent += state.spec().elements * DTypeSize(state.spec().dtype);
     ++counters_->replies_sent;
+    const size_t reply_bytes = payload->size();
+    const bool traced = trace_ != nullptr && trace_->Wants(round);
+    const int64_t send_start = traced ? trace::NowNs() : 0;
     workers_->Send(worker, std::move(reply), {std::move(payload).value()});
+    if (traced) {
+      trace_->Span(trace::SpanKind::kReplySent, send_start, trace::NowNs(), state.spec().key, round,
+                   reply_bytes, static_cast<int32_t>(worker));
+    }
   }
 }
 

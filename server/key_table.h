@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/trace/recorder.h"
 #include "common/transport/message.h"
 #include "proto/bitpush/v1/control.pb.h"
 #include "server/key_state.h"
@@ -31,12 +32,15 @@ struct DataTask {
   v1::DataHeader header;
   transport::Message message;
   uint32_t worker = 0;
+  int64_t received_ns = 0;  // when the dispatcher took it (steady clock; only when tracing)
 };
 
 class KeyTable {
  public:
-  KeyTable(uint32_t rank, WorkerPeers* workers, ServerCounters* counters)
-      : rank_(rank), workers_(workers), counters_(counters) {}
+  // `trace`: the server's timeline (null: off).
+  KeyTable(uint32_t rank, WorkerPeers* workers, ServerCounters* counters,
+           trace::Recorder* trace = nullptr)
+      : rank_(rank), workers_(workers), counters_(counters), trace_(trace) {}
   KeyTable(const KeyTable&) = delete;
   KeyTable& operator=(const KeyTable&) = delete;
 
@@ -51,6 +55,10 @@ class KeyTable {
   void Clear() { keys_.clear(); }
 
  private:
+  // The timeline's spans of one accepted push (trace_ set, its round traced): arrival, queue,
+  // sum and, when it completed the round, the publication.
+  void TracePush(const DataTask& task, int64_t start_ns, size_t bytes, const KeyState& state,
+                 uint64_t published_before);
   struct KeyEntry {
     std::unique_ptr<KeyState> state;
     v1::DataHeader init;  // the first OP_INIT_KEY (later ones must match it)
@@ -72,6 +80,7 @@ class KeyTable {
   const uint32_t rank_;
   WorkerPeers* const workers_;
   ServerCounters* const counters_;
+  trace::Recorder* const trace_;
   std::unordered_map<uint64_t, KeyEntry> keys_;
 };
 

@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/node/endpoint.h"
 #include "config/node_security.h"
+#include "config/node_trace.h"
 #include "scheduler/scheduler_client.h"
 #include "server/dispatcher.h"
 #include "server/engine_thread.h"
@@ -42,6 +43,7 @@ class Server::Impl {
   const ServerOptions options_;
   ServerCounters counters_;
   WorkerPeers workers_;
+  std::unique_ptr<trace::Recorder> trace_;  // null: tracing off
   std::unique_ptr<node::NodeEndpoint> endpoint_;
   std::unique_ptr<scheduler::SchedulerClient> client_;
   std::vector<std::unique_ptr<EngineThread>> engines_;
@@ -71,10 +73,11 @@ Status Server::Impl::Start() {
                   cores.status().ToString());
     }
   }
+  BP_ASSIGN_OR_RETURN(trace_, config::OpenNodeTrace(cluster, "server", options_.rank, "server"));
   for (size_t i = 0; i < threads; ++i) {
     engines_.push_back(std::make_unique<EngineThread>(
         options_.rank, plan.empty() ? std::nullopt : std::optional<CpuSlot>(plan[i]), &workers_,
-        &counters_));
+        trace_.get(), &counters_));
   }
   for (auto& e : engines_) e->Start();
 
@@ -108,9 +111,14 @@ Status Server::Impl::Start() {
   co.on_server_rejoined = [this](uint32_t server, uint64_t generation) {
     dispatcher_->OnServerRejoined(server, generation);
   };
+  if (trace::Recorder* tracer = trace_.get()) {
+    co.on_clock_sample = [tracer](int64_t t0, int64_t t1, int64_t t2, int64_t t3) {
+      tracer->Clock(t0, t1, t2, t3);
+    };
+  }
   BP_ASSIGN_OR_RETURN(client_, scheduler::SchedulerClient::Create(std::move(co), endpoint_.get()));
-  dispatcher_ =
-      std::make_unique<Dispatcher>(options_.rank, client_.get(), engines_, &workers_, &counters_);
+  dispatcher_ = std::make_unique<Dispatcher>(options_.rank, client_.get(), engines_, &workers_,
+                                             &counters_, trace_.get());
   dispatcher_->Register(endpoint_.get());
   // A worker can be faster than the scheduler's message to us: its data waits, in order,
   // until this server knows the cluster and has connected to the workers.
@@ -138,6 +146,7 @@ void Server::Impl::Close() {
   if (client_) client_->Close();
   for (auto& e : engines_) e->RequestStop();
   for (auto& e : engines_) e->Join();
+  if (trace_) trace_->Close();  // its `end` record: every span is in
 }
 
 std::vector<EngineThreadInfo> Server::Impl::EngineThreads() const {

@@ -141,6 +141,9 @@ class EngineBackend final : public ClientBackend {
   Status RestoreTensorRounds(TensorId tensor, uint64_t next) override {
     return engine_->RestoreTensorRounds(tensor, next);
   }
+  void TraceOptimizer(int64_t start_ns, int64_t end_ns) override {
+    engine_->TraceStep(trace::SpanKind::kOptimizer, start_ns, end_ns);
+  }
 
  private:
   // Destroyed in reverse: the collector goes first, then the exporter, then the engine.
@@ -389,6 +392,10 @@ StatusOr<uint64_t> Client::TensorRounds(TensorId tensor) {
 
 Status Client::RestoreTensorRounds(TensorId tensor, uint64_t next) {
   return backend_->RestoreTensorRounds(tensor, next);
+}
+
+void Client::TraceOptimizer(int64_t start_ns, int64_t end_ns) {
+  backend_->TraceOptimizer(start_ns, end_ns);
 }
 
 StatusOr<std::string> Client::DescribeCompression(const std::vector<TensorId>& tensors) const {

@@ -347,6 +347,10 @@ class Client {
   // RestoreServerOptimizerState). Daemon mode: Unimplemented.
   StatusOr<uint64_t> TensorRounds(TensorId tensor);
   Status RestoreTensorRounds(TensorId tensor, uint64_t next);
+  // The training script's optimizer step from start_ns to end_ns (steady clock: Python's
+  // time.monotonic_ns()), as the timeline's `optimizer` span of the step just pushed
+  // (docs/observability.md); nothing when tracing is off or in daemon mode.
+  void TraceOptimizer(int64_t start_ns, int64_t end_ns);
 
   // One line, beginning "compression: ", saying how many of `tensors` (and how many bytes)
   // travel compressed, by spec, and which go raw and why (spec "none", or below

@@ -115,6 +115,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Create(DaemonOptions options) {
   eo.compress_cpus = d->cpu_plan_.compress_cpus;
   eo.rank = o.rank;
   eo.inproc_hub = o.inproc_hub;
+  eo.trace_process = "daemon";
   BP_ASSIGN_OR_RETURN(d->engine_, Engine::Create(std::move(eo)));
   d->round_thread_ = std::thread([p = d.get()] { p->RoundLoop(); });
   pthread_setname_np(d->round_thread_.native_handle(), "bp-dround");

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -9,6 +10,7 @@
 #include "compressors/registry.h"
 #include "compressors/spec_registry.h"
 #include "config/node_security.h"
+#include "config/node_trace.h"
 
 namespace bitpush::worker {
 
@@ -61,6 +63,9 @@ Engine::Engine(EngineOptions& options, v1::ErrorFeedbackPolicy policy)
 Status Engine::Start(EngineOptions& options) {
   const config::ClusterConfig& cluster = state_.cluster;
   const std::string& label = state_.label;
+  BP_ASSIGN_OR_RETURN(trace_,
+                      config::OpenNodeTrace(cluster, "worker", rank_, options.trace_process));
+  state_.trace = trace_.get();
   pipeline_.Start(options.compress_cpus);
   scheduler_.Start();
 
@@ -99,6 +104,11 @@ Status Engine::Start(EngineOptions& options) {
   so.on_worker_finished = [this](uint32_t worker, const std::vector<uint64_t>& rounds) {
     failures_.OnWorkerFinished(worker, rounds);
   };
+  if (trace::Recorder* tracer = trace_.get()) {
+    so.on_clock_sample = [tracer](int64_t t0, int64_t t1, int64_t t2, int64_t t3) {
+      tracer->Clock(t0, t1, t2, t3);
+    };
+  }
   BP_ASSIGN_OR_RETURN(client_, scheduler::SchedulerClient::Create(std::move(so), endpoint_.get()));
   state_.client = client_.get();
   RegisterHandlers();
@@ -141,6 +151,7 @@ void Engine::Close() {
   // Runs what is queued: every job sees its op failed and only cleans up.
   pipeline_.Stop();
   scheduler_.Stop();
+  if (trace_) trace_->Close();  // its `end` record: every span is in
 }
 
 Status Engine::Shutdown(milliseconds timeout) {
@@ -200,7 +211,37 @@ node::EndpointStats Engine::endpoint_stats() const {
 
 StatusOr<TensorId> Engine::Declare(const std::string& name, size_t elements, DType dtype,
                                    const TensorOptions& options) {
-  return declarations_.Declare(name, elements, dtype, options);
+  const int64_t start = trace::NowNs();
+  StatusOr<TensorId> id = declarations_.Declare(name, elements, dtype, options);
+  if (trace_ && id.ok()) {
+    std::vector<uint64_t> keys;
+    {
+      std::lock_guard<std::mutex> lock(state_.mu);
+      for (const Partition& p : state_.tensors[id->index]->partitions) keys.push_back(p.range.key);
+    }
+    trace_->Tensor(name, keys);
+    trace_->Span(trace::SpanKind::kDeclare, start, trace::NowNs(), keys.empty() ? 0 : keys[0], 0,
+                 elements * DTypeSize(dtype));
+  }
+  return id;
+}
+
+uint64_t Engine::FirstKey(TensorId tensor) const {
+  std::lock_guard<std::mutex> lock(state_.mu);
+  if (tensor.index >= state_.tensors.size()) return 0;
+  const Tensor& t = *state_.tensors[tensor.index];
+  return t.partitions.empty() ? 0 : t.partitions[0].range.key;
+}
+
+void Engine::TraceStep(trace::SpanKind kind, int64_t start_ns, int64_t end_ns) {
+  if (!trace_) return;
+  uint64_t done = 0;
+  {
+    std::lock_guard<std::mutex> lock(state_.mu);
+    for (const auto& t : state_.tensors) done = std::max(done, t->rounds_done);
+  }
+  const uint64_t round = done == 0 ? 0 : done - 1;
+  if (trace_->Wants(round)) trace_->Span(kind, start_ns, end_ns, 0, round, 0);
 }
 
 Status Engine::CommitDeclarations() {

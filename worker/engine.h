@@ -81,6 +81,9 @@ struct EngineOptions {
   // (RoundPipeline::CompressAndPush; docs/errors.md). false only for a benchmark measuring
   // what the check costs (bitpush-bench pushpull --non-finite-check off): a NaN then goes on.
   bool check_non_finite = true;
+  // The timeline's name for this engine's process within its node (docs/observability.md):
+  // "engine" (embedded in a training process) or "daemon" (bitpush-worker).
+  std::string trace_process = "engine";
 };
 
 class Engine {
@@ -121,6 +124,13 @@ class Engine {
   Status RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved);
   // Client::TensorRounds / RestoreTensorRounds (client.h): the worker's count, and one
   // OP_STATE_WRITE `rounds` per partition to its server.
+  // The timeline (docs/observability.md); null when tracing is off.
+  trace::Recorder* trace() const { return trace_.get(); }
+  // The first key of a declared tensor (a span's key outside the engine); 0 when unknown.
+  uint64_t FirstKey(TensorId tensor) const;
+  // A span of the step just pushed (the highest round any tensor completed), e.g. the
+  // training script's optimizer step; nothing when tracing is off or that round is not traced.
+  void TraceStep(trace::SpanKind kind, int64_t start_ns, int64_t end_ns);
   StatusOr<uint64_t> TensorRounds(TensorId tensor);
   Status RestoreTensorRounds(TensorId tensor, uint64_t next);
   // Client::InitServerWeights / PullServerWeights / ServerOptimizerState /
@@ -148,6 +158,7 @@ class Engine {
   uint32_t num_workers_ = 0;  // set by Start
   uint32_t num_servers_ = 0;  // set by Start
   EngineState state_;
+  std::unique_ptr<trace::Recorder> trace_;              // state_.trace; null: tracing off
   std::unique_ptr<node::NodeEndpoint> endpoint_;        // state_.endpoint
   std::unique_ptr<scheduler::SchedulerClient> client_;  // state_.client
   TensorDeclarations declarations_;

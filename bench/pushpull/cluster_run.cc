@@ -1,5 +1,6 @@
 #include "bench/pushpull/cluster_run.h"
 
+#include <dirent.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -94,6 +95,7 @@ ClusterRun::ClusterRun(const Options& opt, const NetPlan& net, const RunSpec& ru
   result_.transport = run.transport;
   result_.placement = run.placement;
   result_.non_finite_check = run.non_finite_check;
+  result_.timeline = run.timeline;
   result_.optimizer = OptimizerFor(opt_, result_.placement);
   if (result_.placement == "server") result_.pull = PullFor(opt_, result_.spec);
 }
@@ -203,6 +205,13 @@ StatusOr<config::ClusterConfig> ClusterRun::WriteConfig() {
   }
   y << "worker:\n"
     << "  op_timeout_s: " << opt_.timeout_s << "\n";
+  if (result_.timeline != "off") {
+    y << "trace:\n"
+      << "  dir: \"" << dir_.path() << "/timeline\"\n"
+      << "  steps: \""
+      << (result_.timeline == "all" ? std::string("all") : "every " + result_.timeline.substr(2))
+      << "\"\n";
+  }
   if (result_.placement == "server") {
     y << "optimizer:\n"
       << "  placement: server\n"
@@ -288,8 +297,40 @@ Status ClusterRun::WaitForAll(const config::ClusterConfig& config) {
   return Status::Ok();
 }
 
+Status ClusterRun::CountTimeline() {
+  const std::string dir = dir_.path() + "/timeline";
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return InternalError("the timeline run wrote no span files into " + dir);
+  size_t files = 0;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() < 6 || name.substr(name.size() - 6) != ".jsonl") continue;
+    ++files;
+    // The last line is the `end` record: {"type":"end","spans":N,"dropped":M}.
+    const std::string text = testing::ReadFile(dir + "/" + name);
+    const size_t at = text.rfind("{\"type\":\"end\"");
+    unsigned long long spans = 0, dropped = 0;
+    if (at == std::string::npos ||
+        std::sscanf(text.c_str() + at, "{\"type\":\"end\",\"spans\":%llu,\"dropped\":%llu}", &spans,
+                    &dropped) != 2) {
+      closedir(d);
+      return InternalError("span file " + dir + "/" + name + " has no end record");
+    }
+    result_.timeline_spans += spans;
+    result_.timeline_dropped += dropped;
+  }
+  closedir(d);
+  if (files != static_cast<size_t>(opt_.workers + opt_.servers)) {
+    return InternalError(dir + " holds " + std::to_string(files) +
+                         " span files, not one per worker and server (" +
+                         std::to_string(opt_.workers + opt_.servers) + ")");
+  }
+  return Status::Ok();
+}
+
 Status ClusterRun::Collect(const config::ClusterConfig& config) {
   ClusterResult& r = result_;
+  if (r.timeline != "off") BP_RETURN_IF_ERROR(CountTimeline());
   const double iters = opt_.iters;
   double slowest_loop = 0, best_iter = INFINITY, tensor_bytes = 0;
   for (Child* const& w : workers_) {

@@ -63,12 +63,16 @@ struct RunSpec {
   std::string transport;         // "zmq", "ucx"
   std::string placement;         // the optimizer's: "worker", "server"
   bool non_finite_check = true;  // false: the workers run --no-non-finite-check
+  std::string timeline = "off";  // "off", "all", "1/N" (Options::timelines)
 };
 
 struct ClusterResult {
   std::string spec;
   std::string placement = "worker";
   bool non_finite_check = true;
+  std::string timeline = "off";
+  // Timeline on: the spans the workers and servers wrote, and dropped (their files' `end`).
+  uint64_t timeline_spans = 0, timeline_dropped = 0;
   std::string optimizer;  // "" = none
   std::string pull;       // server placement
   std::string error_feedback;
@@ -105,6 +109,8 @@ class ClusterRun {
   // run: the others get the heartbeat bound to notice, then are killed.
   Status WaitForAll(const config::ClusterConfig& config);
   Status Collect(const config::ClusterConfig& config);
+  // --timeline: the span files' totals into result_ (one file per worker and server).
+  Status CountTimeline();
 
   const Options& opt_;
   const NetPlan& net_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -59,6 +60,7 @@ void PrintHelp() {
       "         [--min-compress-bytes 1048576] [--raw-reps 5] [--timeout-s 300] [--keep-dir]\n"
       "         [--link-gbit R] [--security none|curve[,...]] [--transport zmq|ucx[,...]]\n"
       "         [--ucx-tls TLS] [--reps 1] [--non-finite-check on|off[,...]]\n"
+      "         [--timeline [off,all,1/N]]\n"
       "         [--peer pslite --pslite-dir DIR [--peer-reps 3]]\n"
       "         [--peer ddp [--peer-variant allreduce|ddp|fp16|powersgd] [--peer-python PY]\n"
       "          [--peer-reps 3]]\n"
@@ -85,6 +87,10 @@ void PrintHelp() {
       "transport; ucx = the data plane over UCX (cluster.transport ucx), with cluster.ucx.tls =\n"
       "--ucx-tls (e.g. tcp, or sm,self,tcp for shared memory; default: UCX's choice).\n"
       "transport_ratio = goodput / the same compressor's goodput over zmq.\n"
+      "--timeline off,all,1/N (without a value: off,all,1/100): each run once per value, with\n"
+      "the timeline (docs/observability.md) off, tracing every step, or one step in N\n"
+      "(trace.steps \"every N\"); timeline_ratio = goodput traced / the same run's untraced,\n"
+      "timeline_spans / timeline_dropped = the spans the workers and servers wrote / dropped.\n"
       "--non-finite-check on,off (default on; the flag may repeat): each run once per value, off\n"
       "= the workers skip the engine's own non-finite pass over a push's input (a compression\n"
       "that checks inside its kernels still does); non_finite_check_ratio = goodput with it /\n"
@@ -171,6 +177,21 @@ int ParseOptions(int argc, char** argv, Options* o) {
       add_choices({"zmq", "ucx"}, &o->transports);
     } else if (a == "--non-finite-check") {
       add_choices({"on", "off"}, &o->non_finite_checks);
+    } else if (a == "--timeline") {
+      // Its value is optional: without one, off, every step and one step in 100.
+      const bool has_value = i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0;
+      const std::vector<std::string> modes =
+          has_value ? SplitSpecList(argv[++i]) : std::vector<std::string>{"off", "all", "1/100"};
+      if (modes.empty()) bad(argv[i]);
+      for (const std::string& m : modes) {
+        unsigned long long n = 0;
+        char tail = 0;
+        const bool sampled = std::sscanf(m.c_str(), "1/%llu%c", &n, &tail) == 1 && n >= 1;
+        if (m != "off" && m != "all" && !sampled) bad(m.c_str());
+        if (std::find(o->timelines.begin(), o->timelines.end(), m) == o->timelines.end()) {
+          o->timelines.push_back(m);
+        }
+      }
     } else if (a == "--ucx-tls") {
       o->ucx_tls = next();
       if (o->ucx_tls.empty() || o->ucx_tls.find_first_of("\"\n\\") != std::string::npos) {
@@ -259,6 +280,7 @@ int ParseOptions(int argc, char** argv, Options* o) {
   if (o->securities.empty()) o->securities.push_back("none");
   if (o->transports.empty()) o->transports.push_back("zmq");
   if (o->non_finite_checks.empty()) o->non_finite_checks.push_back("on");
+  if (o->timelines.empty()) o->timelines.push_back("off");
   if (o->placements.empty()) o->placements.push_back("worker");
   if (o->dtype != DType::kFloat32 &&
       (!o->optimizer.empty() ||

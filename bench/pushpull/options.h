@@ -27,6 +27,9 @@ struct Options {
   std::vector<std::string> transports;  // "zmq", "ucx"; each compressor runs over each
   // "on", "off": each run with the workers' engine non-finite check on / off (innermost).
   std::vector<std::string> non_finite_checks;
+  // --timeline: "off", "all", "1/N": each run without the timeline, with every step traced, and
+  // with one step in N traced (trace.steps "every N"); innermost. Empty: off only.
+  std::vector<std::string> timelines;
   std::string ucx_tls;  // cluster.ucx.tls of the ucx clusters ("": UCX's choice)
   std::string error_feedback = "auto";
   long long min_compress_bytes = 1048576;

@@ -13,10 +13,12 @@ namespace {
 // `placement` and the engine's non-finite check on or off (NaN when there is none).
 double GoodputOf(const std::vector<ClusterResult>& results, const std::string& spec,
                  const std::string& security, const std::string& transport,
-                 const std::string& placement, bool non_finite_check = true) {
+                 const std::string& placement, bool non_finite_check = true,
+                 const std::string& timeline = "off") {
   for (const ClusterResult& r : results) {
     if (r.spec == spec && r.security == security && r.transport == transport &&
-        r.placement == placement && r.non_finite_check == non_finite_check) {
+        r.placement == placement && r.non_finite_check == non_finite_check &&
+        r.timeline == timeline) {
       return r.goodput_gbps;
     }
   }
@@ -46,6 +48,14 @@ double NonFiniteCheckRatio(const std::vector<ClusterResult>& results, const Clus
   return r.goodput_gbps / GoodputOf(results, r.spec, r.security, r.transport, r.placement, false);
 }
 
+// --timeline: goodput traced / the same run's untraced (NaN on an untraced record, or without
+// an untraced run).
+double TimelineRatio(const std::vector<ClusterResult>& results, const ClusterResult& r) {
+  if (r.timeline == "off") return NAN;
+  return r.goodput_gbps / GoodputOf(results, r.spec, r.security, r.transport, r.placement,
+                                    r.non_finite_check, "off");
+}
+
 // The peer's median goodput (NaN when it did not run).
 double PeerGoodput(const RunReport& report) {
   return report.peer == nullptr || report.peer->runs() == 0 ? NAN
@@ -67,6 +77,9 @@ std::vector<JsonRecord> Records(const RunReport& report) {
         .Add("transport", r.transport)
         .Add("placement", r.placement)
         .Add("non_finite_check", r.non_finite_check ? "on" : "off")
+        .Add("timeline", r.timeline)
+        .Add("timeline_spans", static_cast<long long>(r.timeline_spans))
+        .Add("timeline_dropped", static_cast<long long>(r.timeline_dropped))
         .Add("optimizer", r.optimizer)
         .Add("pull", r.pull)
         .Add("ucx_tls", r.transport == "ucx" ? report.ucx_lanes : "")
@@ -87,6 +100,7 @@ std::vector<JsonRecord> Records(const RunReport& report) {
         .Add("security_ratio", SecurityRatio(results, r))
         .Add("transport_ratio", TransportRatio(results, r))
         .Add("non_finite_check_ratio", NonFiniteCheckRatio(results, r))
+        .Add("timeline_ratio", TimelineRatio(results, r))
         .Add("iter_ms", r.iter_ms)
         .Add("compress_ms", r.compress_ms)
         .Add("network_ms", r.network_ms)
@@ -161,7 +175,8 @@ void PrintTable(const RunReport& report) {
         "%-28s %-5s %-5s %-4s %8.3f %8.2f %8.2f %8.2f %8.2f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f "
         "%10.1f %9.1f\n",
         (r.spec + (r.placement == "server" ? " @server" : "") +
-         (r.non_finite_check ? "" : " unchecked"))
+         (r.non_finite_check ? "" : " unchecked") +
+         (r.timeline == "off" ? "" : " trace " + r.timeline))
             .c_str(),
         r.error_feedback.c_str(), r.security.c_str(), r.transport.c_str(), r.goodput_gbps,
         r.goodput_gbps / raw.best_gbps, r.goodput_gbps / raw.duplex_best_gbps,

@@ -47,6 +47,9 @@ DAEMON_SOCKET = "BITPUSH_DAEMON_SOCKET"
 # security.keys_dir / security.key_file (docs/security.md): read by the C++ node
 # (config/node_security.cc); the launcher sets KEYS_DIR to keys it makes for a single-host run.
 KEYS_DIR = "BITPUSH_KEYS_DIR"
+# trace.dir (config/cluster_knobs.cc): `bitpush launch --timeline DIR` sets it for every process
+# it starts (docs/observability.md).
+TRACE_DIR = "BITPUSH_TRACE_DIR"
 KEY_FILE = "BITPUSH_KEY_FILE"
 BIN_DIR = "BITPUSH_BIN_DIR"
 GPU = "BITPUSH_GPU"

@@ -619,6 +619,10 @@ def _parser():
                     "again, up to N times (default: the YAML's launch.max_restarts, else 0); "
                     "the training script resumes from its checkpoint (docs/launch.md, "
                     "'Restarts')")
+    lp.add_argument("--timeline", default=None, metavar="DIR",
+                    help="trace every process of the job: each writes its spans into DIR "
+                    "(trace.dir); `bitpush trace merge DIR` makes one Chrome trace of them "
+                    "(docs/observability.md)")
     lp.add_argument("--grace-s", type=float, default=5.0,
                     help="SIGTERM to SIGKILL when stopping processes (default 5)")
     lp.add_argument("--shutdown-timeout-s", type=float, default=30.0,
@@ -734,6 +738,14 @@ def main(argv=None):
             print("bitpush launch: %s" % e, file=sys.stderr)
             return EXIT_USAGE
         os.environ[_env.KEYS_DIR] = keys_dir  # every child inherits it
+    if args.timeline is not None:
+        timeline = os.path.abspath(args.timeline)
+        try:
+            os.makedirs(timeline, exist_ok=True)
+        except OSError as e:
+            print("bitpush launch: --timeline %s: %s" % (args.timeline, e), file=sys.stderr)
+            return EXIT_USAGE
+        os.environ[_env.TRACE_DIR] = timeline  # every child inherits it
     try:
         return launch.run()
     finally:

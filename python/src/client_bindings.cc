@@ -515,6 +515,15 @@ void BindClient(py::module_& m) {
           py::arg("timeout_s") = 30.0,
           "Tells the cluster this worker is done, waits (bounded) for the clean shutdown, "
           "closes the client.")
+      .def(
+          "trace_optimizer",
+          [](const PyClient& self, int64_t start_ns, int64_t end_ns) {
+            self.Get()->TraceOptimizer(start_ns, end_ns);
+          },
+          py::arg("start_ns"), py::arg("end_ns"),
+          "The optimizer step from start_ns to end_ns (time.monotonic_ns()) as the timeline's "
+          "`optimizer` span of the step just pushed (docs/observability.md); nothing when "
+          "tracing is off or in daemon mode.")
       .def("close", &PyClient::Close,
            "Fails pending handles with Cancelled and closes the client. Idempotent.")
       .def_property_readonly("closed", &PyClient::closed)

@@ -61,6 +61,10 @@ void Daemon::RoundLoop() {
     } else {
       // CUDA tensors take the GPU path (GpuReduce); everything else in the round is the same.
       std::vector<const void*> srcs;
+      trace::Recorder* const tracer =
+          engine_->trace() != nullptr && engine_->trace()->Wants(job->round) ? engine_->trace()
+                                                                             : nullptr;
+      const int64_t reduce_start = tracer ? trace::NowNs() : 0;
       if (t.cuda) job->error = GpuReduce(*job);
       for (const Slot& s : job->slots) {
         if (t.cuda) break;
@@ -75,6 +79,10 @@ void Daemon::RoundLoop() {
       if (job->error.ok() && !t.cuda) {
         job->error = reducer_->Reduce(t.dtype, srcs.data(), srcs.size(), t.buffer.data(),
                                       t.elements, t.scale);
+      }
+      if (tracer && job->error.ok()) {
+        tracer->Span(trace::SpanKind::kLocalReduce, reduce_start, trace::NowNs(),
+                     engine_->FirstKey(t.engine_id), job->round, t.elements * DTypeSize(t.dtype));
       }
       if (job->error.ok()) {
         job->handle =

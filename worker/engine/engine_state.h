@@ -41,6 +41,7 @@
 #include "common/cpu_features.h"
 #include "common/node/endpoint.h"
 #include "common/status.h"
+#include "common/trace/recorder.h"
 #include "compressors/compressor.h"
 #include "compressors/error_feedback.h"
 #include "compressors/mirror_pull.h"
@@ -121,6 +122,8 @@ struct EngineState {
   // Owned by the Engine; set by Engine::Start before the endpoint starts, then read-only.
   node::NodeEndpoint* endpoint = nullptr;
   scheduler::SchedulerClient* client = nullptr;
+  // The timeline (common/trace/recorder.h; thread-safe); null when tracing is off.
+  trace::Recorder* trace = nullptr;
 
   mutable std::mutex mu;
   // Tensors: appended under mu (TensorDeclarations::Declare), never removed; unique_ptr so

@@ -89,6 +89,12 @@ void RoundPipeline::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr
                        : p.compressor->Compress(in, ctx, out);
   }
   const EngineClock::time_point t1 = EngineClock::now();
+  trace::Recorder* const tracer =
+      state_.trace && state_.trace->Wants(round) ? state_.trace : nullptr;
+  if (tracer && bytes.ok()) {
+    tracer->Span(trace::SpanKind::kCompress, trace::ToNs(t0), trace::ToNs(t1), p.range.key, round,
+                 *bytes, -1, static_cast<int32_t>(p.server));
+  }
   compressors::CompressorTelemetry telemetry;  // quantisers (loco) and states (separate)
   p.compressor->TakeTelemetry(&telemetry);
   if (p.residual) p.residual->TakeTelemetry(&telemetry);
@@ -169,7 +175,12 @@ void RoundPipeline::CompressAndPush(Tensor* t, uint32_t j, const std::shared_ptr
     }
   }
   // Outside mu: the transport may drop the frames (and run InputLease's release) in Send.
+  const int64_t send_start = tracer ? trace::NowNs() : 0;
   const Status sent = state_.endpoint->Send(p.peer, std::move(msg));
+  if (tracer && sent.ok()) {
+    tracer->Span(trace::SpanKind::kPush, send_start, trace::NowNs(), p.range.key, round,
+                 bytes.ok() ? *bytes : 0, -1, static_cast<int32_t>(p.server));
+  }
   std::lock_guard<std::mutex> lock(state_.mu);
   if (!sent.ok()) {
     if (p.stage == Stage::kOnWire && p.round == round) scheduler_.SetIdleLocked(*t, p);
@@ -239,6 +250,10 @@ void RoundPipeline::DecompressAndComplete(Tensor* t, uint32_t j, const std::shar
     s = p.pull->Decompress(payload.span(), TensorView(dst, n, DType::kFloat32));
   }
   const EngineClock::time_point t1 = EngineClock::now();
+  if (state_.trace && state_.trace->Wants(p.round)) {
+    state_.trace->Span(trace::SpanKind::kDecompress, trace::ToNs(t0), trace::ToNs(t1), p.range.key,
+                       p.round, payload.size(), -1, static_cast<int32_t>(p.server));
+  }
   std::lock_guard<std::mutex> lock(state_.mu);
   state_.stats.decompress_ns += Ns(t1 - t0);
   if (s.ok()) state_.stats.raw_bytes_pulled += n * DTypeSize(t->dtype);
@@ -297,6 +312,11 @@ void RoundPipeline::OnReply(const std::string& from, const v1::DataHeader& h,
   }
   const EngineClock::time_point replied = EngineClock::now();
   state_.stats.network_ns += Ns(replied - p.pushed_at);
+  if (state_.trace && state_.trace->Wants(p.round)) {
+    state_.trace->Span(trace::SpanKind::kNetwork, trace::ToNs(p.pushed_at), trace::ToNs(replied),
+                       p.range.key, p.round, msg.frames.empty() ? 0 : msg.frames[0].size(), -1,
+                       static_cast<int32_t>(p.server));
+  }
   if (op->first_reply == EngineClock::time_point{}) op->first_reply = replied;
   if (msg.frames.empty()) {
     scheduler_.SetIdleLocked(*t, p);

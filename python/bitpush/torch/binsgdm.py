@@ -26,13 +26,15 @@ method's error-feedback state.
 Thread-safety: an optimizer belongs to the thread that runs forward/backward/step.
 """
 
+import time
+
 import torch
 
 from .cluster_knobs import cluster_error_feedback
 from .compression import _compressor_method
 from .gradient_exchange import _GradientExchange
 from .optimizer import _check_param
-from .session import node_rank
+from .session import _trace_optimizer, node_rank
 
 __all__ = ["BinSGDM"]
 
@@ -113,6 +115,7 @@ class BinSGDM(_GradientExchange, torch.optim.Optimizer):
                 loss = closure()
         if not self._bp_sync_for_step():
             return loss
+        start = time.monotonic_ns()
         for group in self.param_groups:
             # lr as the fp32 the servers' signs are scaled by; the decay factor from it in
             # double, rounded once (optimizers/binsgdm.h: the reference's exact arithmetic).
@@ -137,6 +140,7 @@ class BinSGDM(_GradientExchange, torch.optim.Optimizer):
                 if wd != 0.0:
                     p.mul_(float(1.0 - lr * wd))
                 p.add_(update, alpha=-lr)
+        _trace_optimizer(start)
         return loss
 
     def state_dict(self):

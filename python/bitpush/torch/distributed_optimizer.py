@@ -10,6 +10,8 @@ by the wrapped optimizer's class.
 Thread-safety: an optimizer belongs to the thread that runs forward/backward/step.
 docs/training.md and docs/optimizer.md are the user's guides.
 """
+import time
+
 import torch
 
 from .cluster_knobs import _cluster_placements, cluster_compression, placement_of
@@ -17,6 +19,7 @@ from .errors import BitpushError
 from .gradient_exchange import _GradientExchange
 from .optimizer import CLAN, LANS
 from .server_optimizer import ServerOptimizer
+from .session import _trace_optimizer
 
 __all__ = ["DistributedOptimizer"]
 
@@ -37,7 +40,9 @@ class _DistributedOptimizer:
             with torch.enable_grad():
                 loss = closure()
         if self._bp_sync_for_step():
+            start = time.monotonic_ns()
             super(self.__class__, self).step()
+            _trace_optimizer(start)
         return loss
 
     def zero_grad(self, set_to_none=False):

@@ -13,6 +13,7 @@ Thread-safety: an optimizer belongs to the thread that runs forward/backward/ste
 docs/training.md is the user's guide.
 """
 import math
+import time
 
 import torch
 
@@ -22,7 +23,7 @@ from .compression import _check_compression, _compressor_method
 from .error_feedback import (error_feedback_state, restore_error_feedback_state,
                              set_error_feedback_decay)
 from .gradient_exchange import _GradientExchange
-from .session import local_rank, mode, node_rank
+from .session import _trace_optimizer, local_rank, mode, node_rank
 
 __all__ = ["CLAN", "LANS", "ONEBIT_ERROR_FEEDBACK_DECAY", "ONEBIT_WIDE_SCALE_ELEMENTS"]
 
@@ -233,6 +234,7 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
                 loss = closure()
         if not self._bp_sync_for_step():
             return loss
+        start = time.monotonic_ns()
         self._ef_decay_pending = True
         for group in self.param_groups:
             options = self._lans_options(group)
@@ -258,6 +260,7 @@ class CLAN(_GradientExchange, torch.optim.Optimizer):
                     _C.lans_step_cuda(*args, stream)
                 else:
                     _C.lans_step(*args)
+        _trace_optimizer(start)
         return loss
 
     def state_dict(self):

@@ -15,6 +15,7 @@ function may be called from any thread.
 import atexit
 import sys
 import threading
+import time
 import warnings
 
 import torch
@@ -69,6 +70,15 @@ def _require():
         raise _error("FailedPrecondition",
                      "bitpush.torch is not initialized: call bitpush.torch.init() first")
     return s
+
+
+def _trace_optimizer(start_ns):
+    """The timeline's `optimizer` span (docs/observability.md) from start_ns
+    (time.monotonic_ns(), the engine's steady clock) to now; nothing when tracing is off, in
+    daemon mode, or before init."""
+    s = _state
+    if s is not None and not s.client.closed:
+        s.client.trace_optimizer(start_ns, time.monotonic_ns())
 
 
 def init(config=None, *, rank=None, local_rank=None, local_size=None, mode=None,
