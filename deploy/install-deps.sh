@@ -24,6 +24,7 @@ PACKAGES=(
   python3-torchvision                # model layouts for the training benchmark (bench/model_layouts.py)
   python3-sklearn python3-tqdm       # examples: digits data set, progress bars
   python3-matplotlib                 # benchmark plots
+  tmux                               # tests/python/test_top.py: `bitpush top` in a real terminal
   slurm-wlm munge                    # tests/python/test_slurm.py: a one-node slurmctld + slurmd
                                      # (munge authenticates them) for `bitpush launch --slurm`
   libgtest-dev libgmock-dev googletest  # unit tests
