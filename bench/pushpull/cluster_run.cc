@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -16,6 +18,7 @@
 #include "bench/bench_util.h"
 #include "compressors/registry.h"
 #include "config/key_mapping.h"
+#include "fmt/format.h"
 #include "worker/partition.h"
 
 namespace bitpush::bench::pushpull {
@@ -301,29 +304,39 @@ Status ClusterRun::CountTimeline() {
   const std::string dir = dir_.path() + "/timeline";
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return InternalError("the timeline run wrote no span files into " + dir);
-  size_t files = 0;
+  // The number after `"key":` in the `end` record ({"type":"end","spans":N,"dropped":M}).
+  const auto field = [](const std::string& record, const char* key, uint64_t* out) {
+    const size_t at = record.find(key);
+    if (at == std::string::npos) return false;
+    const char* begin = record.c_str() + at + std::strlen(key);
+    char* end = nullptr;
+    errno = 0;
+    *out = std::strtoull(begin, &end, 10);
+    return end != begin && errno == 0;
+  };
+  int files = 0;
   while (dirent* e = readdir(d)) {
     const std::string name = e->d_name;
     if (name.size() < 6 || name.substr(name.size() - 6) != ".jsonl") continue;
     ++files;
-    // The last line is the `end` record: {"type":"end","spans":N,"dropped":M}.
-    const std::string text = testing::ReadFile(dir + "/" + name);
+    std::string path = dir;
+    path += "/";
+    path += name;
+    const std::string text = testing::ReadFile(path);
     const size_t at = text.rfind("{\"type\":\"end\"");
-    unsigned long long spans = 0, dropped = 0;
-    if (at == std::string::npos ||
-        std::sscanf(text.c_str() + at, "{\"type\":\"end\",\"spans\":%llu,\"dropped\":%llu}", &spans,
-                    &dropped) != 2) {
+    uint64_t spans = 0, dropped = 0;
+    if (at == std::string::npos || !field(text.substr(at), "\"spans\":", &spans) ||
+        !field(text.substr(at), "\"dropped\":", &dropped)) {
       closedir(d);
-      return InternalError("span file " + dir + "/" + name + " has no end record");
+      return InternalError("span file " + path + " has no end record");
     }
     result_.timeline_spans += spans;
     result_.timeline_dropped += dropped;
   }
   closedir(d);
-  if (files != static_cast<size_t>(opt_.workers + opt_.servers)) {
-    return InternalError(dir + " holds " + std::to_string(files) +
-                         " span files, not one per worker and server (" +
-                         std::to_string(opt_.workers + opt_.servers) + ")");
+  if (files != opt_.workers + opt_.servers) {
+    return InternalError(fmt::format("{} holds {} span files, not one per worker and server ({})",
+                                     dir, files, opt_.workers + opt_.servers));
   }
   return Status::Ok();
 }

@@ -184,9 +184,10 @@ int ParseOptions(int argc, char** argv, Options* o) {
           has_value ? SplitSpecList(argv[++i]) : std::vector<std::string>{"off", "all", "1/100"};
       if (modes.empty()) bad(argv[i]);
       for (const std::string& m : modes) {
-        unsigned long long n = 0;
-        char tail = 0;
-        const bool sampled = std::sscanf(m.c_str(), "1/%llu%c", &n, &tail) == 1 && n >= 1;
+        // "1/N", N >= 1.
+        char* end = nullptr;
+        const bool sampled = m.rfind("1/", 0) == 0 && m.size() > 2 &&
+                             std::strtoull(m.c_str() + 2, &end, 10) >= 1 && *end == '\0';
         if (m != "off" && m != "all" && !sampled) bad(m.c_str());
         if (std::find(o->timelines.begin(), o->timelines.end(), m) == o->timelines.end()) {
           o->timelines.push_back(m);

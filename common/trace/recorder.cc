@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <utility>
 
 #include "common/logging.h"
@@ -94,7 +95,15 @@ Recorder::Recorder(RecorderOptions options, std::FILE* file, std::string path)
   writer_ = std::thread([this] { WriterLoop(); });
 }
 
-Recorder::~Recorder() { Close(); }
+Recorder::~Recorder() {
+  // Formatting cannot fail on these records (integers and strings), but a destructor must not
+  // let an exception out in any case.
+  try {
+    Close();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "trace: closing '%s': %s\n", path_.c_str(), e.what());
+  }
+}
 
 void Recorder::SetRank(uint32_t rank) {
   char host[256] = {};
@@ -118,13 +127,13 @@ uint32_t Recorder::TidLocked() {
   tids_.emplace(me, tid);
   char name[32] = {};
   pthread_getname_np(pthread_self(), name, sizeof(name));
-  lines_.push_back(fmt::format("{{\"type\":\"thread\",\"tid\":{},\"name\":{}}}", tid,
-                               JsonString(name)));
+  lines_.push_back(
+      fmt::format("{{\"type\":\"thread\",\"tid\":{},\"name\":{}}}", tid, JsonString(name)));
   return tid;
 }
 
-void Recorder::Span(SpanKind kind, int64_t start_ns, int64_t end_ns, uint64_t key,
-                    uint64_t round, uint64_t bytes, int32_t worker, int32_t server) {
+void Recorder::Span(SpanKind kind, int64_t start_ns, int64_t end_ns, uint64_t key, uint64_t round,
+                    uint64_t bytes, int32_t worker, int32_t server) {
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) return;
   if (ring_.size() >= options_.buffer_spans) {
@@ -145,8 +154,8 @@ void Recorder::Tensor(const std::string& name, const std::vector<uint64_t>& keys
 }
 
 void Recorder::Clock(int64_t t0, int64_t t1, int64_t t2, int64_t t3) {
-  std::string line = fmt::format(
-      "{{\"type\":\"clock\",\"t0\":{},\"t1\":{},\"t2\":{},\"t3\":{}}}", t0, t1, t2, t3);
+  std::string line =
+      fmt::format("{{\"type\":\"clock\",\"t0\":{},\"t1\":{},\"t2\":{},\"t3\":{}}}", t0, t1, t2, t3);
   std::lock_guard<std::mutex> lock(mu_);
   if (!closed_) lines_.push_back(std::move(line));
 }
