@@ -86,7 +86,8 @@ def _newest_checkpoint(ckpt):
 
 class _Killer(threading.Thread):
     """SIGKILLs a random child of the launcher of a random role after each stretch of
-    progress: a checkpoint newer than the one before the last kill, then 0.5-2 s more."""
+    progress: a checkpoint newer than the one before the last kill, then 0.2-1 s more (a fast
+    machine runs the whole job in a few seconds: five kills must fit before its end)."""
 
     def __init__(self, launcher_pid, ckpt, total, kills, seed):
         super().__init__(daemon=True)
@@ -108,7 +109,7 @@ class _Killer(threading.Thread):
             if newest <= last or newest > self.total - 6 * EVERY:
                 time.sleep(0.05)
                 continue
-            if self.stop.wait(self.rng.uniform(0.5, 2.0)):
+            if self.stop.wait(self.rng.uniform(0.2, 1.0)):
                 return
             # A fast machine may have run to the end meanwhile: a process that has exited (a
             # zombie the launcher has not reaped yet) takes a SIGKILL without dying of it.
