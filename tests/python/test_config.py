@@ -79,4 +79,4 @@ def test_environment_variables_of_knobs_are_the_ones_the_package_reads():
     from bitpush import _env
     by_env = {k["env"]: k["path"] for k in _C.knobs() if k["env"]}
     assert by_env == {_env.DAEMON_SOCKET: "worker.socket", _env.KEYS_DIR: "security.keys_dir",
-                      _env.KEY_FILE: "security.key_file"}
+                      _env.KEY_FILE: "security.key_file", _env.TRACE_DIR: "trace.dir"}
