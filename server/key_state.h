@@ -134,7 +134,8 @@ struct KeyStats {
   uint64_t bytes_published = 0;
   // The latest round's publication (the aggregate's server error feedback and compression, or
   // the server-side optimizer's step): when it started and how long it took (steady clock,
-  // ns; the timeline's `compress` / `optimizer` span, docs/observability.md).
+  // ns; the timeline's `compress` / `optimizer` span, docs/observability.md). Only when the
+  // key is timed (set_timed); 0 otherwise.
   int64_t last_publish_start_ns = 0;
   int64_t last_publish_ns = 0;
 };
@@ -176,6 +177,9 @@ class KeyState {
   uint64_t oldest_round() const { return oldest_round_; }
   const KeySpec& spec() const { return spec_; }
   const KeyStats& stats() const { return stats_; }
+  // Whether Publish times itself into stats() (the server's timeline is on); off by default:
+  // no clock is read.
+  void set_timed(bool timed) { timed_ = timed; }
   // The server residual ẽ (empty without server_residual); for checkpoints and tests.
   Span<const float> server_residual() const;
   Status RestoreServerResidual(Span<const float> saved);
@@ -304,6 +308,7 @@ class KeyState {
   std::vector<LateRejection> late_rejections_;
   uint64_t oldest_round_ = 0;
   KeyStats stats_;
+  bool timed_ = false;  // set_timed
 };
 
 }  // namespace bitpush::server

@@ -86,6 +86,7 @@ void KeyTable::Init(const DataTask& task) {
   }
   KeyEntry entry;
   entry.state = std::move(state).value();
+  entry.state->set_timed(trace_ != nullptr);  // the timeline's compress / optimizer spans
   entry.init = h;
   keys_.emplace(h.key(), std::move(entry));
 }
