@@ -407,7 +407,14 @@ PushPullHandle Engine::PushPull(TensorId id, ConstTensorView input, TensorView o
     return handle;
   }
   op->residual_decay = t->ef_decay;
+  const uint64_t round = t->partitions[0].next_round;  // the round this op pushes
+  const bool traced = trace_ != nullptr && trace_->Wants(round);
+  const int64_t start = traced ? trace::NowNs() : 0;
   scheduler_.EnqueueLocked(*t, op);
+  if (traced) {  // the op cut into its partitions and queued for the compression pool
+    trace_->Span(trace::SpanKind::kPartition, start, trace::NowNs(), t->partitions[0].range.key,
+                 round, t->elements * DTypeSize(t->dtype));
+  }
   return handle;
 }
 

@@ -58,6 +58,7 @@ std::atomic<uint32_t> g_file_number{0};  // distinct files of one process (pid-<
 const char* SpanName(SpanKind kind) {
   switch (kind) {
     case SpanKind::kDeclare: return "declare";
+    case SpanKind::kPartition: return "partition";
     case SpanKind::kCompress: return "compress";
     case SpanKind::kPush: return "push";
     case SpanKind::kNetwork: return "network";

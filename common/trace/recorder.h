@@ -37,6 +37,7 @@ namespace bitpush::trace {
 // What a span is (docs/observability.md lists each with its start and end).
 enum class SpanKind : uint8_t {
   kDeclare,
+  kPartition,
   kCompress,
   kPush,
   kNetwork,
@@ -130,7 +131,7 @@ class Recorder {
   std::condition_variable wake_;
   bool closing_ = false;
   bool closed_ = false;
-  std::vector<Record> ring_;  // spans waiting for the writer (at most buffer_spans)
+  std::vector<Record> ring_;        // spans waiting for the writer (at most buffer_spans)
   std::vector<std::string> lines_;  // other records waiting (process, tensor, clock, thread)
   std::unordered_map<std::thread::id, uint32_t> tids_;
   uint64_t recorded_ = 0;

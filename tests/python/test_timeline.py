@@ -126,7 +126,7 @@ def test_every_push_has_its_server_span_and_reply_in_causal_order(tmp, transport
 
     spans = _spans(timeline)
     names = {(role, s["name"]) for role, _, s in spans}
-    for n in ("declare", "compress", "push", "network", "decompress", "optimizer"):
+    for n in ("declare", "partition", "compress", "push", "network", "decompress", "optimizer"):
         assert ("worker", n) in names, n
     for n in ("push_received", "queued", "sum", "compress", "reply_sent"):
         assert ("server", n) in names, n
