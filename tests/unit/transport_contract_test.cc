@@ -133,6 +133,16 @@ class TransportContract : public ::testing::TestWithParam<Param> {
     return std::move(t).value();
   }
 
+  // n endpoints "peer:0".. each linked both ways with `hub`.
+  void MakeLinkedPeers(Transport* hub, int n, std::vector<std::unique_ptr<Transport>>* peers) {
+    for (int i = 0; i < n; ++i) {
+      peers->push_back(Make("peer:" + std::to_string(i)));
+      ASSERT_TRUE(peers->back());
+      Link(peers->back().get(), hub);
+      Link(hub, peers->back().get());
+    }
+  }
+
   // Connects a -> b by b's name and address.
   static void Link(Transport* a, Transport* b) {
     const Status s = a->Connect(b->name(), b->address());
@@ -375,12 +385,7 @@ TEST_P(TransportContract, SixtyFourPeersSendToOneAndGetReplies) {
   auto hub = Make("hub");
   ASSERT_TRUE(hub);
   std::vector<std::unique_ptr<Transport>> peers;
-  for (int i = 0; i < kPeers; ++i) {
-    peers.push_back(Make("peer:" + std::to_string(i)));
-    ASSERT_TRUE(peers.back());
-    Link(peers.back().get(), hub.get());
-    Link(hub.get(), peers.back().get());
-  }
+  ASSERT_NO_FATAL_FAILURE(MakeLinkedPeers(hub.get(), kPeers, &peers));
   std::vector<std::thread> threads;
   for (int i = 0; i < kPeers; ++i) {
     threads.emplace_back([&, i] {
@@ -544,12 +549,7 @@ TEST_P(TransportContract, HalfOfSixtyFourPeersCloseAndExactlyThoseAreReported) {
   auto hub = Make("hub");
   ASSERT_TRUE(hub);
   std::vector<std::unique_ptr<Transport>> peers;
-  for (int i = 0; i < kPeers; ++i) {
-    peers.push_back(Make("peer:" + std::to_string(i)));
-    ASSERT_TRUE(peers.back());
-    Link(peers.back().get(), hub.get());
-    Link(hub.get(), peers.back().get());
-  }
+  ASSERT_NO_FATAL_FAILURE(MakeLinkedPeers(hub.get(), kPeers, &peers));
   // Every connection carries a message both ways first.
   for (int i = 0; i < kPeers; ++i) ASSERT_TRUE(peers[i]->Send("hub", TextMessage("hi")).ok());
   for (int n = 0; n < kPeers; ++n) {
