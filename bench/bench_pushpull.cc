@@ -6,7 +6,8 @@
 // This file is the command (its entry points) and the run matrix: per compressor given
 // (`--compressor none,onebit`, or the flag repeated), one cluster per optimizer placement
 // (--placement), security mode (--security) and transport (--transport), in that nesting, so
-// that the runs a ratio compares are adjacent. --reps R: R passes over all the runs; with a
+// that the runs a ratio compares are adjacent. --reps R: R passes over all the runs (odd passes
+// in reverse order, so a run's place in a pass weighs on every run alike); with a
 // peer, --peer-reps R alternations of the peer's run and all of bitpush's (the peer first on
 // even passes, last on odd ones), so that drift of the shared machine hits all alike. Each
 // record is the run of median goodput of its R (bench/pushpull/repetitions.h).
@@ -168,7 +169,10 @@ int RunDriver(const Options& opt) {
     if (peer_runs && peer_first) {
       if (Status s = peer->RunOnce(); !s.ok()) return Fail(s.ToString());
     }
-    for (size_t i = 0; i < runs.size(); ++i) {
+    for (size_t k = 0; k < runs.size(); ++k) {
+      // Odd passes run the matrix backwards: a run's place in a pass (after which cluster,
+      // how long since the last start) costs some runs a few percent, and this cancels it.
+      const size_t i = rep % 2 == 0 ? k : runs.size() - 1 - k;
       const RunSpec& spec = runs[i];
       ClusterRun run(opt, net, spec, keys.Dir(), *programs);
       StatusOr<ClusterResult> r = run.Run();
