@@ -1,5 +1,6 @@
 #include "server/engine_thread.h"
 
+#include <pthread.h>
 #include <time.h>
 
 #include <chrono>
@@ -78,6 +79,7 @@ EngineThreadInfo EngineThread::Info() const {
 }
 
 void EngineThread::Loop() {
+  pthread_setname_np(pthread_self(), "bp-sengine");  // top, perf and the timeline's rows
   if (pin_) {
     const Status pinned = PinCurrentThread(slot_.cpu);
     if (!pinned.ok()) {
