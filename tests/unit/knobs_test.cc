@@ -175,7 +175,7 @@ TEST(ClusterKnobs, EveryKnobIsDeclaredOnceWithADocLine) {
   // The flag and environment variable names the programs and users already use.
   EXPECT_EQ(flags, (std::set<std::string>{"--reduce-threads", "--local-size", "--socket"}));
   EXPECT_EQ(envs, (std::set<std::string>{"BITPUSH_DAEMON_SOCKET", "BITPUSH_KEY_FILE",
-                                         "BITPUSH_KEYS_DIR"}));
+                                         "BITPUSH_KEYS_DIR", "BITPUSH_TRACE_DIR"}));
   EXPECT_EQ(config::SectionKeys("server"), (std::vector<std::string>{"engine_threads", "numa"}));
 }
 

@@ -60,7 +60,9 @@ void SocketWatch::Collect() {
   std::array<epoll_event, 256> events;
   const int n = epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), 0);
   for (int i = 0; i < n; ++i) {  // n < 0 (EINTR): the caller's next poll comes back here
-    auto it = peers_.find(events[static_cast<size_t>(i)].data.u64);
+    // By value: epoll_event is packed on x86-64, so its u64 is not 8-byte aligned.
+    const uint64_t token = events[static_cast<size_t>(i)].data.u64;
+    auto it = peers_.find(token);
     if (it != peers_.end()) due_.insert(it->second);
   }
 }
