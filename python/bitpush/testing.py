@@ -56,9 +56,54 @@ def ephemeral_port_range():
         return 32768, 60999
 
 
+def _port_dir():
+    return os.environ.get("BITPUSH_PORT_DIR") or "/tmp/bitpush-ports-%d" % os.getuid()
+
+
+def _reserve_port(port):
+    """Reserves port for this process among every process of this user that takes ports here or
+    through the C++ tests' FreeTcpPort (tests/harness/child_process.h keeps the same files):
+    under an flock of <dir>/lock, <dir>/<port> names the holder's pid, and a port whose holder
+    no longer lives is taken over. Concurrent test processes then never hand out one port twice
+    while the first one's cluster may still be starting. True when reserved, or when the
+    directory cannot be used (then the bind probe is all there is)."""
+    import fcntl
+
+    d = _port_dir()
+    try:
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        lock = os.open(os.path.join(d, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = os.path.join(d, str(port))
+        try:
+            with open(path) as f:
+                holder = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            holder = 0
+        if holder > 0 and holder != os.getpid():
+            try:
+                os.kill(holder, 0)
+                return False  # a live process holds it
+            except PermissionError:
+                return False
+            except OSError:
+                pass  # its holder is gone: take it over
+        with open(path, "w") as f:
+            f.write("%d\n" % os.getpid())
+        return True
+    except OSError:
+        return True
+    finally:
+        os.close(lock)  # closing releases the flock
+
+
 def free_ports(n):
     """n distinct TCP ports free on 127.0.0.1 right now, below the ephemeral range (held open
-    together, then released). Raises RuntimeError when fewer than n are free there."""
+    together, then released), each reserved for this process (_reserve_port). Raises
+    RuntimeError when fewer than n are free there."""
     low, _ = ephemeral_port_range()
     first = _FIRST_PORT if low > _FIRST_PORT + n else 1024
     count = low - first
@@ -75,6 +120,9 @@ def free_ports(n):
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
+                s.close()
+                continue
+            if not _reserve_port(port):
                 s.close()
                 continue
             socks.append(s)

@@ -12,13 +12,16 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -99,21 +102,58 @@ inline bool TcpPortBinds(int port) {
   return free;
 }
 
+// Reserves `port` for this process among every process of this user on this machine that
+// takes ports through FreeTcpPort or bitpush.testing.free_ports (the Python side keeps the same
+// files): under an flock of <dir>/lock, <dir>/<port> names the pid that holds it, and a port
+// whose holder no longer lives is taken over. Concurrent test processes (ctest -j, pytest beside
+// them) thus never hand out the same port while the first one's cluster may still be starting;
+// a bind probe alone cannot promise that, because the port stays free until the child binds it.
+// <dir> is /tmp/bitpush-ports-<uid> (BITPUSH_PORT_DIR overrides). True when reserved (or when
+// the directory cannot be used: then the bind probe is all there is).
+inline bool ReserveTcpPort(int port) {
+  const char* env = getenv("BITPUSH_PORT_DIR");
+  const std::string dir = env != nullptr && *env != '\0'
+                              ? std::string(env)
+                              : "/tmp/bitpush-ports-" + std::to_string(getuid());
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return true;
+  const int lock = open((dir + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock < 0) return true;
+  if (flock(lock, LOCK_EX) != 0) {
+    close(lock);
+    return true;
+  }
+  const std::string path = dir + "/" + std::to_string(port);
+  bool ours = true;
+  {
+    std::ifstream in(path);
+    long holder = 0;
+    if (in >> holder && holder > 0 && holder != static_cast<long>(getpid()) &&
+        (kill(static_cast<pid_t>(holder), 0) == 0 || errno == EPERM)) {
+      ours = false;  // a live process holds it
+    }
+  }
+  if (ours) std::ofstream(path, std::ios::trunc) << getpid() << "\n";
+  flock(lock, LOCK_UN);
+  close(lock);
+  return ours;
+}
+
 // A free TCP port on 127.0.0.1 below Linux's ephemeral range (32768-60999), so it never
 // collides with the kernel's outgoing connections: the next port of a per-process walk of
-// 20000-32767 that binds (then released; another process could take it meanwhile, which the
-// cluster's start-up would report). With `also_offset` > 0, port + also_offset must be below
-// 32768 and bind too (a ucx node's data port). -1 when none binds.
+// 20000-32767 that binds now (then released) and that ReserveTcpPort reserves for this process.
+// With `also_offset` > 0, port + also_offset must be below 32768, bind and be reserved too (a
+// ucx node's data port). -1 when none is left.
 inline int FreeTcpPort(int also_offset = 0) {
   constexpr int kFirst = 20000;
   constexpr int kCount = 32768 - kFirst;
   static std::atomic<int> next{static_cast<int>((getpid() * 7919u) % kCount)};
   for (int tries = 0; tries < kCount; ++tries) {
     const int port = kFirst + next.fetch_add(1) % kCount;
-    if (also_offset > 0 && (port + also_offset >= 32768 || !TcpPortBinds(port + also_offset))) {
+    if (also_offset > 0 && (port + also_offset >= 32768 || !TcpPortBinds(port + also_offset) ||
+                            !ReserveTcpPort(port + also_offset))) {
       continue;
     }
-    if (TcpPortBinds(port)) return port;
+    if (TcpPortBinds(port) && ReserveTcpPort(port)) return port;
   }
   return -1;
 }

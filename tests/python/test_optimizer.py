@@ -175,18 +175,10 @@ def test_unsupported_parameters_are_refused():
         bp.CLAN([torch.nn.Parameter(torch.randn(3))], eps=0.0, compression="none")
 
 
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_ddp_comm_hook_averages_over_bitpush():
     with testing.LocalCluster(workers=2, servers=1, compression="none",
                               error_feedback="none") as cluster:
-        results = h.run_workers(cluster, 2, [("w_ddp_hook", {"port": _free_port()})])
+        results = h.run_workers(cluster, 2, [("w_ddp_hook", {"port": testing.free_ports(1)[0]})])
     for rank, (r,) in enumerate(results):
         assert r["max_abs_diff"] <= TOL, (rank, r)
         assert r["bytes_pushed"] > 0, r
