@@ -20,6 +20,9 @@ using Clock = std::chrono::steady_clock;
 // The reader wakes at least this often to enforce op deadlines.
 constexpr std::chrono::milliseconds kReaderTick{100};
 
+// How long a failed send waits for the reader to read what the daemon said before it closed.
+constexpr std::chrono::milliseconds kLastWordsWait{1000};
+
 Status StatusFromCode(uint32_t code, const std::string& message) {
   if (code == 0) return Status::Ok();
   if (code > static_cast<uint32_t>(StatusCode::kUnimplemented)) {
@@ -115,10 +118,8 @@ StatusOr<TensorId> DaemonClient::Declare(const std::string& name, size_t element
   }
   Status sent = ipc::SendLocalMessage(*channel_, m);
   if (!sent.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (error_.ok()) error_ = sent;  // the connection is unusable
-    FailAllLocked(error_);
-    return sent;
+    std::unique_lock<std::mutex> lock(mu_);
+    return SendFailedLocked(lock, sent);
   }
   return id;
 }
@@ -250,9 +251,7 @@ PushPullHandle DaemonClient::PushPull(TensorId id, ConstTensorView input, Tensor
   Status sent = ipc::SendLocalMessage(*channel_, m);
   if (!sent.ok()) {
     lock.lock();
-    // The connection is unusable (the daemon is gone or not reading): sticky.
-    if (error_.ok()) error_ = sent;
-    FailAllLocked(error_);
+    (void)SendFailedLocked(lock, sent);  // completes the op with the cause
   }
   return handle;
 }
@@ -270,11 +269,7 @@ Status DaemonClient::Barrier() {
   m.mutable_barrier()->set_seq(seq);
   Status sent = ipc::SendLocalMessage(*channel_, m);
   std::unique_lock<std::mutex> lock(mu_);
-  if (!sent.ok()) {
-    if (error_.ok()) error_ = sent;
-    FailAllLocked(error_);
-    return sent;
-  }
+  if (!sent.ok()) return SendFailedLocked(lock, sent);
   const bool answered = cv_.wait_for(
       lock, op_wait_, [&] { return barrier_done_.count(seq) > 0 || !error_.ok() || closed_; });
   if (auto it = barrier_done_.find(seq); it != barrier_done_.end()) {
@@ -366,11 +361,7 @@ Status DaemonClient::ErrorFeedbackRequest(TensorId id, bool restore, Span<const 
   lock.unlock();
   Status sent = ipc::SendLocalMessage(*channel_, m);
   lock.lock();
-  if (!sent.ok()) {
-    if (error_.ok()) error_ = sent;
-    FailAllLocked(error_);
-    return sent;
-  }
+  if (!sent.ok()) return SendFailedLocked(lock, sent);
   cv_.wait_for(lock, op_wait_, [&] { return ef_done_.count(seq) > 0 || !error_.ok() || closed_; });
   auto it = ef_done_.find(seq);
   if (it == ef_done_.end()) {
@@ -509,6 +500,16 @@ void DaemonClient::ReaderLoop() {
     FailAllLocked(error_);
     return;
   }
+}
+
+Status DaemonClient::SendFailedLocked(std::unique_lock<std::mutex>& lock, const Status& sent) {
+  // The connection is unusable: the daemon is gone or not reading. A daemon that ended the node
+  // sent its Goodbye (which says why) before it closed; the reader gets a bounded moment to read
+  // it, so the error names that cause rather than the broken pipe it left.
+  cv_.wait_for(lock, kLastWordsWait, [&] { return !error_.ok() || closed_; });
+  if (error_.ok()) error_ = closed_ ? CancelledError("the client was closed") : sent;
+  FailAllLocked(error_);  // sticky
+  return error_;
 }
 
 void DaemonClient::FailAllLocked(const Status& error) {

@@ -134,6 +134,10 @@ class DaemonClient {
   explicit DaemonClient(const DaemonClientOptions& options);
   void ReaderLoop();
   void FailAllLocked(const Status& error);
+  // After a send to the daemon failed (mu_ held through `lock`): waits at most kLastWordsWait
+  // for the reader to read the daemon's last words (its Goodbye), makes the error sticky (that
+  // reason, else `sent`), fails every pending op with it and returns it.
+  Status SendFailedLocked(std::unique_lock<std::mutex>& lock, const Status& sent);
   void OnDone(const v1::LocalPushPullDone& done);
   // One LocalErrorFeedback exchange: a read fills *read; a restore sends `saved`.
   Status ErrorFeedbackRequest(TensorId id, bool restore, Span<const float> saved,
