@@ -44,7 +44,8 @@ for f in bitpush-scheduler.service bitpush-server@.service bitpush-worker.servic
   [ -f "$units/$f" ] || { echo "FAIL: $units/$f not installed"; fail=1; }
 done
 for f in lib/sysusers.d/bitpush.conf share/bitpush/cluster.yaml \
-         share/bitpush/examples/local.yaml share/bitpush/examples/multi-host.yaml; do
+         share/bitpush/examples/local.yaml share/bitpush/examples/multi-host.yaml \
+         share/bitpush/grafana/bitpush.json; do
   [ -f "$root$prefix/$f" ] || { echo "FAIL: $prefix/$f not installed"; fail=1; }
 done
 [ $fail = 0 ] || exit 1

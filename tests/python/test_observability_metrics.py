@@ -422,3 +422,11 @@ def test_config_targets_and_dashboard_metrics_on_a_live_cluster(tmp):
     problems = "\n".join(dashboard_problems(broken, everything))
     assert "metric bitpush_worker_stage_second_total is exported by no process" in problems
     assert "bitpush_worker_payload_bytes_total{encoding='compresed'}" in problems, problems
+
+    # (c) docs/metrics.md names every metric a process exported.
+    with open(os.path.join(ROOT, "docs", "metrics.md")) as f:
+        documented = set(re.findall(r"`((?:bitpush|process)_[a-z0-9_]+)", f.read()))
+    families = {re.sub(r"_(bucket|sum|count)$", "", n) if n not in documented else n
+                for n in everything}
+    undocumented = sorted(n for n in families if n not in documented)
+    assert not undocumented, "exported but not in docs/metrics.md: %s" % undocumented
