@@ -6,7 +6,9 @@
 # root:root 0600 on disk, reaches its daemon through LoadCredential=; a peer without CURVE is
 # refused), a training process talking to the worker daemon's socket under /run/bitpush, a clean
 # end (every unit stops by itself with exit status 0, after READY=1 and STOPPING=1 datagrams),
-# and `systemctl stop` (SIGTERM ends each daemon by itself).
+# `systemctl stop` (SIGTERM ends each daemon by itself), and a job that heals without a person
+# (a server, the scheduler, the worker SIGKILLed in turn: every unit restarts, a new trainer is
+# served).
 # docs/deploy.md ("Tests") says what it covers.
 #
 #   boot_systemd_units.sh BUILD_DIR INSTALL_PREFIX
@@ -133,6 +135,71 @@ ns_main() {
   exec env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
        container=bitpush-sdboot "$systemd" --system --unit=$kTarget \
        --log-target=journal --log-level=debug --show-status=no
+}
+
+# ---------------------------------------------------------------------------------------------
+# A job that heals without a person (docs/deploy.md, "Restarts"): the units start, `victim`'s
+# main process is SIGKILLed, and Restart=on-failure with the nodes' own failure handling brings
+# back a cluster that serves a new trainer, bounded by 90 s. Without server_rejoin_timeout_s
+# (and in daemon mode) a dead node ends the job: the others fail in turn and restart, so every
+# unit must have restarted, and `witness`'s journal must name the death (`names`). Uses
+# check_main's say/show and $out, $shared.
+heal_after_kill() {
+  local victim=$1 witness=$2 names=$3 u pid0 t0 deadline pending rc tries=0 took_up
+  local -A n0
+  # This test starts each unit more often than StartLimitBurst allows in its interval; a job
+  # of its own starts with a fresh count, as after an operator's reset-failed.
+  systemctl reset-failed $kUnits 2>/dev/null
+  if ! timeout 90 systemctl start $kUnits; then
+    say "FAIL heal after killing $victim: systemctl start $kUnits failed or timed out"
+    return
+  fi
+  for u in $kUnits; do n0[$u]=$(show "$u" NRestarts); done
+  pid0=$(show "$victim" MainPID)
+  t0=$SECONDS
+  kill -KILL "$pid0"
+  deadline=$((SECONDS + 90))
+  while :; do
+    pending=""
+    for u in $kUnits; do
+      if [ "$(show "$u" NRestarts)" -le "${n0[$u]}" ] || [ "$(show "$u" ActiveState)" != active ]; then
+        pending="$pending $u"
+      fi
+    done
+    [ -z "$pending" ] && break
+    if [ $SECONDS -ge $deadline ]; then
+      say "FAIL heal after killing $victim: 90 s later not restarted and active:$pending ($(for u in $pending; do echo -n "$u=$(show "$u" ActiveState)/$(show "$u" SubState)/NRestarts=$(show "$u" NRestarts) "; done))"
+      return
+    fi
+    sleep 0.2
+  done
+  took_up=$((SECONDS - t0))
+  # A new trainer is served (the worker may still be registering with the new cluster: the
+  # trainer waits for its socket; a refusal while the cluster forms is retried, bounded).
+  while :; do
+    tries=$((tries + 1))
+    timeout -s KILL 60 setpriv --reuid=bitpush --regid=bitpush --init-groups -- \
+      "$shared/bin/bitpush-test-trainer" --config /etc/bitpush/cluster.yaml --node 0 \
+      --local-rank 0 --local-size 1 --socket /run/bitpush/worker.sock --iters 5 \
+      >"$out/trainer-heal.txt" 2>&1
+    rc=$?
+    if [ $rc = 0 ] && grep -q 'done$' "$out/trainer-heal.txt"; then
+      if ! journalctl -b --no-pager -u "$witness" | grep -q "$names"; then
+        say "FAIL heal after killing $victim: $witness's journal does not say '$names'"
+        break
+      fi
+      local restarts=""
+      for u in $kUnits; do restarts="$restarts ${u%.service}+$(( $(show "$u" NRestarts) - ${n0[$u]} ))"; done
+      say "PASS heal after SIGKILL of $victim: every unit restarted by itself ($restarts) and active after ${took_up} s; a new trainer served after $((SECONDS - t0)) s ($tries tries); $witness logged '$names'"
+      break
+    fi
+    if [ $SECONDS -ge $deadline ] || [ $tries -ge 10 ]; then
+      say "FAIL heal after killing $victim: trainer exit $rc after $tries tries: $(tail -n 3 "$out/trainer-heal.txt" | tr '\n' ' ')"
+      break
+    fi
+    sleep 1
+  done
+  timeout 60 systemctl stop $kUnits
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -315,6 +382,13 @@ check_main() {
   else
     say "FAIL systemctl start $kUnits (second start) failed or timed out"
   fi
+
+  heal_after_kill bitpush-server@1.service bitpush-worker.service \
+    "server 1 at tcp://127.0.0.1:47102 failed"
+  heal_after_kill bitpush-scheduler.service bitpush-worker.service \
+    "scheduler at tcp://127.0.0.1:47100 silent"
+  heal_after_kill bitpush-worker.service bitpush-scheduler.service \
+    "worker 0 at tcp://127.0.0.1:47111 failed"
 
   save_journals
   for u in $kUnits; do
