@@ -156,10 +156,6 @@ constexpr char kServerOptimizerInDaemonMode[] =
     "tensors whose optimizer runs on the servers need an embedded worker (one training process "
     "per worker node, BITPUSH_MODE=embedded); the node's bitpush-worker does not relay weights";
 
-constexpr char kServerStateInDaemonMode[] =
-    "the servers' error-feedback residuals are read and restored by an embedded worker; in "
-    "daemon mode the node's bitpush-worker does not relay them";
-
 // Daemon mode: one of the node's training processes; the node's bitpush-worker does the rest.
 class DaemonBackend final : public ClientBackend {
  public:
@@ -219,19 +215,17 @@ class DaemonBackend final : public ClientBackend {
         "SetErrorFeedbackDecay: daemon mode keeps the residual in the node's bitpush-worker, "
         "which takes no decay; decay it through ErrorFeedbackState / RestoreErrorFeedbackState");
   }
-  StatusOr<std::vector<float>> ServerErrorFeedbackState(TensorId) override {
-    return UnimplementedError(kServerStateInDaemonMode);
+  StatusOr<std::vector<float>> ServerErrorFeedbackState(TensorId tensor) override {
+    return daemon_->ServerErrorFeedbackState(tensor);
   }
-  Status RestoreServerErrorFeedbackState(TensorId, Span<const float>) override {
-    return UnimplementedError(kServerStateInDaemonMode);
+  Status RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved) override {
+    return daemon_->RestoreServerErrorFeedbackState(tensor, saved);
   }
-  StatusOr<uint64_t> TensorRounds(TensorId) override {
-    return UnimplementedError(
-        "TensorRounds: daemon mode: the node's bitpush-worker numbers the rounds");
+  StatusOr<uint64_t> TensorRounds(TensorId tensor) override {
+    return daemon_->TensorRounds(tensor);
   }
-  Status RestoreTensorRounds(TensorId, uint64_t) override {
-    return UnimplementedError(
-        "RestoreTensorRounds: daemon mode: the node's bitpush-worker numbers the rounds");
+  Status RestoreTensorRounds(TensorId tensor, uint64_t next) override {
+    return daemon_->RestoreTensorRounds(tensor, next);
   }
 
  private:

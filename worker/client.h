@@ -331,7 +331,8 @@ class Client {
   // (the servers refuse it while a round of a key is open). One worker reads and restores for
   // the cluster (every worker sees the same servers). Bounded by op_timeout; the declaration is
   // committed first if needed. FailedPrecondition while a push_pull of the tensor is in flight.
-  // Daemon mode: Unimplemented (the daemon does not relay them).
+  // Daemon mode: relayed by the node's bitpush-worker (local protocol 1.5), which restores only
+  // local rank 0's (bitpush.torch restores from its rank 0 alone).
   StatusOr<std::vector<float>> ServerErrorFeedbackState(TensorId tensor);
   Status RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved);
 
@@ -344,7 +345,8 @@ class Client {
   // barrier: LoadCheckpoint and bitpush.torch.load_checkpoint end with one). FailedPrecondition
   // while a push_pull of the tensor is in flight or a round of it is open at a server;
   // InvalidArgument for a tensor whose optimizer runs on the servers (its rounds come with
-  // RestoreServerOptimizerState). Daemon mode: Unimplemented.
+  // RestoreServerOptimizerState). Daemon mode: the node's bitpush-worker numbers the rounds and
+  // relays both (local protocol 1.5), applying local rank 0's restore for the node.
   StatusOr<uint64_t> TensorRounds(TensorId tensor);
   Status RestoreTensorRounds(TensorId tensor, uint64_t next);
   // The training script's optimizer step from start_ns to end_ns (steady clock: Python's

@@ -50,7 +50,10 @@
 // node residual), so the daemon applies local rank 0's and checks the others' alike (tensor,
 // slice, size) without applying them: the node's residual is deterministic whatever order the
 // requests arrive in, and the next round (which needs local rank 0's hand-in, after its restore)
-// always uses it.
+// always uses it. Local protocol 1.5's `state` serves the rest of a checkpoint's job state the
+// same way: the servers' residual (a round trip to the servers from the poll loop, bounded by
+// op_timeout; restored from local rank 0 only, as bitpush.torch's rank 0 alone restores it) and
+// the tensor's rounds (read in the reply; restored from local rank 0 of each node).
 //
 // Ownership: the Daemon owns the Listener (its socket path is unlinked on every exit path that
 // unwinds; a stale file is replaced at the next start), the connections, the segments it

@@ -289,24 +289,60 @@ Status DaemonClient::Barrier() {
 
 StatusOr<std::vector<float>> DaemonClient::ErrorFeedbackState(TensorId tensor) {
   std::vector<float> read;
-  BP_RETURN_IF_ERROR(ErrorFeedbackRequest(tensor, false, {}, &read));
+  BP_RETURN_IF_ERROR(StateRequest(tensor, v1::LocalErrorFeedback::STATE_WORKER_RESIDUAL, false, {},
+                                  0, &read, nullptr));
   return read;
 }
 
 Status DaemonClient::RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved) {
-  return ErrorFeedbackRequest(tensor, true, saved, nullptr);
+  return StateRequest(tensor, v1::LocalErrorFeedback::STATE_WORKER_RESIDUAL, true, saved, 0,
+                      nullptr, nullptr);
 }
 
-Status DaemonClient::ErrorFeedbackRequest(TensorId id, bool restore, Span<const float> saved,
-                                          std::vector<float>* read) {
-  const char* what = restore ? "RestoreErrorFeedbackState" : "ErrorFeedbackState";
+StatusOr<std::vector<float>> DaemonClient::ServerErrorFeedbackState(TensorId tensor) {
+  std::vector<float> read;
+  BP_RETURN_IF_ERROR(StateRequest(tensor, v1::LocalErrorFeedback::STATE_SERVER_RESIDUAL, false, {},
+                                  0, &read, nullptr));
+  return read;
+}
+
+Status DaemonClient::RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved) {
+  return StateRequest(tensor, v1::LocalErrorFeedback::STATE_SERVER_RESIDUAL, true, saved, 0,
+                      nullptr, nullptr);
+}
+
+StatusOr<uint64_t> DaemonClient::TensorRounds(TensorId tensor) {
+  uint64_t rounds = 0;
+  BP_RETURN_IF_ERROR(
+      StateRequest(tensor, v1::LocalErrorFeedback::STATE_ROUNDS, false, {}, 0, nullptr, &rounds));
+  return rounds;
+}
+
+Status DaemonClient::RestoreTensorRounds(TensorId tensor, uint64_t next) {
+  return StateRequest(tensor, v1::LocalErrorFeedback::STATE_ROUNDS, true, {}, next, nullptr,
+                      nullptr);
+}
+
+Status DaemonClient::StateRequest(TensorId id, v1::LocalErrorFeedback::State state, bool restore,
+                                  Span<const float> saved, uint64_t next, std::vector<float>* read,
+                                  uint64_t* count) {
+  const bool rounds = state == v1::LocalErrorFeedback::STATE_ROUNDS;
+  const bool worker = state == v1::LocalErrorFeedback::STATE_WORKER_RESIDUAL;
+  const char* what = rounds    ? (restore ? "RestoreTensorRounds" : "TensorRounds")
+                     : worker  ? (restore ? "RestoreErrorFeedbackState" : "ErrorFeedbackState")
+                     : restore ? "RestoreServerErrorFeedbackState"
+                               : "ServerErrorFeedbackState";
   std::lock_guard<std::mutex> one_at_a_time(ef_mu_);
-  if (daemon_minor_ < ipc::kLocalMinorErrorFeedback) {
-    return UnimplementedError(fmt::format(
-        "{}: the {} speaks local protocol {}.{}; the error-feedback state in daemon mode needs "
-        "{}.{} (update bitpush-worker)",
-        what, daemon_name_, ipc::kLocalProtocolMajor, daemon_minor_, ipc::kLocalProtocolMajor,
-        ipc::kLocalMinorErrorFeedback));
+  const uint32_t needs = worker ? ipc::kLocalMinorErrorFeedback : ipc::kLocalMinorJobState;
+  if (daemon_minor_ < needs) {
+    return UnimplementedError(
+        fmt::format("{}: the {} speaks local protocol {}.{}; {} in daemon mode needs {}.{} (update "
+                    "bitpush-worker)",
+                    what, daemon_name_, ipc::kLocalProtocolMajor, daemon_minor_,
+                    rounds   ? "reading or restoring the rounds"
+                    : worker ? "the error-feedback state"
+                             : "reading or restoring the servers' residual",
+                    ipc::kLocalProtocolMajor, needs));
   }
   std::unique_lock<std::mutex> lock(mu_);
   if (id.index >= tensors_.size()) {
@@ -332,19 +368,19 @@ Status DaemonClient::ErrorFeedbackRequest(TensorId id, bool restore, Span<const 
         "{}: the daemon committed the declarations without a verdict on this tensor", what));
   }
   if (!t.verdict->ok()) return *t.verdict;
-  const size_t elements = t.decl.elements();
+  const size_t elements = rounds ? 0 : t.decl.elements();
   if (restore && saved.size() > elements) {
     return InvalidArgumentError(fmt::format("{} of tensor '{}': {} values given, the tensor has {}",
                                             what, name, saved.size(), elements));
   }
-  if (elements == 0) return Status::Ok();  // nothing to keep (and no segment of 0 bytes)
-  if (!t.ef_segment.valid()) {
+  if (!rounds && elements == 0) return Status::Ok();  // nothing to keep (and no 0-byte segment)
+  if (!rounds && !t.ef_segment.valid()) {
     StatusOr<ipc::ShmSegment> seg = ipc::ShmSegment::Create(elements * sizeof(float));
     if (!seg.ok()) return seg.status().WithContext(fmt::format("{} of tensor '{}'", what, name));
     t.ef_segment = std::move(seg).value();
   }
   // ef_mu_ makes this process's requests (the only users of ef_segment) one at a time.
-  float* values = static_cast<float*>(t.ef_segment.data());
+  float* values = rounds ? nullptr : static_cast<float*>(t.ef_segment.data());
   if (restore && !saved.empty()) std::memcpy(values, saved.data(), saved.size() * sizeof(float));
   v1::LocalMessage m;
   v1::LocalErrorFeedback* e = m.mutable_error_feedback();
@@ -352,12 +388,17 @@ Status DaemonClient::ErrorFeedbackRequest(TensorId id, bool restore, Span<const 
   e->set_seq(seq);
   e->set_tensor(id.index);
   e->set_restore(restore);
-  e->set_values(restore ? saved.size() : 0);
-  v1::ShmSlice* slice = e->mutable_slice();
-  slice->set_segment(t.ef_segment.name());
-  slice->set_segment_bytes(t.ef_segment.size());
-  slice->set_offset(0);
-  slice->set_bytes(elements * sizeof(float));
+  e->set_state(state);
+  if (rounds) {
+    e->set_values(restore ? next : 0);
+  } else {
+    e->set_values(restore ? saved.size() : 0);
+    v1::ShmSlice* slice = e->mutable_slice();
+    slice->set_segment(t.ef_segment.name());
+    slice->set_segment_bytes(t.ef_segment.size());
+    slice->set_offset(0);
+    slice->set_bytes(elements * sizeof(float));
+  }
   lock.unlock();
   Status sent = ipc::SendLocalMessage(*channel_, m);
   lock.lock();
@@ -377,6 +418,7 @@ Status DaemonClient::ErrorFeedbackRequest(TensorId id, bool restore, Span<const 
   const v1::LocalErrorFeedbackDone done = std::move(it->second);
   ef_done_.erase(it);
   BP_RETURN_IF_ERROR(StatusFromCode(done.status_code(), done.message()));
+  if (count != nullptr) *count = done.values();
   if (read != nullptr) {
     if (done.values() > elements) {
       return DataLossError(

@@ -104,6 +104,15 @@ class DaemonClient {
   // Unimplemented when the daemon speaks an older minor version.
   StatusOr<std::vector<float>> ErrorFeedbackState(TensorId tensor);
   Status RestoreErrorFeedbackState(TensorId tensor, Span<const float> saved);
+  // Client::ServerErrorFeedbackState / RestoreServerErrorFeedbackState and TensorRounds /
+  // RestoreTensorRounds in daemon mode: the same exchange with LocalErrorFeedback's `state`
+  // (local protocol 1.5; the rounds travel in the messages, no segment). A restore is applied
+  // by the daemon from local rank 0 (of the node; the servers' residual only once for the job,
+  // by bitpush.torch's rank 0). Unimplemented when the daemon speaks an older minor version.
+  StatusOr<std::vector<float>> ServerErrorFeedbackState(TensorId tensor);
+  Status RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved);
+  StatusOr<uint64_t> TensorRounds(TensorId tensor);
+  Status RestoreTensorRounds(TensorId tensor, uint64_t next);
   // Sends LocalGoodbye (refused while a push_pull is pending) and closes.
   Status Shutdown();
   // Fails pending handles with Cancelled, closes the connection, joins the reader. Idempotent.
@@ -139,9 +148,11 @@ class DaemonClient {
   // reason, else `sent`), fails every pending op with it and returns it.
   Status SendFailedLocked(std::unique_lock<std::mutex>& lock, const Status& sent);
   void OnDone(const v1::LocalPushPullDone& done);
-  // One LocalErrorFeedback exchange: a read fills *read; a restore sends `saved`.
-  Status ErrorFeedbackRequest(TensorId id, bool restore, Span<const float> saved,
-                              std::vector<float>* read);
+  // One LocalErrorFeedback exchange about `state`: a read fills *read (a residual) or *count
+  // (the rounds); a restore sends `saved` (a residual) or `next` (the rounds).
+  Status StateRequest(TensorId id, v1::LocalErrorFeedback::State state, bool restore,
+                      Span<const float> saved, uint64_t next, std::vector<float>* read,
+                      uint64_t* count);
   // CUDA tensors: checks the device pointers, creates the staging buffer and its IPC handle at
   // the first push_pull, copies `input` into it.
   Status StageOnDevice(Tensor& t, const void* input, const void* output);

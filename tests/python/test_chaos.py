@@ -1,18 +1,21 @@
 """Chaos (ctest label `chaos`, docs/launch.md "Restarts"): a job of 2 workers and 2 servers
 trains under `bitpush launch --max-restarts` while a killer sends SIGKILL to a random process of
-a random role five times — the scheduler, a server and a training process at least once each —
+a random role five times — the scheduler, a server and a training process at least once each
+(and a worker daemon, in daemon mode) —
 and the job ends by itself with the parameters of an uninterrupted run of the same steps, bit
 for bit, with no person involved.
 
-Three jobs: CLAN with onebit and error feedback on both sides, with cluster.server_rejoin_timeout_s
+Four jobs: CLAN with onebit and error feedback on both sides, with cluster.server_rejoin_timeout_s
 set (a dead server is started again in place and the workers roll back to their checkpoint; any
 other death restarts the whole job); AdamW on the workers with SDP4Bit (TLq-HS pushes, random
-streams per (key, round): the checkpoint moves every tensor to its saved round); and AdamW on
-the servers with SDP4Bit (TLq-HS pushes, qWD pulls). The training command is examples/train_digits.py with
+streams per (key, round): the checkpoint moves every tensor to its saved round); AdamW on
+the servers with SDP4Bit (TLq-HS pushes, qWD pulls); and, in daemon mode (2 training processes
+per node behind its bitpush-worker, which is killed too), CLAN with random-k and error feedback
+on both sides: the servers' residuals and the rounds come back through the daemon. The training command is examples/train_digits.py with
 --checkpoint-dir (bitpush.torch.Checkpointer); the uninterrupted run is the same command in the
 same cluster YAML without kills or checkpoints.
 
-BITPUSH_CHAOS_SOAK=S adds a soak: job after job, the three kinds in turn, each killed after every
+BITPUSH_CHAOS_SOAK=S adds a soak: job after job, the kinds in turn, each killed after every
 stretch of progress until it ends and each checked bit for bit, for S seconds (run by hand;
 docs/launch.md reports one).
 """
@@ -48,6 +51,16 @@ JOBS = {
         "rejoin": False,
         "args": ["--optimizer", "adamw", "--compression", "sdp4bit"],
     },
+    # Daemon mode (2 training processes per node behind a bitpush-worker): the servers'
+    # residuals and the per-round random streams come back through the node's daemon.
+    "daemon-clan-randomk-both": {
+        "yaml": "compression:\n  spec: randomk:ratio=0.25\n  error_feedback: both\n",
+        "worker_yaml": "  local_size: 2\n",
+        "rejoin": False,
+        "args": ["--optimizer", "clan", "--compression", "randomk:ratio=0.25"],
+        "total": EPOCHS * 10,  # 1347 training digits // (4 processes x 32)
+        "roles": ["scheduler", "server", "daemon", "train"],
+    },
     "server-adamw-sdp4bit": {
         "yaml": "compression:\n  spec: sdp4bit\n  error_feedback: none\n"
                 "optimizer:\n  placement: server\n  pull: sdp4bit:hadamard=off,group=2048\n",
@@ -71,6 +84,7 @@ def _yaml(d, job):
         f.write(job["yaml"])
         f.write("server:\n  engine_threads: 1\n  numa: off\n")
         f.write("worker:\n  compress_threads: 1\n  op_timeout_s: 60\n")
+        f.write(job.get("worker_yaml", ""))
     return path
 
 
@@ -90,11 +104,12 @@ class _Killer(threading.Thread):
     machine runs the whole job in 3 s (250 steps a second): five kills must fit before its end,
     and each restart goes back to the last checkpoint."""
 
-    def __init__(self, launcher_pid, ckpt, total, kills, seed):
+    def __init__(self, launcher_pid, ckpt, total, kills, seed, roles=("scheduler", "server",
+                                                                     "train")):
         super().__init__(daemon=True)
         self.pid, self.ckpt, self.total = launcher_pid, ckpt, total
         self.rng = random.Random(seed)
-        roles = ["scheduler", "server", "train"]
+        roles = list(roles)
         roles += [self.rng.choice(roles) for _ in range(kills - len(roles))]
         self.rng.shuffle(roles)
         self.roles = roles
@@ -164,7 +179,7 @@ def test_five_kills_end_bit_identical_to_the_uninterrupted_run(tmp, name):
     args = job["args"] + ["--epochs", str(EPOCHS)]
     cfg = _yaml(tmp, job)
     want, ref_wall = _reference(tmp, cfg, args)
-    got, kills, out, wall = _chaos_run(tmp, cfg, args, kills=5, seed=sum(map(ord, name)))
+    got, kills, out, wall = _chaos_run(tmp, job, cfg, args, kills=5, seed=sum(map(ord, name)))
     assert len(kills) == 5, (kills, out)
     _check(job, want, got, kills, out)
     print("%s: %d kills (%s), %.1f s against %.1f s uninterrupted; resumed at steps %s"
@@ -192,7 +207,7 @@ def test_soak(tmp):
     while time.monotonic() < deadline:
         name = sorted(kinds)[jobs % len(kinds)]
         k = kinds[name]
-        got, kills, out, wall = _chaos_run(os.path.join(tmp, name), k["cfg"], k["args"],
+        got, kills, out, wall = _chaos_run(os.path.join(tmp, name), k["job"], k["cfg"], k["args"],
                                            kills=500, seed=jobs)
         _check(k["job"], k["want"], got, kills, out)
         jobs += 1
@@ -202,8 +217,8 @@ def test_soak(tmp):
         print("soak job %d (%s): %d kills, %.1f s, bit-identical" % (jobs, name, len(kills), wall),
               flush=True)
     for name, k in sorted(kinds.items()):
-        roles = {r: sum(1 for x in k["kills"] if x[0] == r) for r in ("scheduler", "server",
-                                                                       "train")}
+        roles = {r: sum(1 for x in k["kills"] if x[0] == r)
+                 for r in k["job"].get("roles", ("scheduler", "server", "train"))}
         print("soak %s: %d jobs, %d kills (%s), every job bit-identical; %.1f s a job on average "
               "against %.1f s uninterrupted" % (name, k["jobs"], len(k["kills"]), roles,
                                                 sum(k["walls"]) / max(1, len(k["walls"])),
@@ -219,12 +234,13 @@ def _reference(tmp, cfg, args):
         return json.load(f), time.monotonic() - t0
 
 
-def _chaos_run(tmp, cfg, args, kills, seed):
+def _chaos_run(tmp, job, cfg, args, kills, seed):
     ckpt = os.path.join(tmp, "ckpt")
     subprocess.run(["rm", "-rf", ckpt, os.path.join(tmp, "chaos.json")])
     t0 = time.monotonic()
     run = _launch(cfg, os.path.join(tmp, "chaos.json"), args, max_restarts=kills + 10, ckpt=ckpt)
-    killer = _Killer(run.pid, ckpt, TOTAL, kills=kills, seed=seed)
+    killer = _Killer(run.pid, ckpt, job.get("total", TOTAL), kills=kills, seed=seed,
+                     roles=job.get("roles", ("scheduler", "server", "train")))
     killer.start()
     try:
         out, _ = run.communicate(timeout=600)
@@ -245,8 +261,9 @@ def _check(job, want, got, kills, out):
     for role, pid, _ in kills:
         mine = [l for l in restarts if "(pid %d) killed by SIGKILL; " % pid in l]
         assert len(mine) == 1, (role, pid, restarts)
-        assert re.match(r"bitpush launch: restart \d+ of \d+: %s[ .\d]* \(pid %d\) " % (role, pid),
-                        mine[0]), mine[0]
+        label = {"daemon": "worker"}.get(role, role)  # the launcher's name of a node daemon
+        assert re.match(r"bitpush launch: restart \d+ of \d+: %s[ .\d]* \(pid %d\) "
+                        % (label, pid), mine[0]), mine[0]
         in_place = mine[0].endswith(
             "starting it again in place (cluster.server_rejoin_timeout_s)")
         assert in_place == (role == "server" and job["rejoin"]), mine[0]
@@ -256,5 +273,5 @@ def _check(job, want, got, kills, out):
         if os.environ.get("BITPUSH_CHAOS_LOG"):
             with open("%s.extra.%d" % (os.environ["BITPUSH_CHAOS_LOG"], os.getpid()), "a") as f:
                 f.write(out + "\n\n")
-    assert got["steps"] == want["steps"] == TOTAL
+    assert got["steps"] == want["steps"] == job.get("total", TOTAL)
     assert got["params_sha256"] == want["params_sha256"], (want, got, out)

@@ -670,6 +670,56 @@ TEST_F(ChannelTest, ErrorFeedbackStateIsUnimplementedAgainstAnOlderDaemonAndSend
   (*client)->Close();
 }
 
+// Minor version 5 added LocalErrorFeedback's `state` (the servers' residual, the rounds): an
+// older daemon would take such a request for one about the worker residual, so a client sends
+// none to it; each call answers Unimplemented naming both versions, and nothing reaches the
+// daemon.
+TEST_F(ChannelTest, ServerResidualAndRoundsAreUnimplementedAgainstAnOlderDaemonAndSendNothing) {
+  ASSERT_GT(kLocalMinorJobState, kLocalMinorErrorFeedback);
+  auto listener = Listener::Listen(SocketPath());
+  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  std::unique_ptr<Channel> daemon_side;
+  std::thread fake([&] {
+    auto ch = (*listener)->Accept(milliseconds(5000));
+    if (!ch.ok()) return;
+    auto hello = ReceiveLocalMessage(**ch, milliseconds(5000));
+    if (!hello.ok() || !hello->has_hello()) return;
+    v1::LocalMessage m;
+    v1::LocalHelloReply* r = m.mutable_hello_reply();
+    r->mutable_version()->set_major(kLocalProtocolMajor);
+    r->mutable_version()->set_minor(kLocalMinorJobState - 1);
+    r->set_num_nodes(1);
+    r->set_op_timeout_ms(1000);
+    (void)SendLocalMessage(**ch, m);
+    daemon_side = std::move(ch).value();
+  });
+  DaemonClientOptions o;
+  o.socket_path = SocketPath();
+  o.startup_timeout = milliseconds(5000);
+  auto client = DaemonClient::Connect(o);
+  fake.join();
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  ASSERT_NE(daemon_side, nullptr);
+  const std::string old_version =
+      fmt::format("speaks local protocol {}.{}", kLocalProtocolMajor, kLocalMinorJobState - 1);
+  const std::string needs = fmt::format("needs {}.{}", kLocalProtocolMajor, kLocalMinorJobState);
+  const std::vector<float> saved(4, 1.0f);
+  const std::vector<Status> answers = {
+      (*client)->ServerErrorFeedbackState(TensorId{0}).status(),
+      (*client)->RestoreServerErrorFeedbackState(TensorId{0}, saved),
+      (*client)->TensorRounds(TensorId{0}).status(),
+      (*client)->RestoreTensorRounds(TensorId{0}, 7),
+  };
+  for (const Status& s : answers) {
+    EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.ToString();
+    EXPECT_NE(s.message().find(old_version), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find(needs), std::string::npos) << s.ToString();
+  }
+  EXPECT_EQ(ReceiveLocalMessage(*daemon_side, milliseconds(200)).status().code(),
+            StatusCode::kTimeout);
+  (*client)->Close();
+}
+
 // A training process (child) and a daemon (this process) through the whole layer: Hello,
 // a push_pull whose tensor lives in the child's segment, then the child dies and the daemon
 // names it and frees its segment.

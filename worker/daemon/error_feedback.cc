@@ -1,5 +1,7 @@
-// The daemon's error-feedback state: reads and restores of the node's worker residual for the
-// local processes (LocalErrorFeedback; "Error-feedback state" in worker/daemon.h). Poll loop.
+// The daemon's error-feedback state: reads and restores of the node's worker residual, the
+// servers' residual and the tensors' rounds for the local processes (LocalErrorFeedback and its
+// `state`; "Error-feedback state" in worker/daemon.h). Poll loop; the servers' residual is a
+// round trip to the servers (bounded by op_timeout) during which the loop waits.
 // (Members of worker::Daemon, worker/daemon.h; the shared state is worker/daemon/daemon_state.h.)
 #include <fmt/format.h>
 #include <poll.h>
@@ -32,7 +34,14 @@ bool Daemon::RoundInEngine(const TensorState& t) {
 }
 
 void Daemon::OnErrorFeedback(Conn& c, const v1::LocalErrorFeedback& e) {
-  const char* what = e.restore() ? "restoring the error-feedback state" : "error-feedback state";
+  const v1::LocalErrorFeedback::State state = e.state();
+  const bool server = state == v1::LocalErrorFeedback::STATE_SERVER_RESIDUAL;
+  const bool rounds = state == v1::LocalErrorFeedback::STATE_ROUNDS;
+  const char* what = rounds        ? (e.restore() ? "restoring the rounds" : "rounds")
+                     : server      ? (e.restore() ? "restoring the servers' error-feedback state"
+                                                  : "the servers' error-feedback state")
+                     : e.restore() ? "restoring the error-feedback state"
+                                   : "error-feedback state";
   auto answer = [&](const Status& s, uint64_t values, bool applied) {
     v1::LocalMessage m;
     v1::LocalErrorFeedbackDone* d = m.mutable_error_feedback_done();
@@ -67,6 +76,23 @@ void Daemon::OnErrorFeedback(Conn& c, const v1::LocalErrorFeedback& e) {
         fmt::format("{}: {} of tensor '{}' asked by {}: round {} of it is in flight", label_, what,
                     name, c.who, t.flight_round)));
   }
+  if (rounds) {
+    // No slice: the count travels in `values` both ways. Applied from local rank 0 of the node;
+    // the others' are acknowledged (every local process restores, as every worker does).
+    if (!e.restore()) {
+      StatusOr<uint64_t> done = engine_->TensorRounds(t.engine_id);
+      if (!done.ok()) return refuse(done.status().WithContext(label_));
+      return answer(Status::Ok(), *done, false);
+    }
+    if (c.local_rank != 0) return answer(Status::Ok(), e.values(), false);
+    const Status s = engine_->RestoreTensorRounds(t.engine_id, e.values());
+    return s.ok() ? answer(s, e.values(), true) : refuse(s.WithContext(label_));
+  }
+  if (state != v1::LocalErrorFeedback::STATE_WORKER_RESIDUAL && !server) {
+    return refuse(InvalidArgumentError(
+        fmt::format("{}: state {} of tensor '{}' asked by {}: no such state (a newer client?)",
+                    label_, static_cast<int>(state), name, c.who)));
+  }
   const std::string slice_what = fmt::format("{}: {} of tensor '{}' ({} x float32) asked by {}",
                                              label_, what, name, t.elements, c.who);
   StatusOr<std::shared_ptr<ipc::ShmSegment>> seg =
@@ -75,7 +101,8 @@ void Daemon::OnErrorFeedback(Conn& c, const v1::LocalErrorFeedback& e) {
   float* values =
       reinterpret_cast<float*>(static_cast<uint8_t*>((*seg)->data()) + e.slice().offset());
   if (!e.restore()) {
-    StatusOr<std::vector<float>> state = engine_->ErrorFeedbackState(t.engine_id);
+    StatusOr<std::vector<float>> state = server ? engine_->ServerErrorFeedbackState(t.engine_id)
+                                                : engine_->ErrorFeedbackState(t.engine_id);
     if (!state.ok()) return refuse(state.status().WithContext(label_));
     if (state->size() > t.elements) {
       // The slice carries one value per element; a method whose state keeps more (binsgdm's
@@ -95,9 +122,14 @@ void Daemon::OnErrorFeedback(Conn& c, const v1::LocalErrorFeedback& e) {
   }
   const Span<const float> saved(values, e.values());
   if (c.local_rank == 0) {
-    const Status s = engine_->RestoreErrorFeedbackState(t.engine_id, saved);
+    const Status s = server ? engine_->RestoreServerErrorFeedbackState(t.engine_id, saved)
+                            : engine_->RestoreErrorFeedbackState(t.engine_id, saved);
     return s.ok() ? answer(s, e.values(), true) : refuse(s.WithContext(label_));
   }
+  // The servers' residual is restored by one process of the job (bitpush.torch's rank 0): a
+  // restore from another local rank is acknowledged, not applied (reading the servers' size to
+  // check it would cost a round trip to every server).
+  if (server) return answer(Status::Ok(), e.values(), false);
   // Not local rank 0: checked like rank 0's (the size the tensor keeps), not applied.
   StatusOr<std::vector<float>> kept = engine_->ErrorFeedbackState(t.engine_id);
   if (!kept.ok()) return refuse(kept.status().WithContext(label_));

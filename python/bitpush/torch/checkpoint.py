@@ -17,14 +17,14 @@ mode, other compressors for the optimizer's tensors, or other model shapes.
 What resumes bit for bit: the model, the optimizer (moments, steps, hyper-parameters), the
 worker residuals and — compression.error_feedback server or both — the servers' residuals,
 which rank 0 reads from the servers into `path` (worker::Client::ServerErrorFeedbackState) and
-writes back on load before the first step, and the rounds of every tensor (embedded mode):
+writes back on load before the first step, and the rounds of every tensor:
 each process moves its tensors and their servers to the saved round
 (worker::Client::RestoreTensorRounds), so compressors that draw random numbers per round
 (randomk, dithering, sdp4bit's TLq-HS) continue the saved run's streams. A ServerOptimizer's
 tensors carry their rounds in their state (the servers' master weights, moments, step and the
-workers' copy, in `path`; docs/training.md). In daemon mode the node's bitpush-worker
-does not relay the servers' residuals: save_checkpoint warns that the resumed run starts them
-from zero.
+workers' copy, in `path`; docs/training.md). In daemon mode the node's bitpush-worker relays
+the servers' residuals and the rounds (local protocol 1.5); with an older one save_checkpoint
+warns that a resumed run starts them from zero.
 
 Thread-safety: call from the training thread, with no push_pull in flight.
 """
@@ -85,9 +85,9 @@ def _job(optimizer, model):
 
 def _rounds(optimizer):
     """{name: push_pulls completed} of the optimizer's tensors whose rounds the workers number
-    (not a ServerOptimizer's: its rounds travel with its state); {} in daemon mode."""
-    if mode() == "daemon":
-        return {}
+    (not a ServerOptimizer's: its rounds travel with its state). In daemon mode the node's
+    bitpush-worker numbers them and answers (local protocol 1.5); an older one cannot: {} then,
+    with a warning (a resumed run starts the random streams at round 0)."""
     s = _require()
     out = {}
     for p in optimizer._bp_params:
@@ -95,15 +95,22 @@ def _rounds(optimizer):
         with s.lock:
             d = s.declarations[name]
         if d.server_optimizer is None:
-            out[name] = int(s.client.tensor_rounds(d.index))
+            try:
+                out[name] = int(s.client.tensor_rounds(d.index))
+            except BitpushError as e:
+                if mode() != "daemon" or getattr(e, "code", None) != "Unimplemented":
+                    raise
+                warnings.warn("bitpush.save_checkpoint: %s; the checkpoint holds no rounds, so "
+                              "a resumed run starts the per-round random streams at round 0"
+                              % e, stacklevel=3)
+                return {}
     return out
 
 
 def _restore_rounds(saved):
     """Moves each tensor to its saved round, here and at its servers (every process; the
-    load's closing barrier keeps every push after every restore)."""
-    if mode() == "daemon":
-        return
+    load's closing barrier keeps every push after every restore). In daemon mode the node's
+    bitpush-worker applies its local rank 0's for the node."""
     s = _require()
     for name, rounds in saved.items():
         if rounds == 0:
@@ -140,18 +147,22 @@ def save_checkpoint(path, model, optimizer, extra=None):
     if rank() == 0:
         server_residuals = {}
         if job["error_feedback"] in ("server", "both"):
-            if mode() == "daemon":
-                warnings.warn("bitpush.save_checkpoint: compression.error_feedback is %s, and "
-                              "in daemon mode the servers' residuals are not part of the "
-                              "checkpoint: a run resumed from %s starts them from zero (it is "
-                              "not bit-identical to an uninterrupted run; the worker state is)"
-                              % (job["error_feedback"], path), stacklevel=2)
-            else:
+            try:
                 for p in optimizer._bp_params:
                     name = optimizer._bp_name(p)
                     r = server_error_feedback_state(name)
                     if r is not None:
                         server_residuals[name] = r
+            except BitpushError as e:
+                # A bitpush-worker older than local protocol 1.5 does not relay them.
+                if mode() != "daemon" or getattr(e, "code", None) != "Unimplemented":
+                    raise
+                server_residuals = {}
+                warnings.warn("bitpush.save_checkpoint: compression.error_feedback is %s, and "
+                              "%s: the servers' residuals are not part of the checkpoint, so a "
+                              "run resumed from %s starts them from zero (it is not "
+                              "bit-identical to an uninterrupted run; the worker state is)"
+                              % (job["error_feedback"], e, path), stacklevel=2)
         sd = optimizer.state_dict()
         sd.pop("bitpush", None)  # the residuals live in the node files
         _save(path, {"magic": _MAGIC, "format": FORMAT, "job": job,

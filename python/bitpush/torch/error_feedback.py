@@ -69,8 +69,8 @@ def server_error_feedback_state(name):
     """The servers' error-feedback residual of tensor `name` (paper 001 Algorithm 4's ẽ, kept
     with compression.error_feedback server or both) as a 1-D float32 CPU tensor, read from the
     servers that own its keys, or None when it keeps none. One process reads it for the
-    cluster (save_checkpoint: rank 0). Embedded mode (a daemon-mode process gets a
-    BitpushError, Unimplemented)."""
+    cluster (save_checkpoint: rank 0). In daemon mode the node's bitpush-worker relays it
+    (local protocol 1.5; an older one answers BitpushError, Unimplemented)."""
     return _read_residual(name, "server_error_feedback_state")
 
 
