@@ -5,12 +5,13 @@
 
 `merge` reads the span files of a --timeline run (DIR/<role>-<pid>-<n>.jsonl, the format of
 docs/observability.md "Span files"), aligns every file's clock to the scheduler's from its
-heartbeat exchanges (the exchange with the smallest round trip; half of it is the residual
-error), and writes one Chrome trace-event JSON: a process row per node (workers, then servers),
-a thread row per thread of each file, "X" events for the spans and flow arrows from each
-worker `push` to the server's `push_received` and from each server `reply_sent` to the end of
-the worker's `network` span. A file cut short by a crash is merged as far as it goes, with a
-warning; so are files with lines that do not decode.
+heartbeat exchanges (a line through the best exchange of each time window, so that a clock
+that drifts stays aligned: bitpush/_trace_clock.py), and writes one Chrome trace-event JSON:
+a process row per node (workers, then servers), a thread row per thread of each file, "X"
+events for the spans and flow arrows from each worker `push` to the server's `push_received`
+and from each server `reply_sent` to the end of the worker's `network` span. A file cut short
+by a crash is merged as far as it goes, with a warning; so are files with lines that do not
+decode.
 
 `plot` draws one step (round) of a merged trace as a Gantt chart (bitpush/_trace_plot.py,
 matplotlib). Which span answers which (the arrows, the causal check): bitpush/_trace_check.py.
@@ -29,8 +30,9 @@ import os
 import re
 import sys
 
-from . import _trace_check
+from . import _trace_check, _trace_clock
 from ._trace_check import fmt_ns as _fmt_ns
+from ._trace_clock import half as _half
 
 __all__ = ["load", "causal_violations", "main", "Trace", "TraceError"]
 
@@ -53,11 +55,6 @@ class TraceError(Exception):
     """A reason no trace could be made or read (the CLI prints it and exits 2)."""
 
 
-def _half(x):
-    """x / 2, an int when it is one (offsets and residuals stay exact)."""
-    return x // 2 if x % 2 == 0 else x / 2
-
-
 def _is_int(v):
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -68,20 +65,22 @@ def _is_num(v):
 
 class Span:
     """One span record of one file. ts/dur are this process's clock (ns); `at` is ts on the
-    scheduler's clock (ns, after alignment); `lane` the row it is drawn in (0 unless spans of
-    its thread overlap without nesting)."""
+    scheduler's clock (ns, after alignment), `at_dur` dur on it (dur itself unless the file's
+    clock drifts); `lane` the row it is drawn in (0 unless spans of its thread overlap without
+    nesting)."""
     __slots__ = ("name", "file", "tid", "ts", "dur", "key", "round", "bytes", "worker",
-                 "server", "at", "lane")
+                 "server", "at", "at_dur", "lane")
 
     def __init__(self, name, file, tid, ts, dur, fields):
         self.name, self.file, self.tid, self.ts, self.dur = name, file, tid, ts, dur
         self.key, self.round, self.bytes, self.worker, self.server = fields
         self.at = None
+        self.at_dur = dur
         self.lane = 0
 
     @property
     def end(self):
-        return self.at + self.dur
+        return self.at + self.at_dur
 
     def __repr__(self):
         return "Span(%s %s tid %d ts %s dur %s key %s round %s)" % (
@@ -112,7 +111,9 @@ class SpanFile:
         self.bad_lines = []   # (line number, why)
         self.bad_records = []  # (line number, why): JSON, but not a record we understand
         # Set by the alignment:
-        self.offset2 = 0      # 2 x offset (ns): scheduler time = local + offset2 / 2
+        self.clock = None     # its _trace_clock.ClockModel (None: no clock exchange)
+        self.offset2 = 0      # 2 x offset (ns): scheduler time = local + offset2 / 2 (at
+        #                       clock.t_ref when the clock drifts)
         self.residual_ns = None  # None: unknown (no clock exchange)
         self.samples = 0
         self.clock_from = None  # the sibling file whose clock exchanges were used, if any
@@ -120,6 +121,22 @@ class SpanFile:
     @property
     def offset_ns(self):
         return _half(self.offset2)
+
+    @property
+    def drift_ppm(self):
+        """The drift its alignment applies (ppm; 0: a constant offset), None: unknown."""
+        return None if self.clock is None else self.clock.drift_ppm
+
+    def align(self, span):
+        """Sets span.at and span.at_dur: its times on the scheduler's clock."""
+        c = self.clock
+        if c is None:
+            span.at = span.ts
+        elif c.kind == "constant":
+            span.at = span.ts + _half(self.offset2)
+        else:
+            span.at = c.at(span.ts)
+            span.at_dur = c.at(span.ts + span.dur) - span.at
 
     @property
     def partial(self):
@@ -240,39 +257,38 @@ def _short(e):
 
 # -- clocks -----------------------------------------------------------------------------------
 
-def _best_exchange(clocks):
-    """(offset2, round trip) of the exchange with the smallest round trip, or None."""
-    best = None
-    for t0, t1, t2, t3 in clocks:
-        rtt = (t3 - t0) - (t2 - t1)
-        if rtt < 0:
-            continue  # not a possible exchange (a clock stepped, or a bad record)
-        if best is None or rtt < best[1]:
-            best = ((t1 - t0) + (t2 - t3), rtt)
-    return best
-
-
 def _align(files):
-    """Sets each file's offset and residual; a file without exchanges takes those of another
-    file of the same process (same host and pid: the same steady clock) when there is one."""
-    warnings = {}  # file name -> why it is not aligned
+    """Sets each file's clock model (offset, drift, residual: bitpush/_trace_clock.py); a file
+    without exchanges takes the model of another file of the same process (same host and pid:
+    the same steady clock) when there is one. Returns {file name: [warnings]}."""
+    warnings = {}
+    fits = {}
+
+    def fit(g):
+        if g.name not in fits:
+            fits[g.name] = _trace_clock.fit(g.clocks)
+            if fits[g.name][1]:
+                warnings.setdefault(g.name, []).append("%s: %s" % (g.label, fits[g.name][1]))
+        return fits[g.name][0]
+
     for f in files:
-        best = _best_exchange(f.clocks)
+        model = fit(f)
         f.samples = len(f.clocks)
-        if best is None and f.pid is not None:
+        if model is None and f.pid is not None:
             for g in files:
                 if g is not f and g.pid == f.pid and (g.host == f.host or None in (
-                        g.host, f.host)) and _best_exchange(g.clocks) is not None:
-                    best, f.clock_from = _best_exchange(g.clocks), g.name
+                        g.host, f.host)) and fit(g) is not None:
+                    model, f.clock_from = fit(g), g.name
                     break
-        if best is None:
+        f.clock = model
+        if model is None:
             f.offset2, f.residual_ns = 0, None
-            warnings[f.name] = ("%s: no clock exchange with the scheduler (%s): its times "
-                                "are its own clock's, residual unknown"
-                                % (f.label, "none valid" if f.clocks else "it never heard "
-                                   "from the scheduler"))
+            warnings.setdefault(f.name, []).append(
+                "%s: no clock exchange with the scheduler (%s): its times are its own "
+                "clock's, residual unknown" % (f.label, "none valid" if f.clocks else
+                                               "it never heard from the scheduler"))
         else:
-            f.offset2, f.residual_ns = best[0], _half(best[1])
+            f.offset2, f.residual_ns = model.offset2, model.residual_ns
     return warnings
 
 
@@ -329,7 +345,7 @@ class Trace:
                     self.keys.setdefault(k, (name, i))
         for f in self.files:
             for s in f.spans:
-                s.at = s.ts + _half(f.offset2)
+                f.align(s)
         self.spans = sorted((s for f in self.files for s in f.spans),
                             key=lambda s: (s.at, -s.dur))
         self.base_ns = self.spans[0].at if self.spans else 0
@@ -454,7 +470,7 @@ class Trace:
             pid, tid, _ = rows[(s.file.name, s.tid, s.lane)]
             events.append(((s.at, 0, seq), {
                 "name": s.name, "cat": s.file.role or "unknown", "ph": "X",
-                "ts": self._us(s.at), "dur": s.dur / 1000, "pid": pid, "tid": tid,
+                "ts": self._us(s.at), "dur": s.at_dur / 1000, "pid": pid, "tid": tid,
                 "args": self._args(s)}))
         flow_id = 0
         for kind, src, dst, dst_at in _trace_check.flow_pairs(self):
@@ -480,7 +496,11 @@ class Trace:
                 "rank": f.rank, "pid": f.pid, "host": f.host, "offset_ns": f.offset_ns,
                 "residual_ns": "unknown" if f.residual_ns is None else f.residual_ns,
                 "samples": f.samples, "clock_from": f.clock_from, "spans": len(f.spans),
-                "dropped": f.dropped, "partial": f.partial})
+                "dropped": f.dropped, "partial": f.partial,
+                "clock_model": "none" if f.clock is None else f.clock.kind,
+                "drift_ppm": "unknown" if f.clock is None else f.clock.drift_ppm,
+                "clock_ref_ns": None if f.clock is None else f.clock.t_ref,
+                "fit_samples": 0 if f.clock is None else f.clock.fit_samples})
         nodes = {}
         for n in self.nodes:
             nodes[n.name] = {
@@ -496,6 +516,8 @@ class Trace:
             "max_residual_ns": ("unknown" if self.max_residual_ns is None
                                 else self.max_residual_ns),
             "unaligned_files": [f.name for f in self.files if f.residual_ns is None],
+            "max_drift_ppm": max((abs(f.drift_ppm) for f in self.files
+                                  if f.drift_ppm is not None), default=0),
             "spans": len(self.spans), "dropped": sum(f.dropped for f in self.files),
             "nodes": nodes, "files": files, "warnings": list(self.warnings)}
 
@@ -539,8 +561,7 @@ def load(directory):
     t = Trace(directory, files, warnings)
     for f in t.files:  # in row order
         t.warnings.extend(f.warnings())
-        if f.name in unaligned:
-            t.warnings.append(unaligned[f.name])
+        t.warnings.extend(unaligned.get(f.name, ()))
     return t
 
 
@@ -577,12 +598,15 @@ def _merge(args):
         print("bitpush trace merge: cannot write %s: %s" % (out, e.strerror or e),
               file=sys.stderr)
         return EXIT_FAILED
+    drifting = [f for f in t.files if f.clock is not None and f.clock.kind == "linear"]
     print("bitpush trace merge: wrote %s: %d spans of %d files, %d nodes (%s); clocks aligned "
-          "to the scheduler's within ±%s%s; open it in ui.perfetto.dev or chrome://tracing"
+          "to the scheduler's within ±%s%s%s; open it in ui.perfetto.dev or chrome://tracing"
           % (out, len(t.spans), len(t.files), len(t.nodes),
              ", ".join(n.name for n in t.nodes), _fmt_ns(t.max_residual_ns),
              " (%d files unaligned)" % sum(f.residual_ns is None for f in t.files)
-             if any(f.residual_ns is None for f in t.files) else ""))
+             if any(f.residual_ns is None for f in t.files) else "",
+             ", drift modelled in %d files (up to %.1f ppm)" % (
+                 len(drifting), max(abs(f.drift_ppm) for f in drifting)) if drifting else ""))
     return EXIT_OK
 
 

@@ -462,6 +462,225 @@ def test_errors_and_dispatch(tmp_path, capsys):
     assert bitpush.launch.main(["trace", "merge", d]) == 0  # its own output is no span file
 
 
+# -- clock drift -------------------------------------------------------------------------------
+#
+# A worker whose clock runs `ppm` fast (local = L0 + (s - T) (10^6 + ppm) / 10^6, exact on a
+# 10 µs grid of scheduler time s) and a server whose clock is 2 s ahead and does not drift,
+# each with a heartbeat exchange every second for two minutes (up = down: every exchange's
+# offset is exact) and a push of key 1 at 1 s, 60 s and 119 s: push_received 20 µs later,
+# reply_sent 100 µs later, the reply back at 130 µs.
+
+L0 = 7 * 10 ** 12
+SEC = 1000 * MS
+PUSHES = (1 * SEC, 60 * SEC, 119 * SEC)
+
+
+def _local(ppm):
+    def local(s):
+        num = (s - T) * (10 ** 6 + ppm)
+        assert num % 10 ** 6 == 0, s  # on the grid: every time exact
+        return L0 + num // 10 ** 6
+    return local
+
+
+def _exchange(local, s0, up, down, gap=10 * US):
+    t1 = s0 + up
+    t2 = t1 + gap
+    return {"type": "clock", "t0": local(s0), "t1": t1, "t2": t2, "t3": local(t2 + down)}
+
+
+def _at(local, name, s, d, **kw):
+    rec = {"type": "span", "name": name, "ts": local(s), "dur": local(s + d) - local(s),
+           "tid": 1}
+    rec.update(kw)
+    return rec
+
+
+def drift_job(ppm=100, seconds=121, noisy=False):
+    """{file name: [records]} of the drifting pair (above). noisy: every exchange has a slow
+    twin half a second later (3 ms up, 40 µs down: its offset 1.5 ms off), and from 50 s to
+    62 s only slow ones arrive (so some windows have no good exchange)."""
+    w, srv = _local(ppm), (lambda s: s + 2 * SEC)
+    w_recs = [{"type": "process", "role": "worker", "rank": 0, "node": "worker 0",
+               "process": "engine", "pid": 600, "host": "ha", "version": 1}]
+    s_recs = [{"type": "process", "role": "server", "rank": 0, "node": "server 0",
+               "process": "server", "pid": 700, "host": "hb", "version": 1}]
+    for k in range(seconds):
+        s0 = T + k * SEC
+        if not (noisy and 50 <= k < 62):
+            w_recs.append(_exchange(w, s0, 40 * US, 40 * US))
+        if noisy:
+            w_recs.append(_exchange(w, s0 + SEC // 2, 3 * MS, 40 * US))
+        s_recs.append(_exchange(srv, s0, 20 * US, 20 * US))
+    for r, p in enumerate(PUSHES, 1):
+        w_recs.append(_at(w, "push", T + p, 50 * US, key=1, round=r, server=0))
+        w_recs.append(_at(w, "network", T + p, 130 * US, key=1, round=r, server=0))
+        s_recs.append(_at(srv, "push_received", T + p + 20 * US, 0, key=1, round=r, worker=0))
+        s_recs.append(_at(srv, "reply_sent", T + p + 100 * US, 0, key=1, round=r, worker=0))
+    end = {"type": "end", "dropped": 0}
+    return {"worker-600-0.jsonl": w_recs + [dict(end, spans=6)],
+            "server-700-0.jsonl": s_recs + [dict(end, spans=6)]}
+
+
+def _theta(ppm, t):
+    """The worker's true offset (scheduler - local, ns, a Fraction) at local time t."""
+    from fractions import Fraction
+    return T + Fraction((t - L0) * 10 ** 6, 10 ** 6 + ppm) - t
+
+
+def _span_times(t):
+    return {(s.file.role, s.name, s.round): (s.at, s.at_dur) for s in t.spans}
+
+
+def _exact(t):
+    """Every span where the made-up job put it, on the scheduler's clock."""
+    want = {}
+    for r, p in enumerate(PUSHES, 1):
+        want.update({("worker", "push", r): (T + p, 50 * US),
+                     ("worker", "network", r): (T + p, 130 * US),
+                     ("server", "push_received", r): (T + p + 20 * US, 0),
+                     ("server", "reply_sent", r): (T + p + 100 * US, 0)})
+    return _span_times(t) == want
+
+
+def test_drift_model(tmp_path, capsys):
+    d = write(tmp_path / "spans", drift_job())
+    t = bt.load(d)
+    w, s = t.files[0], t.files[1]
+    # Every exchange of the worker is exact (up = down), so the line is the clock's: 100 ppm
+    # fast, every span exactly where it was (durations shrunk back from local time), and the
+    # residual half the exchanges' round trip: 40 µs up + 10 µs + 40 µs down on a clock
+    # 100 ppm fast, less the scheduler's 10 µs.
+    assert (w.clock.kind, w.drift_ppm, w.residual_ns, w.clock.fit_samples) == \
+        ("linear", 100.0, 40004.5, 32)
+    assert abs(w.offset_ns - _theta(100, w.clock.t_ref)) <= 0.5
+    assert (s.clock.kind, s.drift_ppm, s.residual_ns, s.offset_ns) == \
+        ("linear", 0.0, 20 * US, -2 * SEC)
+    assert _exact(t)
+    assert bt.causal_violations(t) == []
+    assert t.warnings == []
+
+    chrome, cap = merge(capsys, d, str(tmp_path / "trace.json"))
+    assert cap.err == ""
+    assert "within ±40.0 µs, drift modelled in 2 files (up to 100.0 ppm)" in cap.out
+    meta = chrome["otherData"]
+    assert meta["max_drift_ppm"] == 100.0 and meta["max_residual_ns"] == 40004.5
+    files = {f["file"]: f for f in meta["files"]}
+    got = {k: files["worker-600-0.jsonl"][k] for k in (
+        "clock_model", "drift_ppm", "residual_ns", "samples", "fit_samples", "clock_ref_ns",
+        "offset_ns", "clock_from")}
+    assert got == {"clock_model": "linear", "drift_ppm": 100.0, "residual_ns": 40004.5,
+                   "samples": 121, "fit_samples": 32, "clock_ref_ns": w.clock.t_ref,
+                   "offset_ns": w.offset_ns, "clock_from": None}
+    far = find(chrome, "push", round=3)
+    assert far["ts"] == 118 * 10 ** 6 and far["dur"] == 50.0  # µs from the first push
+
+
+def test_drift_constant_model_is_off_at_the_far_end(tmp_path, monkeypatch):
+    """What one offset per file does with the same files: right at the exchange it comes
+    from (the first), two minutes later off by the 100 ppm (12 ms), far beyond its residual:
+    a push received before it was pushed."""
+    d = write(tmp_path / "spans", drift_job())
+    monkeypatch.setattr(bt._trace_clock, "MIN_SPAN_NS", 10 ** 15)
+    t = bt.load(d)
+    w = t.files[0]
+    assert (w.clock.kind, w.drift_ppm, w.residual_ns) == ("constant", 0, 40004.5)
+    push = {s.round: s for s in t.spans if s.name == "push"}
+    assert push[1].at - (T + 1 * SEC) == 99995.5  # 1 s after its exchange: 100 µs late
+    off = push[3].at - (T + 119 * SEC)
+    assert 11.8 * MS < off < 11.9 * MS and off > w.residual_ns + t.files[1].residual_ns
+    assert bt.causal_violations(t) == [
+        "worker 0 push key 1 round 1 at 0.080 ms: server 0 received it at 0.000 ms, 80.0 µs "
+        "before it was pushed (tolerance 60.0 µs)",
+        "worker 0 push key 1 round 2 at 59005.980 ms: server 0 received it at 59000.000 ms, "
+        "5.980 ms before it was pushed (tolerance 60.0 µs)",
+        "worker 0 push key 1 round 3 at 118011.880 ms: server 0 received it at 118000.000 ms, "
+        "11.880 ms before it was pushed (tolerance 60.0 µs)"]
+
+
+def test_drift_noisy_exchanges(tmp_path):
+    """Slow exchanges (their offsets 1.5 ms off) lose to the window's best; a window with
+    none but slow ones is left out of the fit: the line and residual stay exact."""
+    t = bt.load(write(tmp_path / "spans", drift_job(noisy=True)))
+    w = t.files[0]
+    assert w.samples == 121 - 12 + 121
+    assert (w.clock.kind, w.drift_ppm, w.residual_ns) == ("linear", 100.0, 40004.5)
+    assert w.clock.fit_samples < 32
+    assert _exact(t) and bt.causal_violations(t) == []
+
+
+def test_drift_too_steep_falls_back(tmp_path, capsys):
+    """A clock 1000 ppm fast is no steady clock: warned about, one constant offset (today's:
+    the best exchange, the first of equals)."""
+    files = drift_job(ppm=1000)
+    d = write(tmp_path / "spans", files)
+    t = bt.load(d)
+    w = t.files[0]
+    first = files["worker-600-0.jsonl"][1]
+    offset2 = (first["t1"] - first["t0"]) + (first["t2"] - first["t3"])
+    rtt = (first["t3"] - first["t0"]) - (first["t2"] - first["t1"])
+    assert rtt == 80090
+    assert (w.clock.kind, w.offset2, w.residual_ns, w.drift_ppm) == \
+        ("constant", offset2, rtt // 2, 0)
+    warning = ("worker-600-0.jsonl (worker 0): its exchanges put its clock's drift at "
+               "+1000.0 ppm against the scheduler's, beyond ±500 ppm (no steady clock drifts "
+               "that much): aligned with one constant offset instead")
+    assert t.warnings == [warning]
+    chrome, cap = merge(capsys, d, str(tmp_path / "trace.json"))
+    assert cap.err == "bitpush trace: warning: " + warning + "\n"
+    meta = chrome["otherData"]
+    f = [f for f in meta["files"] if f["file"] == "worker-600-0.jsonl"][0]
+    assert (f["clock_model"], f["drift_ppm"], f["fit_samples"], f["clock_ref_ns"]) == \
+        ("constant", 0, 1, None)
+    assert meta["max_drift_ppm"] == 0.0  # the server's: its line is flat
+
+
+def test_drift_few_samples_is_constant(tmp_path):
+    """Exchanges over less than MIN_SPAN_NS, or one: today's constant offset, exactly."""
+    t = bt.load(write(tmp_path / "short", drift_job(seconds=4)))
+    w = t.files[0]
+    best = bt._trace_clock.best_exchange(w.clocks)
+    assert best[1] == 80009
+    assert (w.clock.kind, w.offset2, w.residual_ns, w.drift_ppm) == \
+        ("constant", best[0], 40004.5, 0)
+    assert all(s.at == s.ts + bt._half(best[0]) and s.at_dur == s.dur for s in w.spans)
+    t = bt.load(write(tmp_path / "one", drift_job(seconds=1)))
+    assert all(f.clock.kind == "constant" and f.clock.fit_samples == 1 for f in t.files)
+    # The made-up job above: every file constant, its metadata says so.
+    t = bt.load(write(tmp_path / "job", job()))
+    meta = t.metadata()
+    assert {f["clock_model"] for f in meta["files"]} == {"constant"}
+    assert {f["drift_ppm"] for f in meta["files"]} == {0} and meta["max_drift_ppm"] == 0
+
+
+def test_drift_clock_from(tmp_path):
+    """A second file of the drifting process, without clock records, takes its sibling's
+    line."""
+    files = drift_job()
+    w = _local(100)
+    files["worker-600-1.jsonl"] = [
+        {"type": "process", "role": "worker", "rank": 0, "node": "worker 0",
+         "process": "engine", "pid": 600, "host": "ha", "version": 1},
+        _at(w, "compress", T + 100 * SEC, 30 * US, key=1, round=9),
+        {"type": "end", "spans": 1, "dropped": 0}]
+    t = bt.load(write(tmp_path / "spans", files))
+    f = [f for f in t.files if f.name == "worker-600-1.jsonl"][0]
+    assert (f.clock_from, f.clock.kind, f.drift_ppm, f.residual_ns, f.samples) == \
+        ("worker-600-0.jsonl", "linear", 100.0, 40004.5, 0)
+    assert (f.spans[0].at, f.spans[0].at_dur) == (T + 100 * SEC, 30 * US)
+
+
+def test_drift_model_float_times():
+    """Times that are not whole ns (the format allows numbers) land on the same line."""
+    import bitpush._trace_clock as tc
+    m = tc.fit([(_local(100)(T + k * SEC), T + k * SEC + 40 * US, T + k * SEC + 50 * US,
+                 _local(100)(T + k * SEC + 90 * US)) for k in range(0, 20)])[0]
+    assert m.kind == "linear"
+    ts = _local(100)(T + 7 * SEC)
+    assert m.at(ts) == T + 7 * SEC
+    assert m.at(ts + 0.5) == pytest.approx(T + 7 * SEC + 0.5 / 1.0001, abs=1e-3)
+
+
 def _picture(path):
     """Draws round 2 of the made-up job (docs/images/trace-step.png):
     /usr/bin/python3 tests/python/test_trace_merge.py docs/images/trace-step.png"""
