@@ -190,10 +190,8 @@ class DaemonBackend final : public ClientBackend {
   Status RestoreServerOptimizerState(TensorId, const std::vector<std::string>&) override {
     return UnimplementedError(kServerOptimizerInDaemonMode);
   }
-  Status WaitForServers(std::chrono::milliseconds) override {
-    return UnimplementedError(
-        "a server rejoining a running job (cluster.server_rejoin_timeout_s) needs embedded "
-        "workers; the node's bitpush-worker does not relay it");
+  Status WaitForServers(std::chrono::milliseconds timeout) override {
+    return daemon_->WaitForServers(timeout);
   }
   Status Barrier() override { return daemon_->Barrier(); }
   // The daemon bounds the clean end itself (its own op_timeout).

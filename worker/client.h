@@ -277,7 +277,8 @@ class Client {
   // server was missing, so every worker restores the checkpoint, none goes on alone. When no server
   // is missing yet (a push_pull met the dropped connection before the scheduler's verdict) it first
   // waits up to 2 x heartbeat_timeout for one, then returns OK if none came; the cluster's error if
-  // it ended (the server did not come back in time). Embedded mode (daemon mode: Unimplemented).
+  // it ended (the server did not come back in time). Daemon mode: a node collective (every
+  // training process of the node calls it; the node's bitpush-worker waits once for all).
   Status WaitForServers(std::chrono::milliseconds timeout);
 
   // Waits for every worker (the scheduler's worker barrier); in daemon mode for every training

@@ -122,6 +122,9 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Create(DaemonOptions options) {
   NodeBarrierOptions bo;
   bo.label = d->label_;
   bo.cluster_barrier = [p = d.get()] { return p->engine_->Barrier(); };
+  bo.wait_for_servers = [p = d.get()](std::chrono::milliseconds timeout) {
+    return p->engine_->WaitForServers(timeout);
+  };
   bo.node_error = [p = d.get()] {
     std::lock_guard<std::mutex> lock(p->mu_);
     return p->node_error_;

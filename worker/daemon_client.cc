@@ -257,32 +257,56 @@ PushPullHandle DaemonClient::PushPull(TensorId id, ConstTensorView input, Tensor
 }
 
 Status DaemonClient::Barrier() {
+  return NodeCollective(std::nullopt);
+}
+
+Status DaemonClient::WaitForServers(std::chrono::milliseconds timeout) {
+  if (daemon_minor_ < ipc::kLocalMinorWaitForServers) {
+    return UnimplementedError(fmt::format(
+        "WaitForServers: the {} speaks local protocol {}.{}; a server rejoining a running job "
+        "(cluster.server_rejoin_timeout_s) in daemon mode needs {}.{} (update bitpush-worker)",
+        daemon_name_, ipc::kLocalProtocolMajor, daemon_minor_, ipc::kLocalProtocolMajor,
+        ipc::kLocalMinorWaitForServers));
+  }
+  if (timeout.count() < 0) timeout = std::chrono::milliseconds(0);
+  return NodeCollective(timeout);
+}
+
+Status DaemonClient::NodeCollective(std::optional<std::chrono::milliseconds> wait_for_servers) {
+  const char* what = wait_for_servers ? "wait_for_servers" : "barrier";
   std::lock_guard<std::mutex> one_at_a_time(barrier_mu_);
   uint64_t seq;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!error_.ok()) return error_;
-    if (closed_) return CancelledError("Barrier: the client was closed");
+    if (closed_) return CancelledError(fmt::format("{}: the client was closed", what));
     seq = next_barrier_++;
   }
   v1::LocalMessage m;
   m.mutable_barrier()->set_seq(seq);
+  // The wait may last its timeout once every local process entered, which may take an op.
+  std::chrono::milliseconds bound = op_wait_;
+  if (wait_for_servers) {
+    m.mutable_barrier()->set_wait_for_servers(true);
+    m.mutable_barrier()->set_wait_timeout_ms(static_cast<uint64_t>(wait_for_servers->count()));
+    bound += *wait_for_servers;
+  }
   Status sent = ipc::SendLocalMessage(*channel_, m);
   std::unique_lock<std::mutex> lock(mu_);
   if (!sent.ok()) return SendFailedLocked(lock, sent);
   const bool answered = cv_.wait_for(
-      lock, op_wait_, [&] { return barrier_done_.count(seq) > 0 || !error_.ok() || closed_; });
+      lock, bound, [&] { return barrier_done_.count(seq) > 0 || !error_.ok() || closed_; });
   if (auto it = barrier_done_.find(seq); it != barrier_done_.end()) {
     Status s = it->second;
     barrier_done_.erase(it);
     return s;
   }
   if (!error_.ok()) return error_;
-  if (closed_) return CancelledError("Barrier: the client was closed");
+  if (closed_) return CancelledError(fmt::format("{}: the client was closed", what));
   (void)answered;
   // Later barriers would be out of step with the daemon's count: the connection is unusable.
-  error_ = TimeoutError(fmt::format("barrier {}: no answer from the {} within {} ms", seq,
-                                    daemon_name_, op_wait_.count()));
+  error_ = TimeoutError(fmt::format("{} {}: no answer from the {} within {} ms", what, seq,
+                                    daemon_name_, bound.count()));
   FailAllLocked(error_);
   return error_;
 }

@@ -97,6 +97,12 @@ class DaemonClient {
   // the daemon's error; bounded by the daemon's op_timeout + kDaemonWaitMargin. One barrier at
   // a time per process (concurrent callers take turns).
   Status Barrier();
+  // Client::WaitForServers in daemon mode (local protocol 1.6): a node collective like Barrier
+  // (LocalBarrier.wait_for_servers) — once every training process of the node entered it, the
+  // daemon waits for the servers once for the node (Engine::WaitForServers, bounded by the
+  // smallest timeout given) and answers each. Bounded here by op_timeout + kDaemonWaitMargin +
+  // `timeout`. Unimplemented when the daemon speaks an older minor version (nothing is sent).
+  Status WaitForServers(std::chrono::milliseconds timeout);
   // Client::ErrorFeedbackState / RestoreErrorFeedbackState in daemon mode (LocalErrorFeedback,
   // local protocol 1.3): the values go through a per-tensor segment of elements x 4 bytes
   // (created at the first use). One request at a time per process; bounded by the daemon's
@@ -147,6 +153,8 @@ class DaemonClient {
   // for the reader to read the daemon's last words (its Goodbye), makes the error sticky (that
   // reason, else `sent`), fails every pending op with it and returns it.
   Status SendFailedLocked(std::unique_lock<std::mutex>& lock, const Status& sent);
+  // Barrier (nullopt) or WaitForServers (its timeout): one LocalBarrier exchange.
+  Status NodeCollective(std::optional<std::chrono::milliseconds> wait_for_servers);
   void OnDone(const v1::LocalPushPullDone& done);
   // One LocalErrorFeedback exchange about `state`: a read fills *read (a residual) or *count
   // (the rounds); a restore sends `saved` (a residual) or `next` (the rounds).

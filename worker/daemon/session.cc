@@ -113,7 +113,13 @@ Status Daemon::Handle(Conn& c, const v1::LocalMessage& m) {
                                               m.barrier().seq(), c.next_barrier));
     }
     ++c.next_barrier;
-    barrier_->Enter(c.channel, c.who, m.barrier().seq(), local_size_);
+    std::optional<milliseconds> wait;
+    if (m.barrier().wait_for_servers()) {
+      // Bounded like any wait here: a timeout beyond a day is taken as a day.
+      constexpr uint64_t kMaxWaitMs = 86400000;
+      wait = milliseconds(std::min(m.barrier().wait_timeout_ms(), kMaxWaitMs));
+    }
+    barrier_->Enter(c.channel, c.who, m.barrier().seq(), local_size_, wait);
     return Status::Ok();
   }
   if (m.has_goodbye()) {

@@ -25,11 +25,13 @@ namespace bitpush::worker::ipc {
 
 inline constexpr uint32_t kLocalProtocolMajor = 1;
 // Minor versions: 1 LocalBarrier; 2 GPU tensors; 3 LocalErrorFeedback; 5 its `state` (the
-// servers' residual and the rounds). A client checks the daemon's minor before sending a message
-// or field it added (kLocalMinorErrorFeedback, kLocalMinorJobState).
-inline constexpr uint32_t kLocalProtocolMinor = 5;
+// servers' residual and the rounds); 6 LocalBarrier's wait_for_servers. A client checks the
+// daemon's minor before sending a message or field it added (kLocalMinorErrorFeedback,
+// kLocalMinorJobState, kLocalMinorWaitForServers).
+inline constexpr uint32_t kLocalProtocolMinor = 6;
 inline constexpr uint32_t kLocalMinorErrorFeedback = 3;
 inline constexpr uint32_t kLocalMinorJobState = 5;
+inline constexpr uint32_t kLocalMinorWaitForServers = 6;
 
 // Serializes `message` into one frame.
 Status SendLocalMessage(Channel& channel, const v1::LocalMessage& message);
