@@ -24,10 +24,12 @@
 namespace bitpush::worker::ipc {
 
 inline constexpr uint32_t kLocalProtocolMajor = 1;
-// Minor versions: 1 LocalBarrier; 2 GPU tensors; 3 LocalErrorFeedback (a client checks the
-// daemon's minor before sending a message it added: kLocalMinorErrorFeedback).
-inline constexpr uint32_t kLocalProtocolMinor = 3;
+// Minor versions: 1 LocalBarrier; 2 GPU tensors; 3 LocalErrorFeedback; 4 LocalOptimizerSpan and
+// LocalHelloReply.tracing (a client checks the daemon's minor before sending a message it
+// added: kLocalMinorErrorFeedback, kLocalMinorOptimizerSpan).
+inline constexpr uint32_t kLocalProtocolMinor = 4;
 inline constexpr uint32_t kLocalMinorErrorFeedback = 3;
+inline constexpr uint32_t kLocalMinorOptimizerSpan = 4;
 
 // Serializes `message` into one frame.
 Status SendLocalMessage(Channel& channel, const v1::LocalMessage& message);
