@@ -225,6 +225,10 @@ class DaemonBackend final : public ClientBackend {
   Status RestoreTensorRounds(TensorId tensor, uint64_t next) override {
     return daemon_->RestoreTensorRounds(tensor, next);
   }
+  // The node's daemon records it (its engine writes the node's worker spans).
+  void TraceOptimizer(int64_t start_ns, int64_t end_ns) override {
+    daemon_->TraceOptimizer(start_ns, end_ns);
+  }
 
  private:
   const std::unique_ptr<DaemonClient> daemon_;

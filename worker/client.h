@@ -352,7 +352,9 @@ class Client {
   Status RestoreTensorRounds(TensorId tensor, uint64_t next);
   // The training script's optimizer step from start_ns to end_ns (steady clock: Python's
   // time.monotonic_ns()), as the timeline's `optimizer` span of the step just pushed
-  // (docs/observability.md); nothing when tracing is off or in daemon mode.
+  // (docs/observability.md); nothing when tracing is off. In daemon mode it goes to the node's
+  // daemon (LocalOptimizerSpan, fire-and-forget), which records it with this process's local
+  // rank, and only when that daemon traces (its Hello reply says so).
   void TraceOptimizer(int64_t start_ns, int64_t end_ns);
 
   // One line, beginning "compression: ", saying how many of `tensors` (and how many bytes)

@@ -57,8 +57,9 @@ class ClientBackend {
   virtual Status RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved) = 0;
   virtual StatusOr<uint64_t> TensorRounds(TensorId tensor) = 0;
   virtual Status RestoreTensorRounds(TensorId tensor, uint64_t next) = 0;
-  // The timeline's `optimizer` span (docs/observability.md); nothing where this process keeps
-  // no timeline (tracing off, or daemon mode, whose engine lives in the daemon).
+  // The timeline's `optimizer` span (docs/observability.md): recorded by the engine's timeline
+  // (embedded) or sent to the node's daemon, whose engine records it (daemon mode); nothing
+  // when tracing is off.
   virtual void TraceOptimizer(int64_t /*start_ns*/, int64_t /*end_ns*/) {}
 };
 

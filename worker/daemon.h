@@ -55,6 +55,16 @@
 // op_timeout; restored from local rank 0 only, as bitpush.torch's rank 0 alone restores it) and
 // the tensor's rounds (read in the reply; restored from local rank 0 of each node).
 //
+// Optimizer spans (LocalOptimizerSpan, local protocol 1.4): the node's worker spans are this
+// daemon's engine's (trace.dir), so the training processes' optimizer steps come here too. The
+// HelloReply says whether the engine traces (`tracing`); a client sends spans only then, one per
+// step, no reply. Recorded on the poll loop by Engine::TraceStep (its own mutex, a copy into the
+// recorder's ring) as the `optimizer` span of the step just pushed, with the sender's local rank.
+// The times are the sender's CLOCK_MONOTONIC, which is this daemon's steady clock (same host), so
+// they are taken as they are; a span that does not lie between the sender's Hello and its
+// arrival (end before start, negative or absurd values, a sender in another time namespace) is
+// dropped and logged once per connection, never an error of the node.
+//
 // Ownership: the Daemon owns the Listener (its socket path is unlinked on every exit path that
 // unwinds; a stale file is replaced at the next start), the connections, the segments it
 // opened (mappings only: each process unlinks its own; the daemon unlinks a dead one's), the
@@ -68,10 +78,10 @@
 //
 // Pieces (one file each, named after what they do): worker/daemon.cc composes them and owns the
 // life cycle (Create, Run's poll loop, Stop, FailNode); daemon/session.cc (accepting training
-// processes, reading their messages, Hello, dropping a connection); daemon/declarations.cc
-// (gathering a tensor's declarations, the engine declaration for the node, the verdict);
-// daemon/gather.cc (checking and keeping each process's push_pull of a round, handing the
-// gathered round on, the gathering bound); daemon/round_executor.cc (the round and completion
+// processes, reading their messages, Hello, their optimizer spans, dropping a connection);
+// daemon/declarations.cc (gathering a tensor's declarations, the engine declaration for the node,
+// the verdict); daemon/gather.cc (checking and keeping each process's push_pull of a round, handing
+// the gathered round on, the gathering bound); daemon/round_executor.cc (the round and completion
 // threads); daemon/error_feedback.cc (the node residual's reads and restores); and two pieces
 // with their own state and threads: NodeBarrier (daemon/node_barrier.h, the barrier thread)
 // and GpuRounds (daemon/gpu_rounds.h, the NCCL group of the node's GPUs). The connection and
@@ -215,6 +225,8 @@ class Daemon {
   // Reads or restores the node's worker residual of a tensor through the sender's shared memory
   // (LocalErrorFeedback; see "Error-feedback state" above).
   void OnErrorFeedback(Conn& c, const v1::LocalErrorFeedback& e);
+  // Records the sender's optimizer step in the engine's timeline (see "Optimizer spans" above).
+  void OnOptimizerSpan(Conn& c, const v1::LocalOptimizerSpan& s);
   // The mapped segment of a slice `c` named, after ValidateSlice (`expected_bytes`, `what`),
   // Open on first use (exact size) and CheckSize: shared by push_pulls and error-feedback
   // requests.

@@ -71,6 +71,8 @@ StatusOr<std::unique_ptr<DaemonClient>> DaemonClient::Connect(const DaemonClient
   c->node_rank_ = reply.hello_reply().node_rank();
   c->num_nodes_ = reply.hello_reply().num_nodes();
   c->daemon_minor_ = reply.hello_reply().version().minor();
+  c->daemon_traces_ =
+      c->daemon_minor_ >= ipc::kLocalMinorOptimizerSpan && reply.hello_reply().tracing();
   c->op_wait_ = std::chrono::milliseconds(reply.hello_reply().op_timeout_ms()) + kDaemonWaitMargin;
   c->reader_ = std::thread([p = c.get()] { p->ReaderLoop(); });
   return c;
@@ -452,6 +454,22 @@ Status DaemonClient::StateRequest(TensorId id, v1::LocalErrorFeedback::State sta
     read->assign(values, values + done.values());
   }
   return Status::Ok();
+}
+
+void DaemonClient::TraceOptimizer(int64_t start_ns, int64_t end_ns) {
+  if (!daemon_traces_) return;  // set before the reader started, never changed: no lock
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_.ok() || closed_) return;
+  }
+  v1::LocalMessage m;
+  v1::LocalOptimizerSpan* span = m.mutable_optimizer_span();
+  span->set_start_ns(start_ns);
+  span->set_end_ns(end_ns);
+  // Each frame is one atomic sendmsg: a failed send leaves nothing half-written behind.
+  const Status sent = ipc::SendLocalMessage(*channel_, m);
+  if (!sent.ok())
+    BP_LOG_DEBUG("optimizer span to the {} dropped: {}", daemon_name_, sent.message());
 }
 
 Status DaemonClient::StageOnDevice(Tensor& t, const void* input, const void* output) {

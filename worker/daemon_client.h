@@ -22,6 +22,16 @@
 // with a slice of a per-tensor segment and wait for the daemon's answer (the residual is the
 // node's; local rank 0's restore is the one applied: docs/local-ipc.md).
 //
+// Optimizer spans: TraceOptimizer sends one LocalOptimizerSpan (local protocol 1.4; two varints,
+// one sendmsg, no reply) per optimizer step, and only when the daemon's HelloReply said it
+// records a timeline (`tracing`). With tracing off in the daemon, or a daemon older than 1.4,
+// it is one branch and nothing is sent (an older daemon would take the unknown message for
+// garbage and end the node). A tracing daemon gets one frame per step even for steps its
+// trace.steps leaves out (it drops those): one small frame next to the step's LocalPushPull per
+// tensor, so this process needs to know nothing of the filter. A span that cannot be sent is
+// dropped without touching the connection's state: a dead daemon is the next real call's (and
+// the reader's) to report.
+//
 // Ownership: owns the Channel, the segments (unlinked by their destructors and on every exit
 // path, shm_segment.h) and one reader thread ("bp-dclient").
 // Thread-safety: every public method may be called from any thread (state under mu_; no frame
@@ -119,6 +129,11 @@ class DaemonClient {
   Status RestoreServerErrorFeedbackState(TensorId tensor, Span<const float> saved);
   StatusOr<uint64_t> TensorRounds(TensorId tensor);
   Status RestoreTensorRounds(TensorId tensor, uint64_t next);
+  // Client::TraceOptimizer in daemon mode: the step from start_ns to end_ns (steady clock, the
+  // daemon's too) as a LocalOptimizerSpan, when the daemon traces (see the file comment).
+  void TraceOptimizer(int64_t start_ns, int64_t end_ns);
+  // Whether the daemon records a timeline and takes optimizer spans (HelloReply, minor >= 4).
+  bool daemon_traces() const { return daemon_traces_; }
   // Sends LocalGoodbye (refused while a push_pull is pending) and closes.
   Status Shutdown();
   // Fails pending handles with Cancelled, closes the connection, joins the reader. Idempotent.
@@ -169,7 +184,8 @@ class DaemonClient {
   std::string daemon_name_;  // "bitpush-worker daemon at PATH (pid N)"
   uint32_t node_rank_ = 0;
   uint32_t num_nodes_ = 0;
-  uint32_t daemon_minor_ = 0;  // the daemon's local protocol minor version (HelloReply)
+  uint32_t daemon_minor_ = 0;   // the daemon's local protocol minor version (HelloReply)
+  bool daemon_traces_ = false;  // HelloReply.tracing from a daemon of minor >= 4
   std::chrono::milliseconds op_wait_{0};
   std::unique_ptr<ipc::Channel> channel_;
   std::thread reader_;

@@ -233,7 +233,7 @@ uint64_t Engine::FirstKey(TensorId tensor) const {
   return t.partitions.empty() ? 0 : t.partitions[0].range.key;
 }
 
-void Engine::TraceStep(trace::SpanKind kind, int64_t start_ns, int64_t end_ns) {
+void Engine::TraceStep(trace::SpanKind kind, int64_t start_ns, int64_t end_ns, int32_t local_rank) {
   if (!trace_) return;
   uint64_t done = 0;
   {
@@ -241,7 +241,7 @@ void Engine::TraceStep(trace::SpanKind kind, int64_t start_ns, int64_t end_ns) {
     for (const auto& t : state_.tensors) done = std::max(done, t->rounds_done);
   }
   const uint64_t round = done == 0 ? 0 : done - 1;
-  if (trace_->Wants(round)) trace_->Span(kind, start_ns, end_ns, 0, round, 0);
+  if (trace_->Wants(round)) trace_->Span(kind, start_ns, end_ns, 0, round, 0, -1, -1, local_rank);
 }
 
 Status Engine::CommitDeclarations() {

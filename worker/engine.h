@@ -130,7 +130,8 @@ class Engine {
   uint64_t FirstKey(TensorId tensor) const;
   // A span of the step just pushed (the highest round any tensor completed), e.g. the
   // training script's optimizer step; nothing when tracing is off or that round is not traced.
-  void TraceStep(trace::SpanKind kind, int64_t start_ns, int64_t end_ns);
+  // `local_rank` >= 0: the daemon's training process it is about (the span's `local_rank`).
+  void TraceStep(trace::SpanKind kind, int64_t start_ns, int64_t end_ns, int32_t local_rank = -1);
   StatusOr<uint64_t> TensorRounds(TensorId tensor);
   Status RestoreTensorRounds(TensorId tensor, uint64_t next);
   // Client::InitServerWeights / PullServerWeights / ServerOptimizerState /

@@ -134,7 +134,7 @@ uint32_t Recorder::TidLocked() {
 }
 
 void Recorder::Span(SpanKind kind, int64_t start_ns, int64_t end_ns, uint64_t key, uint64_t round,
-                    uint64_t bytes, int32_t worker, int32_t server) {
+                    uint64_t bytes, int32_t worker, int32_t server, int32_t local_rank) {
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) return;
   if (ring_.size() >= options_.buffer_spans) {
@@ -142,7 +142,8 @@ void Recorder::Span(SpanKind kind, int64_t start_ns, int64_t end_ns, uint64_t ke
     return;
   }
   ++recorded_;
-  ring_.push_back(Record{start_ns, end_ns, key, round, bytes, worker, server, TidLocked(), kind});
+  ring_.push_back(
+      Record{start_ns, end_ns, key, round, bytes, worker, server, local_rank, TidLocked(), kind});
 }
 
 void Recorder::Tensor(const std::string& name, const std::vector<uint64_t>& keys) {
@@ -206,6 +207,9 @@ void Recorder::Drain() {
                    r.bytes);
     if (r.worker >= 0) fmt::format_to(std::back_inserter(out), ",\"worker\":{}", r.worker);
     if (r.server >= 0) fmt::format_to(std::back_inserter(out), ",\"server\":{}", r.server);
+    if (r.local_rank >= 0) {
+      fmt::format_to(std::back_inserter(out), ",\"local_rank\":{}", r.local_rank);
+    }
     out.append(std::string_view("}\n"));
   }
   scratch_.clear();

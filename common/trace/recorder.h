@@ -89,9 +89,10 @@ class Recorder {
   // The rank, once known: writes the `process` record (node "<role> <rank>").
   void SetRank(uint32_t rank);
 
-  // One span; `worker` / `server` < 0: not applicable.
+  // One span; `worker` / `server` / `local_rank` < 0: not applicable. `local_rank`: the training
+  // process a daemon records a span for (its `optimizer` spans).
   void Span(SpanKind kind, int64_t start_ns, int64_t end_ns, uint64_t key, uint64_t round,
-            uint64_t bytes, int32_t worker = -1, int32_t server = -1);
+            uint64_t bytes, int32_t worker = -1, int32_t server = -1, int32_t local_rank = -1);
   // A tensor's partitions, in order (worker engines).
   void Tensor(const std::string& name, const std::vector<uint64_t>& keys);
   // One heartbeat exchange with the scheduler (the `clock` record's t0..t3).
@@ -113,6 +114,7 @@ class Recorder {
     uint64_t bytes;
     int32_t worker;
     int32_t server;
+    int32_t local_rank;
     uint32_t tid;
     SpanKind kind;
   };

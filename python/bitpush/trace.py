@@ -48,7 +48,9 @@ _PROCESS_ORDER = {"daemon": 0, "engine": 1, "server": 2}
 # Spans that wait rather than work: rows of their own, nothing inside (see Trace._lanes).
 _ASYNC_SPANS = frozenset(["network"])
 _BAD_LINES_SHOWN = 3  # per file, lines named one by one in the warnings; the rest are counted
-_INT_FIELDS = ("key", "round", "bytes", "worker", "server")
+# Optional where a span does not have them (`local_rank`: a daemon's span about one of its
+# training processes); older files have no `local_rank` at all.
+_INT_FIELDS = ("key", "round", "bytes", "worker", "server", "local_rank")
 
 
 class TraceError(Exception):
@@ -69,11 +71,11 @@ class Span:
     clock drifts); `lane` the row it is drawn in (0 unless spans of its thread overlap without
     nesting)."""
     __slots__ = ("name", "file", "tid", "ts", "dur", "key", "round", "bytes", "worker",
-                 "server", "at", "at_dur", "lane")
+                 "server", "local_rank", "at", "at_dur", "lane")
 
     def __init__(self, name, file, tid, ts, dur, fields):
         self.name, self.file, self.tid, self.ts, self.dur = name, file, tid, ts, dur
-        self.key, self.round, self.bytes, self.worker, self.server = fields
+        self.key, self.round, self.bytes, self.worker, self.server, self.local_rank = fields
         self.at = None
         self.at_dur = dur
         self.lane = 0

@@ -522,8 +522,9 @@ void BindClient(py::module_& m) {
           },
           py::arg("start_ns"), py::arg("end_ns"),
           "The optimizer step from start_ns to end_ns (time.monotonic_ns()) as the timeline's "
-          "`optimizer` span of the step just pushed (docs/observability.md); nothing when "
-          "tracing is off or in daemon mode.")
+          "`optimizer` span of the step just pushed (docs/observability.md); in daemon mode "
+          "the node's daemon records it, with this process's local rank. Nothing when "
+          "tracing is off.")
       .def("close", &PyClient::Close,
            "Fails pending handles with Cancelled and closes the client. Idempotent.")
       .def_property_readonly("closed", &PyClient::closed)

@@ -2,7 +2,8 @@
 --timeline DIR`, over zmq and over ucx, then `bitpush trace merge`: every push a worker made has
 its server's push_received, and its reply was sent before the worker received it, in causal order
 after the clocks are aligned from the scheduler's heartbeats (bitpush.trace.causal_violations);
-every span kind the job's processes do is there; and a daemon-mode node adds its local_reduce.
+every span kind the job's processes do is there; and a daemon-mode node adds its local_reduce,
+and its daemon records every training process's optimizer step with its local rank.
 """
 import json
 import os
@@ -56,7 +57,9 @@ def _yaml(d, transport, processes=1):
         f.write("compression:\n  spec: onebit\n  error_feedback: both\n")
         f.write("server:\n  engine_threads: 1\n  numa: off\nworker:\n  compress_threads: 1\n")
         if processes > 1:
-            f.write("  local_size: %d\n" % processes)
+            # The daemons' sockets in this test's directory, not the user's default one, which
+            # another job of the same user may hold.
+            f.write("  local_size: %d\n  socket: %s/worker-{rank}.sock\n" % (processes, d))
     return path
 
 
@@ -147,11 +150,37 @@ def test_every_push_has_its_server_span_and_reply_in_causal_order(tmp, transport
     assert max(rounds) >= 62, sorted(rounds)[-5:]
 
 
-def test_a_daemon_node_adds_its_local_reduce(tmp):
+def test_a_daemon_node_adds_its_local_reduce_and_its_processes_optimizer_steps(tmp):
     timeline = _run(tmp, _yaml(tmp, "zmq", processes=2), local_size=2)
     spans = _spans(timeline)
     reduces = [s for role, _, s in spans if s["name"] == "local_reduce"]
     assert reduces, "no local_reduce span"
     assert all(role == "worker" for role, _, s in spans if s["name"] == "local_reduce")
-    violations = trace.causal_violations(trace.load(timeline))
+    loaded = trace.load(timeline)
+    violations = trace.causal_violations(loaded)
     assert violations == [], "\n".join(violations[:20])
+
+    # The training processes write no file: each node's daemon records their optimizer steps
+    # (CLAN's step, through Client::TraceOptimizer and LocalOptimizerSpan), one per process
+    # and step, with the process's local rank, on the daemon's own clock: a step of round r
+    # starts after the node's last decompress of round r ended.
+    workers = [f for f in loaded.files if f.role == "worker"]
+    assert sorted((f.rank, f.process) for f in workers) == [(0, "daemon"), (1, "daemon")]
+    for f in workers:
+        steps = [s for s in f.spans if s.name == "optimizer"]
+        assert steps, "no optimizer span of node %d" % f.rank
+        assert {s.local_rank for s in steps} == {0, 1}, f.label
+        done = {}
+        for s in f.spans:
+            if s.name == "decompress":
+                done[s.round] = max(done.get(s.round, s.ts), s.ts + s.dur)
+        for lr in (0, 1):
+            rounds = sorted(s.round for s in steps if s.local_rank == lr)
+            assert rounds == sorted(done), (f.label, lr, rounds, sorted(done))
+        for s in steps:
+            assert s.key == 0 and s.dur >= 0, s
+            assert s.round in done and s.ts >= done[s.round], (f.label, s, done.get(s.round))
+    merged = _merged(timeline)
+    args = [e["args"] for e in merged["traceEvents"]
+            if e.get("ph") == "X" and e.get("name") == "optimizer"]
+    assert {a.get("local_rank") for a in args} == {0, 1}, args[:4]

@@ -143,11 +143,12 @@ TEST(Recorder, WritesEveryRecordOfTheSpanFileFormat) {
   r.Span(SpanKind::kSum, 1000, 1500, 8, 4, 64, /*worker=*/1);
   r.Span(SpanKind::kReplySent, 1600, 1600, 8, 4, 32, 1);
   r.Span(SpanKind::kCompress, 2000, 2100, 9, 5, 16, -1, /*server=*/2);
-  EXPECT_EQ(r.recorded(), 3u);
+  r.Span(SpanKind::kOptimizer, 2200, 2900, 0, 5, 0, -1, -1, /*local_rank=*/3);
+  EXPECT_EQ(r.recorded(), 4u);
   r.Close();
   r.Close();                              // idempotent
   r.Span(SpanKind::kSum, 1, 2, 3, 4, 5);  // after Close: ignored
-  EXPECT_EQ(r.recorded(), 3u);
+  EXPECT_EQ(r.recorded(), 4u);
 
   const std::vector<std::string> lines = Lines(r.path());
   char host[256] = {};
@@ -171,7 +172,9 @@ TEST(Recorder, WritesEveryRecordOfTheSpanFileFormat) {
       "\"round\":4,\"bytes\":32,\"worker\":1}",
       "{\"type\":\"span\",\"name\":\"compress\",\"ts\":2000,\"dur\":100,\"tid\":0,\"key\":9,"
       "\"round\":5,\"bytes\":16,\"server\":2}",
-      "{\"type\":\"end\",\"spans\":3,\"dropped\":0}",
+      "{\"type\":\"span\",\"name\":\"optimizer\",\"ts\":2200,\"dur\":700,\"tid\":0,\"key\":0,"
+      "\"round\":5,\"bytes\":0,\"local_rank\":3}",
+      "{\"type\":\"end\",\"spans\":4,\"dropped\":0}",
   };
   EXPECT_EQ(lines, want);
 }

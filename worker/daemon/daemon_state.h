@@ -20,7 +20,9 @@ struct Daemon::Conn {
   pid_t pid = 0;
   bool hello = false;
   uint32_t local_rank = 0;
-  std::string who;  // "local rank 1 (pid 4711)" after Hello, "pid 4711" before
+  std::string who;           // "local rank 1 (pid 4711)" after Hello, "pid 4711" before
+  int64_t hello_ns = 0;      // when its Hello was taken (trace::NowNs): its spans start later
+  bool span_warned = false;  // a bad optimizer span of it was logged (the rest are dropped quietly)
   bool goodbye = false;
   bool dead = false;  // to be removed after this poll round
   uint32_t next_decl = 0;

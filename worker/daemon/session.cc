@@ -1,5 +1,6 @@
 // The daemon's session: accepting training processes, reading their messages, the Hello
-// handshake, dispatching each message to its piece, and dropping a connection. Poll loop.
+// handshake, dispatching each message to its piece, recording their optimizer spans, and
+// dropping a connection. Poll loop.
 // (Members of worker::Daemon, worker/daemon.h; the shared state is worker/daemon/daemon_state.h.)
 #include <fmt/format.h>
 #include <poll.h>
@@ -11,6 +12,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "common/trace/recorder.h"
 #include "common/vector_ops.h"
 #include "worker/daemon.h"
 #include "worker/daemon/daemon_state.h"
@@ -122,6 +124,10 @@ Status Daemon::Handle(Conn& c, const v1::LocalMessage& m) {
     barrier_->Enter(c.channel, c.who, m.barrier().seq(), local_size_, wait);
     return Status::Ok();
   }
+  if (m.has_optimizer_span()) {
+    OnOptimizerSpan(c, m.optimizer_span());
+    return Status::Ok();
+  }
   if (m.has_goodbye()) {
     c.goodbye = true;
     ++goodbyes_;
@@ -132,6 +138,8 @@ Status Daemon::Handle(Conn& c, const v1::LocalMessage& m) {
 }
 
 void Daemon::OnHello(Conn& c, const v1::LocalHello& h) {
+  // Before the reply: every span the process reports starts after it read the reply.
+  c.hello_ns = trace::NowNs();
   std::map<uint32_t, pid_t> ranks;
   for (const auto& o : conns_) {
     if (o->hello && !o->dead) ranks[o->local_rank] = o->pid;
@@ -144,6 +152,7 @@ void Daemon::OnHello(Conn& c, const v1::LocalHello& h) {
   reply.set_node_rank(options_.rank);
   reply.set_num_nodes(static_cast<uint32_t>(options_.cluster.workers.size()));
   reply.set_op_timeout_ms(static_cast<uint64_t>(options_.cluster.worker.op_timeout.count()));
+  reply.set_tracing(engine_->trace() != nullptr);
   v1::LocalMessage m;
   *m.mutable_hello_reply() = reply;
   const Status sent = ipc::SendLocalMessage(*c.channel, m);
@@ -159,6 +168,28 @@ void Daemon::OnHello(Conn& c, const v1::LocalHello& h) {
   c.who = ipc::DescribeLocalProcess(c.local_rank, c.pid);
   c.channel->set_peer_name(c.who);
   BP_LOG_INFO("{}: {} joined ({} of {})", label_, c.who, ranks.size() + 1, local_size_);
+}
+
+void Daemon::OnOptimizerSpan(Conn& c, const v1::LocalOptimizerSpan& s) {
+  // Tracing off: a client is told so in the HelloReply and sends none; a stray one is ignored.
+  if (engine_->trace() == nullptr) return;
+  // Same host, same clock (CLOCK_MONOTONIC): the step began after the process read the reply
+  // to its Hello, and ended before this frame was read. Only comparisons: no value can
+  // overflow here, and the recorder's end - start is then between 0 and the daemon's uptime.
+  const int64_t now = trace::NowNs();
+  if (s.start_ns() < c.hello_ns || s.end_ns() < s.start_ns() || s.end_ns() > now) {
+    if (!c.span_warned) {
+      c.span_warned = true;
+      BP_LOG_WARN(
+          "{}: dropped an optimizer span of {}: {} .. {} ns is not between its Hello ({} ns) and "
+          "now ({} ns) on this host's monotonic clock (a bad value, or a process in another "
+          "time namespace); its later bad spans are dropped without a word",
+          label_, c.who, s.start_ns(), s.end_ns(), c.hello_ns, now);
+    }
+    return;
+  }
+  engine_->TraceStep(trace::SpanKind::kOptimizer, s.start_ns(), s.end_ns(),
+                     static_cast<int32_t>(c.local_rank));
 }
 
 void Daemon::DropConn(Conn& c) {

@@ -24,12 +24,14 @@
 namespace bitpush::worker::ipc {
 
 inline constexpr uint32_t kLocalProtocolMajor = 1;
-// Minor versions: 1 LocalBarrier; 2 GPU tensors; 3 LocalErrorFeedback; 5 its `state` (the
-// servers' residual and the rounds); 6 LocalBarrier's wait_for_servers. A client checks the
-// daemon's minor before sending a message or field it added (kLocalMinorErrorFeedback,
+// Minor versions: 1 LocalBarrier; 2 GPU tensors; 3 LocalErrorFeedback; 4 LocalOptimizerSpan and
+// LocalHelloReply.tracing; 5 LocalErrorFeedback's `state` (the servers' residual and the
+// rounds); 6 LocalBarrier's wait_for_servers. A client checks the daemon's minor before sending
+// a message or field it added (kLocalMinorErrorFeedback, kLocalMinorOptimizerSpan,
 // kLocalMinorJobState, kLocalMinorWaitForServers).
 inline constexpr uint32_t kLocalProtocolMinor = 6;
 inline constexpr uint32_t kLocalMinorErrorFeedback = 3;
+inline constexpr uint32_t kLocalMinorOptimizerSpan = 4;
 inline constexpr uint32_t kLocalMinorJobState = 5;
 inline constexpr uint32_t kLocalMinorWaitForServers = 6;
 

@@ -74,8 +74,8 @@ def _require():
 
 def _trace_optimizer(start_ns):
     """The timeline's `optimizer` span (docs/observability.md) from start_ns
-    (time.monotonic_ns(), the engine's steady clock) to now; nothing when tracing is off, in
-    daemon mode, or before init."""
+    (time.monotonic_ns(), the engine's steady clock, and in daemon mode the node daemon's) to
+    now; nothing when tracing is off or before init."""
     s = _state
     if s is not None and not s.client.closed:
         s.client.trace_optimizer(start_ns, time.monotonic_ns())
