@@ -11,7 +11,8 @@ other death restarts the whole job); AdamW on the workers with SDP4Bit (TLq-HS p
 streams per (key, round): the checkpoint moves every tensor to its saved round); AdamW on
 the servers with SDP4Bit (TLq-HS pushes, qWD pulls); and, in daemon mode (2 training processes
 per node behind its bitpush-worker, which is killed too), CLAN with random-k and error feedback
-on both sides: the servers' residuals and the rounds come back through the daemon. The training command is examples/train_digits.py with
+on both sides, with server_rejoin_timeout_s set: the servers' residuals and the rounds come back
+through the daemon, and a dead server heals in place through its wait_for_servers. The training command is examples/train_digits.py with
 --checkpoint-dir (bitpush.torch.Checkpointer); the uninterrupted run is the same command in the
 same cluster YAML without kills or checkpoints.
 
@@ -53,10 +54,10 @@ JOBS = {
     },
     # Daemon mode (2 training processes per node behind a bitpush-worker): the servers'
     # residuals and the per-round random streams come back through the node's daemon.
-    "daemon-clan-randomk-both": {
+    "daemon-clan-randomk-both-rejoin": {
         "yaml": "compression:\n  spec: randomk:ratio=0.25\n  error_feedback: both\n",
         "worker_yaml": "  local_size: 2\n",
-        "rejoin": False,
+        "rejoin": True,
         "args": ["--optimizer", "clan", "--compression", "randomk:ratio=0.25"],
         "total": EPOCHS * 10,  # 1347 training digits // (4 processes x 32)
         "roles": ["scheduler", "server", "daemon", "train"],
@@ -267,6 +268,11 @@ def _check(job, want, got, kills, out):
         in_place = mine[0].endswith(
             "starting it again in place (cluster.server_rejoin_timeout_s)")
         assert in_place == (role == "server" and job["rejoin"]), mine[0]
+    if job["rejoin"]:
+        # Each server healed in place: the training processes waited for it and went back to
+        # their checkpoint (Checkpointer.recover) instead of failing into a whole-job restart.
+        healed = out.count("bitpush: a server restarted; back to step")
+        assert healed >= sum(1 for r, _, _ in kills if r == "server"), (healed, kills, out)
     extra = [l for l in restarts if not any("(pid %d)" % pid in l for _, pid, _ in kills)]
     if extra:
         print("restarts no kill caused:\n" + "\n".join(extra))

@@ -258,6 +258,7 @@ def wait_for_servers(timeout=600.0):
     process). With no server missing yet it waits up to two heartbeat timeouts for the
     scheduler's verdict (a push can meet the dropped connection first), then returns; raises
     BitpushError when the job ended (the server did not come back in time) or after `timeout`
-    seconds (docs/training.md, "A server restarted alone")."""
+    seconds (docs/training.md, "A server restarted alone"). In daemon mode every training
+    process of the node calls it; the node's bitpush-worker waits once for all."""
     s = _require()
     s.client.wait_for_servers(float(timeout))
