@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -22,6 +23,7 @@
 
 #include "tests/harness/child_process.h"
 #include "tests/harness/forked_child.h"
+#include "worker/daemon/node_barrier.h"
 #include "worker/daemon_client.h"
 #include "worker/ipc/channel.h"
 #include "worker/ipc/local_protocol.h"
@@ -715,6 +717,124 @@ TEST_F(ChannelTest, ServerResidualAndRoundsAreUnimplementedAgainstAnOlderDaemonA
     EXPECT_NE(s.message().find(old_version), std::string::npos) << s.ToString();
     EXPECT_NE(s.message().find(needs), std::string::npos) << s.ToString();
   }
+  EXPECT_EQ(ReceiveLocalMessage(*daemon_side, milliseconds(200)).status().code(),
+            StatusCode::kTimeout);
+  (*client)->Close();
+}
+
+// The daemon's node collective (worker/daemon/node_barrier.h): a gathering of wait_for_servers
+// runs the engine's wait once for the node, bounded by the smallest timeout given, and not the
+// cluster's barrier; a barrier gathering runs the barrier; a mix of the two at one seq fails every
+// process of it with FailedPrecondition naming both, and the next gathering works.
+TEST_F(ChannelTest, NodeCollectiveRunsTheWaitOnceAndRefusesAMixNamingBoth) {
+  auto listener = Listener::Listen(SocketPath());
+  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  std::vector<std::unique_ptr<Channel>> procs;
+  std::vector<std::shared_ptr<Channel>> daemon_side;
+  for (int i = 0; i < 2; ++i) {
+    auto c = Channel::Connect(SocketPath(), milliseconds(1000));
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    auto d = (*listener)->Accept(milliseconds(1000));
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    procs.push_back(std::move(c).value());
+    daemon_side.push_back(std::shared_ptr<Channel>(std::move(d).value()));
+  }
+  std::atomic<int> barriers{0};
+  std::atomic<int> waits{0};
+  std::atomic<int64_t> waited_ms{-1};
+  NodeBarrierOptions o;
+  o.label = "bitpush-worker node 0";
+  o.cluster_barrier = [&] {
+    ++barriers;
+    return Status::Ok();
+  };
+  o.wait_for_servers = [&](milliseconds timeout) {
+    ++waits;
+    waited_ms = timeout.count();
+    return Status::Ok();
+  };
+  o.node_error = [] { return Status::Ok(); };
+  NodeBarrier barrier(std::move(o));
+  auto done = [&](int p) -> StatusOr<v1::LocalBarrierDone> {
+    BP_ASSIGN_OR_RETURN(v1::LocalMessage m, ReceiveLocalMessage(*procs[p], milliseconds(5000)));
+    if (!m.has_barrier_done()) return InternalError("not a LocalBarrierDone");
+    return m.barrier_done();
+  };
+
+  // seq 0: both wait for the servers; the smallest timeout bounds the one wait.
+  barrier.Enter(daemon_side[0], "local rank 0", 0, 2, milliseconds(5000));
+  barrier.Enter(daemon_side[1], "local rank 1", 0, 2, milliseconds(3000));
+  for (int p = 0; p < 2; ++p) {
+    StatusOr<v1::LocalBarrierDone> d = done(p);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->seq(), 0u);
+    EXPECT_EQ(d->status_code(), 0u) << d->message();
+  }
+  EXPECT_EQ(waits.load(), 1);
+  EXPECT_EQ(waited_ms.load(), 3000);
+  EXPECT_EQ(barriers.load(), 0);
+
+  // seq 1: a barrier and a wait — both are refused, naming both processes.
+  barrier.Enter(daemon_side[0], "local rank 0", 1, 2);
+  barrier.Enter(daemon_side[1], "local rank 1", 1, 2, milliseconds(3000));
+  for (int p = 0; p < 2; ++p) {
+    StatusOr<v1::LocalBarrierDone> d = done(p);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->seq(), 1u);
+    EXPECT_EQ(d->status_code(), static_cast<uint32_t>(StatusCode::kFailedPrecondition));
+    EXPECT_NE(d->message().find("local rank 1 entered wait_for_servers as its node collective 1 "
+                                "while local rank 0 entered barrier"),
+              std::string::npos)
+        << d->message();
+  }
+
+  // seq 2: a barrier of both passes, through the cluster's barrier only.
+  barrier.Enter(daemon_side[1], "local rank 1", 2, 2);
+  barrier.Enter(daemon_side[0], "local rank 0", 2, 2);
+  for (int p = 0; p < 2; ++p) {
+    StatusOr<v1::LocalBarrierDone> d = done(p);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->seq(), 2u);
+    EXPECT_EQ(d->status_code(), 0u) << d->message();
+  }
+  EXPECT_EQ(barriers.load(), 1);
+  EXPECT_EQ(waits.load(), 1);
+  barrier.Stop();
+}
+
+// Minor version 6 added LocalBarrier.wait_for_servers: an older daemon would take it for a
+// barrier, so the client answers Unimplemented naming both versions and sends nothing.
+TEST_F(ChannelTest, WaitForServersIsUnimplementedAgainstAnOlderDaemonAndSendsNothing) {
+  auto listener = Listener::Listen(SocketPath());
+  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  std::unique_ptr<Channel> daemon_side;
+  std::thread fake([&] {
+    auto ch = (*listener)->Accept(milliseconds(5000));
+    if (!ch.ok()) return;
+    auto hello = ReceiveLocalMessage(**ch, milliseconds(5000));
+    if (!hello.ok() || !hello->has_hello()) return;
+    v1::LocalMessage m;
+    v1::LocalHelloReply* r = m.mutable_hello_reply();
+    r->mutable_version()->set_major(kLocalProtocolMajor);
+    r->mutable_version()->set_minor(kLocalMinorWaitForServers - 1);
+    r->set_num_nodes(1);
+    r->set_op_timeout_ms(1000);
+    (void)SendLocalMessage(**ch, m);
+    daemon_side = std::move(ch).value();
+  });
+  DaemonClientOptions o;
+  o.socket_path = SocketPath();
+  o.startup_timeout = milliseconds(5000);
+  auto client = DaemonClient::Connect(o);
+  fake.join();
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  ASSERT_NE(daemon_side, nullptr);
+  const Status s = (*client)->WaitForServers(milliseconds(1000));
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.ToString();
+  EXPECT_NE(s.message().find(fmt::format("speaks local protocol {}.{}", kLocalProtocolMajor,
+                                         kLocalMinorWaitForServers - 1)),
+            std::string::npos)
+      << s.ToString();
   EXPECT_EQ(ReceiveLocalMessage(*daemon_side, milliseconds(200)).status().code(),
             StatusCode::kTimeout);
   (*client)->Close();
