@@ -6,9 +6,10 @@
 # root:root 0600 on disk, reaches its daemon through LoadCredential=; a peer without CURVE is
 # refused), a training process talking to the worker daemon's socket under /run/bitpush, a clean
 # end (every unit stops by itself with exit status 0, after READY=1 and STOPPING=1 datagrams),
-# `systemctl stop` (SIGTERM ends each daemon by itself), and a job that heals without a person
-# (a server, the scheduler, the worker SIGKILLed in turn: every unit restarts, a new trainer is
-# served).
+# `systemctl stop` (SIGTERM ends each daemon by itself), a server that systemd restarts
+# rejoining a running daemon-mode training job in place (bit-identical to an uninterrupted run),
+# and a job that heals without a person (a server, the scheduler, the worker SIGKILLed in turn:
+# every unit restarts, a new trainer is served).
 # docs/deploy.md ("Tests") says what it covers.
 #
 #   boot_systemd_units.sh BUILD_DIR INSTALL_PREFIX
@@ -203,6 +204,83 @@ heal_after_kill() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# A server that systemd restarts rejoins the running job in place (docs/deploy.md, "Restarts";
+# cluster.server_rejoin_timeout_s: 30, above RestartSec=5s plus the start): a daemon-mode
+# training process (examples/train_digits.py with --checkpoint-dir, as bitpush) trains while
+# bitpush-server@1's main process is SIGKILLed after its first checkpoint; systemd starts the
+# server again, the training process waits for it (wait_for_servers through the worker daemon)
+# and goes back to its checkpoint, and it ends with the parameters of an uninterrupted run, bit
+# for bit, while no other unit restarted. Uses check_main's say/show and $out, $shared.
+rejoin_in_place() {
+  local py=/usr/bin/python3 u rc pid0 i ref got
+  local -A n0
+  if [ ! -d "$shared/python/bitpush" ] || ! "$py" -c "import torch, sklearn" >/dev/null 2>&1; then
+    say "SKIP rejoin in place: no bitpush Python package in this build tree, or no torch and sklearn for $py"
+    return
+  fi
+  cp /etc/bitpush/cluster.yaml /etc/bitpush/cluster.yaml.orig
+  sed -i 's/^  startup_timeout_s: 60$/&\n  server_rejoin_timeout_s: 30/' /etc/bitpush/cluster.yaml
+  train() {  # JSON_OUT [extra args]: one training process of node 0, as bitpush, bounded
+    local json=$1
+    shift
+    timeout -s KILL 120 setpriv --reuid=bitpush --regid=bitpush --init-groups -- \
+      env -i PATH=/usr/bin:/bin HOME=/tmp PYTHONPATH="$shared/python" PYTHONDONTWRITEBYTECODE=1 \
+      BITPUSH_CONFIG=/etc/bitpush/cluster.yaml BITPUSH_MODE=daemon BITPUSH_WORKER_RANK=0 \
+      BITPUSH_LOCAL_RANK=0 BITPUSH_LOCAL_SIZE=1 BITPUSH_DAEMON_SOCKET=/run/bitpush/worker.sock \
+      "$py" "$shared/examples/train_digits.py" --no-progress --json "$json" --optimizer clan \
+      --compression onebit --epochs 25 "$@"
+  }
+  # The uninterrupted run (the units end by themselves after it).
+  systemctl reset-failed $kUnits 2>/dev/null
+  if ! timeout 90 systemctl start $kUnits; then
+    say "FAIL rejoin in place: systemctl start $kUnits failed or timed out"
+    return
+  fi
+  train /tmp/sdboot-ref.json >"$out/train-ref.txt" 2>&1
+  rc=$?
+  if [ $rc != 0 ]; then
+    say "FAIL rejoin in place: the uninterrupted run exited $rc: $(tail -n 3 "$out/train-ref.txt" | tr '\n' ' ')"
+    return
+  fi
+  timeout 60 systemctl stop $kUnits
+  # The run whose server dies.
+  systemctl reset-failed $kUnits 2>/dev/null
+  if ! timeout 90 systemctl start $kUnits; then
+    say "FAIL rejoin in place: systemctl start $kUnits (second) failed or timed out"
+    return
+  fi
+  for u in $kUnits; do n0[$u]=$(show "$u" NRestarts); done
+  pid0=$(show bitpush-server@1.service MainPID)
+  train /tmp/sdboot-heal.json --checkpoint-dir /tmp/sdboot-ckpt --checkpoint-every 20 \
+    >"$out/train-heal.txt" 2>&1 &
+  local trainer=$!
+  i=0
+  until [ -e /tmp/sdboot-ckpt/step-00000020/COMPLETE ] || [ $i -ge 600 ]; do sleep 0.1; i=$((i + 1)); done
+  if [ $i -ge 600 ]; then
+    say "FAIL rejoin in place: no checkpoint at step 20 within 60 s: $(tail -n 3 "$out/train-heal.txt" | tr '\n' ' ')"
+    wait $trainer
+    return
+  fi
+  local t0=$SECONDS
+  kill -KILL "$pid0"
+  wait $trainer
+  rc=$?
+  local took=$((SECONDS - t0)) restarts=""
+  for u in $kUnits; do restarts="$restarts ${u%.service}+$(( $(show "$u" NRestarts) - ${n0[$u]} ))"; done
+  ref=$(sed -n 's/.*"params_sha256": "\([0-9a-f]*\)".*/\1/p' /tmp/sdboot-ref.json)
+  got=$(sed -n 's/.*"params_sha256": "\([0-9a-f]*\)".*/\1/p' /tmp/sdboot-heal.json 2>/dev/null)
+  if [ $rc = 0 ] && grep -q "a server restarted; back to step" "$out/train-heal.txt" &&
+     [ -n "$ref" ] && [ "$got" = "$ref" ] &&
+     [ "$restarts" = " bitpush-scheduler+0 bitpush-server@0+0 bitpush-server@1+1 bitpush-worker+0" ]; then
+    say "PASS rejoin in place: bitpush-server@1 SIGKILLed after step 20 and restarted by systemd; the trainer went back to its checkpoint ($(grep -o 'back to step [0-9]*' "$out/train-heal.txt" | head -n 1)) and ended ${took} s later bit-identical to the uninterrupted run ($ref); restarts:$restarts"
+  else
+    say "FAIL rejoin in place: trainer exit $rc, restarts:$restarts (want only bitpush-server@1+1), params $got vs uninterrupted $ref: $(tail -n 4 "$out/train-heal.txt" | tr '\n' ' ')"
+  fi
+  timeout 60 systemctl stop $kUnits
+  mv /etc/bitpush/cluster.yaml.orig /etc/bitpush/cluster.yaml
+}
+
+# ---------------------------------------------------------------------------------------------
 # --check SHARED: the checker unit inside the booted namespace.
 check_main() {
   local shared=$1 out=$1/result u pid uid state
@@ -383,6 +461,7 @@ check_main() {
     say "FAIL systemctl start $kUnits (second start) failed or timed out"
   fi
 
+  rejoin_in_place
   heal_after_kill bitpush-server@1.service bitpush-worker.service \
     "server 1 at tcp://127.0.0.1:47102 failed"
   heal_after_kill bitpush-scheduler.service bitpush-worker.service \
@@ -467,6 +546,13 @@ outer_main() {
   cp "$build/bin/bitpush-test-trainer" "$W/bin/"
   cp "$0" "$W/boot_systemd_units.sh"
   chmod 0755 "$W/bin/bitpush-test-trainer" "$W/boot_systemd_units.sh"
+  # The Python package and the digits example, for the in-place rejoin (rejoin_in_place).
+  if [ -d "$build/python/bitpush" ]; then
+    cp -a "$build/python" "$W/python"
+    mkdir -p "$W/examples"
+    cp "$(dirname "$0")/../../examples/"*.py "$W/examples/"
+    chmod -R a+rX "$W/python" "$W/examples"
+  fi
 
   # The private /etc.
   cp -a /etc "$W/etc" || fail "copying /etc"
