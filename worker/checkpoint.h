@@ -18,7 +18,9 @@
 // the worker barrier. A job resumed this way continues bit for bit, random compressors too.
 //
 // Daemon mode: every local process would write the node's file; call it from local rank 0
-// only. The daemon does not relay the servers' residuals: node 0's file then has none (logged).
+// only (the daemon applies local rank 0's restores). The daemon relays the servers' residuals and
+// the rounds (local protocol 1.5); an older one cannot: node 0's file then has no servers'
+// residuals (logged) and the rounds are 0.
 //
 // Thread-safety: call from one thread per client, with no push_pull of `tensors` in flight.
 #pragma once
