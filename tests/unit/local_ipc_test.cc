@@ -283,6 +283,32 @@ TEST(ShmSegmentTest, ParseSegmentNameRejectsOtherForms) {
 class ChannelTest : public ::testing::Test {
  protected:
   std::string SocketPath() const { return dir_.path() + "/worker.sock"; }
+  // A DaemonClient connected to a fake daemon at SocketPath() that answered its Hello as local
+  // protocol 1.`minor`; *daemon_side is that daemon's end of the connection.
+  StatusOr<std::unique_ptr<DaemonClient>> ConnectToOlderDaemon(
+      uint32_t minor, std::unique_ptr<Channel>* daemon_side) {
+    BP_ASSIGN_OR_RETURN(std::unique_ptr<Listener> listener, Listener::Listen(SocketPath()));
+    std::thread fake([&] {
+      auto ch = listener->Accept(milliseconds(5000));
+      if (!ch.ok()) return;
+      auto hello = ReceiveLocalMessage(**ch, milliseconds(5000));
+      if (!hello.ok() || !hello->has_hello()) return;
+      v1::LocalMessage m;
+      v1::LocalHelloReply* r = m.mutable_hello_reply();
+      r->mutable_version()->set_major(kLocalProtocolMajor);
+      r->mutable_version()->set_minor(minor);
+      r->set_num_nodes(1);
+      r->set_op_timeout_ms(1000);
+      (void)SendLocalMessage(**ch, m);
+      *daemon_side = std::move(ch).value();
+    });
+    DaemonClientOptions o;
+    o.socket_path = SocketPath();
+    o.startup_timeout = milliseconds(5000);
+    StatusOr<std::unique_ptr<DaemonClient>> client = DaemonClient::Connect(o);
+    fake.join();
+    return client;
+  }
   bitpush::testing::TempDir dir_{"bp-ipc"};
 };
 
@@ -631,28 +657,9 @@ TEST(LocalProtocolTest, SlicesMustBelongToTheSenderAndFitTheirSegment) {
 // daemon and both versions, and nothing reaches the daemon.
 TEST_F(ChannelTest, ErrorFeedbackStateIsUnimplementedAgainstAnOlderDaemonAndSendsNothing) {
   ASSERT_GE(kLocalProtocolMinor, kLocalMinorErrorFeedback);
-  auto listener = Listener::Listen(SocketPath());
-  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
   std::unique_ptr<Channel> daemon_side;
-  std::thread fake([&] {
-    auto ch = (*listener)->Accept(milliseconds(5000));
-    if (!ch.ok()) return;
-    auto hello = ReceiveLocalMessage(**ch, milliseconds(5000));
-    if (!hello.ok() || !hello->has_hello()) return;
-    v1::LocalMessage m;
-    v1::LocalHelloReply* r = m.mutable_hello_reply();
-    r->mutable_version()->set_major(kLocalProtocolMajor);
-    r->mutable_version()->set_minor(kLocalMinorErrorFeedback - 1);
-    r->set_num_nodes(1);
-    r->set_op_timeout_ms(1000);
-    (void)SendLocalMessage(**ch, m);
-    daemon_side = std::move(ch).value();
-  });
-  DaemonClientOptions o;
-  o.socket_path = SocketPath();
-  o.startup_timeout = milliseconds(5000);
-  auto client = DaemonClient::Connect(o);
-  fake.join();
+  StatusOr<std::unique_ptr<DaemonClient>> client =
+      ConnectToOlderDaemon(kLocalMinorErrorFeedback - 1, &daemon_side);
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   ASSERT_NE(daemon_side, nullptr);
   const std::string old_version =
@@ -678,28 +685,9 @@ TEST_F(ChannelTest, ErrorFeedbackStateIsUnimplementedAgainstAnOlderDaemonAndSend
 // daemon.
 TEST_F(ChannelTest, ServerResidualAndRoundsAreUnimplementedAgainstAnOlderDaemonAndSendNothing) {
   ASSERT_GT(kLocalMinorJobState, kLocalMinorErrorFeedback);
-  auto listener = Listener::Listen(SocketPath());
-  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
   std::unique_ptr<Channel> daemon_side;
-  std::thread fake([&] {
-    auto ch = (*listener)->Accept(milliseconds(5000));
-    if (!ch.ok()) return;
-    auto hello = ReceiveLocalMessage(**ch, milliseconds(5000));
-    if (!hello.ok() || !hello->has_hello()) return;
-    v1::LocalMessage m;
-    v1::LocalHelloReply* r = m.mutable_hello_reply();
-    r->mutable_version()->set_major(kLocalProtocolMajor);
-    r->mutable_version()->set_minor(kLocalMinorJobState - 1);
-    r->set_num_nodes(1);
-    r->set_op_timeout_ms(1000);
-    (void)SendLocalMessage(**ch, m);
-    daemon_side = std::move(ch).value();
-  });
-  DaemonClientOptions o;
-  o.socket_path = SocketPath();
-  o.startup_timeout = milliseconds(5000);
-  auto client = DaemonClient::Connect(o);
-  fake.join();
+  StatusOr<std::unique_ptr<DaemonClient>> client =
+      ConnectToOlderDaemon(kLocalMinorJobState - 1, &daemon_side);
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   ASSERT_NE(daemon_side, nullptr);
   const std::string old_version =
@@ -805,28 +793,9 @@ TEST_F(ChannelTest, NodeCollectiveRunsTheWaitOnceAndRefusesAMixNamingBoth) {
 // Minor version 6 added LocalBarrier.wait_for_servers: an older daemon would take it for a
 // barrier, so the client answers Unimplemented naming both versions and sends nothing.
 TEST_F(ChannelTest, WaitForServersIsUnimplementedAgainstAnOlderDaemonAndSendsNothing) {
-  auto listener = Listener::Listen(SocketPath());
-  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
   std::unique_ptr<Channel> daemon_side;
-  std::thread fake([&] {
-    auto ch = (*listener)->Accept(milliseconds(5000));
-    if (!ch.ok()) return;
-    auto hello = ReceiveLocalMessage(**ch, milliseconds(5000));
-    if (!hello.ok() || !hello->has_hello()) return;
-    v1::LocalMessage m;
-    v1::LocalHelloReply* r = m.mutable_hello_reply();
-    r->mutable_version()->set_major(kLocalProtocolMajor);
-    r->mutable_version()->set_minor(kLocalMinorWaitForServers - 1);
-    r->set_num_nodes(1);
-    r->set_op_timeout_ms(1000);
-    (void)SendLocalMessage(**ch, m);
-    daemon_side = std::move(ch).value();
-  });
-  DaemonClientOptions o;
-  o.socket_path = SocketPath();
-  o.startup_timeout = milliseconds(5000);
-  auto client = DaemonClient::Connect(o);
-  fake.join();
+  StatusOr<std::unique_ptr<DaemonClient>> client =
+      ConnectToOlderDaemon(kLocalMinorWaitForServers - 1, &daemon_side);
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   ASSERT_NE(daemon_side, nullptr);
   const Status s = (*client)->WaitForServers(milliseconds(1000));
