@@ -438,10 +438,11 @@ class _Launch:
                 self.restart_servers_in_place(failed)
                 continue
             if failed:
-                # Seen in the same poll: a training process is the likelier cause (a role
-                # fails after it, once it notices the worker is gone).
-                trained = [c for c in failed if c.kind == "train"]
-                return (trained or failed)[0]
+                # Seen in the same poll: one killed by a signal is the likelier cause (the
+                # others exit with a status once they notice it: a daemon's sibling training
+                # processes within milliseconds), then a training process (a role fails
+                # after it, once it notices the worker is gone).
+                return min(failed, key=lambda c: (c.returncode >= 0, c.kind != "train"))
             if trains and all(c.poll() == 0 for c in trains) and roles_deadline is None:
                 roles_deadline = time.monotonic() + self.args.shutdown_timeout_s
             if all(c.poll() is not None for c in self.children):
