@@ -34,6 +34,14 @@ void FailurePolicy::OnServerRejoined(uint32_t server, uint64_t generation) {
   {
     std::lock_guard<std::mutex> lock(state_.mu);
     if (state_.closed || !state_.cluster_error.ok()) return;
+    if (!state_.recovering) {
+      // The new process registered before the old one's silence was noticed: no loss came
+      // first, so what was in flight to the old process (which will never answer) fails now,
+      // as OnServerLost would have failed it.
+      scheduler_.FailAllLocked(UnavailableError(
+          fmt::format("{}: server {} restarted (generation {}): the job rolled back", state_.label,
+                      server, generation)));
+    }
     // The job rolls back: every server dropped its keys and declarations of the old
     // generation, so every tensor is declared, announced and (server-side optimizer) given its
     // weights again; rounds start over (a restored optimizer state says where, when pulled).
@@ -73,6 +81,10 @@ void FailurePolicy::OnServerRejoined(uint32_t server, uint64_t generation) {
         "(bitpush.torch.wait_for_servers), restore the checkpoint and go on from it",
         state_.label, server, state_.generation.load()));
   }
+  // A declaration or state call waiting on the old generation's servers fails now
+  // (StoppedLocked: rolled_back) instead of at its deadline.
+  declarations_.WakeWaiters();
+  state_calls_.WakeWaiters();
   recover_cv_.notify_all();
 }
 

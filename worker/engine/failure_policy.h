@@ -17,7 +17,9 @@
 // restore its checkpoint in the new generation (EngineState::generation), and every new
 // push_pull and call fails with Unavailable until WaitForServers returned
 // (EngineState::rolled_back: a worker that had nothing in flight while the server was missing
-// rolls back with the others); a finished worker
+// rolls back with the others). A rejoin that comes without a loss first (the new process
+// registered before the old one's silence was noticed) fails what was in flight as a loss
+// would, and wakes declarations and state calls waiting on the old process; a finished worker
 // fails the push_pulls that can no longer complete (their round is beyond what that worker
 // pushed), now and later.
 //

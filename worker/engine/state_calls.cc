@@ -432,7 +432,9 @@ Status StateCalls::ServerStateCall(TensorId id, StateKind kind, bool write,
   }
   std::unique_lock<std::mutex> lock(state_.mu);
   const bool answered = state_cv_.wait_for(lock, state_.cluster.worker.op_timeout, [&] {
-    if (!state_.cluster_error.ok() || state_.closed || state_.recovering) return true;
+    if (!state_.cluster_error.ok() || state_.closed || state_.recovering || state_.rolled_back) {
+      return true;  // a server rejoined meanwhile: its old process will not answer
+    }
     for (const auto& [key, call] : state_calls_) {
       if (!call.done) return false;
     }
@@ -443,6 +445,7 @@ Status StateCalls::ServerStateCall(TensorId id, StateKind kind, bool write,
   if (!state_.cluster_error.ok()) return state_.cluster_error;
   if (state_.closed) return CancelledError(state_.label + ": the client was closed");
   if (state_.recovering) return *state_.recovering;
+  if (state_.rolled_back) return *state_.rolled_back;
   if (!answered) {
     for (const auto& [key, call] : calls) {
       if (!call.done) {
